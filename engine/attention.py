@@ -1,0 +1,144 @@
+"""PagedAttention in plain torch: the CPU default and the oracle for the Triton kernels.
+
+Cache layout (one pair of pools per transformer layer)::
+
+    key_cache   [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache [num_blocks, block_size, num_kv_heads, head_dim]
+
+Token position ``i`` of a sequence lives in physical block ``block_table[i // block_size]``
+at offset ``i % block_size``; its *slot* is ``block_id * block_size + offset``
+(PagedAttention paper §4.1-4.2, vLLM's ``slot_mapping``). Every function here reads K and V
+only through block tables, never from a per-sequence contiguous tensor, so a wrong block
+table shows up as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Copy a step's new K and V into the pools, one token per slot (vLLM's ``reshape_and_cache``).
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, same dtype as the caches.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
+        slot_mapping: ``[num_tokens]`` int64; slot ``-1`` marks padding and is never written.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_k[slots] = key[valid]
+    flat_v[slots] = value[valid]
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """``[num_seqs, max_blocks]`` block ids -> ``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]``."""
+    num_seqs, max_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = cache.shape
+    blocks = cache[block_tables.clamp(min=0).long()]
+    return blocks.reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+
+
+def paged_attention_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention: one query token per sequence against its whole context, through its block table.
+
+    Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+    Softmax is computed in fp32. A sequence with ``context_lens == 0`` (a padded row) gets zeros,
+    and cache slots outside a sequence's context are never read into the result, even if they hold NaN.
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` (fp32/fp16/bf16; may be a strided view).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32; entries past a sequence's blocks are ignored.
+        context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
+
+    Source: PagedAttention paper §4.1 (attention over non-contiguous KV blocks); vLLM's
+    ``paged_attention_v1`` computes the same thing.
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    keys = _gather(key_cache, block_tables)  # [S, T, Hkv, D]
+    values = _gather(value_cache, block_tables)
+    positions = torch.arange(keys.shape[1], device=query.device)
+    live = positions[None, :] < context_lens[:, None].to(query.device)  # [S, T]
+
+    q = query.reshape(num_seqs, num_kv_heads, group, head_dim).float()
+    scores = torch.einsum("shgd,sthd->shgt", q, keys.float()) * scale
+    scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty context gives all -inf -> zeros
+    values = torch.where(live[:, :, None, None], values.float(), 0.0)
+    out = torch.einsum("shgt,sthd->shgd", probs, values)
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+
+
+def paged_prefill_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Prefill attention: each sequence's new query tokens attend causally to everything in its cache.
+
+    Sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]`` (``q_len`` tokens);
+    they sit at positions ``context_lens[s] - q_len .. context_lens[s] - 1``, so the first
+    ``context_lens[s] - q_len`` positions are context already cached (a shared prefix, or an earlier
+    chunk). Their K and V must already be written to the cache (see :func:`write_kv_cache`).
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32, tokens in the cache per sequence after this step.
+        query_start_loc: ``[num_seqs + 1]`` int32, cumulative query lengths (vLLM's name).
+        scale: softmax scale.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.zeros_like(query)
+    starts = query_start_loc.tolist()
+    lens = context_lens.tolist()
+    for s in range(len(lens)):
+        q_begin, q_end, ctx = starts[s], starts[s + 1], lens[s]
+        q_len = q_end - q_begin
+        if q_len == 0:
+            continue
+        blocks = block_tables[s : s + 1]
+        keys = _gather(key_cache, blocks)[0, :ctx]  # [ctx, Hkv, D]
+        values = _gather(value_cache, blocks)[0, :ctx]
+        q = query[q_begin:q_end].reshape(q_len, num_kv_heads, group, head_dim).float()
+        scores = torch.einsum("qhgd,thd->hgqt", q, keys.float()) * scale
+        q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
+        causal = torch.arange(ctx, device=query.device)[None, :] <= q_pos[:, None]  # [q, t]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        o = torch.einsum("hgqt,thd->qhgd", probs, values.float())
+        out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
+    return out
