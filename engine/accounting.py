@@ -1,0 +1,66 @@
+"""Where every KV slot of the pool is, in the categories of the PagedAttention paper's Figure 2.
+
+Each step, every slot of the pool falls in exactly one category, so they sum to the capacity:
+
+- token states: the slot holds the K and V of a token (the only useful memory);
+- reserved: the slot is set aside for a token its request will still produce
+  (contiguous allocators reserve ahead; the paged allocator never does);
+- internal fragmentation: the slot is inside an allocation but will never hold a token
+  (paged: the unfilled tail of each request's last block; contiguous: the over-reservation
+  beyond the request's final length);
+- external fragmentation: a free slot that the next waiting request cannot use, because it lies in a
+  free gap too small for that request's contiguous range (always 0 for paged);
+- free: every other slot.
+
+Source: Kwon et al., SOSP 2023, §3 and Figure 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+CATEGORIES = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """One step's KV pool, in token slots; multiply by ``bytes_per_slot`` for bytes.
+
+    Attributes:
+        capacity: slots in the pool (num_blocks * block_size).
+        token_states, reserved, internal_fragmentation, external_fragmentation, free: slots per category
+            (module docstring); they sum to ``capacity``.
+        bytes_per_slot: bytes of one token's K and V over all layers
+            (2 * num_layers * num_kv_heads * head_dim * element size); 0 in a model-free simulation.
+
+    Raises:
+        ValueError: when the categories do not sum to the capacity or one is negative.
+    """
+
+    capacity: int
+    token_states: int
+    reserved: int
+    internal_fragmentation: int
+    external_fragmentation: int
+    free: int
+    bytes_per_slot: int = 0
+
+    def __post_init__(self) -> None:
+        parts = [getattr(self, c) for c in CATEGORIES]
+        if min(parts) < 0 or sum(parts) != self.capacity:
+            raise ValueError(f"memory categories {dict(zip(CATEGORIES, parts))} do not sum to capacity {self.capacity}")
+
+    @property
+    def allocated(self) -> int:
+        """Slots owned by some request: token states + reserved + internal fragmentation."""
+        return self.token_states + self.reserved + self.internal_fragmentation
+
+    def fraction(self, category: str) -> float:
+        """Share of the capacity in one category, 0..1."""
+        return getattr(self, category) / self.capacity if self.capacity else 0.0
+
+    def bytes(self, category: str) -> int:
+        return getattr(self, category) * self.bytes_per_slot
+
+    def as_dict(self) -> dict:
+        return asdict(self)

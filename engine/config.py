@@ -1,0 +1,86 @@
+"""The engine's one flat configuration, validated as soon as it is built (nano-vllm's ``Config``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ALLOCATORS = ("paged", "contiguous")
+RESERVATIONS = ("max", "pow2", "oracle")
+PLACEMENTS = ("first-fit", "best-fit")
+
+
+@dataclass
+class EngineConfig:
+    """Everything an :class:`~engine.LLMEngine` needs to know before it starts.
+
+    Attributes:
+        model: local Hugging Face directory, ``.gguf`` file, or hub id; ``None`` = SmolLM2-135M-Instruct.
+        block_size: token slots per KV block (paper §4.2; vLLM's default 16).
+        num_gpu_blocks: KV pool size in blocks (vLLM's name, also on CPU). Exclusive with ``kv_cache_memory``.
+        kv_cache_memory: KV pool size in bytes, K and V of all layers together. Default (neither set): 512 blocks.
+        max_num_seqs: most requests running in one step.
+        max_num_batched_tokens: most tokens (prompt + decode) processed in one step; must be >= max_model_len
+            because prompts are not chunked.
+        max_model_len: most tokens (prompt + output) per request; default min(model limit, 2048),
+            always capped at the pool's capacity so that a lone request can always finish.
+        dtype: "auto" = float32 on CPU, bfloat16 on CUDA.
+        device: "auto" = CUDA when present.
+        attention_backend: "torch" (gather + softmax), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
+        allocator: "paged" (PagedAttention) or "contiguous" (one reserved range per request, as before vLLM).
+        reservation: contiguous only: "max", "pow2" or "oracle" (paper §3, Orca baselines).
+        placement: contiguous only: "first-fit" or "best-fit".
+        shuffle_blocks: hand out physical blocks in a seeded random order, so that block tables visibly
+            map logical blocks anywhere in the pool.
+        seed: seeds block shuffling and requests that give no seed of their own.
+
+    Raises:
+        ValueError: on any field out of range, naming the field.
+    """
+
+    model: str | None = None
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    attention_backend: str = "auto"
+    allocator: str = "paged"
+    reservation: str = "max"
+    placement: str = "first-fit"
+    shuffle_blocks: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive_int("block_size", self.block_size)
+        if self.num_gpu_blocks is not None and self.kv_cache_memory is not None:
+            raise ValueError("give either num_gpu_blocks or kv_cache_memory, not both")
+        if self.num_gpu_blocks is not None:
+            _positive_int("num_gpu_blocks", self.num_gpu_blocks)
+        if self.kv_cache_memory is not None:
+            _positive_int("kv_cache_memory", self.kv_cache_memory)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        for name in ("max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("device", self.device, DEVICES)
+        _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("allocator", self.allocator, ALLOCATORS)
+        _choice("reservation", self.reservation, RESERVATIONS)
+        _choice("placement", self.placement, PLACEMENTS)
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

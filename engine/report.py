@@ -1,0 +1,119 @@
+"""Plain data the engine hands to the app, the lessons and the benchmarks after every step.
+
+Nothing here holds a tensor or a reference to the KV pools: a report is cheap to build every step
+and safe to keep for a whole run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.accounting import MemoryUsage
+
+# Event kinds, in the order they can happen to a request.
+ALLOCATE = "allocate"  # a physical block given to a request's logical block
+WRITE = "write"  # a token's K and V written to a slot
+FREE = "free"  # a physical block returned to the free list
+PREEMPT = "preempt"  # a request evicted by recompute (its blocks freed, requeued at the front)
+FINISH = "finish"  # a request done (reason in ``detail``)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing the engine did this step, for the event log.
+
+    Attributes:
+        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH.
+        request_id: the request it concerns.
+        block_id: physical block (ALLOCATE, FREE; the block of the slot for WRITE).
+        logical_index: the request's logical block index (ALLOCATE, FREE).
+        slot: physical slot, block_id * block_size + offset (WRITE).
+        position: token position in the request (WRITE).
+        detail: free text, e.g. the finish reason.
+    """
+
+    kind: str
+    request_id: int
+    block_id: int | None = None
+    logical_index: int | None = None
+    slot: int | None = None
+    position: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class BlockTableSnapshot:
+    """A live request's block table after the step.
+
+    Attributes:
+        request_id: the request.
+        block_table: physical block per logical block (contiguous allocator: the blocks its range covers).
+        filled: token states held by each of those blocks, in slots.
+        slot_range: contiguous allocator only: the request's [start, end) slots in the arena.
+    """
+
+    request_id: int
+    block_table: list[int]
+    filled: list[int]
+    slot_range: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """A request's share of the step: ``num_tokens`` computed in ``phase`` ("prefill" or "decode")."""
+
+    request_id: int
+    phase: str
+    num_tokens: int
+    context_len: int
+
+
+@dataclass
+class StepReport:
+    """Everything one scheduler iteration did.
+
+    Attributes:
+        step: 0-based step index.
+        phase: "prefill", "decode", "mixed" (both in one batch) or "idle" (nothing could run).
+        scheduled: requests run this step and their tokens.
+        new_token_ids, new_text: per request id, the tokens sampled this step and their text.
+        finished: per request id, the finish reason ("stop", "length", "abort").
+        preempted: request ids preempted by recompute this step.
+        events: ordered event log (see :class:`Event`).
+        block_tables: snapshot of every live request's block table after the step.
+        memory: the pool after the step (:class:`~engine.accounting.MemoryUsage`).
+        timings_ms: wall time per phase in ms ("schedule", "prepare", "forward", "sample", "total").
+    """
+
+    step: int
+    phase: str
+    scheduled: list[ScheduledRequest]
+    new_token_ids: dict[int, list[int]]
+    new_text: dict[int, str]
+    finished: dict[int, str]
+    preempted: list[int]
+    events: list[Event]
+    block_tables: list[BlockTableSnapshot]
+    memory: MemoryUsage
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed this step (prefill + decode)."""
+        return sum(s.num_tokens for s in self.scheduled)
+
+
+@dataclass
+class RequestOutput:
+    """A request's result (vLLM's ``RequestOutput``): text, token ids and why it ended."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    num_preemptions: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,131 @@
+"""Iteration-level scheduling: which requests run in the next step, and who is preempted.
+
+Continuous batching (Orca's iteration-level scheduling, vLLM's scheduler): every step, each running
+request decodes one token and, if no one had to be preempted, waiting requests are admitted first
+come, first served, with their whole prompt as a prefill in the same batch. When the pool cannot
+give a running request its next slot, the most recently admitted request is preempted by
+*recompute*: its blocks are freed and it goes back to the front of the waiting queue, to be
+prefilled again later with its prompt and the tokens it had produced (PagedAttention paper §4.5).
+
+The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
+simulator runs the very same code on lengths alone.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_manager import KVCacheManager
+from engine.report import PREEMPT, Event
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's batch: prefills (whole prompts) then decodes (one token each).
+
+    Attributes:
+        prefill_seqs: admitted this step; each computes ``seq.num_new_tokens`` tokens.
+        decode_seqs: running requests computing their one newest token.
+        preempted: requests preempted by recompute this step, in order.
+    """
+
+    prefill_seqs: list[Sequence] = field(default_factory=list)
+    decode_seqs: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill_seqs and not self.decode_seqs
+
+    @property
+    def phase(self) -> str:
+        if self.prefill_seqs and self.decode_seqs:
+            return "mixed"
+        return "prefill" if self.prefill_seqs else "decode" if self.decode_seqs else "idle"
+
+
+class Scheduler:
+    """First come, first served continuous batching over a :class:`KVCacheManager`.
+
+    Args:
+        kv_manager: the paged or contiguous allocator.
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: most tokens per step (prefill tokens + one per decode).
+
+    Invariants: ``running`` is in admission order (oldest first); a request is in exactly one of
+    ``waiting``, ``running``, or neither (finished).
+    """
+
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.events: list[Event] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick the next step's batch, allocating KV room for every token it will compute."""
+        out = SchedulerOutput()
+        self._schedule_decodes(out)
+        if not out.preempted:
+            self._schedule_prefills(out)
+        return out
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Take a request out of the running set (or the queue) and free its KV cache."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.free(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _schedule_decodes(self, out: SchedulerOutput) -> None:
+        queue = deque(self.running)
+        kept: list[Sequence] = []
+        while queue:
+            seq = queue.popleft()
+            while not self.kv.can_append_slot(seq):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                self.kv.append_slot(seq)
+                kept.append(seq)
+                out.decode_seqs.append(seq)
+        self.running = kept
+
+    def _schedule_prefills(self, out: SchedulerOutput) -> None:
+        budget = self.max_num_batched_tokens - len(out.decode_seqs)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
+            if seq.num_new_tokens > budget or not self.kv.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.kv.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.prefill_seqs.append(seq)
+            budget -= seq.num_new_tokens
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        self.events.append(Event(PREEMPT, seq.request_id, detail="recompute"))
