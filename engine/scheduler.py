@@ -64,7 +64,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.events: list[Event] = []
+        self.events = kv_manager.events  # one ordered log: the allocator's and the scheduler's events
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -122,10 +122,10 @@ class Scheduler:
             budget -= seq.num_new_tokens
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.events.append(Event(PREEMPT, seq.request_id, detail="recompute"))
         self.kv.free(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
-        self.events.append(Event(PREEMPT, seq.request_id, detail="recompute"))
