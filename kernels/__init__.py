@@ -1,0 +1,37 @@
+"""Triton kernels for PagedAttention Lab.
+
+Three public functions, each in its own file so it can be read on its own:
+
+* :func:`reshape_and_cache` (``reshape_and_cache.py``) writes a step's new K and V into the
+  paged pools through a ``slot_mapping``.
+* :func:`paged_attention_decode` (``paged_attention_decode.py``, with its split-K reduction in
+  ``paged_attention_reduce.py``) attends one query token per sequence to its context.
+* :func:`paged_attention_prefill` (``paged_attention_prefill.py``) attends a prompt's new tokens
+  causally to themselves and to any context already in the cache.
+
+Each one computes the same thing as the torch oracle in :mod:`engine.attention`.
+
+Why this file may set ``TRITON_INTERPRET``: Triton compiles kernels for a GPU. Without one we
+still want the kernels to run (tests on a laptop, CI, lessons), and Triton ships an interpreter
+that executes a kernel's programs one after another with numpy. The interpreter is chosen when
+``@triton.jit`` decorates a function, by reading ``TRITON_INTERPRET`` at that moment, so it
+must be set before the kernel modules below are imported. We set it only when no CUDA device
+is available and the user has not chosen a value; an explicit ``TRITON_INTERPRET=0`` is kept.
+Import the kernels through ``import kernels`` so this always happens first.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
+from kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
+from kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
+from kernels._common import interpreted  # noqa: E402
+
+__all__ = ["interpreted", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]

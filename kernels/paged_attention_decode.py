@@ -1,0 +1,274 @@
+"""Decode attention over a paged KV cache: one new query token per sequence.
+
+Algorithm (PagedAttention paper §4.1; vLLM ``paged_attention_v1`` / ``_v2``; FlashDecoding).
+
+A sequence's keys and values are scattered over fixed-size blocks of a shared pool; its block
+table lists them in order. Token ``t`` lives in block ``block_table[t // block_size]`` at offset
+``t % block_size``. On a GPU one Triton *program* handles one (sequence, KV head) pair and one
+split of its context. (Under the CPU interpreter, where each program costs a fixed Python
+overhead per operation, one program handles many pairs at once, stacked as the leading dim of
+3-D tensors and ``tl.dot`` batches; the math per pair is the same.) Per pair:
+
+1. It loads the query rows of *all* query heads that share this KV head (grouped-query
+   attention: ``group = num_heads // num_kv_heads``). Loading K and V once for the whole group,
+   instead of once per query head, divides the memory traffic by ``group``. The group is padded
+   to at least 16 rows (the smallest ``tl.dot`` tile the GPU compiler accepts) and the padding
+   rows are masked when storing.
+2. It walks its range of context tokens ``TILE`` tokens at a time. For every token of the tile
+   it gathers the block id from the block table, so one tile can span several blocks and block
+   sizes that are not powers of two (48) or tiny (1) work the same way. K and V are read with
+   ``block_id * stride`` computed in int64 (a large pool overflows int32).
+3. Online softmax (Milakov & Gimelshein 2018; FlashAttention): it keeps, per query row, the
+   running max ``m`` of the logits, the running sum ``l`` of ``exp(logit - m)`` and the running
+   weighted sum ``acc`` of V, all in fp32. When a tile raises the max, the old ``l`` and ``acc``
+   are rescaled by ``exp(m_old - m_new)``. So the full row of logits never has to exist at once,
+   and large logits (1e4) never overflow because every exponent is <= 0.
+   We use ``exp2`` with the scale pre-multiplied by ``log2(e)``: the same math, one
+   multiplication less per element on the GPU.
+
+Split-K (vLLM v2, FlashDecoding). With few sequences and long contexts, one program per
+(sequence, KV head) leaves most GPU cores idle. Then the context is cut into ``num_splits``
+partitions, each program handles one partition and writes its partial output ``acc / l``
+together with its ``m`` and ``l``; :mod:`kernels.paged_attention_reduce` then combines them.
+A partition that starts past the context (more partitions than blocks) writes
+``m = -inf, l = 0`` and contributes nothing.
+
+Padding rows (``context_lens == 0``) run no loop iteration and write zeros; cache slots outside
+a context are never loaded (masked loads), so NaN garbage there cannot leak into the result.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
+from kernels.paged_attention_reduce import paged_attention_reduce
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+INTERPRETER_PAIRS = 64  # (sequence, KV head) pairs per interpreted program (see the wrapper)
+
+
+@triton.jit
+def _paged_attention_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+    out_ptr, max_logits_ptr, exp_sums_ptr,
+    scale_log2,  # softmax scale * log2(e)
+    num_pairs,  # num_seqs * num_kv_heads
+    stride_qs, stride_qh, stride_qd,  # query [num_seqs, num_heads, head_dim]
+    stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
+    stride_vb, stride_vo, stride_vh, stride_vd,  # value_cache
+    stride_bts, stride_btb,  # block_tables [num_seqs, max_blocks]
+    stride_os, stride_oh, stride_op, stride_od,  # out: [S, H, D] (stride_op = 0) or partials [S, H, P, D]
+    stride_ms, stride_mh,  # max_logits / exp_sums [S, H, P] (split mode only; partition stride 1)
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,  # GROUP padded to a power of two >= 16 (tl.dot minimum)
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,  # head_dim padded to a power of two >= 16
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    TILE: tl.constexpr,  # context tokens per loop iteration (power of two >= 16)
+    PARTITION: tl.constexpr,  # context tokens per split (multiple of TILE)
+    PAIRS: tl.constexpr,  # (sequence, KV head) pairs per program: 1 on GPU, many in the interpreter
+    SPLIT: tl.constexpr,  # True: write partials + (max, sum) for the reduce kernel
+    PRECISION: tl.constexpr,  # tl.dot input precision ("ieee" for fp32)
+):
+    # All index math is int64: block_id * stride can pass 2**31 in a large pool (and the
+    # interpreter checks every int32 add/mul for overflow, which is slow).
+    split = tl.program_id(1)
+    pair = tl.program_id(0).to(tl.int64) * PAIRS + tl.arange(0, PAIRS).to(tl.int64)  # [PAIRS]
+    pair_ok = pair < num_pairs
+    seq = pair // NUM_KV_HEADS
+    kv_head = pair % NUM_KV_HEADS
+
+    context_len = tl.load(context_lens_ptr + seq, mask=pair_ok, other=0).to(tl.int64)
+    start = split * PARTITION
+    end = tl.minimum(context_len, start + PARTITION)  # [PAIRS] this partition's last token + 1
+
+    g = tl.arange(0, GROUP_PAD).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
+    head = kv_head[:, None] * GROUP + g[None, :]  # [PAIRS, GROUP_PAD] query heads of each KV head
+    row_ok = pair_ok[:, None] & (g < GROUP)[None, :]
+    d_ok = d < HEAD_DIM
+    q_mask = row_ok[:, :, None] & d_ok[None, None, :]
+    q = tl.load(
+        q_ptr + seq[:, None, None] * stride_qs + head[:, :, None] * stride_qh + d[None, None, :] * stride_qd,
+        mask=q_mask, other=0.0,
+    )  # [PAIRS, GROUP_PAD, HEAD_DIM_PAD]; padding rows/columns are 0
+
+    m = tl.full([PAIRS, GROUP_PAD], float("-inf"), tl.float32)  # running max of logits (log2 units)
+    l = tl.zeros([PAIRS, GROUP_PAD], tl.float32)  # running sum of exp2(logit - m)
+    acc = tl.zeros([PAIRS, GROUP_PAD, HEAD_DIM_PAD], tl.float32)  # running sum of exp2(logit - m) * v
+
+    bt_row = block_tables_ptr + seq * stride_bts  # [PAIRS] pointers to each pair's block table
+    k_head = k_cache_ptr + kv_head * stride_kh
+    v_head = v_cache_ptr + kv_head * stride_vh
+    offs = tl.arange(0, TILE).to(tl.int64)
+    for tile_start in range(start, tl.max(end, axis=0), TILE):
+        tok = tile_start + offs  # [TILE] token positions
+        tok_ok = tok[None, :] < end[:, None]  # [PAIRS, TILE]
+        # Gather one block id per token: a tile may cover several blocks (or part of one).
+        block_id = tl.load(bt_row[:, None] + (tok // BLOCK_SIZE)[None, :] * stride_btb, mask=tok_ok, other=0)
+        block_id = block_id.to(tl.int64)
+        in_block = (tok % BLOCK_SIZE)[None, :]
+        kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
+        k_offs = (block_id * stride_kb + in_block * stride_ko)[:, :, None] + d[None, None, :] * stride_kd
+        k = tl.load(k_head[:, None, None] + k_offs, mask=kv_mask, other=0.0)  # [PAIRS, TILE, HEAD_DIM_PAD]
+
+        # Logits for every (query head of the group, token of the tile), fp32 accumulate.
+        s = tl.dot(q, tl.trans(k, 0, 2, 1), input_precision=PRECISION) * scale_log2  # [PAIRS, GROUP_PAD, TILE]
+        s = tl.where(tok_ok[:, None, :], s, float("-inf"))
+
+        # Online softmax. A pair whose context ended before this tile sees only -inf: m_safe
+        # keeps exp2(-inf - -inf) = NaN out (alpha = 1 or 0, p = 0 for such rows).
+        m_new = tl.maximum(m, tl.max(s, axis=2))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)  # rescales what was accumulated under the old max
+        p = tl.exp2(s - m_safe[:, :, None])  # masked tokens: exp2(-inf) = 0
+        l = l * alpha + tl.sum(p, axis=2)
+
+        v_offs = (block_id * stride_vb + in_block * stride_vo)[:, :, None] + d[None, None, :] * stride_vd
+        v = tl.load(v_head[:, None, None] + v_offs, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+
+    # Empty context or empty partition: l == 0, write zeros instead of 0/0.
+    out = acc / tl.where(l > 0, l, 1.0)[:, :, None]
+    out_offs = (seq * stride_os + split * stride_op)[:, None, None] + head[:, :, None] * stride_oh \
+        + d[None, None, :] * stride_od
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+    if SPLIT:
+        ml_offs = seq[:, None] * stride_ms + head * stride_mh + split
+        tl.store(max_logits_ptr + ml_offs, m, mask=row_ok)
+        tl.store(exp_sums_ptr + ml_offs, l, mask=row_ok)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _auto_num_splits(query: torch.Tensor, num_seqs: int, num_kv_heads: int, max_context: int) -> int:
+    """Split only when single-pass programs cannot fill the GPU and each partition stays long.
+
+    Under the interpreter programs run one after another, so splitting only adds work: 1.
+    """
+    if interpreted() or query.device.type != "cuda":
+        return 1
+    programs = num_seqs * num_kv_heads
+    sms = _num_sms(query.device.index if query.device.index is not None else torch.cuda.current_device())
+    if programs >= sms or max_context <= 1024:
+        return 1
+    by_occupancy = math.ceil(2 * sms / programs)  # aim for ~2 programs per SM
+    by_length = math.ceil(max_context / 512)  # keep >= 512 tokens per partition
+    return max(1, min(by_occupancy, by_length, 64))
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Decode attention through block tables; same result as ``engine.attention.paged_attention_reference``.
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` fp32/fp16/bf16, any strides (e.g. a slice of a
+            packed QKV tensor). Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype as query.
+        block_tables: ``[num_seqs, max_blocks]`` int32 physical block ids (may be a view of a wider
+            tensor); entries past a sequence's context are never read.
+        context_lens: ``[num_seqs]`` int32 tokens of context (incl. the current token); 0 = padded row,
+            whose output is zeros. Must be ``<= max_blocks * block_size`` (not checked on device).
+        scale: softmax scale applied to ``q·k`` (usually ``head_dim ** -0.5``).
+        num_splits: ``None`` chooses automatically (split-K on GPU for few sequences with long
+            contexts, 1 under the interpreter); an int >= 1 forces that many context partitions.
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``, contiguous.
+
+    Raises:
+        ValueError: on mismatched shapes, dtypes or devices, bad ``num_splits``, or CPU tensors
+            outside interpreter mode.
+    """
+    num_heads, head_dim, block_size, num_kv_heads, num_seqs = check_attention_inputs(
+        query, key_cache, value_cache, block_tables, context_lens
+    )
+    if query.shape[0] != num_seqs:
+        raise ValueError(f"query has {query.shape[0]} rows but block_tables has {num_seqs} sequences")
+    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+        raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
+
+    out = torch.empty(num_seqs, num_heads, head_dim, dtype=query.dtype, device=query.device)
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    max_context = block_tables.shape[1] * block_size  # upper bound, known without a device sync
+
+    if interpreted():
+        # Each loop iteration costs a fixed numpy overhead: take the whole context at once
+        # (up to 1024 tokens) so a typical decode runs a single iteration per program.
+        tile = min(max(next_pow2(max_context), 16), 1024)
+    else:
+        # Big enough to keep many loads in flight, small enough for registers.
+        tile = 64 if head_dim <= 128 else 32
+    if num_splits is None:
+        num_splits = _auto_num_splits(query, num_seqs, num_kv_heads, max_context)
+    per_split = triton.cdiv(max(max_context, 1), num_splits)
+    if num_splits > 1:
+        # Do not let one tile swallow several partitions: at most the largest power of two
+        # <= the partition length (>= 16 for tl.dot).
+        tile = min(tile, max(16, 1 << (per_split.bit_length() - 1)))
+    # Tokens per partition: a multiple of the tile so only the last tile of a partition is ragged.
+    partition = triton.cdiv(per_split, tile) * tile
+
+    meta = dict(
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
+        BLOCK_SIZE=block_size, TILE=tile, PARTITION=partition,
+        PRECISION=dot_precision(query.dtype),
+    )
+    common = (
+        query.stride(0), query.stride(1), query.stride(2),
+        *key_cache.stride(), *value_cache.stride(),
+        block_tables.stride(0), block_tables.stride(1),
+    )
+    scale_log2 = float(scale) * LOG2E
+    num_pairs = num_seqs * num_kv_heads
+    # GPU: one (sequence, KV head) per program, so thousands of programs fill the SMs.
+    # Interpreter: programs run one by one with a fixed cost per operation, so one program
+    # takes up to INTERPRETER_PAIRS pairs at once as the leading (batch) dim of 3-D tensors.
+    pairs = min(next_pow2(num_pairs), INTERPRETER_PAIRS) if interpreted() else 1
+    grid = (triton.cdiv(num_pairs, pairs), num_splits)
+
+    if num_splits == 1:
+        _paged_attention_decode_kernel[grid](
+            query, key_cache, value_cache, block_tables, context_lens,
+            out, out, out,  # max_logits / exp_sums unused in single-pass mode
+            scale_log2, num_pairs, *common,
+            out.stride(0), out.stride(1), 0, out.stride(2),
+            0, 0,
+            SPLIT=False, PAIRS=pairs, **meta,
+        )
+        return out
+
+    partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+    max_logits = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    exp_sums = torch.empty_like(max_logits)
+    _paged_attention_decode_kernel[grid](
+        query, key_cache, value_cache, block_tables, context_lens,
+        partial, max_logits, exp_sums,
+        scale_log2, num_pairs, *common,
+        *partial.stride(),
+        max_logits.stride(0), max_logits.stride(1),
+        SPLIT=True, PAIRS=pairs, **meta,
+    )
+    paged_attention_reduce(partial, max_logits, exp_sums, out)
+    return out
