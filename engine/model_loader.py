@@ -310,6 +310,11 @@ def _resolve_hub(repo_id: str, progress: ProgressCallback | None) -> Path:
     return Path(snapshot)
 
 
+def _looks_like_path(model: str) -> bool:
+    """True for names that cannot be hub ids ("name" or "org/name"), e.g. "./x", "/a/b/c", "m.gguf"."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model or model.endswith(".gguf")
+
+
 def resolve_model(model: str | None = None, progress: ProgressCallback | None = None) -> Path:
     """Local Hugging Face-format directory for ``model``, fetching or converting it if needed.
 
@@ -333,6 +338,8 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
     if local.is_dir():
         _check_hf_dir(local)
         return local
+    if _looks_like_path(model):
+        raise ModelLoadError(f"Cannot find model {model!r}: no such file or directory, so it is neither a local path nor a Hugging Face Hub id.")
     snapshot = _resolve_hub(model, progress)
     _check_hf_dir(snapshot)
     return snapshot
