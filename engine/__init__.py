@@ -1,5 +1,26 @@
-"""PagedAttention Lab's serving engine: a small vLLM, one scheduler iteration at a time."""
+"""PagedAttention Lab's serving engine: a small vLLM, one scheduler iteration at a time.
 
+    from engine import LLM, SamplingParams
+    LLM().generate("Why is the sky blue?", SamplingParams(max_tokens=32))
+"""
+
+from engine.accounting import MemoryUsage
 from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.llm_engine import LLMEngine
+from engine.report import RequestOutput, StepReport
+from engine.sampling_params import SamplingParams
 
-__all__ = ["paged_attention_reference", "paged_prefill_reference", "write_kv_cache"]
+__all__ = [
+    "LLM",
+    "LLMEngine",
+    "EngineConfig",
+    "SamplingParams",
+    "StepReport",
+    "RequestOutput",
+    "MemoryUsage",
+    "paged_attention_reference",
+    "paged_prefill_reference",
+    "write_kv_cache",
+]

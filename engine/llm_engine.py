@@ -1,0 +1,278 @@
+"""The engine: requests in, one scheduler iteration per :meth:`LLMEngine.step`, a :class:`StepReport` out.
+
+One step = schedule (pick the batch, allocate KV room) -> run the model on the batch (write the new
+K and V to the pool, attend through the block tables) -> sample one token per request -> check
+stopping rules and free finished requests' blocks -> report (vLLM's ``LLMEngine.step``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from engine.block_manager import KVCacheManager, PagedBlockManager
+from engine.config import EngineConfig
+from engine.model import build_model
+from engine.model_loader import load_model
+from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
+from engine.report import FINISH, Event, RequestOutput, ScheduledRequest, StepReport
+from engine.sampler import sample
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence, SequenceStatus
+
+DEFAULT_NUM_BLOCKS = 512
+DEFAULT_MAX_MODEL_LEN = 2048
+
+Prompt = str | list[dict] | list[int]
+
+
+class LLMEngine:
+    """A step-through inference engine over a paged (or contiguous) KV cache.
+
+    Args:
+        config: :class:`~engine.EngineConfig`.
+        progress: optional ``(stage, fraction)`` callback while the model is fetched and converted.
+
+    Raises:
+        ValueError: a bad setting (names it), a KV budget smaller than one block, or a triton backend
+            asked for where it cannot run.
+        engine.model_loader.ModelLoadError: the model cannot be found, fetched or read.
+    """
+
+    def __init__(self, config: EngineConfig | None = None, progress: Callable[[str, float], None] | None = None):
+        self.config = config = config or EngineConfig()
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, self.device)
+        backend = _resolve_backend(config.attention_backend, self.device, self.dtype)
+        loaded = load_model(config.model, dtype=torch.float32, progress=progress)
+        self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
+        model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device)
+        self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
+        self.num_blocks = self._num_blocks()
+        self.max_model_len = self._max_model_len()
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend)
+        self.kv = self._make_kv_manager()
+        max_batched = config.max_num_batched_tokens or max(self.max_model_len, 2048)
+        if max_batched < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({self.max_model_len}): prompts are not chunked")
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched)
+        self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
+        self.requests: dict[int, Sequence] = {}
+        self.generators: dict[int, torch.Generator] = {}
+        self.texts: dict[int, str] = {}
+        self.step_index = 0
+        self._next_request_id = 0
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: text, chat messages (through the model's chat template) or token ids.
+
+        Raises:
+            ValueError: empty prompt, token ids outside the vocabulary, or an unknown prompt type.
+        """
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt).input_ids if prompt else []
+        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            vocab = self.hf_config.vocab_size
+            if any(not 0 <= t < vocab for t in ids):
+                raise ValueError(f"token ids must be in [0, {vocab})")
+        else:
+            raise ValueError("a prompt is a string, a list of chat messages ({'role', 'content'}) or a list of token ids")
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> int:
+        """Queue a request; returns its request_id.
+
+        Raises:
+            ValueError: a bad prompt, or a request that can never fit: its prompt + 1 token is longer
+                than max_model_len or larger than the KV pool. Nothing is queued then.
+        """
+        params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("sampling_params must be a SamplingParams")
+        ids = self.encode(prompt)
+        if len(ids) + 1 > self.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate within max_model_len={self.max_model_len} tokens")
+        request_id = self._next_request_id
+        seq = Sequence(request_id, len(ids), max_len=min(len(ids) + params.max_tokens, self.max_model_len), sampling_params=params, token_ids=ids)
+        if not self.kv.fits_ever(seq):
+            raise ValueError(f"prompt of {len(ids)} tokens can never fit in the KV pool ({self.kv.num_slots} slots)")
+        self._next_request_id += 1
+        seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + request_id
+        self.generators[request_id] = torch.Generator().manual_seed(seed)
+        self.requests[request_id] = seq
+        self.texts[request_id] = ""
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort_request(self, request_id: int) -> None:
+        """Stop a request now and free its KV blocks (finish reason "abort"). Unknown ids raise KeyError."""
+        seq = self.requests[request_id]
+        if seq.status != SequenceStatus.FINISHED:
+            self.scheduler.finish(seq, "abort")
+            self.kv.events.append(Event(FINISH, request_id, detail="abort"))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def get_output(self, request_id: int) -> RequestOutput:
+        seq = self.requests[request_id]
+        return RequestOutput(
+            request_id=request_id,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            token_ids=seq.output_token_ids,
+            text=self.texts[request_id],
+            finish_reason=seq.finish_reason,
+            num_preemptions=seq.num_preemptions,
+        )
+
+    # ---- the step ---------------------------------------------------------------------------
+
+    def step(self) -> StepReport:
+        """Run one scheduler iteration and report everything it did (see :class:`~engine.report.StepReport`)."""
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        events = self.kv.events
+        new_ids: dict[int, list[int]] = {}
+        new_text: dict[int, str] = {}
+        finished: dict[int, str] = {}
+        scheduled = [ScheduledRequest(s.request_id, "prefill", s.num_new_tokens, s.num_tokens) for s in batch.prefill_seqs]
+        scheduled += [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens) for s in batch.decode_seqs]
+        t2 = t3 = t1
+        if not batch.is_empty:
+            logits = self.runner.execute(batch, self.kv, events)
+            t2 = time.perf_counter()
+            for row, seq in enumerate(batch.prefill_seqs + batch.decode_seqs):
+                token = sample(logits[row], seq.sampling_params, self.generators[seq.request_id])
+                seq.num_computed_tokens = seq.num_tokens
+                seq.append_token(token)
+                new_ids[seq.request_id] = [token]
+                new_text[seq.request_id] = self._update_text(seq)
+                reason = self._finish_reason(seq, token)
+                if reason:
+                    self.scheduler.finish(seq, reason)
+                    events.append(Event(FINISH, seq.request_id, detail=reason))
+                    finished[seq.request_id] = reason
+            t3 = time.perf_counter()
+        report = StepReport(
+            step=self.step_index,
+            phase=batch.phase,
+            scheduled=scheduled,
+            new_token_ids=new_ids,
+            new_text=new_text,
+            finished=finished,
+            preempted=[s.request_id for s in batch.preempted],
+            events=list(events),
+            block_tables=self.kv.snapshot(self.scheduler.running),
+            memory=self.memory_usage(),
+        )
+        del events[:]  # cleared in place: the scheduler shares this list
+        t4 = time.perf_counter()
+        report.timings_ms = {
+            "schedule": 1e3 * (t1 - t0),
+            "forward": 1e3 * (t2 - t1),
+            "sample": 1e3 * (t3 - t2),
+            "report": 1e3 * (t4 - t3),
+            "total": 1e3 * (t4 - t0),
+        }
+        self.step_index += 1
+        return report
+
+    def memory_usage(self):
+        """The pool now, in the paper's categories (:class:`~engine.accounting.MemoryUsage`)."""
+        waiting = self.scheduler.waiting
+        return self.kv.usage(self.scheduler.running, waiting[0] if waiting else None, self.bytes_per_slot)
+
+    # ---- helpers ----------------------------------------------------------------------------
+
+    def _update_text(self, seq: Sequence) -> str:
+        full = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        for stop in seq.sampling_params.stop:
+            cut = full.find(stop)
+            if cut != -1:
+                full = full[:cut]
+                seq.finish_reason = "stop"  # confirmed by _finish_reason
+        previous = self.texts[seq.request_id]
+        self.texts[seq.request_id] = full
+        return full[len(previous) :] if full.startswith(previous) else full
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.sampling_params
+        if seq.finish_reason == "stop":
+            return "stop"
+        if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _num_blocks(self) -> int:
+        cfg = self.config
+        if cfg.kv_cache_memory is None:
+            return cfg.num_gpu_blocks or DEFAULT_NUM_BLOCKS
+        num_blocks = cfg.kv_cache_memory // (self.bytes_per_slot * cfg.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory={cfg.kv_cache_memory} bytes is smaller than one block ({self.bytes_per_slot * cfg.block_size} bytes)")
+        return num_blocks
+
+    def _max_model_len(self) -> int:
+        limit = getattr(self.hf_config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
+        wanted = self.config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        if wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's limit of {limit} positions")
+        # A lone request must always be able to finish, or preempting it would loop forever.
+        return min(wanted, self.num_blocks * self.config.block_size)
+
+    def _make_kv_manager(self) -> KVCacheManager:
+        cfg = self.config
+        seed = cfg.seed if cfg.shuffle_blocks else None
+        if cfg.allocator == "paged":
+            return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed)
+        from engine.contiguous import ContiguousAllocator
+
+        return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement, max_model_len=self.max_model_len)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but no CUDA device is available")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def _resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TORCH_BACKEND
+    if device.type == "cpu" and dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"the triton backend on CPU runs in Triton's interpreter, which supports float32/float16, not {dtype}")
+    return triton_backend()
+
+
+def _eos_token_ids(config, tokenizer) -> set[int]:
+    ids = set()
+    for value in (getattr(config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(value)
+    return ids

@@ -1,0 +1,294 @@
+"""The engine's own forward pass for Llama-family models (Llama, SmolLM, TinyLlama, Qwen2, Qwen3).
+
+Decoder layer: RMSNorm -> grouped-query attention with rotary position embedding, reading and writing
+K and V only through the paged KV cache -> residual -> RMSNorm -> SwiGLU MLP -> residual.
+Qwen2 adds a bias to the Q/K/V projections; Qwen3 normalises each head's Q and K (RMSNorm over
+head_dim) before the rotation. Parameter names follow Hugging Face's, so a checkpoint loads with
+a strict name-by-name check (:func:`build_model`).
+
+Tokens of all requests in a step are packed into one flat batch, ``[num_tokens, ...]`` with no padding:
+prefill tokens first, then one token per decoding request (vLLM's layout). The
+:class:`AttentionMetadata` tells attention where each token's K and V go (``slot_mapping``) and
+which blocks each request reads (``block_tables``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint's tensors do not match the model: names the missing, unexpected or mis-shaped ones."""
+
+
+@dataclass
+class AttentionBackend:
+    """The three attention operations, from engine/attention.py (torch) or kernels/ (Triton)."""
+
+    name: str
+    write_kv: Callable  # (key, value, key_cache, value_cache, slot_mapping)
+    prefill: Callable  # (query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale)
+    decode: Callable  # (query, key_cache, value_cache, block_tables, context_lens, scale)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where one step's tokens live in the paged KV cache.
+
+    Attributes:
+        slot_mapping: ``[num_tokens]`` int64, the slot each token's K and V are written to (-1: none).
+        num_prefill_tokens: the first this many tokens belong to prefills, the rest are decodes.
+        prefill_query_start_loc: ``[num_prefills + 1]`` int32, cumulative prompt lengths.
+        prefill_context_lens, decode_context_lens: ``[num_prefills]`` / ``[num_decodes]`` int32, tokens
+            in the cache per request after this step's write.
+        prefill_block_tables, decode_block_tables: ``[num_*, max_blocks]`` int32.
+        backend: which attention implementation runs.
+    """
+
+    slot_mapping: torch.Tensor
+    num_prefill_tokens: int
+    prefill_query_start_loc: torch.Tensor
+    prefill_context_lens: torch.Tensor
+    prefill_block_tables: torch.Tensor
+    decode_context_lens: torch.Tensor
+    decode_block_tables: torch.Tensor
+    backend: AttentionBackend
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in fp32 (as Llama does), then scaled by a learned weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoFormer), with the rope scaling a config names (llama3, linear, yarn...).
+
+    Angles are computed in fp32 whatever the model dtype, as transformers does, so that logits match.
+    """
+
+    def __init__(self, config, head_dim: int):
+        super().__init__()
+        params = _rope_parameters(config)
+        rope_type = params.get("rope_type", "default")
+        if rope_type == "default":
+            inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            self.attention_scaling = 1.0
+        else:
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions ``[num_tokens]`` int64 -> cos, sin ``[num_tokens, 1, head_dim]`` in ``dtype``."""
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.attention_scaling).to(dtype)
+        sin = (emb.sin() * self.attention_scaling).to(dtype)
+        return cos[:, None, :], sin[:, None, :]
+
+
+def _rope_parameters(config) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    params = dict(getattr(config, "rope_scaling", None) or {})
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return params
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention over the paged KV cache (num_heads query heads share num_kv_heads K/V heads)."""
+
+    def __init__(self, config, head_dim: int):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=getattr(config, "attention_bias", False))
+        if config.model_type == "qwen3":
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        key_cache, value_cache = kv_cache
+        # Written first, so attention reads every token, including this step's, through the block table.
+        meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        p = meta.num_prefill_tokens
+        out = torch.empty_like(q)
+        if p > 0:
+            out[:p] = meta.backend.prefill(
+                q[:p], key_cache, value_cache, meta.prefill_block_tables,
+                meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale,
+            )
+        if p < n:
+            out[p:] = meta.backend.decode(
+                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+            )
+        return self.o_proj(out.view(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config):
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, head_dim: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, head_dim)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config, head_dim: int):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, head_dim) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """A decoder-only language model whose attention goes through the engine's paged KV cache.
+
+    Args:
+        config: a transformers ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config``.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = config.num_key_value_heads
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.model = Backbone(config, self.head_dim)
+        self.rotary_emb = RotaryEmbedding(config, self.head_dim)
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions ``[num_tokens]`` int64 -> final hidden states ``[num_tokens, hidden_size]``.
+
+        ``kv_caches[i]`` is layer i's (key_cache, value_cache), each
+        ``[num_blocks, block_size, num_kv_heads, head_dim]``; this step's K and V are written into them.
+        """
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions, x.dtype)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, cos, sin, kv_cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+
+def build_model(config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> CausalLM:
+    """Build :class:`CausalLM` for ``config`` and load ``state_dict`` into it, strictly.
+
+    Args:
+        config: transformers config of model_type llama, qwen2 or qwen3.
+        state_dict: Hugging Face tensor names -> tensors (any float dtype; converted to ``dtype``).
+        dtype, device: where the weights live.
+
+    Raises:
+        WeightLoadError: a tensor is missing, unexpected or of the wrong shape (all are named), or the
+            model type is not supported. A loader that silently kept a randomly initialised layer would
+            produce fluent nonsense that nothing else notices.
+    """
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise WeightLoadError(f"model_type {config.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
+    if getattr(config, "use_sliding_window", False):
+        raise WeightLoadError("sliding-window attention is not supported")
+    with torch.device("meta"):
+        model = CausalLM(config)
+    state_dict = dict(state_dict)
+    if model.tie_word_embeddings:
+        state_dict.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
+    _check_tensors(model, state_dict)
+    state_dict = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
+    return model.eval()
+
+
+def _check_tensors(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mismatched = [
+        f"{name}: checkpoint {tuple(state_dict[name].shape)}, model {shape}"
+        for name, shape in expected.items()
+        if name in state_dict and tuple(state_dict[name].shape) != shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    if mismatched:
+        problems.append(f"mis-shaped tensors: {'; '.join(mismatched)}")
+    if problems:
+        raise WeightLoadError("checkpoint does not match the model — " + " | ".join(problems))

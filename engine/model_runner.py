@@ -1,0 +1,118 @@
+"""Runs the model on one scheduled batch: builds the flat input tensors, owns the KV pools.
+
+KV pools, one (key_cache, value_cache) pair per layer, each
+``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model dtype: block-major, so one block
+of one layer is a contiguous ``block_size * num_kv_heads * head_dim`` run of memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache
+from engine.block_manager import KVCacheManager
+from engine.model import AttentionBackend, AttentionMetadata, CausalLM
+from engine.report import WRITE, Event
+from engine.scheduler import SchedulerOutput
+
+TORCH_BACKEND = AttentionBackend("torch", write_kv_cache, paged_prefill_reference, paged_attention_reference)
+
+
+def triton_backend() -> AttentionBackend:
+    import kernels  # imported only when chosen: it may switch Triton to its CPU interpreter
+
+    return AttentionBackend(
+        "triton", kernels.reshape_and_cache, kernels.paged_attention_prefill, kernels.paged_attention_decode
+    )
+
+
+def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one token's K and V over all layers: 2 * layers * kv_heads * head_dim * element size."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    """Owns the model and its KV pools; turns a :class:`SchedulerOutput` into logits.
+
+    Args:
+        model: the loaded :class:`~engine.model.CausalLM`.
+        num_blocks, block_size: pool shape in blocks and slots per block.
+        backend: the attention implementation.
+    """
+
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend):
+        self.model = model
+        self.backend = backend
+        self.block_size = block_size
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(model.num_layers)
+        ]
+
+    def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The pools viewed with the allocator's block size (contiguous: 1-slot blocks); no copy."""
+        if attention_block_size == self.block_size:
+            return self.kv_caches
+        return [(k.view(-1, attention_block_size, *k.shape[2:]), v.view(-1, attention_block_size, *v.shape[2:])) for k, v in self.kv_caches]
+
+    def prepare(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]):
+        """Flat inputs for the batch, prefills first. Appends a WRITE event per token to ``events``.
+
+        Returns:
+            (input_ids ``[num_tokens]`` int64, positions ``[num_tokens]`` int64, AttentionMetadata,
+            last_token_index ``[num_seqs]`` int64: the row whose logits choose each request's next token)
+        """
+        input_ids, positions, slots = [], [], []
+        for seq in batch.prefill_seqs + batch.decode_seqs:
+            start, end = seq.num_computed_tokens, seq.num_tokens
+            seq_slots = kv.slot_mapping(seq, start, end)
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += seq_slots
+            for pos, slot in zip(range(start, end), seq_slots):
+                block_id = slot // kv.block_size
+                events.append(Event(WRITE, seq.request_id, block_id=block_id, slot=slot, position=pos))
+        lens = [seq.num_tokens - seq.num_computed_tokens for seq in batch.prefill_seqs]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_prefill_tokens=sum(lens),
+            prefill_query_start_loc=torch.tensor([0] + _cumsum(lens), dtype=torch.int32, device=dev),
+            prefill_context_lens=self._context_lens(batch.prefill_seqs),
+            prefill_block_tables=self._block_tables(batch.prefill_seqs, kv),
+            decode_context_lens=self._context_lens(batch.decode_seqs),
+            decode_block_tables=self._block_tables(batch.decode_seqs, kv),
+            backend=self.backend,
+        )
+        ends = _cumsum(lens + [1] * len(batch.decode_seqs))
+        last = torch.tensor([e - 1 for e in ends], dtype=torch.int64, device=dev)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        return ids, pos, meta, last
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]) -> torch.Tensor:
+        """Run the model on the batch; returns next-token logits ``[num_seqs, vocab_size]`` fp32."""
+        ids, pos, meta, last = self.prepare(batch, kv, events)
+        hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
+        return self.model.compute_logits(hidden[last])
+
+    def _context_lens(self, seqs) -> torch.Tensor:
+        return torch.tensor([seq.num_tokens for seq in seqs], dtype=torch.int32, device=self.device)
+
+    def _block_tables(self, seqs, kv: KVCacheManager) -> torch.Tensor:
+        tables = [kv.attention_block_table(seq) for seq in seqs]
+        width = max((len(t) for t in tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(seqs), width)
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
