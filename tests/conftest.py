@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny randomly initialised models in real Hugging Face format, built on the spot.
+
+They carry the default model's tokenizer (so text and chat templates work) and load through the same
+path as any local model directory; only their sizes are small, so a test runs in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from engine.model_loader import resolve_model
+
+TINY_SIZES = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The default model (SmolLM2-135M-Instruct), fetched and converted once per machine."""
+    return resolve_model(None)
+
+
+def make_tiny_model(directory: Path, model_type: str, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
+    """Save a randomly initialised llama / qwen2 / qwen3 model with the default tokenizer in ``directory``."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    sizes = dict(TINY_SIZES, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    sizes.update(overrides)
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
+    if model_type == "qwen3":
+        sizes.setdefault("head_dim", 32)  # Qwen3's head_dim is its own setting, not hidden / heads
+    config = config_class(**sizes)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A 2-layer Llama (hidden 64, 4 query heads, 2 KV heads) with random weights, as a local HF directory."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", default_model_dir)
