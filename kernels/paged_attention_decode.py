@@ -245,7 +245,11 @@ def paged_attention_decode(
     # GPU: one (sequence, KV head) per program, so thousands of programs fill the SMs.
     # Interpreter: programs run one by one with a fixed cost per operation, so one program
     # takes up to INTERPRETER_PAIRS pairs at once as the leading (batch) dim of 3-D tensors.
-    pairs = min(next_pow2(num_pairs), INTERPRETER_PAIRS) if interpreted() else 1
+    # Triton caps a tensor at 2**20 elements; keep the biggest ([PAIRS, TILE, HEAD_DIM_PAD] or
+    # [PAIRS, GROUP_PAD, TILE]) at 2**18 so numpy stays in cache.
+    biggest_per_pair = tile * max(meta["HEAD_DIM_PAD"], meta["GROUP_PAD"])
+    budget = max(1, 2**18 // biggest_per_pair)
+    pairs = min(next_pow2(num_pairs), INTERPRETER_PAIRS, 1 << (budget.bit_length() - 1)) if interpreted() else 1
     grid = (triton.cdiv(num_pairs, pairs), num_splits)
 
     if num_splits == 1:
