@@ -88,6 +88,9 @@ class KVCacheManager(ABC):
     num_blocks: int
     attention_block_size: int
     events: list[Event]
+    # The model-free simulator turns per-block events off: on 100,000 requests they would be
+    # millions of objects nobody reads. The engine keeps them on (the event log of every step).
+    record_events: bool = True
 
     @property
     def num_slots(self) -> int:
@@ -132,6 +135,29 @@ class KVCacheManager(ABC):
     @abstractmethod
     def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
         """Every live request's block table with the filled slots of each block."""
+
+    # --- Lock-step decode (the simulator's fast-forward) -------------------------------------------
+    # Between two events (an admission, a finish, a preemption, an arrival) every running request
+    # decodes one token per step, so k such steps can be applied at once. These three methods are
+    # what an allocator must answer for that; by default it predicts nothing (0 steps), so the
+    # simulator steps one by one and the other two are never called.
+
+    def max_decode_steps(self, running: list[Sequence], limit: int) -> int:
+        """Most lock-step decode steps (<= ``limit``) in which every request of ``running`` gets its
+        next slot without a preemption. Default 0: this allocator does not predict, step one by one."""
+        return 0
+
+    def advance_decode(self, running: list[Sequence], k: int) -> None:
+        """Make room for ``k`` more tokens of every running request, exactly as ``k`` rounds of
+        :meth:`append_slot` over ``running`` in order would. Requires ``k <= max_decode_steps``.
+        An allocator whose :meth:`max_decode_steps` can return more than 0 implements it."""
+        raise NotImplementedError(f"{type(self).__name__} does not fast-forward decode")
+
+    def decode_usage_sum(self, running: list[Sequence], next_waiting: Sequence | None, k: int) -> dict[str, int]:
+        """Each memory category summed over the next ``k`` lock-step decode steps (slot-steps),
+        measured after each step's tokens are computed: step j (1-based) holds ``num_tokens + j - 1``
+        computed tokens per request. Called before :meth:`advance_decode`; implemented with it."""
+        raise NotImplementedError(f"{type(self).__name__} has no closed-form decode usage")
 
 
 class PagedBlockManager(KVCacheManager):
@@ -182,7 +208,8 @@ class PagedBlockManager(KVCacheManager):
         for logical_index in reversed(range(len(seq.block_table))):
             block_id = seq.block_table[logical_index]
             self.allocator.free(block_id)
-            self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index))
+            if self.record_events:
+                self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index))
         seq.block_table = []
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
@@ -218,5 +245,64 @@ class PagedBlockManager(KVCacheManager):
 
     def _take_block(self, seq: Sequence) -> None:
         block_id = self.allocator.allocate()
-        self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table)))
+        if self.record_events:
+            self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table)))
         seq.block_table.append(block_id)
+
+    # --- Lock-step decode (fast-forward) -----------------------------------------------------------
+
+    def _first_block_steps(self, running: list[Sequence]) -> list[tuple[int, int]]:
+        """(step at which each request first needs a new block, its index in running), sorted.
+
+        At lock-step decode step j (1-based) a request with n tokens needs room for n + j - 1
+        tokens; it first outgrows its h blocks at j1 = h * block_size - n + 2, then every
+        block_size steps. Sorting by (j1, index) gives the order in which single steps take blocks.
+        """
+        bs = self.block_size
+        return sorted((max(1, len(seq.block_table) * bs - seq.num_tokens + 2), i) for i, seq in enumerate(running))
+
+    def max_decode_steps(self, running: list[Sequence], limit: int) -> int:
+        # The (free + 1)-th block asked for is the first that cannot be given: it comes in round
+        # free // R (rounds are block_size steps apart) from the (free % R)-th request in j1 order.
+        if not running:
+            return limit
+        free = self.allocator.num_free
+        order = self._first_block_steps(running)
+        first_short = order[free % len(order)][0] + (free // len(order)) * self.block_size
+        return max(0, min(limit, first_short - 1))
+
+    def advance_decode(self, running: list[Sequence], k: int) -> None:
+        # Take the blocks in the order k single steps would (step by step, running order within a
+        # step), so that block tables are identical to stepping one by one.
+        bs = self.block_size
+        order = self._first_block_steps(running)
+        for round_start in range(0, k, bs):
+            for j1, i in order:
+                if j1 + round_start > k:
+                    break
+                self._take_block(running[i])
+
+    def decode_usage_sum(self, running: list[Sequence], next_waiting: Sequence | None, k: int) -> dict[str, int]:
+        # Step j: a request holds ceil((n + j - 1) / bs) blocks and n + j - 1 token states; both
+        # sums over j = 1..k have closed forms (see _ceil_sum).
+        bs = self.block_size
+        allocated0 = (self.num_blocks - self.allocator.num_free) * bs
+        token_states = grown_slots = 0
+        for seq in running:
+            n = seq.num_tokens
+            token_states += k * (n - 1) + k * (k + 1) // 2
+            grown_slots += bs * (_ceil_sum(n + k - 1, bs) - _ceil_sum(n - 1, bs) - k * len(seq.block_table))
+        allocated = k * allocated0 + grown_slots
+        return {
+            "token_states": token_states,
+            "reserved": 0,
+            "internal_fragmentation": allocated - token_states,
+            "external_fragmentation": 0,
+            "free": k * self.num_slots - allocated,
+        }
+
+
+def _ceil_sum(m: int, bs: int) -> int:
+    """sum(ceil(x / bs) for x in 1..m) in O(1): with m = q * bs + r it is bs * q(q+1)/2 + r(q+1)."""
+    q, r = divmod(m, bs)
+    return bs * q * (q + 1) // 2 + r * (q + 1)
