@@ -129,3 +129,37 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
+
+    # --- Lock-step decode (the simulator's fast-forward) -------------------------------------------
+    # Between events every running request decodes one token per step and nothing else changes, so
+    # the model-free simulator applies k such steps at once. Same result as k calls to schedule(),
+    # at a cost that does not grow with k.
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are pure lock-step decode: no admission,
+        no preemption, and no request reaching its ``max_len`` before the last of them.
+
+        0 means "take a normal step": nothing runs, or the head of the queue could be admitted now.
+        Free memory only shrinks during decode, so a head that does not fit now will not fit
+        before the next finish. The step in which the first request reaches ``max_len`` is
+        included: it finishes after that step.
+        """
+        if not self.running or self._could_admit():
+            return 0
+        k = min(limit, min(seq.max_len - seq.num_tokens for seq in self.running))
+        return self.kv.max_decode_steps(self.running, k) if k > 0 else 0
+
+    def advance_decode(self, k: int) -> None:
+        """Apply ``k`` lock-step decode steps, each computing and sampling one token per running
+        request (the simulator's model). Requires ``k <= steps_until_event(k)``."""
+        self.kv.advance_decode(self.running, k)
+        for seq in self.running:
+            seq.num_tokens += k
+            seq.num_computed_tokens = seq.num_tokens - 1
+
+    def _could_admit(self) -> bool:
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        budget = self.max_num_batched_tokens - len(self.running)
+        return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
