@@ -1,0 +1,221 @@
+"""The contiguous KV allocator of the systems before vLLM (Orca, FasterTransformer).
+
+The pool is one flat arena of ``num_blocks * block_size`` token slots — the same bytes as the paged
+pool. Each request, when admitted, reserves one contiguous range of slots big enough for the longest
+it may become; the range never moves and never grows, and is freed when the request finishes or is
+preempted. This is what wastes memory in three ways (PagedAttention paper §3, Figure 2):
+
+- reserved: slots kept for tokens the request will still produce (useful later, idle now);
+- internal fragmentation: slots beyond the request's final length, never used;
+- external fragmentation: free gaps between ranges too small for the next request.
+
+How much a request reserves is the *reservation policy* of the paper's Orca baselines (§6.1):
+``max`` reserves ``max_model_len`` slots (Orca Max), ``pow2`` the next power of two of its final
+length (Orca Pow2), ``oracle`` exactly its final length (Orca Oracle, which knows the future).
+
+Attention reads the arena as ``num_slots`` blocks of one slot each (``attention_block_size = 1``):
+a request's block table is the run of slot numbers of its tokens, so the paged attention code reads
+contiguous memory unchanged.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from engine.accounting import MemoryUsage
+from engine.block_manager import KVCacheManager
+from engine.report import ALLOCATE, FREE, BlockTableSnapshot, Event
+from engine.sequence import Sequence
+
+RESERVATIONS = ("max", "pow2", "oracle")
+PLACEMENTS = ("first-fit", "best-fit")
+
+
+class ContiguousAllocator(KVCacheManager):
+    """One contiguous range of slots per request, placed in a flat arena.
+
+    Free memory is a sorted list of gaps ``[start, end)``; a new range is cut from the first gap
+    that is large enough (first-fit) or the smallest such gap (best-fit), and a freed range is
+    merged with the gaps on either side, so two gaps are never adjacent.
+
+    Args:
+        num_blocks: blocks of the pool it replaces; the arena has ``num_blocks * block_size`` slots.
+        block_size: slots per block, only to show the arena as the paged pool's blocks.
+        reservation: "max", "pow2" or "oracle" (see the module docstring).
+        placement: "first-fit" or "best-fit".
+        max_model_len: longest request in tokens; what "max" reserves and "pow2" is capped at.
+
+    Raises:
+        ValueError: on a non-positive size or an unknown policy.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        reservation: str = "max",
+        placement: str = "first-fit",
+        max_model_len: int = 2048,
+    ):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if reservation not in RESERVATIONS:
+            raise ValueError(f"reservation must be one of {', '.join(RESERVATIONS)}; got {reservation!r}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}; got {placement!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.attention_block_size = 1
+        self.reservation = reservation
+        self.placement = placement
+        self.max_model_len = max_model_len
+        self.events: list[Event] = []
+        # Free gaps, sorted by start: gap_starts[i] .. gap_ends[i] (end exclusive), never adjacent.
+        self.gap_starts: list[int] = [0]
+        self.gap_ends: list[int] = [self.num_slots]
+        self.ranges: dict[int, tuple[int, int]] = {}  # request_id -> [start, end) of its slots
+
+    # --- Reservation and placement -----------------------------------------------------------------
+
+    def reservation_size(self, seq: Sequence) -> int:
+        """Slots ``seq`` reserves when admitted (paper §6.1's Orca Max / Pow2 / Oracle)."""
+        if self.reservation == "max":
+            return self.max_model_len
+        if self.reservation == "pow2":
+            return min(1 << (seq.max_len - 1).bit_length(), self.max_model_len)
+        return seq.max_len
+
+    def _find_gap(self, size: int) -> int | None:
+        """Index of the gap the placement policy picks for ``size`` slots, or None if none fits."""
+        fits = [i for i, (s, e) in enumerate(zip(self.gap_starts, self.gap_ends)) if e - s >= size]
+        if not fits:
+            return None
+        if self.placement == "first-fit":
+            return fits[0]
+        return min(fits, key=lambda i: self.gap_ends[i] - self.gap_starts[i])
+
+    # --- KVCacheManager ----------------------------------------------------------------------------
+
+    def fits_ever(self, seq: Sequence) -> bool:
+        return self.reservation_size(seq) <= self.num_slots
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        size = self.reservation_size(seq)
+        return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
+
+    def allocate(self, seq: Sequence) -> None:
+        assert seq.request_id not in self.ranges, f"request {seq.request_id} already holds a range"
+        size = self.reservation_size(seq)
+        i = self._find_gap(size)
+        assert i is not None, f"no gap of {size} slots (the scheduler checks can_allocate first)"
+        start = self.gap_starts[i]
+        if self.gap_ends[i] - start == size:
+            del self.gap_starts[i], self.gap_ends[i]
+        else:
+            self.gap_starts[i] = start + size
+        self.ranges[seq.request_id] = (start, start + size)
+        self._event(ALLOCATE, seq, start, start + size)
+
+    def can_append_slot(self, seq: Sequence) -> bool:
+        start, end = self.ranges[seq.request_id]
+        return seq.num_tokens <= end - start
+
+    def append_slot(self, seq: Sequence) -> None:
+        # The range was reserved for the whole request up front: nothing to allocate.
+        assert self.can_append_slot(seq), f"request {seq.request_id} outgrew its reserved range"
+
+    def free(self, seq: Sequence) -> None:
+        start, end = self.ranges.pop(seq.request_id)
+        self._event(FREE, seq, start, end)
+        i = bisect.bisect_left(self.gap_starts, start)
+        # Merge with the gap just after and the gap just before, so gaps stay maximal.
+        if i < len(self.gap_starts) and self.gap_starts[i] == end:
+            end = self.gap_ends[i]
+            del self.gap_starts[i], self.gap_ends[i]
+        if i > 0 and self.gap_ends[i - 1] == start:
+            self.gap_ends[i - 1] = end
+        else:
+            self.gap_starts.insert(i, start)
+            self.gap_ends.insert(i, end)
+
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        base = self.ranges[seq.request_id][0]
+        return list(range(base + start, base + end))
+
+    def attention_block_table(self, seq: Sequence) -> list[int]:
+        base = self.ranges[seq.request_id][0]
+        return list(range(base, base + seq.num_tokens))
+
+    def usage(self, running: list[Sequence], next_waiting: Sequence | None, bytes_per_slot: int = 0) -> MemoryUsage:
+        token_states = reserved = internal = 0
+        for seq in running:
+            start, end = self.ranges[seq.request_id]
+            token_states += seq.num_computed_tokens
+            reserved += seq.max_len - seq.num_computed_tokens
+            internal += end - start - seq.max_len
+        external = self.external_fragmentation(next_waiting)
+        return MemoryUsage(
+            capacity=self.num_slots,
+            token_states=token_states,
+            reserved=reserved,
+            internal_fragmentation=internal,
+            external_fragmentation=external,
+            free=self.num_slots - token_states - reserved - internal - external,
+            bytes_per_slot=bytes_per_slot,
+        )
+
+    def external_fragmentation(self, next_waiting: Sequence | None) -> int:
+        """Free slots in gaps too small for ``next_waiting``'s reservation (0 when nothing waits)."""
+        if next_waiting is None:
+            return 0
+        size = self.reservation_size(next_waiting)
+        return sum(e - s for s, e in zip(self.gap_starts, self.gap_ends) if e - s < size)
+
+    def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
+        bs, snaps = self.block_size, []
+        for seq in running:
+            start, end = self.ranges[seq.request_id]
+            filled_end = start + seq.num_computed_tokens
+            blocks = list(range(start // bs, -(-end // bs)))
+            filled = [max(0, min(filled_end, (b + 1) * bs) - max(start, b * bs)) for b in blocks]
+            snaps.append(BlockTableSnapshot(seq.request_id, blocks, filled, slot_range=(start, end)))
+        return snaps
+
+    # --- Lock-step decode (fast-forward) -----------------------------------------------------------
+
+    def max_decode_steps(self, running: list[Sequence], limit: int) -> int:
+        # Step j needs num_tokens + j - 1 <= range length; the arena itself does not change.
+        steps = limit
+        for seq in running:
+            start, end = self.ranges[seq.request_id]
+            steps = min(steps, end - start - seq.num_tokens + 1)
+        return max(0, steps)
+
+    def advance_decode(self, running: list[Sequence], k: int) -> None:
+        # Ranges are reserved up front: decoding takes no memory.
+        return None
+
+    def decode_usage_sum(self, running: list[Sequence], next_waiting: Sequence | None, k: int) -> dict[str, int]:
+        # Step j: n + j - 1 token states and max_len - (n + j - 1) reserved slots per request; the
+        # over-reservation and the gaps stay as they are.
+        token_states = reserved = internal = 0
+        for seq in running:
+            start, end = self.ranges[seq.request_id]
+            n = seq.num_tokens
+            token_states += k * (n - 1) + k * (k + 1) // 2
+            reserved += k * (seq.max_len - n + 1) - k * (k + 1) // 2
+            internal += k * (end - start - seq.max_len)
+        external = k * self.external_fragmentation(next_waiting)
+        return {
+            "token_states": token_states,
+            "reserved": reserved,
+            "internal_fragmentation": internal,
+            "external_fragmentation": external,
+            "free": k * self.num_slots - token_states - reserved - internal - external,
+        }
+
+    def _event(self, kind: str, seq: Sequence, start: int, end: int) -> None:
+        if self.record_events:
+            detail = f"slots {start}..{end - 1}"
+            self.events.append(Event(kind, seq.request_id, block_id=start // self.block_size, logical_index=0, detail=detail))
