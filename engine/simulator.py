@@ -1,0 +1,495 @@
+"""A model-free serving simulator: the engine's own scheduler and KV allocators on lengths alone.
+
+A request is (arrival time, prompt length, output length). One simulated step is one scheduler
+iteration: ``Scheduler.schedule()`` picks the batch and allocates KV room exactly as in the engine,
+then every scheduled request computes its new tokens (``num_computed_tokens = num_tokens``) and
+samples one token; a request finishes when it reaches prompt + output tokens. Nothing else is
+modelled, so the simulator answers the paper's memory questions — how much of the KV pool holds
+token states, how many requests run at once — for 100,000 requests in seconds.
+
+Time: a step lasts ``step_ms`` milliseconds (a fixed cost per iteration, the only timing model);
+Poisson arrivals are admitted at the first step that starts at or after their arrival time, and a
+stretch with nothing to run counts as idle steps. With all requests at time 0 (saturation, the
+default) time plays no part.
+
+Fast-forward: between events (an admission, a finish, a preemption, an arrival) all running requests
+decode in lock-step, so k steps are applied at once with closed-form sums of each memory category
+(``Scheduler.steps_until_event`` / ``advance_decode``, ``KVCacheManager.decode_usage_sum``). The
+results are identical to stepping one by one (tests/test_simulator.py checks it).
+
+Memory is measured during each step, after its tokens are computed and before finished requests
+free their memory; categories as in ``engine/accounting.py`` (PagedAttention paper Figure 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+from tqdm import tqdm
+
+from engine.accounting import CATEGORIES
+from engine.block_manager import KVCacheManager, PagedBlockManager
+from engine.contiguous import ContiguousAllocator
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
+from engine.workloads import WORKLOADS, Request, load_trace, make_workload
+
+ALLOCATORS = ("paged", "contiguous")
+
+
+@dataclass
+class SimulationConfig:
+    """What to simulate.
+
+    Attributes:
+        workload: "sharegpt" or "alpaca" (ignored when ``requests`` or ``trace`` is given).
+        num_requests: requests drawn from the workload.
+        request_rate: Poisson arrivals in requests/s; None = all at time 0 (saturation).
+        trace: path of a JSONL trace (arrival, prompt_len, output_len) instead of a workload.
+        requests: the requests themselves instead of a workload (Python API).
+        kv_slots: token slots of the KV pool (rounded down to whole blocks).
+        block_size: slots per block.
+        allocator: "paged" or "contiguous".
+        reservation: contiguous only: "max", "pow2" or "oracle".
+        placement: contiguous only: "first-fit" or "best-fit".
+        max_num_seqs: most running requests (vLLM's default 256).
+        max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
+        max_model_len: longest request in tokens (prompt + output).
+        step_ms: simulated duration of one step in milliseconds.
+        seed: seeds the workload.
+        fast_forward: apply lock-step decode stretches at once (same results, much faster).
+        progress: show a tqdm progress bar of finished requests.
+    """
+
+    workload: str = "sharegpt"
+    num_requests: int = 1000
+    request_rate: float | None = None
+    trace: str | None = None
+    requests: list[Request] | None = field(default=None, repr=False)
+    kv_slots: int = 15_700
+    block_size: int = 16
+    allocator: str = "paged"
+    reservation: str = "max"
+    placement: str = "first-fit"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int = 2048
+    step_ms: float = 50.0
+    seed: int = 0
+    fast_forward: bool = True
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {self.allocator!r}")
+        for name in ("num_requests", "block_size", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_slots < self.block_size:
+            raise ValueError(f"the KV pool ({self.kv_slots} slots) is smaller than one block ({self.block_size} slots)")
+        if self.max_model_len > self.kv_slots // self.block_size * self.block_size:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the KV pool ({self.kv_slots} slots)")
+        if not self.step_ms > 0:
+            raise ValueError(f"step_ms must be > 0 ms, got {self.step_ms}")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
+
+
+@dataclass
+class SimulationResult:
+    """Summary and time series of one simulation.
+
+    Summary (time averages are over all steps, idle ones included):
+        token_state_fraction: share of the pool holding token states, 0..1.
+        fragmentation: share of the pool in each category of ``engine.accounting.CATEGORIES``.
+        mean_concurrent_requests, max_concurrent_requests: requests running per step.
+        preemptions: recompute preemptions. completed: finished requests. rejected: requests that
+            could never fit the pool. steps: scheduler iterations. simulated_seconds: steps * step_ms.
+        wall_seconds: real time the simulation took.
+
+    Series (run-length encoded: row i covers ``series_num_steps[i]`` steps from ``series_step[i]``,
+    during which nothing but lock-step decode happened; one row per step without fast-forward):
+        series_step, series_num_steps, series_running, series_waiting: numpy int arrays.
+        series_memory: category -> numpy float array, mean slots per step over the row.
+    """
+
+    config: SimulationConfig
+    token_state_fraction: float
+    fragmentation: dict[str, float]
+    mean_concurrent_requests: float
+    max_concurrent_requests: int
+    preemptions: int
+    completed: int
+    rejected: int
+    steps: int
+    simulated_seconds: float
+    wall_seconds: float
+    series_step: np.ndarray
+    series_num_steps: np.ndarray
+    series_running: np.ndarray
+    series_waiting: np.ndarray
+    series_memory: dict[str, np.ndarray]
+
+    def saturated(self) -> tuple[dict[str, float], float]:
+        """(share per category, mean running requests) over the steps in which requests were
+        waiting: the pool under sustained load, without the ramp-down at the end of a finite batch
+        (when the queue is empty the pool drains, which no serving system under load sees)."""
+        mask = self.series_waiting > 0
+        if not mask.any():
+            return dict(self.fragmentation), self.mean_concurrent_requests
+        weights = self.series_num_steps[mask]
+        total = weights.sum()
+        capacity = sum(float(self.series_memory[c][0]) for c in CATEGORIES)
+        shares = {c: float((self.series_memory[c][mask] * weights).sum() / (total * capacity)) for c in CATEGORIES}
+        return shares, float((self.series_running[mask] * weights).sum() / total)
+
+    def summary(self) -> dict:
+        """The summary fields and the config (without the requests), JSON-ready."""
+        config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
+        keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
+                "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds")
+        return {"config": config, **{k: getattr(self, k) for k in keys}}
+
+    def write_trace(self, path: str) -> None:
+        """Write the series as CSV: step, num_steps, running, waiting, then mean slots per category."""
+        header = "step,num_steps,running,waiting," + ",".join(CATEGORIES)
+        cols = [self.series_step, self.series_num_steps, self.series_running, self.series_waiting]
+        table = np.column_stack(cols + [self.series_memory[c] for c in CATEGORIES])
+        fmt = ["%d"] * 4 + ["%.2f"] * len(CATEGORIES)
+        np.savetxt(path, table, fmt=fmt, delimiter=",", header=header, comments="")
+
+
+def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
+    """The allocator the config names, over ``kv_slots // block_size`` blocks."""
+    num_blocks = cfg.kv_slots // cfg.block_size
+    if cfg.allocator == "paged":
+        return PagedBlockManager(num_blocks, cfg.block_size)
+    return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
+
+
+class _Run:
+    """The state of one simulation: the scheduler, the arrival queue and the running totals."""
+
+    def __init__(self, cfg: SimulationConfig, requests: list[Request]):
+        self.cfg = cfg
+        self.kv = make_kv_manager(cfg)
+        self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
+        max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
+        self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched)
+        self.requests = sorted(requests, key=lambda r: r.arrival)
+        self.next_request = 0
+        self.step = 0
+        self.step_s = cfg.step_ms / 1000.0
+        self.totals = dict.fromkeys(CATEGORIES, 0)
+        self.running_steps = self.max_running = 0
+        self.preemptions = self.completed = self.rejected = 0
+        self.rows: list[tuple] = []
+        self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
+
+    def run(self) -> None:
+        while self.next_request < len(self.requests) or self.sched.has_unfinished():
+            self._arrive()
+            if not self.sched.has_unfinished():
+                self._idle_until_next_arrival()
+                continue
+            k = self.sched.steps_until_event(self._steps_to_next_arrival()) if self.cfg.fast_forward else 0
+            if k > 0:
+                self._fast_forward(k)
+            else:
+                self._single_step()
+        self.bar.close()
+
+    def _arrive(self) -> None:
+        """Queue every request that has arrived by the start of this step."""
+        now = self.step * self.step_s
+        while self.next_request < len(self.requests) and self.requests[self.next_request].arrival <= now:
+            r = self.requests[self.next_request]
+            seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival)
+            self.next_request += 1
+            if seq.max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
+                self.rejected += 1  # it could never run (the engine rejects it too)
+                self.bar.update(1)
+            else:
+                self.sched.add(seq)
+
+    def _steps_to_next_arrival(self) -> int:
+        """Steps that can pass before the next arrival must be queued (a fast-forward limit)."""
+        if self.next_request == len(self.requests):
+            return sys.maxsize
+        return max(1, math.ceil(self.requests[self.next_request].arrival / self.step_s) - self.step)
+
+    def _idle_until_next_arrival(self) -> None:
+        k = self._steps_to_next_arrival()
+        sums = dict.fromkeys(CATEGORIES, 0)
+        sums["free"] = k * self.kv.num_slots
+        self._record(k, sums, running=0)
+
+    def _single_step(self) -> None:
+        out = self.sched.schedule()
+        if out.is_empty:
+            raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
+        self.preemptions += len(out.preempted)
+        for seq in out.prefill_seqs + out.decode_seqs:
+            seq.num_computed_tokens = seq.num_tokens
+            seq.append_token()
+        usage = self.kv.usage(self.sched.running, self._next_waiting())
+        self._record(1, {c: getattr(usage, c) for c in CATEGORIES}, len(self.sched.running))
+        self._finish()
+
+    def _fast_forward(self, k: int) -> None:
+        sums = self.kv.decode_usage_sum(self.sched.running, self._next_waiting(), k)
+        self.sched.advance_decode(k)
+        self._record(k, sums, len(self.sched.running))
+        self._finish()
+
+    def _next_waiting(self) -> Sequence | None:
+        return self.sched.waiting[0] if self.sched.waiting else None
+
+    def _finish(self) -> None:
+        done = [seq for seq in self.sched.running if seq.num_tokens >= seq.max_len]
+        for seq in done:
+            self.sched.finish(seq, "length")
+        self.completed += len(done)
+        if done:
+            self.bar.update(len(done))
+        self.sched.events.clear()  # preemption events: not needed here, and they would pile up
+
+    def _record(self, k: int, sums: dict[str, int], running: int) -> None:
+        for c in CATEGORIES:
+            self.totals[c] += sums[c]
+        self.running_steps += k * running
+        self.max_running = max(self.max_running, running)
+        self.rows.append((self.step, k, running, len(self.sched.waiting), *(sums[c] / k for c in CATEGORIES)))
+        self.step += k
+
+    def result(self, wall_seconds: float) -> SimulationResult:
+        steps = max(self.step, 1)
+        slot_steps = steps * self.kv.num_slots
+        rows = np.array(self.rows, dtype=np.float64).reshape(-1, 4 + len(CATEGORIES))
+        return SimulationResult(
+            config=self.cfg,
+            token_state_fraction=self.totals["token_states"] / slot_steps,
+            fragmentation={c: self.totals[c] / slot_steps for c in CATEGORIES},
+            mean_concurrent_requests=self.running_steps / steps,
+            max_concurrent_requests=self.max_running,
+            preemptions=self.preemptions,
+            completed=self.completed,
+            rejected=self.rejected,
+            steps=self.step,
+            simulated_seconds=self.step * self.step_s,
+            wall_seconds=wall_seconds,
+            series_step=rows[:, 0].astype(np.int64),
+            series_num_steps=rows[:, 1].astype(np.int64),
+            series_running=rows[:, 2].astype(np.int64),
+            series_waiting=rows[:, 3].astype(np.int64),
+            series_memory={c: rows[:, 4 + i] for i, c in enumerate(CATEGORIES)},
+        )
+
+
+def simulate(config: SimulationConfig | None = None, **kwargs) -> SimulationResult:
+    """Run one simulation.
+
+    Args:
+        config: a :class:`SimulationConfig`; keyword arguments override its fields (or build one).
+
+    Returns:
+        A :class:`SimulationResult`.
+
+    Raises:
+        ValueError: on a bad configuration, workload or trace (the message says which).
+    """
+    cfg = replace(config, **kwargs) if config is not None else SimulationConfig(**kwargs)
+    start = time.perf_counter()
+    if cfg.requests is not None:
+        requests = list(cfg.requests)
+    elif cfg.trace is not None:
+        requests = load_trace(cfg.trace)
+    else:
+        requests = make_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.max_model_len, cfg.request_rate)
+    if not requests:
+        raise ValueError("no requests to simulate")
+    run = _Run(cfg, requests)
+    run.run()
+    return run.result(time.perf_counter() - start)
+
+
+# --- Reproducing the paper ---------------------------------------------------------------------------
+
+# Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
+# stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
+PAPER_SYSTEMS = {
+    "Orca (Max)": dict(allocator="contiguous", reservation="max"),
+    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2"),
+    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle"),
+    "vLLM": dict(allocator="paged"),
+}
+PAPER_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM": 0.963}
+PAPER_FRAGMENTATION = {  # Figure 2's other bar segments, as read off the figure
+    "Orca (Max)": {"reserved": 0.133, "internal_fragmentation": 0.573, "external_fragmentation": 0.089},
+    "Orca (Pow2)": {"reserved": 0.179, "internal_fragmentation": 0.136, "external_fragmentation": 0.416},
+    "Orca (Oracle)": {"reserved": 0.252, "internal_fragmentation": 0.0, "external_fragmentation": 0.366},
+    "vLLM": {},
+}
+PAPER_CONCURRENCY = {
+    "sharegpt": {"Orca (Max)": 7.00, "Orca (Pow2)": 9.81, "Orca (Oracle)": 13.62, "vLLM": 30.42},
+    "alpaca": {"Orca (Max)": 7.00, "Orca (Pow2)": 43.24, "Orca (Oracle)": 72.75, "vLLM": 132.44},
+}
+
+
+def reproduce_paper(
+    num_requests: int = 5000,
+    workloads: tuple[str, ...] = ("sharegpt", "alpaca"),
+    seed: int = 0,
+    kv_slots: int = 15_700,
+    block_size: int = 16,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 256,
+    progress: bool = False,
+) -> list[dict]:
+    """The paper's memory experiment: OPT-13B on one A100-40GB (15.7K token slots, Table 1), block
+    size 16, max length 2048, all requests at once; vLLM (paged) against Orca Max / Pow2 / Oracle.
+
+    Shares and concurrency are measured while requests wait (:meth:`SimulationResult.saturated`),
+    i.e. under load as in the paper's serving experiments; the ``*_all_steps`` fields include the
+    final drain of the batch.
+
+    Returns:
+        One row per (workload, system): ``workload``, ``system``, ``token_state_fraction``,
+        ``fragmentation`` (share per category), ``mean_concurrent_requests``, the same two over all
+        steps (``token_state_fraction_all_steps``, ``mean_concurrent_requests_all_steps``), ``preemptions``,
+        ``paper_token_state_fraction`` (Figure 2, given for the ShareGPT rows only),
+        ``paper_fragmentation`` and ``paper_mean_concurrent_requests`` (Figure 13).
+    """
+    rows = []
+    for workload in workloads:
+        requests = make_workload(workload, num_requests, seed, max_model_len)
+        for system, overrides in PAPER_SYSTEMS.items():
+            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
+                           max_num_seqs=max_num_seqs, progress=progress, **overrides)
+            shares, concurrency = res.saturated()
+            on_fig2 = workload == "sharegpt"
+            rows.append({
+                "workload": workload,
+                "system": system,
+                "token_state_fraction": shares["token_states"],
+                "fragmentation": shares,
+                "mean_concurrent_requests": concurrency,
+                "token_state_fraction_all_steps": res.token_state_fraction,
+                "mean_concurrent_requests_all_steps": res.mean_concurrent_requests,
+                "preemptions": res.preemptions,
+                "paper_token_state_fraction": PAPER_TOKEN_STATES[system] if on_fig2 else None,
+                "paper_fragmentation": PAPER_FRAGMENTATION[system] if on_fig2 else None,
+                "paper_mean_concurrent_requests": PAPER_CONCURRENCY[workload][system],
+            })
+    return rows
+
+
+def format_paper_table(rows: list[dict]) -> str:
+    """The rows as a plain-text table, ours beside the paper's."""
+    lines = [f"{'workload':<9} {'system':<14} {'token states':>12} {'paper':>7} {'concurrent':>10} {'paper':>7}"]
+    for r in rows:
+        paper_ts = f"{r['paper_token_state_fraction']:.1%}" if r["paper_token_state_fraction"] is not None else "-"
+        lines.append(f"{r['workload']:<9} {r['system']:<14} {r['token_state_fraction']:>12.1%} {paper_ts:>7} "
+                     f"{r['mean_concurrent_requests']:>10.2f} {r['paper_mean_concurrent_requests']:>7.2f}")
+    return "\n".join(lines)
+
+
+# --- Command line --------------------------------------------------------------------------------------
+
+
+def _kv_slots(args: argparse.Namespace) -> int:
+    """Slots from --kv-slots, or --kv-bytes over the bytes of one token's K and V in all layers."""
+    if args.kv_bytes is None:
+        return args.kv_slots
+    bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
+    if bytes_per_slot < 1:
+        raise ValueError("model dimensions must be positive to turn --kv-bytes into slots")
+    return args.kv_bytes // bytes_per_slot
+
+
+def _cmd_simulate(args: argparse.Namespace) -> None:
+    result = simulate(
+        workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
+        kv_slots=_kv_slots(args), block_size=args.block_size, allocator=args.allocator,
+        reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, step_ms=args.step_ms, seed=args.seed,
+        fast_forward=not args.no_fast_forward, progress=not args.json,
+    )
+    if args.trace_out:
+        result.write_trace(args.trace_out)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    for key, value in summary.items():
+        if key == "fragmentation":
+            value = ", ".join(f"{c} {v:.1%}" for c, v in value.items())
+        print(f"{key:>26}: {value}")
+
+
+def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
+    rows = reproduce_paper(num_requests=args.num_requests, seed=args.seed, progress=not args.json)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_paper_table(rows))
+    if args.out:
+        from visualize.paper import plot_memory_breakdown  # matplotlib only where a figure is asked for
+
+        plot_memory_breakdown(rows, args.out)
+        if not args.json:
+            print(f"figure written to {args.out}")
+
+
+def register_cli(subparsers) -> None:
+    """Add the ``simulate`` and ``reproduce-paper`` subcommands to an argparse subparsers object."""
+    p = subparsers.add_parser("simulate", help="simulate serving a workload on the scheduler and KV allocator alone")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
+    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
+    p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
+    p.add_argument("--kv-slots", type=int, default=15_700, help="token slots in the KV pool")
+    p.add_argument("--kv-bytes", type=int, default=None, help="KV pool in bytes (with the model dimensions below)")
+    p.add_argument("--num-layers", type=int, default=40)
+    p.add_argument("--num-kv-heads", type=int, default=40)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype-bytes", type=int, default=2)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
+    p.add_argument("--reservation", choices=("max", "pow2", "oracle"), default="max")
+    p.add_argument("--placement", choices=("first-fit", "best-fit"), default="first-fit")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
+    p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
+    p.set_defaults(func=_cmd_simulate)
+
+    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper Figure 2 and mean batch sizes")
+    p.add_argument("--num-requests", type=int, default=5000, help="requests per workload and system")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--out", default=None, help="save a Figure 2-style chart to this PNG")
+    p.set_defaults(func=_cmd_reproduce_paper)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine.simulator", description=__doc__.split("\n")[0])
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+if __name__ == "__main__":
+    main()
