@@ -1,0 +1,120 @@
+"""``python -m engine``: generate, bench, simulate and reproduce-paper from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tqdm.auto import tqdm
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="PagedAttention Lab's step-through inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_bench(sub)
+    _add_simulator(sub)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as error:  # bad input: one readable line, no traceback
+        parser.exit(2, f"error: {error}\n")
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate completions, printing one line per engine step")
+    p.add_argument("prompts", nargs="+", help="one or more prompts (sent through the chat template unless --raw)")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--block-size", type=int, default=16, help="token slots per KV block")
+    p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default 512)")
+    p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged")
+    p.add_argument("--reservation", choices=["max", "pow2", "oracle"], default="max")
+    p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
+    p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
+    p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.set_defaults(func=_generate)
+
+
+def _generate(args) -> None:
+    from engine import LLMEngine, EngineConfig, SamplingParams
+
+    config = EngineConfig(
+        model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
+        allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
+    )
+    engine = LLMEngine(config)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    chat = not args.raw and engine.tokenizer.chat_template
+    ids = [engine.add_request([{"role": "user", "content": p}] if chat else p, params) for p in args.prompts]
+    steps = []
+    with tqdm(total=len(ids), disable=not args.quiet or args.json, desc="requests") as bar:
+        while engine.has_unfinished_requests():
+            report = engine.step()
+            bar.update(len(report.finished))
+            steps.append(_step_summary(report))
+            if not args.quiet and not args.json:
+                print(_step_line(report), file=sys.stderr)
+    outputs = [engine.get_output(i) for i in ids]
+    if args.json:
+        print(json.dumps({
+            "outputs": [{"request_id": o.request_id, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason} for o in outputs],
+            "steps": steps,
+        }, ensure_ascii=False))
+        return
+    for prompt, out in zip(args.prompts, outputs):
+        print(f"\n### {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, preemptions={out.num_preemptions}]")
+
+
+def _step_summary(report) -> dict:
+    m = report.memory
+    return {
+        "step": report.step, "phase": report.phase, "num_tokens": report.num_tokens,
+        "scheduled": [s.request_id for s in report.scheduled], "preempted": report.preempted,
+        "finished": report.finished, "memory": m.as_dict(), "ms": round(report.timings_ms["total"], 2),
+    }
+
+
+def _step_line(report) -> str:
+    m = report.memory
+    pre = f" preempted={report.preempted}" if report.preempted else ""
+    return (
+        f"step {report.step:4d} {report.phase:7s} reqs={len(report.scheduled):2d} tokens={report.num_tokens:5d} "
+        f"token_states={m.token_states}/{m.capacity} internal_frag={m.internal_fragmentation} "
+        f"free={m.free} {report.timings_ms['total']:.0f} ms{pre}"
+    )
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="engine vs transformers generate: tokens/s and identical outputs")
+    p.add_argument("--model", default=None)
+    p.add_argument("--workload", choices=["mixed"], default="mixed")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--min-tokens", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_bench)
+
+
+def _bench(args) -> None:
+    from engine.bench import format_result, run_bench
+
+    result = run_bench(
+        model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
+        max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed,
+    )
+    print(json.dumps(result) if args.json else format_result(result))
+
+
+def _add_simulator(sub) -> None:
+    try:
+        from engine.simulator import register_cli
+    except ImportError:
+        return
+    register_cli(sub)
