@@ -1,0 +1,129 @@
+"""The model-free simulator (engine/simulator.py, engine/workloads.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.simulator import SimulationConfig, main, reproduce_paper, simulate
+from engine.workloads import WORKLOADS, Request, load_trace, make_workload
+
+SMALL = dict(kv_slots=3000, max_model_len=1024, max_num_seqs=32)
+SYSTEMS = [dict(allocator="paged"), dict(allocator="contiguous", reservation="max"),
+           dict(allocator="contiguous", reservation="pow2"),
+           dict(allocator="contiguous", reservation="oracle", placement="best-fit")]
+
+
+def key(result):
+    return (result.steps, result.preemptions, result.completed, result.rejected, result.fragmentation,
+            result.mean_concurrent_requests, result.max_concurrent_requests)
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("rate", [None, 4.0])
+def test_fast_forward_equals_single_steps(system, rate):
+    """Lock-step fast-forward gives exactly the single-step run: steps, preemptions, completions and
+    the time-averaged categories (integer slot-step sums, so equality is exact)."""
+    requests = make_workload("sharegpt", 120, seed=3, max_model_len=1024, request_rate=rate)
+    fast = simulate(requests=requests, **SMALL, **system)
+    slow = simulate(requests=requests, **SMALL, **system, fast_forward=False)
+    assert key(fast) == key(slow)
+    assert fast.completed == 120
+    assert len(fast.series_step) < len(slow.series_step)
+    if system["allocator"] == "paged":
+        assert fast.preemptions > 0  # the pool is small enough to exercise preemption
+
+
+def test_series_cover_every_step_and_sum_to_capacity():
+    r = simulate(workload="alpaca", num_requests=200, **SMALL)
+    assert r.series_num_steps.sum() == r.steps
+    assert np.all(np.diff(r.series_step) == r.series_num_steps[:-1])
+    total = sum(r.series_memory.values())
+    assert np.allclose(total, 3000 // 16 * 16)
+    assert abs(sum(r.fragmentation.values()) - 1) < 1e-9
+
+
+def test_deterministic_under_a_seed():
+    a = simulate(workload="sharegpt", num_requests=200, seed=7, **SMALL)
+    b = simulate(workload="sharegpt", num_requests=200, seed=7, **SMALL)
+    c = simulate(workload="sharegpt", num_requests=200, seed=8, **SMALL)
+    assert key(a) == key(b) and key(a) != key(c)
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workload_means_match_the_paper_after_capping(name):
+    requests = make_workload(name, 20_000, seed=0, max_model_len=2048)
+    prompt = np.array([r.prompt_len for r in requests])
+    output = np.array([r.output_len for r in requests])
+    spec = WORKLOADS[name]
+    assert abs(prompt.mean() / spec.mean_prompt - 1) < 0.01
+    assert abs(output.mean() / spec.mean_output - 1) < 0.01
+    assert prompt.min() >= 1 and output.min() >= 1 and (prompt + output).max() <= 2048
+
+
+def test_poisson_arrivals_have_the_requested_rate():
+    requests = make_workload("alpaca", 5000, seed=0, request_rate=20.0)
+    arrivals = np.array([r.arrival for r in requests])
+    assert np.all(np.diff(arrivals) >= 0)
+    assert abs(len(arrivals) / arrivals[-1] - 20.0) < 1.0
+
+
+def test_bad_input_is_a_clear_value_error(tmp_path):
+    with pytest.raises(ValueError, match="prompt_len and output_len must be >= 1"):
+        Request(0.0, -3, 10)
+    with pytest.raises(ValueError, match="request_rate"):
+        make_workload("sharegpt", 10, request_rate=0)
+    with pytest.raises(ValueError, match="unknown workload"):
+        make_workload("wikipedia", 10)
+    with pytest.raises(ValueError, match="smaller than one block"):
+        SimulationConfig(kv_slots=8, block_size=16)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty trace"):
+        load_trace(empty)
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"arrival": 0, "prompt_len": 5, "output_len": 3}\n{"arrival": 1, "prompt_len": 5}\n')
+    with pytest.raises(ValueError, match=r"missing.jsonl:2: missing field 'output_len'"):
+        load_trace(missing)
+
+
+def test_trace_run_and_rejection(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    rows = [dict(arrival=0.0, prompt_len=10, output_len=5), dict(arrival=0.2, prompt_len=3, output_len=4),
+            dict(arrival=0.1, prompt_len=1000, output_len=100)]  # the last exceeds max_model_len 512
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    r = simulate(trace=str(trace), kv_slots=1024, max_model_len=512, step_ms=100)
+    assert (r.completed, r.rejected) == (2, 1)
+    # request 0 runs steps 0-4; request 1 arrives at 0.2 s = step 2 and runs steps 2-5.
+    assert r.steps == 6 and r.max_concurrent_requests == 2
+
+
+def test_cli_simulate_json_and_trace_out(tmp_path, capsys):
+    out = tmp_path / "series.csv"
+    main(["simulate", "--workload", "alpaca", "--num-requests", "50", "--kv-slots", "2048", "--json",
+          "--trace-out", str(out)])
+    summary = json.loads(capsys.readouterr().out)
+    for field in ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
+                  "preemptions", "completed", "steps", "wall_seconds"):
+        assert field in summary
+    assert summary["completed"] == 50
+    header = out.read_text().splitlines()[0]
+    assert header == "step,num_steps,running,waiting,token_states,reserved,internal_fragmentation,external_fragmentation,free"
+
+
+def test_cli_kv_bytes_turns_into_slots(capsys):
+    # OPT-13B: 2 * 40 layers * 40 heads * 128 * 2 bytes = 819,200 B per token; 12 GiB -> 15,728 slots.
+    main(["simulate", "--num-requests", "20", "--kv-bytes", str(12 * 2**30), "--json"])
+    assert json.loads(capsys.readouterr().out)["config"]["kv_slots"] == 15_728
+
+
+def test_reproduce_paper_orders_the_systems():
+    """The paper's Figure 2 order: Orca Max < Pow2 < Oracle < vLLM in token-state share, and vLLM
+    keeps (nearly) all of the pool in token states."""
+    rows = reproduce_paper(num_requests=1000, workloads=("sharegpt",))
+    share = {r["system"]: r["token_state_fraction"] for r in rows}
+    assert share["Orca (Max)"] < share["Orca (Pow2)"] < share["Orca (Oracle)"] < share["vLLM"]
+    assert share["vLLM"] >= 0.93
+    concurrency = {r["system"]: r["mean_concurrent_requests"] for r in rows}
+    assert concurrency["Orca (Max)"] == pytest.approx(7.0, abs=0.05)  # floor(15700 / 2048) ranges fit
+    assert all(r["paper_mean_concurrent_requests"] for r in rows)
