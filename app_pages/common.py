@@ -1,0 +1,60 @@
+"""Small helpers several pages share: building the engine with a progress bar, PNG downloads."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # the server draws into memory, never to a window
+import matplotlib.pyplot as plt
+import streamlit as st
+
+from app_pages.state import clean_workload, preset_workload, session_engine
+from visualize.i18n import t
+
+
+def progress_bar(lang: str, model: str):
+    """A progress bar and the ``progress(stage, fraction)`` callback that drives it (model fetch/convert)."""
+    bar = st.empty()
+
+    def progress(stage: str, fraction: float) -> None:
+        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{t('loading_model', lang, model=model)} {stage}")
+
+    return bar, progress
+
+
+def workload_rows() -> list[tuple[str, int]]:
+    """The session's workload (the editor's last value, or the short-chat preset)."""
+    frame = st.session_state.get("workload_df")
+    if frame is None:
+        frame = st.session_state["workload_df"] = preset_workload("preset_short_chat")
+    return clean_workload(frame)
+
+
+def current_engine(lang: str, force: bool = False):
+    """This session's engine for the sidebar settings and workload; errors shown, None if it failed."""
+    settings = st.session_state["settings"]
+    bar, progress = progress_bar(lang, settings.model)
+    with st.spinner(t("building_engine", lang)):
+        llm, errors = session_engine(settings, workload_rows(), progress, force=force)
+    bar.empty()
+    for row, error in errors:
+        if row == "engine":
+            st.error(t("error_engine", lang, error=error))
+        else:
+            st.warning(t("error_request", lang, row=row, error=error))
+    return llm
+
+
+def png_download(label: str, make_figure, file_name: str, key: str) -> None:
+    """A download button that draws the matplotlib figure only when clicked (for slides)."""
+
+    def png() -> bytes:
+        fig = make_figure()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=150, bbox_inches="tight")
+        plt.close(fig)
+        return buf.getvalue()
+
+    st.download_button(label, png, file_name=file_name, mime="image/png", key=key)

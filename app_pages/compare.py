@@ -1,0 +1,168 @@
+"""Paged vs contiguous: one workload through both allocators, side by side.
+
+Small workloads run the real engine (the sidebar's model and workload); large ones run the
+model-free simulator (engine/simulator.py: the same scheduler and allocators on lengths only).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app_pages.common import png_download, progress_bar, workload_rows
+from app_pages.state import add_workload, build_engine, run_to_end
+from engine.accounting import CATEGORIES
+from visualize.i18n import t
+from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
+from visualize.pool import pool_map_chart
+
+MAX_SIM_REQUESTS = 5000
+
+
+def _label(allocator: str, reservation: str) -> str:
+    return "paged" if allocator == "paged" else f"contiguous ({reservation})"
+
+
+def page() -> None:
+    lang = st.session_state["lang"]
+    st.title(t("page_compare", lang))
+    st.caption(t("compare_intro", lang))
+    source = st.radio(t("source", lang), ("engine", "sim"), horizontal=True, key="compare_source",
+                      format_func=lambda s: t(f"source_{s}", lang))
+    if source == "engine":
+        engine_comparison(lang)
+    else:
+        simulator_comparison(lang)
+
+
+# ---- the real engine -----------------------------------------------------------------------
+
+
+def engine_comparison(lang: str) -> None:
+    settings = st.session_state["settings"]
+    reservation = settings.reservation
+    c = st.columns([1, 1, 2])
+    reservation = c[0].selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="compare_reservation",
+                                 index=("max", "pow2", "oracle").index(reservation), help=t("reservation_help", lang))
+    limit = int(c[1].number_input(t("max_steps", lang), 10, 1000, 300, key="compare_limit"))
+    if c[2].button(t("run_compare", lang), type="primary", key="btn_compare"):
+        runs = {}
+        for allocator in ("paged", "contiguous"):
+            label = _label(allocator, reservation)
+            bar, progress = progress_bar(lang, settings.model)
+            try:
+                llm = build_engine(settings, progress, allocator=allocator, reservation=reservation)
+            except Exception as error:
+                st.error(t("error_engine", lang, error=error))
+                return
+            finally:
+                bar.empty()
+            for row, error in add_workload(llm, workload_rows(), settings.temperature, settings.seed):
+                st.warning(t("error_request", lang, row=row, error=error))
+            status = st.progress(0.0, text=t("running_compare", lang, allocator=label))
+            runs[label] = run_to_end(llm, limit, lambda n: status.progress(min(n / limit, 1.0), text=t("running_compare", lang, allocator=label)))
+            status.empty()
+        st.session_state["compare_runs"] = (runs, settings.block_size)
+    stored = st.session_state.get("compare_runs")
+    if not stored:
+        st.info(t("compare_hint", lang))
+        return
+    runs, block_size = stored
+    show_engine_runs(runs, block_size, lang)
+
+
+def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
+    longest = max(len(r) for r in runs.values())
+    step = st.slider(t("replay_step", lang), 0, max(longest - 1, 1), 0, key="compare_step") if longest > 1 else 0
+    cols = st.columns(len(runs))
+    for col, (label, reports) in zip(cols, runs.items()):
+        with col:
+            st.markdown(f"### {label}")
+            report = reports[min(step, len(reports) - 1)]
+            st.altair_chart(pool_map_chart(report, block_size, lang), width="stretch")
+            generated = sum(len(ids) for r in reports for ids in r.new_token_ids.values())
+            seconds = sum(r.timings_ms.get("total", 0) for r in reports) / 1e3
+            running = [len(r.scheduled) for r in reports]
+            m = st.columns(3)
+            m[0].metric(t("steps_taken", lang), len(reports))
+            m[1].metric(t("mean_running", lang), f"{sum(running) / len(running):.1f}")
+            m[2].metric(t("throughput", lang), f"{generated / max(seconds, 1e-9):.1f} tok/s")
+            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180), width="stretch")
+    series = {label: ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
+    st.markdown(f"**{t('concurrency', lang)}**")
+    st.line_chart(_series_frame(series), x_label=t("step_axis", lang), y_label=t("concurrency", lang))
+    png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
+    st.markdown(f"**{t('paper_bars', lang)}**")
+    rows = [_paper_row("engine", label, memory_frame(reports)) for label, reports in runs.items()]
+    paper_bars(rows, lang)
+
+
+def _series_frame(series: dict) -> pd.DataFrame:
+    frames = [pd.Series(values, index=steps, name=label) for label, (steps, values) in series.items()]
+    return pd.concat(frames, axis=1).ffill().rename_axis("step").reset_index()
+
+
+def _paper_row(workload: str, system: str, frame: pd.DataFrame, weights=None) -> dict:
+    """A ``reproduce_paper``-style row (time-averaged shares) for visualize/paper.py."""
+    weights = pd.Series(1.0, index=frame.index) if weights is None else pd.Series(weights, index=frame.index)
+    totals = {c: float((frame[c] * weights).sum()) for c in CATEGORIES}
+    capacity = sum(totals.values()) or 1.0
+    shares = {c: v / capacity for c, v in totals.items()}
+    return dict(workload=workload, system=system, fragmentation=shares, token_state_fraction=shares["token_states"])
+
+
+def paper_bars(rows: list[dict], lang: str) -> None:
+    try:
+        from visualize.paper import plot_memory_breakdown
+    except ImportError:
+        st.info(t("paper_unavailable", lang))
+        return
+    fig = plot_memory_breakdown(rows)
+    st.pyplot(fig, clear_figure=True)
+
+
+# ---- the simulator -------------------------------------------------------------------------
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _simulate(workload: str, num_requests: int, kv_slots: int, block_size: int, allocator: str, reservation: str, seed: int):
+    from engine.simulator import simulate
+
+    return simulate(workload=workload, num_requests=num_requests, kv_slots=kv_slots, block_size=block_size,
+                    allocator=allocator, reservation=reservation, seed=seed)
+
+
+def simulator_comparison(lang: str) -> None:
+    settings = st.session_state["settings"]
+    c = st.columns(4)
+    workload = c[0].selectbox(t("sim_workload", lang), ("sharegpt", "alpaca"), key="sim_workload")
+    num_requests = int(c[1].number_input(t("num_requests", lang), 10, MAX_SIM_REQUESTS, 500, step=100, key="sim_requests"))
+    kv_slots = int(c[2].number_input(t("kv_slots", lang), 2048, 200_000, 15_700, step=1000, key="sim_slots"))
+    reservation = c[3].selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="sim_reservation")
+    results = {}
+    try:
+        for allocator in ("paged", "contiguous"):
+            results[_label(allocator, reservation)] = _simulate(workload, num_requests, kv_slots, settings.block_size,
+                                                                 allocator, reservation, settings.seed)
+    except ValueError as error:
+        st.error(str(error))
+        return
+    cols = st.columns(len(results))
+    for col, (label, res) in zip(cols, results.items()):
+        with col:
+            st.markdown(f"### {label}")
+            m = st.columns(3)
+            m[0].metric(t("token_state_share", lang), f"{res.token_state_fraction:.1%}")
+            m[1].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
+            m[2].metric(t("preemptions", lang), res.preemptions)
+            frame = simulation_memory_frame(res)
+            st.altair_chart(memory_chart(frame, "tokens", lang, height=180), width="stretch")
+            png_download(t("save_png", lang), lambda f=frame, l=label: memory_figure(f, "tokens", lang, title=l), f"sim_memory_{label}.png", f"png_sim_{label}")
+    series = {label: (res.series_step, res.series_running) for label, res in results.items()}
+    st.markdown(f"**{t('concurrency', lang)}**")
+    st.line_chart(_series_frame({k: (list(s), list(v)) for k, (s, v) in series.items()}),
+                  x_label=t("step_axis", lang), y_label=t("concurrency", lang))
+    st.markdown(f"**{t('paper_bars', lang)}**")
+    rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
+            for label, res in results.items()]
+    paper_bars(rows, lang)

@@ -1,0 +1,46 @@
+"""Lessons page: the lesson notebooks found at run time, each with its goal and path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import streamlit as st
+
+from visualize.i18n import t
+
+LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
+
+
+def notebook_summary(path: Path) -> tuple[str, str]:
+    """(title, goal) of a notebook: its first Markdown heading, and the first paragraph after it
+    (or a line that starts with "Goal" / "目标")."""
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError):
+        return path.stem, ""
+    text = "\n".join("".join(c.get("source", [])) for c in cells if c.get("cell_type") == "markdown")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    title = next((line.lstrip("# ") for line in lines if line.startswith("#")), path.stem)
+    goal = next((line for line in lines if line.lstrip("*_ ").lower().startswith(("goal", "目标"))), None)
+    if goal is None:
+        goal = next((line for line in lines if not line.startswith("#")), "")
+    return title, goal
+
+
+def page() -> None:
+    lang = st.session_state["lang"]
+    st.title(t("page_lessons", lang))
+    st.caption(t("lessons_intro", lang))
+    folder = LESSONS_DIR / lang
+    notebooks = sorted(folder.glob("*.ipynb"))
+    if not notebooks:
+        st.info(t("no_lessons", lang, path=str(folder)))
+        return
+    for path in notebooks:
+        title, goal = notebook_summary(path)
+        with st.container(border=True):
+            st.markdown(f"**{title}**")
+            if goal:
+                st.markdown(f"{t('goal', lang)}: {goal}")
+            st.code(str(path.relative_to(LESSONS_DIR.parent)), language=None)

@@ -1,0 +1,224 @@
+"""Live engine page: step a real model and watch its requests fill the KV block pool."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+import streamlit as st
+
+from app_pages.common import current_engine, png_download
+from app_pages.sidebar import show_capacity
+from app_pages.state import MAX_NEW_TOKENS, MAX_REQUESTS, PRESETS, preset_workload, record
+from visualize.colors import request_color
+from visualize.i18n import t
+from visualize.memory import memory_chart, memory_figure, memory_frame
+from visualize.pool import block_tables_figure, event_log_rows, pool_map_chart, pool_map_figure
+
+
+def page() -> None:
+    lang = st.session_state["lang"]
+    st.title(t("app_title", lang))
+    st.caption(t("live_intro", lang))
+    workload_editor(lang)
+    llm = current_engine(lang, force=st.session_state.pop("force_reset", False))
+    show_capacity(llm, lang)
+    if llm is None:
+        return
+    playing = st.session_state.get("playing", False)
+    speed = float(st.session_state.get("speed", 1.0))
+    # Only this fragment reruns on Step / Play ticks: no full-page flicker, the sidebar stays put.
+    st.fragment(run_every=speed if playing else None)(live_view)()
+
+
+# ---- workload ------------------------------------------------------------------------------
+
+
+def _load_preset() -> None:
+    """Button callback (runs before the script, so it may set the sidebar's pool size)."""
+    name = st.session_state["preset"]
+    st.session_state["workload_df"] = preset_workload(name)
+    st.session_state["num_blocks"] = PRESETS[name]["num_blocks"]
+    st.session_state["pool_unit"] = "blocks"
+    st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1  # a fresh editor
+
+
+def workload_editor(lang: str) -> None:
+    with st.expander(t("workload", lang), expanded=not st.session_state.get("reports")):
+        cols = st.columns([3, 1])
+        cols[0].selectbox(t("preset", lang), list(PRESETS), format_func=lambda p: t(p, lang), key="preset")
+        cols[1].button(t("load_preset", lang), on_click=_load_preset, width="stretch")
+        if "workload_df" not in st.session_state:
+            st.session_state["workload_df"] = preset_workload("preset_short_chat")
+        edited = st.data_editor(
+            st.session_state["workload_df"], num_rows="dynamic", width="stretch",
+            key=f"workload_editor_{st.session_state.get('editor_version', 0)}",
+            column_config={
+                "prompt": st.column_config.TextColumn(t("prompt", lang), width="large", max_chars=1000),
+                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), min_value=1, max_value=MAX_NEW_TOKENS, step=1, default=32),
+            },
+        )
+        st.caption(t("workload_help", lang) + " " + t("too_many_requests", lang, n=MAX_REQUESTS))
+        st.session_state["workload_df"] = edited
+
+
+# ---- controls and the live view ------------------------------------------------------------
+
+
+def _step(llm, lang: str, n: int = 1) -> None:
+    for _ in range(n):
+        if not llm.has_unfinished_requests():
+            break
+        try:
+            record(llm.step())
+        except Exception as error:  # keep the page alive and say what went wrong
+            st.error(t("error_step", lang, error=error))
+            st.session_state["playing"] = False
+            break
+
+
+def controls(llm, lang: str) -> None:
+    c = st.columns([1, 0.6, 1.2, 1, 1.4, 1])
+    stepped = c[0].button(t("step", lang), type="primary", width="stretch", key="btn_step")
+    n = int(c[1].number_input(t("n_steps", lang), 1, 200, 10, key="n_steps", label_visibility="collapsed"))
+    run_n = c[2].button(t("run_n", lang), width="stretch", key="btn_run")
+    playing = st.session_state.get("playing", False)
+    toggled = c[3].button(t("pause", lang) if playing else t("play", lang), width="stretch", key="btn_play")
+    c[4].select_slider(t("speed", lang), [0.25, 0.5, 1.0, 2.0], value=1.0, key="speed", label_visibility="collapsed",
+                       format_func=lambda s: f"{s:g} s")
+    reset = c[5].button(t("reset", lang), width="stretch", key="btn_reset")
+    if reset:
+        st.session_state["playing"] = False
+        st.session_state["force_reset"] = True
+        st.rerun()
+    if toggled:
+        st.session_state["playing"] = not playing
+        st.rerun()  # the whole page, so the fragment is rebuilt with (or without) its timer
+    if stepped:
+        _step(llm, lang)
+    elif run_n:
+        _step(llm, lang, n)
+    elif playing:
+        _step(llm, lang)  # a timer tick
+        if not llm.has_unfinished_requests():
+            st.session_state["playing"] = False
+            st.rerun()
+
+
+def live_view() -> None:
+    lang = st.session_state["lang"]
+    llm = st.session_state.get("engine")
+    if llm is None:
+        return
+    controls(llm, lang)
+    reports = st.session_state.get("reports", [])
+    if not reports:
+        st.info(t("no_steps_yet", lang))
+        requests_text(llm, None, lang)
+        return
+    report = reports[-1]
+    step_summary(llm, report, lang)
+    left, right = st.columns([1, 1.2])
+    with left:
+        requests_text(llm, report, lang)
+        block_tables_html(report, llm.config.block_size, lang)
+    with right:
+        pool_view(report, llm.config.block_size, lang)
+        memory_view(reports, lang)
+    events_view(report, lang)
+    if not llm.has_unfinished_requests():
+        st.success(t("all_done", lang))
+
+
+def step_summary(llm, report, lang: str) -> None:
+    st.subheader(t("step_summary", lang, step=report.step))
+    c = st.columns(5)
+    c[0].metric(t("phase", lang), t(f"phase_{report.phase}", lang))
+    c[1].metric(t("scheduled", lang), len(report.scheduled))
+    c[2].metric(t("tokens_processed", lang), report.num_tokens)
+    c[3].metric(t("step_time", lang), f"{report.timings_ms.get('total', 0):.0f} ms")
+    c[4].metric(t("preemptions", lang), len(report.preempted))
+    timings = ", ".join(f"{k} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
+    finished = sum(1 for rid in llm.requests if llm.get_output(rid).finished)
+    running = len(report.block_tables)
+    waiting = len(llm.requests) - finished - running
+    st.caption(f"{t('time_per_phase', lang)}: {timings} · {t('running_waiting', lang)}: {running} / {waiting} / {finished}")
+
+
+def _status(llm, rid: int, report, lang: str) -> str:
+    out = llm.get_output(rid)
+    if out.finished:
+        return t("status_finished", lang, reason=out.finish_reason)
+    if report is not None and any(s.request_id == rid for s in report.block_tables):
+        return t("status_running", lang)
+    if report is not None and rid in report.preempted:
+        return t("status_preempted", lang)
+    return t("status_waiting", lang)
+
+
+def requests_text(llm, report, lang: str) -> None:
+    """Each request's reply so far, in its colour; the prompt in grey."""
+    st.markdown(f"**{t('requests', lang)}**")
+    parts = []
+    for rid in sorted(llm.requests):
+        out, color = llm.get_output(rid), request_color(rid)
+        prompt = llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=True)
+        prompt = prompt.split("user\n", 1)[-1].replace("assistant\n", "").strip()  # show the user's words
+        parts.append(
+            f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
+            f'<b style="color:{color}">{t("request", lang)} {rid}</b> '
+            f'<small style="color:#888">· {html.escape(_status(llm, rid, report, lang))} · {len(out.token_ids)} tok</small><br>'
+            f'<span style="color:#888">{html.escape(prompt[:160])}</span><br>'
+            f'<span style="color:{color}" data-testid="request-text">{html.escape(out.text)}</span></div>'
+        )
+    st.markdown("".join(parts), unsafe_allow_html=True)
+
+
+def block_tables_html(report, block_size: int, lang: str) -> None:
+    st.markdown(f"**{t('block_tables', lang)}**")
+    st.caption(t("block_tables_caption", lang))
+    if not report.block_tables:
+        st.caption(t("no_live_requests", lang))
+        return
+    rows = []
+    for snap in report.block_tables:
+        color = request_color(snap.request_id)
+        cells = "".join(
+            f'<span title="{t("logical_index", lang)} {i} → {t("block", lang)} {b}: {f}/{block_size}" '
+            f'style="display:inline-block;min-width:34px;margin:1px;padding:1px 3px;border:1px solid #555;'
+            f'background:linear-gradient(90deg,{color} {100 * f / block_size:.0f}%,{color}40 0);font-size:11px;text-align:center">'
+            f'<sup>{i}</sup>{b}</span>'
+            for i, (b, f) in enumerate(zip(snap.block_table, snap.filled))
+        )
+        extra = f' <small>({t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1])})</small>' if snap.slot_range else ""
+        rows.append(f'<div><b style="color:{color}">{t("request", lang)} {snap.request_id}</b>{extra}: {cells}</div>')
+    st.markdown("".join(rows), unsafe_allow_html=True)
+    png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
+
+
+def pool_view(report, block_size: int, lang: str) -> None:
+    st.markdown(f"**{t('pool', lang)}**")
+    st.altair_chart(pool_map_chart(report, block_size, lang), width="stretch")
+    st.caption(t("pool_caption", lang))
+    png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
+
+
+def memory_view(reports, lang: str) -> None:
+    st.markdown(f"**{t('memory', lang)}**")
+    unit = st.radio(t("memory_unit", lang), ("tokens", "MiB"), horizontal=True, key="memory_unit",
+                    format_func=lambda u: t("tokens", lang) if u == "tokens" else "MiB", label_visibility="collapsed")
+    frame = memory_frame(reports, unit)
+    st.altair_chart(memory_chart(frame, unit, lang), width="stretch")
+    st.caption(t("memory_caption", lang))
+    png_download(t("save_png", lang), lambda: memory_figure(frame, unit, lang), "memory.png", "png_memory")
+
+
+def events_view(report, lang: str) -> None:
+    st.markdown(f"**{t('events', lang)}**")
+    rows = event_log_rows(report, lang)
+    if not rows:
+        st.caption(t("no_events", lang))
+        return
+    frame = pd.DataFrame(rows)[["request_id", "event", "detail"]]
+    frame.columns = [t("request", lang), t("event_kind", lang), t("event_detail", lang)]
+    st.dataframe(frame, hide_index=True, width="stretch", height=min(38 + 35 * len(frame), 280))

@@ -1,0 +1,206 @@
+"""The session's engine: settings from the sidebar, the workload, building the engine cheaply, history.
+
+Streamlit reruns the whole script on every click, so anything slow lives in a cache:
+- the model weights, once per server process and model name (``st.cache_resource``);
+- this browser session's engine and its step reports (``st.session_state``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+import streamlit as st
+
+import engine.llm_engine
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.model_loader import DEFAULT_MODEL, load_model, resolve_model
+
+MODEL_ENV = "PAGEDATTENTION_LAB_MODEL"  # tests point the app at a tiny model with this
+
+# Classroom bounds: a laptop must stay responsive whatever a student types.
+MAX_REQUESTS = 16
+MAX_PROMPT_CHARS = 1000
+MAX_NEW_TOKENS = 256
+MAX_BLOCKS = 512
+MAX_MIB = 256
+MAX_STEPS_KEPT = 2000  # reports kept for the memory chart and replays
+
+PRESETS = {
+    "preset_short_chat": dict(
+        rows=[("What is the capital of France?", 24), ("Say hello in three languages.", 24),
+              ("Name a primary colour.", 16), ("What is 2 + 2?", 16)],
+        num_blocks=64,
+    ),
+    "preset_long_story": dict(
+        rows=[("Write a long story about a robot who learns to paint.", 200),
+              ("Tell a long fairy tale about a dragon and a baker.", 200)],
+        num_blocks=64,
+    ),
+    # Eight long-ish requests in a pool that holds far fewer tokens than they will need together:
+    # the scheduler must evict (preempt) requests and recompute them later.
+    "preset_preemption": dict(
+        rows=[(f"Write a story about {thing}.", 96) for thing in
+              ("a lighthouse", "a cat", "the moon", "a train", "a forest", "a robot", "the sea", "a city")],
+        num_blocks=40,
+    ),
+}
+
+
+def default_model() -> str:
+    """The model the sidebar starts with: $PAGEDATTENTION_LAB_MODEL or the default SmolLM2."""
+    return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+
+
+def preset_workload(name: str) -> pd.DataFrame:
+    return pd.DataFrame(PRESETS[name]["rows"], columns=["prompt", "max_tokens"])
+
+
+def clean_workload(frame: pd.DataFrame) -> list[tuple[str, int]]:
+    """The editor's rows as (prompt, max_tokens), bounded: empty prompts dropped, prompts cut to
+    MAX_PROMPT_CHARS, max_tokens clipped to 1..MAX_NEW_TOKENS, at most MAX_REQUESTS rows."""
+    rows = []
+    for prompt, max_tokens in zip(frame["prompt"], frame["max_tokens"]):
+        if not isinstance(prompt, str) or not prompt.strip():
+            continue
+        try:
+            n = int(max_tokens)
+        except (TypeError, ValueError):
+            n = 32
+        rows.append((prompt[:MAX_PROMPT_CHARS], min(max(n, 1), MAX_NEW_TOKENS)))
+    return rows[:MAX_REQUESTS]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the sidebar chose; two equal Settings build the same engine."""
+
+    model: str = DEFAULT_MODEL
+    block_size: int = 16
+    num_gpu_blocks: int | None = 64
+    kv_cache_memory: int | None = None
+    allocator: str = "paged"
+    reservation: str = "max"
+    attention_backend: str = "torch"
+    max_num_seqs: int = 8
+    temperature: float = 0.7
+    seed: int = 0
+
+    def engine_config(self, **overrides) -> EngineConfig:
+        fields = asdict(self)
+        model = fields.pop("model")
+        for key in ("temperature",):
+            fields.pop(key)
+        fields.update(overrides)
+        return EngineConfig(model=None if model == DEFAULT_MODEL else model, device="cpu" if not _has_cuda() else "auto", **fields)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@st.cache_resource(show_spinner=False, max_entries=2)
+def cached_model(model: str):
+    """Config, weights and tokenizer of ``model``, read once per server process (not per click)."""
+    return load_model(None if model == DEFAULT_MODEL else model)
+
+
+# LLMEngine loads its model itself (it has no argument for already-loaded weights). Until it gets
+# one, we hand it the cached weights by swapping the loader it calls, under a lock so two browser
+# sessions building engines at once cannot interleave.
+_LOADER_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _preloaded(loaded):
+    with _LOADER_LOCK:
+        original = engine.llm_engine.load_model
+        engine.llm_engine.load_model = lambda model=None, dtype=None, progress=None: loaded
+        try:
+            yield
+        finally:
+            engine.llm_engine.load_model = original
+
+
+def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
+    """A fresh engine for ``settings`` in a second or so, once the model is cached.
+
+    ``progress(stage, fraction)`` reports the first-time fetch and conversion of the model.
+    Raises ValueError (ModelLoadError is one) with a readable message on any bad setting.
+    """
+    resolve_model(None if settings.model == DEFAULT_MODEL else settings.model, progress)  # no-op once cached
+    loaded = cached_model(settings.model)
+    with _preloaded(loaded):
+        llm = LLMEngine(settings.engine_config(**overrides))
+    install_capture(llm)
+    return llm
+
+
+def install_capture(llm: LLMEngine) -> None:
+    """Keep, for the last step, every layer's query projection output and attention output.
+
+    The Kernel lab replays the decode kernel on these real queries. Forward hooks only keep a
+    reference to tensors the model computes anyway, so stepping costs nothing extra.
+    """
+    llm.captured = {}  # layer -> {"q": q_proj output, "attn": o_proj input}
+
+    for index, layer in enumerate(llm.runner.model.model.layers):
+        def keep_q(module, inputs, output, index=index):
+            llm.captured.setdefault(index, {})["q"] = output
+
+        def keep_attn(module, inputs, index=index):
+            llm.captured.setdefault(index, {})["attn"] = inputs[0]
+
+        layer.self_attn.q_proj.register_forward_hook(keep_q)
+        layer.self_attn.o_proj.register_forward_pre_hook(keep_attn)
+
+
+def add_workload(llm: LLMEngine, rows: list[tuple[str, int]], temperature: float, seed: int) -> list[tuple[int, str]]:
+    """Queue each (prompt, max_tokens) as a chat message; returns (row, error) for rejected rows."""
+    errors = []
+    for row, (prompt, max_tokens) in enumerate(rows):
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + row)
+        try:
+            llm.add_request([{"role": "user", "content": prompt}], params)
+        except ValueError as error:
+            errors.append((row, str(error)))
+    return errors
+
+
+def run_to_end(llm: LLMEngine, max_steps: int, on_step=None) -> list:
+    """Step until every request finished or ``max_steps``; returns the reports."""
+    reports = []
+    while llm.has_unfinished_requests() and len(reports) < max_steps:
+        reports.append(llm.step())
+        if on_step:
+            on_step(len(reports))
+    return reports
+
+
+def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=None, force: bool = False):
+    """This session's engine for these settings and workload, rebuilt (history cleared) when either
+    changed or ``force``. Returns (engine or None, list of error messages)."""
+    key = (settings, tuple(rows))
+    ss = st.session_state
+    if not force and ss.get("engine_key") == key and ss.get("engine") is not None:
+        return ss["engine"], ss.get("engine_errors", [])
+    ss["engine"], ss["engine_key"], ss["reports"], ss["playing"] = None, key, [], False
+    try:
+        llm = build_engine(settings, progress)
+    except Exception as error:  # a bad model or setting: say so, keep the app usable
+        ss["engine_errors"] = [("engine", str(error))]
+        return None, ss["engine_errors"]
+    ss["engine"] = llm
+    ss["engine_errors"] = add_workload(llm, rows, settings.temperature, settings.seed)
+    return llm, ss["engine_errors"]
+
+
+def record(report) -> None:
+    reports = st.session_state.setdefault("reports", [])
+    reports.append(report)
+    del reports[:-MAX_STEPS_KEPT]

@@ -1,0 +1,106 @@
+"""The Streamlit app, driven headless by streamlit.testing on the tiny random Llama (seconds per click)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
+
+
+@pytest.fixture
+def app(tiny_llama_dir, monkeypatch) -> AppTest:
+    monkeypatch.setenv(MODEL_ENV, str(tiny_llama_dir))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def subheaders(at: AppTest) -> list[str]:
+    """The main area's subheaders (the step title), not the sidebar's."""
+    return [h.value for h in at.main.subheader]
+
+
+def request_html(at: AppTest) -> str:
+    return "".join(m.value for m in at.markdown if "request-text" in m.value)
+
+
+def test_step_run_and_reset(app: AppTest):
+    assert "Press Step to run the first scheduler iteration." in [i.value for i in app.info]
+    app.button(key="btn_step").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert subheaders(app) == ["Step 0"]
+    m = metrics(app)
+    assert m["Phase"] == "prefill" and m["Requests scheduled"] == "4" and int(m["Tokens processed"]) > 4
+    assert "· 1 tok" in request_html(app)  # every request sampled its first token
+    events = app.dataframe[-1].value
+    assert {"allocate", "write"} <= set(events["Event"])
+
+    app.number_input(key="n_steps").set_value(3).run()
+    app.button(key="btn_run").click().run()
+    assert subheaders(app) == ["Step 3"]
+    assert metrics(app)["Phase"] == "decode"
+    assert "· 4 tok" in request_html(app)
+
+    app.button(key="btn_reset").click().run()
+    assert not app.exception
+    assert subheaders(app) == []
+    assert "Press Step to run the first scheduler iteration." in [i.value for i in app.info]
+
+
+def test_language_switch(app: AppTest):
+    assert app.button(key="btn_step").label == "Step"
+    app.radio(key="lang").set_value("zh").run()
+    assert not app.exception
+    assert app.button(key="btn_step").label == "单步"
+    assert app.title[0].value == "PagedAttention 实验室"
+    app.button(key="btn_step").click().run()
+    assert metrics(app)["阶段"] == "预填充"
+    assert subheaders(app) == ["第 0 步"]
+
+
+def test_contiguous_allocator_shows_ranges(app: AppTest):
+    app.radio(key="allocator").set_value("contiguous").run()
+    app.selectbox(key="reservation").set_value("pow2").run()
+    app.button(key="btn_step").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    tables = "".join(m.value for m in app.markdown if "Request 0</b>" in m.value and "slots" in m.value)
+    assert "slots 0–" in tables  # each request owns one contiguous range of slots
+
+
+def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_llama_dir):
+    app.text_input(key="model_path").set_value("/no/such/model").run()
+    assert not app.exception
+    assert any("Could not build the engine" in e.value and "/no/such/model" in e.value for e in app.error)
+    app.text_input(key="model_path").set_value(str(tiny_llama_dir)).run()
+    assert not app.error
+    app.number_input(key="num_blocks").set_value(2).run()  # 32 slots: the chat prompts do not fit
+    assert any("rejected" in w.value for w in app.warning)
+    assert not app.exception
+
+
+def test_kernel_inputs_match_the_engine(tiny_llama_dir):
+    """The Kernel lab's query (captured q_proj + RoPE) reproduces the engine's own attention output."""
+    from app_pages.kernel_lab import kernel_inputs
+    from engine.attention import paged_attention_reference
+
+    llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
+    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.0, seed=0)
+    for _ in range(3):
+        report = llm.step()
+        for layer in range(2):
+            ids, query, engine_out, tables, lens = kernel_inputs(llm, report, layer)
+            assert ids == [0, 1]
+            kc, vc = llm.runner.kv_caches[layer]
+            ref = paged_attention_reference(query, kc, vc, tables, lens, llm.runner.model.model.layers[layer].self_attn.scale)
+            torch.testing.assert_close(ref, engine_out, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,95 @@
+"""KV memory over steps, stacked in the PagedAttention paper's Figure 2 categories.
+
+``memory_frame`` turns a list of :class:`StepReport` (or the simulator's series) into a tidy table;
+``memory_figure`` draws it with matplotlib (slides), ``memory_chart`` with Altair (hover a step).
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from engine.accounting import CATEGORIES
+from engine.report import StepReport
+from visualize.colors import CATEGORY_COLORS
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+MIB = 1 << 20
+
+
+def memory_frame(reports: list[StepReport], unit: str = "tokens") -> pd.DataFrame:
+    """One row per step: ``step`` and one column per category, in token slots or MiB (``unit="MiB"``)."""
+    if unit not in ("tokens", "MiB"):
+        raise ValueError(f"unit must be 'tokens' or 'MiB', got {unit!r}")
+    rows = []
+    for r in reports:
+        scale = r.memory.bytes_per_slot / MIB if unit == "MiB" else 1
+        rows.append({"step": r.step, **{c: getattr(r.memory, c) * scale for c in CATEGORIES}})
+    return pd.DataFrame(rows, columns=["step", *CATEGORIES])
+
+
+def simulation_memory_frame(result) -> pd.DataFrame:
+    """The simulator's run-length encoded series (``SimulationResult``) as one row per series entry,
+    at its first step, in token slots (mean over the stretch it covers)."""
+    data = {"step": result.series_step}
+    data.update({c: result.series_memory[c] for c in CATEGORIES})
+    return pd.DataFrame(data, columns=["step", *CATEGORIES])
+
+
+def memory_figure(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", title: str | None = None, ax=None):
+    """Stacked areas of the categories over steps (matplotlib)."""
+    use_cjk_font()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 3))
+    else:
+        fig = ax.figure
+    labels = [t(c, lang) for c in CATEGORIES]
+    if len(frame):
+        ax.stackplot(frame["step"], *[frame[c] for c in CATEGORIES], labels=labels,
+                     colors=[CATEGORY_COLORS[c] for c in CATEGORIES], step="post")
+    ax.set_xlabel(t("step_axis", lang))
+    ax.set_ylabel(t("tokens", lang) if unit == "tokens" else "MiB")
+    ax.set_title(title or t("memory", lang))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    ax.margins(x=0)
+    fig.tight_layout()
+    return fig
+
+
+def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", height: int = 220) -> alt.Chart:
+    """Interactive stacked areas (Altair): hover to read a step's slots per category."""
+    long = frame.melt("step", value_vars=list(CATEGORIES), var_name="category", value_name="amount")
+    long["label"] = [t(c, lang) for c in long["category"]]
+    long["order"] = [CATEGORIES.index(c) for c in long["category"]]
+    ylabel = t("tokens", lang) if unit == "tokens" else "MiB"
+    color = alt.Color("label:N", title=None,
+                      scale=alt.Scale(domain=[t(c, lang) for c in CATEGORIES], range=[CATEGORY_COLORS[c] for c in CATEGORIES]),
+                      legend=alt.Legend(orient="bottom", columns=3))
+    return alt.Chart(long).mark_area(interpolate="step-after").encode(
+        x=alt.X("step:Q", title=t("step_axis", lang)),
+        y=alt.Y("amount:Q", stack="zero", title=ylabel),
+        color=color,
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("step:Q", title=t("step_axis", lang)), alt.Tooltip("label:N", title=""),
+                 alt.Tooltip("amount:Q", title=ylabel, format=".1f")],
+    ).properties(height=height)
+
+
+def series_figure(series: dict[str, tuple], ylabel: str, lang: str = "en", title: str | None = None, ax=None):
+    """Lines of (steps, values) per label, e.g. concurrent requests of paged vs contiguous."""
+    use_cjk_font()
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 2.6))
+    else:
+        fig = ax.figure
+    for label, (steps, values) in series.items():
+        ax.step(steps, values, where="post", label=label)
+    ax.set_xlabel(t("step_axis", lang))
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

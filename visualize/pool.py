@@ -1,0 +1,195 @@
+"""The physical KV pool and the block tables that point into it, drawn from one :class:`StepReport`.
+
+Data first (``pool_blocks``, ``block_table_rows``, ``event_log_rows``: plain lists of dicts the app,
+the lessons and the tests can read), then figures: ``pool_map_figure`` (matplotlib, for slides),
+``pool_map_chart`` (Altair, with a tooltip per block) and ``block_tables_figure``.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.patches import Rectangle
+
+from engine.report import ALLOCATE, FINISH, FREE, PREEMPT, WRITE, StepReport
+from visualize.colors import EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+CELL_W, CELL_H = 0.9, 0.8  # a block's cell inside its 1 x 1 grid square; the gaps separate blocks
+
+
+def num_blocks_of(report: StepReport, block_size: int) -> int:
+    """Blocks in the pool: the report's capacity (slots) divided by the block size."""
+    return report.memory.capacity // block_size
+
+
+def touched_blocks(report: StepReport) -> set[int]:
+    """Physical blocks allocated, written or freed during the step."""
+    return {e.block_id for e in report.events if e.block_id is not None and e.kind in (ALLOCATE, WRITE, FREE)}
+
+
+def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[dict]:
+    """One row per physical block after the step, in block order.
+
+    Keys: block, row, col (grid position, ``columns`` blocks per row), owner (request id or None),
+    logical_index (its index in the owner's block table), filled (slots holding token states),
+    block_size, touched (allocated / written / freed this step), owners (every request with slots
+    in it: a contiguous range need not start on a block boundary, so two may share a block).
+    """
+    blocks = [
+        dict(block=b, row=b // columns, col=b % columns, owner=None, logical_index=None, filled=0,
+             block_size=block_size, touched=False, owners=[])
+        for b in range(num_blocks_of(report, block_size))
+    ]
+    for snap in report.block_tables:
+        for logical, (physical, filled) in enumerate(zip(snap.block_table, snap.filled)):
+            cell = blocks[physical]
+            cell["owners"].append(snap.request_id)
+            # The owner shown is the request with the most tokens here (the first one if tied).
+            if cell["owner"] is None or filled > cell["filled"]:
+                cell.update(owner=snap.request_id, logical_index=logical, filled=filled)
+    for b in touched_blocks(report):
+        if b < len(blocks):
+            blocks[b]["touched"] = True
+    return blocks
+
+
+def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> pd.DataFrame:
+    """``pool_blocks`` as a DataFrame with the drawing coordinates, colours and tooltip texts."""
+    blocks = pool_blocks(report, block_size, columns)
+    df = pd.DataFrame(blocks).drop(columns=["owners"])
+    df["x"], df["x2"] = df["col"], df["col"] + CELL_W
+    df["fill_x2"] = df["col"] + CELL_W * df["filled"] / block_size
+    df["y"], df["y2"] = df["row"], df["row"] + CELL_H
+    # Computed from the plain rows: pandas turns a column of ints and Nones into floats.
+    df["color"] = [request_color(b["owner"]) for b in blocks]
+    df["owner_text"] = [", ".join(f"{t('request', lang)} {o}" for o in b["owners"]) or t("free", lang) for b in blocks]
+    df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
+    df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
+    df["touched_text"] = ["✓" if b["touched"] else "" for b in blocks]
+    return df
+
+
+def pool_map_chart(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> alt.Chart:
+    """Interactive pool map: a cell per block in its owner's colour, the filled part darker, blocks
+    touched this step outlined in black; hovering a block names its owner, logical index and tokens."""
+    df = pool_frame(report, block_size, lang, columns)
+    rows = int(df["row"].max()) + 1
+    x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=[0, columns]))
+    y = alt.Y("y:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True))
+    tooltip = [
+        alt.Tooltip("block:Q", title=t("block", lang)),
+        alt.Tooltip("owner_text:N", title=t("owner", lang)),
+        alt.Tooltip("logical_text:N", title=t("logical_index", lang)),
+        alt.Tooltip("held_text:N", title=t("tokens_held", lang)),
+        alt.Tooltip("touched_text:N", title=t("touched", lang)),
+    ]
+    color = alt.Color("color:N", scale=None)
+    cells = alt.Chart(df).mark_rect(opacity=0.35, strokeWidth=0.5, stroke=EDGE_COLOR).encode(
+        x=x, x2="x2:Q", y=y, y2="y2:Q", color=color, tooltip=tooltip)
+    fill = alt.Chart(df[df["filled"] > 0]).mark_rect().encode(x=x, x2="fill_x2:Q", y=y, y2="y2:Q", color=color, tooltip=tooltip)
+    touched = alt.Chart(df[df["touched"]]).mark_rect(fillOpacity=0, stroke=TOUCHED_COLOR, strokeWidth=2.5).encode(
+        x=x, x2="x2:Q", y=y, y2="y2:Q", tooltip=tooltip)
+    label = alt.Chart(df).mark_text(fontSize=9, color="#222").encode(
+        x=alt.X("label_x:Q", axis=None, scale=alt.Scale(domain=[0, columns])),
+        y=alt.Y("label_y:Q", axis=None, scale=alt.Scale(domain=[0, rows], reverse=True)),
+        text="block:Q", tooltip=tooltip,
+    ).transform_calculate(label_x=f"datum.x + {CELL_W / 2}", label_y=f"datum.y + {CELL_H / 2}")
+    height = max(60, 34 * rows)
+    return (cells + fill + touched + label).properties(height=height).configure_view(strokeWidth=0)
+
+
+def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", columns: int = 16, ax=None):
+    """Matplotlib twin of :func:`pool_map_chart` (for slides: ``fig.savefig("pool.png")``)."""
+    use_cjk_font()
+    df = pool_frame(report, block_size, lang, columns)
+    rows = int(df["row"].max()) + 1
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(columns * 0.55, rows * 0.5 + 0.6))
+    else:
+        fig = ax.figure
+    for cell in df.itertuples():
+        ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, facecolor=cell.color, alpha=0.35, edgecolor=EDGE_COLOR, lw=0.5))
+        if cell.filled:
+            ax.add_patch(Rectangle((cell.x, cell.y), CELL_W * cell.filled / block_size, CELL_H, facecolor=cell.color))
+        if cell.touched:
+            ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, fill=False, edgecolor=TOUCHED_COLOR, lw=2))
+        ax.text(cell.x + CELL_W / 2, cell.y + CELL_H / 2, str(cell.block), ha="center", va="center", fontsize=7)
+    ax.set_xlim(0, columns)
+    ax.set_ylim(rows, 0)
+    ax.set_axis_off()
+    ax.set_title(f"{t('pool', lang)} — {t('step_summary', lang, step=report.step)}")
+    return fig
+
+
+def block_table_rows(report: StepReport) -> list[dict]:
+    """One row per (request, logical block): request_id, logical_index, physical_block, filled."""
+    return [
+        dict(request_id=snap.request_id, logical_index=i, physical_block=b, filled=f)
+        for snap in report.block_tables
+        for i, (b, f) in enumerate(zip(snap.block_table, snap.filled))
+    ]
+
+
+def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", ax=None):
+    """Each live request's block table as a row of boxes: logical index above, physical block inside."""
+    use_cjk_font()
+    snaps = report.block_tables
+    width = max((len(s.block_table) for s in snaps), default=1)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.2 + 0.7 * width, 0.6 + 0.6 * max(len(snaps), 1)))
+    else:
+        fig = ax.figure
+    for row, snap in enumerate(snaps):
+        color = request_color(snap.request_id)
+        ax.text(-0.2, row + 0.4, f"{t('request', lang)} {snap.request_id}", ha="right", va="center", color=color, fontsize=9)
+        for i, (b, f) in enumerate(zip(snap.block_table, snap.filled)):
+            ax.add_patch(Rectangle((i, row), 0.9, 0.8, facecolor=color, alpha=0.25 + 0.75 * f / block_size, edgecolor=EDGE_COLOR))
+            ax.text(i + 0.45, row + 0.4, str(b), ha="center", va="center", fontsize=8)
+    ax.set_xlim(-2.5, width)
+    ax.set_ylim(max(len(snaps), 1), -0.5)
+    ax.set_xticks([i + 0.45 for i in range(width)], [str(i) for i in range(width)])
+    ax.xaxis.tick_top()
+    ax.set_yticks([])
+    for side in ("left", "right", "bottom", "top"):
+        ax.spines[side].set_visible(False)
+    ax.set_title(t("block_tables", lang), pad=18)
+    return fig
+
+
+def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
+    """The step's events for a table: request, event, detail. WRITE events (one per token, hundreds in
+    a prefill) are summarised into one row per request, placed where its first write happened."""
+    rows: list[dict] = []
+    writes: dict[int, dict] = {}
+    for e in report.events:
+        if e.kind == WRITE:
+            if e.request_id not in writes:
+                writes[e.request_id] = dict(count=0, first=e.position, last=e.position, blocks=[])
+                rows.append(dict(request_id=e.request_id, kind=WRITE, detail=writes[e.request_id]))
+            w = writes[e.request_id]
+            w["count"] += 1
+            w["first"], w["last"] = min(w["first"], e.position), max(w["last"], e.position)
+            if e.block_id not in w["blocks"]:
+                w["blocks"].append(e.block_id)
+            continue
+        if e.kind == ALLOCATE:
+            detail = t("ev_allocate_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == FREE:
+            detail = t("ev_free_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == PREEMPT:
+            detail = t("ev_preempt_detail", lang)
+        elif e.kind == FINISH:
+            detail = e.detail
+        else:
+            detail = e.detail
+        rows.append(dict(request_id=e.request_id, kind=e.kind, detail=detail))
+    for row in rows:
+        if row["kind"] == WRITE:
+            w = row["detail"]
+            blocks = ", ".join(map(str, w["blocks"]))
+            row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
+        row["event"] = t(f"ev_{row['kind']}", lang)
+    return rows
