@@ -1,0 +1,169 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 第 1 课 — 自回归推理：预填充与解码
+#
+# **目标：** 在真实模型上看清生成的两个阶段，算一算它们各自花费的时间和浮点运算量，并弄明白为什么逐个 token 解码受限于内存，而不是算力。
+#
+# 语言模型每次只产出一个 token：先读入提示词（prompt），预测下一个 token，把它接到末尾，再预测下一个。这种方式叫作**自回归**（autoregressive）生成。引擎把这样的一轮称为一**步**（step）。
+#
+# | 阶段 | 这一步计算的 token | 发生几次 |
+# |---|---|---|
+# | **预填充**（prefill） | 整个提示词，一次算完 | 每个请求一次 |
+# | **解码**（decode） | 每个请求一个新 token | 每生成一个 token 一次 |
+
+# %%
+# Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+import pathlib
+import sys
+
+try:
+    import engine  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+
+import matplotlib.pyplot as plt
+import torch
+
+from engine import LLM, SamplingParams
+
+# %% [markdown]
+# ## 1. 逐步观察一次生成
+# `LLM()` 会加载默认模型 SmolLM2-135M-Instruct。每一步结束后，`on_step` 把引擎的 `StepReport` 交给我们：其中有这一步的阶段、计算了多少 token、前向计算（forward）用了多久。
+
+# %%
+llm = LLM()
+eng = llm.engine
+reports = []
+out = llm.generate("The capital of France is", SamplingParams(max_tokens=12), on_step=reports.append)
+print(repr(out[0].text))
+for r in reports[:4]:
+    print(f"step {r.step}: {r.phase:7s} tokens computed = {r.num_tokens:2d}  forward = {r.timings_ms['forward']:6.1f} ms")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 2.6))
+colors = ["tab:orange" if r.phase == "prefill" else "tab:blue" for r in reports]
+ax.bar([r.step for r in reports], [r.num_tokens for r in reports], color=colors)
+ax.set_xlabel("step")
+ax.set_ylabel("tokens computed")
+ax.set_title("one prefill step (orange), then one decode step per new token (blue)")
+plt.show()
+
+# %% [markdown]
+# 预填充在一步里算完提示词的所有 token；每个解码步只算一个。解码步只能一个接一个地执行：第 *t* 个 token 还没采样出来，就没法计算第 *t + 1* 个。
+#
+# ## 2. 两个阶段的浮点运算量
+# 几乎所有计算都是与权重（weights）的矩阵乘法：一个 token 经过一个含 *N* 个数的权重矩阵，大约需要 **2 N 次浮点运算**（FLOPs，每个权重一次乘法加一次加法）。注意力（attention）还会带来随上下文长度增长的额外计算。
+
+# %%
+model = eng.runner.model
+cfg = eng.hf_config
+n_linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+n_lm_head = cfg.vocab_size * cfg.hidden_size  # tied to the embedding in SmolLM2, but still a matmul
+L, H, D = model.num_layers, cfg.num_attention_heads, model.head_dim
+print(f"weights in the layers' linear projections: {n_linear / 1e6:.1f} M; LM head: {n_lm_head / 1e6:.1f} M")
+
+
+def prefill_flops(n):
+    """A prompt of n tokens: every token through every layer, causal attention, LM head on the last token."""
+    return 2 * n_linear * n + 2 * L * H * D * n * (n + 1) + 2 * n_lm_head
+
+
+def decode_flops(context):
+    """One new token attending to `context` cached tokens."""
+    return 2 * n_linear + 4 * L * H * D * context + 2 * n_lm_head
+
+
+for n in (8, 128, 1024):
+    print(f"prefill of {n:4d} tokens: {prefill_flops(n) / 1e9:7.2f} GFLOP   decode at context {n:4d}: {decode_flops(n) / 1e9:5.3f} GFLOP")
+
+# %% [markdown]
+# 一个解码步只有几亿次浮点运算，而一次长预填充有上千亿次。可是下面的测量会显示，解码步的耗时并没有按比例变小。
+#
+# ## 3. 两个阶段的耗时
+# 我们测量不同长度提示词的预填充时间，以及不同批大小（batch，同一步里一起解码的请求数）的解码步时间。这台 CPU 是多人共用的，所以每个点取几次重复中最快的一次。
+
+# %%
+def forward_times(prompt_len, batch, max_tokens):
+    """Run `batch` requests of `prompt_len` tokens; return (prefill ms, fastest decode step ms)."""
+    prompt = list(range(1000, 1000 + prompt_len))
+    steps = []
+    llm.generate([prompt] * batch, SamplingParams(max_tokens=max_tokens, ignore_eos=True), on_step=steps.append)
+    return steps[0].timings_ms["forward"], min(s.timings_ms["forward"] for s in steps[1:])
+
+
+prefill_lens = [8, 32, 128]
+prefill_ms = [min(forward_times(n, 1, 2)[0] for _ in range(2)) for n in prefill_lens]
+decode_batches = [1, 4, 16]
+decode_ms = [forward_times(16, b, 8)[1] for b in decode_batches]
+
+fig, ax = plt.subplots(figsize=(6, 3.2))
+ax.plot(prefill_lens, prefill_ms, "o-", color="tab:orange", label="prefill of n prompt tokens")
+ax.plot(decode_batches, decode_ms, "s-", color="tab:blue", label="decode step of n requests")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("tokens computed in the step (n)")
+ax.set_ylabel("forward time (ms)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# 一步计算的 token 从 1 个增加到 16 个，耗时远没有变成 16 倍：每一步都有一笔与 token 数无关的固定开销，那就是**读取权重**。无论每个权重随后用于 1 个 token 还是 128 个 token，每一步都要把全部权重从内存里读一遍。
+
+# %%
+weight_bytes = (n_linear + n_lm_head) * eng.runner.dtype.itemsize
+for n, ms in zip(prefill_lens, prefill_ms):
+    print(f"prefill {n:4d} tokens: {prefill_flops(n) / (ms / 1e3) / 1e9:6.1f} GFLOP/s")
+for b, ms in zip(decode_batches, decode_ms):
+    print(f"decode  {b:4d} reqs  : {b * decode_flops(16) / (ms / 1e3) / 1e9:6.1f} GFLOP/s, "
+          f"weights streamed at {weight_bytes / (ms / 1e3) / 1e9:5.1f} GB/s")
+
+# %% [markdown]
+# ## 4. 为什么解码受限于内存带宽
+# **算术强度**（arithmetic intensity）= 每从内存读取一个字节所做的浮点运算次数。批大小为 *B* 时，一个解码步对每个请求、每个权重做 2 次运算，而每个权重只读一次：算术强度 ≈ 2*B* /（每个权重的字节数）。硬件有一个**屋脊点**（ridge point）：低于它，计算就要等内存，即**访存受限**（memory-bound）。NVIDIA H200 的稠密 bf16 算力约 989 TFLOP/s，带宽 4.8 TB/s，屋脊点约为 206 FLOP/字节（数据来自 NVIDIA H200 规格书；带宽也见项目的 paper-facts）。
+
+# %%
+batches = [1, 8, 32, 128, 512]
+bf16_intensity = [2 * b / 2 for b in batches]  # bf16: 2 bytes per weight
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.bar([str(b) for b in batches], bf16_intensity, color="tab:blue")
+ax.axhline(989 / 4.8, color="tab:red", ls="--", label="H200 ridge ≈ 206 FLOP/byte")
+ax.set_yscale("log")
+ax.set_xlabel("requests decoded together (batch)")
+ax.set_ylabel("FLOP per byte of weights (bf16)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# 单个请求解码时每字节只有 1 次运算：GPU 的计算单元 99% 以上的时间都在空等。解决办法是**在同一步里解码许多请求**，让每次读取的权重服务更多 token。能同时容纳多少请求，取决于留给它们缓存的显存——这就是第 2、3 课的主题。
+#
+# ## 练习
+# 这个模型的一个解码步同时运行 **8 个请求**，权重使用引擎的数据类型（`eng.runner.dtype`，在 CPU 上是 float32）。忽略注意力部分。利用上面的 `n_linear` 和 `n_lm_head`，填写：
+# - `step_flops`：这一步矩阵乘法的浮点运算次数；
+# - `step_bytes`：这一步读取的权重字节数。
+
+# %% tags=["exercise"]
+step_flops = None  # TODO(student)
+step_bytes = None  # TODO(student)
+
+# %% tags=["check"]
+def check():
+    n = n_linear + n_lm_head
+    want_flops, want_bytes = 2 * n * 8, n * eng.runner.dtype.itemsize
+    if step_flops is None or step_bytes is None:
+        return "FAIL: step_flops and step_bytes are still None"
+    if abs(step_flops - want_flops) > 0.01 * want_flops:
+        return f"FAIL: step_flops = {step_flops:.3g}; count 2 FLOPs per weight per request"
+    if abs(step_bytes - want_bytes) > 0.01 * want_bytes:
+        return f"FAIL: step_bytes = {step_bytes:.3g}; each weight is read once per step, whatever the batch"
+    return f"PASS: {step_flops / step_bytes:.1f} FLOP per byte — far below a GPU's ridge point"
+
+
+print(check())
