@@ -1,0 +1,282 @@
+"""The engine against transformers, and the invariants of its KV cache, scheduler and step reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+from conftest import make_tiny_model
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.model_loader import ModelLoadError
+
+CHAT_PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Explain what a KV cache is in one paragraph."}],
+    [{"role": "user", "content": "Write a short poem about the sea."}],
+    [{"role": "user", "content": "List three uses of a paged memory allocator."}],
+]
+
+
+def run_engine(engine: LLMEngine, prompts, params) -> tuple[list[list[int]], list]:
+    """Generate through the step API; returns output token ids per prompt and every step report."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    reports = []
+    while engine.has_unfinished_requests():
+        reports.append(engine.step())
+    return [engine.get_output(i).token_ids for i in ids], reports
+
+
+@torch.inference_mode()
+def hf_greedy(hf_model, prompt_ids: list[int], max_new_tokens: int, eos: int | None) -> list[int]:
+    hf_model.generation_config.eos_token_id = eos
+    out = hf_model.generate(
+        torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, temperature=None, top_p=None, top_k=None,
+    )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def engine_prefill_logits(engine: LLMEngine, prompt_ids: list[int]) -> torch.Tensor:
+    """Last-position logits of a prompt, through the engine's scheduler, paged KV cache and model."""
+    engine.add_request(prompt_ids, SamplingParams(max_tokens=1))
+    batch = engine.scheduler.schedule()
+    logits = engine.runner.execute(batch, engine.kv, [])
+    for seq in batch.prefill_seqs:
+        engine.scheduler.finish(seq, "abort")
+    return logits[0]
+
+
+# ---- (a) tiny random Llama, Qwen2 and Qwen3 against transformers, float64 ------------------
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny_model(request, tmp_path_factory, default_model_dir):
+    directory = make_tiny_model(tmp_path_factory.mktemp(request.param), request.param, default_model_dir, seed=1)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()
+    return directory, hf
+
+
+def random_prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_tiny_models_match_transformers_token_for_token(tiny_model):
+    directory, hf = tiny_model
+    engine = LLMEngine(EngineConfig(model=str(directory), dtype="float64", num_gpu_blocks=64))
+    prompts = random_prompts(hf.config.vocab_size, [5, 17, 33, 2])
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    ours, _ = run_engine(engine, prompts, params)
+    theirs = [hf_greedy(hf, p, 12, eos=None) for p in prompts]
+    assert ours == theirs
+
+
+def test_tiny_models_last_position_logits_match(tiny_model):
+    directory, hf = tiny_model
+    engine = LLMEngine(EngineConfig(model=str(directory), dtype="float64", num_gpu_blocks=64))
+    prompt = random_prompts(hf.config.vocab_size, [21], seed=3)[0]
+    ours = engine_prefill_logits(engine, prompt)
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([prompt])).logits[0, -1].float()
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+# ---- the same outputs whatever the block size, block order or pool size ----------------------
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_llama_dir):
+    prompts = random_prompts(49152, [3, 9, 16, 31, 40], seed=5)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float64", num_gpu_blocks=64))
+    outputs, _ = run_engine(engine, prompts, params)
+    return prompts, params, outputs
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16, 64])
+def test_outputs_do_not_depend_on_block_size_or_block_order(tiny_llama_dir, tiny_reference, block_size):
+    prompts, params, expected = tiny_reference
+    num_blocks = 1024 // block_size
+    config = EngineConfig(model=str(tiny_llama_dir), dtype="float64", block_size=block_size, num_gpu_blocks=num_blocks, shuffle_blocks=True, seed=block_size)
+    engine = LLMEngine(config)
+    outputs, reports = run_engine(engine, prompts, params)
+    assert outputs == expected
+    handed_out = [e.block_id for r in reports for e in r.events if e.kind == "allocate"]
+    assert handed_out[: len(set(handed_out))] != list(range(len(set(handed_out)))), "block assignment should not be the identity"
+
+
+def test_outputs_survive_preemption_by_recompute(tiny_llama_dir, tiny_reference):
+    prompts, params, expected = tiny_reference
+    # 5 requests of up to 60 tokens in a pool of 96 slots: they cannot all stay resident.
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float64", block_size=4, num_gpu_blocks=24))
+    outputs, reports = run_engine(engine, prompts, params)
+    preempted = [r for r in reports if r.preempted]
+    assert preempted, "the pool was meant to run out"
+    assert outputs == expected
+    kinds = [e.kind for e in preempted[0].events]
+    assert "preempt" in kinds and "free" in kinds
+
+
+# ---- (b) the default model against transformers ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def default_engine():
+    return LLMEngine(EngineConfig(max_num_seqs=8))
+
+
+@pytest.mark.slow
+def test_default_model_matches_transformers_on_chat_prompts(default_engine, default_model_dir):
+    engine = default_engine
+    hf = transformers.AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+    prompt_ids = [engine.encode(p) for p in CHAT_PROMPTS]
+    params = SamplingParams(max_tokens=40)
+    ours, _ = run_engine(engine, prompt_ids, params)
+    theirs = [hf_greedy(hf, p, 40, eos=engine.tokenizer.eos_token_id) for p in prompt_ids]
+    assert ours == theirs
+    assert sum(len(o) for o in ours) >= 4 * 32 - 40, "most answers should run well past 32 tokens"
+    for p in prompt_ids[:2]:
+        with torch.inference_mode():
+            expected = hf(torch.tensor([p])).logits[0, -1].float()
+        torch.testing.assert_close(engine_prefill_logits(engine, p), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_default_model_same_outputs_with_odd_blocks_shuffled_and_preempted(default_engine):
+    prompt_ids = [default_engine.encode(p) for p in CHAT_PROMPTS]
+    params = SamplingParams(max_tokens=36, ignore_eos=True)
+    expected, _ = run_engine(default_engine, prompt_ids, params)
+    small = LLMEngine(EngineConfig(block_size=3, num_gpu_blocks=60, shuffle_blocks=True, seed=7))
+    outputs, reports = run_engine(small, prompt_ids, params)
+    assert any(r.preempted for r in reports)
+    assert outputs == expected
+
+
+# ---- step reports ----------------------------------------------------------------------------
+
+def test_step_report_tells_the_whole_story(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=32))
+    a = engine.add_request([5, 6, 7, 8, 9], SamplingParams(max_tokens=4, ignore_eos=True))
+    first = engine.step()
+    assert first.phase == "prefill" and first.num_tokens == 5
+    allocations = [e for e in first.events if e.kind == "allocate"]
+    assert [e.logical_index for e in allocations] == [0, 1]
+    writes = [e for e in first.events if e.kind == "write"]
+    table = first.block_tables[0].block_table
+    assert [w.slot for w in writes] == [table[p // 4] * 4 + p % 4 for p in range(5)]
+    assert first.block_tables[0].filled == [4, 1]
+    m = first.memory
+    assert (m.token_states, m.internal_fragmentation, m.free) == (5, 3, 128 - 8)
+    assert m.bytes("token_states") == 5 * engine.bytes_per_slot
+    b = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+    second = engine.step()
+    assert second.phase == "mixed"
+    assert {(s.request_id, s.phase) for s in second.scheduled} == {(a, "decode"), (b, "prefill")}
+    reports = [engine.step() for _ in range(3)]
+    assert engine.get_output(a).finish_reason == "length" and len(engine.get_output(a).token_ids) == 4
+    assert any(e.kind == "finish" for r in reports for e in r.events)
+    assert reports[-1].memory.free == 128 and not engine.has_unfinished_requests()
+    for r in [first, second, *reports]:
+        assert "total" in r.timings_ms and r.new_token_ids.keys() == {s.request_id for s in r.scheduled}
+
+
+def test_abort_frees_blocks_and_the_engine_keeps_serving(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=16))
+    a = engine.add_request([4] * 10, SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.step()
+    engine.abort_request(a)
+    assert engine.get_output(a).finish_reason == "abort"
+    assert engine.memory_usage().free == 64
+    b = engine.add_request([4] * 10, SamplingParams(max_tokens=3))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.get_output(b).finished
+
+
+def test_stop_strings_and_sampling_are_honoured(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir)))
+    free_run, _ = run_engine(engine, [[10, 11, 12]], SamplingParams(max_tokens=8, ignore_eos=True))
+    text = engine.tokenizer.decode(free_run[0], skip_special_tokens=True)
+    stop = text[len(text) // 2 :][:3]
+    if stop.strip():
+        rid = engine.add_request([10, 11, 12], SamplingParams(max_tokens=8, ignore_eos=True, stop=[stop]))
+        while engine.has_unfinished_requests():
+            engine.step()
+        out = engine.get_output(rid)
+        assert out.finish_reason == "stop" and stop not in out.text
+    seeded = SamplingParams(max_tokens=6, temperature=0.8, top_k=50, top_p=0.9, seed=123, ignore_eos=True)
+    first, _ = run_engine(engine, [[10, 11, 12]], seeded)
+    again, _ = run_engine(engine, [[10, 11, 12]], seeded)
+    assert first == again
+
+
+# ---- bad input: a clear error, nothing queued, the engine still serves ------------------------
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: SamplingParams(max_tokens=0), "max_tokens"),
+        (lambda: SamplingParams(temperature=-1), "temperature"),
+        (lambda: SamplingParams(top_p=0), "top_p"),
+        (lambda: SamplingParams(top_p=1.5), "top_p"),
+        (lambda: EngineConfig(block_size=0), "block_size"),
+        (lambda: EngineConfig(num_gpu_blocks=-3), "num_gpu_blocks"),
+        (lambda: EngineConfig(allocator="buddy"), "allocator"),
+    ],
+)
+def test_bad_settings_are_refused_clearly(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_bad_requests_leave_the_engine_usable(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=8))
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("")
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([])
+    with pytest.raises(ValueError, match="never fit|max_model_len"):
+        engine.add_request([7] * 40)
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request([10**9])
+    assert not engine.has_unfinished_requests()
+    rid = engine.add_request([7, 8, 9], SamplingParams(max_tokens=3, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(engine.get_output(rid).token_ids) == 3
+
+
+def test_unknown_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="nowhere"):
+        LLMEngine(EngineConfig(model=str(tmp_path / "nowhere")))
+
+
+def test_kv_budget_smaller_than_one_block_is_refused(tiny_llama_dir):
+    with pytest.raises(ValueError, match="smaller than one block"):
+        LLMEngine(EngineConfig(model=str(tiny_llama_dir), kv_cache_memory=100))
+
+
+# ---- the Triton backend generates what the torch backend does -------------------------------
+
+def test_triton_backend_generates_the_same_tokens(tiny_llama_dir):
+    prompts = random_prompts(49152, [7, 20], seed=9)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), attention_backend=backend, block_size=8, num_gpu_blocks=16, shuffle_blocks=True))
+        outputs[backend], _ = run_engine(engine, prompts, params)
+    assert outputs["triton"] == outputs["torch"]
+
+
+# ---- the command line ------------------------------------------------------------------------
+
+def test_generate_command_prints_json(tiny_llama_dir):
+    cmd = [sys.executable, "-m", "engine", "generate", "Hello there", "What is 2+2?", "--model", str(tiny_llama_dir), "--max-tokens", "3", "--block-size", "4", "--json"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert len(data["outputs"]) == 2 and data["steps"][0]["phase"] == "prefill"
+    bad = subprocess.run(cmd[:-1] + ["--block-size", "0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "block_size" in bad.stderr
