@@ -11,6 +11,8 @@ from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.report import RequestOutput, StepReport
 from engine.sampling_params import SamplingParams
+from engine.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate
+from engine.workloads import Request, make_workload
 
 __all__ = [
     "LLM",
@@ -20,6 +22,12 @@ __all__ = [
     "StepReport",
     "RequestOutput",
     "MemoryUsage",
+    "simulate",
+    "SimulationConfig",
+    "SimulationResult",
+    "reproduce_paper",
+    "make_workload",
+    "Request",
     "paged_attention_reference",
     "paged_prefill_reference",
     "write_kv_cache",

@@ -113,8 +113,6 @@ def _bench(args) -> None:
 
 
 def _add_simulator(sub) -> None:
-    try:
-        from engine.simulator import register_cli
-    except ImportError:
-        return
+    from engine.simulator import register_cli  # adds "simulate" and "reproduce-paper"
+
     register_cli(sub)
