@@ -29,9 +29,25 @@ import torch
 if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
-from kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
-from kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
-from kernels._common import interpreted  # noqa: E402
+try:
+    import triton  # noqa: F401
+except ImportError as error:  # Triton ships wheels for Linux only
+    # transformers imports a top-level package named "kernels" while probing for one of its own
+    # optional dependencies, so importing this package must never fail: the kernels raise when used.
+    _reason = f"Triton is not installed ({error}); use attention_backend='torch'"
+
+    def _unavailable(*args, **kwargs):
+        raise ImportError(_reason)
+
+    reshape_and_cache = paged_attention_decode = paged_attention_prefill = _unavailable
+
+    def interpreted() -> bool:
+        return False
+
+else:
+    from kernels._common import interpreted  # noqa: E402
+    from kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
+    from kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
+    from kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
 __all__ = ["interpreted", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
