@@ -15,7 +15,7 @@ import torch
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.config import EngineConfig
 from engine.model import build_model
-from engine.model_loader import load_model
+from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
 from engine.report import FINISH, Event, RequestOutput, ScheduledRequest, StepReport
 from engine.sampler import sample
@@ -35,6 +35,8 @@ class LLMEngine:
     Args:
         config: :class:`~engine.EngineConfig`.
         progress: optional ``(stage, fraction)`` callback while the model is fetched and converted.
+        loaded_model: weights already loaded by :func:`engine.model_loader.load_model` for ``config.model``
+            (an app reuses them across engines instead of reading them again).
 
     Raises:
         ValueError: a bad setting (names it), a KV budget smaller than one block, or a triton backend
@@ -42,12 +44,17 @@ class LLMEngine:
         engine.model_loader.ModelLoadError: the model cannot be found, fetched or read.
     """
 
-    def __init__(self, config: EngineConfig | None = None, progress: Callable[[str, float], None] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        progress: Callable[[str, float], None] | None = None,
+        loaded_model: LoadedModel | None = None,
+    ):
         self.config = config = config or EngineConfig()
         self.device = _resolve_device(config.device)
         self.dtype = _resolve_dtype(config.dtype, self.device)
         backend = _resolve_backend(config.attention_backend, self.device, self.dtype)
-        loaded = load_model(config.model, dtype=torch.float32, progress=progress)
+        loaded = loaded_model or load_model(config.model, dtype=torch.float32, progress=progress)
         self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device)
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
