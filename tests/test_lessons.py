@@ -5,10 +5,14 @@ Each notebook is executed once per language: cells run in order until the check 
 FAIL, the exercise still holding its ``None`` placeholders); then the solution from
 ``lessons/solutions/<name>.py`` runs in the same kernel, the check cell runs again and must print PASS,
 and the remaining cells run. No cell may raise.
+
+The kernel runs with ``OMP_NUM_THREADS=1``: on a small shared CI runner, torch's default of one
+thread per core spins against the other jobs and a decode step that takes 0.1 s can take 5 s.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -96,7 +100,7 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(path.parent)}})
     checked = False
     start = time.perf_counter()
-    with client.setup_kernel():
+    with client.setup_kernel(env={**os.environ, "OMP_NUM_THREADS": "1"}):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue

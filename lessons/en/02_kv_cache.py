@@ -1,0 +1,215 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 2 — The KV cache
+#
+# **Goal:** see why keeping each token's keys and values (and not its query) makes decoding exact and
+# cheap, measure how many bytes that costs per token, and watch the cache grow during a generation.
+
+# %%
+# Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+import pathlib
+import sys
+
+try:
+    import engine  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+
+import matplotlib.pyplot as plt
+import torch
+import transformers
+
+from engine import LLM, SamplingParams
+from engine.model import apply_rotary
+from engine.model_loader import resolve_model
+from engine.model_runner import kv_bytes_per_slot
+
+# %% [markdown]
+# ## 1. What a decode step needs from the past
+# In causal attention, token *t* produces a query **q**ₜ and attends to the keys **k**₀…**k**ₜ and values
+# **v**₀…**v**ₜ. We take the first layer of the real model and compute its attention over a short prompt.
+
+# %%
+llm = LLM()
+eng = llm.engine
+model, cfg = eng.runner.model, eng.hf_config
+attn = model.model.layers[0].self_attn
+H, HKV, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+ids = eng.encode("A paged KV cache stores keys and values")
+T = len(ids)
+
+
+@torch.inference_mode()
+def qkv(token_ids, positions):
+    """Layer 0's rotated query, key and value of some tokens: [n, heads, head_dim]."""
+    x = model.model.layers[0].input_layernorm(model.model.embed_tokens(torch.tensor(token_ids)))
+    cos, sin = model.rotary_emb(torch.tensor(positions), x.dtype)
+    q = apply_rotary(attn.q_proj(x).view(-1, H, D), cos, sin)
+    k = apply_rotary(attn.k_proj(x).view(-1, HKV, D), cos, sin)
+    return q, k, attn.v_proj(x).view(-1, HKV, D)
+
+
+def attend(q, k, v, causal):
+    """Softmax attention; KV heads repeated for their query-head group. Returns (out, probs)."""
+    k, v = k.repeat_interleave(H // HKV, dim=1), v.repeat_interleave(H // HKV, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * D**-0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(len(q), len(k)).triu(1).bool(), float("-inf"))
+    probs = scores.softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v), probs
+
+
+q, k, v = qkv(ids, range(T))
+out_full, probs = attend(q, k, v, causal=True)
+
+fig, ax = plt.subplots(figsize=(4, 3.6))
+ax.imshow(probs[0], cmap="Blues")
+ax.add_patch(plt.Rectangle((-0.5, T - 1.5), T, 1, fill=False, ec="tab:red", lw=2))
+ax.set_xlabel("key / value of token")
+ax.set_ylabel("query of token")
+ax.set_title("layer 0, head 0: attention weights")
+plt.show()
+
+# %% [markdown]
+# The newest token's output (red row) needs **its own query** and **every earlier key and value**.
+# Earlier queries are never used again: each one served only its own row, already computed.
+# So a decode step can keep the past K and V in a **cache**, compute q, k, v for the one new token, and
+# attend. Below we produce the same layer output token by token that way, and compare.
+
+# %%
+k_cache, v_cache, rows = [], [], []
+for t in range(T):
+    q_t, k_t, v_t = qkv(ids[t : t + 1], [t])  # only the new token goes through the projections
+    k_cache.append(k_t)
+    v_cache.append(v_t)
+    rows.append(attend(q_t, torch.cat(k_cache), torch.cat(v_cache), causal=False)[0])
+out_cached = torch.cat(rows)
+print(f"max |full - cached| over all {T} tokens: {(out_full - out_cached).abs().max():.2e}")
+
+# %% [markdown]
+# The two agree to float rounding: the cache changes *how much* is computed, not *what*.
+#
+# ## 2. The whole model: logits with and without the cache
+# Now the full 30-layer model, through Hugging Face transformers, loaded from the very weights the
+# engine uses. Without a cache (`use_cache=False`) every step recomputes the whole sequence; with it,
+# each step computes one token. We compare the logits of every generated position, and the engine's
+# own tokens (it decodes from its paged KV cache) with the argmax of the cache-free logits.
+
+# %%
+hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
+prompt = torch.tensor([ids])
+greedy = dict(max_new_tokens=16, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+with torch.inference_mode():
+    no_cache = hf.generate(prompt, use_cache=False, **greedy)
+    with_cache = hf.generate(prompt, use_cache=True, **greedy)
+engine_tokens = llm.generate(ids, SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
+
+diff = [(a - b).abs().max().item() for a, b in zip(no_cache.logits, with_cache.logits)]
+argmax = [int(l[0].argmax()) for l in no_cache.logits]
+print("engine tokens == argmax of the cache-free logits:", engine_tokens == argmax)
+fig, ax = plt.subplots(figsize=(6, 2.6))
+ax.plot(diff, "o-")
+ax.set_xlabel("generated token")
+ax.set_ylabel("max |Δ logit|")
+ax.set_title("with vs without KV cache: differences at float rounding (logits are ~10)")
+plt.show()
+
+# %% [markdown]
+# ## 3. What the cache costs: bytes per token
+# Every layer stores one key and one value vector per KV head for every token:
+#
+# **KV bytes per token = 2 × layers × KV heads × head_dim × bytes per element**
+#
+# `kv_bytes_per_slot` in the engine computes exactly that; the engine's KV pools agree.
+
+# %%
+print("default model, formula:", kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, torch.float32), "B")
+pool_bytes = sum(k.nbytes + v.nbytes for k, v in eng.runner.kv_caches)
+slots = eng.num_blocks * eng.config.block_size
+print(f"default model, engine pools: {pool_bytes:,} B / {slots} slots = {pool_bytes // slots:,} B per token")
+
+# %% [markdown]
+# Bigger models need far more. Configurations from the Llama 2 paper (Touvron et al., 2023) and its
+# released config files: Llama-2-7B has 32 layers with 32 KV heads of 128 dims; Llama-2-70B has 80
+# layers but only 8 KV heads (grouped-query attention), of 128 dims. Both serve in fp16 (2 bytes).
+
+# %%
+models = {
+    "SmolLM2-135M (fp32)": kv_bytes_per_slot(30, 3, 64, torch.float32),
+    "SmolLM2-135M (bf16)": kv_bytes_per_slot(30, 3, 64, torch.bfloat16),
+    "Llama-2-7B (fp16)": kv_bytes_per_slot(32, 32, 128, torch.float16),
+    "Llama-2-70B (fp16)": kv_bytes_per_slot(80, 8, 128, torch.float16),
+}
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+a1.barh(list(models), [b / 1024 for b in models.values()], color="tab:purple")
+a1.set_xlabel("KiB per token")
+for name, b in models.items():
+    print(f"{name:20s} {b:>9,} B/token   a 4096-token request: {4096 * b / 2**30:5.2f} GiB")
+lengths = torch.arange(0, 4097, 256)
+for name, b in models.items():
+    a2.plot(lengths, lengths * b / 2**30, label=name)
+a2.set_xlabel("tokens in the request")
+a2.set_ylabel("KV cache (GiB)")
+a2.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Grouped-query attention is why the 10× larger 70B model needs *less* cache per token than the 7B:
+# 8 KV heads instead of 32. At 0.5 MiB per token, a single 4096-token Llama-2-7B request holds 2 GiB.
+#
+# ## 4. The cache grows during a generation
+# We watch the engine's pool while one request generates 40 tokens. `StepReport.memory` counts
+# *token states* (slots holding a token's K and V) and the slots allocated to the request.
+
+# %%
+reports = []
+llm.generate(ids, SamplingParams(max_tokens=40, ignore_eos=True), on_step=reports.append)
+kib = eng.bytes_per_slot / 1024
+steps = range(len(reports))
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(steps, [r.memory.token_states * kib for r in reports], "o-", ms=3, label="token states")
+ax.step(steps, [r.memory.allocated * kib for r in reports], where="post", label=f"allocated ({eng.config.block_size}-token blocks)")
+ax.set_xlabel("step of this request")
+ax.set_ylabel("KV cache (KiB)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Each step adds exactly one token's worth (45 KiB in fp32); memory is allocated a block at a time, and
+# everything is freed in the step the request finishes. The cache's final size depends on how many
+# tokens the request will generate, which nobody knows in advance: lesson 3 shows what that does to memory.
+#
+# ## Exercise
+# The PagedAttention paper (Table 1) serves OPT-13B on one A100-40GB and keeps about **12 GB** for the
+# KV cache, which holds **15.7K** tokens. OPT-13B (Zhang et al., 2022) has 40 layers, 40 attention
+# heads (each is also a KV head) of 128 dims, in fp16. Compute:
+# - `opt13b_bytes_per_token`: its KV bytes per token;
+# - `opt13b_tokens`: how many whole tokens fit in 12 GiB (12 × 2³⁰ bytes).
+
+# %% tags=["exercise"]
+opt13b_bytes_per_token = None  # TODO(student)
+opt13b_tokens = None  # TODO(student)
+
+# %% tags=["check"]
+def check():
+    want = kv_bytes_per_slot(40, 40, 128, torch.float16)
+    if opt13b_bytes_per_token is None or opt13b_tokens is None:
+        return "FAIL: opt13b_bytes_per_token and opt13b_tokens are still None"
+    if opt13b_bytes_per_token != want:
+        return f"FAIL: opt13b_bytes_per_token = {opt13b_bytes_per_token}; remember K and V, every layer, every KV head"
+    if opt13b_tokens != 12 * 2**30 // want:
+        return f"FAIL: opt13b_tokens = {opt13b_tokens}; divide 12 GiB by the bytes per token, rounding down"
+    return f"PASS: {opt13b_tokens:,} tokens (the paper: 15.7K)"
+
+
+print(check())

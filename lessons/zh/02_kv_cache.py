@@ -1,0 +1,199 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 第 2 课 — KV 缓存
+#
+# **目标：** 弄明白为什么只保存每个 token 的键和值（而不保存查询）就能让解码既精确又省算力，算出每个 token 要为此付出多少字节，并观察缓存在一次生成中如何增长。
+
+# %%
+# Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+import pathlib
+import sys
+
+try:
+    import engine  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+
+import matplotlib.pyplot as plt
+import torch
+import transformers
+
+from engine import LLM, SamplingParams
+from engine.model import apply_rotary
+from engine.model_loader import resolve_model
+from engine.model_runner import kv_bytes_per_slot
+
+# %% [markdown]
+# ## 1. 解码步需要过去的什么
+# 在因果注意力（causal attention）中，第 *t* 个 token 产生一个查询（query）**q**ₜ，并与键（key）**k**₀…**k**ₜ、值（value）**v**₀…**v**ₜ 做注意力。我们取真实模型的第一层，在一段短提示词上计算它的注意力。
+
+# %%
+llm = LLM()
+eng = llm.engine
+model, cfg = eng.runner.model, eng.hf_config
+attn = model.model.layers[0].self_attn
+H, HKV, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
+ids = eng.encode("A paged KV cache stores keys and values")
+T = len(ids)
+
+
+@torch.inference_mode()
+def qkv(token_ids, positions):
+    """Layer 0's rotated query, key and value of some tokens: [n, heads, head_dim]."""
+    x = model.model.layers[0].input_layernorm(model.model.embed_tokens(torch.tensor(token_ids)))
+    cos, sin = model.rotary_emb(torch.tensor(positions), x.dtype)
+    q = apply_rotary(attn.q_proj(x).view(-1, H, D), cos, sin)
+    k = apply_rotary(attn.k_proj(x).view(-1, HKV, D), cos, sin)
+    return q, k, attn.v_proj(x).view(-1, HKV, D)
+
+
+def attend(q, k, v, causal):
+    """Softmax attention; KV heads repeated for their query-head group. Returns (out, probs)."""
+    k, v = k.repeat_interleave(H // HKV, dim=1), v.repeat_interleave(H // HKV, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * D**-0.5
+    if causal:
+        scores = scores.masked_fill(torch.ones(len(q), len(k)).triu(1).bool(), float("-inf"))
+    probs = scores.softmax(-1)
+    return torch.einsum("hqk,khd->qhd", probs, v), probs
+
+
+q, k, v = qkv(ids, range(T))
+out_full, probs = attend(q, k, v, causal=True)
+
+fig, ax = plt.subplots(figsize=(4, 3.6))
+ax.imshow(probs[0], cmap="Blues")
+ax.add_patch(plt.Rectangle((-0.5, T - 1.5), T, 1, fill=False, ec="tab:red", lw=2))
+ax.set_xlabel("key / value of token")
+ax.set_ylabel("query of token")
+ax.set_title("layer 0, head 0: attention weights")
+plt.show()
+
+# %% [markdown]
+# 最新 token 的输出（红框那一行）需要的是**它自己的查询**和**之前所有的键和值**。更早的查询再也用不到了：每个查询只服务于它自己那一行，而那一行早已算完。因此解码步可以把过去的 K 和 V 保存在**缓存**里，只为新 token 计算 q、k、v，再做注意力。下面我们用这种方式逐个 token 地算出同一层的输出，并与一次性计算的结果对比。
+
+# %%
+k_cache, v_cache, rows = [], [], []
+for t in range(T):
+    q_t, k_t, v_t = qkv(ids[t : t + 1], [t])  # only the new token goes through the projections
+    k_cache.append(k_t)
+    v_cache.append(v_t)
+    rows.append(attend(q_t, torch.cat(k_cache), torch.cat(v_cache), causal=False)[0])
+out_cached = torch.cat(rows)
+print(f"max |full - cached| over all {T} tokens: {(out_full - out_cached).abs().max():.2e}")
+
+# %% [markdown]
+# 两者的差别只在浮点舍入误差的量级：缓存改变的是计算*多少*，而不是计算*什么*。
+#
+# ## 2. 整个模型：有缓存与无缓存的 logits
+# 现在换成完整的 30 层模型，通过 Hugging Face transformers 加载，使用的正是引擎所用的那份权重。不用缓存（`use_cache=False`）时，每一步都要把整个序列重算一遍；用缓存时，每一步只算一个 token。我们比较每个生成位置的 logits，并检查引擎自己生成的 token（它从分页的 KV 缓存中解码）是否等于无缓存 logits 的 argmax。
+
+# %%
+hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
+prompt = torch.tensor([ids])
+greedy = dict(max_new_tokens=16, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+with torch.inference_mode():
+    no_cache = hf.generate(prompt, use_cache=False, **greedy)
+    with_cache = hf.generate(prompt, use_cache=True, **greedy)
+engine_tokens = llm.generate(ids, SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
+
+diff = [(a - b).abs().max().item() for a, b in zip(no_cache.logits, with_cache.logits)]
+argmax = [int(l[0].argmax()) for l in no_cache.logits]
+print("engine tokens == argmax of the cache-free logits:", engine_tokens == argmax)
+fig, ax = plt.subplots(figsize=(6, 2.6))
+ax.plot(diff, "o-")
+ax.set_xlabel("generated token")
+ax.set_ylabel("max |Δ logit|")
+ax.set_title("with vs without KV cache: differences at float rounding (logits are ~10)")
+plt.show()
+
+# %% [markdown]
+# ## 3. 缓存的代价：每个 token 的字节数
+# 每一层都要为每个 token、每个 KV 头（KV head）保存一个键向量和一个值向量：
+#
+# **每个 token 的 KV 字节数 = 2 × 层数 × KV 头数 × head_dim × 每个元素的字节数**
+#
+# 引擎里的 `kv_bytes_per_slot` 正是按这个公式计算的；引擎实际分配的 KV 池（KV pool）也与之吻合。
+
+# %%
+print("default model, formula:", kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, torch.float32), "B")
+pool_bytes = sum(k.nbytes + v.nbytes for k, v in eng.runner.kv_caches)
+slots = eng.num_blocks * eng.config.block_size
+print(f"default model, engine pools: {pool_bytes:,} B / {slots} slots = {pool_bytes // slots:,} B per token")
+
+# %% [markdown]
+# 更大的模型需要多得多的缓存。以下配置来自 Llama 2 论文（Touvron et al., 2023）及其发布的配置文件：Llama-2-7B 有 32 层、32 个 KV 头、每头 128 维；Llama-2-70B 有 80 层，但只有 8 个 KV 头（分组查询注意力，grouped-query attention，GQA），每头 128 维。两者都以 fp16（2 字节）部署。
+
+# %%
+models = {
+    "SmolLM2-135M (fp32)": kv_bytes_per_slot(30, 3, 64, torch.float32),
+    "SmolLM2-135M (bf16)": kv_bytes_per_slot(30, 3, 64, torch.bfloat16),
+    "Llama-2-7B (fp16)": kv_bytes_per_slot(32, 32, 128, torch.float16),
+    "Llama-2-70B (fp16)": kv_bytes_per_slot(80, 8, 128, torch.float16),
+}
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
+a1.barh(list(models), [b / 1024 for b in models.values()], color="tab:purple")
+a1.set_xlabel("KiB per token")
+for name, b in models.items():
+    print(f"{name:20s} {b:>9,} B/token   a 4096-token request: {4096 * b / 2**30:5.2f} GiB")
+lengths = torch.arange(0, 4097, 256)
+for name, b in models.items():
+    a2.plot(lengths, lengths * b / 2**30, label=name)
+a2.set_xlabel("tokens in the request")
+a2.set_ylabel("KV cache (GiB)")
+a2.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# 正因为分组查询注意力，大 10 倍的 70B 模型每个 token 需要的缓存反而*比* 7B 少：它只有 8 个 KV 头，而不是 32 个。每个 token 0.5 MiB，意味着一个 4096 token 的 Llama-2-7B 请求就要占 2 GiB。
+#
+# ## 4. 缓存在生成过程中增长
+# 我们让一个请求生成 40 个 token，同时观察引擎的 KV 池。`StepReport.memory` 统计**token 状态**（token states，存放某个 token 的 K 和 V 的槽位）以及分配给这个请求的槽位。
+
+# %%
+reports = []
+llm.generate(ids, SamplingParams(max_tokens=40, ignore_eos=True), on_step=reports.append)
+kib = eng.bytes_per_slot / 1024
+steps = range(len(reports))
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(steps, [r.memory.token_states * kib for r in reports], "o-", ms=3, label="token states")
+ax.step(steps, [r.memory.allocated * kib for r in reports], where="post", label=f"allocated ({eng.config.block_size}-token blocks)")
+ax.set_xlabel("step of this request")
+ax.set_ylabel("KV cache (KiB)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# 每一步恰好增加一个 token 的量（fp32 下 45 KiB）；内存按块（block）分配，请求结束的那一步全部释放。缓存最终有多大取决于请求会生成多少 token，而这事先没人知道：第 3 课会讲这对内存意味着什么。
+#
+# ## 练习
+# PagedAttention 论文（表 1）在一张 A100-40GB 上部署 OPT-13B，留给 KV 缓存约 **12 GB**，可容纳 **15.7K** 个 token。OPT-13B（Zhang et al., 2022）有 40 层、40 个注意力头（每个都是一个 KV 头）、每头 128 维，使用 fp16。请计算：
+# - `opt13b_bytes_per_token`：它每个 token 的 KV 字节数；
+# - `opt13b_tokens`：12 GiB（12 × 2³⁰ 字节）能放下多少个完整的 token。
+
+# %% tags=["exercise"]
+opt13b_bytes_per_token = None  # TODO(student)
+opt13b_tokens = None  # TODO(student)
+
+# %% tags=["check"]
+def check():
+    want = kv_bytes_per_slot(40, 40, 128, torch.float16)
+    if opt13b_bytes_per_token is None or opt13b_tokens is None:
+        return "FAIL: opt13b_bytes_per_token and opt13b_tokens are still None"
+    if opt13b_bytes_per_token != want:
+        return f"FAIL: opt13b_bytes_per_token = {opt13b_bytes_per_token}; remember K and V, every layer, every KV head"
+    if opt13b_tokens != 12 * 2**30 // want:
+        return f"FAIL: opt13b_tokens = {opt13b_tokens}; divide 12 GiB by the bytes per token, rounding down"
+    return f"PASS: {opt13b_tokens:,} tokens (the paper: 15.7K)"
+
+
+print(check())
