@@ -1,0 +1,167 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 第 4 课 — PagedAttention：块、块表与槽位
+#
+# **目标：** 跟踪引擎如何把每个请求的 KV 缓存存放在固定大小的块里，这些块分散在同一个共享池中；并学会从请求的块表里读出某个 token 的物理位置。
+#
+# 这个想法来自操作系统的虚拟内存（PagedAttention 论文 §4.1–4.3）：
+#
+# | 操作系统 | PagedAttention |
+# |---|---|
+# | 页（page） | **块**（block）：连续 `block_size` 个 token 的 K 和 V |
+# | 进程的虚拟页 | 请求的**逻辑块**（logical block）0、1、2…… |
+# | 物理页框 | KV 池中的**物理块**（physical block） |
+# | 页表（page table） | **块表**（block table）：逻辑块 → 物理块 |
+#
+# 请求只有在最后一个块写满时才申请新块，而且任何空闲块都可以用，所以既没有预留（reservation），也没有外部碎片（external fragmentation）；唯一的浪费是每个请求最后一个块里没填满的部分。
+
+# %%
+# Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+import pathlib
+import sys
+
+try:
+    import engine  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+
+import matplotlib.pyplot as plt
+
+from engine import LLM, SamplingParams
+from engine.block_manager import BlockAllocator
+from engine.report import ALLOCATE, FREE, WRITE
+from visualize import block_tables_figure, pool_map_figure
+
+LANG = "zh"
+
+# %% [markdown]
+# ## 1. 一个小池子，三个请求
+# 用很小的块（4 个 token）和很小的池（24 个块），图才看得清。`shuffle_blocks=True` 让空闲块以随机顺序分出去，这样可以直观地看到一个请求的块落在池中的任意位置。
+
+# %%
+llm = LLM(block_size=4, num_gpu_blocks=24, shuffle_blocks=True)
+eng = llm.engine
+block_size = eng.config.block_size
+prompts = ["Tell me a story about a cat.", "What is 2 + 2?", "Name three colours of the rainbow, please."]
+params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (14, 6, 10)]
+reports = []
+outputs = llm.generate(prompts, params, on_step=reports.append)
+for o in outputs:
+    print(f"request {o.request_id}: {len(o.prompt_token_ids)} prompt + {len(o.token_ids)} generated tokens")
+
+# %% [markdown]
+# 预填充之后，每个请求持有的块刚好够放下它的提示词。每种颜色代表一个请求；块中填充的部分表示 4 个槽位中存有 token 状态的比例；黑色边框标出这一步中被改动过的块。
+
+# %%
+first = reports[0]
+pool_map_figure(first, block_size, lang=LANG, columns=12)
+plt.show()
+block_tables_figure(first, block_size, lang=LANG)
+plt.show()
+for snap in first.block_tables:
+    print(f"request {snap.request_id}: block table {snap.block_table}, slots filled per block {snap.filled}")
+
+# %% [markdown]
+# ## 2. 观察块表的增长
+# 解码时请求每步增加一个 token；每增加 `block_size` 个 token 就需要一个新块。请求结束时，它的所有块都回到空闲链表（free list），可以分给任何请求。
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3))
+for rid in range(len(prompts)):
+    held = [next((len(s.block_table) for s in r.block_tables if s.request_id == rid), 0) for r in reports]
+    ax.step(range(len(reports)), held, where="post", label=f"request {rid}")
+ax.step(range(len(reports)), [eng.num_blocks - r.memory.free // block_size for r in reports], "k:", where="post", label="blocks in use")
+ax.set_xlabel("step")
+ax.set_ylabel("blocks")
+ax.legend(fontsize=8)
+plt.show()
+
+# %%
+done = next(r for r in reports if 1 in r.finished)  # the step request 1 finishes
+fig, (a1, a2) = plt.subplots(2, 1, figsize=(7, 3.6))
+pool_map_figure(reports[done.step - first.step - 1], block_size, lang=LANG, columns=12, ax=a1)
+pool_map_figure(done, block_size, lang=LANG, columns=12, ax=a2)
+plt.tight_layout()
+plt.show()
+print("freed this step:", [e.block_id for e in done.events if e.kind == FREE])
+
+# %% [markdown]
+# ## 3. 槽位映射（slot mapping）
+# KV 池可以看成一个很长的**槽位**（slot）数组，每个块有 `block_size` 个槽位。请求中第 *p* 个位置的 token 存放在：
+#
+# - 逻辑块 `p // block_size`，块内偏移 `p % block_size`；
+# - 物理块 `block_table[p // block_size]`；
+# - 槽位 `物理块 × block_size + 偏移`。
+#
+# 每一步，引擎把新 token 的 K 和 V 写入各自的槽位（即 `slot_mapping`，缓存写入内核的输入），并把每次写入记录为一个 `WRITE` 事件。
+
+# %%
+for e in reports[1].events:
+    if e.kind == WRITE:
+        print(f"request {e.request_id}: position {e.position:2d} -> block {e.block_id:2d}, slot {e.slot:3d}")
+print("allocated this step:", [(e.request_id, e.logical_index, e.block_id) for e in reports[1].events if e.kind == ALLOCATE])
+
+# %% [markdown]
+# ## 4. 分配器（allocator）
+# 块表之下是一个普通的空闲链表，每个块带一个引用计数（reference count）：这就是 `BlockAllocator`。`allocate` 从链表头取块，`free` 把块放回链表尾。引用计数大于 1 表示块被多个请求共享（写时复制 copy-on-write、前缀缓存 prefix caching；论文 §4.4）。
+
+# %%
+pool = BlockAllocator(num_blocks=6)
+a, b, c = pool.allocate(), pool.allocate(), pool.allocate()
+print("took", (a, b, c), "free list now", list(pool.free_blocks))
+pool.free(b)
+print("freed", b, "-> free list", list(pool.free_blocks))
+pool.incref(a)
+print("block", a, "shared by two owners: refcount", pool.ref_counts[a])
+pool.free(a)
+print("one owner frees it: refcount", pool.ref_counts[a], "- still in use, not on the free list", list(pool.free_blocks))
+
+# %% [markdown]
+# ## 5. 浪费了多少？
+# `StepReport.memory` 把池中的每个槽位归入论文中的几类。对分页分配器来说，唯一会浪费的是**内部碎片**（internal fragmentation，即最后一个块中未填满的槽位），每个请求不到一个块。
+
+# %%
+allocated = [r.memory.allocated for r in reports]
+used = [r.memory.token_states for r in reports]
+fig, ax = plt.subplots(figsize=(7, 2.8))
+ax.bar(range(len(reports)), used, label="token states")
+ax.bar(range(len(reports)), [a - u for a, u in zip(allocated, used)], bottom=used, label="internal fragmentation")
+ax.set_xlabel("step")
+ax.set_ylabel("slots")
+ax.legend(fontsize=8)
+plt.show()
+print(f"worst step: {max(a - u for a, u in zip(allocated, used))} wasted slots for {len(prompts)} requests "
+      f"(bound: {len(prompts)} × {block_size})")
+
+# %% [markdown]
+# ## 练习
+# 下面是请求 0 在它存活的最后一步时的块表。运行过程中，引擎把它在 `position` 位置的 token 的 K 和 V 写进了池中。请只用 `table` 和 `block_size` 算出这个物理槽位 `slot`。
+
+# %%
+table = [s.block_table for r in reports for s in r.block_tables if s.request_id == 0][-1]
+position = 13
+print("block_size =", block_size, " table =", table, " position =", position)
+
+# %% tags=["exercise"]
+slot = None  # TODO(student)
+
+# %% tags=["check"]
+def check():
+    written = [e.slot for r in reports for e in r.events if e.kind == WRITE and e.request_id == 0 and e.position == position]
+    if slot is None:
+        return "FAIL: slot is still None"
+    if slot != written[0]:
+        return f"FAIL: slot {slot}, but the engine wrote position {position} elsewhere; which logical block, which offset?"
+    return f"PASS: position {position} -> block {table[position // block_size]}, slot {slot}, as the engine wrote it"
+
+
+print(check())
