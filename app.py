@@ -7,21 +7,24 @@ figures in visualize/.
 """
 
 import streamlit as st
+import torch
 
 from app_pages import compare, kernel_lab, lessons, live
 from app_pages.sidebar import engine_settings, language
+from app_pages.state import torch_threads
 from visualize.i18n import t
 
-st.set_page_config(page_title="PagedAttention Lab", page_icon="🧱", layout="wide")
+st.set_page_config(page_title="PagedAttention Lab", page_icon=":material/view_module:", layout="wide")
+torch.set_num_threads(torch_threads())  # every rerun: cheap, and each script run is a new thread
 
 lang = language()
 settings = engine_settings(lang)
 st.session_state["settings"] = settings
 
 pages = [
-    st.Page(live.page, title=t("page_live", lang), icon="🧱", url_path="live", default=True),
-    st.Page(compare.page, title=t("page_compare", lang), icon="⚖️", url_path="compare"),
-    st.Page(kernel_lab.page, title=t("page_kernel", lang), icon="🔬", url_path="kernel"),
-    st.Page(lessons.page, title=t("page_lessons", lang), icon="📓", url_path="lessons"),
+    st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="live", default=True),
+    st.Page(compare.page, title=t("page_compare", lang), icon=":material/compare:", url_path="compare"),
+    st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),
+    st.Page(lessons.page, title=t("page_lessons", lang), icon=":material/menu_book:", url_path="lessons"),
 ]
 st.navigation(pages).run()

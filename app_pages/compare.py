@@ -14,7 +14,7 @@ from app_pages.state import add_workload, build_engine, run_to_end
 from engine.accounting import CATEGORIES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
-from visualize.pool import pool_map_chart
+from visualize.pool import pool_map_spec
 
 MAX_SIM_REQUESTS = 5000
 
@@ -79,7 +79,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
         with col:
             st.markdown(f"### {label}")
             report = reports[min(step, len(reports) - 1)]
-            st.altair_chart(pool_map_chart(report, block_size, lang), width="stretch")
+            st.vega_lite_chart(pool_map_spec(report, block_size, lang), width="stretch")
             generated = sum(len(ids) for r in reports for ids in r.new_token_ids.values())
             seconds = sum(r.timings_ms.get("total", 0) for r in reports) / 1e3
             running = [len(r.scheduled) for r in reports]

@@ -13,7 +13,7 @@ from app_pages.state import MAX_NEW_TOKENS, MAX_REQUESTS, PRESETS, preset_worklo
 from visualize.colors import request_color
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame
-from visualize.pool import block_tables_figure, event_log_rows, pool_map_chart, pool_map_figure
+from visualize.pool import block_tables_figure, event_log_rows, pool_map_figure, pool_map_spec
 
 
 def page() -> None:
@@ -44,7 +44,7 @@ def _load_preset() -> None:
 
 
 def workload_editor(lang: str) -> None:
-    with st.expander(t("workload", lang), expanded=not st.session_state.get("reports")):
+    with st.expander(t("workload", lang), icon=":material/edit_note:"):
         cols = st.columns([3, 1])
         cols[0].selectbox(t("preset", lang), list(PRESETS), format_func=lambda p: t(p, lang), key="preset")
         cols[1].button(t("load_preset", lang), on_click=_load_preset, width="stretch")
@@ -198,7 +198,7 @@ def block_tables_html(report, block_size: int, lang: str) -> None:
 
 def pool_view(report, block_size: int, lang: str) -> None:
     st.markdown(f"**{t('pool', lang)}**")
-    st.altair_chart(pool_map_chart(report, block_size, lang), width="stretch")
+    st.vega_lite_chart(pool_map_spec(report, block_size, lang), width="stretch")
     st.caption(t("pool_caption", lang))
     png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
 

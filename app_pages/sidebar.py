@@ -29,10 +29,13 @@ def engine_settings(lang: str) -> Settings:
         model = path or DEFAULT_MODEL
     block_size = sb.select_slider(t("block_size", lang), options=[1, 2, 4, 8, 16, 32], value=16, key="block_size",
                                   help=t("block_size_help", lang))
+    # Defaults live in session_state (not in value=) because the presets also set these widgets.
+    st.session_state.setdefault("pool_unit", "blocks")
+    st.session_state.setdefault("num_blocks", 64)
     unit = sb.radio(t("pool_unit", lang), ("blocks", "mib"), format_func=lambda u: t(u, lang), horizontal=True, key="pool_unit")
     num_blocks = kv_bytes = None
     if unit == "blocks":
-        num_blocks = int(sb.number_input(t("pool_blocks", lang), min_value=2, max_value=MAX_BLOCKS, value=64, step=8, key="num_blocks"))
+        num_blocks = int(sb.number_input(t("pool_blocks", lang), min_value=2, max_value=MAX_BLOCKS, step=8, key="num_blocks"))
     else:
         kv_bytes = int(sb.number_input(t("pool_mib", lang), min_value=0.5, max_value=float(MAX_MIB), value=8.0, step=1.0, key="pool_mib") * (1 << 20))
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists

@@ -15,12 +15,13 @@ from visualize.pool import (
     pool_blocks,
     pool_map_chart,
     pool_map_figure,
+    pool_map_spec,
     touched_blocks,
 )
 
 __all__ = [
     "CATALOGUE", "CATEGORY_COLORS", "FREE_COLOR", "LANGUAGES", "t", "request_color",
-    "block_table_rows", "block_tables_figure", "event_log_rows", "pool_blocks", "pool_map_chart", "pool_map_figure",
+    "block_table_rows", "block_tables_figure", "event_log_rows", "pool_blocks", "pool_map_chart", "pool_map_figure", "pool_map_spec",
     "touched_blocks", "memory_chart", "memory_figure", "memory_frame", "series_figure", "simulation_memory_frame",
     "program_grid", "program_grid_figure",
 ]

@@ -1,16 +1,16 @@
 """One colour per request, the same everywhere: its text, its blocks, its block table, its events.
 
 The palette is Tableau's 10 categorical colours followed by their light variants (matplotlib's
-``tab20`` reordered), so neighbouring request ids never look alike. Free memory is grey; the
+``tab20`` reordered, greys left out), so neighbouring request ids never look alike. Free memory is grey; the
 memory categories of the paper's Figure 2 have fixed colours of their own.
 """
 
 from __future__ import annotations
 
 PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5",
-)
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5",
+)  # tab20 without its two greys, which would look like free blocks
 FREE_COLOR = "#e6e6e6"  # a free block
 EDGE_COLOR = "#555555"  # block borders
 TOUCHED_COLOR = "#000000"  # border of a block allocated, written or freed this step

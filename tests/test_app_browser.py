@@ -1,0 +1,147 @@
+"""The app in a real browser (Debian's chromium through Playwright) with the default model.
+
+Prints two timings (goals, not assertions, because a shared CI machine is noisy):
+- cold start: ``streamlit run`` launched -> the Step button is clickable (goal <= 10 s, model cached);
+- step latency: click on Step -> the page shows the new step, 8 requests, torch backend (goal <= 1 s).
+Screenshots go to artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def no_exception_box(page) -> None:
+    boxes = page.locator('[data-testid="stException"]')
+    assert boxes.count() == 0, boxes.first.inner_text()
+
+
+def step_title(page, text: str, timeout_s: float = 120) -> None:
+    page.get_by_role("heading", name=text, exact=True).wait_for(timeout=timeout_s * 1000)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_app_in_a_browser(default_model_dir):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDATTENTION_LAB_MODEL"}  # the default model
+    started = time.perf_counter()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM)
+            page = browser.new_page(viewport={"width": 1440, "height": 2000})
+            try:
+                drive(page, sync_api, port, started, server)
+            except Exception:
+                page.screenshot(path=str(SHOTS / "failure.png"), full_page=True)
+                raise
+            browser.close()
+    finally:
+        server.kill()
+        out, _ = server.communicate(timeout=30)
+        print(out[-3000:] if out else "")
+
+
+def drive(page, sync_api, port: int, started: float, server) -> None:
+    """The classroom path: open, load the 8-request preset, step, switch allocator, switch language."""
+    if True:
+        if True:
+            deadline = time.time() + 120
+            while True:  # the server needs a moment before it accepts connections
+                try:
+                    page.goto(f"http://127.0.0.1:{port}/", timeout=5000)
+                    break
+                except sync_api.Error:
+                    if time.time() > deadline or server.poll() is not None:
+                        raise
+                    time.sleep(0.3)
+            step = page.get_by_role("button", name="Step", exact=True)
+            step.wait_for(timeout=120_000)
+            cold_start = time.perf_counter() - started
+            print(f"\ncold start to an interactive page: {cold_start:.1f} s (goal <= 10 s)")
+            no_exception_box(page)
+
+            # 8 requests: the classroom preset that forces preemption.
+            page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+            page.get_by_role("button", name="Load preset").wait_for()
+            preset = page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset")
+            preset.click()
+            page.get_by_role("option", name="Mix that forces preemption").click()
+            page.get_by_role("button", name="Load preset").click()
+            # The engine is rebuilt with the 8 requests before Step does anything.
+            page.get_by_text("Request 7", exact=True).wait_for(timeout=60_000)
+            page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()  # fold it away
+            step = page.get_by_role("button", name="Step", exact=True)
+            step.wait_for(timeout=60_000)
+
+            # Step until a generated token is visible and the pool holds blocks.
+            step.click()
+            step_title(page, "Step 0")
+            step.click()
+            step_title(page, "Step 1")
+            texts = page.locator('[data-testid="request-text"]')
+            assert any(texts.nth(i).inner_text().strip() for i in range(texts.count())), "no generated text visible"
+            assert page.locator('[data-testid="stVegaLiteChart"]').count() >= 2  # pool map + memory
+            assert page.get_by_text("Request 0", exact=False).count() > 0
+            no_exception_box(page)
+            page.wait_for_timeout(800)  # let Vega finish drawing before the screenshot
+            page.screenshot(path=str(SHOTS / "live_engine_en.png"), full_page=True)
+
+            latencies = []
+            for k in range(2, 7):
+                t0 = time.perf_counter()
+                step.click()
+                step_title(page, f"Step {k}")
+                latencies.append(time.perf_counter() - t0)
+            print(f"step latency, 8 requests, torch backend: median {statistics.median(latencies):.2f} s, "
+                  f"all {', '.join(f'{x:.2f}' for x in latencies)} s (goal <= 1 s)")
+            no_exception_box(page)
+
+            # The contiguous allocator: the engine is rebuilt, stepping works and shows slot ranges.
+            page.locator('[data-testid="stSidebar"]').get_by_text("contiguous (before vLLM)").click()
+            step = page.get_by_role("button", name="Step", exact=True)
+            step.wait_for(timeout=60_000)
+            page.get_by_text("Press Step to run the first scheduler iteration.").wait_for(timeout=60_000)
+            step.click()
+            step_title(page, "Step 0")
+            step.click()
+            step_title(page, "Step 1")
+            assert page.get_by_text("slots 0–", exact=False).count() > 0
+            no_exception_box(page)
+            page.wait_for_timeout(800)
+            page.screenshot(path=str(SHOTS / "live_engine_contiguous_en.png"), full_page=True)
+
+            # 中文.
+            page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+            page.get_by_role("button", name="单步", exact=True).wait_for(timeout=60_000)
+            step_title(page, "第 1 步")
+            no_exception_box(page)
+            page.wait_for_timeout(800)
+            page.screenshot(path=str(SHOTS / "live_engine_zh.png"), full_page=True)
