@@ -5,6 +5,9 @@ The layout follows ``kernels/paged_attention_decode.py`` on a GPU: one program p
 (sequence, KV head) pair and per partition of the context (split-K); program id =
 ``pair * num_splits + partition`` with ``pair = sequence * num_kv_heads + kv_head``. A program
 serves the ``num_heads // num_kv_heads`` query heads that share its KV head (grouped-query attention).
+Partitions here are ``ceil(max_context / num_splits)`` tokens; the kernel rounds that up to a multiple
+of its tile, so its boundaries can sit a little later. A block cut by a boundary is read, in part,
+by both programs.
 """
 
 from __future__ import annotations

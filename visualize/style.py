@@ -8,7 +8,7 @@ import matplotlib
 from matplotlib import font_manager
 
 # Tried in order; Debian's fonts-noto-cjk provides the first, other systems the others.
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Source Han Sans SC", "WenQuanYi Zen Hei", "SimHei", "Microsoft YaHei", "PingFang SC")
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei", "SimHei", "Microsoft YaHei", "PingFang SC")
 
 
 @functools.cache
@@ -20,7 +20,7 @@ def use_cjk_font() -> str | None:
     installed = {f.name for f in font_manager.fontManager.ttflist}
     for name in CJK_FONTS:
         if name in installed:
-            matplotlib.rcParams["font.sans-serif"] = ["DejaVu Sans", name] + list(matplotlib.rcParams["font.sans-serif"])
-            matplotlib.rcParams["font.family"] = "sans-serif"
+            # An explicit list (not the generic "sans-serif") makes matplotlib fall back glyph by glyph.
+            matplotlib.rcParams["font.family"] = ["DejaVu Sans", name]
             return name
     return None

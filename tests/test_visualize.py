@@ -1,0 +1,174 @@
+"""visualize/: data and figures from real StepReports of a tiny-model engine run, drawn headless."""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.accounting import CATEGORIES
+from engine.report import ALLOCATE, WRITE
+from visualize import i18n
+from visualize.kernel import program_grid, program_grid_figure
+from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
+from visualize.pool import (block_table_rows, block_tables_figure, event_log_rows, pool_blocks, pool_map_chart,
+                            pool_map_figure, pool_map_spec, touched_blocks)
+
+PROMPTS = ["Hello there, how are you today?", "Tell me a story about a dragon.", "What is two plus two?"]
+
+
+def run(model_dir, allocator="paged", steps=6, **config):
+    llm = LLMEngine(EngineConfig(model=str(model_dir), num_gpu_blocks=12, block_size=4, allocator=allocator, **config))
+    for p in PROMPTS:
+        llm.add_request(p, SamplingParams(max_tokens=5, ignore_eos=True))
+    return llm, [llm.step() for _ in range(steps)]
+
+
+@pytest.fixture(scope="module")
+def paged(tiny_llama_dir):
+    return run(tiny_llama_dir)
+
+
+@pytest.fixture(scope="module")
+def contiguous(tiny_llama_dir):
+    return run(tiny_llama_dir, allocator="contiguous", reservation="pow2")
+
+
+def is_png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pool_blocks_follow_the_block_tables(paged):
+    llm, reports = paged
+    first = reports[0]
+    blocks = pool_blocks(first, 4)
+    assert len(blocks) == llm.num_blocks
+    owned = {(s.request_id, i): b for s in first.block_tables for i, b in enumerate(s.block_table)}
+    for (rid, logical), b in owned.items():
+        assert blocks[b]["owner"] == rid and blocks[b]["logical_index"] == logical
+    assert sum(b["filled"] for b in blocks) == first.memory.token_states
+    assert sum(b["owner"] is None for b in blocks) == llm.num_blocks - len(owned)
+    allocated = {e.block_id for e in first.events if e.kind == ALLOCATE}
+    assert allocated and allocated <= touched_blocks(first)
+    assert all(blocks[b]["touched"] for b in allocated)
+    assert len(block_table_rows(first)) == len(owned)
+
+
+def test_contiguous_blocks_can_be_shared(contiguous):
+    llm, reports = contiguous
+    report = reports[0]
+    assert all(s.slot_range is not None for s in report.block_tables)
+    blocks = pool_blocks(report, 4)
+    held = sum(b["filled"] for b in blocks)
+    # A block shared by two ranges shows its larger owner's tokens; every token is still counted once per owner.
+    assert held <= report.memory.token_states
+    for snap in report.block_tables:
+        for b in snap.block_table:
+            assert snap.request_id in blocks[b]["owners"]
+
+
+def test_event_log_summarises_writes(paged):
+    _, reports = paged
+    prefill = reports[0]
+    rows = event_log_rows(prefill)
+    writes = [r for r in rows if r["kind"] == WRITE]
+    assert len(writes) == len(prefill.scheduled)  # one row per request, not one per token
+    for r, s in zip(writes, prefill.scheduled):
+        assert r["request_id"] == s.request_id and f"{s.num_tokens} token(s), positions 0–{s.num_tokens - 1}" in r["detail"]
+    assert sum(r["kind"] == ALLOCATE for r in rows) == sum(e.kind == ALLOCATE for e in prefill.events)
+    zh = event_log_rows(prefill, "zh")
+    assert {r["event"] for r in zh} >= {"分配", "写入"}
+
+
+def test_memory_frame_sums_to_capacity(paged):
+    llm, reports = paged
+    frame = memory_frame(reports)
+    assert list(frame["step"]) == [r.step for r in reports]
+    assert (frame[list(CATEGORIES)].sum(axis=1) == reports[0].memory.capacity).all()
+    mib = memory_frame(reports, "MiB")
+    assert mib["token_states"].iloc[-1] == pytest.approx(frame["token_states"].iloc[-1] * llm.bytes_per_slot / 2**20)
+    with pytest.raises(ValueError):
+        memory_frame(reports, "bytes")
+    memory_chart(frame).to_dict()  # a valid Vega-Lite spec
+
+
+def test_figures_save_as_png(paged, contiguous, tmp_path):
+    llm, reports = paged
+    mid = reports[2]  # requests still hold blocks (all have finished by the last step)
+    assert mid.block_tables
+    figures = {
+        "pool": pool_map_figure(mid, 4),
+        "pool_zh": pool_map_figure(mid, 4, "zh"),
+        "contiguous_pool": pool_map_figure(contiguous[1][2], 4),
+        "tables": block_tables_figure(mid, 4),
+        "memory": memory_figure(memory_frame(reports), lang="zh"),
+        "series": series_figure({"paged": ([0, 1, 2], [3, 3, 2])}, "requests"),
+    }
+    for name, fig in figures.items():
+        path = tmp_path / f"{name}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        assert is_png(path) and path.stat().st_size > 2000, name
+
+
+def test_pool_map_spec_is_plain_json(paged):
+    llm, reports = paged
+    spec = pool_map_spec(reports[2], 4, "zh")
+    json.dumps(spec)
+    assert len(spec["data"]["values"]) == llm.num_blocks
+    assert spec["layer"][0]["encoding"]["tooltip"][1]["title"] == "占用者"
+    pool_map_chart(reports[-1], 4).to_dict()  # the Altair twin validates against the Vega-Lite schema
+
+
+def test_program_grid_matches_the_block_tables(paged, tmp_path):
+    llm, reports = paged
+    report = reports[2]
+    tables = [s.block_table for s in report.block_tables]
+    lens = [sum(s.filled) for s in report.block_tables]
+    ids = [s.request_id for s in report.block_tables]
+    one = program_grid(ids, lens, tables, 4, num_heads=4, num_kv_heads=2)
+    assert len(one) == len(ids) * 2
+    for p in one:
+        seq = p["sequence"]
+        assert p["blocks"] == tables[seq][: math.ceil(lens[seq] / 4)]
+        assert p["query_heads"] == ([0, 1] if p["kv_head"] == 0 else [2, 3])
+    split = program_grid(ids, lens, tables, 4, num_heads=4, num_kv_heads=2, num_splits=2)
+    assert sorted(p["program"] for p in split) == list(range(len(ids) * 2 * 2))
+    for seq in range(len(ids)):  # the partitions of one (sequence, head) tile its context, in order
+        parts = sorted((p for p in split if p["sequence"] == seq and p["kv_head"] == 0), key=lambda p: p["partition"])
+        assert parts[0]["start"] == 0 and parts[-1]["end"] == lens[seq]
+        assert all(a["end"] == b["start"] for a, b in zip(parts, parts[1:]))
+        for p in parts:  # a block cut by a partition boundary is read (in part) by both programs
+            assert p["blocks"] == tables[seq][p["start"] // 4 : math.ceil(p["end"] / 4)]
+    fig = program_grid_figure(split, "zh")
+    fig.savefig(tmp_path / "grid.png")
+    assert is_png(tmp_path / "grid.png")
+
+
+def test_simulation_memory_frame():
+    from engine.simulator import simulate
+
+    res = simulate(workload="alpaca", num_requests=50, kv_slots=4096, allocator="contiguous", reservation="pow2")
+    frame = simulation_memory_frame(res)
+    assert len(frame) == len(res.series_step)
+    assert frame[list(CATEGORIES)].sum(axis=1).round().eq(4096).all()
+
+
+def test_catalogue_is_complete():
+    for key, (en, zh) in i18n.CATALOGUE.items():
+        assert en.strip() and zh.strip(), key
+        fields = lambda s: {f for _, f, _, _ in string.Formatter().parse(s) if f}
+        assert fields(en) == fields(zh), key  # the same placeholders in both languages
+    assert i18n.t("step", "zh") == "单步"
+    assert i18n.t("step_summary", "en", step=3) == "Step 3"
+    with pytest.raises(KeyError):
+        i18n.t("no such key")
+    with pytest.raises(ValueError):
+        i18n.t("step", "fr")
