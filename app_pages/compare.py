@@ -86,11 +86,11 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
             m = st.columns(3)
             m[0].metric(t("steps_taken", lang), len(reports))
             m[1].metric(t("mean_running", lang), f"{sum(running) / len(running):.1f}")
-            m[2].metric(t("throughput", lang), f"{generated / max(seconds, 1e-9):.1f} tok/s")
-            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180), width="stretch")
+            m[2].metric(t("throughput", lang) + " (tok/s)", f"{generated / max(seconds, 1e-9):.1f}")
+            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180), width="stretch", height=280)
     series = {label: ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.line_chart(_series_frame(series), x_label=t("step_axis", lang), y_label=t("concurrency", lang))
+    st.line_chart(_series_frame(series), x="step", x_label=t("step_axis", lang), y_label=t("concurrency", lang))
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
     st.markdown(f"**{t('paper_bars', lang)}**")
     rows = [_paper_row("engine", label, memory_frame(reports)) for label, reports in runs.items()]
@@ -99,7 +99,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
 
 def _series_frame(series: dict) -> pd.DataFrame:
     frames = [pd.Series(values, index=steps, name=label) for label, (steps, values) in series.items()]
-    return pd.concat(frames, axis=1).ffill().rename_axis("step").reset_index()
+    return pd.concat(frames, axis=1).rename_axis("step").reset_index()  # a finished run stops, not flat-lines
 
 
 def _paper_row(workload: str, system: str, frame: pd.DataFrame, weights=None) -> dict:
@@ -156,11 +156,11 @@ def simulator_comparison(lang: str) -> None:
             m[1].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
             m[2].metric(t("preemptions", lang), res.preemptions)
             frame = simulation_memory_frame(res)
-            st.altair_chart(memory_chart(frame, "tokens", lang, height=180), width="stretch")
+            st.altair_chart(memory_chart(frame, "tokens", lang, height=180), width="stretch", height=280)
             png_download(t("save_png", lang), lambda f=frame, l=label: memory_figure(f, "tokens", lang, title=l), f"sim_memory_{label}.png", f"png_sim_{label}")
     series = {label: (res.series_step, res.series_running) for label, res in results.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.line_chart(_series_frame({k: (list(s), list(v)) for k, (s, v) in series.items()}),
+    st.line_chart(_series_frame({k: (list(s), list(v)) for k, (s, v) in series.items()}), x="step",
                   x_label=t("step_axis", lang), y_label=t("concurrency", lang))
     st.markdown(f"**{t('paper_bars', lang)}**")
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)

@@ -208,7 +208,7 @@ def memory_view(reports, lang: str) -> None:
     unit = st.radio(t("memory_unit", lang), ("tokens", "MiB"), horizontal=True, key="memory_unit",
                     format_func=lambda u: t("tokens", lang) if u == "tokens" else "MiB", label_visibility="collapsed")
     frame = memory_frame(reports, unit)
-    st.altair_chart(memory_chart(frame, unit, lang), width="stretch")
+    st.altair_chart(memory_chart(frame, unit, lang), width="stretch", height=300)
     st.caption(t("memory_caption", lang))
     png_download(t("save_png", lang), lambda: memory_figure(frame, unit, lang), "memory.png", "png_memory")
 
