@@ -162,12 +162,14 @@ def requests_text(llm, report, lang: str) -> None:
     parts = []
     for rid in sorted(llm.requests):
         out, color = llm.get_output(rid), request_color(rid)
+        preempted = f" · {t('preempted_times', lang, n=out.num_preemptions)}" if out.num_preemptions else ""
         prompt = llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=True)
         prompt = prompt.split("user\n", 1)[-1].replace("assistant\n", "").strip()  # show the user's words
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b style="color:{color}">{t("request", lang)} {rid}</b> '
-            f'<small style="color:#888">· {html.escape(_status(llm, rid, report, lang))} · {len(out.token_ids)} tok</small><br>'
+            f'<small style="color:#888">· {html.escape(_status(llm, rid, report, lang))} · {len(out.token_ids)} tok'
+            f'{preempted}</small><br>'
             f'<span style="color:#888">{html.escape(prompt[:160])}</span><br>'
             f'<span style="color:{color}" data-testid="request-text">{html.escape(out.text)}</span></div>'
         )

@@ -104,3 +104,24 @@ def test_kernel_inputs_match_the_engine(tiny_llama_dir):
             kc, vc = llm.runner.kv_caches[layer]
             ref = paged_attention_reference(query, kc, vc, tables, lens, llm.runner.model.model.layers[layer].self_attn.scale)
             torch.testing.assert_close(ref, engine_out, rtol=1e-4, atol=1e-5)
+
+
+def test_play_pause_and_presets(app: AppTest):
+    app.button(key="btn_play").click().run()
+    assert app.button(key="btn_play").label == "Pause"
+    assert subheaders(app) == ["Step 0"]  # playing steps at once, then on every timer tick
+    app.button(key="btn_play").click().run()
+    assert app.button(key="btn_play").label == "Play"
+
+    app.selectbox(key="preset").set_value("preset_preemption").run()
+    next(b for b in app.button if b.label == "Load preset").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert app.number_input(key="num_blocks").value == 40
+    assert "Request 7</b>" in request_html(app) and "Request 8</b>" not in request_html(app)
+    assert subheaders(app) == []  # a new workload restarts the run
+    assert "preempted ×" not in request_html(app)
+    app.number_input(key="n_steps").set_value(60).run()
+    app.button(key="btn_run").click().run()
+    # 8 requests of ~130 tokens each cannot all fit in 640 slots: some were preempted by now.
+    assert subheaders(app) == ["Step 59"]
+    assert "preempted ×" in request_html(app)

@@ -117,6 +117,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "status_running": ("running", "运行中"),
     "status_finished": ("finished ({reason})", "已完成（{reason}）"),
     "status_preempted": ("preempted", "被抢占"),
+    "preempted_times": ("preempted ×{n}", "被抢占 ×{n}"),
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
     "pool_caption": (
