@@ -47,7 +47,9 @@ def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int =
     engine = llm.engine
     prompt_ids = [engine.encode(p) for p in prompts]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
-    llm.generate(prompt_ids[:1], SamplingParams(max_tokens=2))  # warm-up, as for transformers below
+    # Warm-up on the full batch, as for transformers below: the first steps of a process pay for
+    # fresh memory pages (the allocator has not settled yet), which is not what we measure.
+    llm.generate(prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
     t0 = time.perf_counter()
     outputs = llm.generate(prompt_ids, params)
     engine_s = time.perf_counter() - t0
@@ -80,7 +82,7 @@ def _hf_generate(hf, tokenizer, prompt_ids: list[list[int]], max_new: int, devic
     # No EOS at all (ignore_eos): passing eos_token_id=None would fall back to the model's default.
     hf.generation_config.eos_token_id = None
     kwargs = dict(do_sample=False, pad_token_id=pad, temperature=None, top_p=None, top_k=None)
-    hf.generate(input_ids=ids[:1], attention_mask=mask[:1], max_new_tokens=2, **kwargs)  # warm-up
+    hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, **kwargs)  # warm-up, as for the engine
     t0 = time.perf_counter()
     out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, **kwargs)
     seconds = time.perf_counter() - t0
