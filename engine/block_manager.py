@@ -136,28 +136,51 @@ class KVCacheManager(ABC):
     def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
         """Every live request's block table with the filled slots of each block."""
 
-    # --- Lock-step decode (the simulator's fast-forward) -------------------------------------------
-    # Between two events (an admission, a finish, a preemption, an arrival) every running request
-    # decodes one token per step, so k such steps can be applied at once. These three methods are
-    # what an allocator must answer for that; by default it predicts nothing (0 steps), so the
-    # simulator steps one by one and the other two are never called.
+    # --- Lock-step mode (the model-free simulator's fast path) -----------------------------------
+    # In the simulator every running request gains exactly one token per step and ``max_len`` is its
+    # final length, so nothing about a request has to be looked at between the steps in which it is
+    # admitted, needs a new block, is preempted or finishes. In lock-step mode the scheduler keeps a
+    # step clock and calls these methods only at such events; the allocator keeps what decides
+    # admission and preemption (free memory, who needs memory when) as counters updated per event,
+    # so a step costs the same whatever the pool size. Decisions are the same as with the
+    # per-request methods above (tests/test_simulator.py compares whole runs step by step).
+    # ``clock`` is the number of steps done; "step clock + 1" is the next one.
 
-    def max_decode_steps(self, running: list[Sequence], limit: int) -> int:
-        """Most lock-step decode steps (<= ``limit``) in which every request of ``running`` gets its
-        next slot without a preemption. Default 0: this allocator does not predict, step one by one."""
-        return 0
+    def start_lockstep(self) -> None:
+        """Switch an empty pool to lock-step mode (for good)."""
+        raise NotImplementedError(f"{type(self).__name__} has no lock-step mode")
 
-    def advance_decode(self, running: list[Sequence], k: int) -> None:
-        """Make room for ``k`` more tokens of every running request, exactly as ``k`` rounds of
-        :meth:`append_slot` over ``running`` in order would. Requires ``k <= max_decode_steps``.
-        An allocator whose :meth:`max_decode_steps` can return more than 0 implements it."""
-        raise NotImplementedError(f"{type(self).__name__} does not fast-forward decode")
+    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
+        """:meth:`allocate` for ``seq`` prefilled with its ``num_tokens`` tokens in step ``clock + 1``."""
+        raise NotImplementedError
 
-    def decode_usage_sum(self, running: list[Sequence], next_waiting: Sequence | None, k: int) -> dict[str, int]:
-        """Each memory category summed over the next ``k`` lock-step decode steps (slot-steps),
-        measured after each step's tokens are computed: step j (1-based) holds ``num_tokens + j - 1``
-        computed tokens per request. Called before :meth:`advance_decode`; implemented with it."""
-        raise NotImplementedError(f"{type(self).__name__} has no closed-form decode usage")
+    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
+        """:meth:`free` for a running ``seq`` that now has ``num_tokens`` tokens, all but the newest cached."""
+        raise NotImplementedError
+
+    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
+        """Running requests that need new memory to decode in step ``clock + 1`` (any order)."""
+        raise NotImplementedError
+
+    def lockstep_take_block(self, seq: Sequence) -> bool:
+        """Give ``seq`` the memory it needs this step; False (and nothing taken) when none is free."""
+        raise NotImplementedError
+
+    def lockstep_free_steps(self, clock: int, limit: int) -> int:
+        """Most decode steps from step ``clock + 1`` on (<= ``limit``) in which every running
+        request gets the memory it needs without a preemption."""
+        raise NotImplementedError
+
+    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """The memory categories now (slots), given the running requests' ``token_states``."""
+        raise NotImplementedError
+
+    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """Give every running request the memory of decode steps ``clock + 1 .. clock + k`` and
+        return each memory category summed over those steps (slot-steps, measured after each
+        step); ``token_states`` is the running requests' token states summed over the same steps.
+        Requires ``k <= lockstep_free_steps(clock, k)``."""
+        raise NotImplementedError
 
 
 class PagedBlockManager(KVCacheManager):
@@ -168,18 +191,36 @@ class PagedBlockManager(KVCacheManager):
     block (internal fragmentation < block_size slots per request) and there is no external
     fragmentation: any free block serves any request.
 
+    Admission keeps a *watermark* of free blocks, as vLLM does (v0 ``BlockSpaceManagerV1.can_allocate``,
+    vllm/core/block_manager_v1.py, ``watermark=0.01``: admit only if free - required >= watermark
+    blocks, "to avoid frequent cache eviction"): the running requests' next blocks come out of
+    that headroom instead of out of a request just admitted, which would be preempted again. One
+    difference: vLLM rejects a request that needs more than all blocks but the watermark; here a
+    request that fits the empty pool is admitted when nothing else holds memory.
+
     Args:
         num_blocks: physical blocks in the pool.
         block_size: token slots per block.
         shuffle_seed: shuffle the initial free list (see :class:`BlockAllocator`).
+        watermark: share of the blocks (0..1) admission leaves free; ``int(watermark * num_blocks)``
+            blocks, as in vLLM (0.01: 9 of 981 blocks; 0 of fewer than 100 blocks).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None):
+    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.0):
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.attention_block_size = block_size
         self.allocator = BlockAllocator(num_blocks, shuffle_seed)
         self.events: list[Event] = []
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.lockstep = False  # see start_lockstep
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks: the free list's length, or the lock-step count (which hands out no ids)."""
+        return self.lockstep_free if self.lockstep else self.allocator.num_free
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -188,7 +229,10 @@ class PagedBlockManager(KVCacheManager):
         return self.blocks_needed(seq.num_tokens + 1) <= self.num_blocks
 
     def can_allocate(self, seq: Sequence) -> bool:
-        return self.blocks_needed(seq.num_tokens) <= self.allocator.num_free
+        needed, free = self.blocks_needed(seq.num_tokens), self.num_free_blocks
+        if free == self.num_blocks:  # nothing runs: the watermark must not keep out a request that fits
+            return needed <= free
+        return free - needed >= self.watermark_blocks
 
     def allocate(self, seq: Sequence) -> None:
         assert not seq.block_table, f"request {seq.request_id} already holds blocks"
@@ -249,50 +293,89 @@ class PagedBlockManager(KVCacheManager):
             self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table)))
         seq.block_table.append(block_id)
 
-    # --- Lock-step decode (fast-forward) -----------------------------------------------------------
+    # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
+    # Block ids are not handed out in lock-step mode: only the number of free blocks decides
+    # admissions and preemptions, so that is all it keeps (``seq.block_table`` stays empty). After
+    # every step a running request with n tokens holds ceil((n - 1) / block_size) blocks (all but
+    # the newest token are cached), and it needs a new block in the next step exactly when
+    # n - 1 is a multiple of block_size: once every block_size steps, at clocks of one residue
+    # modulo block_size. ``due[r]`` holds the running requests whose blocks fill at clocks ≡ r.
 
-    def _first_block_steps(self, running: list[Sequence]) -> list[tuple[int, int]]:
-        """(step at which each request first needs a new block, its index in running), sorted.
+    def start_lockstep(self) -> None:
+        assert self.allocator.num_free == self.num_blocks, "lock-step mode starts on an empty pool"
+        self.lockstep = True
+        self.lockstep_free = self.num_blocks
+        self.due: list[dict[Sequence, None]] = [{} for _ in range(self.block_size)]  # ordered sets
+        self.due_residue: dict[Sequence, int] = {}
+        self.due_counts = [0] * self.block_size  # len(due[r]), kept for the per-step arithmetic
 
-        At lock-step decode step j (1-based) a request with n tokens needs room for n + j - 1
-        tokens; it first outgrows its h blocks at j1 = h * block_size - n + 2, then every
-        block_size steps. Sorting by (j1, index) gives the order in which single steps take blocks.
-        """
-        bs = self.block_size
-        return sorted((max(1, len(seq.block_table) * bs - seq.num_tokens + 2), i) for i, seq in enumerate(running))
+    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
+        # Prefilled in step clock + 1: after it, seq has n + 1 tokens at clock + 1, so at clock t it
+        # has n + t - clock and needs a block in step t + 1 when (n + t - clock - 1) % block_size == 0.
+        n = seq.num_tokens
+        self.lockstep_free -= self.blocks_needed(n)
+        assert self.lockstep_free >= 0, "admitted without room (the scheduler checks can_allocate first)"
+        residue = (clock + 1 - n) % self.block_size
+        self.due[residue][seq] = None
+        self.due_residue[seq] = residue
+        self.due_counts[residue] += 1
 
-    def max_decode_steps(self, running: list[Sequence], limit: int) -> int:
-        # The (free + 1)-th block asked for is the first that cannot be given: it comes in round
-        # free // R (rounds are block_size steps apart) from the (free % R)-th request in j1 order.
-        if not running:
+    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
+        self.lockstep_free += self.blocks_needed(num_tokens - 1)
+        residue = self.due_residue.pop(seq)
+        del self.due[residue][seq]
+        self.due_counts[residue] -= 1
+
+    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
+        return list(self.due[clock % self.block_size])
+
+    def lockstep_take_block(self, seq: Sequence) -> bool:
+        if self.lockstep_free == 0:
+            return False
+        self.lockstep_free -= 1
+        return True
+
+    def lockstep_free_steps(self, clock: int, limit: int) -> int:
+        # Every block_size steps each of the R running requests takes one block, so the free blocks
+        # last free // R whole rounds; within the next round, walk the residues in step order.
+        counts, running = self.due_counts, len(self.due_residue)
+        if running == 0:
             return limit
-        free = self.allocator.num_free
-        order = self._first_block_steps(running)
-        first_short = order[free % len(order)][0] + (free // len(order)) * self.block_size
-        return max(0, min(limit, first_short - 1))
+        rounds, left = divmod(self.lockstep_free, running)
+        steps = rounds * self.block_size
+        if steps >= limit:
+            return limit
+        for i in range(self.block_size):  # stops early: left < running = sum(counts)
+            needed = counts[(clock + i) % self.block_size]
+            if needed > left:
+                break
+            left -= needed
+            steps += 1
+        return min(limit, steps)
 
-    def advance_decode(self, running: list[Sequence], k: int) -> None:
-        # Take the blocks in the order k single steps would (step by step, running order within a
-        # step), so that block tables are identical to stepping one by one.
-        bs = self.block_size
-        order = self._first_block_steps(running)
-        for round_start in range(0, k, bs):
-            for j1, i in order:
-                if j1 + round_start > k:
-                    break
-                self._take_block(running[i])
+    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        allocated = (self.num_blocks - self.lockstep_free) * self.block_size
+        return self._categories(allocated, token_states, 1)
 
-    def decode_usage_sum(self, running: list[Sequence], next_waiting: Sequence | None, k: int) -> dict[str, int]:
-        # Step j: a request holds ceil((n + j - 1) / bs) blocks and n + j - 1 token states; both
-        # sums over j = 1..k have closed forms (see _ceil_sum).
-        bs = self.block_size
-        allocated0 = (self.num_blocks - self.allocator.num_free) * bs
-        token_states = grown_slots = 0
-        for seq in running:
-            n = seq.num_tokens
-            token_states += k * (n - 1) + k * (k + 1) // 2
-            grown_slots += bs * (_ceil_sum(n + k - 1, bs) - _ceil_sum(n - 1, bs) - k * len(seq.block_table))
-        allocated = k * allocated0 + grown_slots
+    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        # The requests of the residue of step clock + 1 + i (i from 0) take one block each in that
+        # step and every block_size steps after it: `times` blocks, the first held after k - i of
+        # the k steps, each next one block_size steps fewer.
+        bs, counts = self.block_size, self.due_counts
+        held_block_steps = k * (self.num_blocks - self.lockstep_free)
+        taken = 0
+        for i in range(min(k, bs)):
+            count = counts[(clock + i) % bs]
+            if count:
+                times = (k - 1 - i) // bs + 1
+                taken += count * times
+                held_block_steps += count * (times * (k - i) - bs * times * (times - 1) // 2)
+        assert taken <= self.lockstep_free, "decoded past a preemption (see lockstep_free_steps)"
+        self.lockstep_free -= taken
+        return self._categories(held_block_steps * bs, token_states, k)
+
+    def _categories(self, allocated: int, token_states: int, k: int) -> dict[str, int]:
+        """Paged categories (summed over k steps): no reservation and no external fragmentation."""
         return {
             "token_states": token_states,
             "reserved": 0,
@@ -300,9 +383,3 @@ class PagedBlockManager(KVCacheManager):
             "external_fragmentation": 0,
             "free": k * self.num_slots - allocated,
         }
-
-
-def _ceil_sum(m: int, bs: int) -> int:
-    """sum(ceil(x / bs) for x in 1..m) in O(1): with m = q * bs + r it is bs * q(q+1)/2 + r(q+1)."""
-    q, r = divmod(m, bs)
-    return bs * q * (q + 1) // 2 + r * (q + 1)

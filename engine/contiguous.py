@@ -182,30 +182,47 @@ class ContiguousAllocator(KVCacheManager):
             snaps.append(BlockTableSnapshot(seq.request_id, blocks, filled, slot_range=(start, end)))
         return snaps
 
-    # --- Lock-step decode (fast-forward) -----------------------------------------------------------
+    # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
+    # A range is reserved for the whole request when it is admitted (every policy reserves at
+    # least its final length ``max_len``), so decoding never needs memory and never preempts; the
+    # ranges and gaps are the real ones. Reserved and internal fragmentation follow from two sums
+    # over the running requests, kept per admission and release.
 
-    def max_decode_steps(self, running: list[Sequence], limit: int) -> int:
-        # Step j needs num_tokens + j - 1 <= range length; the arena itself does not change.
-        steps = limit
-        for seq in running:
-            start, end = self.ranges[seq.request_id]
-            steps = min(steps, end - start - seq.num_tokens + 1)
-        return max(0, steps)
+    def start_lockstep(self) -> None:
+        assert not self.ranges, "lock-step mode starts on an empty arena"
+        self.final_len_sum = 0  # sum of max_len over running requests (tokens)
+        self.range_len_sum = 0  # sum of their range lengths (slots)
 
-    def advance_decode(self, running: list[Sequence], k: int) -> None:
-        # Ranges are reserved up front: decoding takes no memory.
-        return None
+    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
+        self.allocate(seq)
+        start, end = self.ranges[seq.request_id]
+        assert end - start >= seq.max_len, "lock-step mode needs ranges of at least the final length"
+        self.final_len_sum += seq.max_len
+        self.range_len_sum += end - start
 
-    def decode_usage_sum(self, running: list[Sequence], next_waiting: Sequence | None, k: int) -> dict[str, int]:
-        # Step j: n + j - 1 token states and max_len - (n + j - 1) reserved slots per request; the
-        # over-reservation and the gaps stay as they are.
-        token_states = reserved = internal = 0
-        for seq in running:
-            start, end = self.ranges[seq.request_id]
-            n = seq.num_tokens
-            token_states += k * (n - 1) + k * (k + 1) // 2
-            reserved += k * (seq.max_len - n + 1) - k * (k + 1) // 2
-            internal += k * (end - start - seq.max_len)
+    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
+        start, end = self.ranges[seq.request_id]
+        self.final_len_sum -= seq.max_len
+        self.range_len_sum -= end - start
+        self.free(seq)
+
+    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
+        return []
+
+    def lockstep_take_block(self, seq: Sequence) -> bool:
+        raise AssertionError("a contiguous range never grows")
+
+    def lockstep_free_steps(self, clock: int, limit: int) -> int:
+        return limit
+
+    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        return self.lockstep_decode(0, 1, token_states, next_waiting)
+
+    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        # Decode takes no memory. Per request: max_len - computed tokens reserved, range - max_len
+        # over-reserved; the ranges and gaps do not change during decode.
+        reserved = k * self.final_len_sum - token_states
+        internal = k * (self.range_len_sum - self.final_len_sum)
         external = k * self.external_fragmentation(next_waiting)
         return {
             "token_states": token_states,

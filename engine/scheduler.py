@@ -13,6 +13,7 @@ simulator runs the very same code on lengths alone.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -65,6 +66,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.events = kv_manager.events  # one ordered log: the allocator's and the scheduler's events
+        self.lockstep = False  # see start_lockstep
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -78,14 +80,14 @@ class Scheduler:
         out = SchedulerOutput()
         self._schedule_decodes(out)
         if not out.preempted:
-            self._schedule_prefills(out)
+            self._schedule_prefills(out, len(out.decode_seqs))
         return out
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take a request out of the running set (or the queue) and free its KV cache."""
         if seq in self.running:
             self.running.remove(seq)
-            self.kv.free(seq)
+            self._release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -107,15 +109,18 @@ class Scheduler:
                 out.decode_seqs.append(seq)
         self.running = kept
 
-    def _schedule_prefills(self, out: SchedulerOutput) -> None:
-        budget = self.max_num_batched_tokens - len(out.decode_seqs)
+    def _schedule_prefills(self, out: SchedulerOutput, num_decodes: int) -> None:
+        budget = self.max_num_batched_tokens - num_decodes
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
             if seq.num_new_tokens > budget or not self.kv.can_allocate(seq):
                 break
             self.waiting.popleft()
-            self.kv.allocate(seq)
+            if self.lockstep:
+                self._lockstep_admit(seq)
+            else:
+                self.kv.allocate(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.prefill_seqs.append(seq)
@@ -123,43 +128,141 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.events.append(Event(PREEMPT, seq.request_id, detail="recompute"))
-        self.kv.free(seq)
+        self._release(seq)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
-    # --- Lock-step decode (the simulator's fast-forward) -------------------------------------------
-    # Between events every running request decodes one token per step and nothing else changes, so
-    # the model-free simulator applies k such steps at once. Same result as k calls to schedule(),
-    # at a cost that does not grow with k.
-
-    def steps_until_event(self, limit: int) -> int:
-        """How many of the next steps (at most ``limit``) are pure lock-step decode: no admission,
-        no preemption, and no request reaching its ``max_len`` before the last of them.
-
-        0 means "take a normal step": nothing runs, or the head of the queue could be admitted now.
-        Free memory only shrinks during decode, so a head that does not fit now will not fit
-        before the next finish. The step in which the first request reaches ``max_len`` is
-        included: it finishes after that step.
-        """
-        if not self.running or self._could_admit():
-            return 0
-        k = min(limit, min(seq.max_len - seq.num_tokens for seq in self.running))
-        return self.kv.max_decode_steps(self.running, k) if k > 0 else 0
-
-    def advance_decode(self, k: int) -> None:
-        """Apply ``k`` lock-step decode steps, each computing and sampling one token per running
-        request (the simulator's model). Requires ``k <= steps_until_event(k)``."""
-        self.kv.advance_decode(self.running, k)
-        for seq in self.running:
-            seq.num_tokens += k
-            seq.num_computed_tokens = seq.num_tokens - 1
+    def _release(self, seq: Sequence) -> None:
+        """Free a running request's memory (it has just left ``running``)."""
+        if self.lockstep:
+            self._lockstep_release(seq)
+        else:
+            self.kv.free(seq)
 
     def _could_admit(self) -> bool:
+        """Would the head of the queue be admitted if the next step had no preemption?"""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         seq = self.waiting[0]
         budget = self.max_num_batched_tokens - len(self.running)
         return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
+
+    # --- Lock-step mode (the model-free simulator) --------------------------------------------------
+    # The simulator runs no model: in each step every scheduled request computes its new tokens and
+    # samples exactly one, and ``max_len`` is its final length. So a running request's length is a
+    # function of a step clock (num_tokens = offset + clock), its finish step is known when it is
+    # admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
+    # methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
+    # request needing a block, a finish — instead of a pass over all running requests, and a
+    # stretch of k steps without any of these costs O(block_size). The policy is the one of
+    # schedule(): FCFS admission with head-of-line blocking, recompute preemption of the newest.
+    # While a request runs, its num_tokens / num_computed_tokens are only brought up to date when
+    # it leaves ``running`` (finish or preemption).
+
+    def start_lockstep(self) -> None:
+        """Switch to lock-step mode (for good); call it before anything has run."""
+        assert not self.running, "lock-step mode starts with nothing running"
+        self.lockstep = True
+        self.clock = 0  # steps done
+        self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
+        self.offset_sum = 0
+        self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
+        self.admissions = 0
+        self.finish_heap: list[tuple[int, int, Sequence]] = []  # (clock it finishes at, admission number, request)
+        self.kv.start_lockstep()
+
+    def lockstep_step(self) -> SchedulerOutput:
+        """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
+        every request in ``running`` that was not admitted this step decoded one token."""
+        out = SchedulerOutput()
+        self._lockstep_decodes(out)
+        if not out.preempted:
+            self._schedule_prefills(out, len(self.running))
+        self.clock += 1
+        return out
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are pure decode: no admission, no
+        preemption, and no request reaching its ``max_len`` before the last of them (the step in
+        which the first one does is included: it finishes after it).
+
+        0 means "take a normal step" (:meth:`lockstep_step`): nothing runs, or the head of the queue
+        could be admitted now. Free memory only shrinks during decode, so a head that does not fit
+        now will not fit before the next finish or preemption.
+        """
+        if not self.running or self._could_admit():
+            return 0
+        k = min(limit, self._next_finish_clock() - self.clock)
+        return self.kv.lockstep_free_steps(self.clock, k)
+
+    def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """Run ``k`` pure decode steps and return each memory category summed over them
+        (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
+        running = len(self.running)
+        token_states = k * self._token_states(self.clock) + running * k * (k + 1) // 2
+        sums = self.kv.lockstep_decode(self.clock, k, token_states, next_waiting)
+        self.clock += k
+        return sums
+
+    def lockstep_finished(self) -> list[Sequence]:
+        """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
+        done = []
+        while self.finish_heap and self.finish_heap[0][0] <= self.clock:
+            _, number, seq = heapq.heappop(self.finish_heap)
+            if self.admission_number.get(seq) == number:  # else it was preempted since
+                self._sync(seq)
+                done.append(seq)
+        return done
+
+    def lockstep_usage(self, next_waiting: Sequence | None) -> dict[str, int]:
+        """The memory categories now (slots)."""
+        return self.kv.lockstep_usage(self._token_states(self.clock), next_waiting)
+
+    def _token_states(self, clock: int) -> int:
+        """Cached tokens of the running requests at ``clock``: all but each one's newest."""
+        return self.offset_sum + len(self.running) * (clock - 1)
+
+    def _lockstep_decodes(self, out: SchedulerOutput) -> None:
+        # As _schedule_decodes, visiting only the requests that need a block this step, in running
+        # order; the victim is the newest running request not yet visited (or the request itself).
+        needing = self.kv.lockstep_needing_block(self.clock)
+        if len(needing) > 1:
+            needing.sort(key=self.admission_number.__getitem__)
+        for seq in needing:
+            if seq not in self.admission_number:
+                continue  # preempted earlier in this step
+            while not self.kv.lockstep_take_block(seq):
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+
+    def _lockstep_admit(self, seq: Sequence) -> None:
+        # Prefilled in step clock + 1: num_tokens + 1 tokens at clock + 1.
+        self.kv.lockstep_admit(seq, self.clock)
+        offset = seq.num_tokens - self.clock
+        self.offsets[seq] = offset
+        self.offset_sum += offset
+        self.admissions += 1
+        self.admission_number[seq] = self.admissions
+        heapq.heappush(self.finish_heap, (seq.max_len - offset, self.admissions, seq))
+
+    def _lockstep_release(self, seq: Sequence) -> None:
+        self._sync(seq)
+        self.kv.lockstep_release(seq, seq.num_tokens)
+        self.offset_sum -= self.offsets.pop(seq)
+        del self.admission_number[seq]
+
+    def _sync(self, seq: Sequence) -> None:
+        """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
+        seq.num_tokens = self.offsets[seq] + self.clock
+        seq.num_computed_tokens = seq.num_tokens - 1
+
+    def _next_finish_clock(self) -> int:
+        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
+            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
+        return self.finish_heap[0][0]

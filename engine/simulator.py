@@ -12,10 +12,13 @@ Poisson arrivals are admitted at the first step that starts at or after their ar
 stretch with nothing to run counts as idle steps. With all requests at time 0 (saturation, the
 default) time plays no part.
 
-Fast-forward: between events (an admission, a finish, a preemption, an arrival) all running requests
-decode in lock-step, so k steps are applied at once with closed-form sums of each memory category
-(``Scheduler.steps_until_event`` / ``advance_decode``, ``KVCacheManager.decode_usage_sum``). The
-results are identical to stepping one by one (tests/test_simulator.py checks it).
+Fast-forward: the scheduler runs in lock-step mode (``Scheduler.start_lockstep``): a running
+request's length follows a step clock, its finish step and the steps in which it needs a new block
+are known ahead, so a step costs only what happens in it (an admission, a preemption, a request
+needing a block, a finish) and a stretch of k steps with none of these — nor an arrival — is applied
+at once with closed-form sums of each memory category (``Scheduler.steps_until_event`` /
+``lockstep_decode``). The results are identical to stepping one by one
+through ``Scheduler.schedule()`` (``fast_forward=False``; tests/test_simulator.py checks it).
 
 Memory is measured during each step, after its tokens are computed and before finished requests
 free their memory; categories as in ``engine/accounting.py`` (PagedAttention paper Figure 2).
@@ -24,10 +27,12 @@ free their memory; categories as in ``engine/accounting.py`` (PagedAttention pap
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
@@ -36,6 +41,7 @@ from tqdm import tqdm
 from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import ContiguousAllocator
+from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
@@ -55,6 +61,8 @@ class SimulationConfig:
         requests: the requests themselves instead of a workload (Python API).
         kv_slots: token slots of the KV pool (rounded down to whole blocks).
         block_size: slots per block.
+        watermark: paged only: share of the blocks admission leaves free (vLLM's default 0.01; see
+            ``PagedBlockManager``).
         allocator: "paged" or "contiguous".
         reservation: contiguous only: "max", "pow2" or "oracle".
         placement: contiguous only: "first-fit" or "best-fit".
@@ -74,6 +82,7 @@ class SimulationConfig:
     requests: list[Request] | None = field(default=None, repr=False)
     kv_slots: int = 15_700
     block_size: int = 16
+    watermark: float = 0.0
     allocator: str = "paged"
     reservation: str = "max"
     placement: str = "first-fit"
@@ -95,6 +104,8 @@ class SimulationConfig:
             raise ValueError(f"the KV pool ({self.kv_slots} slots) is smaller than one block ({self.block_size} slots)")
         if self.max_model_len > self.kv_slots // self.block_size * self.block_size:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the KV pool ({self.kv_slots} slots)")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {self.watermark}")
         if not self.step_ms > 0:
             raise ValueError(f"step_ms must be > 0 ms, got {self.step_ms}")
         if self.request_rate is not None and not self.request_rate > 0:
@@ -169,8 +180,11 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     """The allocator the config names, over ``kv_slots // block_size`` blocks."""
     num_blocks = cfg.kv_slots // cfg.block_size
     if cfg.allocator == "paged":
-        return PagedBlockManager(num_blocks, cfg.block_size)
+        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark)
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
+
+
+_NO_SAMPLING = SamplingParams()  # one shared, unused object: no model samples in the simulator
 
 
 class _Run:
@@ -186,31 +200,36 @@ class _Run:
         self.next_request = 0
         self.step = 0
         self.step_s = cfg.step_ms / 1000.0
-        self.totals = dict.fromkeys(CATEGORIES, 0)
-        self.running_steps = self.max_running = 0
         self.preemptions = self.completed = self.rejected = 0
         self.rows: list[tuple] = []
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
 
     def run(self) -> None:
+        if self.cfg.fast_forward:
+            self.sched.start_lockstep()
         while self.next_request < len(self.requests) or self.sched.has_unfinished():
             self._arrive()
             if not self.sched.has_unfinished():
                 self._idle_until_next_arrival()
-                continue
-            k = self.sched.steps_until_event(self._steps_to_next_arrival()) if self.cfg.fast_forward else 0
-            if k > 0:
-                self._fast_forward(k)
-            else:
+            elif not self.cfg.fast_forward:
                 self._single_step()
+            else:
+                k = self.sched.steps_until_event(self._steps_to_next_arrival())
+                if k > 0:
+                    self._fast_forward(k)
+                else:
+                    self._lockstep_step()
         self.bar.close()
 
     def _arrive(self) -> None:
         """Queue every request that has arrived by the start of this step."""
+        if self.next_request == len(self.requests):
+            return
         now = self.step * self.step_s
         while self.next_request < len(self.requests) and self.requests[self.next_request].arrival <= now:
             r = self.requests[self.next_request]
-            seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival)
+            seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival,
+                           sampling_params=_NO_SAMPLING)
             self.next_request += 1
             if seq.max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
                 self.rejected += 1  # it could never run (the engine rejects it too)
@@ -231,64 +250,75 @@ class _Run:
         self._record(k, sums, running=0)
 
     def _single_step(self) -> None:
+        """One step through the engine's ``schedule()``, every request touched (the reference)."""
         out = self.sched.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         self.preemptions += len(out.preempted)
+        self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         for seq in out.prefill_seqs + out.decode_seqs:
             seq.num_computed_tokens = seq.num_tokens
             seq.append_token()
         usage = self.kv.usage(self.sched.running, self._next_waiting())
         self._record(1, {c: getattr(usage, c) for c in CATEGORIES}, len(self.sched.running))
-        self._finish()
+        self._finish([seq for seq in self.sched.running if seq.num_tokens >= seq.max_len])
+
+    def _lockstep_step(self) -> None:
+        """The same step in lock-step mode: only the requests something happens to are touched."""
+        out = self.sched.lockstep_step()
+        if not self.sched.running:
+            raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
+        if out.preempted:
+            self.preemptions += len(out.preempted)
+            self.sched.events.clear()  # preemption events: not needed here, and they would pile up
+        self._record(1, self.sched.lockstep_usage(self._next_waiting()), len(self.sched.running))
+        self._finish(self.sched.lockstep_finished())
 
     def _fast_forward(self, k: int) -> None:
-        sums = self.kv.decode_usage_sum(self.sched.running, self._next_waiting(), k)
-        self.sched.advance_decode(k)
+        sums = self.sched.lockstep_decode(k, self._next_waiting())
         self._record(k, sums, len(self.sched.running))
-        self._finish()
+        self._finish(self.sched.lockstep_finished())
 
     def _next_waiting(self) -> Sequence | None:
         return self.sched.waiting[0] if self.sched.waiting else None
 
-    def _finish(self) -> None:
-        done = [seq for seq in self.sched.running if seq.num_tokens >= seq.max_len]
+    def _finish(self, done: list[Sequence]) -> None:
+        if not done:
+            return
         for seq in done:
             self.sched.finish(seq, "length")
         self.completed += len(done)
-        if done:
-            self.bar.update(len(done))
-        self.sched.events.clear()  # preemption events: not needed here, and they would pile up
+        self.bar.update(len(done))
 
     def _record(self, k: int, sums: dict[str, int], running: int) -> None:
-        for c in CATEGORIES:
-            self.totals[c] += sums[c]
-        self.running_steps += k * running
-        self.max_running = max(self.max_running, running)
-        self.rows.append((self.step, k, running, len(self.sched.waiting), *(sums[c] / k for c in CATEGORIES)))
+        """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
+        (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
+        self.rows.append((self.step, k, running, len(self.sched.waiting), *sums.values()))
         self.step += k
 
     def result(self, wall_seconds: float) -> SimulationResult:
         steps = max(self.step, 1)
         slot_steps = steps * self.kv.num_slots
-        rows = np.array(self.rows, dtype=np.float64).reshape(-1, 4 + len(CATEGORIES))
+        rows = np.array(self.rows, dtype=np.int64).reshape(-1, 4 + len(CATEGORIES))
+        num_steps, running = rows[:, 1], rows[:, 2]
+        totals = {c: int(rows[:, 4 + i].sum()) for i, c in enumerate(CATEGORIES)}  # exact integer sums
         return SimulationResult(
             config=self.cfg,
-            token_state_fraction=self.totals["token_states"] / slot_steps,
-            fragmentation={c: self.totals[c] / slot_steps for c in CATEGORIES},
-            mean_concurrent_requests=self.running_steps / steps,
-            max_concurrent_requests=self.max_running,
+            token_state_fraction=totals["token_states"] / slot_steps,
+            fragmentation={c: totals[c] / slot_steps for c in CATEGORIES},
+            mean_concurrent_requests=int((num_steps * running).sum()) / steps,
+            max_concurrent_requests=int(running.max(initial=0)),
             preemptions=self.preemptions,
             completed=self.completed,
             rejected=self.rejected,
             steps=self.step,
             simulated_seconds=self.step * self.step_s,
             wall_seconds=wall_seconds,
-            series_step=rows[:, 0].astype(np.int64),
-            series_num_steps=rows[:, 1].astype(np.int64),
-            series_running=rows[:, 2].astype(np.int64),
-            series_waiting=rows[:, 3].astype(np.int64),
-            series_memory={c: rows[:, 4 + i] for i, c in enumerate(CATEGORIES)},
+            series_step=rows[:, 0],
+            series_num_steps=num_steps,
+            series_running=running,
+            series_waiting=rows[:, 3],
+            series_memory={c: rows[:, 4 + i] / np.maximum(num_steps, 1) for i, c in enumerate(CATEGORIES)},
         )
 
 
@@ -315,8 +345,23 @@ def simulate(config: SimulationConfig | None = None, **kwargs) -> SimulationResu
     if not requests:
         raise ValueError("no requests to simulate")
     run = _Run(cfg, requests)
-    run.run()
+    with _cyclic_gc_paused():
+        run.run()
     return run.result(time.perf_counter() - start)
+
+
+@contextmanager
+def _cyclic_gc_paused():
+    """Pause Python's cycle collector during a run: the run keeps ~100,000 live Sequences and makes
+    millions of short-lived tuples, and every full collection walks all of them (~20% of the run
+    time). Nothing here makes reference cycles, so reference counting alone frees it all."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # --- Reproducing the paper ---------------------------------------------------------------------------
@@ -350,6 +395,7 @@ def reproduce_paper(
     block_size: int = 16,
     max_model_len: int = 2048,
     max_num_seqs: int = 256,
+    watermark: float = 0.0,
     progress: bool = False,
 ) -> list[dict]:
     """The paper's memory experiment: OPT-13B on one A100-40GB (15.7K token slots, Table 1), block
@@ -371,7 +417,7 @@ def reproduce_paper(
         requests = make_workload(workload, num_requests, seed, max_model_len)
         for system, overrides in PAPER_SYSTEMS.items():
             res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
-                           max_num_seqs=max_num_seqs, progress=progress, **overrides)
+                           max_num_seqs=max_num_seqs, watermark=watermark, progress=progress, **overrides)
             shares, concurrency = res.saturated()
             on_fig2 = workload == "sharegpt"
             rows.append({
@@ -416,7 +462,7 @@ def _kv_slots(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> None:
     result = simulate(
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
-        kv_slots=_kv_slots(args), block_size=args.block_size, allocator=args.allocator,
+        kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
         reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, step_ms=args.step_ms, seed=args.seed,
         fast_forward=not args.no_fast_forward, progress=not args.json,
@@ -434,7 +480,8 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
-    rows = reproduce_paper(num_requests=args.num_requests, seed=args.seed, progress=not args.json)
+    rows = reproduce_paper(num_requests=args.num_requests, seed=args.seed, watermark=args.watermark,
+                           progress=not args.json)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -461,6 +508,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype-bytes", type=int, default=2)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--watermark", type=float, default=0.0,
+                   help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
     p.add_argument("--reservation", choices=("max", "pow2", "oracle"), default="max")
     p.add_argument("--placement", choices=("first-fit", "best-fit"), default="first-fit")
@@ -476,6 +525,8 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper Figure 2 and mean batch sizes")
     p.add_argument("--num-requests", type=int, default=5000, help="requests per workload and system")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--watermark", type=float, default=0.0,
+                   help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--out", default=None, help="save a Figure 2-style chart to this PNG")
     p.set_defaults(func=_cmd_reproduce_paper)
