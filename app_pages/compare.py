@@ -11,6 +11,7 @@ import streamlit as st
 
 from app_pages.common import png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
+from app_pages.widgets import localized_choice
 from engine.accounting import CATEGORIES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
@@ -27,8 +28,8 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("page_compare", lang))
     st.caption(t("compare_intro", lang))
-    source = st.radio(t("source", lang), ("engine", "sim"), horizontal=True, key="compare_source",
-                      format_func=lambda s: t(f"source_{s}", lang))
+    source = localized_choice(st.radio, t("source", lang), ("engine", "sim"), "compare_source", lang,
+                              lambda s: t(f"source_{s}", lang), horizontal=True)
     if source == "engine":
         engine_comparison(lang)
     else:

@@ -9,6 +9,7 @@ import streamlit as st
 
 from app_pages.common import current_engine, png_download
 from app_pages.sidebar import show_capacity
+from app_pages.widgets import localized_choice
 from app_pages.state import MAX_NEW_TOKENS, MAX_REQUESTS, PRESETS, preset_workload, record
 from visualize.colors import request_color
 from visualize.i18n import t
@@ -46,7 +47,7 @@ def _load_preset() -> None:
 def workload_editor(lang: str) -> None:
     with st.expander(t("workload", lang), icon=":material/edit_note:"):
         cols = st.columns([3, 1])
-        cols[0].selectbox(t("preset", lang), list(PRESETS), format_func=lambda p: t(p, lang), key="preset")
+        localized_choice(cols[0].selectbox, t("preset", lang), list(PRESETS), "preset", lang, lambda p: t(p, lang))
         cols[1].button(t("load_preset", lang), on_click=_load_preset, width="stretch")
         if "workload_df" not in st.session_state:
             st.session_state["workload_df"] = preset_workload("preset_short_chat")
@@ -207,8 +208,8 @@ def pool_view(report, block_size: int, lang: str) -> None:
 
 def memory_view(reports, lang: str) -> None:
     st.markdown(f"**{t('memory', lang)}**")
-    unit = st.radio(t("memory_unit", lang), ("tokens", "MiB"), horizontal=True, key="memory_unit",
-                    format_func=lambda u: t("tokens", lang) if u == "tokens" else "MiB", label_visibility="collapsed")
+    unit = localized_choice(st.radio, t("memory_unit", lang), ("tokens", "MiB"), "memory_unit", lang,
+                            lambda u: t("tokens", lang) if u == "tokens" else "MiB", horizontal=True, label_visibility="collapsed")
     frame = memory_frame(reports, unit)
     st.altair_chart(memory_chart(frame, unit, lang), width="stretch", height=300)
     st.caption(t("memory_caption", lang))

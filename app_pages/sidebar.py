@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app_pages.state import MAX_BLOCKS, MAX_MIB, Settings, default_model
+from app_pages.widgets import localized_choice
 from engine.model_loader import DEFAULT_MODEL
 from visualize.i18n import LANGUAGE_NAMES, LANGUAGES, t
 
@@ -20,8 +21,9 @@ def engine_settings(lang: str) -> Settings:
     sb.header(t("settings", lang))
     sb.caption(t("settings_help", lang))
     start = default_model()
-    choice = sb.radio(t("model", lang), ("default", "local"), index=0 if start == DEFAULT_MODEL else 1, key="model_choice",
-                      format_func=lambda c: t("model_default", lang) if c == "default" else t("model_local", lang))
+    choice = localized_choice(sb.radio, t("model", lang), ("default", "local"), "model_choice", lang,
+                              lambda c: t("model_default", lang) if c == "default" else t("model_local", lang),
+                              default="default" if start == DEFAULT_MODEL else "local")
     model = DEFAULT_MODEL
     if choice == "local":
         path = sb.text_input(t("model_path", lang), value="" if start == DEFAULT_MODEL else start, key="model_path",
@@ -32,15 +34,15 @@ def engine_settings(lang: str) -> Settings:
     # Defaults live in session_state (not in value=) because the presets also set these widgets.
     st.session_state.setdefault("pool_unit", "blocks")
     st.session_state.setdefault("num_blocks", 64)
-    unit = sb.radio(t("pool_unit", lang), ("blocks", "mib"), format_func=lambda u: t(u, lang), horizontal=True, key="pool_unit")
+    unit = localized_choice(sb.radio, t("pool_unit", lang), ("blocks", "mib"), "pool_unit", lang, lambda u: t(u, lang), horizontal=True)
     num_blocks = kv_bytes = None
     if unit == "blocks":
         num_blocks = int(sb.number_input(t("pool_blocks", lang), min_value=2, max_value=MAX_BLOCKS, step=8, key="num_blocks"))
     else:
         kv_bytes = int(sb.number_input(t("pool_mib", lang), min_value=0.5, max_value=float(MAX_MIB), value=8.0, step=1.0, key="pool_mib") * (1 << 20))
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists
-    allocator = sb.radio(t("allocator", lang), ("paged", "contiguous"), key="allocator",
-                         format_func=lambda a: t(f"allocator_{a}", lang))
+    allocator = localized_choice(sb.radio, t("allocator", lang), ("paged", "contiguous"), "allocator", lang,
+                                 lambda a: t(f"allocator_{a}", lang))
     reservation = "max"
     if allocator == "contiguous":
         reservation = sb.selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="reservation", help=t("reservation_help", lang))

@@ -60,8 +60,10 @@ def test_step_run_and_reset(app: AppTest):
 
 def test_language_switch(app: AppTest):
     assert app.button(key="btn_step").label == "Step"
+    app.radio(key="allocator__en").set_value("contiguous").run()
     app.radio(key="lang").set_value("zh").run()
     assert not app.exception
+    assert app.radio(key="allocator__zh").value == "contiguous"  # the choice survives the switch
     assert app.button(key="btn_step").label == "单步"
     assert app.title[0].value == "PagedAttention 实验室"
     app.button(key="btn_step").click().run()
@@ -70,7 +72,7 @@ def test_language_switch(app: AppTest):
 
 
 def test_contiguous_allocator_shows_ranges(app: AppTest):
-    app.radio(key="allocator").set_value("contiguous").run()
+    app.radio(key="allocator__en").set_value("contiguous").run()
     app.selectbox(key="reservation").set_value("pow2").run()
     app.button(key="btn_step").click().run()
     assert not app.exception, [e.value for e in app.exception]
@@ -113,7 +115,7 @@ def test_play_pause_and_presets(app: AppTest):
     app.button(key="btn_play").click().run()
     assert app.button(key="btn_play").label == "Play"
 
-    app.selectbox(key="preset").set_value("preset_preemption").run()
+    app.selectbox(key="preset__en").set_value("preset_preemption").run()
     next(b for b in app.button if b.label == "Load preset").click().run()
     assert not app.exception, [e.value for e in app.exception]
     assert app.number_input(key="num_blocks").value == 40
