@@ -9,6 +9,7 @@ Screenshots go to artifacts/screenshots/.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -138,10 +139,21 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
             page.wait_for_timeout(800)
             page.screenshot(path=str(SHOTS / "live_engine_contiguous_en.png"), full_page=True)
 
+            # Play advances on its own (a fragment with a timer) until Pause.
+            page.get_by_role("button", name="Play", exact=True).click()
+            step_title(page, "Step 3")
+            page.get_by_role("button", name="Pause", exact=True).click()
+            page.get_by_role("button", name="Play", exact=True).wait_for(timeout=60_000)
+            page.wait_for_timeout(500)
+            current = page.get_by_role("heading", name=re.compile(r"^Step \d+$")).inner_text()
+            page.wait_for_timeout(2500)  # paused: no further steps
+            assert page.get_by_role("heading", name=re.compile(r"^Step \d+$")).inner_text() == current
+            number = current.split()[1]
+
             # 中文.
             page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
             page.get_by_role("button", name="单步", exact=True).wait_for(timeout=60_000)
-            step_title(page, "第 1 步")
+            step_title(page, f"第 {number} 步")
             no_exception_box(page)
             page.wait_for_timeout(800)
             page.screenshot(path=str(SHOTS / "live_engine_zh.png"), full_page=True)
