@@ -68,7 +68,7 @@ def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", he
                       scale=alt.Scale(domain=[t(c, lang) for c in CATEGORIES], range=[CATEGORY_COLORS[c] for c in CATEGORIES]),
                       legend=alt.Legend(orient="bottom", columns=3))
     return alt.Chart(long).mark_area(interpolate="step-after").encode(
-        x=alt.X("step:Q", title=t("step_axis", lang)),
+        x=alt.X("step:Q", title=t("step_axis", lang), axis=alt.Axis(format="d", tickMinStep=1)),  # whole steps
         y=alt.Y("amount:Q", stack="zero", title=ylabel),
         color=color,
         order=alt.Order("order:Q"),
