@@ -206,7 +206,7 @@ class PagedBlockManager(KVCacheManager):
             blocks, as in vLLM (0.01: 9 of 981 blocks; 0 of fewer than 100 blocks).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.0):
+    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         self.num_blocks = num_blocks

@@ -82,7 +82,7 @@ class SimulationConfig:
     requests: list[Request] | None = field(default=None, repr=False)
     kv_slots: int = 15_700
     block_size: int = 16
-    watermark: float = 0.0
+    watermark: float = 0.01
     allocator: str = "paged"
     reservation: str = "max"
     placement: str = "first-fit"
@@ -395,11 +395,12 @@ def reproduce_paper(
     block_size: int = 16,
     max_model_len: int = 2048,
     max_num_seqs: int = 256,
-    watermark: float = 0.0,
+    watermark: float = 0.01,
     progress: bool = False,
 ) -> list[dict]:
     """The paper's memory experiment: OPT-13B on one A100-40GB (15.7K token slots, Table 1), block
-    size 16, max length 2048, all requests at once; vLLM (paged) against Orca Max / Pow2 / Oracle.
+    size 16, max length 2048, all requests at once; vLLM (paged, with vLLM's admission watermark of
+    ``watermark`` = 1% of the blocks) against Orca Max / Pow2 / Oracle.
 
     Shares and concurrency are measured while requests wait (:meth:`SimulationResult.saturated`),
     i.e. under load as in the paper's serving experiments; the ``*_all_steps`` fields include the
@@ -508,7 +509,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype-bytes", type=int, default=2)
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--watermark", type=float, default=0.0,
+    p.add_argument("--watermark", type=float, default=0.01,
                    help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
     p.add_argument("--reservation", choices=("max", "pow2", "oracle"), default="max")
@@ -525,7 +526,7 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper Figure 2 and mean batch sizes")
     p.add_argument("--num-requests", type=int, default=5000, help="requests per workload and system")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--watermark", type=float, default=0.0,
+    p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--out", default=None, help="save a Figure 2-style chart to this PNG")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from engine.block_manager import BlockAllocator, NoFreeBlocksError, PagedBlockManager
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceStatus
 
 
 def check_invariants(kv: PagedBlockManager, scheduler: Scheduler) -> None:
@@ -58,9 +58,10 @@ requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=
     max_num_seqs=st.integers(1, 6),
     aborts=st.lists(st.integers(0, 11), max_size=4),
     shuffle=st.booleans(),
+    watermark=st.sampled_from([0.0, 0.01, 0.2, 0.5]),
 )
-def test_allocator_invariants_hold_under_random_workloads(requests, block_size, num_blocks, max_num_seqs, aborts, shuffle):
-    kv = PagedBlockManager(num_blocks, block_size, shuffle_seed=1 if shuffle else None)
+def test_allocator_invariants_hold_under_random_workloads(requests, block_size, num_blocks, max_num_seqs, aborts, shuffle, watermark):
+    kv = PagedBlockManager(num_blocks, block_size, shuffle_seed=1 if shuffle else None, watermark=watermark)
     scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens=10_000)
     capacity = num_blocks * block_size
     seqs = []
@@ -103,3 +104,43 @@ def test_refcounts_follow_sharing_and_freeing():
     alloc.allocate(), alloc.allocate()
     with pytest.raises(NoFreeBlocksError):
         alloc.allocate()
+
+
+def test_watermark_keeps_blocks_free_at_admission():
+    """vLLM's rule (v0 BlockSpaceManagerV1.can_allocate): admit only if free - needed >= watermark
+    blocks, int(watermark * num_blocks). 100 blocks of 4 slots, watermark 0.05 -> 5 blocks."""
+    kv = PagedBlockManager(num_blocks=100, block_size=4, watermark=0.05)
+    assert kv.watermark_blocks == 5
+    running = Sequence(0, num_prompt_tokens=4 * 50, max_len=400)  # 50 blocks
+    kv.allocate(running)
+    assert kv.can_allocate(Sequence(1, num_prompt_tokens=4 * 45, max_len=400))  # 50 - 45 = 5 left
+    assert not kv.can_allocate(Sequence(2, num_prompt_tokens=4 * 45 + 1, max_len=400))  # 46 blocks: 4 left
+    kv_off = PagedBlockManager(num_blocks=100, block_size=4, watermark=0.0)
+    kv_off.allocate(Sequence(0, num_prompt_tokens=4 * 50, max_len=400))
+    assert kv_off.can_allocate(Sequence(2, num_prompt_tokens=4 * 50, max_len=400))  # without it: all 50
+
+
+def test_watermark_never_keeps_out_a_request_that_fits_the_empty_pool():
+    """With nothing running, a request that fits is admitted even if it leaves less than the
+    watermark (vLLM would reject it as never schedulable); the scheduler runs it to the end."""
+    kv = PagedBlockManager(num_blocks=10, block_size=4, watermark=0.5)
+    assert kv.watermark_blocks == 5
+    big = Sequence(0, num_prompt_tokens=4 * 9, max_len=4 * 10)  # 9 blocks, 10 at the end
+    assert kv.can_allocate(big)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=1000)
+    scheduler.add(big)
+    small = Sequence(1, num_prompt_tokens=1, max_len=2)
+    scheduler.add(small)
+    assert scheduler.schedule().prefill_seqs == [big]  # small waits: 1 free block < 1 + 5
+    big.num_computed_tokens = big.num_tokens
+    big.append_token()
+    while big.status is not SequenceStatus.FINISHED:
+        run_model_free_step(scheduler)
+        assert small.status is SequenceStatus.WAITING
+    assert kv.can_allocate(small) and scheduler.schedule().prefill_seqs == [small]
+
+
+@pytest.mark.parametrize("watermark", [-0.1, 1.0])
+def test_watermark_outside_0_1_is_a_value_error(watermark):
+    with pytest.raises(ValueError, match="watermark"):
+        PagedBlockManager(num_blocks=10, block_size=4, watermark=watermark)

@@ -4,7 +4,14 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from engine.accounting import CATEGORIES
+from engine.block_manager import PagedBlockManager
+from engine.contiguous import ContiguousAllocator
+from engine.scheduler import Scheduler
+from engine.sequence import Sequence
 from engine.simulator import SimulationConfig, main, reproduce_paper, simulate
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -127,3 +134,91 @@ def test_reproduce_paper_orders_the_systems():
     concurrency = {r["system"]: r["mean_concurrent_requests"] for r in rows}
     assert concurrency["Orca (Max)"] == pytest.approx(7.0, abs=0.05)  # floor(15700 / 2048) ranges fit
     assert all(r["paper_mean_concurrent_requests"] for r in rows)
+
+
+# --- Lock-step mode against schedule(), step by step ---------------------------------------------------
+
+def _usage(kv, sched):
+    usage = kv.usage(sched.running, sched.waiting[0] if sched.waiting else None)
+    return {c: getattr(usage, c) for c in CATEGORIES}
+
+
+def _reference_step(sched, kv):
+    """One step through schedule(), as the engine runs it without a model; returns (usage, preempted ids)."""
+    out = sched.schedule()
+    for seq in out.prefill_seqs + out.decode_seqs:
+        seq.num_computed_tokens = seq.num_tokens
+        seq.append_token()
+    usage = _usage(kv, sched)
+    for seq in [s for s in sched.running if s.num_tokens >= s.max_len]:
+        sched.finish(seq, "length")
+    return usage, [s.request_id for s in out.preempted]
+
+
+def _state(sched):
+    return [s.request_id for s in sched.running], [s.request_id for s in sched.waiting]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=16),
+    block_size=st.sampled_from([1, 2, 3, 4, 16]),
+    num_blocks=st.integers(3, 40),
+    max_num_seqs=st.integers(1, 8),
+    watermark=st.sampled_from([0.0, 0.1, 0.3]),
+    contiguous=st.sampled_from([None, "max", "pow2", "oracle"]),
+)
+def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_blocks, max_num_seqs, watermark, contiguous):
+    """The simulator's lock-step mode (finish heap, block-residue counters, closed-form sums) makes
+    the same decisions as schedule() in every step: the same requests run and wait in the same
+    order, the same ones are preempted, the same blocks are free, the categories sum the same."""
+    def make():
+        if contiguous:
+            kv = ContiguousAllocator(num_blocks, block_size, contiguous, max_model_len=num_blocks * block_size)
+        else:
+            kv = PagedBlockManager(num_blocks, block_size, watermark=watermark)
+        sched = Scheduler(kv, max_num_seqs, max_num_batched_tokens=10_000)
+        for i, (prompt, output) in enumerate(lengths):
+            seq = Sequence(i, prompt, max_len=prompt + output)
+            if -(-seq.max_len // block_size) <= num_blocks:  # else it could never finish
+                sched.add(seq)
+        return kv, sched
+
+    ref_kv, ref = make()
+    kv, fast = make()
+    fast.start_lockstep()
+    assume(ref.has_unfinished())
+    steps = 0
+    while fast.has_unfinished():
+        k = fast.steps_until_event(limit=1 + steps % 7)  # limits stand in for arrivals
+        next_waiting = fast.waiting[0] if fast.waiting else None
+        if k > 0:
+            sums = fast.lockstep_decode(k, next_waiting)
+            preempted = []
+        else:
+            out = fast.lockstep_step()
+            sums = fast.lockstep_usage(fast.waiting[0] if fast.waiting else None)
+            preempted = [s.request_id for s in out.preempted]
+        expected = dict.fromkeys(CATEGORIES, 0)
+        expected_preempted = []
+        for _ in range(max(k, 1)):
+            usage, pre = _reference_step(ref, ref_kv)
+            expected_preempted += pre
+            for c in CATEGORIES:
+                expected[c] += usage[c]
+        for seq in fast.lockstep_finished():
+            fast.finish(seq, "length")
+        assert sums == expected and preempted == expected_preempted
+        assert _state(fast) == _state(ref)
+        assert kv.num_free_blocks == ref_kv.num_free_blocks if not contiguous else kv.gap_starts == ref_kv.gap_starts
+        steps += max(k, 1)
+        assert steps < 10_000
+    assert not ref.has_unfinished()
+
+
+@pytest.mark.parametrize("watermark", [0.0, 0.05])
+def test_fast_forward_equals_single_steps_with_a_watermark(watermark):
+    requests = make_workload("sharegpt", 150, seed=5, max_model_len=1024)
+    fast = simulate(requests=requests, **SMALL, watermark=watermark)
+    slow = simulate(requests=requests, **SMALL, watermark=watermark, fast_forward=False)
+    assert key(fast) == key(slow) and fast.preemptions > 0
