@@ -20,11 +20,12 @@ def notebook_summary(path: Path) -> tuple[str, str]:
     except (OSError, ValueError):
         return path.stem, ""
     text = "\n".join("".join(c.get("source", [])) for c in cells if c.get("cell_type") == "markdown")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    title = next((line.lstrip("# ") for line in lines if line.startswith("#")), path.stem)
-    goal = next((line for line in lines if line.lstrip("*_ ").lower().startswith(("goal", "目标"))), None)
+    # Paragraphs (blank-line separated), each joined onto one line: a goal may wrap over several lines.
+    paragraphs = [" ".join(line.strip() for line in p.splitlines()) for p in text.split("\n\n") if p.strip()]
+    title = next((p.lstrip("# ") for p in paragraphs if p.startswith("#")), path.stem)
+    goal = next((p for p in paragraphs if p.lstrip("*_ ").lower().startswith(("goal", "目标"))), None)
     if goal is None:
-        goal = next((line for line in lines if not line.startswith("#")), "")
+        goal = next((p for p in paragraphs if not p.startswith("#")), "")
     return title, goal
 
 

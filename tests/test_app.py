@@ -127,3 +127,14 @@ def test_play_pause_and_presets(app: AppTest):
     # 8 requests of ~130 tokens each cannot all fit in 640 slots: some were preempted by now.
     assert subheaders(app) == ["Step 59"]
     assert "preempted ×" in request_html(app)
+
+
+def test_lesson_summaries_have_a_title_and_goal(tmp_path):
+    import json
+
+    from app_pages.lessons import notebook_summary
+
+    cells = [{"cell_type": "markdown", "source": ["# Lesson 9 — Blocks\n", "\n", "**Goal:** see how blocks\n", "are shared."]}]
+    path = tmp_path / "09_blocks.ipynb"
+    path.write_text(json.dumps({"cells": cells}))
+    assert notebook_summary(path) == ("Lesson 9 — Blocks", "**Goal:** see how blocks are shared.")
