@@ -19,7 +19,7 @@ def notebook_summary(path: Path) -> tuple[str, str]:
         cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
     except (OSError, ValueError):
         return path.stem, ""
-    text = "\n".join("".join(c.get("source", [])) for c in cells if c.get("cell_type") == "markdown")
+    text = "\n\n".join("".join(c.get("source", [])) for c in cells if c.get("cell_type") == "markdown")
     # Paragraphs (blank-line separated), each joined onto one line: a goal may wrap over several lines.
     paragraphs = [" ".join(line.strip() for line in p.splitlines()) for p in text.split("\n\n") if p.strip()]
     title = next((p.lstrip("# ") for p in paragraphs if p.startswith("#")), path.stem)
