@@ -205,20 +205,31 @@ class _Run:
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
 
     def run(self) -> None:
-        if self.cfg.fast_forward:
-            self.sched.start_lockstep()
+        if not self.cfg.fast_forward:
+            self._run_single_steps()
+            return
+        sched = self.sched
+        sched.start_lockstep()
+        while self.next_request < len(self.requests) or sched.running or sched.waiting:
+            self._arrive()
+            if not (sched.running or sched.waiting):
+                self._idle_until_next_arrival()
+                continue
+            k = sched.steps_until_event(self._steps_to_next_arrival())
+            if k > 0:
+                self._fast_forward(k)
+            else:
+                self._lockstep_step()
+        self.bar.close()
+
+    def _run_single_steps(self) -> None:
+        """The reference: every step through ``schedule()``."""
         while self.next_request < len(self.requests) or self.sched.has_unfinished():
             self._arrive()
-            if not self.sched.has_unfinished():
-                self._idle_until_next_arrival()
-            elif not self.cfg.fast_forward:
+            if self.sched.has_unfinished():
                 self._single_step()
             else:
-                k = self.sched.steps_until_event(self._steps_to_next_arrival())
-                if k > 0:
-                    self._fast_forward(k)
-                else:
-                    self._lockstep_step()
+                self._idle_until_next_arrival()
         self.bar.close()
 
     def _arrive(self) -> None:
