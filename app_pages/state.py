@@ -7,15 +7,12 @@ Streamlit reruns the whole script on every click, so anything slow lives in a ca
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from dataclasses import asdict, dataclass
 
 import pandas as pd
 import streamlit as st
 
-import engine.llm_engine
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.model_loader import DEFAULT_MODEL, load_model, resolve_model
 
@@ -126,23 +123,6 @@ def cached_model(model: str):
     return load_model(None if model == DEFAULT_MODEL else model)
 
 
-# LLMEngine loads its model itself (it has no argument for already-loaded weights). Until it gets
-# one, we hand it the cached weights by swapping the loader it calls, under a lock so two browser
-# sessions building engines at once cannot interleave.
-_LOADER_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _preloaded(loaded):
-    with _LOADER_LOCK:
-        original = engine.llm_engine.load_model
-        engine.llm_engine.load_model = lambda model=None, dtype=None, progress=None: loaded
-        try:
-            yield
-        finally:
-            engine.llm_engine.load_model = original
-
-
 def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
     """A fresh engine for ``settings`` in a second or so, once the model is cached.
 
@@ -151,8 +131,7 @@ def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
     """
     resolve_model(None if settings.model == DEFAULT_MODEL else settings.model, progress)  # no-op once cached
     loaded = cached_model(settings.model)
-    with _preloaded(loaded):
-        llm = LLMEngine(settings.engine_config(**overrides))
+    llm = LLMEngine(settings.engine_config(**overrides), loaded_model=loaded)
     install_capture(llm)
     return llm
 
