@@ -97,7 +97,7 @@ for n in (8, 128, 1024):
 #
 # ## 3. Time of each phase
 # We time prefills of growing prompts, and decode steps of growing batches (several requests decoding
-# in the same step). Each point is the fastest of a few repetitions, because this CPU is shared.
+# in the same step). Each point is the fastest of a few repetitions: timings on a busy machine are noisy.
 
 # %%
 def forward_times(prompt_len, batch, max_tokens):
