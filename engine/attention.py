@@ -15,6 +15,7 @@ table shows up as a wrong answer.
 from __future__ import annotations
 
 import torch
+from torch.nn import functional as F
 
 
 def write_kv_cache(
@@ -40,12 +41,28 @@ def write_kv_cache(
     flat_v[slots] = value[valid]
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """``[num_seqs, max_blocks]`` block ids -> ``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]``."""
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read each sequence's K (or V) through its block table into a padded tensor.
+
+    Args:
+        cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32.
+
+    Returns:
+        (``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]`` with zeros past each context,
+        ``live`` ``[num_seqs, max_blocks * block_size]`` bool: the position is inside the context).
+        Positions past a context never carry what the pool holds there (stale K/V, or NaN).
+    """
     num_seqs, max_blocks = block_tables.shape
-    _, block_size, num_kv_heads, head_dim = cache.shape
-    blocks = cache[block_tables.clamp(min=0).long()]
-    return blocks.reshape(num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    positions = torch.arange(max_blocks * block_size, device=cache.device)
+    blocks = block_tables.long().clamp(min=0)[:, positions // block_size]
+    slots = blocks * block_size + positions % block_size  # [S, T]: the slot of each position
+    live = positions[None, :] < context_lens.to(cache.device).long()[:, None]
+    rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, slots.flatten())
+    rows.index_fill_(0, torch.nonzero(~live.flatten()).squeeze(1), 0.0)
+    return rows.view(num_seqs, -1, num_kv_heads, head_dim), live
 
 
 def paged_attention_reference(
@@ -59,11 +76,13 @@ def paged_attention_reference(
     """Decode attention: one query token per sequence against its whole context, through its block table.
 
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
-    Softmax is computed in fp32. A sequence with ``context_lens == 0`` (a padded row) gets zeros,
-    and cache slots outside a sequence's context are never read into the result, even if they hold NaN.
+    With one query token, the ``num_heads // num_kv_heads`` query heads of a group are like that many
+    queries against the same keys, so each (sequence, KV head) is one small attention problem.
+    A sequence with ``context_lens == 0`` (a padded row) gets zeros, and cache slots outside a
+    sequence's context are never read into the result, even if they hold NaN.
 
     Args:
-        query: ``[num_seqs, num_heads, head_dim]`` (fp32/fp16/bf16; may be a strided view).
+        query: ``[num_seqs, num_heads, head_dim]`` (fp32/fp16/bf16/fp64; may be a strided view).
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         block_tables: ``[num_seqs, max_blocks]`` int32; entries past a sequence's blocks are ignored.
         context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
@@ -77,18 +96,15 @@ def paged_attention_reference(
     """
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
-    group = num_heads // num_kv_heads
-    keys = _gather(key_cache, block_tables)  # [S, T, Hkv, D]
-    values = _gather(value_cache, block_tables)
-    positions = torch.arange(keys.shape[1], device=query.device)
-    live = positions[None, :] < context_lens[:, None].to(query.device)  # [S, T]
-
-    q = query.reshape(num_seqs, num_kv_heads, group, head_dim).float()
-    scores = torch.einsum("shgd,sthd->shgt", q, keys.float()) * scale
-    scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty context gives all -inf -> zeros
-    values = torch.where(live[:, :, None, None], values.float(), 0.0)
-    out = torch.einsum("shgt,sthd->shgd", probs, values)
+    keys, live = gather_kv(key_cache, block_tables, context_lens)  # [S, T, Hkv, D]
+    values, _ = gather_kv(value_cache, block_tables, context_lens)
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
+    q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(compute)
+    out = F.scaled_dot_product_attention(
+        q, keys.transpose(1, 2).to(compute), values.transpose(1, 2).to(compute),
+        attn_mask=live[:, None, None, :], scale=scale,
+    )
+    out = out.nan_to_num_(0.0)  # an empty context masks every position: softmax of nothing
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
@@ -122,6 +138,7 @@ def paged_prefill_reference(
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
     out = torch.zeros_like(query)
     starts = query_start_loc.tolist()
     lens = context_lens.tolist()
@@ -130,15 +147,15 @@ def paged_prefill_reference(
         q_len = q_end - q_begin
         if q_len == 0:
             continue
-        blocks = block_tables[s : s + 1]
-        keys = _gather(key_cache, blocks)[0, :ctx]  # [ctx, Hkv, D]
-        values = _gather(value_cache, blocks)[0, :ctx]
-        q = query[q_begin:q_end].reshape(q_len, num_kv_heads, group, head_dim).float()
-        scores = torch.einsum("qhgd,thd->hgqt", q, keys.float()) * scale
+        table, ctx_len = block_tables[s : s + 1], context_lens[s : s + 1]
+        keys = gather_kv(key_cache, table, ctx_len)[0][0, :ctx].to(compute)  # [ctx, Hkv, D]
+        values = gather_kv(value_cache, table, ctx_len)[0][0, :ctx].to(compute)
+        q = query[q_begin:q_end].reshape(q_len, num_kv_heads, group, head_dim).to(compute)
+        scores = torch.einsum("qhgd,thd->hgqt", q, keys) * scale
         q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
         causal = torch.arange(ctx, device=query.device)[None, :] <= q_pos[:, None]  # [q, t]
         scores = scores.masked_fill(~causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("hgqt,thd->qhgd", probs, values.float())
+        o = torch.einsum("hgqt,thd->qhgd", probs, values)
         out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
     return out

@@ -18,7 +18,7 @@ from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
 from engine.report import FINISH, Event, RequestOutput, ScheduledRequest, StepReport
-from engine.sampler import sample
+from engine.sampler import sample_batch
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -160,8 +160,9 @@ class LLMEngine:
         if not batch.is_empty:
             logits = self.runner.execute(batch, self.kv, events)
             t2 = time.perf_counter()
-            for row, seq in enumerate(batch.prefill_seqs + batch.decode_seqs):
-                token = sample(logits[row], seq.sampling_params, self.generators[seq.request_id])
+            seqs = batch.prefill_seqs + batch.decode_seqs
+            tokens = sample_batch(logits, [s.sampling_params for s in seqs], [self.generators[s.request_id] for s in seqs])
+            for seq, token in zip(seqs, tokens):
                 seq.num_computed_tokens = seq.num_tokens
                 seq.append_token(token)
                 new_ids[seq.request_id] = [token]

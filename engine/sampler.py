@@ -7,6 +7,12 @@ import torch
 from engine.sampling_params import SamplingParams
 
 
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
+    """One token per row of ``logits`` ``[num_seqs, vocab_size]``; greedy rows share one argmax."""
+    greedy = logits.argmax(dim=-1).tolist()
+    return [greedy[i] if p.greedy else sample(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators))]
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """Pick one token id.
 
