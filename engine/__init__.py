@@ -9,6 +9,7 @@ from engine.attention import paged_attention_reference, paged_prefill_reference,
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
+from engine.model_runner import kv_bytes_per_slot
 from engine.report import RequestOutput, StepReport
 from engine.sampling_params import SamplingParams
 from engine.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate
@@ -22,6 +23,7 @@ __all__ = [
     "StepReport",
     "RequestOutput",
     "MemoryUsage",
+    "kv_bytes_per_slot",
     "simulate",
     "SimulationConfig",
     "SimulationResult",

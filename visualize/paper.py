@@ -7,9 +7,6 @@ pool; the paper's token-state share is marked beside ours where the paper gives 
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt
 
 from visualize.colors import CATEGORY_COLORS
