@@ -85,6 +85,10 @@ def test_event_log_summarises_writes(paged):
     assert sum(r["kind"] == ALLOCATE for r in rows) == sum(e.kind == ALLOCATE for e in prefill.events)
     zh = event_log_rows(prefill, "zh")
     assert {r["event"] for r in zh} >= {"分配", "写入"}
+    decode = next(r for r in reports[1:] if r.phase == "decode")
+    write = next(e for e in decode.events if e.kind == WRITE)
+    first_row = next(r for r in event_log_rows(decode) if r["kind"] == WRITE and r["request_id"] == write.request_id)
+    assert first_row["detail"] == f"position {write.position} → slot {write.slot} (block {write.block_id})"
 
 
 def test_memory_frame_sums_to_capacity(paged):

@@ -166,6 +166,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{count} token(s), positions {first}–{last}, into slots of blocks {blocks}",
         "{count} 个 token，位置 {first}–{last}，写入块 {blocks} 的槽位",
     ),
+    "ev_write_one_detail": ("position {position} → slot {slot} (block {block})", "位置 {position} → 槽位 {slot}（块 {block}）"),
     "ev_preempt_detail": ("evicted; will be recomputed", "被驱逐，之后重新计算"),
     "no_events": ("No events this step.", "本步没有事件。"),
     "save_png": ("Download PNG", "下载 PNG"),

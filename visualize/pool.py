@@ -191,7 +191,7 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
     for e in report.events:
         if e.kind == WRITE:
             if e.request_id not in writes:
-                writes[e.request_id] = dict(count=0, first=e.position, last=e.position, blocks=[])
+                writes[e.request_id] = dict(count=0, first=e.position, last=e.position, blocks=[], slot=e.slot)
                 rows.append(dict(request_id=e.request_id, kind=WRITE, detail=writes[e.request_id]))
             w = writes[e.request_id]
             w["count"] += 1
@@ -214,6 +214,9 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
         if row["kind"] == WRITE:
             w = row["detail"]
             blocks = ", ".join(map(str, w["blocks"]))
-            row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
+            if w["count"] == 1:  # a decode step: name the slot, the thing a learner is looking for
+                row["detail"] = t("ev_write_one_detail", lang, position=w["first"], slot=w["slot"], block=blocks)
+            else:
+                row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
         row["event"] = t(f"ev_{row['kind']}", lang)
     return rows
