@@ -4,16 +4,26 @@
     LLM().generate("Why is the sky blue?", SamplingParams(max_tokens=32))
 """
 
-from engine.accounting import MemoryUsage
-from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.model_runner import kv_bytes_per_slot
-from engine.report import RequestOutput, StepReport
-from engine.sampling_params import SamplingParams
-from engine.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate
-from engine.workloads import Request, make_workload
+import os as _os
+
+import torch as _torch
+
+# Triton runs on a CPU only through its interpreter, which must be chosen before Triton is first
+# imported — and torch imports it on its own during a model run. So the engine, the usual entry
+# point, chooses it as soon as it is imported (the same rule as kernels/__init__.py).
+if not _torch.cuda.is_available() and "TRITON_INTERPRET" not in _os.environ:
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from engine.accounting import MemoryUsage  # noqa: E402
+from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.llm_engine import LLMEngine  # noqa: E402
+from engine.model_runner import kv_bytes_per_slot  # noqa: E402
+from engine.report import RequestOutput, StepReport  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate  # noqa: E402
+from engine.workloads import Request, make_workload  # noqa: E402
 
 __all__ = [
     "LLM",

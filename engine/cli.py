@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except ValueError as error:  # bad input: one readable line, no traceback
+    except (ValueError, OSError) as error:  # bad input or a missing file: one readable line, no traceback
         parser.exit(2, f"error: {error}\n")
 
 

@@ -63,6 +63,8 @@ class LLM:
 
 
 def _as_list(prompts) -> list:
+    if not isinstance(prompts, (str, list, tuple)) or not prompts:
+        raise ValueError("prompts must be a prompt or a non-empty list of prompts")
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], (dict, int)):

@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
-from engine.report import FINISH, Event, RequestOutput, ScheduledRequest, StepReport
+from engine.report import FINISH, WRITE, Event, RequestOutput, ScheduledRequest, StepReport
 from engine.sampler import sample_batch
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -84,6 +84,8 @@ class LLMEngine:
         if isinstance(prompt, str):
             ids = self.tokenizer(prompt).input_ids if prompt else []
         elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            if any(not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str) for m in prompt):
+                raise ValueError("each chat message needs a string 'role' and a string 'content'")
             text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -109,7 +111,9 @@ class LLMEngine:
             raise ValueError("sampling_params must be a SamplingParams")
         ids = self.encode(prompt)
         if len(ids) + 1 > self.max_model_len:
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate within max_model_len={self.max_model_len} tokens")
+            pool = self.num_blocks * self.config.block_size
+            why = f"the KV pool holds {pool} tokens" if self.max_model_len == pool else f"max_model_len={self.max_model_len}"
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate: {why}")
         request_id = self._next_request_id
         seq = Sequence(request_id, len(ids), max_len=min(len(ids) + params.max_tokens, self.max_model_len), sampling_params=params, token_ids=ids)
         if not self.kv.fits_ever(seq):
@@ -158,10 +162,16 @@ class LLMEngine:
         scheduled += [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens) for s in batch.decode_seqs]
         t2 = t3 = t1
         if not batch.is_empty:
-            logits = self.runner.execute(batch, self.kv, events)
-            t2 = time.perf_counter()
             seqs = batch.prefill_seqs + batch.decode_seqs
-            tokens = sample_batch(logits, [s.sampling_params for s in seqs], [self.generators[s.request_id] for s in seqs])
+            try:
+                logits = self.runner.execute(batch, self.kv, events)
+                t2 = time.perf_counter()
+                tokens = sample_batch(logits, [s.sampling_params for s in seqs], [self.generators[s.request_id] for s in seqs])
+            except Exception:
+                # Leave the engine as if the step had never been scheduled: no request is lost.
+                self.scheduler.requeue(batch)
+                events[:] = [e for e in events if e.kind != WRITE]
+                raise
             for seq, token in zip(seqs, tokens):
                 seq.num_computed_tokens = seq.num_tokens
                 seq.append_token(token)
@@ -273,7 +283,15 @@ def _resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
         return TORCH_BACKEND
     if device.type == "cpu" and dtype not in (torch.float32, torch.float16):
         raise ValueError(f"the triton backend on CPU runs in Triton's interpreter, which supports float32/float16, not {dtype}")
-    return triton_backend()
+    backend = triton_backend()
+    import kernels
+
+    if device.type == "cpu" and not kernels.interpreter_ready():
+        raise ValueError(
+            "the triton backend cannot run here: Triton was imported before TRITON_INTERPRET=1 was set "
+            "(import engine before running torch models, or set TRITON_INTERPRET=1 in the environment)"
+        )
+    return backend
 
 
 def _eos_token_ids(config, tokenizer) -> set[int]:

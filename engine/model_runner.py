@@ -47,10 +47,14 @@ class ModelRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(model.num_layers)
-        ]
+        try:
+            self.kv_caches = [
+                (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+                for _ in range(model.num_layers)
+            ]
+        except (RuntimeError, MemoryError) as error:  # torch reports a failed allocation as RuntimeError
+            gib = 2 * model.num_layers * torch.Size(shape).numel() * param.element_size() / 2**30
+            raise ValueError(f"cannot allocate a KV pool of {num_blocks} blocks x {block_size} slots ({gib:.1f} GiB): use fewer or smaller blocks") from error
 
     def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The pools viewed with the allocator's block size (contiguous: 1-slot blocks); no copy."""

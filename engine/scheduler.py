@@ -93,6 +93,17 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
+    def requeue(self, batch: SchedulerOutput) -> None:
+        """Undo a step that failed before its tokens were produced: its requests go back to the head
+        of the queue, in first-come-first-served order, with their KV freed (they will be recomputed)."""
+        for seq in reversed(batch.decode_seqs + batch.prefill_seqs):
+            if seq in self.running:
+                self.running.remove(seq)
+                self._release(seq)
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
     def _schedule_decodes(self, out: SchedulerOutput) -> None:
         queue = deque(self.running)
         kept: list[Sequence] = []

@@ -44,10 +44,13 @@ except ImportError as error:  # Triton ships wheels for Linux only
     def interpreted() -> bool:
         return False
 
+    def interpreter_ready() -> bool:
+        return False
+
 else:
-    from kernels._common import interpreted  # noqa: E402
+    from kernels._common import interpreted, interpreter_ready  # noqa: E402
     from kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
     from kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
     from kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
-__all__ = ["interpreted", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
+__all__ = ["interpreted", "interpreter_ready", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]

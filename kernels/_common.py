@@ -22,6 +22,18 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no")
 
 
+def interpreter_ready() -> bool:
+    """True when Triton's own library was loaded in interpreter mode too, not only our kernels.
+
+    ``tl.zeros``, ``tl.max`` and friends are themselves ``@triton.jit`` functions, decorated when
+    ``triton.language`` is first imported. If something (torch does, on its first model run) imported
+    Triton before ``TRITON_INTERPRET`` was set, they stay compiled-mode and the interpreter cannot call them.
+    """
+    import triton.language as tl
+
+    return type(tl.zeros).__name__ == "InterpretedFunction"
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (>= 1). Triton block shapes must be powers of two."""
     return 1 << max(0, int(n) - 1).bit_length()
@@ -38,6 +50,12 @@ def check_runnable(device: torch.device) -> None:
         raise ValueError(
             "inputs are CPU tensors but Triton is not in interpreter mode; set TRITON_INTERPRET=1 "
             "before importing kernels (kernels/__init__.py does this when no CUDA device is available)"
+        )
+    if device.type == "cpu" and not interpreter_ready():
+        raise RuntimeError(
+            "Triton was imported before TRITON_INTERPRET=1 was set, so its library is compiled for a GPU and "
+            "cannot run on the CPU; set TRITON_INTERPRET=1 in the environment, or import engine or kernels "
+            "before running any torch model"
         )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device}; expected cuda (or cpu under TRITON_INTERPRET=1)")

@@ -170,7 +170,7 @@ def engine_step(repeats: int = 3, layers: int = 30) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 64])
     parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048, 8192])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
