@@ -176,3 +176,11 @@ def test_catalogue_is_complete():
         i18n.t("no such key")
     with pytest.raises(ValueError):
         i18n.t("step", "fr")
+
+
+def test_memory_chart_shows_a_single_step(paged):
+    _, reports = paged
+    chart = memory_chart(memory_frame(reports[:1])).to_dict()
+    values = chart["datasets"][next(iter(chart["datasets"]))]
+    steps = sorted({row["step"] for row in values})
+    assert steps == [reports[0].step, reports[0].step + 1], "one step must span a visible width"

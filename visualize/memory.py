@@ -38,6 +38,15 @@ def simulation_memory_frame(result) -> pd.DataFrame:
     return pd.DataFrame(data, columns=["step", *CATEGORIES])
 
 
+def _close_last_step(frame: pd.DataFrame) -> pd.DataFrame:
+    """Repeat the last row one step later: drawn step-after, each step then spans [step, step + 1),
+    so the latest step (and a run of a single step) is visible instead of having zero width."""
+    if not len(frame):
+        return frame
+    last = frame.tail(1).assign(step=frame["step"].iloc[-1] + 1)
+    return pd.concat([frame, last], ignore_index=True)
+
+
 def memory_figure(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", title: str | None = None, ax=None):
     """Stacked areas of the categories over steps (matplotlib)."""
     use_cjk_font()
@@ -46,6 +55,7 @@ def memory_figure(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", t
     else:
         fig = ax.figure
     labels = [t(c, lang) for c in CATEGORIES]
+    frame = _close_last_step(frame)
     if len(frame):
         ax.stackplot(frame["step"], *[frame[c] for c in CATEGORIES], labels=labels,
                      colors=[CATEGORY_COLORS[c] for c in CATEGORIES], step="post")
@@ -60,7 +70,7 @@ def memory_figure(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", t
 
 def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", height: int = 220) -> alt.Chart:
     """Interactive stacked areas (Altair): hover to read a step's slots per category."""
-    long = frame.melt("step", value_vars=list(CATEGORIES), var_name="category", value_name="amount")
+    long = _close_last_step(frame).melt("step", value_vars=list(CATEGORIES), var_name="category", value_name="amount")
     long["label"] = [t(c, lang) for c in long["category"]]
     long["order"] = [CATEGORIES.index(c) for c in long["category"]]
     ylabel = t("tokens", lang) if unit == "tokens" else "MiB"
