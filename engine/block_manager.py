@@ -146,41 +146,41 @@ class KVCacheManager(ABC):
     # per-request methods above (tests/test_simulator.py compares whole runs step by step).
     # ``clock`` is the number of steps done; "step clock + 1" is the next one.
 
+    @abstractmethod
     def start_lockstep(self) -> None:
         """Switch an empty pool to lock-step mode (for good)."""
-        raise NotImplementedError(f"{type(self).__name__} has no lock-step mode")
 
+    @abstractmethod
     def lockstep_admit(self, seq: Sequence, clock: int) -> None:
         """:meth:`allocate` for ``seq`` prefilled with its ``num_tokens`` tokens in step ``clock + 1``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
         """:meth:`free` for a running ``seq`` that now has ``num_tokens`` tokens, all but the newest cached."""
-        raise NotImplementedError
 
+    @abstractmethod
     def lockstep_needing_block(self, clock: int) -> list[Sequence]:
         """Running requests that need new memory to decode in step ``clock + 1`` (any order)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def lockstep_take_block(self, seq: Sequence) -> bool:
         """Give ``seq`` the memory it needs this step; False (and nothing taken) when none is free."""
-        raise NotImplementedError
 
+    @abstractmethod
     def lockstep_free_steps(self, clock: int, limit: int) -> int:
         """Most decode steps from step ``clock + 1`` on (<= ``limit``) in which every running
         request gets the memory it needs without a preemption."""
-        raise NotImplementedError
 
+    @abstractmethod
     def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
         """The memory categories now (slots), given the running requests' ``token_states``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
         """Give every running request the memory of decode steps ``clock + 1 .. clock + k`` and
         return each memory category summed over those steps (slot-steps, measured after each
         step); ``token_states`` is the running requests' token states summed over the same steps.
         Requires ``k <= lockstep_free_steps(clock, k)``."""
-        raise NotImplementedError
 
 
 class PagedBlockManager(KVCacheManager):
