@@ -14,6 +14,8 @@ table shows up as a wrong answer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.nn import functional as F
 
@@ -24,6 +26,7 @@ def write_kv_cache(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    plan: "TorchStepPlan | None" = None,
 ) -> None:
     """Copy a step's new K and V into the pools, one token per slot (vLLM's ``reshape_and_cache``).
 
@@ -31,38 +34,102 @@ def write_kv_cache(
         key, value: ``[num_tokens, num_kv_heads, head_dim]``, same dtype as the caches.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
         slot_mapping: ``[num_tokens]`` int64; slot ``-1`` marks padding and is never written.
+        plan: the step's :class:`TorchStepPlan`; when it says every slot is valid (the engine's case),
+            the copy skips the padding mask.
     """
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
-    valid = slot_mapping >= 0
-    slots = slot_mapping[valid]
     flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
     flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    if plan is not None and plan.all_slots_valid:
+        flat_k.index_copy_(0, slot_mapping, key)
+        flat_v.index_copy_(0, slot_mapping, value)
+        return
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
     flat_k[slots] = key[valid]
     flat_v[slots] = value[valid]
 
 
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class GatherIndex:
+    """Where to read each sequence's K/V rows from, computed once per step and shared by every layer.
+
+    Attributes:
+        slots: ``[num_seqs * max_blocks * block_size]`` int64, the pool row (slot) of each position,
+            sequence-major; positions past a context point at a real slot but are zeroed after the read.
+        dead_rows: ``[n]`` int64, the entries of ``slots`` past their sequence's context.
+        live: ``[num_seqs, max_blocks * block_size]`` bool, the position is inside the context.
+        any_empty: some sequence has ``context_lens == 0`` (its softmax is over nothing).
+    """
+
+    slots: torch.Tensor
+    dead_rows: torch.Tensor
+    live: torch.Tensor
+    any_empty: bool
+
+
+def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> GatherIndex:
+    """Translate block tables into per-position slots (``block_table[i // block_size] * block_size + i % block_size``).
+
+    Args:
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32, tokens.
+        block_size: slots per block.
+    """
+    num_seqs, max_blocks = block_tables.shape
+    device = block_tables.device
+    positions = torch.arange(max_blocks * block_size, device=device)
+    blocks = block_tables.long().clamp(min=0)[:, positions // block_size]
+    slots = blocks * block_size + positions % block_size  # [S, T]: the slot of each position
+    lens = context_lens.to(device).long()
+    live = positions[None, :] < lens[:, None]
+    dead_rows = torch.nonzero(~live.flatten()).squeeze(1)
+    return GatherIndex(slots.flatten(), dead_rows, live, bool((lens == 0).any()) if num_seqs else False)
+
+
+@dataclass
+class TorchStepPlan:
+    """What the torch backend precomputes once per step (vLLM's attention-metadata builder does the same).
+
+    Attributes:
+        all_slots_valid: no ``-1`` in the step's slot_mapping, so writes need no mask.
+        decode: the :class:`GatherIndex` of the step's decode sequences (None when there are none).
+    """
+
+    all_slots_valid: bool
+    decode: GatherIndex | None
+
+
+def plan_step(slot_mapping: torch.Tensor, decode_block_tables: torch.Tensor, decode_context_lens: torch.Tensor, block_size: int) -> TorchStepPlan:
+    """Build the step's :class:`TorchStepPlan` (slot_mapping ``[num_tokens]`` int64; block tables ``[num_decodes, max_blocks]`` int32)."""
+    valid = bool((slot_mapping >= 0).all()) if slot_mapping.numel() else True
+    decode = gather_index(decode_block_tables, decode_context_lens, block_size) if decode_block_tables.shape[0] else None
+    return TorchStepPlan(valid, decode)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, index: GatherIndex | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Read each sequence's K (or V) through its block table into a padded tensor.
 
     Args:
         cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
         block_tables: ``[num_seqs, max_blocks]`` int32.
         context_lens: ``[num_seqs]`` int32.
+        index: the same tables already translated by :func:`gather_index` (computed here when None).
 
     Returns:
         (``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]`` with zeros past each context,
         ``live`` ``[num_seqs, max_blocks * block_size]`` bool: the position is inside the context).
         Positions past a context never carry what the pool holds there (stale K/V, or NaN).
     """
-    num_seqs, max_blocks = block_tables.shape
+    num_seqs = block_tables.shape[0]
     num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-    positions = torch.arange(max_blocks * block_size, device=cache.device)
-    blocks = block_tables.long().clamp(min=0)[:, positions // block_size]
-    slots = blocks * block_size + positions % block_size  # [S, T]: the slot of each position
-    live = positions[None, :] < context_lens.to(cache.device).long()[:, None]
-    rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, slots.flatten())
-    rows.index_fill_(0, torch.nonzero(~live.flatten()).squeeze(1), 0.0)
-    return rows.view(num_seqs, -1, num_kv_heads, head_dim), live
+    if index is None:
+        index = gather_index(block_tables, context_lens, block_size)
+    rows = cache.view(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, index.slots)
+    rows.index_fill_(0, index.dead_rows, 0.0)
+    return rows.view(num_seqs, -1, num_kv_heads, head_dim), index.live
 
 
 def paged_attention_reference(
@@ -72,6 +139,7 @@ def paged_attention_reference(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    plan: TorchStepPlan | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence against its whole context, through its block table.
 
@@ -87,6 +155,7 @@ def paged_attention_reference(
         block_tables: ``[num_seqs, max_blocks]`` int32; entries past a sequence's blocks are ignored.
         context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
         scale: softmax scale, usually ``head_dim ** -0.5``.
+        plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
@@ -96,15 +165,17 @@ def paged_attention_reference(
     """
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
-    keys, live = gather_kv(key_cache, block_tables, context_lens)  # [S, T, Hkv, D]
-    values, _ = gather_kv(value_cache, block_tables, context_lens)
+    index = plan.decode if plan is not None and plan.decode is not None else gather_index(block_tables, context_lens, key_cache.shape[1])
+    keys, live = gather_kv(key_cache, block_tables, context_lens, index)  # [S, T, Hkv, D]
+    values, _ = gather_kv(value_cache, block_tables, context_lens, index)
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
     q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(compute)
     out = F.scaled_dot_product_attention(
         q, keys.transpose(1, 2).to(compute), values.transpose(1, 2).to(compute),
         attn_mask=live[:, None, None, :], scale=scale,
     )
-    out = out.nan_to_num_(0.0)  # an empty context masks every position: softmax of nothing
+    if index.any_empty:
+        out = out.nan_to_num_(0.0)  # an empty context masks every position: softmax of nothing
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 

@@ -31,12 +31,18 @@ class WeightLoadError(ValueError):
 
 @dataclass
 class AttentionBackend:
-    """The three attention operations, from engine/attention.py (torch) or kernels/ (Triton)."""
+    """The three attention operations, from engine/attention.py (torch) or kernels/ (Triton).
+
+    ``plan``, when a backend has one, runs once per step on the step's metadata and returns what its
+    operations would otherwise recompute in every layer (the torch backend: block tables translated
+    to slots); ``write_kv`` and ``decode`` then receive it as ``plan=``.
+    """
 
     name: str
-    write_kv: Callable  # (key, value, key_cache, value_cache, slot_mapping)
+    write_kv: Callable  # (key, value, key_cache, value_cache, slot_mapping[, plan])
     prefill: Callable  # (query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale)
-    decode: Callable  # (query, key_cache, value_cache, block_tables, context_lens, scale)
+    decode: Callable  # (query, key_cache, value_cache, block_tables, context_lens, scale[, plan])
+    plan: Callable | None = None  # (slot_mapping, decode_block_tables, decode_context_lens, block_size) -> plan
 
 
 @dataclass
@@ -51,6 +57,7 @@ class AttentionMetadata:
             in the cache per request after this step's write.
         prefill_block_tables, decode_block_tables: ``[num_*, max_blocks]`` int32.
         backend: which attention implementation runs.
+        plan: what ``backend.plan`` precomputed for this step (None: the backend has no plan).
     """
 
     slot_mapping: torch.Tensor
@@ -61,6 +68,7 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor
     decode_block_tables: torch.Tensor
     backend: AttentionBackend
+    plan: object | None = None
 
 
 class RMSNorm(nn.Module):
@@ -152,7 +160,8 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         key_cache, value_cache = kv_cache
         # Written first, so attention reads every token, including this step's, through the block table.
-        meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        plan = {} if meta.plan is None else {"plan": meta.plan}
+        meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping, **plan)
         p = meta.num_prefill_tokens
         out = torch.empty_like(q)
         if p > 0:
@@ -162,7 +171,7 @@ class Attention(nn.Module):
             )
         if p < n:
             out[p:] = meta.backend.decode(
-                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan
             )
         return self.o_proj(out.view(n, self.num_heads * self.head_dim))
 
@@ -220,6 +229,7 @@ class CausalLM(nn.Module):
         self.rotary_emb = RotaryEmbedding(config, self.head_dim)
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head_t: torch.Tensor | None = None  # [hidden_size, vocab_size] on CPU, see store_lm_head_transposed
 
     def forward(
         self,
@@ -241,8 +251,27 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
+        if self.lm_head_t is not None:
+            return (hidden @ self.lm_head_t).float()
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight).float()
+
+    def store_lm_head_transposed(self) -> None:
+        """Keep the LM head in memory as ``[hidden_size, vocab_size]`` (row-major K x N) instead of
+        ``[vocab_size, hidden_size]``; the module's weight becomes a transposed view of it (no second copy).
+
+        Why: on CPU the LM head is the largest matrix multiplication of a decode step (vocab 49152 x
+        hidden 576 for SmolLM2), and MKL's sgemm reads an N x K weight through a transpose that makes
+        batches of 2-15 rows up to ~2x slower than the K x N layout (measured in engine/bench.py's
+        notes). The embedding lookup reads the same memory through the view.
+        """
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        self.lm_head_t = weight.detach().t().contiguous()
+        view = nn.Parameter(self.lm_head_t.t(), requires_grad=False)
+        if self.tie_word_embeddings:
+            self.model.embed_tokens.weight = view
+        else:
+            self.lm_head.weight = view
 
 
 def build_model(config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> CausalLM:
@@ -271,6 +300,8 @@ def build_model(config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
     state_dict = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
+    if device.type == "cpu":
+        model.store_lm_head_transposed()
     return model.eval()
 
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache
+from engine.attention import paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
 from engine.block_manager import KVCacheManager
 from engine.model import AttentionBackend, AttentionMetadata, CausalLM
 from engine.report import WRITE, Event
 from engine.scheduler import SchedulerOutput
 
-TORCH_BACKEND = AttentionBackend("torch", write_kv_cache, paged_prefill_reference, paged_attention_reference)
+TORCH_BACKEND = AttentionBackend("torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step)
 
 
 def triton_backend() -> AttentionBackend:
@@ -91,6 +91,9 @@ class ModelRunner:
             decode_block_tables=self._block_tables(batch.decode_seqs, kv),
             backend=self.backend,
         )
+        if self.backend.plan is not None:
+            block_size = kv.attention_block_size
+            meta.plan = self.backend.plan(meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, block_size)
         ends = _cumsum(lens + [1] * len(batch.decode_seqs))
         last = torch.tensor([e - 1 for e in ends], dtype=torch.int64, device=dev)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import kernels
-from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache
+from engine.attention import paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 and >2**31-element pools need a CUDA GPU")
@@ -88,6 +88,26 @@ def check_decode(ctx_lens, block_size, group, num_kv_heads, head_dim, dtype, num
             assert torch.all(out[s] == 0), "a padded row (context_len 0) must be zeros"
     torch.testing.assert_close(out.float(), ref.float(), **(tol or TOL[dtype]))
     return out
+
+
+def test_torch_step_plan_changes_nothing():
+    """The engine's per-step plan (block tables translated to slots once, shared by every layer) gives
+    exactly what the reference computes on its own, including the empty context and NaN-filled slots."""
+    ctx_lens = [1, 15, 16, 17, 0, 47]
+    kc, vc, bt, cl = make_paged_kv(ctx_lens, 16, 3, 64, torch.float32)
+    q = packed_query(len(ctx_lens), 9, 3, 64, torch.float32)
+    slots = torch.tensor([3, 17, 40, 41, 5, 60], device=DEVICE)
+    plan = plan_step(slots, bt, cl, 16)
+    assert plan.all_slots_valid and plan.decode.any_empty
+    with_plan = paged_attention_reference(q, kc, vc, bt, cl, 0.125, plan=plan)
+    assert torch.equal(with_plan, paged_attention_reference(q, kc, vc, bt, cl, 0.125))
+    assert not torch.isnan(with_plan).any()
+    k, v = torch.randn(6, 3, 64, device=DEVICE), torch.randn(6, 3, 64, device=DEVICE)
+    kc2, vc2 = kc.clone(), vc.clone()
+    write_kv_cache(k, v, kc, vc, slots, plan=plan)  # the unmasked copy
+    write_kv_cache(k, v, kc2, vc2, slots)  # the masked one
+    assert torch.equal(kc.nan_to_num(7.0), kc2.nan_to_num(7.0)) and torch.equal(vc.nan_to_num(7.0), vc2.nan_to_num(7.0))
+    assert not plan_step(torch.tensor([3, -1], device=DEVICE), bt[:0], cl[:0], 16).all_slots_valid
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
