@@ -9,6 +9,7 @@ that request's max_tokens. Both count only the tokens asked for, so tokens/s com
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import numpy as np
@@ -35,27 +36,42 @@ def mixed_workload(num_prompts: int, min_tokens: int, max_tokens: int) -> tuple[
     return prompts, lengths
 
 
-def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int = 8, max_tokens: int = 128, block_size: int = 16, seed: int = 0) -> dict:
+def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int = 8, max_tokens: int = 128, block_size: int = 16, seed: int = 0, repeats: int = 3) -> dict:
     """Run the workload through both, fp32 on CPU (bf16 on CUDA); returns the figures as a dict.
 
-    Keys: engine_tokens_per_s, hf_tokens_per_s, ratio (engine / hf), outputs_identical, mismatches
-    (request, first differing position, top-2 logit margin there), engine_seconds, hf_seconds, tokens.
+    The two sides alternate ``repeats`` times (engine, transformers, engine, ...) after one warm-up
+    each, and the medians are reported: on a shared 2-core machine one run can be 20% off, and
+    alternating exposes both sides to the same disturbances.
+
+    Keys: engine_tokens_per_s, hf_tokens_per_s, ratio (median transformers seconds / median engine
+    seconds), ratios (per repeat), outputs_identical, mismatches (request, first differing position,
+    top-2 logit margin there), engine_seconds, hf_seconds (medians), engine_runs_s, hf_runs_s, tokens.
+
+    Raises:
+        ValueError: repeats < 1.
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     torch.manual_seed(seed)
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
     llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts)
     engine = llm.engine
     prompt_ids = [engine.encode(p) for p in prompts]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
-    # Warm-up on the full batch, as for transformers below: the first steps of a process pay for
-    # fresh memory pages (the allocator has not settled yet), which is not what we measure.
-    llm.generate(prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
-    t0 = time.perf_counter()
-    outputs = llm.generate(prompt_ids, params)
-    engine_s = time.perf_counter() - t0
-
     hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=engine.dtype).to(engine.device).eval()
-    hf_outputs, hf_s = _hf_generate(hf, engine.tokenizer, prompt_ids, max(lengths), engine.device)
+    hf_inputs = _hf_inputs(engine.tokenizer, prompt_ids, engine.device)
+    # Warm-up on the full batch, both sides: the first steps of a process pay for fresh memory pages
+    # (the allocator has not settled yet), which is not what we measure.
+    llm.generate(prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
+    _hf_generate(hf, hf_inputs, 4)
+    engine_runs, hf_runs = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompt_ids, params)
+        engine_runs.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        hf_outputs = _hf_generate(hf, hf_inputs, max(lengths))
+        hf_runs.append(time.perf_counter() - t0)
     mismatches = []
     for i, (out, n) in enumerate(zip(outputs, lengths)):
         theirs = hf_outputs[i][:n]
@@ -64,29 +80,33 @@ def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int =
             margin = _top2_margin(hf, prompt_ids[i] + out.token_ids[:pos], engine.device)
             mismatches.append({"request": i, "position": pos, "top2_logit_margin": margin})
     tokens = sum(lengths)
+    engine_s, hf_s = statistics.median(engine_runs), statistics.median(hf_runs)
     return {
         "workload": "mixed", "num_prompts": num_prompts, "tokens": tokens, "device": str(engine.device),
-        "dtype": str(engine.dtype).replace("torch.", ""),
-        "engine_seconds": engine_s, "hf_seconds": hf_s,
+        "dtype": str(engine.dtype).replace("torch.", ""), "repeats": repeats,
+        "engine_seconds": engine_s, "hf_seconds": hf_s, "engine_runs_s": engine_runs, "hf_runs_s": hf_runs,
         "engine_tokens_per_s": tokens / engine_s, "hf_tokens_per_s": tokens / hf_s,
-        "ratio": hf_s / engine_s, "outputs_identical": not mismatches, "mismatches": mismatches,
+        "ratio": hf_s / engine_s, "ratios": [h / e for e, h in zip(engine_runs, hf_runs)],
+        "outputs_identical": not mismatches, "mismatches": mismatches,
     }
 
 
-@torch.inference_mode()
-def _hf_generate(hf, tokenizer, prompt_ids: list[list[int]], max_new: int, device) -> tuple[list[list[int]], float]:
+def _hf_inputs(tokenizer, prompt_ids: list[list[int]], device) -> dict:
+    """One left-padded batch: input_ids and attention_mask ``[num_prompts, longest prompt]`` int64."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(p) for p in prompt_ids)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=device)
+    return {"input_ids": ids, "attention_mask": mask, "pad_token_id": pad}
+
+
+@torch.inference_mode()
+def _hf_generate(hf, inputs: dict, max_new: int) -> list[list[int]]:
+    """transformers ``generate``, greedy, no EOS; returns only the new token ids per prompt."""
     # No EOS at all (ignore_eos): passing eos_token_id=None would fall back to the model's default.
     hf.generation_config.eos_token_id = None
-    kwargs = dict(do_sample=False, pad_token_id=pad, temperature=None, top_p=None, top_k=None)
-    hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, **kwargs)  # warm-up, as for the engine
-    t0 = time.perf_counter()
-    out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, **kwargs)
-    seconds = time.perf_counter() - t0
-    return out[:, width:].tolist(), seconds
+    out = hf.generate(**inputs, max_new_tokens=max_new, do_sample=False, temperature=None, top_p=None, top_k=None)
+    return out[:, inputs["input_ids"].shape[1] :].tolist()
 
 
 @torch.inference_mode()
@@ -103,6 +123,9 @@ def format_result(r: dict) -> str:
         f"transformers generate (static batch):   {r['hf_seconds']:.2f} s  {r['hf_tokens_per_s']:.1f} tokens/s",
         f"ratio engine/transformers: {r['ratio']:.2f}x   outputs identical: {r['outputs_identical']}",
     ]
+    if r["repeats"] > 1:
+        runs = ", ".join(f"{x:.2f}x" for x in r["ratios"])
+        lines[1:1] = [f"(medians of {r['repeats']} alternating runs; per-run ratios: {runs})"]
     for m in r["mismatches"]:
         lines.append(f"  request {m['request']}: first difference at token {m['position']}, top-2 logit margin {m['top2_logit_margin']:.4g}")
     return "\n".join(lines)

@@ -98,6 +98,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_bench)
 
@@ -107,7 +108,7 @@ def _bench(args) -> None:
 
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
-        max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed,
+        max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed, repeats=args.repeats,
     )
     print(json.dumps(result) if args.json else format_result(result))
 

@@ -282,6 +282,20 @@ def test_generate_command_prints_json(tiny_llama_dir):
     assert bad.returncode == 2 and "block_size" in bad.stderr
 
 
+def test_bench_command_compares_with_transformers(tiny_llama_dir):
+    """The bench runs both sides on the real workload shape (tiny model, short) and finds them identical."""
+    cmd = [sys.executable, "-m", "engine", "bench", "--model", str(tiny_llama_dir), "--num-prompts", "4",
+           "--min-tokens", "2", "--max-tokens", "9", "--repeats", "2", "--json"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["tokens"] == sum([2, 4, 7, 9]) and len(data["engine_runs_s"]) == len(data["ratios"]) == 2
+    assert data["outputs_identical"], data["mismatches"]
+    assert data["ratio"] == pytest.approx(data["hf_seconds"] / data["engine_seconds"])
+    bad = subprocess.run(cmd[:-1] + ["--repeats", "0"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "repeats" in bad.stderr
+
+
 # ---- failures inside a step, and the order Triton is imported in -----------------------------
 
 def test_a_failed_step_loses_no_request_and_leaves_the_engine_usable(tiny_llama_dir):
