@@ -80,10 +80,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # F.rms_norm without a weight is Llama's x * rsqrt(mean(x**2) + eps), the same operations in
+        # the same order (bit-identical), dispatched as one call instead of five from Python.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -163,16 +162,16 @@ class Attention(nn.Module):
         plan = {} if meta.plan is None else {"plan": meta.plan}
         meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping, **plan)
         p = meta.num_prefill_tokens
-        out = torch.empty_like(q)
         if p > 0:
-            out[:p] = meta.backend.prefill(
+            prefill_out = meta.backend.prefill(
                 q[:p], key_cache, value_cache, meta.prefill_block_tables,
                 meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale,
             )
         if p < n:
-            out[p:] = meta.backend.decode(
+            decode_out = meta.backend.decode(
                 q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan
             )
+        out = prefill_out if p == n else decode_out if p == 0 else torch.cat((prefill_out, decode_out))
         return self.o_proj(out.view(n, self.num_heads * self.head_dim))
 
 
