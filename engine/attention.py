@@ -207,26 +207,34 @@ def paged_prefill_reference(
         ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``.
     """
     num_tokens, num_heads, head_dim = query.shape
+    num_seqs = block_tables.shape[0]
     num_kv_heads = key_cache.shape[2]
     group = num_heads // num_kv_heads
+    if num_tokens == 0 or num_seqs == 0:
+        return torch.zeros_like(query)
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
-    out = torch.zeros_like(query)
-    starts = query_start_loc.tolist()
-    lens = context_lens.tolist()
-    for s in range(len(lens)):
-        q_begin, q_end, ctx = starts[s], starts[s + 1], lens[s]
-        q_len = q_end - q_begin
-        if q_len == 0:
-            continue
-        table, ctx_len = block_tables[s : s + 1], context_lens[s : s + 1]
-        keys = gather_kv(key_cache, table, ctx_len)[0][0, :ctx].to(compute)  # [ctx, Hkv, D]
-        values = gather_kv(value_cache, table, ctx_len)[0][0, :ctx].to(compute)
-        q = query[q_begin:q_end].reshape(q_len, num_kv_heads, group, head_dim).to(compute)
-        scores = torch.einsum("qhgd,thd->hgqt", q, keys) * scale
-        q_pos = torch.arange(ctx - q_len, ctx, device=query.device)
-        causal = torch.arange(ctx, device=query.device)[None, :] <= q_pos[:, None]  # [q, t]
-        scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("hgqt,thd->qhgd", probs, values)
-        out[q_begin:q_end] = o.reshape(q_len, num_heads, head_dim).to(query.dtype)
-    return out
+    device = query.device
+    # Every sequence's whole context, read through its block table: [S, T, Hkv, D], zeros past it.
+    index = gather_index(block_tables, context_lens, key_cache.shape[1])
+    keys, live = gather_kv(key_cache, block_tables, context_lens, index)
+    values, _ = gather_kv(value_cache, block_tables, context_lens, index)
+    # The queries padded per sequence: row j of sequence s is token starts[s] + j.
+    starts = query_start_loc.to(device).long()
+    q_lens = starts[1:] - starts[:-1]
+    j = torch.arange(int(q_lens.max()), device=device)
+    q_valid = j[None, :] < q_lens[:, None]  # [S, Qmax]
+    rows = (starts[:-1, None] + j[None, :]).clamp(max=num_tokens - 1)
+    q = query[rows.flatten()].reshape(num_seqs, -1, num_kv_heads, group, head_dim)  # [S, Qmax, Hkv, G, D]
+    q_max = q.shape[1]
+    # Causal: query j sits at position context_len - q_len + j and sees positions up to its own.
+    q_pos = (context_lens.to(device).long() - q_lens)[:, None] + j[None, :]  # [S, Qmax]
+    t = torch.arange(keys.shape[1], device=device)
+    allowed = (t[None, None, :] <= q_pos[:, :, None]) & live[:, None, :]  # [S, Qmax, T]
+    # Grouped-query attention: the G query heads of a KV head become G * Qmax rows against its keys.
+    q = q.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * q_max, head_dim)
+    mask = allowed[:, None, None].expand(num_seqs, 1, group, q_max, keys.shape[1]).reshape(num_seqs, 1, group * q_max, -1)
+    out = F.scaled_dot_product_attention(
+        q.to(compute), keys.transpose(1, 2).to(compute), values.transpose(1, 2).to(compute), attn_mask=mask, scale=scale
+    )  # [S, Hkv, G * Qmax, D]; padded query rows see nothing and are dropped below
+    out = out.view(num_seqs, num_kv_heads, group, q_max, head_dim).permute(0, 3, 1, 2, 4).reshape(num_seqs * q_max, num_heads, head_dim)
+    return out[q_valid.flatten()].to(query.dtype)
