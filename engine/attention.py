@@ -26,7 +26,7 @@ def write_kv_cache(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
-    plan: "TorchStepPlan | None" = None,
+    plan: TorchStepPlan | None = None,
 ) -> None:
     """Copy a step's new K and V into the pools, one token per slot (vLLM's ``reshape_and_cache``).
 
@@ -127,7 +127,7 @@ def gather_kv(
     num_blocks, block_size, num_kv_heads, head_dim = cache.shape
     if index is None:
         index = gather_index(block_tables, context_lens, block_size)
-    rows = cache.view(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, index.slots)
+    rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, index.slots)
     rows.index_fill_(0, index.dead_rows, 0.0)
     return rows.view(num_seqs, -1, num_kv_heads, head_dim), index.live
 
