@@ -30,8 +30,21 @@ TOPICS = [
 
 
 def mixed_workload(num_prompts: int, min_tokens: int, max_tokens: int) -> tuple[list[list[dict]], list[int]]:
-    """Chat prompts and their max_tokens (evenly spread, in tokens)."""
+    """Chat prompts and their max_tokens, evenly spread from min_tokens to max_tokens (one prompt: max_tokens).
+
+    Raises:
+        ValueError: num_prompts < 1, min_tokens < 1, or min_tokens > max_tokens (named as the
+            command-line options).
+    """
+    if num_prompts < 1:
+        raise ValueError(f"--num-prompts must be at least 1, got {num_prompts}")
+    if min_tokens < 1:
+        raise ValueError(f"--min-tokens must be at least 1, got {min_tokens}")
+    if min_tokens > max_tokens:
+        raise ValueError(f"--min-tokens ({min_tokens}) must not exceed --max-tokens ({max_tokens})")
     prompts = [[{"role": "user", "content": f"Tell me about {TOPICS[i % len(TOPICS)]}."}] for i in range(num_prompts)]
+    if num_prompts == 1:
+        return prompts, [max_tokens]
     lengths = np.linspace(min_tokens, max_tokens, num_prompts).round().astype(int).tolist()
     return prompts, lengths
 
@@ -48,12 +61,12 @@ def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int =
     top-2 logit margin there), engine_seconds, hf_seconds (medians), engine_runs_s, hf_runs_s, tokens.
 
     Raises:
-        ValueError: repeats < 1.
+        ValueError: repeats < 1, or a workload :func:`mixed_workload` refuses (checked before loading anything).
     """
     if repeats < 1:
-        raise ValueError(f"repeats must be at least 1, got {repeats}")
-    torch.manual_seed(seed)
+        raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
+    torch.manual_seed(seed)
     llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts)
     engine = llm.engine
     prompt_ids = [engine.encode(p) for p in prompts]
@@ -121,11 +134,11 @@ def format_result(r: dict) -> str:
         f"workload mixed: {r['num_prompts']} chat prompts, {r['tokens']} generated tokens, greedy, ignore_eos, {r['dtype']} on {r['device']}",
         f"engine (continuous batching, paged KV): {r['engine_seconds']:.2f} s  {r['engine_tokens_per_s']:.1f} tokens/s",
         f"transformers generate (static batch):   {r['hf_seconds']:.2f} s  {r['hf_tokens_per_s']:.1f} tokens/s",
-        f"ratio engine/transformers: {r['ratio']:.2f}x   outputs identical: {r['outputs_identical']}",
+        f"engine speed-up (transformers seconds / engine seconds): {r['ratio']:.2f}x   outputs identical: {r['outputs_identical']}",
     ]
     if r["repeats"] > 1:
         runs = ", ".join(f"{x:.2f}x" for x in r["ratios"])
-        lines[1:1] = [f"(medians of {r['repeats']} alternating runs; per-run ratios: {runs})"]
+        lines[1:1] = [f"(times are medians of {r['repeats']} alternating runs, the speed-up their ratio; per-run speed-ups: {runs})"]
     for m in r["mismatches"]:
         lines.append(f"  request {m['request']}: first difference at token {m['position']}, top-2 logit margin {m['top2_logit_margin']:.4g}")
     return "\n".join(lines)

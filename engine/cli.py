@@ -51,6 +51,13 @@ def _generate(args) -> None:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     chat = not args.raw and engine.tokenizer.chat_template
     ids = [engine.add_request([{"role": "user", "content": p}] if chat else p, params) for p in args.prompts]
+    pool = engine.num_blocks * args.block_size
+    why = f"the whole KV pool: {engine.num_blocks} blocks x {args.block_size} slots" if engine.max_model_len == pool else "the engine's limit"
+    for request_id in ids:
+        prompt_len = len(engine.get_output(request_id).prompt_token_ids)
+        if prompt_len + args.max_tokens > engine.max_model_len:
+            print(f"note: request {request_id} ({prompt_len} prompt tokens) stops at max_model_len = {engine.max_model_len} "
+                  f"tokens ({why}), i.e. after {engine.max_model_len - prompt_len} new tokens, finish_reason=length", file=sys.stderr)
     steps = []
     with tqdm(total=len(ids), disable=not args.quiet or args.json, desc="requests") as bar:
         while engine.has_unfinished_requests():
@@ -91,15 +98,15 @@ def _step_line(report) -> str:
 
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="engine vs transformers generate: tokens/s and identical outputs")
-    p.add_argument("--model", default=None)
-    p.add_argument("--workload", choices=["mixed"], default="mixed")
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--min-tokens", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--workload", choices=["mixed"], default="mixed", help="chat prompts with max_tokens spread evenly (default: mixed)")
+    p.add_argument("--num-prompts", type=int, default=16, help="requests in the workload (default: 16)")
+    p.add_argument("--min-tokens", type=int, default=8, help="smallest max_tokens of a request (default: 8)")
+    p.add_argument("--max-tokens", type=int, default=128, help="largest max_tokens of a request (default: 128)")
+    p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
+    p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
 
 

@@ -294,6 +294,8 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     assert data["ratio"] == pytest.approx(data["hf_seconds"] / data["engine_seconds"])
     bad = subprocess.run(cmd[:-1] + ["--repeats", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "repeats" in bad.stderr
+    bad = subprocess.run(cmd[:-1] + ["--min-tokens", "20"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--min-tokens (20) must not exceed --max-tokens (9)" in bad.stderr
 
 
 # ---- failures inside a step, and the order Triton is imported in -----------------------------

@@ -35,3 +35,10 @@ def test_every_kernel_compiles_for_sm90():
     assert any("bfloat16" in r["case"] for r in rows)
     # sm_90 allows 227 KiB of shared memory per block.
     assert max(r["shared_bytes"] for r in rows) <= 227 * 1024
+
+
+def test_an_unknown_architecture_is_refused_before_compiling():
+    # LLVM would answer an unknown sm_XX with a crash, not an error.
+    result = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--arch", "999"],
+                            capture_output=True, text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="0"))
+    assert result.returncode == 2 and "invalid choice: 999" in result.stderr
