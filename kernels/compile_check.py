@@ -109,6 +109,11 @@ def compile_all(arch: int) -> list[dict]:
     from kernels.paged_attention_reduce import _paged_attention_reduce_kernel
     from kernels.reshape_and_cache import _reshape_and_cache_kernel
 
+    from triton.runtime.jit import JITFunction
+
+    if not hasattr(JITFunction, "_do_compile"):
+        raise RuntimeError(f"Triton {triton.__version__} has no JITFunction._do_compile step to stop at before a launch; "
+                           "kernels.compile_check needs a newer Triton (it was written against 3.9)")
     target = GPUTarget("cuda", arch, 32)
     driver.set_active(_TargetOnlyDriver(target))
     capture = _Capture()
@@ -153,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, TRITON_INTERPRET="0")
         cmd = [sys.executable, "-m", "kernels.compile_check", *(argv if argv is not None else sys.argv[1:])]
         return subprocess.run(cmd, env=env).returncode
-    results = compile_all(args.arch)
+    try:
+        results = compile_all(args.arch)
+    except RuntimeError as error:
+        parser.exit(2, f"error: {error}\n")
     if args.json:
         print(json.dumps(results, indent=1))
     else:
