@@ -58,7 +58,10 @@ def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int =
 
     Keys: engine_tokens_per_s, hf_tokens_per_s, ratio (median transformers seconds / median engine
     seconds), ratios (per repeat), outputs_identical, mismatches (request, first differing position,
-    top-2 logit margin there), engine_seconds, hf_seconds (medians), engine_runs_s, hf_runs_s, tokens.
+    top-2 logit margin there), engine_seconds, hf_seconds (medians), engine_runs_s, hf_runs_s, tokens,
+    engine_decode_step_ms_by_batch (median ms of the engine's decode steps, by how many requests they
+    ran), hf_ms_per_step (transformers' median seconds over its max_tokens steps, prefill included, in ms;
+    every one of its steps runs the whole batch).
 
     Raises:
         ValueError: repeats < 1, or a workload :func:`mixed_workload` refuses (checked before loading anything).
@@ -78,9 +81,15 @@ def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int =
     llm.generate(prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
     _hf_generate(hf, hf_inputs, 4)
     engine_runs, hf_runs = [], []
+    decode_ms: dict[int, list[float]] = {}  # decode batch size -> each such step's wall time
+
+    def record(report) -> None:
+        if report.phase == "decode":
+            decode_ms.setdefault(len(report.scheduled), []).append(report.timings_ms["total"])
+
     for _ in range(repeats):
         t0 = time.perf_counter()
-        outputs = llm.generate(prompt_ids, params)
+        outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         hf_outputs = _hf_generate(hf, hf_inputs, max(lengths))
@@ -101,6 +110,8 @@ def run_bench(model: str | None = None, num_prompts: int = 16, min_tokens: int =
         "engine_tokens_per_s": tokens / engine_s, "hf_tokens_per_s": tokens / hf_s,
         "ratio": hf_s / engine_s, "ratios": [h / e for e, h in zip(engine_runs, hf_runs)],
         "outputs_identical": not mismatches, "mismatches": mismatches,
+        "engine_decode_step_ms_by_batch": {b: statistics.median(v) for b, v in sorted(decode_ms.items(), reverse=True)},
+        "hf_ms_per_step": 1e3 * hf_s / max(lengths),
     }
 
 
@@ -139,6 +150,11 @@ def format_result(r: dict) -> str:
     if r["repeats"] > 1:
         runs = ", ".join(f"{x:.2f}x" for x in r["ratios"])
         lines[1:1] = [f"(times are medians of {r['repeats']} alternating runs, the speed-up their ratio; per-run speed-ups: {runs})"]
+    by_batch = r["engine_decode_step_ms_by_batch"]
+    if by_batch:
+        shown = ", ".join(f"{b}: {ms:.0f}" for b, ms in by_batch.items())
+        lines.append(f"engine decode step, ms by batch size (requests still running): {shown}")
+        lines.append(f"transformers: {r['hf_ms_per_step']:.0f} ms per step (its prefill spread over them), always at batch {r['num_prompts']}")
     for m in r["mismatches"]:
         lines.append(f"  request {m['request']}: first difference at token {m['position']}, top-2 logit margin {m['top2_logit_margin']:.4g}")
     return "\n".join(lines)

@@ -292,6 +292,8 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     assert data["tokens"] == sum([2, 4, 7, 9]) and len(data["engine_runs_s"]) == len(data["ratios"]) == 2
     assert data["outputs_identical"], data["mismatches"]
     assert data["ratio"] == pytest.approx(data["hf_seconds"] / data["engine_seconds"])
+    # Continuous batching: the engine's decode batch shrinks from 4 requests to 1 as they finish.
+    assert set(data["engine_decode_step_ms_by_batch"]) == {"4", "3", "2", "1"}
     bad = subprocess.run(cmd[:-1] + ["--repeats", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "repeats" in bad.stderr
     bad = subprocess.run(cmd[:-1] + ["--min-tokens", "20"], capture_output=True, text=True, timeout=600)
