@@ -106,6 +106,11 @@ def _add_bench(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
+    p.add_argument(
+        "--small-batch-kernel", action=argparse.BooleanOptionalAction, default=True,
+        help="CPU: decode-sized matmuls through the engine's C++ kernel (default), or with --no-small-batch-kernel "
+        "through torch's F.linear like transformers",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
 
@@ -116,6 +121,7 @@ def _bench(args) -> None:
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
         max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed, repeats=args.repeats,
+        small_batch_kernel=args.small_batch_kernel,
     )
     print(json.dumps(result) if args.json else format_result(result))
 

@@ -14,6 +14,7 @@ import torch
 
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.config import EngineConfig
+from engine import cpu_linear
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
@@ -56,7 +57,11 @@ class LLMEngine:
         backend = _resolve_backend(config.attention_backend, self.device, self.dtype)
         loaded = loaded_model or load_model(config.model, dtype=torch.float32, progress=progress)
         self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
-        model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device)
+        if config.small_batch_kernel and self.device.type == "cpu" and self.dtype == torch.float32 and progress and not cpu_linear.attempted():
+            progress("Building the engine's CPU matmul kernel (first run on this machine only, 10-60 s)", 0.0)
+        model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.small_batch_kernel)
+        # Which code multiplies decode-sized batches: shown by the bench and the app.
+        self.linear_backend = "engine small-batch kernel" if model.small_batch_kernel else "torch F.linear"
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
         self.max_model_len = self._max_model_len()

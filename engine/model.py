@@ -22,6 +22,8 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from engine import cpu_linear
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
@@ -69,6 +71,24 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor
     backend: AttentionBackend
     plan: object | None = None
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, same names) whose decode-sized calls on CPU can go through the
+    engine's small-batch kernel (:mod:`engine.cpu_linear`).
+
+    ``weight_kn`` is None until :meth:`CausalLM.store_weights_kn` sets it: then ``weight_kn`` ``[in, out]``
+    holds the weights and ``weight`` is its transposed view ``[out, in]`` (no second copy), and inputs
+    ``[M, in]`` with 1 <= M <= 32 rows go through the kernel; everything else goes through ``F.linear``.
+    """
+
+    weight_kn: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_kn is not None and x.dim() == 2 and 0 < x.shape[0] <= cpu_linear.MAX_ROWS:
+            y = cpu_linear.small_batch_linear(x, self.weight_kn)
+            return y if self.bias is None else y.add_(self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -141,10 +161,10 @@ class Attention(nn.Module):
         self.scale = head_dim**-0.5
         bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=getattr(config, "attention_bias", False))
+        self.q_proj = Linear(hidden, self.num_heads * head_dim, bias=bias)
+        self.k_proj = Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.v_proj = Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.o_proj = Linear(self.num_heads * head_dim, hidden, bias=getattr(config, "attention_bias", False))
         if config.model_type == "qwen3":
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -181,9 +201,9 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -229,6 +249,7 @@ class CausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.lm_head_t: torch.Tensor | None = None  # [hidden_size, vocab_size] on CPU, see store_lm_head_transposed
+        self.small_batch_kernel = False  # the LM head goes through engine.cpu_linear, see store_weights_kn
 
     def forward(
         self,
@@ -251,6 +272,8 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
         if self.lm_head_t is not None:
+            if self.small_batch_kernel and 0 < hidden.shape[0] <= cpu_linear.MAX_ROWS:
+                return cpu_linear.small_batch_linear(hidden, self.lm_head_t)
             return (hidden @ self.lm_head_t).float()
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight).float()
@@ -269,14 +292,35 @@ class CausalLM(nn.Module):
         self.lm_head_t = head.weight.detach().t().contiguous()
         head.weight = nn.Parameter(self.lm_head_t.t(), requires_grad=False)
 
+    def store_weights_kn(self) -> None:
+        """Hand decode-sized matmuls (1-32 rows) to the engine's CPU kernel (:mod:`engine.cpu_linear`).
 
-def build_model(config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> CausalLM:
+        Every projection whose output size is a multiple of 64 keeps its weights as ``weight_kn``
+        ``[in, out]`` (``weight`` becomes a view of it, no second copy), and so does the LM head
+        (:meth:`store_lm_head_transposed`). Call only on float32 CPU weights, after
+        :func:`engine.cpu_linear.load_kernel` returned True.
+        """
+        self.store_lm_head_transposed()
+        self.small_batch_kernel = cpu_linear.supports(self.lm_head_t)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                weight_kn = module.weight.detach().t().contiguous()
+                if cpu_linear.supports(weight_kn):
+                    module.weight = nn.Parameter(weight_kn.t(), requires_grad=False)
+                    module.weight_kn = weight_kn
+
+
+def build_model(
+    config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, small_batch_kernel: bool = False
+) -> CausalLM:
     """Build :class:`CausalLM` for ``config`` and load ``state_dict`` into it, strictly.
 
     Args:
         config: transformers config of model_type llama, qwen2 or qwen3.
         state_dict: Hugging Face tensor names -> tensors (any float dtype; converted to ``dtype``).
         dtype, device: where the weights live.
+        small_batch_kernel: float32 on CPU only: decode-sized matmuls go through the engine's kernel
+            (:meth:`CausalLM.store_weights_kn`) when it builds; otherwise (or False) all go through torch.
 
     Raises:
         WeightLoadError: a tensor is missing, unexpected or of the wrong shape (all are named), or the
@@ -297,7 +341,10 @@ def build_model(config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
     if device.type == "cpu":
-        model.store_lm_head_transposed()
+        if small_batch_kernel and dtype == torch.float32 and cpu_linear.load_kernel():
+            model.store_weights_kn()
+        else:
+            model.store_lm_head_transposed()
     return model.eval()
 
 
