@@ -136,3 +136,31 @@ def test_a_failed_build_warns_and_falls_back_to_torch(tmp_path, tiny_llama_dir):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "served" in result.stdout
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start(tmp_path):
+    # torch waits for the build directory's lock file; a killed build leaves it behind.
+    script = textwrap.dedent(
+        f"""
+        import os, time
+        from pathlib import Path
+        from engine import cpu_linear
+        from engine.cpu_linear import _build_and_load
+        root = Path({str(tmp_path)!r})
+        # Where this machine's build goes: the same fingerprint directory load_kernel uses.
+        real_mkdir = Path.mkdir
+        def mkdir_with_stale_lock(self, *args, **kwargs):
+            real_mkdir(self, *args, **kwargs)
+            if self.parent == root:
+                lock = self / "lock"
+                lock.touch()
+                old = time.time() - 2 * cpu_linear.STALE_LOCK_S
+                os.utime(lock, (old, old))
+        Path.mkdir = mkdir_with_stale_lock
+        assert cpu_linear.load_kernel(root), cpu_linear.kernel_error()
+        print("built")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "built" in result.stdout
