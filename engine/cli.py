@@ -34,6 +34,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged")
     p.add_argument("--reservation", choices=["max", "pow2", "oracle"], default="max")
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    _add_small_batch_kernel(p)
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
     p.add_argument("--json", action="store_true", help="print results as JSON")
@@ -46,6 +47,7 @@ def _generate(args) -> None:
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
+        small_batch_kernel=args.small_batch_kernel,
     )
     engine = LLMEngine(config)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
@@ -106,13 +108,17 @@ def _add_bench(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
+    _add_small_batch_kernel(p)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_bench)
+
+
+def _add_small_batch_kernel(p) -> None:
     p.add_argument(
         "--small-batch-kernel", action=argparse.BooleanOptionalAction, default=True,
         help="CPU: decode-sized matmuls through the engine's C++ kernel (default), or with --no-small-batch-kernel "
         "through torch's F.linear like transformers",
     )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.set_defaults(func=_bench)
 
 
 def _bench(args) -> None:

@@ -3,12 +3,12 @@
 A decode step multiplies every weight matrix by one row per running request. With 1-32 rows the
 step is bound by reading the weights from memory, not by arithmetic, and a general GEMM pays
 for more than that read: MKL's sgemm copies ("packs") the weight into its own layout on every
-call (the same weights packed once ahead, through torch's private MKL ops, ran 8 rows in 29
-instead of 38 ms, but only for the exact batch size they were packed for). ``engine/csrc/small_batch_linear.cpp`` reads each weight once, straight from a ``[K, N]``
+call. (Packing once ahead, through torch's private MKL ops, is as fast as this kernel, but a packed
+copy serves only the exact batch size it was packed for: 32 copies of the weights for 1-32 rows.) ``engine/csrc/small_batch_linear.cpp`` reads each weight once, straight from a ``[K, N]``
 layout, with register tiles of 6 rows x 64 columns (see the comment at its top). Measured on the
 2-core Xeon this project is developed on, all 210 projections of SmolLM2-135M: 8 rows 44 -> 32 ms,
 16 rows 58 -> 38 ms, 1 row 25 ms both (``python -m engine bench`` shows what it does to a whole
-workload). Prefill batches (more rows) keep using torch's ``F.linear``.
+workload). Batches of more than 32 rows (the prefill of longer prompts) keep using torch's ``F.linear``.
 
 The kernel is C++ compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler with
 OpenMP, and ``ninja``), for this machine's CPU (``-march=native``), into
@@ -20,10 +20,13 @@ warns once and uses ``F.linear`` everywhere: slower, same results within float r
 from __future__ import annotations
 
 import hashlib
+import logging
 import platform
+import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,26 +41,30 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
 
 
-def load_kernel(build_root: str | Path | None = None) -> bool:
+def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
     """Build (first use on a machine, ~10-60 s) and load the kernel; True when it can be used.
 
     Runs once per process; later calls return the first answer. Never raises: a failed build
-    (no compiler, no OpenMP, no ninja, a non-x86/ARM CPU GCC cannot target) issues one
-    ``RuntimeWarning`` naming the reason, and :func:`kernel_error` keeps it.
+    (no compiler, no OpenMP, no ninja, a CPU the compiler cannot target) issues one
+    ``RuntimeWarning`` ending with the compiler's last words, and :func:`kernel_error` keeps all of it.
 
     Args:
         build_root: where built libraries live; default ``<cache>/cpu_kernels``.
+        progress: told ``(text, 0.0)`` when a build starts (the app's progress bar); None: the text
+            goes to stderr. Nothing is said when the library is already built.
     """
     with _lock:
         if "ok" not in _state:
             try:
-                _build_and_load(build_root)
+                _build_and_load(build_root, progress)
                 _state["ok"] = True
             except Exception as error:  # noqa: BLE001 - any build failure means: fall back, loudly
                 _state["ok"], _state["error"] = False, f"{type(error).__name__}: {error}".strip()
+                error_text = str(_state["error"])
+                reason = error_text if len(error_text) <= 600 else "..." + error_text[-600:]  # the cause is at the end
                 warnings.warn(
                     "engine: the CPU small-batch matmul kernel could not be built, so decode steps use torch's "
-                    f"F.linear (slower for 1-{MAX_ROWS} rows, same results within rounding). Reason: {_state['error'][:500]}",
+                    f"F.linear (slower for 1-{MAX_ROWS} rows, same results within rounding). Reason: {reason}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -97,7 +104,7 @@ def small_batch_linear(x: torch.Tensor, weight_kn: torch.Tensor) -> torch.Tensor
     return torch.ops.pagedattention_lab.small_batch_linear(x, weight_kn)
 
 
-def _build_and_load(build_root: str | Path | None) -> None:
+def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
     from torch.utils import cpp_extension  # imported here: it is slow to import and only needed once
 
     from engine.model_loader import cache_dir
@@ -112,8 +119,27 @@ def _build_and_load(build_root: str | Path | None) -> None:
     lock = build_dir / "lock"
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         lock.unlink(missing_ok=True)
+    name = f"pagedattention_lab_cpu_{fingerprint}"
+    if not (build_dir / f"{name}.so").exists():
+        text = f"Building the engine's CPU matmul kernel for this machine (once, 10-60 s) in {build_dir}"
+        if progress:
+            progress(text, 0.0)
+        else:
+            print(text, file=sys.stderr, flush=True)
+    # torch logs a long banner when the compiler is not the one it was built with; the warning above
+    # (on failure) says what matters.
+    cpp_logger = logging.getLogger(cpp_extension.__name__)
+    level = cpp_logger.level
+    cpp_logger.setLevel(logging.ERROR)
+    try:
+        _load(cpp_extension, name, build_dir)
+    finally:
+        cpp_logger.setLevel(level)
+
+
+def _load(cpp_extension, name: str, build_dir: Path) -> None:
     cpp_extension.load(
-        name=f"pagedattention_lab_cpu_{fingerprint}",
+        name=name,
         sources=[str(SOURCE)],
         extra_cflags=CFLAGS,
         extra_ldflags=["-fopenmp"],

@@ -57,11 +57,12 @@ class LLMEngine:
         backend = _resolve_backend(config.attention_backend, self.device, self.dtype)
         loaded = loaded_model or load_model(config.model, dtype=torch.float32, progress=progress)
         self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
-        if config.small_batch_kernel and self.device.type == "cpu" and self.dtype == torch.float32 and progress and not cpu_linear.attempted():
-            progress("Building the engine's CPU matmul kernel (first run on this machine only, 10-60 s)", 0.0)
+        if config.small_batch_kernel and self.device.type == "cpu" and self.dtype == torch.float32:
+            cpu_linear.load_kernel(progress=progress)  # builds it on a machine's first run, saying so
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.small_batch_kernel)
-        # Which code multiplies decode-sized batches: shown by the bench and the app.
-        self.linear_backend = "engine small-batch kernel" if model.small_batch_kernel else "torch F.linear"
+        # Which code multiplies decode-sized batches (the bench prints it).
+        uses_kernel = model.small_batch_kernel or any(getattr(m, "weight_kn", None) is not None for m in model.modules())
+        self.linear_backend = "engine small-batch kernel" if uses_kernel else "torch F.linear"
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
         self.max_model_len = self._max_model_len()

@@ -285,8 +285,8 @@ class CausalLM(nn.Module):
         Why (CPU only): the LM head is the largest matrix multiplication of a decode step (vocab 49152 x
         hidden 576 for SmolLM2), and MKL's sgemm reading an N x K weight through a transpose is up to
         ~2x slower for batches of 2-15 rows than with the K x N layout (measured on a 2-core Xeon:
-        13 rows 17.6 vs 11.7 ms). The layers' projections showed no steady difference either way, so
-        they keep PyTorch's layout. The tied embedding is looked up through the same memory.
+        13 rows 17.6 vs 11.7 ms). For MKL the layers' projections showed no steady difference either way,
+        so they keep PyTorch's layout here (:meth:`store_weights_kn` moves them too, for the engine's kernel). The tied embedding is looked up through the same memory.
         """
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
         self.lm_head_t = head.weight.detach().t().contiguous()

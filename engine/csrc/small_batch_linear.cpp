@@ -1,4 +1,4 @@
-// y = x @ weight_kn for decode-sized batches on CPU: x [M, K] fp32 with M small (1-16 rows, one per
+// y = x @ weight_kn for decode-sized batches on CPU: x [M, K] fp32 with M small (1-32 rows, one per
 // running request), weight_kn [K, N] fp32 row-major (the transpose of nn.Linear's [N, K] weight).
 //
 // Why it exists: in a decode step every weight matrix is read from memory once and used for only a
@@ -7,11 +7,12 @@
 // on a 2-core Xeon it took ~2x the time of a plain read of the weights for 8-16 rows. This kernel
 // reads each weight once, straight from its [K, N] layout:
 //   - the N columns are cut into 64-wide tiles (4 vectors of 16 floats), shared out among threads;
-//   - for a tile, up to 6 rows of x are kept in 24 vector accumulators (a 6 x 64 register tile), and
+//   - for a tile, up to 6 rows of x are kept in 24 vector accumulators (a 6 x 64 register tile: 24 of
+//     AVX-512's 32 registers; without AVX-512 the compiler splits each vector in two and some spill), and
 //     each weight row k of the tile (256 bytes) is loaded once and multiplied into all 6 rows;
 //   - rows of the tile lie N * 4 bytes apart, so the next rows are prefetched by hand (the hardware
 //     prefetcher does not follow a stride that crosses a page every row);
-//   - sums are kept per block of K_BLOCK terms and then added up, which keeps the rounding error close
+//   - sums are kept per block of kBlockK terms and then added up, which keeps the rounding error close
 //     to a blocked GEMM's (one running sum over all K drifts further from the exact result).
 // llama.cpp's and vLLM's CPU backends use the same kind of register-tiled microkernel.
 //
