@@ -51,7 +51,7 @@ def mixed_workload(num_prompts: int, min_tokens: int, max_tokens: int) -> tuple[
 
 def run_bench(
     model: str | None = None, num_prompts: int = 16, min_tokens: int = 8, max_tokens: int = 128,
-    block_size: int = 16, seed: int = 0, repeats: int = 3, small_batch_kernel: bool = True,
+    block_size: int = 16, seed: int = 0, repeats: int = 3, cpu_kernels: bool = True,
 ) -> dict:
     """Run the workload through both, fp32 on CPU (bf16 on CUDA); returns the figures as a dict.
 
@@ -64,8 +64,8 @@ def run_bench(
     top-2 logit margin there), engine_seconds, hf_seconds (medians), engine_runs_s, hf_runs_s, tokens,
     engine_decode_step_ms_by_batch (median ms of the engine's decode steps, by how many requests they
     ran), hf_ms_per_step (transformers' median seconds over its max_tokens steps, prefill included, in ms;
-    every one of its steps runs the whole batch), engine_linear (what multiplied the engine's decode-sized
-    batches: its small-batch kernel or torch's F.linear, see ``small_batch_kernel`` and engine/cpu_linear.py).
+    every one of its steps runs the whole batch), engine_cpu_backend (what ran the engine's decode-sized
+    batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py).
 
     Raises:
         ValueError: repeats < 1, or a workload :func:`mixed_workload` refuses (checked before loading anything).
@@ -74,7 +74,7 @@ def run_bench(
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
     torch.manual_seed(seed)
-    llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts, small_batch_kernel=small_batch_kernel)
+    llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
     engine = llm.engine
     prompt_ids = [engine.encode(p) for p in prompts]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
@@ -109,7 +109,7 @@ def run_bench(
     engine_s, hf_s = statistics.median(engine_runs), statistics.median(hf_runs)
     return {
         "workload": "mixed", "num_prompts": num_prompts, "tokens": tokens, "device": str(engine.device),
-        "dtype": str(engine.dtype).replace("torch.", ""), "repeats": repeats, "engine_linear": engine.linear_backend,
+        "dtype": str(engine.dtype).replace("torch.", ""), "repeats": repeats, "engine_cpu_backend": engine.cpu_backend,
         "engine_seconds": engine_s, "hf_seconds": hf_s, "engine_runs_s": engine_runs, "hf_runs_s": hf_runs,
         "engine_tokens_per_s": tokens / engine_s, "hf_tokens_per_s": tokens / hf_s,
         "ratio": hf_s / engine_s, "ratios": [h / e for e, h in zip(engine_runs, hf_runs)],
@@ -147,7 +147,7 @@ def _top2_margin(hf, ids: list[int], device) -> float:
 def format_result(r: dict) -> str:
     lines = [
         f"workload mixed: {r['num_prompts']} chat prompts, {r['tokens']} generated tokens, greedy, ignore_eos, {r['dtype']} on {r['device']}",
-        f"engine (continuous batching, paged KV): {r['engine_seconds']:.2f} s  {r['engine_tokens_per_s']:.1f} tokens/s   (decode matmuls: {r['engine_linear']})",
+        f"engine (continuous batching, paged KV): {r['engine_seconds']:.2f} s  {r['engine_tokens_per_s']:.1f} tokens/s   (CPU ops: {r['engine_cpu_backend']})",
         f"transformers generate (static batch):   {r['hf_seconds']:.2f} s  {r['hf_tokens_per_s']:.1f} tokens/s",
         f"engine speed-up (transformers seconds / engine seconds): {r['ratio']:.2f}x   outputs identical: {r['outputs_identical']}",
     ]

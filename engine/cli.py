@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, simulate and reproduce-paper from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate and reproduce-paper from the command line."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_bench(sub)
+    _add_bench_cpu(sub)
     _add_simulator(sub)
     args = parser.parse_args(argv)
     try:
@@ -34,7 +35,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged")
     p.add_argument("--reservation", choices=["max", "pow2", "oracle"], default="max")
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
-    _add_small_batch_kernel(p)
+    _add_cpu_kernels(p)
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
     p.add_argument("--json", action="store_true", help="print results as JSON")
@@ -47,7 +48,7 @@ def _generate(args) -> None:
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
-        small_batch_kernel=args.small_batch_kernel,
+        cpu_kernels=args.cpu_kernels,
     )
     engine = LLMEngine(config)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
@@ -108,16 +109,16 @@ def _add_bench(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
-    _add_small_batch_kernel(p)
+    _add_cpu_kernels(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
 
 
-def _add_small_batch_kernel(p) -> None:
+def _add_cpu_kernels(p) -> None:
     p.add_argument(
-        "--small-batch-kernel", action=argparse.BooleanOptionalAction, default=True,
-        help="CPU: decode-sized matmuls through the engine's C++ kernel (default), or with --no-small-batch-kernel "
-        "through torch's F.linear like transformers",
+        "--cpu-kernels", action=argparse.BooleanOptionalAction, default=True,
+        help="CPU, fp32: decode-sized matmuls, residual add + RMSNorm and RoPE through the engine's C++ kernels "
+        "(default), or with --no-cpu-kernels through torch (F.linear, like transformers)",
     )
 
 
@@ -127,9 +128,25 @@ def _bench(args) -> None:
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
         max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed, repeats=args.repeats,
-        small_batch_kernel=args.small_batch_kernel,
+        cpu_kernels=args.cpu_kernels,
     )
     print(json.dumps(result) if args.json else format_result(result))
+
+
+def _add_bench_cpu(sub) -> None:
+    p = sub.add_parser("bench-cpu", help="the engine's CPU kernels vs the torch code they replace, per decode step")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64], help="batch sizes (requests per step), 1-64")
+    p.add_argument("--repeats", type=int, default=7, help="alternating passes of each side; medians are reported (default: 7)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_bench_cpu)
+
+
+def _bench_cpu(args) -> None:
+    from engine.bench_cpu import format_cpu_bench, run_cpu_bench
+
+    result = run_cpu_bench(model=args.model, rows=tuple(args.rows), repeats=args.repeats)
+    print(json.dumps(result) if args.json else format_cpu_bench(result))
 
 
 def _add_simulator(sub) -> None:

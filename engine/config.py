@@ -35,9 +35,9 @@ class EngineConfig:
         shuffle_blocks: hand out physical blocks in a seeded random order, so that block tables visibly
             map logical blocks anywhere in the pool.
         seed: seeds block shuffling and requests that give no seed of their own.
-        small_batch_kernel: float32 on CPU: decode-sized matmuls (1-32 rows) go through the engine's C++
-            kernel (engine/cpu_linear.py, built on first use; where it cannot be built, a warning and torch);
-            False: torch's ``F.linear`` for every matmul.
+        cpu_kernels: float32 on CPU: the engine's C++ kernels (engine/cpu_ops.py, built on first use)
+            do the matmuls of 1-64 rows, the residual add with RMSNorm, and RoPE; where they cannot be
+            built, a warning and torch. False: torch for everything (``F.linear`` as in transformers).
 
     Raises:
         ValueError: on any field out of range, naming the field.
@@ -58,7 +58,7 @@ class EngineConfig:
     placement: str = "first-fit"
     shuffle_blocks: bool = False
     seed: int = 0
-    small_batch_kernel: bool = True
+    cpu_kernels: bool = True
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -74,8 +74,8 @@ class EngineConfig:
                 _positive_int(name, getattr(self, name))
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if not isinstance(self.small_batch_kernel, bool):
-            raise ValueError(f"small_batch_kernel must be True or False, got {self.small_batch_kernel!r}")
+        if not isinstance(self.cpu_kernels, bool):
+            raise ValueError(f"cpu_kernels must be True or False, got {self.cpu_kernels!r}")
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, DEVICES)
         _choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)

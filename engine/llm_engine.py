@@ -14,7 +14,7 @@ import torch
 
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.config import EngineConfig
-from engine import cpu_linear
+from engine import cpu_ops
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
@@ -57,12 +57,12 @@ class LLMEngine:
         backend = _resolve_backend(config.attention_backend, self.device, self.dtype)
         loaded = loaded_model or load_model(config.model, dtype=torch.float32, progress=progress)
         self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
-        if config.small_batch_kernel and self.device.type == "cpu" and self.dtype == torch.float32:
-            cpu_linear.load_kernel(progress=progress)  # builds it on a machine's first run, saying so
-        model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.small_batch_kernel)
-        # Which code multiplies decode-sized batches (the bench prints it).
-        uses_kernel = model.small_batch_kernel or any(getattr(m, "weight_kn", None) is not None for m in model.modules())
-        self.linear_backend = "engine small-batch kernel" if uses_kernel else "torch F.linear"
+        if config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32:
+            cpu_ops.load_kernel(progress=progress)  # builds them on a machine's first run, saying so
+        model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
+        # What runs the matmuls, norms and RoPE on CPU: the engine's C++ kernels or torch (the bench prints it).
+        uses_kernel = model.cpu_kernels or any(getattr(m, "cpu_kernel", False) for m in model.modules())
+        self.cpu_backend = "engine CPU kernels" if uses_kernel else "torch"
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
         self.max_model_len = self._max_model_len()

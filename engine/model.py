@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from engine import cpu_linear
+from engine import cpu_ops
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -74,32 +74,47 @@ class AttentionMetadata:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same names) whose decode-sized calls on CPU can go through the
-    engine's small-batch kernel (:mod:`engine.cpu_linear`).
+    """``nn.Linear`` (same parameters, same names, same ``[out, in]`` weight) whose decode-sized calls on
+    CPU can go through the engine's small-batch kernel (:func:`engine.cpu_ops.small_batch_linear`).
 
-    ``weight_kn`` is None until :meth:`CausalLM.store_weights_kn` sets it: then ``weight_kn`` ``[in, out]``
-    holds the weights and ``weight`` is its transposed view ``[out, in]`` (no second copy), and inputs
-    ``[M, in]`` with 1 <= M <= 32 rows go through the kernel; everything else goes through ``F.linear``.
+    ``cpu_kernel`` is False until :meth:`CausalLM.use_cpu_kernels` sets it: then inputs
+    ``[M, in]`` with 1 <= M <= 64 rows go through the kernel; everything else goes through ``F.linear``.
     """
 
-    weight_kn: torch.Tensor | None = None
+    cpu_kernel: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight_kn is not None and x.dim() == 2 and 0 < x.shape[0] <= cpu_linear.MAX_ROWS:
-            y = cpu_linear.small_batch_linear(x, self.weight_kn)
+        if self.cpu_kernel and x.dim() == 2 and 0 < x.shape[0] <= cpu_ops.MAX_ROWS:
+            y = cpu_ops.small_batch_linear(x, self.weight)
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in fp32 (as Llama does), then scaled by a learned weight."""
+    """Root-mean-square norm, computed in fp32 (as Llama does), then scaled by a learned weight.
+
+    ``norm(x)`` returns the normalised ``x``. ``norm(x, residual)`` first adds the sub-layer output ``x``
+    to the residual stream and returns ``(norm(x + residual), x + residual)`` (vLLM's layout: the
+    residual connection of one sub-layer and the norm in front of the next are one step, and one
+    C++ call when ``cpu_kernel`` is set, see :func:`engine.cpu_ops.add_rms_norm`).
+    """
+
+    cpu_kernel: bool = False
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is None:
+            return self._norm(x)
+        if self.cpu_kernel and x.dim() == 2:
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        residual = x + residual
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # F.rms_norm without a weight is Llama's x * rsqrt(mean(x**2) + eps), the same operations in
         # the same order (bit-identical), dispatched as one call instead of five from Python.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
@@ -147,6 +162,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE: x ``[num_tokens, heads, head_dim]``, cos/sin ``[num_tokens, 1, head_dim]`` -> x rotated, same shape."""
     return x * cos + _rotate_half(x) * sin
 
 
@@ -168,6 +184,7 @@ class Attention(nn.Module):
         if config.model_type == "qwen3":
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self.cpu_kernel = False  # RoPE on q and k in one C++ call (engine.cpu_ops.rotary_embedding)
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
         n = x.shape[0]
@@ -176,7 +193,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.cpu_kernel:
+            q, k = cpu_ops.rotary_embedding(q, k, cos, sin)  # exactly the two lines below, in one call
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         key_cache, value_cache = kv_cache
         # Written first, so attention reads every token, including this step's, through the block table.
         plan = {} if meta.plan is None else {"plan": meta.plan}
@@ -210,6 +230,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """One transformer block. Takes and returns ``(hidden, residual)`` (vLLM's layout): the block's input is
+    ``hidden + residual`` (``residual`` None: ``hidden`` alone, in the first layer), and so is its output.
+    Each residual add happens inside the RMSNorm that follows it, see :class:`RMSNorm`.
+    """
+
     def __init__(self, config, head_dim: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -217,9 +242,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, hidden, residual, cos, sin, kv_cache, meta):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, cos, sin, kv_cache, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class Backbone(nn.Module):
@@ -249,7 +279,7 @@ class CausalLM(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.lm_head_t: torch.Tensor | None = None  # [hidden_size, vocab_size] on CPU, see store_lm_head_transposed
-        self.small_batch_kernel = False  # the LM head goes through engine.cpu_linear, see store_weights_kn
+        self.cpu_kernels = False  # the LM head goes through engine.cpu_ops too, see use_cpu_kernels
 
     def forward(
         self,
@@ -263,19 +293,20 @@ class CausalLM(nn.Module):
         ``kv_caches[i]`` is layer i's (key_cache, value_cache), each
         ``[num_blocks, block_size, num_kv_heads, head_dim]``; this step's K and V are written into them.
         """
-        x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions, x.dtype)
+        hidden = self.model.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, meta)
-        return self.model.norm(x)
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+        return self.model.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
-        if self.lm_head_t is not None:
-            if self.small_batch_kernel and 0 < hidden.shape[0] <= cpu_linear.MAX_ROWS:
-                return cpu_linear.small_batch_linear(hidden, self.lm_head_t)
-            return (hidden @ self.lm_head_t).float()
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        if self.cpu_kernels and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS:
+            return cpu_ops.small_batch_linear(hidden, weight)
+        if self.lm_head_t is not None:
+            return (hidden @ self.lm_head_t).float()
         return F.linear(hidden, weight).float()
 
     def store_lm_head_transposed(self) -> None:
@@ -286,32 +317,37 @@ class CausalLM(nn.Module):
         hidden 576 for SmolLM2), and MKL's sgemm reading an N x K weight through a transpose is up to
         ~2x slower for batches of 2-15 rows than with the K x N layout (measured on a 2-core Xeon:
         13 rows 17.6 vs 11.7 ms). For MKL the layers' projections showed no steady difference either way,
-        so they keep PyTorch's layout here (:meth:`store_weights_kn` moves them too, for the engine's kernel). The tied embedding is looked up through the same memory.
+        so they keep PyTorch's layout. The tied embedding is looked up through the same memory. Used
+        when the engine's own kernel (:meth:`use_cpu_kernels`) is not, which reads ``[vocab_size,
+        hidden_size]`` as it is.
         """
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
         self.lm_head_t = head.weight.detach().t().contiguous()
         head.weight = nn.Parameter(self.lm_head_t.t(), requires_grad=False)
 
-    def store_weights_kn(self) -> None:
-        """Hand decode-sized matmuls (1-32 rows) to the engine's CPU kernel (:mod:`engine.cpu_linear`).
+    def use_cpu_kernels(self) -> None:
+        """Run the engine's C++ CPU kernels (:mod:`engine.cpu_ops`) instead of torch where they apply:
+        matmuls of 1-64 rows in every projection and the LM head (reading the weights in their own
+        ``[out, in]`` layout), the residual add with RMSNorm, and RoPE.
 
-        Every projection whose output size is a multiple of 64 keeps its weights as ``weight_kn``
-        ``[in, out]`` (``weight`` becomes a view of it, no second copy), and so does the LM head
-        (:meth:`store_lm_head_transposed`). Call only on float32 CPU weights, after
-        :func:`engine.cpu_linear.load_kernel` returned True.
+        Call only on float32 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
+        A weight that is not contiguous (none is, after a normal load) is made so first.
         """
-        self.store_lm_head_transposed()
-        self.small_batch_kernel = cpu_linear.supports(self.lm_head_t)
         for module in self.modules():
             if isinstance(module, Linear):
-                weight_kn = module.weight.detach().t().contiguous()
-                if cpu_linear.supports(weight_kn):
-                    module.weight = nn.Parameter(weight_kn.t(), requires_grad=False)
-                    module.weight_kn = weight_kn
+                if not module.weight.is_contiguous():
+                    module.weight = nn.Parameter(module.weight.detach().contiguous(), requires_grad=False)
+                module.cpu_kernel = cpu_ops.supports(module.weight)
+            elif isinstance(module, (RMSNorm, Attention)):
+                module.cpu_kernel = True
+        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+        if not head.weight.is_contiguous():
+            head.weight = nn.Parameter(head.weight.detach().contiguous(), requires_grad=False)
+        self.cpu_kernels = cpu_ops.supports(head.weight)
 
 
 def build_model(
-    config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, small_batch_kernel: bool = False
+    config, state_dict: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, cpu_kernels: bool = False
 ) -> CausalLM:
     """Build :class:`CausalLM` for ``config`` and load ``state_dict`` into it, strictly.
 
@@ -319,8 +355,8 @@ def build_model(
         config: transformers config of model_type llama, qwen2 or qwen3.
         state_dict: Hugging Face tensor names -> tensors (any float dtype; converted to ``dtype``).
         dtype, device: where the weights live.
-        small_batch_kernel: float32 on CPU only: decode-sized matmuls go through the engine's kernel
-            (:meth:`CausalLM.store_weights_kn`) when it builds; otherwise (or False) all go through torch.
+        cpu_kernels: float32 on CPU only: the engine's C++ kernels replace torch where they apply
+            (:meth:`CausalLM.use_cpu_kernels`) when they build; otherwise (or False) all is torch.
 
     Raises:
         WeightLoadError: a tensor is missing, unexpected or of the wrong shape (all are named), or the
@@ -341,8 +377,8 @@ def build_model(
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
     if device.type == "cpu":
-        if small_batch_kernel and dtype == torch.float32 and cpu_linear.load_kernel():
-            model.store_weights_kn()
+        if cpu_kernels and dtype == torch.float32 and cpu_ops.load_kernel():
+            model.use_cpu_kernels()
         else:
             model.store_lm_head_transposed()
     return model.eval()

@@ -1,0 +1,120 @@
+"""``python -m engine bench-cpu``: the engine's CPU kernels against the torch code they replace, on one model.
+
+For each batch size (rows = requests in a decode step) it times what one decode step of the model
+does with them, on the model's real weights:
+
+- ``matmul``: every matrix multiply of a step (each layer's 7 projections and the LM head), through
+  :func:`engine.cpu_ops.small_batch_linear` and through ``F.linear`` (MKL, as transformers does);
+- ``norm_rope``: each layer's two residual adds + RMSNorms and its RoPE on q and k, through
+  :func:`engine.cpu_ops.add_rms_norm` / :func:`engine.cpu_ops.rotary_embedding` and through the torch
+  code of engine/model.py.
+
+The two sides alternate ``repeats`` times and medians are reported (this is a shared machine: one
+pass can be 30% off). ``python -m engine bench`` measures what they do to a whole workload.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch.nn import functional as F
+
+from engine import cpu_ops
+from engine.llm import LLM
+from engine.model import Linear, apply_rotary
+
+
+def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16, 32, 64), repeats: int = 7) -> dict:
+    """Time the CPU kernels against torch for one decode step of ``model`` at each row count.
+
+    Returns:
+        ``{"model", "weights_mb", "layers", "repeats", "matmul_ms": {rows: {"kernel", "torch"}},
+        "norm_rope_ms": {rows: {"kernel", "torch"}}}``; times are medians in ms per decode step.
+
+    Raises:
+        ValueError: a row count outside 1..64 (the kernel's range), or repeats < 1.
+        RuntimeError: the kernels cannot be built on this machine (the compiler's error is in it).
+    """
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {repeats}")
+    bad = [r for r in rows if not 1 <= r <= cpu_ops.MAX_ROWS]
+    if bad or not rows:
+        raise ValueError(f"--rows must be between 1 and {cpu_ops.MAX_ROWS}, got {list(rows)}")
+    llm = LLM(model, cpu_kernels=True, num_gpu_blocks=16)
+    net = llm.engine.runner.model
+    if not net.cpu_kernels:
+        raise RuntimeError(f"the engine's CPU kernels are not available here: {cpu_ops.kernel_error()}")
+    head = net.model.embed_tokens if net.tie_word_embeddings else net.lm_head
+    weights = [m.weight.detach() for m in net.modules() if isinstance(m, Linear)] + [head.weight.detach()]
+    layer = net.model.layers[0]
+    attn, norm = layer.self_attn, layer.input_layernorm
+    hidden = net.config.hidden_size
+    matmul_ms, norm_rope_ms = {}, {}
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for r in rows:
+            inputs = {k: torch.randn(r, k, generator=generator) for k in {w.shape[1] for w in weights}}
+
+            def matmuls(fn: Callable) -> None:
+                for w in weights:
+                    fn(inputs[w.shape[1]], w)
+
+            matmul_ms[r] = _alternate(
+                {"kernel": lambda: matmuls(cpu_ops.small_batch_linear), "torch": lambda: matmuls(F.linear)}, repeats
+            )
+            x, residual = torch.randn(2, r, hidden, generator=generator)
+            q = torch.randn(r, attn.num_heads, attn.head_dim, generator=generator)
+            k = torch.randn(r, attn.num_kv_heads, attn.head_dim, generator=generator)
+            cos, sin = net.rotary_emb(torch.arange(r) + 100, torch.float32)
+
+            def fused() -> None:
+                for _ in range(net.num_layers):
+                    cpu_ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+                    cpu_ops.rotary_embedding(q, k, cos, sin)
+                    cpu_ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+
+            def plain() -> None:
+                for _ in range(net.num_layers):
+                    norm._norm(x + residual)
+                    apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+                    norm._norm(x + residual)
+
+            norm_rope_ms[r] = _alternate({"kernel": fused, "torch": plain}, repeats)
+    return {
+        "model": llm.engine.model_name, "weights_mb": sum(w.numel() * w.element_size() for w in weights) / 1e6,
+        "layers": net.num_layers, "repeats": repeats, "matmul_ms": matmul_ms, "norm_rope_ms": norm_rope_ms,
+    }
+
+
+def _alternate(sides: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+    """Median ms of each side over ``repeats`` alternating passes, after one warm-up pass each."""
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    for name, fn in sides.items():
+        fn()
+    for _ in range(repeats):
+        for name, fn in sides.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(v) for name, v in times.items()}
+
+
+def format_cpu_bench(r: dict) -> str:
+    lines = [
+        f"{r['model']}: one decode step, by rows (requests in the step); medians of {r['repeats']} alternating passes, ms",
+        f"{'rows':>5}  {'matmuls: kernel':>15}  {'F.linear':>9}  {'speed-up':>8}   {'norm+RoPE: kernel':>17}  {'torch':>7}  {'speed-up':>8}",
+    ]
+    for rows, mm in r["matmul_ms"].items():
+        nr = r["norm_rope_ms"][rows]
+        lines.append(
+            f"{rows:>5}  {mm['kernel']:>15.1f}  {mm['torch']:>9.1f}  {mm['torch'] / mm['kernel']:>7.2f}x"
+            f"   {nr['kernel']:>17.2f}  {nr['torch']:>7.2f}  {nr['torch'] / nr['kernel']:>7.2f}x"
+        )
+    lines.append(
+        f"matmuls: {r['weights_mb']:.0f} MB of fp32 weights read per step; "
+        f"norm+RoPE: {r['layers']} layers x (2 residual adds + RMSNorms, RoPE on q and k)"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,202 @@
+"""The engine's own CPU kernels (C++, fp32), and how they are built.
+
+Three operations of every decode step, written for what a decode step is on a CPU:
+
+- :func:`small_batch_linear`, the matrix multiplies of 1-64 rows (one per running request). With a
+  few rows the step is bound by reading the weights from memory, not by arithmetic, and a general
+  GEMM pays for more than that read: MKL's sgemm copies ("packs") the weight into its own layout on
+  every call. ``csrc/small_batch_linear.cpp`` reads each weight once, straight from ``nn.Linear``'s
+  own ``[N, K]`` layout (nothing is copied or re-laid out at load time), as dot products of x's rows
+  with 4 weight rows at a time, in register tiles of up to 6 rows (see the comment at its top).
+  Above 64 rows (the prefill of longer prompts) MKL is faster again, and ``F.linear`` is used.
+- :func:`add_rms_norm` (vLLM's ``fused_add_rms_norm``) and :func:`rotary_embedding` (vLLM's
+  ``rotary_embedding``), in ``csrc/fused_ops.cpp``: the residual add with the RMSNorm after it, and
+  RoPE on q and k, each one call instead of seven. In a decode step these work on a few rows, so
+  their time is the cost of calling operators, not arithmetic.
+
+Figures (2-core Xeon, SmolLM2-135M; ``python -m engine bench-cpu`` measures them on any machine): see
+the README. ``python -m engine bench`` shows what they do to a whole workload.
+
+The kernels are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler with
+OpenMP, and ``ninja``), for this machine's CPU (``-march=native``), into
+``<cache>/cpu_kernels/<fingerprint>/`` (see :func:`engine.model_loader.cache_dir`); later
+processes load the built library in well under a second. Where they cannot be built, the engine
+warns once and uses torch everywhere (``F.linear``, ``F.rms_norm``, the rotary in engine/model.py):
+slower, the same results within float rounding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import platform
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp")]
+MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+STALE_LOCK_S = 600  # seconds; a build takes 10-60 s
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
+
+
+def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
+    """Build (first use on a machine, ~10-60 s) and load the kernels; True when they can be used.
+
+    Runs once per process; later calls return the first answer. Never raises: a failed build
+    (no compiler, no OpenMP, no ninja, a CPU the compiler cannot target) issues one
+    ``RuntimeWarning`` ending with the compiler's last words, and :func:`kernel_error` keeps all of it.
+
+    Args:
+        build_root: where built libraries live; default ``<cache>/cpu_kernels``.
+        progress: told ``(text, 0.0)`` when a build starts (the app's progress bar); None: the text
+            goes to stderr. Nothing is said when the library is already built.
+    """
+    with _lock:
+        if "ok" not in _state:
+            try:
+                _build_and_load(build_root, progress)
+                _state["ok"] = True
+            except Exception as error:  # noqa: BLE001 - any build failure means: fall back, loudly
+                _state["ok"], _state["error"] = False, f"{type(error).__name__}: {error}".strip()
+                error_text = str(_state["error"])
+                reason = error_text if len(error_text) <= 600 else "..." + error_text[-600:]  # the cause is at the end
+                warnings.warn(
+                    "engine: the engine's CPU kernels could not be built, so it uses torch's F.linear, F.rms_norm "
+                    f"and rotary instead (slower decode steps, same results within rounding). Reason: {reason}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return bool(_state["ok"])
+
+
+def attempted() -> bool:
+    """:func:`load_kernel` has already run in this process (so it returns at once)."""
+    return "ok" in _state
+
+
+def kernel_error() -> str | None:
+    """Why the kernels could not be built (None: they were, or nobody asked yet)."""
+    return _state.get("error")  # type: ignore[return-value]
+
+
+def supports(weight: torch.Tensor) -> bool:
+    """The kernel can multiply by this ``[N, K]`` weight (``nn.Linear``'s layout): float32 on CPU, 2-D, contiguous."""
+    return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` float32 (M rows, best 1-64), weight ``[N, K]`` float32 -> ``[M, N]``.
+
+    Raises:
+        RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), or the shapes, dtypes,
+            device or layout are not what it takes (the message says which).
+    """
+    _check_loaded()
+    return torch.ops.pagedattention_lab.small_batch_linear(x, weight)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual connection and the RMSNorm after it, in one pass (vLLM's ``fused_add_rms_norm``).
+
+    Args:
+        x: ``[num_tokens, hidden]`` float32, a sub-layer's output.
+        residual: ``[num_tokens, hidden]`` float32, the residual stream before it.
+        weight: ``[hidden]`` float32, the norm's learned scale.
+        eps: added to the mean of squares.
+
+    Returns:
+        (``weight * rms_normalize(x + residual)``, ``x + residual``), both new ``[num_tokens, hidden]``
+        tensors. The sum is exactly torch's; the norm within float rounding of ``F.rms_norm``'s.
+
+    Raises:
+        RuntimeError: not loaded, or shapes/dtypes/device not as above (the message says which).
+    """
+    _check_loaded()
+    return torch.ops.pagedattention_lab.add_rms_norm(x, residual, weight, eps)
+
+
+def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q and k in one call (vLLM's ``rotary_embedding``, GPT-NeoX layout: element i pairs with i + head_dim/2).
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]`` float32; k: ``[num_tokens, num_kv_heads, head_dim]`` float32.
+        cos, sin: ``num_tokens * head_dim`` float32 values each (``[num_tokens, 1, head_dim]`` from
+            :class:`engine.model.RotaryEmbedding`).
+
+    Returns:
+        (q, k) rotated, new tensors, exactly equal to :func:`engine.model.apply_rotary` on each.
+
+    Raises:
+        RuntimeError: not loaded, or shapes/dtypes/device not as above (the message says which).
+    """
+    _check_loaded()
+    return torch.ops.pagedattention_lab.rotary_embedding(q, k, cos, sin)
+
+
+def _check_loaded() -> None:
+    if not _state.get("ok"):
+        raise RuntimeError("the engine's CPU kernels are not loaded: call engine.cpu_ops.load_kernel() first")
+
+
+def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
+    from torch.utils import cpp_extension  # imported here: it is slow to import and only needed once
+
+    from engine.model_loader import cache_dir
+
+    sources = [path.read_text() for path in SOURCES]
+    key = "\n".join([*sources, torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
+    build_dir = (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # torch waits for the lock file of a build in progress; one left behind by a killed build would
+    # make every later start wait forever, so a lock older than any real build is removed.
+    lock = build_dir / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+        lock.unlink(missing_ok=True)
+    name = f"pagedattention_lab_cpu_{fingerprint}"
+    if not (build_dir / f"{name}.so").exists():
+        text = f"Building the engine's CPU kernels for this machine (once, 10-60 s) in {build_dir}"
+        if progress:
+            progress(text, 0.0)
+        else:
+            print(text, file=sys.stderr, flush=True)
+    # torch logs a long banner when the compiler is not the one it was built with; the warning above
+    # (on failure) says what matters.
+    cpp_logger = logging.getLogger(cpp_extension.__name__)
+    level = cpp_logger.level
+    cpp_logger.setLevel(logging.ERROR)
+    try:
+        _load(cpp_extension, name, build_dir)
+    finally:
+        cpp_logger.setLevel(level)
+
+
+def _load(cpp_extension, name: str, build_dir: Path) -> None:
+    cpp_extension.load(
+        name=name,
+        sources=[str(path) for path in SOURCES],
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(build_dir),
+        is_python_module=False,  # registers torch.ops.pagedattention_lab.*; needs no Python headers
+        verbose=False,
+    )
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and feature flags (Linux), so that a library built with -march=native is rebuilt on another CPU."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
+    return "\n".join(sorted(set(wanted)))

@@ -1,0 +1,241 @@
+"""The engine's CPU kernels (engine/csrc/: the small-batch matmul, add + RMSNorm, RoPE), built for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.nn import functional as F
+
+from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
+from engine.model import Linear, RMSNorm, apply_rotary
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    assert cpu_ops.load_kernel(), f"the kernel did not build here: {cpu_ops.kernel_error()}"
+    return cpu_ops.small_batch_linear
+
+
+def _errors(x: torch.Tensor, weight: torch.Tensor, ours: torch.Tensor) -> tuple[float, float]:
+    """Largest error of ours and of torch's F.linear against the float64 product."""
+    exact = x.double() @ weight.double().t()
+    theirs = F.linear(x, weight)
+    return float((ours.double() - exact).abs().max()), float((theirs.double() - exact).abs().max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 70),
+    k=st.integers(1, 700),
+    n=st.integers(1, 300),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_kernel_matches_the_exact_product(kernel, rows, k, n, seed):
+    # Any K (vectors of 16 terms, then the last K % 16 one by one), any N (tiles of 4 weight rows,
+    # then the last N % 4 one by one), row groups of up to 6 (70 rows: 12 balanced groups).
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator)
+    ours = kernel(x, weight)
+    assert ours.shape == (rows, n) and ours.dtype == torch.float32
+    ours_error, torch_error = _errors(x, weight, ours)
+    # 16 interleaved partial sums, added up in a tree: of the order of a blocked GEMM's (MKL's) error.
+    assert ours_error <= 4 * torch_error + 1e-5 * k**0.5
+
+
+def test_kernel_reads_strided_inputs_and_model_sized_shapes(kernel):
+    x = torch.randn(16, 2 * 576)[:, ::2]  # a non-contiguous view: copied once, then multiplied
+    for n in (192, 576, 1536, 49152):
+        weight = torch.randn(n, 576)
+        ours_error, torch_error = _errors(x, weight, kernel(x, weight))
+        assert ours_error <= 4 * torch_error + 1e-4
+
+
+def test_kernel_handles_empty_shapes(kernel):
+    assert kernel(torch.randn(0, 8), torch.randn(5, 8)).shape == (0, 5)
+    assert kernel(torch.randn(3, 8), torch.randn(0, 8)).shape == (3, 0)
+    assert torch.equal(kernel(torch.randn(3, 0), torch.randn(5, 0)), torch.zeros(3, 5))
+
+
+@pytest.mark.parametrize(
+    "x, weight, message",
+    [
+        (torch.randn(4, 8, dtype=torch.float64), torch.randn(64, 8, dtype=torch.float64), "float32 only"),
+        (torch.randn(4, 9), torch.randn(64, 8), r"x is \[M, 9\] but weight is \[N, 8\]"),
+        (torch.randn(4, 8), torch.randn(8, 64).t(), "contiguous"),
+        (torch.randn(2, 4, 8), torch.randn(64, 8), "2-D"),
+    ],
+)
+def test_kernel_refuses_what_it_cannot_multiply(kernel, x, weight, message):
+    with pytest.raises(RuntimeError, match=message):
+        kernel(x, weight)
+    assert not cpu_ops.supports(weight) or x.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != weight.dtype
+    ok = kernel(torch.ones(2, 8), torch.ones(64, 8))  # still usable afterwards
+    assert torch.equal(ok, torch.full((2, 64), 8.0))
+
+
+def test_linear_module_uses_the_kernel_only_for_small_batches(kernel):
+    torch.manual_seed(0)
+    module = Linear(96, 130, bias=True)
+    module.cpu_kernel = True
+    reference = Linear(96, 130, bias=True)
+    reference.load_state_dict(module.state_dict())
+    assert set(module.state_dict()) == {"weight", "bias"}  # checkpoints load by the same names
+    with torch.inference_mode():
+        for rows in (1, 7, cpu_ops.MAX_ROWS):
+            x = torch.randn(rows, 96)
+            torch.testing.assert_close(module(x), reference(x), atol=1e-5, rtol=1e-5)
+            assert not torch.equal(module(x), reference(x))  # really the kernel: another summation order
+        x = torch.randn(cpu_ops.MAX_ROWS + 1, 96)  # a prefill-sized batch: torch's F.linear, exactly
+        assert torch.equal(module(x), F.linear(x, module.weight, module.bias))
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 80), hidden=st.integers(1, 700), seed=st.integers(0, 2**31 - 1))
+def test_add_rms_norm_matches_torch(kernel, rows, hidden, seed):
+    generator = torch.Generator().manual_seed(seed)
+    x, residual = torch.randn(2, rows, hidden, generator=generator)
+    norm = RMSNorm(hidden, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=generator))
+        normed, new_residual = cpu_ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        expected_normed, expected_residual = norm(x, residual)  # the torch path
+    assert torch.equal(new_residual, expected_residual)  # the same one addition per element
+    # The mean of squares is summed in another order: within float rounding of torch's.
+    torch.testing.assert_close(normed, expected_normed, rtol=2e-6, atol=2e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    tokens=st.integers(1, 40), heads=st.integers(1, 9), kv_heads=st.integers(1, 3),
+    half=st.integers(1, 64), seed=st.integers(0, 2**31 - 1),
+)
+def test_rotary_embedding_is_exactly_the_torch_rotation(kernel, tokens, heads, kv_heads, half, seed):
+    generator = torch.Generator().manual_seed(seed)
+    head_dim = 2 * half
+    q = torch.randn(tokens, heads, head_dim, generator=generator)
+    k = torch.randn(tokens, 2 * kv_heads, head_dim, generator=generator)[:, ::2]  # a strided view
+    angles = torch.rand(tokens, 1, head_dim, generator=generator) * 100
+    cos, sin = angles.cos(), angles.sin()
+    q_rot, k_rot = cpu_ops.rotary_embedding(q, k, cos, sin)
+    assert torch.equal(q_rot, apply_rotary(q, cos, sin))  # two products and a sum, never fused
+    assert torch.equal(k_rot, apply_rotary(k, cos, sin))
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: cpu_ops.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-6), "x and residual"),
+        (lambda: cpu_ops.add_rms_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(7), 1e-6), r"weight must be \[hidden\]"),
+        (lambda: cpu_ops.add_rms_norm(*torch.randn(2, 2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), 1e-6), "float32"),
+        (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(3, 1, 8), torch.ones(2, 1, 8), torch.ones(2, 1, 8)), "q is"),
+        (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(2, 1, 7), torch.ones(2, 1, 7)), "even"),
+        (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.ones(1, 1, 8), torch.ones(2, 1, 8)), "cos and sin"),
+    ],
+)
+def test_fused_ops_refuse_bad_shapes_and_stay_usable(kernel, call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call()
+    normed, summed = cpu_ops.add_rms_norm(torch.ones(1, 4), torch.ones(1, 4), torch.full((4,), 3.0), 0.0)
+    assert torch.equal(summed, torch.full((1, 4), 2.0)) and torch.allclose(normed, torch.full((1, 4), 3.0))
+
+
+def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tiny_llama_dir, kernel):
+    prompts = ["The block table maps", [{"role": "user", "content": "Hi!"}], "Paged attention"]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for flag in (True, False):
+        engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), cpu_kernels=flag, num_gpu_blocks=64))
+        assert engine.cpu_backend == ("engine CPU kernels" if flag else "torch")
+        model = engine.runner.model
+        layer = model.model.layers[0]
+        assert layer.mlp.up_proj.cpu_kernel == layer.post_attention_layernorm.cpu_kernel == layer.self_attn.cpu_kernel == flag
+        assert model.cpu_kernels == flag  # the LM head
+        ids = [engine.add_request(p, params) for p in prompts]
+        while engine.has_unfinished_requests():
+            engine.step()
+        outputs[flag] = [engine.get_output(i).token_ids for i in ids]
+    assert outputs[True] == outputs[False]
+
+
+def test_cpu_kernels_setting_is_checked():
+    with pytest.raises(ValueError, match="cpu_kernels"):
+        EngineConfig(cpu_kernels="yes")
+
+
+def test_a_failed_build_warns_and_falls_back_to_torch(tmp_path, tiny_llama_dir):
+    # A real failed build: no compiler where torch.utils.cpp_extension looks for one (CXX).
+    script = textwrap.dedent(
+        f"""
+        import warnings
+        from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert cpu_ops.load_kernel({str(tmp_path / "build")!r}) is False
+        messages = [str(w.message) for w in caught if "could not be built" in str(w.message)]
+        assert len(messages) == 1, [str(w.message) for w in caught]
+        assert "no-such-compiler" in messages[0][-300:], messages[0]  # the compiler's own words, at the end
+        print("error:", cpu_ops.kernel_error()[:200])
+        engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}))
+        assert engine.cpu_backend == "torch"
+        rid = engine.add_request("hello", SamplingParams(max_tokens=3, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert len(engine.get_output(rid).token_ids) == 3
+        print("served")
+        """
+    )
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "served" in result.stdout
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start(tmp_path):
+    # torch waits for the build directory's lock file; a killed build leaves it behind.
+    script = textwrap.dedent(
+        f"""
+        import os, time
+        from pathlib import Path
+        from engine import cpu_ops
+        from engine.cpu_ops import _build_and_load
+        root = Path({str(tmp_path)!r})
+        # Where this machine's build goes: the same fingerprint directory load_kernel uses.
+        real_mkdir = Path.mkdir
+        def mkdir_with_stale_lock(self, *args, **kwargs):
+            real_mkdir(self, *args, **kwargs)
+            if self.parent == root:
+                lock = self / "lock"
+                lock.touch()
+                old = time.time() - 2 * cpu_ops.STALE_LOCK_S
+                os.utime(lock, (old, old))
+        Path.mkdir = mkdir_with_stale_lock
+        assert cpu_ops.load_kernel(root), cpu_ops.kernel_error()
+        print("built")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "built" in result.stdout
+    assert "Building the engine's CPU kernels" in result.stderr  # a first build says so
+
+
+def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
+    cmd = [sys.executable, "-m", "engine", "bench-cpu", "--model", str(tiny_llama_dir), "--rows", "1", "3", "--repeats", "1"]
+    result = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == {"1", "3"}
+    assert all(t["kernel"] > 0 and t["torch"] > 0 for t in [*data["matmul_ms"].values(), *data["norm_rope_ms"].values()])
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert text.returncode == 0 and "speed-up" in text.stdout
+    bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--rows must be between 1 and 64" in bad.stderr
