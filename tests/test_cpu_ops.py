@@ -239,3 +239,38 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     assert text.returncode == 0 and "speed-up" in text.stdout
     bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "--rows must be between 1 and 64" in bad.stderr
+
+
+def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path):
+    # Built with AVX-512 switched off, the kernels use GCC's generic 16-float vectors (what an AMD Zen 2
+    # or an older Intel CPU compiles): same results as torch, and rotary still exactly.
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from torch.nn import functional as F
+        from engine import cpu_ops
+        from engine.model import apply_rotary
+        cpu_ops.CFLAGS = cpu_ops.CFLAGS + ["-mno-avx512f"]
+        assert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()
+        g = torch.Generator().manual_seed(0)
+        for rows, k, n in [(1, 576, 192), (7, 37, 13), (16, 1536, 576), (64, 15, 5)]:
+            x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+            exact = x.double() @ w.double().t()
+            ours = (cpu_ops.small_batch_linear(x, w).double() - exact).abs().max()
+            theirs = (F.linear(x, w).double() - exact).abs().max()
+            assert ours <= 4 * theirs + 1e-5 * k ** 0.5, (rows, k, n, float(ours), float(theirs))
+        x, r, w = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g), torch.randn(576, generator=g)
+        normed, summed = cpu_ops.add_rms_norm(x, r, w, 1e-6)
+        assert torch.equal(summed, x + r)
+        torch.testing.assert_close(normed, w * F.rms_norm(x + r, (576,), eps=1e-6), rtol=2e-6, atol=2e-6)
+        q, kk = torch.randn(4, 9, 64, generator=g), torch.randn(4, 3, 64, generator=g)
+        angles = torch.rand(4, 1, 64, generator=g) * 50
+        q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
+        assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
+        assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
+        print("portable ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "portable ok" in result.stdout
