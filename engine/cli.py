@@ -145,7 +145,11 @@ def _add_bench_cpu(sub) -> None:
 def _bench_cpu(args) -> None:
     from engine.bench_cpu import format_cpu_bench, run_cpu_bench
 
-    result = run_cpu_bench(model=args.model, rows=tuple(args.rows), repeats=args.repeats)
+    try:
+        result = run_cpu_bench(model=args.model, rows=tuple(args.rows), repeats=args.repeats)
+    except RuntimeError as error:  # no compiler here: one line, after the warning that says why
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(result) if args.json else format_cpu_bench(result))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import platform
+import shutil
 import sys
 import threading
 import time
@@ -67,8 +68,7 @@ def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, f
                 _state["ok"] = True
             except Exception as error:  # noqa: BLE001 - any build failure means: fall back, loudly
                 _state["ok"], _state["error"] = False, f"{type(error).__name__}: {error}".strip()
-                error_text = str(_state["error"])
-                reason = error_text if len(error_text) <= 600 else "..." + error_text[-600:]  # the cause is at the end
+                reason = _tail(str(_state["error"]), 600)  # the cause is at the end
                 warnings.warn(
                     "engine: the engine's CPU kernels could not be built, so it uses torch's F.linear, F.rms_norm "
                     f"and rotary instead (slower decode steps, same results within rounding). Reason: {reason}",
@@ -88,9 +88,21 @@ def kernel_error() -> str | None:
     return _state.get("error")  # type: ignore[return-value]
 
 
+def matmul_simd() -> str | None:
+    """What the matmul kernel was compiled with: "avx512", "generic" (no AVX-512: correct, but slower than
+    MKL, see the top of csrc/small_batch_linear.cpp), or None when the kernels are not loaded."""
+    if not _state.get("ok"):
+        return None
+    return torch.ops.pagedattention_lab.small_batch_linear_simd()
+
+
 def supports(weight: torch.Tensor) -> bool:
-    """The kernel can multiply by this ``[N, K]`` weight (``nn.Linear``'s layout): float32 on CPU, 2-D, contiguous."""
-    return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.is_contiguous()
+    """The engine should multiply by this ``[N, K]`` weight (``nn.Linear``'s layout) with the kernel: float32
+    on CPU, 2-D, contiguous, and the kernel built with AVX-512 (elsewhere ``F.linear`` is faster)."""
+    return (
+        weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        and weight.is_contiguous() and matmul_simd() == "avx512"
+    )
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -100,7 +112,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), or the shapes, dtypes,
             device or layout are not what it takes (the message says which).
     """
-    _check_loaded()
+    _check_inputs(x, weight)
     return torch.ops.pagedattention_lab.small_batch_linear(x, weight)
 
 
@@ -120,7 +132,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     Raises:
         RuntimeError: not loaded, or shapes/dtypes/device not as above (the message says which).
     """
-    _check_loaded()
+    _check_inputs(x, residual, weight)
     return torch.ops.pagedattention_lab.add_rms_norm(x, residual, weight, eps)
 
 
@@ -138,13 +150,27 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     Raises:
         RuntimeError: not loaded, or shapes/dtypes/device not as above (the message says which).
     """
-    _check_loaded()
+    _check_inputs(q, k, cos, sin)
     return torch.ops.pagedattention_lab.rotary_embedding(q, k, cos, sin)
 
 
-def _check_loaded() -> None:
+def _check_inputs(*tensors: torch.Tensor) -> None:
     if not _state.get("ok"):
-        raise RuntimeError("the engine's CPU kernels are not loaded: call engine.cpu_ops.load_kernel() first")
+        why = f" (they could not be built: {_tail(str(_state['error']), 300)})" if _state.get("error") else ""
+        raise RuntimeError(f"the engine's CPU kernels are not loaded: call engine.cpu_ops.load_kernel() first{why}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            "the engine's CPU kernels are for inference only (no gradients): call them under torch.inference_mode() "
+            "or torch.no_grad(), or on tensors that do not require grad"
+        )
+
+
+def _tail(text: str, limit: int) -> str:
+    """The last ``limit`` characters of ``text``, starting at a word, marked with "..." when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[-limit:]
+    return "..." + (cut.split(maxsplit=1)[1] if len(cut.split(maxsplit=1)) == 2 else cut)
 
 
 def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
@@ -163,7 +189,13 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
         lock.unlink(missing_ok=True)
     name = f"pagedattention_lab_cpu_{fingerprint}"
-    if not (build_dir / f"{name}.so").exists():
+    library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
+    # A library that no process has loaded yet may be the half-written output of a killed build (or of
+    # a full disk); loading it can kill the process (SIGBUS), so it is built again from scratch.
+    if library.exists() and not loaded_once.exists() and not lock.exists():
+        shutil.rmtree(build_dir)
+        build_dir.mkdir(parents=True)
+    if not library.exists():
         text = f"Building the engine's CPU kernels for this machine (once, 10-60 s) in {build_dir}"
         if progress:
             progress(text, 0.0)
@@ -178,6 +210,7 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
         _load(cpp_extension, name, build_dir)
     finally:
         cpp_logger.setLevel(level)
+    loaded_once.touch()
 
 
 def _load(cpp_extension, name: str, build_dir: Path) -> None:

@@ -61,8 +61,13 @@ class LLMEngine:
             cpu_ops.load_kernel(progress=progress)  # builds them on a machine's first run, saying so
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
         # What runs the matmuls, norms and RoPE on CPU: the engine's C++ kernels or torch (the bench prints it).
-        uses_kernel = model.cpu_kernels or any(getattr(m, "cpu_kernel", False) for m in model.modules())
-        self.cpu_backend = "engine CPU kernels" if uses_kernel else "torch"
+        fused = any(getattr(m, "cpu_kernel", False) for m in model.modules())
+        if model.cpu_kernels:
+            self.cpu_backend = "engine CPU kernels"
+        elif fused:  # built without AVX-512: its matmul would be slower than MKL's
+            self.cpu_backend = "engine CPU kernels for RMSNorm and RoPE, torch F.linear (no AVX-512)"
+        else:
+            self.cpu_backend = "torch"
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
         self.max_model_len = self._max_model_len()

@@ -78,13 +78,14 @@ class Linear(nn.Linear):
     CPU can go through the engine's small-batch kernel (:func:`engine.cpu_ops.small_batch_linear`).
 
     ``cpu_kernel`` is False until :meth:`CausalLM.use_cpu_kernels` sets it: then inputs
-    ``[M, in]`` with 1 <= M <= 64 rows go through the kernel; everything else goes through ``F.linear``.
+    ``[M, in]`` with 1 <= M <= 64 rows go through the kernel, when no gradient is being recorded (the
+    engine runs under ``torch.inference_mode()``); everything else goes through ``F.linear``.
     """
 
     cpu_kernel: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_kernel and x.dim() == 2 and 0 < x.shape[0] <= cpu_ops.MAX_ROWS:
+        if self.cpu_kernel and x.dim() == 2 and 0 < x.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
             y = cpu_ops.small_batch_linear(x, self.weight)
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -109,7 +110,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
             return self._norm(x)
-        if self.cpu_kernel and x.dim() == 2:
+        if self.cpu_kernel and x.dim() == 2 and not torch.is_grad_enabled():
             return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         residual = x + residual
         return self._norm(residual), residual
@@ -193,7 +194,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.cpu_kernel:
+        if self.cpu_kernel and not torch.is_grad_enabled():
             q, k = cpu_ops.rotary_embedding(q, k, cos, sin)  # exactly the two lines below, in one call
         else:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -303,7 +304,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        if self.cpu_kernels and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS:
+        if self.cpu_kernels and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
             return cpu_ops.small_batch_linear(hidden, weight)
         if self.lm_head_t is not None:
             return (hidden @ self.lm_head_t).float()
@@ -328,7 +329,9 @@ class CausalLM(nn.Module):
     def use_cpu_kernels(self) -> None:
         """Run the engine's C++ CPU kernels (:mod:`engine.cpu_ops`) instead of torch where they apply:
         matmuls of 1-64 rows in every projection and the LM head (reading the weights in their own
-        ``[out, in]`` layout), the residual add with RMSNorm, and RoPE.
+        ``[out, in]`` layout; only where the kernel was built with AVX-512, see
+        :func:`engine.cpu_ops.supports`), the residual add with RMSNorm, and RoPE. Only while no gradient
+        is recorded: under autograd every module runs its torch code.
 
         Call only on float32 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
         A weight that is not contiguous (none is, after a normal load) is made so first.

@@ -139,6 +139,9 @@ def test_rotary_embedding_is_exactly_the_torch_rotation(kernel, tokens, heads, k
         (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(3, 1, 8), torch.ones(2, 1, 8), torch.ones(2, 1, 8)), "q is"),
         (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(2, 1, 7), torch.ones(2, 1, 7)), "even"),
         (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.ones(1, 1, 8), torch.ones(2, 1, 8)), "cos and sin"),
+        # cos and sin as [head_dim, num_tokens]: the right number of values, the wrong shape
+        (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.ones(8, 2), torch.ones(8, 2)), "cos and sin"),
+        (lambda: cpu_ops.small_batch_linear(torch.randn(2, 8, requires_grad=True), torch.randn(4, 8)), "inference only"),
     ],
 )
 def test_fused_ops_refuse_bad_shapes_and_stay_usable(kernel, call, message):
@@ -241,7 +244,7 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     assert bad.returncode == 2 and "--rows must be between 1 and 64" in bad.stderr
 
 
-def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path):
+def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, tiny_llama_dir):
     # Built with AVX-512 switched off, the kernels use GCC's generic 16-float vectors (what an AMD Zen 2
     # or an older Intel CPU compiles): same results as torch, and rotary still exactly.
     script = textwrap.dedent(
@@ -252,6 +255,7 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path):
         from engine.model import apply_rotary
         cpu_ops.CFLAGS = cpu_ops.CFLAGS + ["-mno-avx512f"]
         assert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()
+        assert cpu_ops.matmul_simd() == "generic" and not cpu_ops.supports(torch.ones(4, 4))
         g = torch.Generator().manual_seed(0)
         for rows, k, n in [(1, 576, 192), (7, 37, 13), (16, 1536, 576), (64, 15, 5)]:
             x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
@@ -268,9 +272,58 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path):
         q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
         assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
         assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
+        # Slower than MKL there (24 accumulators do not fit in 16 AVX2 registers): the engine keeps
+        # F.linear for its matmuls and uses the fused RMSNorm and RoPE.
+        from engine import EngineConfig, LLMEngine
+        engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}, num_gpu_blocks=16))
+        assert engine.cpu_backend == "engine CPU kernels for RMSNorm and RoPE, torch F.linear (no AVX-512)", engine.cpu_backend
         print("portable ok")
         """
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "portable ok" in result.stdout
+
+
+def test_kernels_under_autograd_fall_back_to_torch_and_the_ops_refuse_grad(kernel, tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16))
+    layer = engine.runner.model.model.layers[0]
+    x = torch.randn(3, layer.mlp.gate_proj.in_features, requires_grad=True)
+    layer.mlp.gate_proj(x).sum().backward()  # gradients recorded: F.linear, so they reach x
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="inference only"):
+        cpu_ops.add_rms_norm(x, x.detach(), layer.input_layernorm.weight, 1e-6)
+    with torch.no_grad():  # no gradients: the same call is fine
+        cpu_ops.add_rms_norm(x, x, layer.input_layernorm.weight, 1e-6)
+
+
+def test_a_half_written_library_is_rebuilt_not_loaded(tmp_path):
+    # A build killed while linking (or a full disk) leaves a truncated .so next to up-to-date object
+    # files, so ninja would not rebuild it, and loading it kills the process (SIGBUS). A library no
+    # process has loaded yet is built again from scratch.
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from engine import cpu_ops
+        assert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()
+        assert torch.equal(cpu_ops.small_batch_linear(torch.ones(2, 8), torch.ones(3, 8)), torch.full((2, 3), 8.0))
+        print("loaded")
+        """
+    )
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0 and "loaded" in first.stdout, first.stderr[-3000:]
+    (library,) = tmp_path.glob("*/pagedattention_lab_cpu_*.so")
+    library.write_bytes(library.read_bytes()[:10000])  # what a killed link step leaves
+    (library.parent / "loaded-ok").unlink()  # no process ever loaded it
+    again = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, (again.returncode, again.stderr[-3000:])
+    assert "loaded" in again.stdout and "Building the engine's CPU kernels" in again.stderr
+
+
+def test_bench_cpu_without_a_compiler_says_so_in_one_line(tmp_path, tiny_llama_dir):
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), PAGEDATTENTION_LAB_CACHE=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "engine", "bench-cpu", "--model", str(tiny_llama_dir), "--rows", "1", "--repeats", "1"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "error: the engine's CPU kernels could not be built here" in result.stderr
+    assert "Traceback" not in result.stderr

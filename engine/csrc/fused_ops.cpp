@@ -16,7 +16,7 @@
 // exactly (the same products and sums, never fused into one multiply-add), RMSNorm within float
 // rounding (the mean of squares is summed in another order).
 //
-// Built with the matmul kernel by engine/cpu_ops.py.
+// Built with the matmul kernel by engine/cpu_ops.py. Inference only: no autograd (the Python wrappers refuse inputs that need it).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -98,8 +98,10 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const a
   const int64_t n = q.size(0), dim = q.size(2);
   TORCH_CHECK(k.size(0) == n && k.size(2) == dim, "rotary_embedding: q is ", q.sizes(), " but k is ", k.sizes());
   TORCH_CHECK(dim % 2 == 0, "rotary_embedding: head_dim must be even, got ", dim);
-  TORCH_CHECK(cos.numel() == n * dim && sin.numel() == n * dim, "rotary_embedding: cos and sin must hold [num_tokens, head_dim] = [", n,
-              ", ", dim, "] values, got ", cos.sizes(), " and ", sin.sizes());
+  for (const at::Tensor* t : {&cos, &sin})
+    TORCH_CHECK(t->dim() >= 2 && t->size(0) == n && t->size(-1) == dim && t->numel() == n * dim,
+                "rotary_embedding: cos and sin must be [num_tokens, head_dim] or [num_tokens, 1, head_dim] with num_tokens = ", n,
+                " and head_dim = ", dim, ", got ", cos.sizes(), " and ", sin.sizes());
   for (const at::Tensor* t : {&q, &k, &cos, &sin}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat, "rotary_embedding: float32 only");
     TORCH_CHECK(t->device().is_cpu(), "rotary_embedding: CPU tensors only");
