@@ -196,7 +196,7 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
         shutil.rmtree(build_dir)
         build_dir.mkdir(parents=True)
     if not library.exists():
-        text = f"Building the engine's CPU kernels for this machine (once, 10-60 s) in {build_dir}"
+        text = f"Building the engine's CPU kernels for this machine (10-60 s; kept once built) in {build_dir}"
         if progress:
             progress(text, 0.0)
         else:
