@@ -109,8 +109,9 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` float32 (M rows, best 1-64), weight ``[N, K]`` float32 -> ``[M, N]``.
 
     Raises:
-        RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), or the shapes, dtypes,
-            device or layout are not what it takes (the message says which).
+        RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), the shapes, dtypes,
+            device or layout are not what it takes (the message says which), or an input needs
+            gradients (the kernels are for inference only).
     """
     _check_inputs(x, weight)
     return torch.ops.pagedattention_lab.small_batch_linear(x, weight)
@@ -130,7 +131,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         tensors. The sum is exactly torch's; the norm within float rounding of ``F.rms_norm``'s.
 
     Raises:
-        RuntimeError: not loaded, or shapes/dtypes/device not as above (the message says which).
+        RuntimeError: not loaded, shapes/dtypes/device not as above (the message says which), or an
+            input needs gradients (inference only).
     """
     _check_inputs(x, residual, weight)
     return torch.ops.pagedattention_lab.add_rms_norm(x, residual, weight, eps)
@@ -141,14 +143,15 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
 
     Args:
         q: ``[num_tokens, num_heads, head_dim]`` float32; k: ``[num_tokens, num_kv_heads, head_dim]`` float32.
-        cos, sin: ``num_tokens * head_dim`` float32 values each (``[num_tokens, 1, head_dim]`` from
-            :class:`engine.model.RotaryEmbedding`).
+        cos, sin: float32 ``[num_tokens, head_dim]`` or ``[num_tokens, 1, head_dim]`` (as
+            :class:`engine.model.RotaryEmbedding` gives them).
 
     Returns:
         (q, k) rotated, new tensors, exactly equal to :func:`engine.model.apply_rotary` on each.
 
     Raises:
-        RuntimeError: not loaded, or shapes/dtypes/device not as above (the message says which).
+        RuntimeError: not loaded, shapes/dtypes/device not as above (the message says which), or an
+            input needs gradients (inference only).
     """
     _check_inputs(q, k, cos, sin)
     return torch.ops.pagedattention_lab.rotary_embedding(q, k, cos, sin)
@@ -169,8 +172,8 @@ def _tail(text: str, limit: int) -> str:
     """The last ``limit`` characters of ``text``, starting at a word, marked with "..." when cut."""
     if len(text) <= limit:
         return text
-    cut = text[-limit:]
-    return "..." + (cut.split(maxsplit=1)[1] if len(cut.split(maxsplit=1)) == 2 else cut)
+    words = text[-limit:].split(maxsplit=1)  # the first one is probably cut
+    return "..." + words[-1]
 
 
 def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
