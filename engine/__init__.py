@@ -20,8 +20,8 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
 from engine.model_runner import kv_bytes_per_slot  # noqa: E402
-from engine.report import RequestOutput, StepReport  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.report import CompletionOutput, RequestOutput, StepReport  # noqa: E402
+from engine.sampling_params import BeamSearchParams, SamplingParams  # noqa: E402
 from engine.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate  # noqa: E402
 from engine.workloads import Request, make_workload  # noqa: E402
 
@@ -30,8 +30,10 @@ __all__ = [
     "LLMEngine",
     "EngineConfig",
     "SamplingParams",
+    "BeamSearchParams",
     "StepReport",
     "RequestOutput",
+    "CompletionOutput",
     "MemoryUsage",
     "kv_bytes_per_slot",
     "simulate",

@@ -32,6 +32,11 @@ class MemoryUsage:
             (module docstring); they sum to ``capacity``.
         bytes_per_slot: bytes of one token's K and V over all layers
             (2 * num_layers * num_kv_heads * head_dim * element size); 0 in a model-free simulation.
+        shared_slots: token states (slots) in blocks that more than one sequence references (paper
+            §4.4); each physical slot is counted once in every category, shared or not.
+        blocks_without_sharing: blocks the live sequences would hold if none were shared (the sum
+            of their block tables' lengths).
+        blocks_with_sharing: physical blocks they hold (each shared block once).
 
     Raises:
         ValueError: when the categories do not sum to the capacity or one is negative.
@@ -44,6 +49,9 @@ class MemoryUsage:
     external_fragmentation: int
     free: int
     bytes_per_slot: int = 0
+    shared_slots: int = 0
+    blocks_without_sharing: int = 0
+    blocks_with_sharing: int = 0
 
     def __post_init__(self) -> None:
         parts = [getattr(self, c) for c in CATEGORIES]
@@ -58,6 +66,13 @@ class MemoryUsage:
     def fraction(self, category: str) -> float:
         """Share of the capacity in one category, 0..1."""
         return getattr(self, category) / self.capacity if self.capacity else 0.0
+
+    @property
+    def memory_saved_by_sharing(self) -> float:
+        """Paper §6.3: blocks saved by sharing / blocks needed without sharing, 0..1."""
+        if not self.blocks_without_sharing:
+            return 0.0
+        return 1 - self.blocks_with_sharing / self.blocks_without_sharing
 
     def bytes(self, category: str) -> int:
         return getattr(self, category) * self.bytes_per_slot

@@ -50,6 +50,23 @@ def write_kv_cache(
     flat_v[slots] = value[valid]
 
 
+def copy_blocks_reference(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
+    """Copy whole KV blocks in every layer, in place (vLLM's ``copy_blocks``): the copy half of
+    copy-on-write (PagedAttention paper §4.4). The Triton version is ``kernels.copy_blocks``.
+
+    Args:
+        key_caches, value_caches: one pool per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_mapping: ``[num_pairs, 2]`` int64 ``(src, dst)`` block ids; every dst is distinct and no
+            dst is a src of the same call (a copy-on-write's dst is a block just taken from the free list).
+    """
+    if block_mapping.numel() == 0:
+        return
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    for key_cache, value_cache in zip(key_caches, value_caches):
+        key_cache[dst] = key_cache[src]
+        value_cache[dst] = value_cache[src]
+
+
 @dataclass
 class GatherIndex:
     """Where to read each sequence's K/V rows from, computed once per step and shared by every layer.

@@ -16,8 +16,11 @@ from abc import ABC, abstractmethod
 from collections import deque
 
 from engine.accounting import MemoryUsage
-from engine.report import ALLOCATE, FREE, BlockTableSnapshot, Event
-from engine.sequence import Sequence
+from engine.report import ALLOCATE, COPY_ON_WRITE, FORK, FREE, BlockTableSnapshot, Event
+from engine.sequence import Sequence, SequenceGroup
+
+# What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
+Group = Sequence | SequenceGroup
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -97,15 +100,17 @@ class KVCacheManager(ABC):
         return self.num_blocks * self.block_size
 
     @abstractmethod
-    def fits_ever(self, seq: Sequence) -> bool:
-        """Could ``seq`` be admitted to an empty pool? (False: reject it, it would wait forever.)"""
+    def fits_ever(self, seq: Group) -> bool:
+        """Could ``seq`` (a request, or a sequence group) be admitted to an empty pool and run to
+        the end? (False: reject it, it would wait forever.)"""
 
     @abstractmethod
-    def can_allocate(self, seq: Sequence) -> bool:
-        """Is there room now to admit ``seq`` with its ``num_tokens`` tokens?"""
+    def can_allocate(self, seq: Group) -> bool:
+        """Is there room now to admit ``seq`` with its ``num_tokens`` tokens (a group: all its
+        unfinished sequences)?"""
 
     @abstractmethod
-    def allocate(self, seq: Sequence) -> None:
+    def allocate(self, seq: Group) -> None:
         """Give ``seq`` room for its ``num_tokens`` tokens (prefill, or recompute after preemption)."""
 
     @abstractmethod
@@ -113,12 +118,26 @@ class KVCacheManager(ABC):
         """Is there room for the token at position ``seq.num_tokens - 1``?"""
 
     @abstractmethod
-    def append_slot(self, seq: Sequence) -> None:
-        """Make room for the token at position ``seq.num_tokens - 1`` (decode)."""
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make room for the token at position ``seq.num_tokens - 1`` (decode). Returns the
+        copy-on-write pair ``(src, dst)`` (in attention blocks) when that slot lay in a shared
+        block, which must be copied before the step's forward pass; else None."""
 
     @abstractmethod
     def free(self, seq: Sequence) -> None:
         """Release everything ``seq`` holds (finish, abort or preemption)."""
+
+    def can_append_slots(self, group: Group) -> bool:
+        """Room for every unfinished sequence of ``group`` to decode one token this step?"""
+        return all(self.can_append_slot(s) for s in group.unfinished_seqs())
+
+    def num_prefill_tokens(self, group: Group) -> int:
+        """Tokens a (re)prefill of ``group`` computes (a shared prompt counted once where shared)."""
+        return group.num_new_tokens
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fork sequences")
 
     @abstractmethod
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
@@ -129,12 +148,12 @@ class KVCacheManager(ABC):
         """Block ids, in units of ``attention_block_size``, that attention reads for ``seq``."""
 
     @abstractmethod
-    def usage(self, running: list[Sequence], next_waiting: Sequence | None, bytes_per_slot: int = 0) -> MemoryUsage:
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
         """The pool in the paper's categories (see ``engine/accounting.py``)."""
 
     @abstractmethod
-    def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
-        """Every live request's block table with the filled slots of each block."""
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
+        """Every live sequence's block table with the filled slots of each block, grouped by request."""
 
     # --- Lock-step mode (the model-free simulator's fast path) -----------------------------------
     # In the simulator every running request gains exactly one token per step and ``max_len`` is its
@@ -225,36 +244,108 @@ class PagedBlockManager(KVCacheManager):
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def fits_ever(self, seq: Sequence) -> bool:
-        return self.blocks_needed(seq.num_tokens + 1) <= self.num_blocks
+    def fits_ever(self, seq: Group) -> bool:
+        if not seq.is_group:
+            return self.blocks_needed(seq.num_tokens + 1) <= self.num_blocks
+        # A group must be able to finish alone, or preempting it would loop forever: at worst every
+        # sequence reaches max_len holding its own copy of all but the shared full prompt blocks.
+        shared = seq.num_prompt_tokens // self.block_size
+        own = self.blocks_needed(seq.seqs[0].max_len) - shared
+        return shared + seq.num_samples * own <= self.num_blocks
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        needed, free = self.blocks_needed(seq.num_tokens), self.num_free_blocks
+    def can_allocate(self, seq: Group) -> bool:
+        needed, free = self._blocks_to_admit(seq), self.num_free_blocks
         if free == self.num_blocks:  # nothing runs: the watermark must not keep out a request that fits
             return needed <= free
         return free - needed >= self.watermark_blocks
 
-    def allocate(self, seq: Sequence) -> None:
-        assert not seq.block_table, f"request {seq.request_id} already holds blocks"
-        for _ in range(self.blocks_needed(seq.num_tokens)):
-            self._take_block(seq)
+    def allocate(self, seq: Group) -> None:
+        first, *others = seq.unfinished_seqs()
+        assert not first.block_table, f"request {first.request_id} already holds blocks"
+        for _ in range(self.blocks_needed(first.num_tokens)):
+            self._take_block(first)
+        shared = self._shared_prompt_blocks(seq)
+        for other in others:  # re-prefill of a group: the full prompt blocks once, each tail its own
+            assert not other.block_table and other.num_computed_tokens == 0
+            for block_id in first.block_table[:shared]:
+                self.allocator.incref(block_id)
+            other.block_table = first.block_table[:shared]
+            other.num_computed_tokens = shared * self.block_size  # computed this step by `first`
+            for _ in range(self.blocks_needed(other.num_tokens) - shared):
+                self._take_block(other)
+
+    def num_prefill_tokens(self, group: Group) -> int:
+        num_others = len(group.unfinished_seqs()) - 1
+        return group.num_new_tokens - num_others * self._shared_prompt_blocks(group) * self.block_size
 
     def can_append_slot(self, seq: Sequence) -> bool:
-        return seq.num_tokens <= len(seq.block_table) * self.block_size or self.allocator.num_free > 0
+        return self._blocks_to_append([seq]) <= self.allocator.num_free
 
-    def append_slot(self, seq: Sequence) -> None:
-        if seq.num_tokens > len(seq.block_table) * self.block_size:
+    def can_append_slots(self, group: Group) -> bool:
+        return self._blocks_to_append(group.unfinished_seqs()) <= self.allocator.num_free
+
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        table, pos = seq.block_table, seq.num_tokens - 1
+        if pos >= len(table) * self.block_size:
             self._take_block(seq)
-        assert seq.num_tokens <= len(seq.block_table) * self.block_size
+            return None
+        logical_index = pos // self.block_size
+        src = table[logical_index]
+        if self.allocator.ref_counts[src] == 1:
+            return None  # its own block (or the last holder of a shared one): write in place
+        dst = self.allocator.allocate()
+        self.allocator.free(src)
+        table[logical_index] = dst
+        if self.record_events:
+            self.events.append(Event(COPY_ON_WRITE, seq.request_id, block_id=src, dst_block_id=dst,
+                                     logical_index=logical_index, seq_id=seq.seq_id))
+        return src, dst
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        for block_id in parent.block_table:
+            self.allocator.incref(block_id)
+        child.block_table = list(parent.block_table)
+        if self.record_events:
+            self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
+                                     detail=f"{len(parent.block_table)} blocks shared"))
 
     def free(self, seq: Sequence) -> None:
         # Freed in reverse, so the request's first block goes back last (as vLLM does).
         for logical_index in reversed(range(len(seq.block_table))):
             block_id = seq.block_table[logical_index]
-            self.allocator.free(block_id)
+            returned = self.allocator.free(block_id)
             if self.record_events:
-                self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index))
+                detail = "" if returned else f"still shared, refcount {self.allocator.ref_counts[block_id]}"
+                self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index,
+                                         seq_id=seq.seq_id, detail=detail))
         seq.block_table = []
+
+    def _shared_prompt_blocks(self, group: Group) -> int:
+        """Full prompt blocks that a group's (re)prefill shares among its sequences."""
+        return group.num_prompt_tokens // self.block_size if group.is_group else 0
+
+    def _blocks_to_admit(self, group: Group) -> int:
+        seqs = group.unfinished_seqs()
+        shared = self._shared_prompt_blocks(group)
+        return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared
+
+    def _blocks_to_append(self, seqs: list[Sequence]) -> int:
+        """New blocks that decoding one token for each of ``seqs`` takes: one per sequence whose
+        last block is full, and one per copy-on-write: every writer of a shared block copies it,
+        except the last holder when all holders write (it sees refcount 1 and writes in place)."""
+        needed, writers = 0, {}
+        for seq in seqs:
+            pos = seq.num_tokens - 1
+            if pos >= len(seq.block_table) * self.block_size:
+                needed += 1
+            else:
+                block_id = seq.block_table[pos // self.block_size]
+                writers[block_id] = writers.get(block_id, 0) + 1
+        for block_id, count in writers.items():
+            refs = self.allocator.ref_counts[block_id]
+            if refs > 1:
+                needed += count - (count == refs)
+        return needed
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         bs, table = self.block_size, seq.block_table
@@ -263,34 +354,46 @@ class PagedBlockManager(KVCacheManager):
     def attention_block_table(self, seq: Sequence) -> list[int]:
         return seq.block_table
 
-    def usage(self, running: list[Sequence], next_waiting: Sequence | None, bytes_per_slot: int = 0) -> MemoryUsage:
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
         allocated = (self.num_blocks - self.allocator.num_free) * self.block_size
-        token_states = sum(seq.num_computed_tokens for seq in running)
-        return MemoryUsage(
-            capacity=self.num_slots,
-            token_states=token_states,
-            reserved=0,
-            internal_fragmentation=allocated - token_states,
-            external_fragmentation=0,
-            free=self.num_slots - allocated,
-            bytes_per_slot=bytes_per_slot,
-        )
+        if not any(g.is_group for g in running):  # nothing is shared: every block has one holder
+            token_states = sum(seq.num_computed_tokens for seq in running)
+            held = sum(len(seq.block_table) for seq in running)
+            return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
+                               bytes_per_slot, 0, held, held)
+        # Each physical slot once: a shared block holds the tokens of its fullest holder.
+        filled: dict[int, int] = {}
+        held = 0
+        for seq in (s for g in running for s in g.unfinished_seqs()):
+            held += len(seq.block_table)
+            for i, block_id in enumerate(seq.block_table):
+                n = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
+                filled[block_id] = max(filled.get(block_id, 0), n)
+        token_states = sum(filled.values())
+        shared = sum(n for b, n in filled.items() if self.allocator.ref_counts[b] > 1)
+        return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
+                           bytes_per_slot, shared, held, len(filled))
 
-    def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
-        bs = self.block_size
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
+        bs, refs = self.block_size, self.allocator.ref_counts
         return [
             BlockTableSnapshot(
                 request_id=seq.request_id,
                 block_table=list(seq.block_table),
                 filled=[min(bs, max(0, seq.num_computed_tokens - i * bs)) for i in range(len(seq.block_table))],
+                seq_id=seq.seq_id,
+                index=seq.index,
+                ref_counts=[refs[b] for b in seq.block_table],
             )
-            for seq in running
+            for group in running
+            for seq in group.unfinished_seqs()
         ]
 
     def _take_block(self, seq: Sequence) -> None:
         block_id = self.allocator.allocate()
         if self.record_events:
-            self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table)))
+            self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table),
+                                     seq_id=seq.seq_id))
         seq.block_table.append(block_id)
 
     # --- Lock-step mode (the simulator's fast path) --------------------------------------------------

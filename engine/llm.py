@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine, Prompt
 from engine.report import RequestOutput, StepReport
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLM:
@@ -26,7 +26,7 @@ class LLM:
     def generate(
         self,
         prompts: Prompt | list[Prompt],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        sampling_params: SamplingParams | BeamSearchParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
         on_step: Callable[[StepReport], None] | None = None,
     ) -> list[RequestOutput]:
@@ -60,6 +60,18 @@ class LLM:
                 if on_step:
                     on_step(report)
         return [self.engine.get_output(i) for i in ids]
+
+    def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams, on_step: Callable[[StepReport], None] | None = None) -> list[RequestOutput]:
+        """Beam search inside the engine (vLLM's ``LLM.beam_search``): one output per prompt, whose
+        ``.sequences`` are its ``beam_width`` beams best first, each with ``token_ids``, ``text`` and
+        ``cumulative_logprob``. The beams share blocks through forks (paper §4.4, Figure 9).
+
+        Raises:
+            ValueError: bad params, a bad prompt, or beams that could never fit in the KV pool.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError("params must be a BeamSearchParams")
+        return self.generate(prompts, params, on_step=on_step)
 
 
 def _as_list(prompts) -> list:

@@ -8,6 +8,7 @@ stopping rules and free finished requests' blocks -> report (vLLM's ``LLMEngine.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -18,11 +19,12 @@ from engine import cpu_ops
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
-from engine.report import FINISH, WRITE, Event, RequestOutput, ScheduledRequest, StepReport
-from engine.sampler import sample_batch
-from engine.sampling_params import SamplingParams
+from engine.beam_search import beam_search_step
+from engine.report import FINISH, WRITE, CompletionOutput, Event, RequestOutput, ScheduledRequest, StepReport
+from engine.sampler import sample, sample_batch
+from engine.sampling_params import BeamSearchParams, SamplingParams, sample_seed
 from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 DEFAULT_NUM_BLOCKS = 512
 DEFAULT_MAX_MODEL_LEN = 2048
@@ -78,11 +80,12 @@ class LLMEngine:
             raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({self.max_model_len}): prompts are not chunked")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
-        self.requests: dict[int, Sequence] = {}
-        self.generators: dict[int, torch.Generator] = {}
-        self.texts: dict[int, str] = {}
+        self.requests: dict[int, Sequence | SequenceGroup] = {}
+        self.generators: dict[int, torch.Generator] = {}  # per seq_id
+        self.texts: dict[int, str] = {}  # per seq_id
         self.step_index = 0
         self._next_request_id = 0
+        self._next_seq_id = 0
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -110,53 +113,83 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         return ids
 
-    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> int:
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | BeamSearchParams | None = None) -> int:
         """Queue a request; returns its request_id.
+
+        ``SamplingParams(n=k)`` asks for k parallel samples and :class:`~engine.BeamSearchParams` for
+        beam search: the request is then a :class:`~engine.sequence.SequenceGroup` whose sequences
+        share the prompt's blocks (paper §4.4). Otherwise it is one :class:`~engine.sequence.Sequence`.
 
         Raises:
             ValueError: a bad prompt, or a request that can never fit: its prompt + 1 token is longer
-                than max_model_len or larger than the KV pool. Nothing is queued then.
+                than max_model_len or larger than the KV pool, or its n samples / beam_width beams
+                could not all reach their length in the pool. Nothing is queued then.
         """
         params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be a SamplingParams")
+        if not isinstance(params, (SamplingParams, BeamSearchParams)):
+            raise ValueError("sampling_params must be a SamplingParams or a BeamSearchParams")
         ids = self.encode(prompt)
         if len(ids) + 1 > self.max_model_len:
             pool = self.num_blocks * self.config.block_size
             why = f"the KV pool holds {pool} tokens" if self.max_model_len == pool else f"max_model_len={self.max_model_len}"
             raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate: {why}")
         request_id = self._next_request_id
-        seq = Sequence(request_id, len(ids), max_len=min(len(ids) + params.max_tokens, self.max_model_len), sampling_params=params, token_ids=ids)
-        if not self.kv.fits_ever(seq):
-            raise ValueError(f"prompt of {len(ids)} tokens can never fit in the KV pool ({self.kv.num_slots} slots)")
+        beam = params if isinstance(params, BeamSearchParams) else None
+        stopping = beam.stopping_params() if beam else params
+        seq = Sequence(request_id, len(ids), max_len=min(len(ids) + stopping.max_tokens, self.max_model_len),
+                       sampling_params=stopping, token_ids=ids, seq_id=self._next_seq_id)
+        request = seq if beam is None and params.n == 1 else SequenceGroup(request_id, [seq], stopping, beam_search=beam)
+        if request.is_group and self.config.allocator != "paged":
+            raise ValueError("parallel sampling and beam search need the paged allocator here "
+                             "(the contiguous allocator would copy the prompt for every sequence)")
+        if not self.kv.fits_ever(request):
+            what = f"{request.num_samples} sequences of up to {seq.max_len} tokens" if request.is_group else f"prompt of {len(ids)} tokens"
+            raise ValueError(f"{what} can never fit in the KV pool ({self.kv.num_slots} slots)")
         self._next_request_id += 1
-        seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + request_id
-        self.generators[request_id] = torch.Generator().manual_seed(seed)
-        self.requests[request_id] = seq
-        self.texts[request_id] = ""
-        self.scheduler.add(seq)
+        self._next_seq_id += 1
+        seed = stopping.seed if stopping.seed is not None else self.config.seed * 1_000_003 + request_id
+        self.generators[seq.seq_id] = torch.Generator().manual_seed(seed)
+        self.requests[request_id] = request
+        self.texts[seq.seq_id] = ""
+        self.scheduler.add(request)
         return request_id
 
     def abort_request(self, request_id: int) -> None:
         """Stop a request now and free its KV blocks (finish reason "abort"). Unknown ids raise KeyError."""
-        seq = self.requests[request_id]
-        if seq.status != SequenceStatus.FINISHED:
-            self.scheduler.finish(seq, "abort")
+        request = self.requests[request_id]
+        if request.status != SequenceStatus.FINISHED:
+            self.scheduler.finish(request, "abort")
             self.kv.events.append(Event(FINISH, request_id, detail="abort"))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def get_output(self, request_id: int) -> RequestOutput:
-        seq = self.requests[request_id]
+        request = self.requests[request_id]
+        outputs = self._completions(request)
+        first = outputs[0] if outputs else CompletionOutput(0, "", [], request.finish_reason)
+        prompt = request.seqs[0].token_ids[: request.num_prompt_tokens] if request.seqs else []
         return RequestOutput(
             request_id=request_id,
-            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-            token_ids=seq.output_token_ids,
-            text=self.texts[request_id],
-            finish_reason=seq.finish_reason,
-            num_preemptions=seq.num_preemptions,
+            prompt_token_ids=prompt,
+            token_ids=first.token_ids,
+            text=first.text,
+            finish_reason=request.finish_reason,
+            num_preemptions=request.num_preemptions,
+            outputs=outputs,
         )
+
+    def _completions(self, request) -> list[CompletionOutput]:
+        if not request.is_group:
+            return [CompletionOutput(0, self.texts[request.seq_id], request.output_token_ids, request.finish_reason)]
+        if request.beam_search is None:
+            return [CompletionOutput(s.index, self.texts[s.seq_id], s.output_token_ids, s.finish_reason, s.cumulative_logprob,
+                                     list(s.output_logprobs)) for s in sorted(request.seqs, key=lambda s: s.index)]
+        beams = request.finished_beams or [  # still searching: the live beams, best first
+            _LiveBeam(s.output_token_ids, s.cumulative_logprob) for s in request.unfinished_seqs()]
+        reason = request.finish_reason
+        return [CompletionOutput(i, self.tokenizer.decode(b.token_ids, skip_special_tokens=True), b.token_ids, reason,
+                                 b.cumulative_logprob) for i, b in enumerate(beams)]
 
     # ---- the step ---------------------------------------------------------------------------
 
@@ -177,22 +210,25 @@ class LLMEngine:
             try:
                 logits = self.runner.execute(batch, self.kv, events)
                 t2 = time.perf_counter()
-                tokens = sample_batch(logits, [s.sampling_params for s in seqs], [self.generators[s.request_id] for s in seqs])
+                plain = [i for i, s in enumerate(seqs) if not self._group(s).is_group]
+                tokens = sample_batch(logits[plain], [seqs[i].sampling_params for i in plain],
+                                      [self.generators[seqs[i].seq_id] for i in plain]) if plain else []
             except Exception:
                 # Leave the engine as if the step had never been scheduled: no request is lost.
                 self.scheduler.requeue(batch)
                 events[:] = [e for e in events if e.kind != WRITE]
                 raise
-            for seq, token in zip(seqs, tokens):
+            for seq in seqs:
                 seq.num_computed_tokens = seq.num_tokens
-                seq.append_token(token)
-                new_ids[seq.request_id] = [token]
-                new_text[seq.request_id] = self._update_text(seq)
-                reason = self._finish_reason(seq, token)
-                if reason:
-                    self.scheduler.finish(seq, reason)
-                    events.append(Event(FINISH, seq.request_id, detail=reason))
-                    finished[seq.request_id] = reason
+            for i, token in zip(plain, tokens):
+                self._append(seqs[i], token, None, new_ids, new_text, finished)
+            groups = {}
+            for i, seq in enumerate(seqs):
+                group = self._group(seq)
+                if group.is_group:
+                    groups.setdefault(group.request_id, (group, []))[1].append(i)
+            for group, rows in groups.values():
+                self._group_step(group, [seqs[i] for i in rows], logits[rows], new_ids, new_text, finished)
             t3 = time.perf_counter()
         report = StepReport(
             step=self.step_index,
@@ -201,7 +237,7 @@ class LLMEngine:
             new_token_ids=new_ids,
             new_text=new_text,
             finished=finished,
-            preempted=[s.request_id for s in batch.preempted],
+            preempted=[g.request_id for g in batch.preempted],
             events=list(events),
             block_tables=self.kv.snapshot(self.scheduler.running),
             memory=self.memory_usage(),
@@ -223,6 +259,96 @@ class LLMEngine:
         waiting = self.scheduler.waiting
         return self.kv.usage(self.scheduler.running, waiting[0] if waiting else None, self.bytes_per_slot)
 
+    # ---- sequence groups: parallel sampling and beam search ---------------------------------
+
+    def _group(self, seq: Sequence):
+        return self.requests[seq.request_id]
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None, new_ids, new_text, finished) -> None:
+        """Give ``seq`` its sampled token; finish it (and its request, when that was the last) if a
+        stopping rule says so. A request's first sequence speaks for it in the step report."""
+        seq.append_token(token, logprob)
+        text = self._update_text(seq)
+        if seq.index == 0:
+            new_ids[seq.request_id] = [token]
+            new_text[seq.request_id] = text
+        reason = self._finish_reason(seq, token)
+        if not reason:
+            return
+        request = self._group(seq)
+        if request.is_group and len(request.unfinished_seqs()) > 1:
+            self.scheduler.finish_seq(seq, reason)
+            return
+        self.scheduler.finish(request, reason)
+        self.kv.events.append(Event(FINISH, seq.request_id, detail=reason))
+        finished[seq.request_id] = reason
+
+    def _group_step(self, group: SequenceGroup, seqs: list[Sequence], logits: torch.Tensor, new_ids, new_text, finished) -> None:
+        """A group's tokens for this step, from its sequences' logits ``[len(seqs), vocab]``."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if group.beam_search is not None:
+            self._beam_step(group, seqs, logprobs, finished)
+            return
+        forked_now = len(group.seqs) < group.num_samples
+        if forked_now:  # the prompt's one prefill: fork the other samples, all sample from its row
+            self._fork_samples(group)
+        rows = {s.seq_id: i for i, s in enumerate(seqs)}
+        for seq in list(group.seqs):
+            if not forked_now and seq.seq_id not in rows:
+                continue  # finished in an earlier step
+            row = 0 if forked_now else rows[seq.seq_id]
+            # Sampled from the logits as a one-sequence request is, so sample 0 equals n = 1.
+            token = sample(logits[row], seq.sampling_params, self.generators[seq.seq_id])
+            self._append(seq, token, float(logprobs[row, token]), new_ids, new_text, finished)
+
+    def _fork_samples(self, group: SequenceGroup) -> None:
+        """Parallel sampling after the one prefill of the prompt: samples 1..n-1 fork sample 0
+        (its block table, every block's refcount + 1; paper §4.4, Figure 8). Each has its own
+        generator, seeded :func:`~engine.sampling_params.sample_seed` (seed, index)."""
+        parent = group.seqs[0]
+        seed = group.sampling_params.seed
+        seed = seed if seed is not None else self.config.seed * 1_000_003 + group.request_id
+        for index in range(1, group.num_samples):
+            child = self._fork(parent, index)
+            self.generators[child.seq_id] = torch.Generator().manual_seed(sample_seed(seed, index))
+            group.seqs.append(child)
+
+    def _fork(self, parent: Sequence, index: int) -> Sequence:
+        child = parent.fork(self._next_seq_id, index)
+        self._next_seq_id += 1
+        self.scheduler.fork(parent, child)
+        self.texts[child.seq_id] = self.texts[parent.seq_id]
+        return child
+
+    def _beam_step(self, group: SequenceGroup, beams: list[Sequence], logprobs: torch.Tensor, finished) -> None:
+        """One beam-search step (``engine/beam_search.py`` decides): survivors fork their parents,
+        parents left without a survivor free their blocks at once (pruned), and the group finishes
+        when the search is done."""
+        step = beam_search_step(beams, logprobs, group.beam_search, group.finished_beams, self.eos_token_ids, self.max_model_len)
+        group.finished_beams = step.finished
+        if step.done:
+            best = step.finished[0].token_ids if step.finished else []
+            reason = "stop" if best and best[-1] in self.eos_token_ids and not group.beam_search.ignore_eos else "length"
+            self.scheduler.finish(group, reason)
+            self.kv.events.append(Event(FINISH, group.request_id, detail=reason))
+            finished[group.request_id] = reason
+            return
+        kept: dict[int, Sequence] = {}  # parent seq_id -> the parent, reused by its first survivor
+        survivors = []
+        for rank, cand in enumerate(step.survivors):
+            if cand.parent.seq_id in kept:
+                child = self._fork(cand.parent, rank)
+            else:
+                kept[cand.parent.seq_id] = child = cand.parent
+            survivors.append((child, cand))
+        for beam in beams:
+            if beam.seq_id not in kept:
+                self.scheduler.finish_seq(beam, "pruned")  # its blocks return now (FREE events)
+        for rank, (child, cand) in enumerate(survivors):
+            child.index = rank
+            child.append_token(cand.token_id, cand.logprob)
+        group.seqs = [child for child, _ in survivors]
+
     # ---- helpers ----------------------------------------------------------------------------
 
     def _update_text(self, seq: Sequence) -> str:
@@ -232,8 +358,8 @@ class LLMEngine:
             if cut != -1:
                 full = full[:cut]
                 seq.finish_reason = "stop"  # confirmed by _finish_reason
-        previous = self.texts[seq.request_id]
-        self.texts[seq.request_id] = full
+        previous = self.texts[seq.seq_id]
+        self.texts[seq.seq_id] = full
         return full[len(previous) :] if full.startswith(previous) else full
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
@@ -271,6 +397,12 @@ class LLMEngine:
         from engine.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement, max_model_len=self.max_model_len)
+
+
+@dataclass(frozen=True)
+class _LiveBeam:
+    token_ids: list[int]
+    cumulative_logprob: float
 
 
 def _resolve_device(device: str) -> torch.device:

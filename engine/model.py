@@ -33,7 +33,7 @@ class WeightLoadError(ValueError):
 
 @dataclass
 class AttentionBackend:
-    """The three attention operations, from engine/attention.py (torch) or kernels/ (Triton).
+    """The three attention operations and the block copy, from engine/attention.py (torch) or kernels/ (Triton).
 
     ``plan``, when a backend has one, runs once per step on the step's metadata and returns what its
     operations would otherwise recompute in every layer (the torch backend: block tables translated
@@ -45,6 +45,7 @@ class AttentionBackend:
     prefill: Callable  # (query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale)
     decode: Callable  # (query, key_cache, value_cache, block_tables, context_lens, scale[, plan])
     plan: Callable | None = None  # (slot_mapping, decode_block_tables, decode_context_lens, block_size) -> plan
+    copy_blocks: Callable | None = None  # (key_caches, value_caches, block_mapping [num_pairs, 2] int64)
 
 
 @dataclass

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
+from engine.attention import copy_blocks_reference, paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
 from engine.block_manager import KVCacheManager
 from engine.model import AttentionBackend, AttentionMetadata, CausalLM
 from engine.report import WRITE, Event
 from engine.scheduler import SchedulerOutput
 
-TORCH_BACKEND = AttentionBackend("torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step)
+TORCH_BACKEND = AttentionBackend(
+    "torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step, copy_blocks_reference
+)
 
 
 def triton_backend() -> AttentionBackend:
     import kernels  # imported only when chosen: it may switch Triton to its CPU interpreter
 
     return AttentionBackend(
-        "triton", kernels.reshape_and_cache, kernels.paged_attention_prefill, kernels.paged_attention_decode
+        "triton", kernels.reshape_and_cache, kernels.paged_attention_prefill, kernels.paged_attention_decode,
+        copy_blocks=kernels.copy_blocks,
     )
 
 
@@ -102,10 +105,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]) -> torch.Tensor:
-        """Run the model on the batch; returns next-token logits ``[num_seqs, vocab_size]`` fp32."""
+        """Run the model on the batch; returns next-token logits ``[num_seqs, vocab_size]`` fp32.
+        The step's copy-on-write block copies (``batch.blocks_to_copy``) run first, in every layer."""
+        if batch.blocks_to_copy:
+            self.copy_blocks(batch.blocks_to_copy, kv.attention_block_size)
         ids, pos, meta, last = self.prepare(batch, kv, events)
         hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
         return self.model.compute_logits(hidden[last])
+
+    def copy_blocks(self, pairs: list[tuple[int, int]], attention_block_size: int) -> None:
+        """Copy K and V of each ``(src, dst)`` block (units of ``attention_block_size``) in every layer."""
+        caches = self.caches_for(attention_block_size)
+        mapping = torch.tensor(pairs, dtype=torch.int64, device=self.device).reshape(-1, 2)
+        self.backend.copy_blocks([k for k, _ in caches], [v for _, v in caches], mapping)
 
     def _context_lens(self, seqs) -> torch.Tensor:
         return torch.tensor([seq.num_tokens for seq in seqs], dtype=torch.int32, device=self.device)

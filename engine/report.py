@@ -16,6 +16,8 @@ WRITE = "write"  # a token's K and V written to a slot
 FREE = "free"  # a physical block returned to the free list
 PREEMPT = "preempt"  # a request evicted by recompute (its blocks freed, requeued at the front)
 FINISH = "finish"  # a request done (reason in ``detail``)
+FORK = "fork"  # a child sequence made from a parent: block table copied, every block's refcount + 1
+COPY_ON_WRITE = "copy_on_write"  # a write into a shared block: it is copied to a new block first
 
 
 @dataclass(frozen=True)
@@ -23,13 +25,17 @@ class Event:
     """One thing the engine did this step, for the event log.
 
     Attributes:
-        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH.
+        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE.
         request_id: the request it concerns.
-        block_id: physical block (ALLOCATE, FREE; the block of the slot for WRITE).
+        block_id: physical block (ALLOCATE, FREE; the block of the slot for WRITE; the source
+            block of a COPY_ON_WRITE).
         logical_index: the request's logical block index (ALLOCATE, FREE).
         slot: physical slot, block_id * block_size + offset (WRITE).
         position: token position in the request (WRITE).
-        detail: free text, e.g. the finish reason.
+        detail: free text, e.g. the finish reason; FREE of a still-shared block says so.
+        seq_id: the sequence it concerns (requests with several sequences; else the request's one).
+        dst_block_id: COPY_ON_WRITE: the new block the source was copied to.
+        parent_seq_id: FORK: the sequence the child ``seq_id`` was forked from.
     """
 
     kind: str
@@ -39,6 +45,9 @@ class Event:
     slot: int | None = None
     position: int | None = None
     detail: str = ""
+    seq_id: int | None = None
+    dst_block_id: int | None = None
+    parent_seq_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,12 +59,18 @@ class BlockTableSnapshot:
         block_table: physical block per logical block (contiguous allocator: the blocks its range covers).
         filled: token states held by each of those blocks, in slots.
         slot_range: contiguous allocator only: the request's [start, end) slots in the arena.
+        seq_id: the sequence whose table this is (one snapshot per sequence, grouped by request).
+        index: the sequence's sample or beam index within its request.
+        ref_counts: each block's reference count after the step (> 1: shared, paper §4.4).
     """
 
     request_id: int
     block_table: list[int]
     filled: list[int]
     slot_range: tuple[int, int] | None = None
+    seq_id: int | None = None
+    index: int = 0
+    ref_counts: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,8 +119,34 @@ class StepReport:
 
 
 @dataclass
+class CompletionOutput:
+    """One sequence's completion (vLLM's ``CompletionOutput``).
+
+    Attributes:
+        index: sample index (parallel sampling) or rank (beam search, best first).
+        text, token_ids: the generated text and token ids (prompt excluded).
+        finish_reason: "stop", "length", "abort", or None while running.
+        cumulative_logprob: sum of the log-probabilities of ``token_ids`` (None when not computed:
+            a one-sequence request skips the log-softmax).
+        logprobs: the log-probability of each of ``token_ids`` where computed (parallel samples).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    cumulative_logprob: float | None = None
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
 class RequestOutput:
-    """A request's result (vLLM's ``RequestOutput``): text, token ids and why it ended."""
+    """A request's result (vLLM's ``RequestOutput``).
+
+    ``outputs`` holds one :class:`CompletionOutput` per sequence (``n`` samples in index order, or
+    beams best first); ``text``, ``token_ids`` and ``finish_reason`` are those of the first, so a
+    caller of a one-sequence request reads them as before.
+    """
 
     request_id: int
     prompt_token_ids: list[int]
@@ -113,7 +154,13 @@ class RequestOutput:
     text: str
     finish_reason: str | None
     num_preemptions: int = 0
+    outputs: list[CompletionOutput] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def sequences(self) -> list[CompletionOutput]:
+        """Beam search: the beams, best first (vLLM's ``BeamSearchOutput.sequences``)."""
+        return self.outputs

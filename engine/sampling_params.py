@@ -20,6 +20,10 @@ class SamplingParams:
         stop: strings that end the request; the text is cut before the stop string.
         stop_token_ids: token ids that end the request (besides the model's EOS).
         ignore_eos: keep going past EOS (used by benchmarks, so every request runs max_tokens).
+        n: parallel sampling: independent samples of the one prompt (>= 1). The prompt is prefilled
+            once and shared by all n through their block tables (paper §4.4). Sample i is seeded
+            with :func:`sample_seed` (seed, i): sample 0 is what n = 1 gives with the same seed, and
+            the same seed gives the same n samples.
 
     Raises:
         ValueError: on any field out of range, naming the field.
@@ -33,8 +37,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    n: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
@@ -57,3 +64,49 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Seed of sample ``index`` of a request seeded ``seed``: ``seed`` itself for sample 0, and a
+    different, fixed value for each further sample (a golden-ratio stride, modulo 2**63)."""
+    return (seed + index * 0x9E3779B97F4A7C15) % 2**63
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search inside the engine (vLLM's ``BeamSearchParams``): each step every live beam
+    proposes its best next tokens, the ``beam_width`` best candidates by cumulative log-probability
+    survive, and a surviving child *forks* its parent's block table (paper §4.4, Figure 9).
+
+    Attributes:
+        beam_width: beams kept per step (>= 1).
+        max_tokens: most new tokens per beam (>= 1).
+        length_penalty: a finished beam's score is cumulative logprob / (output tokens ** length_penalty),
+            as transformers' ``generate(num_beams=...)`` scores it.
+        ignore_eos: keep beams going past EOS.
+        temperature: must be 0: this beam search is deterministic (a temperature > 0 is refused).
+
+    Raises:
+        ValueError: on any field out of range, naming the field.
+    """
+
+    beam_width: int
+    max_tokens: int = 64
+    length_penalty: float = 1.0
+    ignore_eos: bool = False
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.beam_width, bool) or not isinstance(self.beam_width, int) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)):
+            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+        if self.temperature != 0:
+            raise ValueError(f"beam search here is deterministic: temperature must be 0, got {self.temperature!r} "
+                             "(use SamplingParams(n=...) for random samples)")
+
+    def stopping_params(self) -> SamplingParams:
+        """The per-beam stopping rules as SamplingParams (greedy; the beam search chooses tokens)."""
+        return SamplingParams(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)

@@ -7,17 +7,21 @@ give a running request its next slot, the most recently admitted request is pree
 *recompute*: its blocks are freed and it goes back to the front of the waiting queue, to be
 prefilled again later with its prompt and the tokens it had produced (PagedAttention paper §4.5).
 
+The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/sequence.py``):
+a group's sequences decode together, a preemption frees all of them, and it is finished as a
+whole. A one-sequence request is its own group.
+
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
-simulator runs the very same code on lengths alone.
+simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
+requests, is a subclass in ``engine/simulator.py``).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import KVCacheManager
+from engine.block_manager import Group, KVCacheManager
 from engine.report import PREEMPT, Event
 from engine.sequence import Sequence, SequenceStatus
 
@@ -27,14 +31,17 @@ class SchedulerOutput:
     """One step's batch: prefills (whole prompts) then decodes (one token each).
 
     Attributes:
-        prefill_seqs: admitted this step; each computes ``seq.num_new_tokens`` tokens.
-        decode_seqs: running requests computing their one newest token.
-        preempted: requests preempted by recompute this step, in order.
+        prefill_seqs: sequences admitted this step; each computes ``seq.num_new_tokens`` tokens.
+        decode_seqs: running sequences computing their one newest token.
+        preempted: requests (groups) preempted by recompute this step, in order.
+        blocks_to_copy: copy-on-write ``(src, dst)`` block pairs (attention blocks) to copy before
+            the forward pass, in order (vLLM's ``blocks_to_copy``).
     """
 
     prefill_seqs: list[Sequence] = field(default_factory=list)
     decode_seqs: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
+    preempted: list[Group] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
@@ -55,21 +62,22 @@ class Scheduler:
         max_num_seqs: most running requests.
         max_num_batched_tokens: most tokens per step (prefill tokens + one per decode).
 
-    Invariants: ``running`` is in admission order (oldest first); a request is in exactly one of
-    ``waiting``, ``running``, or neither (finished).
+    Invariants: ``running`` is in admission order (oldest first); a request (a sequence group, or
+    a one-sequence request) is in exactly one of ``waiting``, ``running``, or neither (finished).
     """
 
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
         self.kv = kv_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[Group] = deque()
+        self.running: list[Group] = []
         self.events = kv_manager.events  # one ordered log: the allocator's and the scheduler's events
-        self.lockstep = False  # see start_lockstep
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Group) -> None:
         seq.status = SequenceStatus.WAITING
+        for s in seq.unfinished_seqs():
+            s.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -83,75 +91,112 @@ class Scheduler:
             self._schedule_prefills(out, len(out.decode_seqs))
         return out
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """Take a request out of the running set (or the queue) and free its KV cache."""
+    def finish(self, seq: Group, reason: str) -> None:
+        """Take a request out of the running set (or the queue) and free its KV cache (every
+        unfinished sequence of a group)."""
         if seq in self.running:
             self.running.remove(seq)
             self._release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        for s in seq.unfinished_seqs():
+            s.status = SequenceStatus.FINISHED
+            s.finish_reason = s.finish_reason or reason
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def finish_seq(self, seq: Sequence, reason: str) -> None:
+        """One sequence of a running group is done (a sample hit EOS, a beam was pruned or
+        finished): free its blocks now; the group runs on with the others."""
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Make ``child`` share ``parent``'s blocks (vLLM's ``Scheduler.fork_seq``)."""
+        self.kv.fork(parent, child)
+        child.status = parent.status
 
     def requeue(self, batch: SchedulerOutput) -> None:
         """Undo a step that failed before its tokens were produced: its requests go back to the head
         of the queue, in first-come-first-served order, with their KV freed (they will be recomputed)."""
-        for seq in reversed(batch.decode_seqs + batch.prefill_seqs):
-            if seq in self.running:
-                self.running.remove(seq)
-                self._release(seq)
-            seq.num_computed_tokens = 0
-            seq.status = SequenceStatus.WAITING
-            self.waiting.appendleft(seq)
+        groups = list(dict.fromkeys(self._group_of(s) for s in batch.decode_seqs + batch.prefill_seqs))
+        for group in reversed(groups):
+            if group in self.running:
+                self.running.remove(group)
+                self._release(group)
+            self._reset(group)
+            self.waiting.appendleft(group)
 
     def _schedule_decodes(self, out: SchedulerOutput) -> None:
         queue = deque(self.running)
-        kept: list[Sequence] = []
+        kept: list[Group] = []
         while queue:
-            seq = queue.popleft()
-            while not self.kv.can_append_slot(seq):
-                victim = queue.pop() if queue else seq
+            group = queue.popleft()
+            while not self.kv.can_append_slots(group):
+                victim = queue.pop() if queue else group
                 self._preempt(victim, out)
-                if victim is seq:
+                if victim is group:
                     break
             else:
-                self.kv.append_slot(seq)
-                kept.append(seq)
-                out.decode_seqs.append(seq)
+                for seq in group.unfinished_seqs():
+                    copy = self.kv.append_slot(seq)
+                    if copy is not None:
+                        out.blocks_to_copy.append(copy)
+                    out.decode_seqs.append(seq)
+                kept.append(group)
         self.running = kept
 
     def _schedule_prefills(self, out: SchedulerOutput, num_decodes: int) -> None:
         budget = self.max_num_batched_tokens - num_decodes
         while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            group = self.waiting[0]
+            num_tokens = self.kv.num_prefill_tokens(group)
             # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
-            if seq.num_new_tokens > budget or not self.kv.can_allocate(seq):
+            # A group re-prefilling more than the budget still runs when it would run alone.
+            alone = not self.running and not out.prefill_seqs
+            if (num_tokens > budget and not (group.is_group and alone)) or not self.kv.can_allocate(group):
                 break
             self.waiting.popleft()
-            if self.lockstep:
-                self._lockstep_admit(seq)
-            else:
-                self.kv.allocate(seq)
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-            out.prefill_seqs.append(seq)
-            budget -= seq.num_new_tokens
+            self._admit(group)
+            group.status = SequenceStatus.RUNNING
+            self.running.append(group)
+            for seq in group.unfinished_seqs():
+                seq.status = SequenceStatus.RUNNING
+                out.prefill_seqs.append(seq)
+            budget -= num_tokens
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
-        self.events.append(Event(PREEMPT, seq.request_id, detail="recompute"))
-        self._release(seq)
-        seq.num_computed_tokens = 0
-        seq.num_preemptions += 1
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
-        out.preempted.append(seq)
+    def _admit(self, group: Group) -> None:
+        self.kv.allocate(group)
 
-    def _release(self, seq: Sequence) -> None:
+    def _preempt(self, group: Group, out: SchedulerOutput) -> None:
+        self.events.append(Event(PREEMPT, group.request_id, detail="recompute"))
+        self._release(group)
+        self._reset(group)
+        group.num_preemptions += 1
+        if group.is_group:
+            for seq in group.unfinished_seqs():
+                seq.num_preemptions += 1
+        self.waiting.appendleft(group)
+        out.preempted.append(group)
+
+    def _reset(self, group: Group) -> None:
+        """Back to waiting with nothing cached: recompute prefills every token again."""
+        group.status = SequenceStatus.WAITING
+        for seq in group.unfinished_seqs():
+            seq.num_computed_tokens = 0
+            seq.status = SequenceStatus.WAITING
+
+    def _release(self, group: Group) -> None:
         """Free a running request's memory (it has just left ``running``)."""
-        if self.lockstep:
-            self._lockstep_release(seq)
-        else:
+        for seq in group.unfinished_seqs():
             self.kv.free(seq)
+
+    def _group_of(self, seq: Sequence) -> Group:
+        for group in self.running:
+            if seq in group.seqs:
+                return group
+        return seq
 
     def _could_admit(self) -> bool:
         """Would the head of the queue be admitted if the next step had no preemption?"""
@@ -160,120 +205,3 @@ class Scheduler:
         seq = self.waiting[0]
         budget = self.max_num_batched_tokens - len(self.running)
         return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
-
-    # --- Lock-step mode (the model-free simulator) --------------------------------------------------
-    # The simulator runs no model: in each step every scheduled request computes its new tokens and
-    # samples exactly one, and ``max_len`` is its final length. So a running request's length is a
-    # function of a step clock (num_tokens = offset + clock), its finish step is known when it is
-    # admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
-    # methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
-    # request needing a block, a finish — instead of a pass over all running requests, and a
-    # stretch of k steps without any of these costs O(block_size). The policy is the one of
-    # schedule(): FCFS admission with head-of-line blocking, recompute preemption of the newest.
-    # While a request runs, its num_tokens / num_computed_tokens are only brought up to date when
-    # it leaves ``running`` (finish or preemption).
-
-    def start_lockstep(self) -> None:
-        """Switch to lock-step mode (for good); call it before anything has run."""
-        assert not self.running, "lock-step mode starts with nothing running"
-        self.lockstep = True
-        self.clock = 0  # steps done
-        self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
-        self.offset_sum = 0
-        self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
-        self.admissions = 0
-        self.finish_heap: list[tuple[int, int, Sequence]] = []  # (clock it finishes at, admission number, request)
-        self.kv.start_lockstep()
-
-    def lockstep_step(self) -> SchedulerOutput:
-        """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
-        every request in ``running`` that was not admitted this step decoded one token."""
-        out = SchedulerOutput()
-        self._lockstep_decodes(out)
-        if not out.preempted:
-            self._schedule_prefills(out, len(self.running))
-        self.clock += 1
-        return out
-
-    def steps_until_event(self, limit: int) -> int:
-        """How many of the next steps (at most ``limit``) are pure decode: no admission, no
-        preemption, and no request reaching its ``max_len`` before the last of them (the step in
-        which the first one does is included: it finishes after it).
-
-        0 means "take a normal step" (:meth:`lockstep_step`): nothing runs, or the head of the queue
-        could be admitted now. Free memory only shrinks during decode, so a head that does not fit
-        now will not fit before the next finish or preemption.
-        """
-        if not self.running or self._could_admit():
-            return 0
-        k = min(limit, self._next_finish_clock() - self.clock)
-        return self.kv.lockstep_free_steps(self.clock, k)
-
-    def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
-        """Run ``k`` pure decode steps and return each memory category summed over them
-        (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
-        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
-        running = len(self.running)
-        token_states = k * self._token_states(self.clock) + running * k * (k + 1) // 2
-        sums = self.kv.lockstep_decode(self.clock, k, token_states, next_waiting)
-        self.clock += k
-        return sums
-
-    def lockstep_finished(self) -> list[Sequence]:
-        """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
-        done = []
-        while self.finish_heap and self.finish_heap[0][0] <= self.clock:
-            _, number, seq = heapq.heappop(self.finish_heap)
-            if self.admission_number.get(seq) == number:  # else it was preempted since
-                self._sync(seq)
-                done.append(seq)
-        return done
-
-    def lockstep_usage(self, next_waiting: Sequence | None) -> dict[str, int]:
-        """The memory categories now (slots)."""
-        return self.kv.lockstep_usage(self._token_states(self.clock), next_waiting)
-
-    def _token_states(self, clock: int) -> int:
-        """Cached tokens of the running requests at ``clock``: all but each one's newest."""
-        return self.offset_sum + len(self.running) * (clock - 1)
-
-    def _lockstep_decodes(self, out: SchedulerOutput) -> None:
-        # As _schedule_decodes, visiting only the requests that need a block this step, in running
-        # order; the victim is the newest running request not yet visited (or the request itself).
-        needing = self.kv.lockstep_needing_block(self.clock)
-        if len(needing) > 1:
-            needing.sort(key=self.admission_number.__getitem__)
-        for seq in needing:
-            if seq not in self.admission_number:
-                continue  # preempted earlier in this step
-            while not self.kv.lockstep_take_block(seq):
-                victim = self.running.pop()
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-
-    def _lockstep_admit(self, seq: Sequence) -> None:
-        # Prefilled in step clock + 1: num_tokens + 1 tokens at clock + 1.
-        self.kv.lockstep_admit(seq, self.clock)
-        offset = seq.num_tokens - self.clock
-        self.offsets[seq] = offset
-        self.offset_sum += offset
-        self.admissions += 1
-        self.admission_number[seq] = self.admissions
-        heapq.heappush(self.finish_heap, (seq.max_len - offset, self.admissions, seq))
-
-    def _lockstep_release(self, seq: Sequence) -> None:
-        self._sync(seq)
-        self.kv.lockstep_release(seq, seq.num_tokens)
-        self.offset_sum -= self.offsets.pop(seq)
-        del self.admission_number[seq]
-
-    def _sync(self, seq: Sequence) -> None:
-        """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
-        seq.num_tokens = self.offsets[seq] + self.clock
-        seq.num_computed_tokens = seq.num_tokens - 1
-
-    def _next_finish_clock(self) -> int:
-        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
-            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
-        return self.finish_heap[0][0]

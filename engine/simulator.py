@@ -12,7 +12,7 @@ Poisson arrivals are admitted at the first step that starts at or after their ar
 stretch with nothing to run counts as idle steps. With all requests at time 0 (saturation, the
 default) time plays no part.
 
-Fast-forward: the scheduler runs in lock-step mode (``Scheduler.start_lockstep``): a running
+Fast-forward: the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
 request's length follows a step clock, its finish step and the steps in which it needs a new block
 are known ahead, so a step costs only what happens in it (an admission, a preemption, a request
 needing a block, a finish) and a stretch of k steps with none of these — nor an arrival — is applied
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import heapq
 import json
 import math
 import sys
@@ -42,7 +43,7 @@ from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import ContiguousAllocator
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -184,6 +185,147 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
 
 
+class LockstepScheduler(Scheduler):
+    """The engine's :class:`~engine.scheduler.Scheduler` with the simulator's fast path, for
+    one-sequence requests (groups run through the single-step path; ``simulate`` chooses).
+
+    The simulator runs no model: in each step every scheduled request computes its new tokens and
+    samples exactly one, and ``max_len`` is its final length. So a running request's length is a
+    function of a step clock (num_tokens = offset + clock), its finish step is known when it is
+    admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
+    methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
+    request needing a block, a finish — instead of a pass over all running requests, and a
+    stretch of k steps without any of these costs O(block_size). The policy is the one of
+    ``Scheduler.schedule()``: FCFS admission with head-of-line blocking, recompute preemption of
+    the newest (the admission code is the parent's own). While a request runs, its num_tokens /
+    num_computed_tokens are only brought up to date when it leaves ``running`` (finish or preemption).
+    """
+
+    def add(self, seq: Sequence) -> None:
+        assert not seq.is_group, "lock-step mode serves one-sequence requests only"
+        super().add(seq)
+
+    def _admit(self, seq: Sequence) -> None:
+        self._lockstep_admit(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self._lockstep_release(seq)
+    # The simulator runs no model: in each step every scheduled request computes its new tokens and
+    # samples exactly one, and ``max_len`` is its final length. So a running request's length is a
+    # function of a step clock (num_tokens = offset + clock), its finish step is known when it is
+    # admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
+    # methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
+    # request needing a block, a finish — instead of a pass over all running requests, and a
+    # stretch of k steps without any of these costs O(block_size). The policy is the one of
+    # schedule(): FCFS admission with head-of-line blocking, recompute preemption of the newest.
+    # While a request runs, its num_tokens / num_computed_tokens are only brought up to date when
+    # it leaves ``running`` (finish or preemption).
+
+    def start_lockstep(self) -> None:
+        """Switch to lock-step mode (for good); call it before anything has run."""
+        assert not self.running, "lock-step mode starts with nothing running"
+        self.clock = 0  # steps done
+        self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
+        self.offset_sum = 0
+        self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
+        self.admissions = 0
+        self.finish_heap: list[tuple[int, int, Sequence]] = []  # (clock it finishes at, admission number, request)
+        self.kv.start_lockstep()
+
+    def lockstep_step(self) -> SchedulerOutput:
+        """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
+        every request in ``running`` that was not admitted this step decoded one token."""
+        out = SchedulerOutput()
+        self._lockstep_decodes(out)
+        if not out.preempted:
+            self._schedule_prefills(out, len(self.running))
+        self.clock += 1
+        return out
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are pure decode: no admission, no
+        preemption, and no request reaching its ``max_len`` before the last of them (the step in
+        which the first one does is included: it finishes after it).
+
+        0 means "take a normal step" (:meth:`lockstep_step`): nothing runs, or the head of the queue
+        could be admitted now. Free memory only shrinks during decode, so a head that does not fit
+        now will not fit before the next finish or preemption.
+        """
+        if not self.running or self._could_admit():
+            return 0
+        k = min(limit, self._next_finish_clock() - self.clock)
+        return self.kv.lockstep_free_steps(self.clock, k)
+
+    def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """Run ``k`` pure decode steps and return each memory category summed over them
+        (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
+        running = len(self.running)
+        token_states = k * self._token_states(self.clock) + running * k * (k + 1) // 2
+        sums = self.kv.lockstep_decode(self.clock, k, token_states, next_waiting)
+        self.clock += k
+        return sums
+
+    def lockstep_finished(self) -> list[Sequence]:
+        """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
+        done = []
+        while self.finish_heap and self.finish_heap[0][0] <= self.clock:
+            _, number, seq = heapq.heappop(self.finish_heap)
+            if self.admission_number.get(seq) == number:  # else it was preempted since
+                self._sync(seq)
+                done.append(seq)
+        return done
+
+    def lockstep_usage(self, next_waiting: Sequence | None) -> dict[str, int]:
+        """The memory categories now (slots)."""
+        return self.kv.lockstep_usage(self._token_states(self.clock), next_waiting)
+
+    def _token_states(self, clock: int) -> int:
+        """Cached tokens of the running requests at ``clock``: all but each one's newest."""
+        return self.offset_sum + len(self.running) * (clock - 1)
+
+    def _lockstep_decodes(self, out: SchedulerOutput) -> None:
+        # As _schedule_decodes, visiting only the requests that need a block this step, in running
+        # order; the victim is the newest running request not yet visited (or the request itself).
+        needing = self.kv.lockstep_needing_block(self.clock)
+        if len(needing) > 1:
+            needing.sort(key=self.admission_number.__getitem__)
+        for seq in needing:
+            if seq not in self.admission_number:
+                continue  # preempted earlier in this step
+            while not self.kv.lockstep_take_block(seq):
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+
+    def _lockstep_admit(self, seq: Sequence) -> None:
+        # Prefilled in step clock + 1: num_tokens + 1 tokens at clock + 1.
+        self.kv.lockstep_admit(seq, self.clock)
+        offset = seq.num_tokens - self.clock
+        self.offsets[seq] = offset
+        self.offset_sum += offset
+        self.admissions += 1
+        self.admission_number[seq] = self.admissions
+        heapq.heappush(self.finish_heap, (seq.max_len - offset, self.admissions, seq))
+
+    def _lockstep_release(self, seq: Sequence) -> None:
+        self._sync(seq)
+        self.kv.lockstep_release(seq, seq.num_tokens)
+        self.offset_sum -= self.offsets.pop(seq)
+        del self.admission_number[seq]
+
+    def _sync(self, seq: Sequence) -> None:
+        """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
+        seq.num_tokens = self.offsets[seq] + self.clock
+        seq.num_computed_tokens = seq.num_tokens - 1
+
+    def _next_finish_clock(self) -> int:
+        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
+            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
+        return self.finish_heap[0][0]
+
+
 _NO_SAMPLING = SamplingParams()  # one shared, unused object: no model samples in the simulator
 
 
@@ -195,7 +337,7 @@ class _Run:
         self.kv = make_kv_manager(cfg)
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
         max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
-        self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched)
+        self.sched = (LockstepScheduler if cfg.fast_forward else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.next_request = 0
         self.step = 0

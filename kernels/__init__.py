@@ -1,6 +1,6 @@
 """Triton kernels for PagedAttention Lab.
 
-Three public functions, each in its own file so it can be read on its own:
+Four public functions, each in its own file so it can be read on its own:
 
 * :func:`reshape_and_cache` (``reshape_and_cache.py``) writes a step's new K and V into the
   paged pools through a ``slot_mapping``.
@@ -8,6 +8,8 @@ Three public functions, each in its own file so it can be read on its own:
   ``paged_attention_reduce.py``) attends one query token per sequence to its context.
 * :func:`paged_attention_prefill` (``paged_attention_prefill.py``) attends a prompt's new tokens
   causally to themselves and to any context already in the cache.
+* :func:`copy_blocks` (``copy_blocks.py``) copies whole blocks of K and V in every layer, the copy
+  half of copy-on-write.
 
 Each one computes the same thing as the torch oracle in :mod:`engine.attention`.
 
@@ -39,7 +41,7 @@ except ImportError as error:  # Triton ships wheels for Linux only
     def _unavailable(*args, **kwargs):
         raise ImportError(_reason)
 
-    reshape_and_cache = paged_attention_decode = paged_attention_prefill = _unavailable
+    copy_blocks = reshape_and_cache = paged_attention_decode = paged_attention_prefill = _unavailable
 
     def interpreted() -> bool:
         return False
@@ -49,8 +51,9 @@ except ImportError as error:  # Triton ships wheels for Linux only
 
 else:
     from kernels._common import interpreted, interpreter_ready  # noqa: E402
+    from kernels.copy_blocks import copy_blocks  # noqa: E402
     from kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
     from kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
     from kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
-__all__ = ["interpreted", "interpreter_ready", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
+__all__ = ["copy_blocks", "interpreted", "interpreter_ready", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]

@@ -71,6 +71,7 @@ def _launch_cases(capture) -> None:
         lens = torch.tensor(ctx, dtype=torch.int32)
         k = torch.zeros(2, num_kv_heads, head_dim, dtype=dtype)
         kernels.reshape_and_cache(k, k, cache, cache.clone(), torch.tensor([0, 1]))
+        kernels.copy_blocks([cache], [cache.clone()], torch.tensor([[0, 1], [0, 2]]))
         q = torch.zeros(2, num_heads, head_dim, dtype=dtype)
         for splits in (1, 4):
             capture.case = f"{case} num_splits={splits}"
@@ -104,6 +105,7 @@ def compile_all(arch: int) -> list[dict]:
     from triton.runtime.driver import driver
 
     import kernels._common
+    from kernels.copy_blocks import _copy_blocks_kernel
     from kernels.paged_attention_decode import _paged_attention_decode_kernel
     from kernels.paged_attention_prefill import _paged_attention_prefill_kernel
     from kernels.paged_attention_reduce import _paged_attention_reduce_kernel
@@ -117,7 +119,8 @@ def compile_all(arch: int) -> list[dict]:
     target = GPUTarget("cuda", arch, 32)
     driver.set_active(_TargetOnlyDriver(target))
     capture = _Capture()
-    jit_fns = [_paged_attention_decode_kernel, _paged_attention_prefill_kernel, _paged_attention_reduce_kernel, _reshape_and_cache_kernel]
+    jit_fns = [_paged_attention_decode_kernel, _paged_attention_prefill_kernel, _paged_attention_reduce_kernel, _reshape_and_cache_kernel,
+               _copy_blocks_kernel]
     for fn in jit_fns:
         fn._do_compile = capture.wrap(fn)
     # The inputs are CPU tensors standing for CUDA ones: let the launchers' device check pass.

@@ -29,9 +29,9 @@ def test_every_kernel_compiles_for_sm90():
     assert result.returncode == 0, result.stderr
     kernels = {r["kernel"] for r in rows}
     assert kernels == {"_reshape_and_cache_kernel", "_paged_attention_decode_kernel",
-                       "_paged_attention_reduce_kernel", "_paged_attention_prefill_kernel"}
-    # Each case compiles decode twice (one pass and split-K) plus the other three kernels.
-    assert len(rows) == 5 * len(CASES)
+                       "_paged_attention_reduce_kernel", "_paged_attention_prefill_kernel", "_copy_blocks_kernel"}
+    # Each case compiles decode twice (one pass and split-K) plus the other four kernels.
+    assert len(rows) == 6 * len(CASES)
     assert any("bfloat16" in r["case"] for r in rows)
     # sm_90 allows 227 KiB of shared memory per block.
     assert max(r["shared_bytes"] for r in rows) <= 227 * 1024

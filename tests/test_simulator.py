@@ -12,7 +12,7 @@ from engine.block_manager import PagedBlockManager
 from engine.contiguous import ContiguousAllocator
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.simulator import SimulationConfig, main, reproduce_paper, simulate
+from engine.simulator import LockstepScheduler, SimulationConfig, main, reproduce_paper, simulate
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 SMALL = dict(kv_slots=3000, max_model_len=1024, max_num_seqs=32)
@@ -172,20 +172,20 @@ def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_bl
     """The simulator's lock-step mode (finish heap, block-residue counters, closed-form sums) makes
     the same decisions as schedule() in every step: the same requests run and wait in the same
     order, the same ones are preempted, the same blocks are free, the categories sum the same."""
-    def make():
+    def make(scheduler_class):
         if contiguous:
             kv = ContiguousAllocator(num_blocks, block_size, contiguous, max_model_len=num_blocks * block_size)
         else:
             kv = PagedBlockManager(num_blocks, block_size, watermark=watermark)
-        sched = Scheduler(kv, max_num_seqs, max_num_batched_tokens=10_000)
+        sched = scheduler_class(kv, max_num_seqs, max_num_batched_tokens=10_000)
         for i, (prompt, output) in enumerate(lengths):
             seq = Sequence(i, prompt, max_len=prompt + output)
             if -(-seq.max_len // block_size) <= num_blocks:  # else it could never finish
                 sched.add(seq)
         return kv, sched
 
-    ref_kv, ref = make()
-    kv, fast = make()
+    ref_kv, ref = make(Scheduler)
+    kv, fast = make(LockstepScheduler)
     fast.start_lockstep()
     assume(ref.has_unfinished())
     steps = 0
