@@ -44,7 +44,7 @@ from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import ContiguousAllocator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence
+from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
@@ -72,8 +72,13 @@ class SimulationConfig:
         max_model_len: longest request in tokens (prompt + output).
         step_ms: simulated duration of one step in milliseconds.
         seed: seeds the workload.
-        fast_forward: apply lock-step decode stretches at once (same results, much faster).
+        fast_forward: apply lock-step decode stretches at once (same results, much faster). Used
+            only where the policy has that path: one-sequence requests (``n == 1``); otherwise every
+            step goes through ``Scheduler.schedule()`` whatever this says.
         progress: show a tqdm progress bar of finished requests.
+        n: parallel sampling: sequences per request (paper §6.3, Figure 15). The prompt is prefilled
+            once and forked; every sample has the request's output length (a stated model: the
+            paper's traces give one output length per request).
     """
 
     workload: str = "sharegpt"
@@ -94,8 +99,11 @@ class SimulationConfig:
     seed: int = 0
     fast_forward: bool = True
     progress: bool = False
+    n: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {self.allocator!r}")
         for name in ("num_requests", "block_size", "max_num_seqs", "max_model_len"):
@@ -124,6 +132,8 @@ class SimulationResult:
         preemptions: recompute preemptions. completed: finished requests. rejected: requests that
             could never fit the pool. steps: scheduler iterations. simulated_seconds: steps * step_ms.
         wall_seconds: real time the simulation took.
+        memory_saved_by_sharing: paper §6.3 over the run: 1 - (physical blocks held) / (blocks the
+            sequences' tables would hold unshared), both summed over steps; 0 without sharing.
 
     Series (run-length encoded: row i covers ``series_num_steps[i]`` steps from ``series_step[i]``,
     during which nothing but lock-step decode happened; one row per step without fast-forward):
@@ -142,6 +152,7 @@ class SimulationResult:
     steps: int
     simulated_seconds: float
     wall_seconds: float
+    memory_saved_by_sharing: float
     series_step: np.ndarray
     series_num_steps: np.ndarray
     series_running: np.ndarray
@@ -165,7 +176,8 @@ class SimulationResult:
         """The summary fields and the config (without the requests), JSON-ready."""
         config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
         keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
-                "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds")
+                "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
+                "memory_saved_by_sharing")
         return {"config": config, **{k: getattr(self, k) for k in keys}}
 
     def write_trace(self, path: str) -> None:
@@ -337,7 +349,12 @@ class _Run:
         self.kv = make_kv_manager(cfg)
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
         max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
-        self.sched = (LockstepScheduler if cfg.fast_forward else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
+        # The simulator picks the path itself: the lock-step fast path exists for one-sequence requests only.
+        self.lockstep = cfg.fast_forward and cfg.n == 1
+        self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
+        self.sampling = SamplingParams(n=cfg.n)
+        self.next_seq_id = 0
+        self.blocks_with_sharing = self.blocks_without_sharing = 0
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.next_request = 0
         self.step = 0
@@ -347,7 +364,7 @@ class _Run:
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
 
     def run(self) -> None:
-        if not self.cfg.fast_forward:
+        if not self.lockstep:
             self._run_single_steps()
             return
         sched = self.sched
@@ -382,9 +399,11 @@ class _Run:
         while self.next_request < len(self.requests) and self.requests[self.next_request].arrival <= now:
             r = self.requests[self.next_request]
             seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival,
-                           sampling_params=_NO_SAMPLING)
+                           sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
+            if self.cfg.n > 1:
+                seq = SequenceGroup(self.next_request, [seq], self.sampling, arrival_time=r.arrival)
             self.next_request += 1
-            if seq.max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
+            if seq.seqs[0].max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
                 self.rejected += 1  # it could never run (the engine rejects it too)
                 self.bar.update(1)
             else:
@@ -411,10 +430,28 @@ class _Run:
         self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         for seq in out.prefill_seqs + out.decode_seqs:
             seq.num_computed_tokens = seq.num_tokens
-            seq.append_token()
+        for group in self.sched.running:
+            if group.is_group and len(group.seqs) < group.num_samples:  # after the prompt's one prefill
+                self._fork_samples(group)
+            for seq in group.unfinished_seqs():
+                seq.append_token()
         usage = self.kv.usage(self.sched.running, self._next_waiting())
+        self.blocks_with_sharing += usage.blocks_with_sharing
+        self.blocks_without_sharing += usage.blocks_without_sharing
         self._record(1, {c: getattr(usage, c) for c in CATEGORIES}, len(self.sched.running))
-        self._finish([seq for seq in self.sched.running if seq.num_tokens >= seq.max_len])
+        # Every sample has the request's length, so a group's sequences finish together.
+        self._finish([g for g in self.sched.running if g.seqs[0].num_tokens >= g.seqs[0].max_len])
+
+    def _fork_samples(self, group: SequenceGroup) -> None:
+        parent = group.seqs[0]
+        for index in range(1, group.num_samples):
+            child = parent.fork(self._seq_id(), index)
+            self.sched.fork(parent, child)
+            group.seqs.append(child)
+
+    def _seq_id(self) -> int:
+        self.next_seq_id += 1
+        return self.next_seq_id - 1
 
     def _lockstep_step(self) -> None:
         """The same step in lock-step mode: only the requests something happens to are touched."""
@@ -467,6 +504,7 @@ class _Run:
             steps=self.step,
             simulated_seconds=self.step * self.step_s,
             wall_seconds=wall_seconds,
+            memory_saved_by_sharing=1 - self.blocks_with_sharing / self.blocks_without_sharing if self.blocks_without_sharing else 0.0,
             series_step=rows[:, 0],
             series_num_steps=num_steps,
             series_running=running,
@@ -619,7 +657,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
         reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, step_ms=args.step_ms, seed=args.seed,
-        fast_forward=not args.no_fast_forward, progress=not args.json,
+        fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -672,6 +710,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
+    p.add_argument("--n", type=int, default=1,
+                   help="parallel sampling: sequences per request, sharing the prompt's blocks (runs step by step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)

@@ -222,3 +222,15 @@ def test_fast_forward_equals_single_steps_with_a_watermark(watermark):
     fast = simulate(requests=requests, **SMALL, watermark=watermark)
     slow = simulate(requests=requests, **SMALL, watermark=watermark, fast_forward=False)
     assert key(fast) == key(slow) and fast.preemptions > 0
+
+
+def test_parallel_sampling_shares_prompts_and_runs_through_the_single_step_path():
+    """n > 1 has no lock-step fast path: the simulator steps through schedule() by itself (the same
+    result whatever fast_forward says), and sharing the prompt saves memory (paper §6.3)."""
+    requests = make_workload("alpaca", 120, seed=2, max_model_len=1024)
+    shared = simulate(requests=requests, **SMALL, n=3)
+    assert simulate(requests=requests, **SMALL, n=3, fast_forward=False).summary()["steps"] == shared.steps
+    assert shared.completed == 120 and 0 < shared.memory_saved_by_sharing < 1
+    assert simulate(requests=requests, **SMALL).memory_saved_by_sharing == 0.0
+    with pytest.raises(ValueError, match="n .parallel samples. must be an integer >= 1"):
+        SimulationConfig(n=0)
