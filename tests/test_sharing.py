@@ -41,8 +41,17 @@ def check_sharing_invariants(kv: PagedBlockManager, scheduler: Scheduler) -> Non
         assert (block in free) == (alloc.ref_counts[block] == 0), f"block {block}: free iff refcount 0"
     for group in scheduler.waiting:
         assert all(not s.block_table for s in group.unfinished_seqs()), "a waiting request holds blocks"
+    # Memory counts each physical slot once: a block holds the tokens of its fullest holder.
+    filled = {}
+    for group in scheduler.running:
+        for seq in group.unfinished_seqs():
+            for i, b in enumerate(seq.block_table):
+                filled[b] = max(filled.get(b, 0), min(kv.block_size, max(0, seq.num_computed_tokens - i * kv.block_size)))
     usage = kv.usage(scheduler.running, None)
-    assert usage.blocks_with_sharing == sum(1 for b in range(kv.num_blocks) if alloc.ref_counts[b] > 0)
+    assert usage.token_states == sum(filled.values())
+    assert usage.shared_slots == sum(n for b, n in filled.items() if alloc.ref_counts[b] > 1)
+    assert usage.blocks_with_sharing == len(filled) == sum(1 for b in range(kv.num_blocks) if alloc.ref_counts[b] > 0)
+    assert usage.blocks_without_sharing == sum(held.values())
 
 
 def model_free_group_step(scheduler: Scheduler, rng: random.Random, next_seq_id) -> None:
