@@ -140,8 +140,18 @@ class KVCacheManager(ABC):
         return group.num_new_tokens
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1)."""
+        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1;
+        contiguous: a range of its own, with the parent's KV queued in ``pending_copies``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot fork sequences")
+
+    def free_group(self, group: Group) -> None:
+        """Release what ``group`` holds beyond its sequences' own memory (contiguous: ranges kept
+        for its forks); called when the group finishes or is preempted."""
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Copies (in attention blocks) that forks queued since the last step, to run before the
+        next forward pass; the paged allocator shares instead and queues none."""
+        return []
 
     @abstractmethod
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
