@@ -43,6 +43,7 @@ import torch
 from engine import LLM, BeamSearchParams, SamplingParams
 from engine.report import COPY_ON_WRITE, FORK, FREE
 from visualize import series_figure, t
+from visualize.style import use_cjk_font
 
 LANG = "en"
 
@@ -174,6 +175,7 @@ for o in beams[0].sequences:
 # Both runs side by side: the gap between the two lines is the memory saved by sharing.
 
 # %%
+use_cjk_font()  # before the axes exist: their title and axis labels take the font they are made with
 fig, axes = plt.subplots(1, 2, figsize=(11, 3))
 for ax, reports, title in ((axes[0], p_reports, t("l7_parallel_sampling", LANG, n=4)),
                            (axes[1], b_reports, t("l7_beam_search", LANG, width=4))):
