@@ -72,7 +72,7 @@ def show_tables(report):
 
 
 # %% [markdown]
-# We drive the engine one step at a time. Step 1 is the prompt's **one** prefill: sample 0 computes
+# We drive the engine one step at a time. The first step is the prompt's **one** prefill: sample 0 computes
 # the prompt, then sample 1 is *forked* from it (a `FORK` event). Both block tables point at the same
 # three blocks, each with refcount 2.
 
@@ -86,7 +86,7 @@ held = prefill.block_tables[0].filled[-1]  # its filled slots
 before = [(k[last].clone(), v[last].clone()) for k, v in eng.runner.kv_caches]  # its K and V in every layer
 
 # %% [markdown]
-# Step 2 is the first decode step: each sample writes the K and V of the token it sampled at position 38,
+# The second step is the first decode step: each sample writes the K and V of the token it sampled at position 38,
 # which lies in the shared block. The first writer sees refcount 2: the allocator gives it a new block,
 # drops the old block's refcount to 1, and returns the pair `(src, dst)` (vLLM's `blocks_to_copy`).
 # The engine copies the block's K and V in every layer (`copy_blocks`) before the forward pass, so the

@@ -64,7 +64,7 @@ def show_tables(report):
 
 
 # %% [markdown]
-# 我们一步一步地驱动引擎。第 1 步是提示词**唯一的一次**预填充：样本 0 计算提示词，然后从它派生出样本 1（一个 `FORK` 事件）。两个块表指向相同的三个块，每个块的引用计数都是 2。
+# 我们一步一步地驱动引擎。第一步是提示词**唯一的一次**预填充：样本 0 计算提示词，然后从它派生出样本 1（一个 `FORK` 事件）。两个块表指向相同的三个块，每个块的引用计数都是 2。
 
 # %%
 request_id = eng.add_request(prompt, SamplingParams(n=2, temperature=0.8, seed=2, max_tokens=3, ignore_eos=True))
@@ -76,7 +76,7 @@ held = prefill.block_tables[0].filled[-1]  # its filled slots
 before = [(k[last].clone(), v[last].clone()) for k, v in eng.runner.kv_caches]  # its K and V in every layer
 
 # %% [markdown]
-# 第 2 步是第一个解码步：每个样本把自己采样到的 token 的 K 和 V 写到位置 38，这个位置在共享块里。第一个写入者看到引用计数 2：分配器给它一个新块，把旧块的引用计数降到 1，并返回 `(src, dst)` 这一对（vLLM 的 `blocks_to_copy`）。引擎在前向计算之前，把这个块在每一层的 K 和 V 复制过去（`copy_blocks`），于是新 token 落在副本里。第二个写入者此时看到引用计数 1：它是最后一个持有者，直接原地写入。两个满的提示词块仍然共享：之后没有谁再写它们。
+# 第二步是第一个解码步：每个样本把自己采样到的 token 的 K 和 V 写到位置 38，这个位置在共享块里。第一个写入者看到引用计数 2：分配器给它一个新块，把旧块的引用计数降到 1，并返回 `(src, dst)` 这一对（vLLM 的 `blocks_to_copy`）。引擎在前向计算之前，把这个块在每一层的 K 和 V 复制过去（`copy_blocks`），于是新 token 落在副本里。第二个写入者此时看到引用计数 1：它是最后一个持有者，直接原地写入。两个满的提示词块仍然共享：之后没有谁再写它们。
 
 # %%
 decode = eng.step()
