@@ -10,6 +10,8 @@ The lesson notebooks may use the same catalogue.
 
 from __future__ import annotations
 
+import re
+
 LANGUAGES = ("en", "zh")
 LANGUAGE_NAMES = {"en": "English", "zh": "中文"}
 
@@ -191,8 +193,37 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "mean_running": ("mean running requests", "平均运行请求数"),
     "token_state_share": ("token states share", "token 状态占比"),
     "steps_taken": ("steps", "步数"),
-    "paper_bars": ("KV memory waste, paper style (Figure 2)", "KV 内存浪费（论文图 2 风格）"),
-    "paper_unavailable": ("visualize/paper.py is not available yet.", "visualize/paper.py 尚不可用。"),
+    "paper_bars": ("KV memory waste, paper style (Figure 2)", "KV 显存浪费（论文图 2 风格）"),
+    "fig2_title": ("{workload}: KV cache usage", "{workload}：KV 缓存使用情况"),
+    "fig2_axis": ("share of the KV pool (%)", "占 KV 池的比例（%）"),
+    "fig2_paper_mark": ("paper, Figure 2: token states", "论文图 2：token 状态"),
+    "fig2_paper_value": ("paper {value}", "论文 {value}"),
+    "fig2_workload_engine": ("sidebar workload", "侧边栏工作负载"),
+    "fig2_caption": (
+        "Each bar is the whole KV pool, averaged over the run's steps. The dashed mark and its number are the "
+        "paper's token-state share for the matching system (vLLM, Orca Max/Pow2/Oracle), measured on ShareGPT "
+        "with a full pool. The paper's legend says “External frag. & Others”: “others” is memory none of its "
+        "categories names; here every slot has a category, so it is external fragmentation, and free when the pool is not full.",
+        "每根柱是整个 KV 池在本次运行各步上的平均。虚线及其数值是论文中对应系统（vLLM、Orca Max/Pow2/Oracle）的 token 状态占比，"
+        "在 ShareGPT 上、KV 池满载时测得。论文图例中的“External frag. & Others（外部碎片及其他）”里，“其他”指不属于其任何类别的显存；"
+        "这里每个槽位都有类别，所以它就是外部碎片，KV 池未满时还有空闲。",
+    ),
+    "category_help_title": ("What the categories mean", "各类别的含义"),
+    "category_help": (
+        "**token states**: slots that hold a token's K and V (the only useful memory). "
+        "**reserved**: slots set aside for tokens a request will still produce (contiguous allocators reserve ahead; paged never does). "
+        "**internal fragmentation**: slots inside an allocation that will never hold a token (paged: the unfilled tail of a "
+        "request's last block; contiguous: the reservation beyond the request's final length). "
+        "**external fragmentation**: free slots the next waiting request cannot use, because they lie in a gap too small for its "
+        "contiguous range (always 0 for paged). **free**: every other slot.",
+        "**token 状态**：存放某个 token 的 K 和 V 的槽位（唯一有用的显存）。"
+        "**预留**：为请求之后还会生成的 token 预先留出的槽位（连续分配器提前预留；分页分配器从不预留）。"
+        "**内部碎片**：在已分配空间内、但永远不会存放 token 的槽位（分页：请求最后一块中未填满的部分；连续：超出请求最终长度的预留）。"
+        "**外部碎片**：空闲、但下一个等待中的请求用不上的槽位，因为它们所在的空隙放不下该请求的连续区间（分页时恒为 0）。"
+        "**空闲**：其余所有槽位。",
+    ),
+    "system_paged": ("paged", "分页"),
+    "system_contiguous": ("contiguous ({reservation})", "连续（{reservation}）"),
     "compare_hint": ("Press “Run both” to compare.", "按“运行两者”开始比较。"),
     "running_compare": ("Running {allocator}…", "正在运行 {allocator}…"),
     # --- kernel lab
@@ -252,3 +283,18 @@ def t(key: str, lang: str = "en", **values) -> str:
         raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
     text = CATALOGUE[key][LANGUAGES.index(lang)]
     return text.format(**values) if values else text
+
+
+def untranslated(text: str) -> list[str]:
+    """English texts of the catalogue (or their fixed parts around ``{placeholders}``) that occur in
+    ``text`` as whole words although their Chinese differs: what a 中文 page or chart must not show.
+    Parts shorter than 4 characters, or present in the Chinese too (names like MiB, SmolLM2), are skipped."""
+    found = []
+    for en, zh in CATALOGUE.values():
+        for part in re.split(r"\{[^}]*\}", en):
+            part = part.strip(" .,:;·()–-*")
+            if len(part) < 4 or not re.search("[A-Za-z]{3}", part) or part in zh:
+                continue
+            if re.search(rf"(?<![A-Za-z]){re.escape(part)}(?![A-Za-z])", text):
+                found.append(part)
+    return sorted(set(found))
