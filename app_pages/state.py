@@ -123,6 +123,22 @@ def cached_model(model: str):
     return load_model(None if model == DEFAULT_MODEL else model)
 
 
+def kv_slot_bytes(model: str) -> int | None:
+    """Bytes of one token's K and V in the engine the app builds for ``model`` (float32 on CPU,
+    bfloat16 on CUDA); None when the model cannot be read (the page shows why)."""
+    import torch
+
+    from engine.model_runner import kv_bytes_per_slot
+
+    try:
+        config = cached_model(model).config
+    except Exception:  # noqa: BLE001 - a bad path is reported where the engine is built
+        return None
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dtype = torch.bfloat16 if _has_cuda() else torch.float32
+    return kv_bytes_per_slot(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype)
+
+
 def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
     """A fresh engine for ``settings`` in a second or so, once the model is cached.
 

@@ -86,7 +86,7 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
     assert any("Could not build the engine" in e.value and "/no/such/model" in e.value for e in app.error)
     app.text_input(key="model_path").set_value(str(tiny_llama_dir)).run()
     assert not app.error
-    app.number_input(key="num_blocks").set_value(2).run()  # 32 slots: the chat prompts do not fit
+    app.number_input(key="num_blocks__input").set_value(2).run()  # 32 slots: the chat prompts do not fit
     assert any("rejected" in w.value for w in app.warning)
     assert not app.exception
 
@@ -118,7 +118,7 @@ def test_play_pause_and_presets(app: AppTest):
     app.selectbox(key="preset__en").set_value("preset_preemption").run()
     next(b for b in app.button if b.label == "Load preset").click().run()
     assert not app.exception, [e.value for e in app.exception]
-    assert app.number_input(key="num_blocks").value == 40
+    assert app.number_input(key="num_blocks__input").value == 40
     assert "Request 7</b>" in request_html(app) and "Request 8</b>" not in request_html(app)
     assert subheaders(app) == []  # a new workload restarts the run
     assert "preempted ×" not in request_html(app)
@@ -138,3 +138,30 @@ def test_lesson_summaries_have_a_title_and_goal(tmp_path):
     path = tmp_path / "09_blocks.ipynb"
     path.write_text(json.dumps({"cells": cells}))
     assert notebook_summary(path) == ("Lesson 9 — Blocks", "**Goal:** see how blocks are shared.")
+
+
+def test_pool_unit_switch_keeps_the_pool_and_mib_bounds_fit_the_model(app: AppTest):
+    # Tiny model: 2 layers x 2 KV heads x 16 dims x 2 (K, V) x 4 bytes = 512 B per token, 8 KiB per block.
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    box = app.number_input(key="pool_mib__input")
+    assert box.value == 0.5  # the 64 blocks carried over: 64 x 8 KiB
+    assert "From 0.02 MiB (2 blocks" in box.help and "to 4.00 MiB (512 blocks)" in box.help
+    box.set_value(0.25).run()  # 32 blocks
+    assert not app.exception and not app.sidebar.warning
+    app.radio(key="pool_unit__en").set_value("blocks").run()
+    assert app.number_input(key="num_blocks__input").value == 32
+    assert "32 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    app.number_input(key="pool_mib__input").set_value(0.01).run()  # below 2 blocks: the engine would refuse it
+    assert "0.01 is outside 0.02–4.00, so 0.02 is used." in [w.value for w in app.sidebar.warning]
+    assert not app.error and "2 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+
+
+@pytest.mark.parametrize("typed, used", [(1, 2), (-5, 2), (100000, 512)])
+def test_an_out_of_range_pool_is_said_next_to_the_box(app: AppTest, typed, used):
+    app.number_input(key="num_blocks__input").set_value(typed).run()
+    assert not app.exception
+    assert f"{typed} is outside 2–512, so {used} is used." in [w.value for w in app.sidebar.warning]
+    assert f"{used} blocks × 16" in "".join(c.value for c in app.sidebar.caption)  # the engine took it
+    app.number_input(key="num_blocks__input").set_value(48).run()
+    assert not app.sidebar.warning and "48 blocks × 16" in "".join(c.value for c in app.sidebar.caption)

@@ -52,6 +52,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{blocks} blocks × {block_size} = **{tokens} tokens**, {mib:.1f} MiB ({slot_kib:.1f} KiB per token)",
         "{blocks} 块 × {block_size} = **{tokens} 个 token**，{mib:.1f} MiB（每 token {slot_kib:.1f} KiB）",
     ),
+    "value_clamped": (
+        "{typed} is outside {lo}–{hi}, so {used} is used.",
+        "{typed} 超出 {lo}–{hi} 的范围，因此使用 {used}。",
+    ),
+    "pool_mib_bounds": (
+        "From {lo} MiB (2 blocks of this model at this block size) to {hi} MiB ({blocks} blocks).",
+        "范围为 {lo} MiB（此模型在此块大小下的 2 个块）到 {hi} MiB（{blocks} 块）。",
+    ),
     "allocator": ("Allocator", "分配器"),
     "allocator_paged": ("paged (PagedAttention)", "分页（PagedAttention）"),
     "allocator_contiguous": ("contiguous (before vLLM)", "连续（vLLM 之前）"),
