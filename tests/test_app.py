@@ -137,7 +137,30 @@ def test_lesson_summaries_have_a_title_and_goal(tmp_path):
     cells = [{"cell_type": "markdown", "source": ["# Lesson 9 — Blocks\n", "\n", "**Goal:** see how blocks\n", "are shared."]}]
     path = tmp_path / "09_blocks.ipynb"
     path.write_text(json.dumps({"cells": cells}))
-    assert notebook_summary(path) == ("Lesson 9 — Blocks", "**Goal:** see how blocks are shared.")
+    assert notebook_summary(path) == ("Lesson 9 — Blocks", "see how blocks are shared.")
+
+
+@pytest.mark.parametrize("lang, label", [("en", "Goal"), ("zh", "目标")])
+def test_lessons_page_says_goal_once(lang, label):
+    at = AppTest.from_function(_lessons_page, args=(lang,), default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    goals = [m.value for m in at.markdown if label in m.value]
+    assert len(goals) == 6
+    assert all(g.count(label) == 1 for g in goals), goals
+
+
+def _lessons_page(lang):
+    import sys
+    from pathlib import Path
+
+    import streamlit as st
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent) if "__file__" in globals() else ".")
+    from app_pages import lessons
+
+    st.session_state["lang"] = lang
+    lessons.page()
 
 
 def test_pool_unit_switch_keeps_the_pool_and_mib_bounds_fit_the_model(app: AppTest):

@@ -180,6 +180,26 @@ def test_directory_without_config_is_refused(tmp_path: Path) -> None:
         resolve_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("text", ['{"model_type": "llama",\n', "[1, 2]"])
+def test_a_broken_config_json_is_named(tmp_path: Path, text: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(str(tmp_path))
+    assert str(tmp_path / "config.json") in str(caught.value) and "is not valid" in str(caught.value)
+
+
+def test_a_broken_config_json_is_named_by_the_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama",\n')
+    result = subprocess.run([sys.executable, "-m", "engine", "generate", "hi", "--model", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert f"{tmp_path / 'config.json'} is not valid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 def test_tiny_local_llama_directory_loads_as_is(tmp_path: Path, default_model: LoadedModel) -> None:
     config = transformers.LlamaConfig(

@@ -280,7 +280,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "用同一引擎和图表逐步讲解的 Jupyter 笔记本。用 `jupyter lab <路径>` 打开。",
     ),
     "no_lessons": ("No lesson notebooks found in {path}.", "在 {path} 中没有找到课程笔记本。"),
-    "goal": ("Goal", "目标"),
+    "goal_line": ("**Goal:** {goal}", "**目标：**{goal}"),
     "path": ("Path", "路径"),
 }
 
