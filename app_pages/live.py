@@ -12,7 +12,7 @@ from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
 from app_pages.state import MAX_NEW_TOKENS, MAX_REQUESTS, PRESETS, preset_workload, record
 from visualize.colors import request_color
-from visualize.i18n import t
+from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, pool_map_figure, pool_map_spec
 
@@ -139,11 +139,16 @@ def step_summary(llm, report, lang: str) -> None:
     c[2].metric(t("tokens_processed", lang), report.num_tokens)
     c[3].metric(t("step_time", lang), f"{report.timings_ms.get('total', 0):.0f} ms")
     c[4].metric(t("preemptions", lang), len(report.preempted))
-    timings = ", ".join(f"{k} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
+    timings = ", ".join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
     finished = sum(1 for rid in llm.requests if llm.get_output(rid).finished)
     running = len(report.block_tables)
     waiting = len(llm.requests) - finished - running
     st.caption(f"{t('time_per_phase', lang)}: {timings} · {t('running_waiting', lang)}: {running} / {waiting} / {finished}")
+
+
+def _timing_name(key: str, lang: str) -> str:
+    """A phase of the step's timings in the reader's language (an unknown phase keeps its name)."""
+    return t(f"timing_{key}", lang) if f"timing_{key}" in CATALOGUE else key
 
 
 def _status(llm, rid: int, report, lang: str) -> str:
@@ -169,7 +174,7 @@ def requests_text(llm, report, lang: str) -> None:
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b style="color:{color}">{t("request", lang)} {rid}</b> '
-            f'<small style="color:#888">· {html.escape(_status(llm, rid, report, lang))} · {len(out.token_ids)} tok'
+            f'<small style="color:#888">· {html.escape(_status(llm, rid, report, lang))} · {t("tok_count", lang, n=len(out.token_ids))}'
             f'{preempted}</small><br>'
             f'<span style="color:#888">{html.escape(prompt[:160])}</span><br>'
             f'<span style="color:{color}" data-testid="request-text">{html.escape(out.text)}</span></div>'
@@ -224,4 +229,5 @@ def events_view(report, lang: str) -> None:
         return
     frame = pd.DataFrame(rows)[["request_id", "event", "detail"]]
     frame.columns = [t("request", lang), t("event_kind", lang), t("event_detail", lang)]
-    st.dataframe(frame, hide_index=True, width="stretch", height=min(38 + 35 * len(frame), 280))
+    # Tall enough for a preemption's frees without scrolling (up to 20 rows; longer logs scroll).
+    st.dataframe(frame, hide_index=True, width="stretch", height=38 + 35 * min(len(frame), 20))

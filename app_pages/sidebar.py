@@ -45,7 +45,10 @@ def engine_settings(lang: str) -> Settings:
     backend = sb.radio(t("backend", lang), ("torch", "triton"), horizontal=True, key="backend", help=t("backend_help", lang))
     max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, 8, key="max_batch"))
     sb.subheader(t("sampling", lang))
-    temperature = float(sb.slider(t("temperature", lang), 0.0, 1.5, 0.7, 0.1, key="temperature"))
+    # Greedy by default (as SamplingParams): the same demo gives the same text every time.
+    temperature = 0.0
+    if sb.toggle(t("sample_toggle", lang), key="sample", help=t("sample_toggle_help", lang)):
+        temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, 0.7, 0.1, key="temperature"))
     seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, value=0, key="seed"))
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,

@@ -99,7 +99,7 @@ class Settings:
     reservation: str = "max"
     attention_backend: str = "torch"
     max_num_seqs: int = 8
-    temperature: float = 0.7
+    temperature: float = 0.0  # greedy, as SamplingParams
     seed: int = 0
 
     def engine_config(self, **overrides) -> EngineConfig:

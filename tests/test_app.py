@@ -188,3 +188,17 @@ def test_an_out_of_range_pool_is_said_next_to_the_box(app: AppTest, typed, used)
     assert f"{used} blocks × 16" in "".join(c.value for c in app.sidebar.caption)  # the engine took it
     app.number_input(key="num_blocks__input").set_value(48).run()
     assert not app.sidebar.warning and "48 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+
+
+def test_greedy_is_the_default_and_sampling_one_click_away(app: AppTest):
+    assert app.session_state["settings"].temperature == 0.0
+    app.button(key="btn_step").click().run()
+    app.number_input(key="n_steps").set_value(4).run()
+    app.button(key="btn_run").click().run()
+    first = request_html(app)
+    app.button(key="btn_reset").click().run()
+    app.number_input(key="n_steps").set_value(5).run()
+    app.button(key="btn_run").click().run()
+    assert request_html(app) == first  # the same demo twice, the same text
+    app.toggle(key="sample").set_value(True).run()
+    assert app.session_state["settings"].temperature == 0.7 and app.slider(key="temperature").value == 0.7

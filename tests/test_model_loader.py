@@ -228,3 +228,22 @@ def test_tiny_local_llama_directory_loads_as_is(tmp_path: Path, default_model: L
     assert loaded.tokenizer("hello world").input_ids == default_model.tokenizer("hello world").input_ids
     assert stages and all(0.0 <= fraction <= 1.0 for _, fraction in stages)
     assert stages[-1][1] == 1.0
+
+
+def test_ctrl_c_in_the_cli_is_one_line(tiny_llama_dir: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-u", "-m", "engine", "generate", "Tell me a long story.", "--model", str(tiny_llama_dir),
+           "--max-tokens", "1000", "--num-blocks", "128"]
+    # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job would inherit it ignored).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in proc.stderr:  # the per-step lines go to stderr
+        if line.startswith("step    1"):  # the engine is running
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err

@@ -73,8 +73,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "torch: gather + softmax (fast on CPU). triton: the PagedAttention kernels (interpreted on CPU, slow).",
         "torch：gather + softmax（CPU 上快）。triton：PagedAttention 内核（CPU 上解释执行，较慢）。",
     ),
-    "max_batch": ("Max batch (requests per step)", "最大批量（每步请求数）"),
+    "max_batch": ("Max batch (requests per step)", "最大批大小（每步请求数）"),
     "sampling": ("Sampling", "采样"),
+    "sample_toggle": ("Sample (off: greedy)", "随机采样（关：贪心）"),
+    "sample_toggle_help": (
+        "Off: each request takes its most likely token (greedy), so a demo gives the same text every run. "
+        "On: tokens are drawn at the temperature below, seeded per request.",
+        "关：每个请求取概率最大的 token（贪心），同一演示每次运行结果相同。开：按下面的温度随机抽取 token，每个请求有自己的种子。",
+    ),
     "temperature": ("Temperature", "温度"),
     "seed": ("Seed", "随机种子"),
     # --- workload editor
@@ -100,8 +106,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "pause": ("Pause", "暂停"),
     "reset": ("Reset", "重置"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
-    "loading_model": ("Loading the model {model}…", "正在加载模型 {model}…"),
-    "building_engine": ("Building the engine…", "正在构建引擎…"),
+    "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
+    "building_engine": ("Building the engine…", "正在构建引擎……"),
     "all_done": ("All requests finished. Press Reset to run again.", "所有请求已完成。按“重置”重新运行。"),
     "no_steps_yet": ("Press Step to run the first scheduler iteration.", "按“单步”运行第一次调度迭代。"),
     "error_engine": ("Could not build the engine: {error}", "无法构建引擎：{error}"),
@@ -114,11 +120,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "phase_decode": ("decode", "解码"),
     "phase_mixed": ("mixed", "混合"),
     "phase_idle": ("idle", "空闲"),
-    "scheduled": ("Requests scheduled", "调度的请求"),
+    "scheduled": ("Requests scheduled", "已调度请求数"),
     "tokens_processed": ("Tokens processed", "处理的 token"),
     "step_time": ("Step time", "步耗时"),
     "preemptions": ("Preemptions", "抢占"),
     "time_per_phase": ("Time per phase (ms)", "各阶段耗时（毫秒）"),
+    "timing_schedule": ("schedule", "调度"),
+    "timing_forward": ("forward", "前向计算"),
+    "timing_sample": ("sample", "采样"),
+    "timing_report": ("report", "报告"),
+    "timing_prepare": ("prepare", "准备输入"),
+    "tok_count": ("{n} tok", "{n} 个 token"),
     "running_waiting": ("Running / waiting / finished", "运行 / 等待 / 完成"),
     # --- requests
     "requests": ("Requests and their text", "请求及其生成文本"),
@@ -127,7 +139,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "status_running": ("running", "运行中"),
     "status_finished": ("finished ({reason})", "已完成（{reason}）"),
     "status_preempted": ("preempted", "被抢占"),
-    "preempted_times": ("preempted ×{n}", "被抢占 ×{n}"),
+    "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
     "pool_caption": (
@@ -149,7 +161,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "no_live_requests": ("No request holds KV blocks right now.", "当前没有请求占用 KV 块。"),
     "slot_range": ("slots {start}–{end}", "槽位 {start}–{end}"),
     # --- memory
-    "memory": ("Memory over steps", "各步内存"),
+    "memory": ("Memory over steps", "各步显存"),
     "memory_unit": ("Unit", "单位"),
     "tokens": ("tokens", "token"),
     "token_states": ("token states", "token 状态"),
@@ -177,7 +189,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{count} 个 token，位置 {first}–{last}，写入块 {blocks} 的槽位",
     ),
     "ev_write_one_detail": ("position {position} → slot {slot} (block {block})", "位置 {position} → 槽位 {slot}（块 {block}）"),
-    "ev_preempt_detail": ("evicted; will be recomputed", "被驱逐，之后重新计算"),
+    "ev_preempt_detail": ("evicted; will be recomputed", "被抢占，之后重计算"),
     "no_events": ("No events this step.", "本步没有事件。"),
     "save_png": ("Download PNG", "下载 PNG"),
     # --- compare page
@@ -233,7 +245,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "system_paged": ("paged", "分页"),
     "system_contiguous": ("contiguous ({reservation})", "连续（{reservation}）"),
     "compare_hint": ("Press “Run both” to compare.", "按“运行两者”开始比较。"),
-    "running_compare": ("Running {allocator}…", "正在运行 {allocator}…"),
+    "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),
     # --- kernel lab
     "kernel_intro": (
         "Runs the Triton PagedAttention decode kernel on the real state of the last step: for every request "
@@ -263,8 +275,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "在 CPU 解释器下，内核把最多 {pairs} 个（序列、KV 头）对放进一个程序以减少 Python 开销；每对的计算相同。",
     ),
     "block_reads": ("Block-table reads", "块表读取"),
-    "max_diff_ref": ("max |kernel − torch reference|", "最大 |内核 − torch 参考|"),
-    "max_diff_engine": ("max |kernel − engine's attention in the step|", "最大 |内核 − 该步引擎的注意力输出|"),
+    "max_diff_ref": ("max |kernel − reference|", "最大 |内核 − 参考|"),
+    "max_diff_ref_help": ("Largest difference from the plain-torch PagedAttention reference.", "与纯 torch 的 PagedAttention 参考实现之间的最大差值。"),
+    "max_diff_engine": ("max |kernel − engine|", "最大 |内核 − 引擎|"),
+    "max_diff_engine_help": (
+        "Largest difference between the kernel's output and the attention output the engine computed in that step.",
+        "内核输出与该步中引擎算出的注意力输出之间的最大差值。",
+    ),
     "kernel_time": ("Kernel time", "内核耗时"),
     "reference_time": ("Reference time", "参考实现耗时"),
     "sequence": ("Sequence", "序列"),
