@@ -1,4 +1,4 @@
-"""Saved workloads (and, later in this file, saved runs) as small, versioned JSON files.
+"""Saved workloads and saved runs as small, versioned JSON files.
 
 A teacher saves a workload with its engine settings, loads it again in class, or hands it to another
 tool (e.g. a replay on real vLLM). The file is plain JSON, UTF-8::
@@ -26,16 +26,32 @@ tool (e.g. a replay on real vLLM). The file is plain JSON, UTF-8::
 - Keys this version does not know are ignored on load (a newer writer may add some), so a reader
   never fails on a field added later; a wrong type or value of a known key is an error naming it.
 
+A **run file** (format ``"pagedattention-lab/run"``, version 1) is a whole run, to replay it later
+without the model: the same ``settings`` and ``requests`` as a workload file, plus
+
+- ``engine``: ``model_name``, ``block_size`` (slots per block), ``num_blocks``, ``bytes_per_slot``
+  (bytes of one token's K and V over all layers);
+- ``prompts``: per request id (a JSON string key), the prompt text as the app shows it;
+- ``steps``: every kept :class:`~engine.report.StepReport`, in order, each written field by field
+  (``dataclasses.asdict``: nested Event, BlockTableSnapshot, ScheduledRequest and MemoryUsage become
+  objects, dict keys become strings). Fields added to StepReport later are written the same way;
+  on load, fields the reader's StepReport does not have are ignored, and missing ones take their
+  defaults (a missing field without a default is an error).
+
 Every error is a :class:`RunFileError` (a ``ValueError``) that starts with the file's name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 WORKLOAD_FORMAT = "pagedattention-lab/workload"
+RUN_FORMAT = "pagedattention-lab/run"
 VERSION = 1
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # engine.model_loader.DEFAULT_MODEL (not imported: no torch here)
@@ -88,6 +104,111 @@ def load_workload(source: str | Path | bytes, name: str | None = None) -> Worklo
     data, name = _read(source, name)
     _check_header(data, WORKLOAD_FORMAT, name)
     return _workload(data, name)
+
+
+@dataclass
+class Run:
+    """A saved run: its workload, the engine's shape, the prompts as shown, and the step reports."""
+
+    workload: Workload
+    engine: dict  # model_name, block_size, num_blocks, bytes_per_slot
+    prompts: dict[int, str]
+    steps: list  # list[engine.report.StepReport]
+
+
+ENGINE_KEYS = ("model_name", "block_size", "num_blocks", "bytes_per_slot")
+
+
+def run_json(run: Run) -> str:
+    """The run as the JSON text of a version-1 run file (module docstring)."""
+    data = _workload_dict(run.workload, RUN_FORMAT)
+    data["engine"] = {k: run.engine[k] for k in ENGINE_KEYS}
+    data["prompts"] = {str(k): v for k, v in run.prompts.items()}
+    data["steps"] = [dataclasses.asdict(r) for r in run.steps]
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def load_run(source: str | Path | bytes, name: str | None = None) -> Run:
+    """Read a run file (a path, or bytes with ``name``); the step reports come back as StepReports.
+
+    Raises:
+        RunFileError: not JSON, another format, a newer version, or a bad field (named).
+    """
+    from engine.report import StepReport  # here, so that workload files need nothing but the standard library
+
+    data, name = _read(source, name)
+    _check_header(data, RUN_FORMAT, name)
+    workload = _workload(data, name)
+    engine = data.get("engine")
+    if not isinstance(engine, dict) or any(not _is_int(engine.get(k)) for k in ENGINE_KEYS[1:]):
+        raise RunFileError(f"{name}: \"engine\" must hold integers {', '.join(ENGINE_KEYS[1:])}")
+    prompts = data.get("prompts")
+    if not isinstance(prompts, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in prompts.items()):
+        raise RunFileError(f"{name}: \"prompts\" must map request ids to prompt texts")
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise RunFileError(f"{name}: \"steps\" must be a non-empty list of step reports")
+    reports = []
+    for i, step in enumerate(steps):
+        try:
+            reports.append(from_json(StepReport, step))
+        except (TypeError, ValueError, KeyError) as error:
+            raise RunFileError(f"{name}: step {i}: {error}") from None
+    engine = {k: engine.get(k) for k in ENGINE_KEYS}
+    return Run(workload, engine, {int(k): v for k, v in prompts.items()}, reports)
+
+
+def load_any(source: str | Path | bytes, name: str | None = None) -> Workload | Run:
+    """A workload file or a run file, whichever ``source`` is (by its ``format``)."""
+    data, _ = _read(source, name)
+    if data.get("format") == RUN_FORMAT:
+        return load_run(source, name)
+    return load_workload(source, name)
+
+
+def from_json(cls, value):
+    """An instance of ``cls`` (a dataclass, or a type hint such as ``list[Event]``, ``dict[int, str]``,
+    ``int | None``, ``tuple[int, int]``) from its ``dataclasses.asdict`` JSON form.
+
+    Dataclass fields missing from ``value`` take their defaults; keys that are not fields are ignored.
+
+    Raises:
+        ValueError / TypeError: a value of the wrong kind, or a missing field without a default.
+    """
+    if dataclasses.is_dataclass(cls):
+        if not isinstance(value, dict):
+            raise ValueError(f"{cls.__name__}: an object expected, got {type(value).__name__}")
+        hints = typing.get_type_hints(cls)
+        kwargs = {f.name: from_json(hints[f.name], value[f.name]) for f in dataclasses.fields(cls) if f.init and f.name in value}
+        return cls(**kwargs)
+    origin, args = typing.get_origin(cls), typing.get_args(cls)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return from_json(next(a for a in args if a is not type(None)), value)
+    if origin is list:
+        return [from_json(args[0], v) for v in _expect(value, list)]
+    if origin is tuple:
+        return tuple(from_json(a, v) for a, v in zip(args, _expect(value, list)))
+    if origin is dict:
+        return {from_json(args[0], k): from_json(args[1], v) for k, v in _expect(value, dict).items()}
+    if cls is int:
+        return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else _expect(value, int)
+    if cls is float:
+        return float(_expect(value, (int, float)))
+    if cls in (str, bool):
+        return _expect(value, cls)
+    return value
+
+
+def _expect(value, kind):
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{value!r} is not a {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 # ---- shared by workload and run files -----------------------------------------------------------

@@ -65,3 +65,47 @@ def test_bad_files_are_refused_with_a_reason(content, message):
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(RunFileError, match="nope.json: cannot be read"):
         load_workload(tmp_path / "nope.json")
+
+
+def test_a_run_round_trips_with_every_report_field(tiny_llama_dir, tmp_path):
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.runfile import Run, load_any, load_run, run_json
+
+    llm = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=6, block_size=4))
+    for prompt in ("Hello there, how are you?", "Tell me a story about a dragon."):
+        llm.add_request(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
+    reports = [llm.step() for _ in range(8)]
+    assert any(r.preempted for r in reports) or any(r.finished for r in reports)
+    workload = Workload([WorkloadRequest("Hello there, how are you?", 6), WorkloadRequest("Tell me a story about a dragon.", 6)])
+    run = Run(workload, dict(model_name="tiny", block_size=4, num_blocks=6, bytes_per_slot=llm.bytes_per_slot),
+              {0: "Hello there, how are you?", 1: "Tell me a story about a dragon."}, reports)
+    path = tmp_path / "run.json"
+    path.write_text(run_json(run), encoding="utf-8")
+    loaded = load_run(path)
+    assert loaded.steps == reports  # every field of every report, nested dataclasses and int keys included
+    assert loaded.prompts == run.prompts and loaded.engine["num_blocks"] == 6
+    assert isinstance(load_any(path), Run) and isinstance(load_any(workload_json(workload).encode()), Workload)
+    with pytest.raises(RunFileError, match="not a PagedAttention Lab workload file"):
+        load_workload(path)  # a run is not a workload file
+
+
+def test_a_run_tolerates_new_fields_and_names_bad_ones():
+    from engine.runfile import load_run
+
+    step = {"step": 0, "phase": "prefill", "scheduled": [], "new_token_ids": {"0": [5]}, "new_text": {"0": "a"},
+            "finished": {}, "preempted": [], "events": [{"kind": "allocate", "request_id": 0, "block_id": 1, "shared": True}],
+            "block_tables": [{"request_id": 0, "block_table": [1], "filled": [3], "slot_range": None}],
+            "memory": {"capacity": 8, "token_states": 3, "reserved": 0, "internal_fragmentation": 1,
+                       "external_fragmentation": 0, "free": 4, "bytes_per_slot": 2},
+            "sequence_groups": [[0]]}  # a field a later engine may add
+    data = {"format": "pagedattention-lab/run", "version": 1, "requests": [{"prompt": "a", "max_tokens": 1}],
+            "engine": {"model_name": "m", "block_size": 4, "num_blocks": 2, "bytes_per_slot": 2}, "prompts": {"0": "a"},
+            "steps": [step]}
+    run = load_run(json.dumps(data).encode(), name="r.json")
+    assert run.steps[0].new_token_ids == {0: [5]} and run.steps[0].events[0].block_id == 1
+    data["steps"][0]["memory"]["free"] = 5  # no longer sums to the capacity
+    with pytest.raises(RunFileError, match="r.json: step 0: memory categories"):
+        load_run(json.dumps(data).encode(), name="r.json")
+    del data["steps"][0]["memory"]
+    with pytest.raises(RunFileError, match="r.json: step 0: "):
+        load_run(json.dumps(data).encode(), name="r.json")
