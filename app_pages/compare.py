@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app_pages.common import png_download, progress_bar, workload_rows
+from app_pages.common import category_help, png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
 from engine.accounting import CATEGORIES
@@ -131,11 +131,6 @@ def paper_bars(rows: list[dict], lang: str) -> None:
     st.pyplot(fig, clear_figure=True)
     st.caption(t("fig2_caption", lang))
     category_help(lang)
-
-
-def category_help(lang: str) -> None:
-    with st.expander(t("category_help_title", lang), icon=":material/help:"):
-        st.markdown(t("category_help", lang))
 
 
 # ---- the simulator -------------------------------------------------------------------------

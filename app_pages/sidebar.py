@@ -30,10 +30,14 @@ def engine_settings(lang: str) -> Settings:
                               default="default" if start == DEFAULT_MODEL else "local")
     model = DEFAULT_MODEL
     if choice == "local":
-        path = sb.text_input(t("model_path", lang), value="" if start == DEFAULT_MODEL else start, key="model_path",
+        st.session_state.setdefault("model_path", "" if start == DEFAULT_MODEL else start)
+        path = sb.text_input(t("model_path", lang), key="model_path",
                              help=t("model_path_help", lang)).strip()
         model = path or DEFAULT_MODEL
-    block_size = sb.select_slider(t("block_size", lang), options=[1, 2, 4, 8, 16, 32], value=16, key="block_size",
+    # Defaults in session_state, not value=: a preset or an opened workload file sets these widgets too.
+    for key, default in (("block_size", 16), ("max_batch", 8), ("temperature", 0.7), ("seed", 0)):
+        st.session_state.setdefault(key, default)
+    block_size = sb.select_slider(t("block_size", lang), options=[1, 2, 4, 8, 16, 32], key="block_size",
                                   help=t("block_size_help", lang))
     num_blocks, kv_bytes = pool_size(sb, lang, model, int(block_size))
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists
@@ -43,13 +47,13 @@ def engine_settings(lang: str) -> Settings:
     if allocator == "contiguous":
         reservation = sb.selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="reservation", help=t("reservation_help", lang))
     backend = sb.radio(t("backend", lang), ("torch", "triton"), horizontal=True, key="backend", help=t("backend_help", lang))
-    max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, 8, key="max_batch"))
+    max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, key="max_batch"))
     sb.subheader(t("sampling", lang))
     # Greedy by default (as SamplingParams): the same demo gives the same text every time.
     temperature = 0.0
     if sb.toggle(t("sample_toggle", lang), key="sample", help=t("sample_toggle_help", lang)):
-        temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, 0.7, 0.1, key="temperature"))
-    seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, value=0, key="seed"))
+        temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, step=0.1, key="temperature"))
+    seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, key="seed"))
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
                     temperature=temperature, seed=seed)

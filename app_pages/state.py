@@ -47,6 +47,20 @@ PRESETS = {
 }
 
 
+# The presets stay in English (the default model answers English well and Chinese poorly); in 中文
+# mode each is shown with its translation.
+PROMPT_TRANSLATIONS = {
+    "What is the capital of France?": "法国的首都是哪里？",
+    "Say hello in three languages.": "用三种语言打招呼。",
+    "Name a primary colour.": "说出一种三原色。",
+    "What is 2 + 2?": "2 + 2 等于几？",
+    "Write a long story about a robot who learns to paint.": "写一个关于学画画的机器人的长故事。",
+    "Tell a long fairy tale about a dragon and a baker.": "讲一个关于龙和面包师的长篇童话。",
+    **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
+        ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),
+        ("a robot", "机器人"), ("the sea", "大海"), ("a city", "城市"))},
+}
+
 THREADS_ENV = "PAGEDATTENTION_LAB_THREADS"
 
 

@@ -83,6 +83,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "temperature": ("Temperature", "温度"),
     "seed": ("Seed", "随机种子"),
+    # --- layout
+    "layout": ("Layout", "布局"),
+    "layout_normal": ("desk", "桌面"),
+    "layout_projector": ("projector", "投影"),
+    "layout_help": (
+        "Projector: the pool map and block tables large and first, the request texts folded away.",
+        "投影：块池和块表放大并置于最前，请求文本折叠起来。",
+    ),
     # --- workload editor
     "workload": ("Workload", "工作负载"),
     "workload_help": (
@@ -94,10 +102,35 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_long_story": ("Long story", "长篇故事"),
     "preset_preemption": ("Mix that forces preemption", "会触发抢占的混合负载"),
     "load_preset": ("Load preset", "载入预设"),
+    "save_workload": ("Download workload + settings (JSON)", "下载工作负载和设置（JSON）"),
+    "save_run": ("Download the whole run (JSON)", "下载整次运行（JSON）"),
+    "open_file": ("Open a saved workload or run", "打开保存的工作负载或运行"),
+    "open_file_help": (
+        "A workload file fills the editor and the sidebar; a run file replays its steps here without the model. "
+        "The format is described in engine/runfile.py and the README.",
+        "工作负载文件会填入编辑器和侧边栏；运行文件无需模型即可在此回放各步。格式见 engine/runfile.py 和 README。",
+    ),
+    "open_failed": ("This file cannot be opened: {error}", "无法打开此文件：{error}"),
+    "saved_run_banner": (
+        "Replaying the saved run **{name}** ({steps} steps, {model}); the model is not needed. Close it to return to the live engine.",
+        "正在回放保存的运行 **{name}**（{steps} 步，{model}），无需模型。关闭后回到实时引擎。",
+    ),
+    "close_run": ("Close the saved run", "关闭保存的运行"),
     "prompt": ("Prompt", "提示词"),
     "max_tokens": ("Max tokens", "最大生成 token 数"),
     "too_many_requests": ("At most {n} requests; the rest are ignored.", "最多 {n} 个请求，其余忽略。"),
-    "prompt_truncated": ("Prompts are cut to {n} characters.", "提示词截断为 {n} 个字符。"),
+    "note_empty_prompt": (
+        "Row {row}: the prompt is empty, so the row is left out (the requests after it move up one number and colour).",
+        "第 {row} 行：提示词为空，因此不计入（其后的请求编号和颜色前移一位）。",
+    ),
+    "note_long_prompt": (
+        "Row {row}: the prompt has {n} characters; only the first {max} are sent (a classroom bound).",
+        "第 {row} 行：提示词有 {n} 个字符，只发送前 {max} 个（课堂上限）。",
+    ),
+    "note_max_tokens": (
+        "Row {row}: max tokens {value} is not a whole number from 1 to {max}, so {used} is used.",
+        "第 {row} 行：最大生成 token 数 {value} 不是 1 到 {max} 之间的整数，因此使用 {used}。",
+    ),
     # --- controls
     "step": ("Step", "单步"),
     "run_n": ("Run N steps", "运行 N 步"),
@@ -206,7 +239,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "num_requests": ("Requests", "请求数"),
     "sim_workload": ("Workload", "工作负载"),
     "kv_slots": ("KV pool (token slots)", "KV 池（token 槽位）"),
-    "replay_step": ("Replay: step", "回放：步"),
+    "replay_step": ("Replay: step", "回放：第几步"),
+    "replay_help": (
+        "Drag back to see any kept step: pool map, block tables, memory and events as they were. Step continues from the newest.",
+        "向回拖动可查看任一保留的步：块池、块表、显存和事件都显示当时的状态。“单步”从最新一步继续。",
+    ),
+    "replaying": (
+        "Showing step {step} of a run whose newest step is {newest}. Step continues from the newest.",
+        "正在显示第 {step} 步（本次运行最新为第 {newest} 步）。“单步”从最新一步继续。",
+    ),
     "concurrency": ("Concurrent requests", "并发请求数"),
     "throughput": ("Throughput", "吞吐量"),
     "tokens_per_step": ("tokens / step", "token / 步"),
