@@ -66,3 +66,13 @@ def test_chinese_figure_has_no_english_ui_text():
     fig = plot_memory_breakdown(ROWS, lang="en")  # the check itself finds English
     assert "internal fragmentation" in untranslated(" | ".join(figure_texts(fig)))
     plt.close(fig)
+
+
+def test_memory_chart_legends_are_never_cut():
+    import pandas as pd
+
+    from visualize.memory import memory_chart
+
+    frame = pd.DataFrame([dict(step=0, token_states=3, reserved=0, internal_fragmentation=1, external_fragmentation=0, free=4)])
+    legend = memory_chart(frame, legend_columns=2).to_dict()["encoding"]["color"]["legend"]
+    assert legend["labelLimit"] == 0 and legend["columns"] == 2  # "internal fragmentation" was cut to 160 px
