@@ -222,13 +222,13 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
 
     # MiB -> change -> blocks keeps the pool (it fell to 2 blocks). Tiny model: 8 KiB per block.
     sidebar.get_by_text("MiB", exact=True).click()
-    mib = sidebar.get_by_label("KV pool (MiB)")
+    mib = sidebar.get_by_role("spinbutton", name="KV pool (MiB)")
     mib.wait_for(timeout=60_000)
     mib.fill("0.25")
     mib.press("Enter")
     sidebar.get_by_text("32 blocks × 16", exact=False).wait_for(timeout=60_000)
     sidebar.get_by_text("blocks", exact=True).click()
-    blocks = sidebar.get_by_label("KV pool (blocks)")
+    blocks = sidebar.get_by_role("spinbutton", name="KV pool (blocks)")
     blocks.wait_for(timeout=60_000)
     page.wait_for_timeout(1000)
     assert blocks.input_value() == "32"

@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 第 5 课 — PagedAttention 解码内核
+# # 第 5 课 PagedAttention 解码内核
 #
 # **目标：** 理解引擎的 Triton 解码内核（kernel）里的三个想法——在线 softmax（online softmax）、分组的 KV 头、split-K——亲手运行这个内核，并写一个读取分页缓存的简化版本。
 #
