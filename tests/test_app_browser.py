@@ -175,7 +175,7 @@ def open_app(page, sync_api, port: int, server) -> None:
             if time.time() > deadline or server.poll() is not None:
                 raise
             time.sleep(0.3)
-    page.get_by_role("button", name=re.compile("^(Step|单步)$")).wait_for(timeout=120_000)
+    page.get_by_role("button", name=re.compile("^(Step|单步)$")).wait_for(timeout=300_000)  # a loaded CI machine
 
 
 def reader_text(page) -> str:
@@ -223,36 +223,36 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     # MiB -> change -> blocks keeps the pool (it fell to 2 blocks). Tiny model: 8 KiB per block.
     sidebar.get_by_text("MiB", exact=True).click()
     mib = sidebar.get_by_role("spinbutton", name="KV pool (MiB)")
-    mib.wait_for(timeout=60_000)
+    mib.wait_for(timeout=180_000)
     mib.fill("0.25")
     mib.press("Enter")
-    sidebar.get_by_text("32 blocks × 16", exact=False).wait_for(timeout=60_000)
+    sidebar.get_by_text("32 blocks × 16", exact=False).wait_for(timeout=180_000)
     sidebar.get_by_text("blocks", exact=True).click()
     blocks = sidebar.get_by_role("spinbutton", name="KV pool (blocks)")
-    blocks.wait_for(timeout=60_000)
+    blocks.wait_for(timeout=180_000)
     page.wait_for_timeout(1000)
     assert blocks.input_value() == "32"
     assert sidebar.get_by_text("32 blocks × 16", exact=False).count() == 1
     blocks.fill("100000")  # out of range: said next to the box, and used as 512
     blocks.press("Enter")
-    sidebar.get_by_text("100000 is outside 2–512, so 512 is used.").wait_for(timeout=60_000)
-    sidebar.get_by_text("512 blocks × 16", exact=False).wait_for(timeout=60_000)
+    sidebar.get_by_text("100000 is outside 2–512, so 512 is used.").wait_for(timeout=180_000)
+    sidebar.get_by_text("512 blocks × 16", exact=False).wait_for(timeout=180_000)
     blocks.fill("64")
     blocks.press("Enter")
-    sidebar.get_by_text("64 blocks × 16", exact=False).wait_for(timeout=60_000)
+    sidebar.get_by_text("64 blocks × 16", exact=False).wait_for(timeout=180_000)
 
     # Three steps, then the replay slider back to step 0.
     step = page.get_by_role("button", name="Step", exact=True)
     for k in range(3):
         step.click()
-        step_title(page, f"Step {k}")
+        step_title(page, f"Step {k}", 300)
     slider = page.get_by_role("slider")
     slider.first.focus()
     page.keyboard.press("Home")
-    step_title(page, "Step 0")
+    step_title(page, "Step 0", 300)
     page.get_by_text("Showing step 0 of a run whose newest step is 2", exact=False).wait_for()
     step.click()
-    step_title(page, "Step 3")  # Step continues from the newest
+    step_title(page, "Step 3", 300)  # Step continues from the newest
     no_exception_box(page)
 
     # Save the whole run, reload (the session is gone), open it again: replayed without the model.
@@ -268,47 +268,47 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     open_app(page, sync_api, port, server)
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(saved))
-    page.get_by_text("Replaying the saved run", exact=False).wait_for(timeout=60_000)
-    step_title(page, "Step 3")
-    page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
+    page.get_by_text("Replaying the saved run", exact=False).wait_for(timeout=180_000)
+    step_title(page, "Step 3", 300)
+    page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=180_000)
     no_exception_box(page)
     page.screenshot(path=str(SHOTS / "saved_run_en.png"), full_page=True)
     page.get_by_role("button", name="Close the saved run").click()
-    page.get_by_role("button", name="Step", exact=True).wait_for(timeout=60_000)
+    page.get_by_role("button", name="Step", exact=True).wait_for(timeout=180_000)
 
     # A foreign file: a clear error next to the uploader, the app keeps working.
     foreign = tmp_path / "notebook.json"
     foreign.write_text('{"cells": []}')
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(foreign))
-    page.get_by_text("This file cannot be opened: notebook.json: not a PagedAttention Lab workload file", exact=False).wait_for(timeout=60_000)
+    page.get_by_text("This file cannot be opened: notebook.json: not a PagedAttention Lab workload file", exact=False).wait_for(timeout=180_000)
     no_exception_box(page)
 
     # Projector layout: the request texts are folded into an expander.
     page.get_by_text("projector", exact=True).click()
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Requests and their text").wait_for(timeout=60_000)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Requests and their text").wait_for(timeout=180_000)
     page.get_by_role("button", name="Step", exact=True).click()
-    step_title(page, "Step 0")
+    step_title(page, "Step 0", 300)
     page.wait_for_timeout(800)
     page.screenshot(path=str(SHOTS / "projector_en.png"), full_page=True)
     page.get_by_text("desk", exact=True).click()
 
     # 中文: every page, no English UI text from the catalogue.
     sidebar.get_by_text("中文").click()
-    page.get_by_role("button", name="单步", exact=True).wait_for(timeout=60_000)
+    page.get_by_role("button", name="单步", exact=True).wait_for(timeout=180_000)
     page.get_by_role("button", name="单步", exact=True).click()
-    step_title(page, "第 1 步")
+    step_title(page, "第 1 步", 300)
     page.wait_for_timeout(800)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
     assert untranslated(sidebar.inner_text().replace("Language / 语言", "")) == []
     for name in ("分页 vs 连续", "内核实验", "课程"):
         sidebar.get_by_role("link", name=name).click()
-        page.get_by_role("heading", name=name).first.wait_for(timeout=60_000)
+        page.get_by_role("heading", name=name).first.wait_for(timeout=180_000)
         page.wait_for_timeout(1500)
         no_exception_box(page)
         assert untranslated(reader_text(page)) == [], (name, untranslated(reader_text(page)))
     sidebar.get_by_role("link", name="分页 vs 连续").click()
     page.get_by_text("模拟器（论文工作负载）").click()
-    page.get_by_text("KV 显存浪费（论文图 2 风格）").wait_for(timeout=120_000)
+    page.get_by_text("KV 显存浪费（论文图 2 风格）").wait_for(timeout=300_000)
     page.wait_for_timeout(1500)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
     page.screenshot(path=str(SHOTS / "compare_zh.png"), full_page=True)
