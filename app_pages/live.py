@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections import Counter
 
 import pandas as pd
 import streamlit as st
@@ -14,7 +15,9 @@ from app_pages.replay import follow_newest, replay_index, request_views, status_
 from app_pages.saved import close_run, save_and_open
 from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
                              preset_workload, record)
-from visualize.colors import request_color
+from engine.report import FORK
+from visualize.beam_tree import beam_tree_spec
+from visualize.colors import COW_COLOR, request_color
 from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, pool_map_figure, pool_map_spec
@@ -50,6 +53,10 @@ def _load_preset() -> None:
     st.session_state["workload_df"] = preset_workload(name)
     st.session_state["num_blocks"] = PRESETS[name]["num_blocks"]
     st.session_state["pool_unit"] = "blocks"
+    st.session_state["sharing"] = PRESETS[name].get("sharing", "none")
+    st.session_state["sharing_width"] = PRESETS[name].get("sharing_width", 4)
+    if PRESETS[name].get("sample"):  # parallel samples differ only when they are sampled
+        st.session_state["sample"] = True
     st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1  # a fresh editor
 
 
@@ -191,7 +198,19 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         with right:
             pool_view(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
+    beam_tree_view(reports[: at + 1], lang)
     events_view(report, lang)
+
+
+def beam_tree_view(reports: list, lang: str) -> None:
+    """A beam tree per beam-search request seen so far (forks, pruned branches greyed)."""
+    # Parallel samples fork once, after the prompt's prefill; beams fork again as they branch.
+    fork_steps = Counter((e.request_id, r.step) for r in reports for e in r.events if e.kind == FORK)
+    beam_requests = sorted(rid for rid, n in Counter(rid for rid, _ in fork_steps).items() if n > 1)
+    for request_id in beam_requests:
+        st.markdown(f"**{t('beam_tree_title', lang)} · {t('request', lang)} {request_id}**")
+        st.vega_lite_chart(beam_tree_spec(reports, request_id, lang), width="stretch")
+        st.caption(t("beam_tree_caption", lang))
 
 
 def live_prompts(llm) -> dict[int, str]:
@@ -213,12 +232,14 @@ def _empty_report(llm):
 
 def step_summary(report, views, lang: str) -> None:
     st.subheader(t("step_summary", lang, step=report.step))
-    c = st.columns(5)
+    c = st.columns(6)
     c[0].metric(t("phase", lang), t(f"phase_{report.phase}", lang))
     c[1].metric(t("scheduled", lang), len(report.scheduled))
     c[2].metric(t("tokens_processed", lang), report.num_tokens)
     c[3].metric(t("step_time", lang), f"{report.timings_ms.get('total', 0):.0f} ms")
     c[4].metric(t("preemptions", lang), len(report.preempted))
+    c[5].metric(t("memory_saved_by_sharing", lang), f"{getattr(report.memory, 'memory_saved_by_sharing', 0.0):.1%}",
+                help=t("memory_saved_help", lang))
     timings = ", ".join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
     count = {s: sum(1 for v in views if v.status == s) for s in ("running", "finished")}
     waiting = len(views) - count["running"] - count["finished"]
@@ -263,17 +284,23 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False) -
         st.caption(t("no_live_requests", lang))
         return
     rows, font = [], 20 if large else 11
+    several = Counter(snap.request_id for snap in report.block_tables)
     for snap in report.block_tables:
         color = request_color(snap.request_id)
+        refs = snap.ref_counts or [1] * len(snap.block_table)
         cells = "".join(
-            f'<span title="{t("logical_index", lang)} {i} → {t("block", lang)} {b}: {f}/{block_size}" '
-            f'style="display:inline-block;min-width:34px;margin:1px;padding:1px 3px;border:1px solid #555;'
+            f'<span title="{t("logical_index", lang)} {i} → {t("block", lang)} {b}: {f}/{block_size}; {t("ref_count", lang)} {r}" '
+            f'style="display:inline-block;min-width:34px;margin:1px;padding:1px 3px;border:{2 if r > 1 else 1}px solid '
+            f'{COW_COLOR if r > 1 else "#555"};'
             f'background:linear-gradient(90deg,{color} {100 * f / block_size:.0f}%,{color}40 0);font-size:{font}px;text-align:center">'
-            f'<sup>{i}</sup>{b}</span>'
-            for i, (b, f) in enumerate(zip(snap.block_table, snap.filled))
+            f'<sup>{i}</sup>{b}{f"<sub>×{r}</sub>" if r > 1 else ""}</span>'
+            for i, (b, f, r) in enumerate(zip(snap.block_table, snap.filled, refs))
         )
         extra = f' <small>({t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1])})</small>' if snap.slot_range else ""
-        rows.append(f'<div><b style="color:{color}">{t("request", lang)} {snap.request_id}</b>{extra}: {cells}</div>')
+        who = f"{t('request', lang)} {snap.request_id}"
+        if several[snap.request_id] > 1:  # a sequence group: one row per sequence
+            who += f" · {t('sequence_index', lang, index=snap.index, seq=snap.seq_id)}"
+        rows.append(f'<div><b style="color:{color}">{who}</b>{extra}: {cells}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
 

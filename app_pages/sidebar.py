@@ -6,7 +6,7 @@ import math
 
 import streamlit as st
 
-from app_pages.state import MAX_BLOCKS, MAX_MIB, Settings, default_model, kv_slot_bytes
+from app_pages.state import MAX_BLOCKS, MAX_MIB, SHARING, Settings, default_model, kv_slot_bytes
 from app_pages.widgets import bounded_number, localized_choice
 from engine.model_loader import DEFAULT_MODEL
 from visualize.i18n import LANGUAGE_NAMES, LANGUAGES, t
@@ -54,9 +54,16 @@ def engine_settings(lang: str) -> Settings:
     if sb.toggle(t("sample_toggle", lang), key="sample", help=t("sample_toggle_help", lang)):
         temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, step=0.1, key="temperature"))
     seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, key="seed"))
+    st.session_state.setdefault("sharing", "none")
+    st.session_state.setdefault("sharing_width", 4)
+    sharing = localized_choice(sb.radio, t("sharing", lang), SHARING, "sharing", lang, lambda m: t(f"sharing_{m}", lang),
+                               help=t("sharing_help", lang))
+    width = 1
+    if sharing != "none":
+        width = int(sb.number_input(t(f"sharing_width_{sharing}", lang), min_value=2, max_value=8, key="sharing_width"))
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
-                    temperature=temperature, seed=seed)
+                    temperature=temperature, seed=seed, sharing=sharing, sharing_width=width)
 
 
 def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, int | None]:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import streamlit as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
 from engine.model_loader import DEFAULT_MODEL, load_model, resolve_model
 
 MODEL_ENV = "PAGEDATTENTION_LAB_MODEL"  # tests point the app at a tiny model with this
@@ -44,7 +44,17 @@ PRESETS = {
               ("a lighthouse", "a cat", "the moon", "a train", "a forest", "a robot", "the sea", "a city")],
         num_blocks=40,
     ),
+    # Memory sharing (paper §4.4): four samples of one prompt share its blocks; beams fork and prune.
+    "preset_parallel_sampling": dict(
+        rows=[("Tell me a short story about a cat.", 24), ("Name three colours.", 16)],
+        num_blocks=64, sharing="parallel", sharing_width=4, sample=True,
+    ),
+    "preset_beam_search": dict(
+        rows=[("Tell me a short story about a cat.", 24)],
+        num_blocks=64, sharing="beam", sharing_width=4,
+    ),
 }
+SHARING = ("none", "parallel", "beam")  # every request: one sequence, n samples, or beam search
 
 
 # The presets stay in English (the default model answers English well and Chinese poorly); in 中文
@@ -55,6 +65,8 @@ PROMPT_TRANSLATIONS = {
     "Name a primary colour.": "说出一种三原色。",
     "What is 2 + 2?": "2 + 2 等于几？",
     "Write a long story about a robot who learns to paint.": "写一个关于学画画的机器人的长故事。",
+    "Tell me a short story about a cat.": "给我讲一个关于猫的短故事。",
+    "Name three colours.": "说出三种颜色。",
     "Tell a long fairy tale about a dragon and a baker.": "讲一个关于龙和面包师的长篇童话。",
     **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
         ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),
@@ -115,11 +127,13 @@ class Settings:
     max_num_seqs: int = 8
     temperature: float = 0.0  # greedy, as SamplingParams
     seed: int = 0
+    sharing: str = "none"  # one of SHARING
+    sharing_width: int = 4  # n samples, or beam width
 
     def engine_config(self, **overrides) -> EngineConfig:
         fields = asdict(self)
         model = fields.pop("model")
-        for key in ("temperature",):
+        for key in ("temperature", "sharing", "sharing_width"):
             fields.pop(key)
         fields.update(overrides)
         return EngineConfig(model=None if model == DEFAULT_MODEL else model, device="cpu" if not _has_cuda() else "auto", **fields)
@@ -185,11 +199,17 @@ def install_capture(llm: LLMEngine) -> None:
         layer.self_attn.o_proj.register_forward_pre_hook(keep_attn)
 
 
-def add_workload(llm: LLMEngine, rows: list[tuple[str, int]], temperature: float, seed: int) -> list[tuple[int, str]]:
-    """Queue each (prompt, max_tokens) as a chat message; returns (row, error) for rejected rows."""
+def add_workload(llm: LLMEngine, rows: list[tuple[str, int]], temperature: float, seed: int,
+                 sharing: str = "none", width: int = 4) -> list[tuple[int, str]]:
+    """Queue each (prompt, max_tokens) as a chat message, as one sequence, ``width`` parallel samples
+    or a beam search of ``width`` beams (``sharing``); returns (row, error) for rejected rows."""
     errors = []
     for row, (prompt, max_tokens) in enumerate(rows):
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + row)
+        if sharing == "beam":
+            params = BeamSearchParams(beam_width=width, max_tokens=max_tokens)
+        else:
+            n = width if sharing == "parallel" else 1
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + row, n=n)
         try:
             llm.add_request([{"role": "user", "content": prompt}], params)
         except ValueError as error:
@@ -221,7 +241,7 @@ def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=Non
         ss["engine_errors"] = [("engine", str(error))]
         return None, ss["engine_errors"]
     ss["engine"] = llm
-    ss["engine_errors"] = add_workload(llm, rows, settings.temperature, settings.seed)
+    ss["engine_errors"] = add_workload(llm, rows, settings.temperature, settings.seed, settings.sharing, settings.sharing_width)
     return llm, ss["engine_errors"]
 
 

@@ -8,6 +8,7 @@ model, reads the forks out of the step reports, and prints that distribution; th
 keeps the measured table (``engine.simulator.BEAM_PARENTS``)::
 
     python -m engine.beam_calibration            # widths 2, 4 and 6, 8 chat prompts, 48 tokens
+    python -m engine.beam_calibration --num-prompts 4 --max-tokens 32   # what the table below was measured with
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m engine.beam_calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--num-prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1))
     args = parser.parse_args(argv)
-    print(json.dumps(measure(tuple(args.widths), args.max_tokens), indent=2))
+    print(json.dumps(measure(tuple(args.widths), args.max_tokens, PROMPTS[: args.num_prompts]), indent=2))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import gc
 import heapq
 import json
 import math
+import random
 import sys
 import time
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ from tqdm import tqdm
 from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import ContiguousAllocator
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
@@ -79,6 +80,12 @@ class SimulationConfig:
         n: parallel sampling: sequences per request (paper §6.3, Figure 15). The prompt is prefilled
             once and forked; every sample has the request's output length (a stated model: the
             paper's traces give one output length per request).
+        beam_width: beam search with this many beams per request (one of ``BEAM_PARENTS``' widths).
+            The model: after the prefill the prompt forks into beam_width beams; in each decode step
+            the survivors come from k distinct parents, k drawn from ``BEAM_PARENTS[beam_width]``
+            (measured on the real engine's beam search, ``engine/beam_calibration.py``): the k best
+            beams go on, the others are pruned (their blocks freed), and the best beam forks the
+            beam_width - k extra survivors. All beams have the request's output length.
     """
 
     workload: str = "sharegpt"
@@ -100,8 +107,13 @@ class SimulationConfig:
     fast_forward: bool = True
     progress: bool = False
     n: int = 1
+    beam_width: int = 1
 
     def __post_init__(self) -> None:
+        if self.beam_width != 1 and self.beam_width not in BEAM_PARENTS:
+            raise ValueError(f"beam_width must be 1 or one of the calibrated widths {sorted(BEAM_PARENTS)}, got {self.beam_width!r}")
+        if self.beam_width > 1 and self.n > 1:
+            raise ValueError("give either n (parallel sampling) or beam_width (beam search), not both")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
         if self.allocator not in ALLOCATORS:
@@ -338,6 +350,15 @@ class LockstepScheduler(Scheduler):
         return self.finish_heap[0][0]
 
 
+# How beams branch, measured on the real engine's beam search (default model, 4 chat prompts, 32 tokens,
+# ignore_eos): per beam width, the share of decode steps whose survivors come from k distinct parents.
+# Command: python -m engine.beam_calibration --num-prompts 4 --max-tokens 32
+BEAM_PARENTS: dict[int, dict[int, float]] = {
+    2: {1: 0.267, 2: 0.733},
+    4: {1: 0.025, 2: 0.15, 3: 0.475, 4: 0.35},
+    6: {1: 0.008, 2: 0.042, 3: 0.1, 4: 0.25, 5: 0.433, 6: 0.167},
+}
+
 _NO_SAMPLING = SamplingParams()  # one shared, unused object: no model samples in the simulator
 
 
@@ -350,9 +371,11 @@ class _Run:
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
         max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one-sequence requests only.
-        self.lockstep = cfg.fast_forward and cfg.n == 1
+        self.lockstep = cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1
         self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
         self.sampling = SamplingParams(n=cfg.n)
+        self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
+        self.rng = random.Random(cfg.seed)
         self.next_seq_id = 0
         self.blocks_with_sharing = self.blocks_without_sharing = 0
         self.requests = sorted(requests, key=lambda r: r.arrival)
@@ -400,8 +423,8 @@ class _Run:
             r = self.requests[self.next_request]
             seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival,
                            sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
-            if self.cfg.n > 1:
-                seq = SequenceGroup(self.next_request, [seq], self.sampling, arrival_time=r.arrival)
+            if self.cfg.n > 1 or self.beam is not None:
+                seq = SequenceGroup(self.next_request, [seq], self.sampling, beam_search=self.beam, arrival_time=r.arrival)
             self.next_request += 1
             if seq.seqs[0].max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
                 self.rejected += 1  # it could never run (the engine rejects it too)
@@ -430,9 +453,12 @@ class _Run:
         self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         for seq in out.prefill_seqs + out.decode_seqs:
             seq.num_computed_tokens = seq.num_tokens
+        decoded = {id(s) for s in out.decode_seqs}
         for group in self.sched.running:
             if group.is_group and len(group.seqs) < group.num_samples:  # after the prompt's one prefill
                 self._fork_samples(group)
+            elif group.is_group and group.beam_search is not None and id(group.seqs[0]) in decoded:
+                self._branch_beams(group)
             for seq in group.unfinished_seqs():
                 seq.append_token()
         usage = self.kv.usage(self.sched.running, self._next_waiting())
@@ -447,6 +473,19 @@ class _Run:
         for index in range(1, group.num_samples):
             child = parent.fork(self._seq_id(), index)
             self.sched.fork(parent, child)
+            group.seqs.append(child)
+
+    def _branch_beams(self, group: SequenceGroup) -> None:
+        """One beam-search step of the model in ``SimulationConfig.beam_width``'s docstring."""
+        beams = group.unfinished_seqs()
+        shares = BEAM_PARENTS[len(beams)] if len(beams) in BEAM_PARENTS else {len(beams): 1.0}
+        k = self.rng.choices(list(shares), weights=list(shares.values()))[0]
+        for pruned in beams[k:]:
+            self.sched.finish_seq(pruned, "pruned")
+        group.seqs = beams[:k]
+        for index in range(k, len(beams)):
+            child = beams[0].fork(self._seq_id(), index)
+            self.sched.fork(beams[0], child)
             group.seqs.append(child)
 
     def _seq_id(self) -> int:
@@ -638,6 +677,49 @@ def format_paper_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Figure 15 (OPT-13B): memory saved by sharing, blocks saved / blocks without sharing. Alpaca per
+# setting as read off the figure; ShareGPT as the text gives it (16.2-30.5% and 44.3-66.3% over
+# k = 2..6), so only its ends are paper numbers.
+PAPER_SHARING = {
+    ("alpaca", "parallel"): {2: 0.0609, 4: 0.0853, 6: 0.0979},
+    ("alpaca", "beam"): {2: 0.3756, 4: 0.5313, 6: 0.5516},
+    ("sharegpt", "parallel"): {2: 0.162, 6: 0.305},
+    ("sharegpt", "beam"): {2: 0.443, 6: 0.663},
+}
+
+
+def reproduce_figure15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] = (2, 4, 6),
+                       progress: bool = False) -> list[dict]:
+    """The paper's sharing experiment (§6.3, Figure 15) in the paper's set-up (OPT-13B on one
+    A100-40GB: 15.7K slots, block size 16): memory saved by sharing for parallel sampling
+    (``n``) and beam search (``beam_width``) on Alpaca and ShareGPT, all requests at once.
+
+    Returns:
+        One row per (workload, mode, k): ``workload``, ``mode`` ("parallel" or "beam"), ``k``,
+        ``memory_saved_by_sharing`` (0..1), ``preemptions``, ``wall_seconds``, ``paper`` (None where
+        the paper gives no number for that k).
+    """
+    rows = []
+    for workload in ("alpaca", "sharegpt"):
+        requests = make_workload(workload, num_requests, seed, 2048)
+        for mode in ("parallel", "beam"):
+            for k in widths:
+                sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
+                res = simulate(requests=requests, seed=seed, progress=progress, **sharing)
+                rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
+                                 preemptions=res.preemptions, wall_seconds=res.wall_seconds,
+                                 paper=PAPER_SHARING[(workload, mode)].get(k)))
+    return rows
+
+
+def format_figure15(rows: list[dict]) -> str:
+    lines = [f"{'workload':<9} {'sharing':<9} {'k':>2} {'memory saved':>12} {'paper':>7}"]
+    for r in rows:
+        paper = f"{r['paper']:.1%}" if r["paper"] is not None else "-"
+        lines.append(f"{r['workload']:<9} {r['mode']:<9} {r['k']:>2} {r['memory_saved_by_sharing']:>12.1%} {paper:>7}")
+    return "\n".join(lines)
+
+
 # --- Command line --------------------------------------------------------------------------------------
 
 
@@ -657,7 +739,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
         reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, step_ms=args.step_ms, seed=args.seed,
-        fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n,
+        fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -672,6 +754,10 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
+    if args.figure == 15:
+        rows = reproduce_figure15(num_requests=args.num_requests, seed=args.seed, progress=not args.json)
+        print(json.dumps(rows, indent=2) if args.json else format_figure15(rows))
+        return
     rows = reproduce_paper(num_requests=args.num_requests, seed=args.seed, watermark=args.watermark,
                            progress=not args.json)
     if args.json:
@@ -712,6 +798,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
     p.add_argument("--n", type=int, default=1,
                    help="parallel sampling: sequences per request, sharing the prompt's blocks (runs step by step)")
+    p.add_argument("--beam-width", type=int, default=1,
+                   help="beam search with this many beams per request (calibrated widths: 2, 4, 6; runs step by step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)
@@ -722,6 +810,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--figure", type=int, choices=(2, 15), default=2,
+                   help="2: memory breakdown and batch sizes (Figures 2 and 13); 15: memory saved by sharing")
     p.add_argument("--out", default=None, help="save a Figure 2-style chart to this PNG")
     p.set_defaults(func=_cmd_reproduce_paper)
 

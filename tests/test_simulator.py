@@ -234,3 +234,25 @@ def test_parallel_sampling_shares_prompts_and_runs_through_the_single_step_path(
     assert simulate(requests=requests, **SMALL).memory_saved_by_sharing == 0.0
     with pytest.raises(ValueError, match="n .parallel samples. must be an integer >= 1"):
         SimulationConfig(n=0)
+
+
+def test_beam_search_model_prunes_and_forks_and_frees_everything():
+    requests = make_workload("alpaca", 80, seed=4, max_model_len=1024)
+    beams = simulate(requests=requests, **SMALL, beam_width=4, seed=1)
+    again = simulate(requests=requests, **SMALL, beam_width=4, seed=1)
+    parallel = simulate(requests=requests, **SMALL, n=4)
+    assert beams.completed == 80 and beams.summary()["steps"] == again.steps, "seeded"
+    assert beams.memory_saved_by_sharing > parallel.memory_saved_by_sharing > 0, "beams share their common history too"
+    with pytest.raises(ValueError, match="calibrated widths"):
+        SimulationConfig(beam_width=3)
+    with pytest.raises(ValueError, match="not both"):
+        SimulationConfig(beam_width=2, n=2)
+
+
+def test_reproduce_figure_15_prints_each_setting_beside_the_paper(capsys):
+    main(["reproduce-paper", "--figure", "15", "--num-requests", "30", "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["workload"], r["mode"], r["k"]) for r in rows} == {
+        (w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for k in (2, 4, 6)}
+    assert all(0 < r["memory_saved_by_sharing"] < 1 for r in rows)
+    assert next(r for r in rows if r["workload"] == "alpaca" and r["mode"] == "beam" and r["k"] == 4)["paper"] == 0.5313

@@ -197,7 +197,28 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "beam_tree_beam": ("beam", "束"),
     "beam_pruned": ("pruned: its blocks went back to the free list", "被剪枝：其块已归还空闲列表"),
     "beam_live": ("live beam", "存活的束"),
-    "memory_saved_by_sharing": ("Memory saved by sharing", "共享节省的显存"),
+    "memory_saved_by_sharing": ("Saved by sharing", "共享节省的显存"),
+    "beam_tree_caption": (
+        "Each dot is a live beam after that step (rank from the top); a coloured line joins a beam to the one it continues, "
+        "a pink one to the beam it was forked from (its block table copied, refcounts + 1). Grey dots are pruned beams: "
+        "their blocks went back to the free list unless another beam still holds them.",
+        "每个点是该步之后一个存活的束（自上而下按排名）；彩色线连接一个束与它延续的束，粉色线连接它派生（fork）自的束"
+        "（复制块表，引用计数 + 1）。灰点是被剪枝的束：除非仍有别的束持有，它们的块已归还空闲列表。",
+    ),
+    "sequence_index": ("sample {index} (seq {seq})", "样本 {index}（序列 {seq}）"),
+    "sharing": ("Memory sharing", "显存共享"),
+    "sharing_help": (
+        "Parallel sampling: n samples of each prompt share its blocks (paper §4.4, Figure 8). Beam search: beams fork "
+        "their parents' block tables and pruned beams free theirs (Figure 9).",
+        "并行采样：每个提示的 n 个样本共享它的块（论文 §4.4，图 8）。束搜索：束派生父束的块表，被剪枝的束释放自己的块（图 9）。",
+    ),
+    "sharing_none": ("None (one sequence per request)", "无（每个请求一个序列）"),
+    "sharing_parallel": ("Parallel sampling", "并行采样"),
+    "sharing_beam": ("Beam search", "束搜索"),
+    "sharing_width_parallel": ("Samples per request (n)", "每个请求的样本数 (n)"),
+    "sharing_width_beam": ("Beam width", "束宽"),
+    "preset_parallel_sampling": ("Parallel sampling (n = 4)", "并行采样（n = 4）"),
+    "preset_beam_search": ("Beam search (width 4)", "束搜索（宽度 4）"),
     "memory_saved_help": (
         "Paper §6.3: blocks saved by sharing ÷ blocks the sequences would need without sharing. "
         "Paper, Figure 15 (OPT-13B): parallel sampling n = 2/4/6 saves 6.1/8.5/9.8% on Alpaca, "
@@ -242,6 +263,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "ev_write_one_detail": ("position {position} → slot {slot} (block {block})", "位置 {position} → 槽位 {slot}（块 {block}）"),
     "ev_preempt_detail": ("evicted; will be recomputed", "被抢占，之后重计算"),
+    "ev_fork": ("fork", "派生"),
+    "ev_copy_on_write": ("copy-on-write", "写时复制"),
+    "ev_fork_detail": ("seq {child} forked from seq {parent}: block table copied, refcounts + 1",
+                       "序列 {child} 从序列 {parent} 派生：复制块表，引用计数 + 1"),
+    "ev_copy_on_write_detail": ("seq {seq} writes into shared block {src} (logical {logical}): copied to block {dst} first",
+                                "序列 {seq} 要写入共享块 {src}（逻辑块 {logical}）：先复制到块 {dst}"),
+    "ev_free_shared_detail": ("seq {seq} lets go of block {block} (logical {logical}); still held by others",
+                              "序列 {seq} 放开块 {block}（逻辑块 {logical}）；其他序列仍持有"),
     "no_events": ("No events this step.", "本步没有事件。"),
     "save_png": ("Download PNG", "下载 PNG"),
     # --- compare page

@@ -242,8 +242,14 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             continue
         if e.kind == ALLOCATE:
             detail = t("ev_allocate_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == FREE and e.detail:  # a shared block: only this sequence's reference goes
+            detail = t("ev_free_shared_detail", lang, logical=e.logical_index, block=e.block_id, seq=e.seq_id)
         elif e.kind == FREE:
             detail = t("ev_free_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == FORK:
+            detail = t("ev_fork_detail", lang, parent=e.parent_seq_id, child=e.seq_id)
+        elif e.kind == COPY_ON_WRITE:
+            detail = t("ev_copy_on_write_detail", lang, src=e.block_id, dst=e.dst_block_id, seq=e.seq_id, logical=e.logical_index)
         elif e.kind == PREEMPT:
             detail = t("ev_preempt_detail", lang)
         elif e.kind == FINISH:
