@@ -136,14 +136,17 @@ def run_bench(
 
 
 def _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size):
-    from engine.vllm_compare import VLLM_BENCH_BLOCK_SIZE, VLLMBenchSide
+    from engine.vllm_compare import VLLM_BENCH_BLOCK_SIZE, VLLM_BLOCK_MULTIPLE, VLLMBenchSide
     from engine.vllm_env import resolve_python
 
+    block_size = vllm_block_size or VLLM_BENCH_BLOCK_SIZE
+    if vllm_python is None and block_size % VLLM_BLOCK_MULTIPLE:
+        raise ValueError(f"--block-size {block_size}: vLLM's CPU build takes multiples of {VLLM_BLOCK_MULTIPLE} only")
     engine = llm.engine
     return VLLMBenchSide(
-        resolve_python(vllm_python), resolve_model(model), prompt_ids, lengths, vllm_block_size or VLLM_BENCH_BLOCK_SIZE,
+        resolve_python(vllm_python), resolve_model(model), prompt_ids, lengths, block_size,
         engine.num_blocks * engine.config.block_size, engine.scheduler.max_num_seqs,
-        engine.scheduler.max_num_batched_tokens, engine.max_model_len,
+        engine.scheduler.max_num_batched_tokens, engine.max_model_len, str(engine.dtype).replace("torch.", ""),
     )
 
 

@@ -69,7 +69,7 @@ def replay_settings(
 
 
 def make_engine(settings: dict):
-    """The lab's engine for these replay settings (paged, torch attention)."""
+    """The lab's engine for these replay settings (paged, float32 as vLLM's side, on CUDA too)."""
     from engine import EngineConfig, LLMEngine
     from engine.runfile import DEFAULT_MODEL
 
@@ -77,7 +77,7 @@ def make_engine(settings: dict):
     return LLMEngine(EngineConfig(
         model=model, block_size=settings["block_size"], num_gpu_blocks=settings["num_gpu_blocks"],
         kv_cache_memory=settings["kv_cache_memory"], max_num_seqs=settings["max_num_seqs"],
-        max_num_batched_tokens=settings["max_num_batched_tokens"], seed=settings["seed"],
+        max_num_batched_tokens=settings["max_num_batched_tokens"], seed=settings["seed"], dtype="float32",
     ))
 
 

@@ -137,18 +137,18 @@ class VLLMBenchSide:
         prompt_ids, lengths: the workload's prompt token ids and max_tokens per request.
         block_size: vLLM's block size (a multiple of 32 on CPU).
         num_slots: KV pool in token slots, the engine's; vLLM gets as many plus its null block.
-        max_num_seqs, max_num_batched_tokens, max_model_len: the engine's.
+        max_num_seqs, max_num_batched_tokens, max_model_len, dtype: the engine's.
 
     vLLM starts loading at once (in its own process), so the engine and transformers load meanwhile.
     """
 
-    def __init__(self, python, model_dir, prompt_ids, lengths, block_size, num_slots, max_num_seqs, max_num_batched_tokens, max_model_len):
+    def __init__(self, python, model_dir, prompt_ids, lengths, block_size, num_slots, max_num_seqs, max_num_batched_tokens, max_model_len, dtype="float32"):
         from engine.vllm_process import VLLMProcess
 
         requests = [{"prompt_token_ids": p, "max_tokens": n, "ignore_eos": True} for p, n in zip(prompt_ids, lengths)]
         self.block_size, self.num_requests = block_size, len(requests)
         self.process = VLLMProcess(python, {
-            "model": str(model_dir), "dtype": "float32", "block_size": block_size,
+            "model": str(model_dir), "dtype": dtype, "block_size": block_size,
             "num_gpu_blocks": math.ceil(num_slots / block_size) + 1, "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
             "enable_prefix_caching": False, "requests": requests,
