@@ -135,6 +135,9 @@ def _add_cpu_kernels(p) -> None:
 def _bench(args) -> None:
     from engine.bench import format_result, run_bench
 
+    if args.against == "vllm":
+        print("vLLM loads in its own process while the engine and transformers load; it compiles the model at "
+              "every start (1-2 min, more on a busy machine), which is not measured", file=sys.stderr, flush=True)
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
         max_tokens=args.max_tokens, block_size=args.block_size or 16, seed=args.seed, repeats=args.repeats,

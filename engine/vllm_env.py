@@ -85,9 +85,12 @@ def runtime_env(kv_cache_gib: float = 1.0, num_threads: int | None = None) -> di
     Args:
         kv_cache_gib: VLLM_CPU_KVCACHE_SPACE, the KV pool vLLM may take, in GiB (a pool given in
             blocks, ``num_gpu_blocks_override``, must fit in it).
-        num_threads: cores to bind (0..n-1); default all of this machine's.
+        num_threads: how many of the cores this process may use to bind vLLM's threads to
+            (VLLM_CPU_OMP_THREADS_BIND, OMP_NUM_THREADS); default all of them.
     """
-    n = num_threads or os.cpu_count() or 1
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = cores[: num_threads or len(cores)]
+    contiguous = cores == list(range(cores[0], cores[-1] + 1))
     env = dict(os.environ)
     for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):  # the lab's, not vLLM's
         env.pop(key, None)
@@ -95,8 +98,8 @@ def runtime_env(kv_cache_gib: float = 1.0, num_threads: int | None = None) -> di
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{n - 1}",
-        "OMP_NUM_THREADS": str(n),
+        "VLLM_CPU_OMP_THREADS_BIND": f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores)),
+        "OMP_NUM_THREADS": str(len(cores)),
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
