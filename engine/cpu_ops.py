@@ -1,6 +1,6 @@
 """The engine's own CPU kernels (C++, fp32), and how they are built.
 
-Three operations of every decode step, written for what a decode step is on a CPU:
+Four operations of every decode step, written for what a decode step is on a CPU:
 
 - :func:`small_batch_linear`, the matrix multiplies of 1-64 rows (one per running request). With a
   few rows the step is bound by reading the weights from memory, not by arithmetic, and a general
@@ -13,6 +13,10 @@ Three operations of every decode step, written for what a decode step is on a CP
   ``rotary_embedding``), in ``csrc/fused_ops.cpp``: the residual add with the RMSNorm after it, and
   RoPE on q and k, each one call instead of seven. In a decode step these work on a few rows, so
   their time is the cost of calling operators, not arithmetic.
+- :func:`paged_attention_decode`, decode attention reading K and V in place through the block table
+  (``csrc/paged_attention.cpp``): one task per (sequence, KV head), online softmax in fp32, the query
+  heads of a GQA group together. The torch reference in engine/attention.py gathers each context into
+  a padded copy first; it stays the oracle and the fallback.
 
 Figures (2-core Xeon, SmolLM2-135M; ``python -m engine bench-cpu`` measures them on any machine): see
 the README. ``python -m engine bench`` shows what they do to a whole workload.
@@ -40,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp")]
 MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 STALE_LOCK_S = 600  # seconds; a build takes 10-60 s
@@ -155,6 +159,44 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     """
     _check_inputs(q, k, cos, sin)
     return torch.ops.pagedattention_lab.rotary_embedding(q, k, cos, sin)
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    plan: object | None = None,
+) -> torch.Tensor:
+    """Decode attention through the block tables, in place (the same contract as
+    :func:`engine.attention.paged_attention_reference`, within float rounding).
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` float32 or bfloat16 (may be a strided view).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, query's dtype,
+            head_dim contiguous.
+        block_tables: ``[num_seqs, max_blocks]`` int32 (may be a view); only the entries a context
+            covers are read.
+        context_lens: ``[num_seqs]`` int32, tokens; 0 gives a row of zeros.
+        scale: softmax scale.
+        plan: ignored (the engine's backends all take it; this kernel needs nothing precomputed).
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in query's dtype; softmax and sums in fp32.
+
+    Raises:
+        RuntimeError: not loaded, shapes/dtypes/device not as above, a context longer than its
+            table, a table entry outside the pool (the message says which), or an input that needs
+            gradients (inference only).
+
+    Source: PagedAttention paper §4.1; vLLM's ``paged_attention_v1``; online softmax as in FlashAttention.
+    """
+    _check_inputs(query, key_cache, value_cache)
+    return torch.ops.pagedattention_lab.paged_attention_decode(
+        query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale)
+    )
 
 
 def _check_inputs(*tensors: torch.Tensor) -> None:

@@ -157,7 +157,7 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tiny_llama_dir
     outputs = {}
     for flag in (True, False):
         engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), cpu_kernels=flag, num_gpu_blocks=64))
-        assert engine.cpu_backend == ("engine CPU kernels" if flag else "torch")
+        assert engine.cpu_backend == ("engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)" if flag else "torch")
         model = engine.runner.model
         layer = model.model.layers[0]
         assert layer.mlp.up_proj.cpu_kernel == layer.post_attention_layernorm.cpu_kernel == layer.self_attn.cpu_kernel == flag
@@ -272,11 +272,17 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, 
         q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
         assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
         assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
+        from engine.attention import paged_attention_reference
+        kc, vc = torch.randn(2, 6, 16, 8, 64, generator=g)
+        tables, lens = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32), torch.tensor([20, 9], dtype=torch.int32)
+        q = torch.randn(2, 24, 64, generator=g)
+        torch.testing.assert_close(cpu_ops.paged_attention_decode(q, kc, vc, tables, lens, 0.125),
+                                   paged_attention_reference(q, kc, vc, tables, lens, 0.125), atol=1e-5, rtol=1e-5)
         # Slower than MKL there (24 accumulators do not fit in 16 AVX2 registers): the engine keeps
         # F.linear for its matmuls and uses the fused RMSNorm and RoPE.
         from engine import EngineConfig, LLMEngine
         engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}, num_gpu_blocks=16))
-        assert engine.cpu_backend == "engine CPU kernels for RMSNorm and RoPE, torch F.linear (no AVX-512)", engine.cpu_backend
+        assert engine.cpu_backend == "engine CPU kernels for RMSNorm, RoPE and decode attention, torch F.linear (no AVX-512)", engine.cpu_backend
         print("portable ok")
         """
     )

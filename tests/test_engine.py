@@ -294,7 +294,7 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     assert data["ratio"] == pytest.approx(data["hf_seconds"] / data["engine_seconds"])
     # Continuous batching: the engine's decode batch shrinks from 4 requests to 1 as they finish.
     assert set(data["engine_decode_step_ms_by_batch"]) == {"4", "3", "2", "1"}
-    assert data["engine_cpu_backend"] == "engine CPU kernels"
+    assert data["engine_cpu_backend"] == "engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)"
     plain = subprocess.run(cmd + ["--no-cpu-kernels", "--repeats", "1"], capture_output=True, text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout)["engine_cpu_backend"] == "torch"
