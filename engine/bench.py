@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import transformers
 
+from engine import roofline
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model_loader import resolve_model
@@ -65,7 +66,9 @@ def run_bench(
     engine_decode_step_ms_by_batch (median ms of the engine's decode steps, by how many requests they
     ran), hf_ms_per_step (transformers' median seconds over its max_tokens steps, prefill included, in ms;
     every one of its steps runs the whole batch), engine_cpu_backend (what ran the engine's decode-sized
-    batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py).
+    batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py), roofline
+    (the last engine run's decode steps against this machine's roofline, measured first:
+    :func:`engine.roofline.decode_report`).
 
     Raises:
         ValueError: repeats < 1, or a workload :func:`mixed_workload` refuses (checked before loading anything).
@@ -73,6 +76,7 @@ def run_bench(
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
+    peaks = roofline.measure_machine()  # before anything else runs: the machine's own limits
     torch.manual_seed(seed)
     llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
     engine = llm.engine
@@ -86,12 +90,15 @@ def run_bench(
     _hf_generate(hf, hf_inputs, 4)
     engine_runs, hf_runs = [], []
     decode_ms: dict[int, list[float]] = {}  # decode batch size -> each such step's wall time
+    decode_steps: list[tuple[float, list[int]]] = []  # the last run's (ms, context lengths), for the roofline
 
     def record(report) -> None:
         if report.phase == "decode":
             decode_ms.setdefault(len(report.scheduled), []).append(report.timings_ms["total"])
+            decode_steps.append((report.timings_ms["total"], [s.context_len for s in report.scheduled]))
 
     for _ in range(repeats):
+        decode_steps.clear()
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
@@ -116,6 +123,7 @@ def run_bench(
         "outputs_identical": not mismatches, "mismatches": mismatches,
         "engine_decode_step_ms_by_batch": {b: statistics.median(v) for b, v in sorted(decode_ms.items(), reverse=True)},
         "hf_ms_per_step": 1e3 * hf_s / max(lengths),
+        "roofline": roofline.decode_report(engine.runner.model, decode_steps, peaks),
     }
 
 
@@ -161,4 +169,5 @@ def format_result(r: dict) -> str:
         lines.append(f"transformers: {r['hf_ms_per_step']:.0f} ms per step (its prefill spread over them), always at batch {r['num_prompts']}")
     for m in r["mismatches"]:
         lines.append(f"  request {m['request']}: first difference at token {m['position']}, top-2 logit margin {m['top2_logit_margin']:.4g}")
+    lines.append(roofline.format_report(r["roofline"]))
     return "\n".join(lines)
