@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import transformers
 
-from engine import roofline
+from engine import precision, roofline
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model_loader import resolve_model
@@ -52,9 +52,9 @@ def mixed_workload(num_prompts: int, min_tokens: int, max_tokens: int) -> tuple[
 
 def run_bench(
     model: str | None = None, num_prompts: int = 16, min_tokens: int = 8, max_tokens: int = 128,
-    block_size: int = 16, seed: int = 0, repeats: int = 3, cpu_kernels: bool = True,
+    block_size: int = 16, seed: int = 0, repeats: int = 3, cpu_kernels: bool = True, dtype: str = "auto",
 ) -> dict:
-    """Run the workload through both, fp32 on CPU (bf16 on CUDA); returns the figures as a dict.
+    """Run the workload through both, in ``dtype`` (auto: fp32 on CPU, bf16 on CUDA); returns the figures as a dict.
 
     The two sides alternate ``repeats`` times (engine, transformers, engine, ...) after one warm-up
     each, and the medians are reported: on a shared 2-core machine one run can be 20% off, and
@@ -68,7 +68,8 @@ def run_bench(
     every one of its steps runs the whole batch), engine_cpu_backend (what ran the engine's decode-sized
     batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py), roofline
     (the last engine run's decode steps against this machine's roofline, measured first:
-    :func:`engine.roofline.decode_report`).
+    :func:`engine.roofline.decode_report`), fp32_agreement (not float32 only: the engine's tokens
+    against a float32 engine's, :func:`engine.precision.fp32_agreement`).
 
     Raises:
         ValueError: repeats < 1, or a workload :func:`mixed_workload` refuses (checked before loading anything).
@@ -78,7 +79,8 @@ def run_bench(
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
     peaks = roofline.measure_machine()  # before anything else runs: the machine's own limits
     torch.manual_seed(seed)
-    llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
+    settings = dict(block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
+    llm = LLM(model, dtype=dtype, **settings)
     engine = llm.engine
     prompt_ids = [engine.encode(p) for p in prompts]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
@@ -110,11 +112,15 @@ def run_bench(
         theirs = hf_outputs[i][:n]
         if out.token_ids != theirs:
             pos = next(j for j, (a, b) in enumerate(zip(out.token_ids, theirs)) if a != b)
-            margin = _top2_margin(hf, prompt_ids[i] + out.token_ids[:pos], engine.device)
+            margin = precision.top2_margin(hf, prompt_ids[i] + out.token_ids[:pos])
             mismatches.append({"request": i, "position": pos, "top2_logit_margin": margin})
     tokens = sum(lengths)
     engine_s, hf_s = statistics.median(engine_runs), statistics.median(hf_runs)
-    return {
+    extra = {}
+    if engine.dtype != torch.float32:
+        hf32 = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32).to(engine.device).eval()
+        extra["fp32_agreement"] = precision.fp32_agreement(model, prompt_ids, params, [o.token_ids for o in outputs], hf32, **settings)
+    return extra | {
         "workload": "mixed", "num_prompts": num_prompts, "tokens": tokens, "device": str(engine.device),
         "dtype": str(engine.dtype).replace("torch.", ""), "repeats": repeats, "engine_cpu_backend": engine.cpu_backend,
         "engine_seconds": engine_s, "hf_seconds": hf_s, "engine_runs_s": engine_runs, "hf_runs_s": hf_runs,
@@ -145,13 +151,6 @@ def _hf_generate(hf, inputs: dict, max_new: int) -> list[list[int]]:
     return out[:, inputs["input_ids"].shape[1] :].tolist()
 
 
-@torch.inference_mode()
-def _top2_margin(hf, ids: list[int], device) -> float:
-    logits = hf(torch.tensor([ids], device=device)).logits[0, -1].float()
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
-
-
 def format_result(r: dict) -> str:
     lines = [
         f"workload mixed: {r['num_prompts']} chat prompts, {r['tokens']} generated tokens, greedy, ignore_eos, {r['dtype']} on {r['device']}",
@@ -169,5 +168,7 @@ def format_result(r: dict) -> str:
         lines.append(f"transformers: {r['hf_ms_per_step']:.0f} ms per step (its prefill spread over them), always at batch {r['num_prompts']}")
     for m in r["mismatches"]:
         lines.append(f"  request {m['request']}: first difference at token {m['position']}, top-2 logit margin {m['top2_logit_margin']:.4g}")
+    if "fp32_agreement" in r:
+        lines.append(precision.format_agreement(r["fp32_agreement"], r["dtype"]))
     lines.append(roofline.format_report(r["roofline"]))
     return "\n".join(lines)

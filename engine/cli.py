@@ -109,6 +109,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: float32 on CPU, bfloat16 on CUDA; not float32: also the agreement with float32's tokens")
     _add_cpu_kernels(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
@@ -128,7 +130,7 @@ def _bench(args) -> None:
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
         max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed, repeats=args.repeats,
-        cpu_kernels=args.cpu_kernels,
+        cpu_kernels=args.cpu_kernels, dtype=args.dtype,
     )
     print(json.dumps(result) if args.json else format_result(result))
 

@@ -61,3 +61,38 @@ def test_tiny_models_in_bf16_match_transformers_in_bf16(tiny_bf16):
         ours, _ = run_engine(engine, prompts, params)
         agreed = [assert_same_or_near_tie(hf, p, o, t) for p, o, t in zip(prompts, ours, theirs)]
         assert sum(agreed) >= 0.75 * 16 * len(prompts), agreed  # near-ties are rare, not the rule
+
+
+def test_fp32_agreement_counts_tokens_up_to_the_first_difference(tiny_llama_dir):
+    from engine.llm import LLM
+    from engine.precision import fp32_agreement
+
+    prompts = random_prompts(49152, [4, 9], seed=2)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 8)]
+    fp32 = [o.token_ids for o in LLM(str(tiny_llama_dir), num_gpu_blocks=32).generate(prompts, params)]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    same = fp32_agreement(str(tiny_llama_dir), prompts, params, fp32, hf, num_gpu_blocks=32)
+    assert same == {"tokens": 14, "agreeing_tokens": 14, "agreement": 1.0, "identical_requests": 2, "divergences": []}
+    changed = [fp32[0], fp32[1][:3] + [(fp32[1][3] + 1) % 49152] + fp32[1][4:]]  # request 1 parts at token 3
+    report = fp32_agreement(str(tiny_llama_dir), prompts, params, changed, hf, num_gpu_blocks=32)
+    assert report["agreeing_tokens"] == 6 + 3 and report["identical_requests"] == 1
+    (d,) = report["divergences"]
+    assert d["request"] == 1 and d["position"] == 3 and d["fp32_top2_margin"] > 0
+
+
+def test_bench_in_bf16_reports_the_agreement_with_fp32(tiny_llama_dir):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "engine", "bench", "--model", str(tiny_llama_dir), "--num-prompts", "3",
+           "--min-tokens", "2", "--max-tokens", "6", "--repeats", "1", "--dtype", "bfloat16"]
+    result = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout)
+    assert data["dtype"] == "bfloat16" and data["engine_cpu_backend"].endswith("(bfloat16)")
+    agreement = data["fp32_agreement"]
+    assert agreement["tokens"] == 2 + 4 + 6 and 0 <= agreement["agreement"] <= 1
+    assert len(agreement["divergences"]) == 3 - agreement["identical_requests"]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert text.returncode == 0 and "bfloat16 vs float32 greedy tokens" in text.stdout and "mean share of the roofline" in text.stdout
