@@ -100,17 +100,22 @@ def matmul_simd() -> str | None:
     return torch.ops.pagedattention_lab.small_batch_linear_simd()
 
 
+def matmul_bf16() -> bool:
+    """The matmul kernel takes bfloat16 (built for a CPU with AVX512-BF16: ``_mm512_dpbf16_ps``)."""
+    return bool(_state.get("ok")) and torch.ops.pagedattention_lab.small_batch_linear_bf16()
+
+
 def supports(weight: torch.Tensor) -> bool:
     """The engine should multiply by this ``[N, K]`` weight (``nn.Linear``'s layout) with the kernel: float32
-    on CPU, 2-D, contiguous, and the kernel built with AVX-512 (elsewhere ``F.linear`` is faster)."""
-    return (
-        weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        and weight.is_contiguous() and matmul_simd() == "avx512"
-    )
+    (or bfloat16 where :func:`matmul_bf16`) on CPU, 2-D, contiguous, and the kernel built with AVX-512
+    (elsewhere ``F.linear`` is faster)."""
+    dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and matmul_bf16())
+    return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() == "avx512"
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` float32 (M rows, best 1-64), weight ``[N, K]`` float32 -> ``[M, N]``.
+    """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` (M rows, best 1-64), weight ``[N, K]`` -> ``[M, N]``,
+    all float32, or all bfloat16 where :func:`matmul_bf16` (products summed in fp32, the result rounded to bf16).
 
     Raises:
         RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), the shapes, dtypes,

@@ -65,7 +65,9 @@ class LLMEngine:
         fused = any(getattr(m, "cpu_kernel", False) for m in model.modules())
         if kernels and backend is TORCH_BACKEND:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
-        if model.cpu_kernels:
+        if model.cpu_kernels and self.dtype == torch.bfloat16:  # the norm and RoPE kernels are float32 only
+            self.cpu_backend = "engine CPU kernels for matmul and decode attention, torch RMSNorm and RoPE (bfloat16)"
+        elif model.cpu_kernels:
             self.cpu_backend = "engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)"
         elif fused:  # built without AVX-512: its matmul would be slower than MKL's
             self.cpu_backend = "engine CPU kernels for RMSNorm, RoPE and decode attention, torch F.linear (no AVX-512)"

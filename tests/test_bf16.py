@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from conftest import make_tiny_model
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
 from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
 from test_engine import hf_greedy, random_prompts, run_engine
 
@@ -52,7 +52,12 @@ def test_tiny_models_in_bf16_match_transformers_in_bf16(tiny_bf16):
     engine = LLMEngine(EngineConfig(model=str(directory), dtype="bfloat16", num_gpu_blocks=64))
     assert engine.dtype == torch.bfloat16 and engine.runner.kv_caches[0][0].dtype == torch.bfloat16
     assert engine.runner.backend is CPU_KERNEL_BACKEND
-    assert engine.cpu_backend == "engine CPU kernel for decode attention, torch for the rest (bfloat16)"
+    matmul = engine.runner.model.model.layers[0].mlp.up_proj.cpu_kernel
+    assert matmul == cpu_ops.matmul_bf16()  # where the CPU has AVX512-BF16
+    assert engine.cpu_backend == (
+        "engine CPU kernels for matmul and decode attention, torch RMSNorm and RoPE (bfloat16)" if matmul
+        else "engine CPU kernel for decode attention, torch for the rest (bfloat16)"
+    )
     prompts = random_prompts(hf.config.vocab_size, [5, 17, 33, 2, 60])
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     theirs = [hf_greedy(hf, p, 16, eos=None) for p in prompts]

@@ -51,6 +51,24 @@ def test_kernel_matches_the_exact_product(kernel, rows, k, n, seed):
     assert ours_error <= 4 * torch_error + 1e-5 * k**0.5
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 70), k=st.integers(1, 700), n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
+def test_bf16_kernel_is_as_close_to_the_exact_product_as_torch(kernel, rows, k, n, seed):
+    # bfloat16 (AVX512-BF16's dot products of pairs, summed in fp32, vectors of 32 terms then the
+    # last K % 32): both round the fp32 sum to bf16 at the end, which is most of the error.
+    if not cpu_ops.matmul_bf16():
+        pytest.skip("this CPU has no AVX512-BF16")
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator).bfloat16()
+    weight = torch.randn(n, k, generator=generator).bfloat16()
+    ours = kernel(x, weight)
+    assert ours.shape == (rows, n) and ours.dtype == torch.bfloat16 and cpu_ops.supports(weight)
+    exact = x.double() @ weight.double().t()
+    ours_error = float((ours.double() - exact).abs().max())
+    torch_error = float((F.linear(x, weight).double() - exact).abs().max())
+    assert ours_error <= 2 * torch_error + 1e-4 * k**0.5
+
+
 def test_kernel_reads_strided_inputs_and_model_sized_shapes(kernel):
     x = torch.randn(16, 2 * 576)[:, ::2]  # a non-contiguous view: copied once, then multiplied
     for n in (192, 576, 1536, 49152):
@@ -68,7 +86,7 @@ def test_kernel_handles_empty_shapes(kernel):
 @pytest.mark.parametrize(
     "x, weight, message",
     [
-        (torch.randn(4, 8, dtype=torch.float64), torch.randn(64, 8, dtype=torch.float64), "float32 only"),
+        (torch.randn(4, 8, dtype=torch.float64), torch.randn(64, 8, dtype=torch.float64), "float32"),
         (torch.randn(4, 9), torch.randn(64, 8), r"x is \[M, 9\] but weight is \[N, 8\]"),
         (torch.randn(4, 8), torch.randn(8, 64).t(), "contiguous"),
         (torch.randn(2, 4, 8), torch.randn(64, 8), "2-D"),
