@@ -1,4 +1,4 @@
-"""The engine's own CPU kernels (C++, fp32), and how they are built.
+"""The engine's own CPU kernels (C++; fp32, and bf16 for the matmul and the decode attention), and how they are built.
 
 Four operations of every decode step, written for what a decode step is on a CPU:
 

@@ -254,8 +254,9 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     result = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == {"1", "3"}
-    assert all(t["kernel"] > 0 and t["torch"] > 0 for t in [*data["matmul_ms"].values(), *data["norm_rope_ms"].values()])
+    assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == set(data["attention_ms"]) == {"1", "3"}
+    timed = [*data["matmul_ms"].values(), *data["norm_rope_ms"].values(), *data["attention_ms"].values()]
+    assert all(t["kernel"] > 0 and t["torch"] > 0 for t in timed) and data["context"] == 128
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert text.returncode == 0 and "speed-up" in text.stdout
     bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
