@@ -28,7 +28,8 @@ class EngineConfig:
             always capped at the pool's capacity so that a lone request can always finish.
         dtype: "auto" = float32 on CPU, bfloat16 on CUDA.
         device: "auto" = CUDA when present.
-        attention_backend: "torch" (gather + softmax), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
+        attention_backend: "torch" (gather + softmax; on CPU with ``cpu_kernels`` its decode attention is the
+            engine's C++ kernel, reading the blocks in place), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
         allocator: "paged" (PagedAttention) or "contiguous" (one reserved range per request, as before vLLM).
         reservation: contiguous only: "max", "pow2" or "oracle" (paper §3, Orca baselines).
         placement: contiguous only: "first-fit" or "best-fit".
