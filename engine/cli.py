@@ -121,6 +121,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--against", choices=["vllm"], default=None, help="add real vLLM as a third side (see `python -m engine vllm setup`)")
     p.add_argument("--vllm-python", default=None, help="with --against vllm: a Python that imports vLLM (default: the one `vllm setup` built)")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: float32 on CPU, bfloat16 on CUDA; not float32: also the agreement with float32's tokens")
     _add_cpu_kernels(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
@@ -143,7 +145,7 @@ def _bench(args) -> None:
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
         max_tokens=args.max_tokens, block_size=args.block_size or 16, seed=args.seed, repeats=args.repeats,
-        cpu_kernels=args.cpu_kernels, against_vllm=args.against == "vllm", vllm_python=args.vllm_python,
+        cpu_kernels=args.cpu_kernels, dtype=args.dtype, against_vllm=args.against == "vllm", vllm_python=args.vllm_python,
         vllm_block_size=args.block_size,
     )
     print(json.dumps(result) if args.json else format_result(result))
