@@ -10,8 +10,17 @@ preempted. This is what wastes memory in three ways (PagedAttention paper §3, F
 - external fragmentation: free gaps between ranges too small for the next request.
 
 How much a request reserves is the *reservation policy* of the paper's Orca baselines (§6.1):
-``max`` reserves ``max_model_len`` slots (Orca Max), ``pow2`` the next power of two of its final
-length (Orca Pow2), ``oracle`` exactly its final length (Orca Oracle, which knows the future).
+``max`` reserves ``max_model_len`` slots (Orca Max); ``pow2`` its prompt plus the next power of two
+>= its output length, capped at ``max_model_len`` (Orca Pow2: "over-reserves the space for outputs
+by at most 2x: if the true output length is 25, it reserves 32 positions"); ``oracle`` exactly its
+final length (Orca Oracle, which knows the future). ``pow2-total`` is a variant of ours, kept for
+comparison: the next power of two of prompt + output (it over-reserves the prompt too).
+
+Where the range goes is the *placement*: ``first-fit`` or ``best-fit`` over a list of free gaps
+that merge at once with their neighbours (an idealised allocator), or ``buddy`` (the paper's
+assumption for Orca, ``engine/buddy.py``): the range is the start of a power-of-two chunk, and the
+chunk's rounding (chunk - reservation slots) is counted as external fragmentation — memory lost to
+the allocator, the paper's "external fragmentation and others" (Figure 2).
 
 Attention reads the arena as ``num_slots`` blocks of one slot each (``attention_block_size = 1``):
 a request's block table is the run of slot numbers of its tokens, so the paged attention code reads
@@ -24,25 +33,28 @@ import bisect
 
 from engine.accounting import MemoryUsage
 from engine.block_manager import KVCacheManager
+from engine.buddy import BuddyArena, chunk_size
 from engine.report import ALLOCATE, FREE, BlockTableSnapshot, Event
 from engine.sequence import Sequence
 
-RESERVATIONS = ("max", "pow2", "oracle")
-PLACEMENTS = ("first-fit", "best-fit")
+RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
+PLACEMENTS = ("first-fit", "best-fit", "buddy")
 
 
 class ContiguousAllocator(KVCacheManager):
     """One contiguous range of slots per request, placed in a flat arena.
 
-    Free memory is a sorted list of gaps ``[start, end)``; a new range is cut from the first gap
-    that is large enough (first-fit) or the smallest such gap (best-fit), and a freed range is
-    merged with the gaps on either side, so two gaps are never adjacent.
+    First-fit and best-fit: free memory is a sorted list of gaps ``[start, end)``; a new range is
+    cut from the first gap that is large enough (first-fit) or the smallest such gap (best-fit),
+    and a freed range is merged with the gaps on either side, so two gaps are never adjacent.
+    Buddy: a :class:`~engine.buddy.BuddyArena` gives each request a power-of-two chunk; the range
+    is the chunk's first ``reservation_size`` slots.
 
     Args:
         num_blocks: blocks of the pool it replaces; the arena has ``num_blocks * block_size`` slots.
         block_size: slots per block, only to show the arena as the paged pool's blocks.
-        reservation: "max", "pow2" or "oracle" (see the module docstring).
-        placement: "first-fit" or "best-fit".
+        reservation: "max", "pow2", "pow2-total" or "oracle" (see the module docstring).
+        placement: "first-fit", "best-fit" or "buddy".
         max_model_len: longest request in tokens; what "max" reserves and "pow2" is capped at.
 
     Raises:
@@ -75,6 +87,8 @@ class ContiguousAllocator(KVCacheManager):
         self.gap_starts: list[int] = [0]
         self.gap_ends: list[int] = [self.num_slots]
         self.ranges: dict[int, tuple[int, int]] = {}  # request_id -> [start, end) of its slots
+        self.buddy = BuddyArena(self.num_slots) if placement == "buddy" else None
+        self.rounding = 0  # buddy: slots of all live chunks beyond their ranges
 
     # --- Reservation and placement -----------------------------------------------------------------
 
@@ -83,7 +97,10 @@ class ContiguousAllocator(KVCacheManager):
         if self.reservation == "max":
             return self.max_model_len
         if self.reservation == "pow2":
-            return min(1 << (seq.max_len - 1).bit_length(), self.max_model_len)
+            output_len = seq.max_len - seq.num_prompt_tokens
+            return min(seq.num_prompt_tokens + chunk_size(max(output_len, 1)), self.max_model_len)
+        if self.reservation == "pow2-total":
+            return min(chunk_size(seq.max_len), self.max_model_len)
         return seq.max_len
 
     def _find_gap(self, size: int) -> int | None:
@@ -95,18 +112,35 @@ class ContiguousAllocator(KVCacheManager):
             return fits[0]
         return min(fits, key=lambda i: self.gap_ends[i] - self.gap_starts[i])
 
+    def free_pieces(self) -> list[tuple[int, int]]:
+        """Free memory as sorted ``(start, end)`` pieces (gaps, or the buddy arena's free chunks)."""
+        if self.buddy is not None:
+            return self.buddy.free_pieces()
+        return list(zip(self.gap_starts, self.gap_ends))
+
     # --- KVCacheManager ----------------------------------------------------------------------------
 
     def fits_ever(self, seq: Sequence) -> bool:
+        if self.buddy is not None:
+            return chunk_size(self.reservation_size(seq)) <= self.buddy.largest_chunk
         return self.reservation_size(seq) <= self.num_slots
 
     def can_allocate(self, seq: Sequence) -> bool:
         size = self.reservation_size(seq)
+        if self.buddy is not None:
+            return self.buddy.can_allocate(size)
         return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
 
     def allocate(self, seq: Sequence) -> None:
         assert seq.request_id not in self.ranges, f"request {seq.request_id} already holds a range"
         size = self.reservation_size(seq)
+        if self.buddy is not None:
+            start = self.buddy.allocate(size)
+            assert start is not None, f"no free chunk for {size} slots (the scheduler checks can_allocate first)"
+            self.rounding += chunk_size(size) - size
+            self.ranges[seq.request_id] = (start, start + size)
+            self._event(ALLOCATE, seq, start, start + size)
+            return
         i = self._find_gap(size)
         assert i is not None, f"no gap of {size} slots (the scheduler checks can_allocate first)"
         start = self.gap_starts[i]
@@ -128,6 +162,10 @@ class ContiguousAllocator(KVCacheManager):
     def free(self, seq: Sequence) -> None:
         start, end = self.ranges.pop(seq.request_id)
         self._event(FREE, seq, start, end)
+        if self.buddy is not None:
+            self.buddy.free(start, end - start)
+            self.rounding -= chunk_size(end - start) - (end - start)
+            return
         i = bisect.bisect_left(self.gap_starts, start)
         # Merge with the gap just after and the gap just before, so gaps stay maximal.
         if i < len(self.gap_starts) and self.gap_starts[i] == end:
@@ -166,10 +204,13 @@ class ContiguousAllocator(KVCacheManager):
         )
 
     def external_fragmentation(self, next_waiting: Sequence | None) -> int:
-        """Free slots in gaps too small for ``next_waiting``'s reservation (0 when nothing waits)."""
+        """Free slots in gaps too small for ``next_waiting``'s reservation (0 when nothing waits),
+        plus, for buddy placement, the rounding of every live chunk (slots no request can use)."""
         if next_waiting is None:
-            return 0
+            return self.rounding
         size = self.reservation_size(next_waiting)
+        if self.buddy is not None:
+            return self.rounding + self.buddy.free_slots_below(size)
         return sum(e - s for s, e in zip(self.gap_starts, self.gap_ends) if e - s < size)
 
     def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:

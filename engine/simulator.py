@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
-from engine.contiguous import ContiguousAllocator
+from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, SequenceGroup
@@ -65,8 +65,8 @@ class SimulationConfig:
         watermark: paged only: share of the blocks admission leaves free (vLLM's default 0.01; see
             ``PagedBlockManager``).
         allocator: "paged" or "contiguous".
-        reservation: contiguous only: "max", "pow2" or "oracle".
-        placement: contiguous only: "first-fit" or "best-fit".
+        reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (engine/contiguous.py).
+        placement: contiguous only: "first-fit", "best-fit" or "buddy".
         max_num_seqs: most running requests (vLLM's default 256).
         max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
         max_model_len: longest request in tokens (prompt + output).
@@ -560,9 +560,9 @@ def _cyclic_gc_paused():
 # Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
 # stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
 PAPER_SYSTEMS = {
-    "Orca (Max)": dict(allocator="contiguous", reservation="max"),
-    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2"),
-    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle"),
+    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy"),
+    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy"),
+    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy"),
     "vLLM": dict(allocator="paged"),
 }
 PAPER_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM": 0.963}
@@ -703,8 +703,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--watermark", type=float, default=0.01,
                    help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
-    p.add_argument("--reservation", choices=("max", "pow2", "oracle"), default="max")
-    p.add_argument("--placement", choices=("first-fit", "best-fit"), default="first-fit")
+    p.add_argument("--reservation", choices=RESERVATIONS, default="max",
+                   help="contiguous: Orca Max / Pow2 (prompt + output rounded to a power of two) / Oracle; pow2-total rounds prompt + output")
+    p.add_argument("--placement", choices=PLACEMENTS, default="first-fit",
+                   help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms")
