@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate and reproduce-paper from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper and calibrate from the command line."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_bench(sub)
     _add_bench_cpu(sub)
     _add_simulator(sub)
+    _add_calibrate(sub)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -157,3 +158,19 @@ def _add_simulator(sub) -> None:
     from engine.simulator import register_cli  # adds "simulate" and "reproduce-paper"
 
     register_cli(sub)
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's step-time model to this machine (runs the real engine)")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--no-validate", action="store_true", help="skip predicting the mixed and preemption workloads")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args) -> None:
+    from engine.calibrate import calibrate, format_calibration
+
+    result = calibrate(model=args.model, validate=not args.no_validate,
+                       progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))
+    print(json.dumps(result, indent=2) if args.json else format_calibration(result))

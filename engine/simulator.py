@@ -30,7 +30,6 @@ import argparse
 import gc
 import heapq
 import json
-import math
 import sys
 import time
 from contextlib import contextmanager
@@ -43,7 +42,9 @@ from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.sampling_params import SamplingParams
+from engine.cost_model import CostModel
 from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sim_clock import SimClock, resolve_cost_model
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -70,7 +71,10 @@ class SimulationConfig:
         max_num_seqs: most running requests (vLLM's default 256).
         max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
         max_model_len: longest request in tokens (prompt + output).
-        step_ms: simulated duration of one step in milliseconds.
+        step_ms: simulated duration of one step in milliseconds (when ``cost_model`` is None).
+        cost_model: how long a step takes: None = ``step_ms`` each; a preset key of
+            ``engine.cost_model.SETUPS`` ("a100-opt-13b", ...) or a ``CostModel``: the step's
+            roofline time from what it computes (``engine/sim_clock.py``).
         seed: seeds the workload.
         fast_forward: apply lock-step decode stretches at once (same results, much faster). Used
             only where the policy has that path: one-sequence requests (``n == 1``); otherwise every
@@ -96,6 +100,7 @@ class SimulationConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int = 2048
     step_ms: float = 50.0
+    cost_model: str | CostModel | None = None
     seed: int = 0
     fast_forward: bool = True
     progress: bool = False
@@ -119,6 +124,7 @@ class SimulationConfig:
             raise ValueError(f"step_ms must be > 0 ms, got {self.step_ms}")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
+        resolve_cost_model(self.cost_model, self.step_ms)  # an unknown preset fails here, by name
 
 
 @dataclass
@@ -130,8 +136,11 @@ class SimulationResult:
         fragmentation: share of the pool in each category of ``engine.accounting.CATEGORIES``.
         mean_concurrent_requests, max_concurrent_requests: requests running per step.
         preemptions: recompute preemptions. completed: finished requests. rejected: requests that
-            could never fit the pool. steps: scheduler iterations. simulated_seconds: steps * step_ms.
-        wall_seconds: real time the simulation took.
+            could never fit the pool. steps: scheduler iterations. simulated_seconds: the clock at
+            the end (``engine/sim_clock.py``). wall_seconds: real time the simulation took.
+        normalized_latency_s (s/token, the paper's metric), mean_latency_s, mean_ttft_s, mean_tpot_s:
+            over completed requests; throughput_requests_per_s, throughput_tokens_per_s (output
+            tokens): over the simulated time. request_latency_s: per request (NaN if not completed).
         memory_saved_by_sharing: paper §6.3 over the run: 1 - (physical blocks held) / (blocks the
             sequences' tables would hold unshared), both summed over steps; 0 without sharing.
 
@@ -153,6 +162,13 @@ class SimulationResult:
     simulated_seconds: float
     wall_seconds: float
     memory_saved_by_sharing: float
+    normalized_latency_s: float
+    mean_latency_s: float
+    mean_ttft_s: float
+    mean_tpot_s: float
+    throughput_requests_per_s: float
+    throughput_tokens_per_s: float
+    request_latency_s: np.ndarray
     series_step: np.ndarray
     series_num_steps: np.ndarray
     series_running: np.ndarray
@@ -175,9 +191,12 @@ class SimulationResult:
     def summary(self) -> dict:
         """The summary fields and the config (without the requests), JSON-ready."""
         config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
+        if isinstance(config["cost_model"], CostModel):
+            config["cost_model"] = config["cost_model"].name
         keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
-                "memory_saved_by_sharing")
+                "memory_saved_by_sharing", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
+                "throughput_requests_per_s", "throughput_tokens_per_s")
         return {"config": config, **{k: getattr(self, k) for k in keys}}
 
     def write_trace(self, path: str) -> None:
@@ -271,12 +290,14 @@ class LockstepScheduler(Scheduler):
     def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
         """Run ``k`` pure decode steps and return each memory category summed over them
         (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
-        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
-        running = len(self.running)
-        token_states = k * self._token_states(self.clock) + running * k * (k + 1) // 2
-        sums = self.kv.lockstep_decode(self.clock, k, token_states, next_waiting)
+        sums = self.kv.lockstep_decode(self.clock, k, self.lockstep_token_state_steps(k), next_waiting)
         self.clock += k
         return sums
+
+    def lockstep_token_state_steps(self, k: int) -> int:
+        """Token states after each of the next k decode steps, summed (changes nothing)."""
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
+        return k * self._token_states(self.clock) + len(self.running) * k * (k + 1) // 2
 
     def lockstep_finished(self) -> list[Sequence]:
         """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
@@ -358,7 +379,7 @@ class _Run:
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.next_request = 0
         self.step = 0
-        self.step_s = cfg.step_ms / 1000.0
+        self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         self.preemptions = self.completed = self.rejected = 0
         self.rows: list[tuple] = []
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
@@ -374,9 +395,9 @@ class _Run:
             if not (sched.running or sched.waiting):
                 self._idle_until_next_arrival()
                 continue
-            k = sched.steps_until_event(self._steps_to_next_arrival())
+            k = sched.steps_until_event(sys.maxsize)
             if k > 0:
-                self._fast_forward(k)
+                self._fast_forward(self.clock.decode_steps_before_next_arrival(sched, k, self.next_request))
             else:
                 self._lockstep_step()
         self.bar.close()
@@ -395,8 +416,7 @@ class _Run:
         """Queue every request that has arrived by the start of this step."""
         if self.next_request == len(self.requests):
             return
-        now = self.step * self.step_s
-        while self.next_request < len(self.requests) and self.requests[self.next_request].arrival <= now:
+        while self.next_request < len(self.requests) and self.clock.has_arrived(self.next_request):
             r = self.requests[self.next_request]
             seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival,
                            sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
@@ -409,23 +429,19 @@ class _Run:
             else:
                 self.sched.add(seq)
 
-    def _steps_to_next_arrival(self) -> int:
-        """Steps that can pass before the next arrival must be queued (a fast-forward limit)."""
-        if self.next_request == len(self.requests):
-            return sys.maxsize
-        return max(1, math.ceil(self.requests[self.next_request].arrival / self.step_s) - self.step)
-
     def _idle_until_next_arrival(self) -> None:
-        k = self._steps_to_next_arrival()
-        sums = dict.fromkeys(CATEGORIES, 0)
-        sums["free"] = k * self.kv.num_slots
-        self._record(k, sums, running=0)
+        k = self.clock.idle_until(self.next_request)
+        if k:  # the fixed clock counts idle steps; a cost model's clock jumps (idle is not a step)
+            sums = dict.fromkeys(CATEGORIES, 0)
+            sums["free"] = k * self.kv.num_slots
+            self._record(k, sums, running=0)
 
     def _single_step(self) -> None:
         """One step through the engine's ``schedule()``, every request touched (the reference)."""
         out = self.sched.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
+        self.clock.run_step(self.clock.shape_of(out), out.prefill_seqs)
         self.preemptions += len(out.preempted)
         self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         for seq in out.prefill_seqs + out.decode_seqs:
@@ -461,11 +477,14 @@ class _Run:
         if out.preempted:
             self.preemptions += len(out.preempted)
             self.sched.events.clear()  # preemption events: not needed here, and they would pile up
-        self._record(1, self.sched.lockstep_usage(self._next_waiting()), len(self.sched.running))
+        sums = self.sched.lockstep_usage(self._next_waiting())
+        self.clock.run_step(self.clock.lockstep_shape(out, sums, len(self.sched.running)), out.prefill_seqs)
+        self._record(1, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
 
     def _fast_forward(self, k: int) -> None:
         sums = self.sched.lockstep_decode(k, self._next_waiting())
+        self.clock.run_decode_steps(k, len(self.sched.running), sums)
         self._record(k, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
 
@@ -477,6 +496,7 @@ class _Run:
             return
         for seq in done:
             self.sched.finish(seq, "length")
+            self.clock.finished(seq.request_id)
         self.completed += len(done)
         self.bar.update(len(done))
 
@@ -502,9 +522,10 @@ class _Run:
             completed=self.completed,
             rejected=self.rejected,
             steps=self.step,
-            simulated_seconds=self.step * self.step_s,
+            simulated_seconds=self.clock.seconds,
             wall_seconds=wall_seconds,
             memory_saved_by_sharing=1 - self.blocks_with_sharing / self.blocks_without_sharing if self.blocks_without_sharing else 0.0,
+            **self.clock.latency_metrics(),
             series_step=rows[:, 0],
             series_num_steps=num_steps,
             series_running=running,
