@@ -3,7 +3,7 @@
 It runs the real engine (the default model, paged KV) on a grid of batch shapes — B requests of
 P prompt tokens each, a few decode steps — records every step's shape and wall time, and fits the
 additive form of the cost model (``roofline=False``: on a CPU compute and memory traffic do not
-overlap) by non-negative least squares on relative error. The weights' read is a constant per step,
+overlap) by non-negative least squares. The weights' read is a constant per step,
 so the fit cannot tell it from the fixed overhead: ``step_overhead_s`` holds both, ``weights_s`` is 0.
 
 Validation, in the same run: the calibrated model predicts the engine's wall time on two workloads
@@ -41,8 +41,9 @@ def features(shape: StepShape) -> list[float]:
 
 
 def fit_cost_model(shapes: list[StepShape], seconds: list[float], name: str = "this machine (fitted)") -> CostModel:
-    """Non-negative least squares of step times on :func:`features`, each row weighted by 1 / its
-    time (so every step counts by its relative error). Returns the additive CostModel.
+    """Non-negative least squares of step times (s) on :func:`features`. Unweighted, so that long
+    steps count by their seconds: what the simulator sums is time, and the fitted total then
+    matches the measured one. Returns the additive CostModel.
 
     Raises:
         ValueError: fewer steps than coefficients, or a time <= 0.
@@ -54,8 +55,8 @@ def fit_cost_model(shapes: list[StepShape], seconds: list[float], name: str = "t
     y = np.asarray(seconds, dtype=np.float64)
     if not np.all(y > 0):
         raise ValueError("step times must be > 0 s")
-    x = np.array([features(s) for s in shapes]) / y[:, None]
-    coef, _ = nnls(x, np.ones_like(y))
+    x = np.array([features(s) for s in shapes])
+    coef, _ = nnls(x, y)
     c = dict(zip(FEATURES, coef.tolist()))
     return CostModel(name, step_overhead_s=c["step"], weights_s=0.0, token_s=c["tokens"], pair_s=c["pairs"],
                      kv_token_s=c["kv_tokens"], block_s=c["blocks"], seq_overhead_s=c["seqs"], roofline=False)
@@ -100,10 +101,20 @@ def run_engine(engine, prompts: list, max_tokens: list[int]) -> tuple[list[StepS
     return shapes, seconds, time.perf_counter() - start
 
 
-def calibrate(model: str | None = None, validate: bool = True, save: bool = True, progress=print) -> dict:
-    """Measure the grid, fit, validate, save. Returns the figures (see :func:`format_calibration`)."""
+def calibrate(model: str | None = None, validate: bool = True, save: bool = True, threads: int | None = None,
+              progress=print) -> dict:
+    """Measure the grid, fit, validate, save. Returns the figures (see :func:`format_calibration`).
+
+    ``threads``: torch CPU threads (default: half the cores, at least 1 — OpenMP threads spin when
+    a core is taken, which on a shared machine makes step times erratic)."""
+    import os
+
+    import torch
+
     from engine import EngineConfig, LLMEngine
     from engine.bench import mixed_workload
+
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
 
     rng = np.random.default_rng(0)
     shapes, seconds = [], []

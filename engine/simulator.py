@@ -42,13 +42,14 @@ from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.sampling_params import SamplingParams
-from engine.cost_model import CostModel
+from engine.cost_model import SETUPS, CostModel, get_setup
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim_clock import SimClock, resolve_cost_model
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
+PAPER_FIGURES = ("2", "12", "13", "18b")  # engine/paper_experiments.py
 
 
 @dataclass
@@ -147,6 +148,7 @@ class SimulationResult:
     Series (run-length encoded: row i covers ``series_num_steps[i]`` steps from ``series_step[i]``,
     during which nothing but lock-step decode happened; one row per step without fast-forward):
         series_step, series_num_steps, series_running, series_waiting: numpy int arrays.
+        series_end_s: the simulated clock at the end of each row (s).
         series_memory: category -> numpy float array, mean slots per step over the row.
     """
 
@@ -173,6 +175,7 @@ class SimulationResult:
     series_num_steps: np.ndarray
     series_running: np.ndarray
     series_waiting: np.ndarray
+    series_end_s: np.ndarray
     series_memory: dict[str, np.ndarray]
 
     def saturated(self) -> tuple[dict[str, float], float]:
@@ -187,6 +190,15 @@ class SimulationResult:
         capacity = sum(float(self.series_memory[c][0]) for c in CATEGORIES)
         shares = {c: float((self.series_memory[c][mask] * weights).sum() / (total * capacity)) for c in CATEGORIES}
         return shares, float((self.series_running[mask] * weights).sum() / total)
+
+    def mean_running_until(self, seconds: float) -> float:
+        """Mean running requests per step over the steps that end by ``seconds`` (e.g. the last
+        arrival: the load the arrivals sustain, without the final drain of a finite trace)."""
+        mask = self.series_end_s <= seconds
+        if not mask.any():
+            return self.mean_concurrent_requests
+        weights = self.series_num_steps[mask]
+        return float((self.series_running[mask] * weights).sum() / weights.sum())
 
     def summary(self) -> dict:
         """The summary fields and the config (without the requests), JSON-ready."""
@@ -382,6 +394,7 @@ class _Run:
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         self.preemptions = self.completed = self.rejected = 0
         self.rows: list[tuple] = []
+        self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
 
     def run(self) -> None:
@@ -504,6 +517,7 @@ class _Run:
         """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
         (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
         self.rows.append((self.step, k, running, len(self.sched.waiting), *sums.values()))
+        self.row_end_times.append(self.clock.now)
         self.step += k
 
     def result(self, wall_seconds: float) -> SimulationResult:
@@ -530,6 +544,7 @@ class _Run:
             series_num_steps=num_steps,
             series_running=running,
             series_waiting=rows[:, 3],
+            series_end_s=np.array(self.row_end_times, dtype=np.float64) / 1e12,
             series_memory={c: rows[:, 4 + i] / np.maximum(num_steps, 1) for i, c in enumerate(CATEGORIES)},
         )
 
@@ -665,7 +680,9 @@ def format_paper_table(rows: list[dict]) -> str:
 def _kv_slots(args: argparse.Namespace) -> int:
     """Slots from --kv-slots, or --kv-bytes over the bytes of one token's K and V in all layers."""
     if args.kv_bytes is None:
-        return args.kv_slots
+        if args.kv_slots is not None:
+            return args.kv_slots
+        return get_setup(args.cost_model).kv_slots if args.cost_model else 15_700
     bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
     if bytes_per_slot < 1:
         raise ValueError("model dimensions must be positive to turn --kv-bytes into slots")
@@ -677,7 +694,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
         reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, step_ms=args.step_ms, seed=args.seed,
+        max_model_len=args.max_model_len, step_ms=args.step_ms, cost_model=args.cost_model, seed=args.seed,
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n,
     )
     if args.trace_out:
@@ -693,18 +710,32 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
-    rows = reproduce_paper(num_requests=args.num_requests, seed=args.seed, watermark=args.watermark,
+    if args.figure:
+        from engine.paper_experiments import format_figure, reproduce_figure
+
+        result = reproduce_figure(args.figure, num_requests=args.num_requests, seed=args.seed, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_figure(args.figure, result))
+        _save_chart(args, args.figure, result)
+        return
+    rows = reproduce_paper(num_requests=args.num_requests or 5000, seed=args.seed, watermark=args.watermark,
                            progress=not args.json)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(format_paper_table(rows))
-    if args.out:
-        from visualize.paper import plot_memory_breakdown  # matplotlib only where a figure is asked for
+    _save_chart(args, "memory", rows)
 
-        plot_memory_breakdown(rows, args.out)
-        if not args.json:
-            print(f"figure written to {args.out}")
+
+def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
+    """Charts are drawn by the command-line layer (engine/cli.py hands in ``save_chart``), never here."""
+    if not args.out:
+        return
+    save_chart = getattr(args, "save_chart", None)
+    if save_chart is None:
+        raise ValueError("--out draws a chart: run it as `python -m engine reproduce-paper ... --out FILE`")
+    save_chart(figure, result, args.out)
+    if not args.json:
+        print(f"figure written to {args.out}")
 
 
 def register_cli(subparsers) -> None:
@@ -714,7 +745,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
     p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
-    p.add_argument("--kv-slots", type=int, default=15_700, help="token slots in the KV pool")
+    p.add_argument("--kv-slots", type=int, default=None,
+                   help="token slots in the KV pool (default: the --cost-model preset's, else 15,700)")
     p.add_argument("--kv-bytes", type=int, default=None, help="KV pool in bytes (with the model dimensions below)")
     p.add_argument("--num-layers", type=int, default=40)
     p.add_argument("--num-kv-heads", type=int, default=40)
@@ -730,7 +762,9 @@ def register_cli(subparsers) -> None:
                    help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms")
+    p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms (without --cost-model)")
+    p.add_argument("--cost-model", choices=SETUPS, default=None,
+                   help="time each step with this step-time preset (engine/cost_model.py); this-machine needs `calibrate`")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
     p.add_argument("--n", type=int, default=1,
@@ -739,13 +773,16 @@ def register_cli(subparsers) -> None:
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)
 
-    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper Figure 2 and mean batch sizes")
-    p.add_argument("--num-requests", type=int, default=5000, help="requests per workload and system")
+    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13 and 18b on the simulator")
+    p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
+                   help="one figure with time (engine/paper_experiments.py); default: the memory table at saturation")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per run (default: 5000 for the saturation table, each figure's own otherwise)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--out", default=None, help="save a Figure 2-style chart to this PNG")
+    p.add_argument("--out", default=None, help="save the figure's chart to this PNG")
     p.set_defaults(func=_cmd_reproduce_paper)
 
 
