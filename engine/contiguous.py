@@ -22,6 +22,11 @@ assumption for Orca, ``engine/buddy.py``): the range is the start of a power-of-
 chunk's rounding (chunk - reservation slots) is counted as external fragmentation — memory lost to
 the allocator, the paper's "external fragmentation and others" (Figure 2).
 
+Such an allocator cannot share (PagedAttention paper §4.4 is what it lacks): for parallel sampling
+and beam search it gives every sequence of a group its own range — the n ranges are reserved when
+the group is admitted — and a forked sequence gets the parent's prompt KV *copied* into its range
+(``blocks_to_copy`` in 1-slot blocks), as the systems before vLLM did.
+
 Attention reads the arena as ``num_slots`` blocks of one slot each (``attention_block_size = 1``):
 a request's block table is the run of slot numbers of its tokens, so the paged attention code reads
 contiguous memory unchanged.
@@ -32,9 +37,9 @@ from __future__ import annotations
 import bisect
 
 from engine.accounting import MemoryUsage
-from engine.block_manager import KVCacheManager
+from engine.block_manager import Group, KVCacheManager
 from engine.buddy import BuddyArena, chunk_size
-from engine.report import ALLOCATE, FREE, BlockTableSnapshot, Event
+from engine.report import ALLOCATE, FORK, FREE, BlockTableSnapshot, Event
 from engine.sequence import Sequence
 
 RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
@@ -44,11 +49,9 @@ PLACEMENTS = ("first-fit", "best-fit", "buddy")
 class ContiguousAllocator(KVCacheManager):
     """One contiguous range of slots per request, placed in a flat arena.
 
-    First-fit and best-fit: free memory is a sorted list of gaps ``[start, end)``; a new range is
-    cut from the first gap that is large enough (first-fit) or the smallest such gap (best-fit),
-    and a freed range is merged with the gaps on either side, so two gaps are never adjacent.
-    Buddy: a :class:`~engine.buddy.BuddyArena` gives each request a power-of-two chunk; the range
-    is the chunk's first ``reservation_size`` slots.
+    Free memory is a sorted list of gaps ``[start, end)``; a new range is cut from the first gap
+    that is large enough (first-fit) or the smallest such gap (best-fit), and a freed range is
+    merged with the gaps on either side, so two gaps are never adjacent.
 
     Args:
         num_blocks: blocks of the pool it replaces; the arena has ``num_blocks * block_size`` slots.
@@ -86,7 +89,9 @@ class ContiguousAllocator(KVCacheManager):
         # Free gaps, sorted by start: gap_starts[i] .. gap_ends[i] (end exclusive), never adjacent.
         self.gap_starts: list[int] = [0]
         self.gap_ends: list[int] = [self.num_slots]
-        self.ranges: dict[int, tuple[int, int]] = {}  # request_id -> [start, end) of its slots
+        self.ranges: dict[int, tuple[int, int]] = {}  # seq_id -> [start, end) of its slots
+        self.spare: dict[int, list[tuple[int, int]]] = {}  # request_id -> ranges kept for its forks
+        self.pending_copies: list[tuple[int, int]] = []  # forks' prompt copies, (src slot, dst slot)
         self.buddy = BuddyArena(self.num_slots) if placement == "buddy" else None
         self.rounding = 0  # buddy: slots of all live chunks beyond their ranges
 
@@ -112,35 +117,68 @@ class ContiguousAllocator(KVCacheManager):
             return fits[0]
         return min(fits, key=lambda i: self.gap_ends[i] - self.gap_starts[i])
 
+    # --- KVCacheManager ----------------------------------------------------------------------------
+
     def free_pieces(self) -> list[tuple[int, int]]:
         """Free memory as sorted ``(start, end)`` pieces (gaps, or the buddy arena's free chunks)."""
         if self.buddy is not None:
             return self.buddy.free_pieces()
         return list(zip(self.gap_starts, self.gap_ends))
 
-    # --- KVCacheManager ----------------------------------------------------------------------------
-
-    def fits_ever(self, seq: Sequence) -> bool:
+    def fits_ever(self, seq: Group) -> bool:
+        size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
         if self.buddy is not None:
-            return chunk_size(self.reservation_size(seq)) <= self.buddy.largest_chunk
-        return self.reservation_size(seq) <= self.num_slots
+            chunk = chunk_size(size)
+            return chunk <= self.buddy.largest_chunk and count * chunk <= self.num_slots
+        return count * size <= self.num_slots
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        size = self.reservation_size(seq)
-        if self.buddy is not None:
-            return self.buddy.can_allocate(size)
-        return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
+    def can_allocate(self, seq: Group) -> bool:
+        size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
+        if self.buddy is not None:  # an aligned free chunk of 2^k holds 2^k / chunk chunks
+            if count == 1:
+                return self.buddy.can_allocate(size)
+            return sum((e - s) // chunk_size(size) for s, e in self.buddy.free_pieces()) >= count
+        if count == 1:
+            return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
+        return sum((e - s) // size for s, e in zip(self.gap_starts, self.gap_ends)) >= count
 
-    def allocate(self, seq: Sequence) -> None:
-        assert seq.request_id not in self.ranges, f"request {seq.request_id} already holds a range"
+    def allocate(self, seq: Group) -> None:
+        for s in seq.unfinished_seqs():
+            assert s.seq_id not in self.ranges, f"sequence {s.seq_id} already holds a range"
+            self.ranges[s.seq_id] = self._take_range(s)
+        first = seq.seqs[0]
+        spare = self._ranges_needed(seq) - len(seq.unfinished_seqs())
+        if spare > 0:  # a group's first prefill: keep ranges for the sequences it will fork
+            self.spare[seq.request_id] = [self._take_range(first) for _ in range(spare)]
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        spare = self.spare.get(parent.request_id)
+        self.ranges[child.seq_id] = spare.pop() if spare else self._take_range(child)
+        src, dst = self.ranges[parent.seq_id][0], self.ranges[child.seq_id][0]
+        self.pending_copies += [(src + i, dst + i) for i in range(parent.num_computed_tokens)]
+        if self.record_events:
+            self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
+                                     detail=f"{parent.num_computed_tokens} slots copied"))
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def free_group(self, group: Group) -> None:
+        for start, end in self.spare.pop(group.request_id, []):
+            self._free_range(start, end)
+
+    def _ranges_needed(self, group: Group) -> int:
+        return group.num_samples if group.is_group else 1
+
+    def _take_range(self, seq: Sequence) -> tuple[int, int]:
         size = self.reservation_size(seq)
         if self.buddy is not None:
             start = self.buddy.allocate(size)
             assert start is not None, f"no free chunk for {size} slots (the scheduler checks can_allocate first)"
             self.rounding += chunk_size(size) - size
-            self.ranges[seq.request_id] = (start, start + size)
             self._event(ALLOCATE, seq, start, start + size)
-            return
+            return start, start + size
         i = self._find_gap(size)
         assert i is not None, f"no gap of {size} slots (the scheduler checks can_allocate first)"
         start = self.gap_starts[i]
@@ -148,11 +186,11 @@ class ContiguousAllocator(KVCacheManager):
             del self.gap_starts[i], self.gap_ends[i]
         else:
             self.gap_starts[i] = start + size
-        self.ranges[seq.request_id] = (start, start + size)
         self._event(ALLOCATE, seq, start, start + size)
+        return start, start + size
 
     def can_append_slot(self, seq: Sequence) -> bool:
-        start, end = self.ranges[seq.request_id]
+        start, end = self.ranges[seq.seq_id]
         return seq.num_tokens <= end - start
 
     def append_slot(self, seq: Sequence) -> None:
@@ -160,8 +198,11 @@ class ContiguousAllocator(KVCacheManager):
         assert self.can_append_slot(seq), f"request {seq.request_id} outgrew its reserved range"
 
     def free(self, seq: Sequence) -> None:
-        start, end = self.ranges.pop(seq.request_id)
+        start, end = self.ranges.pop(seq.seq_id)
         self._event(FREE, seq, start, end)
+        self._free_range(start, end)
+
+    def _free_range(self, start: int, end: int) -> None:
         if self.buddy is not None:
             self.buddy.free(start, end - start)
             self.rounding -= chunk_size(end - start) - (end - start)
@@ -178,20 +219,24 @@ class ContiguousAllocator(KVCacheManager):
             self.gap_ends.insert(i, end)
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
-        base = self.ranges[seq.request_id][0]
+        base = self.ranges[seq.seq_id][0]
         return list(range(base + start, base + end))
 
     def attention_block_table(self, seq: Sequence) -> list[int]:
-        base = self.ranges[seq.request_id][0]
+        base = self.ranges[seq.seq_id][0]
         return list(range(base, base + seq.num_tokens))
 
-    def usage(self, running: list[Sequence], next_waiting: Sequence | None, bytes_per_slot: int = 0) -> MemoryUsage:
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
         token_states = reserved = internal = 0
-        for seq in running:
-            start, end = self.ranges[seq.request_id]
-            token_states += seq.num_computed_tokens
-            reserved += seq.max_len - seq.num_computed_tokens
-            internal += end - start - seq.max_len
+        for group in running:
+            for seq in group.unfinished_seqs():
+                start, end = self.ranges[seq.seq_id]
+                token_states += seq.num_computed_tokens
+                reserved += seq.max_len - seq.num_computed_tokens
+                internal += end - start - seq.max_len
+            for start, end in self.spare.get(group.request_id, []):  # set aside for a fork's copy
+                reserved += min(end - start, group.seqs[0].max_len)
+                internal += max(0, end - start - group.seqs[0].max_len)
         external = self.external_fragmentation(next_waiting)
         return MemoryUsage(
             capacity=self.num_slots,
@@ -203,24 +248,25 @@ class ContiguousAllocator(KVCacheManager):
             bytes_per_slot=bytes_per_slot,
         )
 
-    def external_fragmentation(self, next_waiting: Sequence | None) -> int:
+    def external_fragmentation(self, next_waiting: Group | None) -> int:
         """Free slots in gaps too small for ``next_waiting``'s reservation (0 when nothing waits),
         plus, for buddy placement, the rounding of every live chunk (slots no request can use)."""
         if next_waiting is None:
             return self.rounding
-        size = self.reservation_size(next_waiting)
+        size = self.reservation_size(next_waiting.seqs[0])
         if self.buddy is not None:
             return self.rounding + self.buddy.free_slots_below(size)
         return sum(e - s for s, e in zip(self.gap_starts, self.gap_ends) if e - s < size)
 
-    def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
         bs, snaps = self.block_size, []
-        for seq in running:
-            start, end = self.ranges[seq.request_id]
+        for seq in (s for g in running for s in g.unfinished_seqs()):
+            start, end = self.ranges[seq.seq_id]
             filled_end = start + seq.num_computed_tokens
             blocks = list(range(start // bs, -(-end // bs)))
             filled = [max(0, min(filled_end, (b + 1) * bs) - max(start, b * bs)) for b in blocks]
-            snaps.append(BlockTableSnapshot(seq.request_id, blocks, filled, slot_range=(start, end)))
+            snaps.append(BlockTableSnapshot(seq.request_id, blocks, filled, slot_range=(start, end), seq_id=seq.seq_id,
+                                            index=seq.index, ref_counts=[1] * len(blocks)))
         return snaps
 
     # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
@@ -236,13 +282,13 @@ class ContiguousAllocator(KVCacheManager):
 
     def lockstep_admit(self, seq: Sequence, clock: int) -> None:
         self.allocate(seq)
-        start, end = self.ranges[seq.request_id]
+        start, end = self.ranges[seq.seq_id]
         assert end - start >= seq.max_len, "lock-step mode needs ranges of at least the final length"
         self.final_len_sum += seq.max_len
         self.range_len_sum += end - start
 
     def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
-        start, end = self.ranges[seq.request_id]
+        start, end = self.ranges[seq.seq_id]
         self.final_len_sum -= seq.max_len
         self.range_len_sum -= end - start
         self.free(seq)

@@ -243,6 +243,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "no_lessons": ("No lesson notebooks found in {path}.", "在 {path} 中没有找到课程笔记本。"),
     "goal": ("Goal", "目标"),
     "path": ("Path", "路径"),
+    # --- lesson 7 (sharing) figure
+    "l7_parallel_sampling": ("Parallel sampling, n = {n}", "并行采样，n = {n}"),
+    "l7_beam_search": ("Beam search, width {width}", "束搜索，宽度 {width}"),
+    "l7_blocks_without_sharing": ("blocks needed without sharing", "不共享时需要的块"),
+    "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
 }
 
 
