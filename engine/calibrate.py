@@ -8,7 +8,9 @@ so the fit cannot tell it from the fixed overhead: ``step_overhead_s`` holds bot
 
 Validation, in the same run: the calibrated model predicts the engine's wall time on two workloads
 it was not fitted on — the bench's "mixed" workload (engine/bench.py) and the app's preemption
-preset (eight 96-token stories in a 40-block pool) — per step and in total.
+preset (eight 96-token stories in a 40-block pool) — per step and in total. The same fit and check
+are also made on the process's CPU time per step: on a machine shared with other processes, wall
+time includes the time they held the cores, CPU time does not.
 
 The fit is kept in the user cache (``engine.cost_model.calibration_path()``), where the
 "this-machine" preset reads it.
@@ -83,22 +85,25 @@ def shape_of_report(report, block_size: int | None) -> StepShape:
     return StepShape.of_batch(prefills, decodes, block_size)
 
 
-def run_engine(engine, prompts: list, max_tokens: list[int]) -> tuple[list[StepShape], list[float], float]:
-    """Serve ``prompts`` (greedy, ignore_eos) to the end; every non-idle step's shape and wall time
-    (s), and the wall time of the whole loop (s)."""
+def run_engine(engine, prompts: list, max_tokens: list[int]) -> tuple[list[StepShape], list[float], float, list[float]]:
+    """Serve ``prompts`` (greedy, ignore_eos) to the end: every non-idle step's shape and wall time
+    (s), the wall time of the whole loop (s), and every step's CPU time of this process (s; on a
+    shared machine it leaves out the time others held the cores)."""
     from engine.sampling_params import SamplingParams
 
     for prompt, n in zip(prompts, max_tokens):
         engine.add_request(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
     block_size = engine.config.block_size if engine.config.allocator == "paged" else None
-    shapes, seconds = [], []
+    shapes, seconds, cpu = [], [], []
     start = time.perf_counter()
     while engine.has_unfinished_requests():
+        cpu_start = time.process_time()
         report = engine.step()
         if report.scheduled:
+            cpu.append(time.process_time() - cpu_start)
             shapes.append(shape_of_report(report, block_size))
             seconds.append(report.timings_ms["total"] / 1e3)
-    return shapes, seconds, time.perf_counter() - start
+    return shapes, seconds, time.perf_counter() - start, cpu
 
 
 def calibrate(model: str | None = None, validate: bool = True, save: bool = True, threads: int | None = None,
@@ -117,7 +122,7 @@ def calibrate(model: str | None = None, validate: bool = True, save: bool = True
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))
 
     rng = np.random.default_rng(0)
-    shapes, seconds = [], []
+    shapes, seconds, cpu = [], [], []
     for block_size, batches, prompt_lens in GRID:
         engine = LLMEngine(EngineConfig(model=model, block_size=block_size, max_num_seqs=max(batches)))
         vocab = engine.hf_config.vocab_size
@@ -126,12 +131,15 @@ def calibrate(model: str | None = None, validate: bool = True, save: bool = True
             for prompt_len in prompt_lens:
                 progress(f"grid: block size {block_size}, {batch} requests x {prompt_len} prompt tokens")
                 prompts = [rng.integers(0, vocab, prompt_len).tolist() for _ in range(batch)]
-                s, t, _ = run_engine(engine, prompts, [GRID_DECODE_STEPS + 1] * batch)
+                s, t, _, c = run_engine(engine, prompts, [GRID_DECODE_STEPS + 1] * batch)
                 shapes += s
                 seconds += t
+                cpu += c
     engine = LLMEngine(EngineConfig(model=model))
     fitted = fit_cost_model(shapes, seconds)
+    fitted_cpu = fit_cost_model(shapes, cpu, name="this machine (fitted on CPU time)")
     result = {"cost_model": fitted.to_json(), "fit": prediction_error(fitted, shapes, seconds),
+              "cpu_time": {"cost_model": fitted_cpu.to_json(), "fit": prediction_error(fitted_cpu, shapes, cpu), "validation": {}},
               "kv_slots": engine.num_blocks * engine.config.block_size, "max_model_len": engine.max_model_len,
               "description": f"{engine.model_name} on this machine ({platform.machine()}, {engine.cpu_backend}), fitted",
               "machine": {"platform": platform.platform(), "torch_threads": _torch_threads()}}
@@ -139,11 +147,14 @@ def calibrate(model: str | None = None, validate: bool = True, save: bool = True
         result["validation"] = {}
         prompts, lengths = mixed_workload(16, 8, 128)
         progress("validation: the bench's mixed workload")
-        result["validation"]["mixed"] = _validate(fitted, *run_engine(engine, prompts, lengths))
+        runs = {"mixed": run_engine(engine, prompts, lengths)}
         progress("validation: the app's preemption preset")
         small = LLMEngine(EngineConfig(model=model, num_gpu_blocks=PREEMPTION_BLOCKS))
         stories = [f"Write a story about {topic}." for topic in PREEMPTION_TOPICS]
-        result["validation"]["preemption"] = _validate(fitted, *run_engine(small, stories, [PREEMPTION_TOKENS] * len(stories)))
+        runs["preemption"] = run_engine(small, stories, [PREEMPTION_TOKENS] * len(stories))
+        for name, (s, wall, loop_s, cpu_s) in runs.items():
+            result["validation"][name] = _validate(fitted, s, wall, loop_s)
+            result["cpu_time"]["validation"][name] = prediction_error(fitted_cpu, s, cpu_s)
     if save:
         path = calibration_path()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +186,10 @@ def format_calibration(r: dict) -> str:
     ]
     for name, v in r.get("validation", {}).items():
         lines.append(_error_line(f"validation: {name}", v) + f"; loop wall {v['loop_wall_s']:.2f} s ({v['wall_error']:+.1%})")
+    cpu = r.get("cpu_time")
+    if cpu:
+        lines.append("the same, fitted and checked on this process's CPU time (robust to other processes on the cores):")
+        lines += [_error_line("  fit (grid)", cpu["fit"])] + [_error_line(f"  validation: {n}", v) for n, v in cpu["validation"].items()]
     if "saved_to" in r:
         lines.append(f"saved to {r['saved_to']}")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from engine.cli import main
-from engine.paper_experiments import figure_2, figure_13, latency_sweep, reproduce_figure, sustainable_rate
+from engine.paper_experiments import figure_2, figure_12, figure_13, latency_sweep, reproduce_figure, sustainable_rate
 
 
 def test_sustainable_rate_is_the_interpolated_crossing_of_twice_the_lowest_rate_latency():
@@ -75,3 +75,16 @@ def test_the_engine_never_imports_matplotlib():
             "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_figure_12_chart_shows_the_simulated_curves_and_the_papers_ratio():
+    from visualize.paper import plot_latency_vs_rate
+
+    result = figure_12(num_requests=150, rates={"sharegpt": (0.25, 1.0, 2.0), "alpaca": (5.0, 40.0)})
+    fig = plot_latency_vs_rate(result)
+    sharegpt = fig.axes[0]
+    lines = {line.get_label(): line for line in sharegpt.get_lines() if not line.get_label().startswith("_")}
+    assert set(lines) == {"Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"}
+    vllm = [r["normalized_latency_s"] for r in result["rows"] if r["workload"] == "sharegpt" and r["system"] == "vLLM"]
+    assert list(lines["vLLM"].get_xdata()) == [0.25, 1.0, 2.0] and list(lines["vLLM"].get_ydata()) == vllm
+    assert "paper 1.7-2.7x" in sharegpt.get_title() and sharegpt.get_ylabel() == "normalized latency (s/token)"
