@@ -7,10 +7,12 @@ samples one token; a request finishes when it reaches prompt + output tokens. No
 modelled, so the simulator answers the paper's memory questions — how much of the KV pool holds
 token states, how many requests run at once — for 100,000 requests in seconds.
 
-Time: a step lasts ``step_ms`` milliseconds (a fixed cost per iteration, the only timing model);
-Poisson arrivals are admitted at the first step that starts at or after their arrival time, and a
-stretch with nothing to run counts as idle steps. With all requests at time 0 (saturation, the
-default) time plays no part.
+Time (``engine/sim_clock.py``): with ``cost_model`` a step lasts what the step-time model
+(``engine/cost_model.py``) predicts from what it computes, so Poisson arrivals interleave with steps
+and each request gets its latency, normalized latency, TTFT and TPOT; without one, every step lasts
+``step_ms`` and a stretch with nothing to run counts as idle steps. Arrivals are admitted at the
+first step that starts at or after their arrival time. With all requests at time 0 (saturation,
+the default) time plays no part in the memory figures.
 
 Fast-forward: the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
 request's length follows a step clock, its finish step and the steps in which it needs a new block
