@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate and reproduce-paper from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper and calibrate from the command line."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     _add_bench_cpu(sub)
     _add_simulator(sub)
     _add_vllm(sub)
+    _add_calibrate(sub)
+    parser.set_defaults(save_chart=_save_chart)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -210,3 +212,28 @@ def _replay(args) -> None:
     print(json.dumps(result) if args.json else format_replay(result))
     if result["unexplained"] or not (result["outputs"]["identical"] or result["differences"]):
         sys.exit(1)
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's step-time model to this machine (runs the real engine)")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--no-validate", action="store_true", help="skip predicting the mixed and preemption workloads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: half the cores)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args) -> None:
+    from engine.calibrate import calibrate, format_calibration
+
+    result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads,
+                       progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))
+    print(json.dumps(result, indent=2) if args.json else format_calibration(result))
+
+
+def _save_chart(figure: str, result, out: str) -> None:
+    """Draw a reproduce-paper result (plain rows from the engine) with visualize/: only here, where
+    a chart is asked for, is matplotlib imported; the engine itself never imports it."""
+    from visualize.paper import save_paper_figure
+
+    save_paper_figure(figure, result, out)
