@@ -124,6 +124,12 @@ def plan_step(slot_mapping: torch.Tensor, decode_block_tables: torch.Tensor, dec
     return TorchStepPlan(valid, decode)
 
 
+def plan_writes(slot_mapping: torch.Tensor, decode_block_tables: torch.Tensor, decode_context_lens: torch.Tensor, block_size: int) -> TorchStepPlan:
+    """:func:`plan_step` without the decode gather index, for a decode attention that reads the block
+    tables itself (the engine's CPU kernel, :func:`engine.cpu_ops.paged_attention_decode`)."""
+    return TorchStepPlan(bool((slot_mapping >= 0).all()) if slot_mapping.numel() else True, None)
+
+
 def gather_kv(
     cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, index: GatherIndex | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

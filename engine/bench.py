@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import transformers
 
+from engine import precision, roofline
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.model_loader import resolve_model
@@ -51,9 +52,10 @@ def mixed_workload(num_prompts: int, min_tokens: int, max_tokens: int) -> tuple[
 
 def run_bench(
     model: str | None = None, num_prompts: int = 16, min_tokens: int = 8, max_tokens: int = 128,
-    block_size: int = 16, seed: int = 0, repeats: int = 3, cpu_kernels: bool = True,
+    block_size: int = 16, seed: int = 0, repeats: int = 3, cpu_kernels: bool = True, dtype: str = "auto",
+    against_vllm: bool = False, vllm_python: str | None = None, vllm_block_size: int | None = None,
 ) -> dict:
-    """Run the workload through both, fp32 on CPU (bf16 on CUDA); returns the figures as a dict.
+    """Run the workload through both, in ``dtype`` (auto: fp32 on CPU, bf16 on CUDA); returns the figures as a dict.
 
     The two sides alternate ``repeats`` times (engine, transformers, engine, ...) after one warm-up
     each, and the medians are reported: on a shared 2-core machine one run can be 20% off, and
@@ -65,18 +67,29 @@ def run_bench(
     engine_decode_step_ms_by_batch (median ms of the engine's decode steps, by how many requests they
     ran), hf_ms_per_step (transformers' median seconds over its max_tokens steps, prefill included, in ms;
     every one of its steps runs the whole batch), engine_cpu_backend (what ran the engine's decode-sized
-    batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py).
+    batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py), roofline
+    (the last engine run's decode steps against this machine's roofline, measured first:
+    :func:`engine.roofline.decode_report`), fp32_agreement (not float32 only: the engine's tokens
+    against a float32 engine's, :func:`engine.precision.fp32_agreement`).
+
+    ``against_vllm``: real vLLM as a third side in the same alternation (engine, transformers,
+    vLLM, ...; engine/vllm_compare.py), at ``vllm_block_size`` (default 32, the smallest its CPU
+    attention takes); adds the keys of :meth:`~engine.vllm_compare.VLLMBenchSide.figures`.
 
     Raises:
         ValueError: repeats < 1, or a workload :func:`mixed_workload` refuses (checked before loading anything).
+        engine.vllm_env.VLLMUnavailable: against_vllm where vLLM cannot run (says why).
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
+    peaks = roofline.measure_machine()  # before anything else runs: the machine's own limits
     torch.manual_seed(seed)
-    llm = LLM(model, block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
+    settings = dict(block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
+    llm = LLM(model, dtype=dtype, **settings)
     engine = llm.engine
     prompt_ids = [engine.encode(p) for p in prompts]
+    vllm = _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size) if against_vllm else None
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
     hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=engine.dtype).to(engine.device).eval()
     hf_inputs = _hf_inputs(engine.tokenizer, prompt_ids, engine.device)
@@ -84,30 +97,41 @@ def run_bench(
     # (the allocator has not settled yet), which is not what we measure.
     llm.generate(prompt_ids, SamplingParams(max_tokens=4, ignore_eos=True))
     _hf_generate(hf, hf_inputs, 4)
+    if vllm:
+        vllm.warm_up()
     engine_runs, hf_runs = [], []
     decode_ms: dict[int, list[float]] = {}  # decode batch size -> each such step's wall time
+    decode_steps: list[tuple[float, list[int]]] = []  # the last run's (ms, context lengths), for the roofline
 
     def record(report) -> None:
         if report.phase == "decode":
             decode_ms.setdefault(len(report.scheduled), []).append(report.timings_ms["total"])
+            decode_steps.append((report.timings_ms["total"], [s.context_len for s in report.scheduled]))
 
     for _ in range(repeats):
+        decode_steps.clear()
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         hf_outputs = _hf_generate(hf, hf_inputs, max(lengths))
         hf_runs.append(time.perf_counter() - t0)
+        if vllm:
+            vllm.run()
     mismatches = []
     for i, (out, n) in enumerate(zip(outputs, lengths)):
         theirs = hf_outputs[i][:n]
         if out.token_ids != theirs:
             pos = next(j for j, (a, b) in enumerate(zip(out.token_ids, theirs)) if a != b)
-            margin = _top2_margin(hf, prompt_ids[i] + out.token_ids[:pos], engine.device)
+            margin = precision.top2_margin(hf, prompt_ids[i] + out.token_ids[:pos])
             mismatches.append({"request": i, "position": pos, "top2_logit_margin": margin})
     tokens = sum(lengths)
     engine_s, hf_s = statistics.median(engine_runs), statistics.median(hf_runs)
-    return {
+    extra = {}
+    if engine.dtype != torch.float32:
+        hf32 = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32).to(engine.device).eval()
+        extra["fp32_agreement"] = precision.fp32_agreement(model, prompt_ids, params, [o.token_ids for o in outputs], hf32, **settings)
+    result = extra | {
         "workload": "mixed", "num_prompts": num_prompts, "tokens": tokens, "device": str(engine.device),
         "dtype": str(engine.dtype).replace("torch.", ""), "repeats": repeats, "engine_cpu_backend": engine.cpu_backend,
         "engine_seconds": engine_s, "hf_seconds": hf_s, "engine_runs_s": engine_runs, "hf_runs_s": hf_runs,
@@ -116,7 +140,28 @@ def run_bench(
         "outputs_identical": not mismatches, "mismatches": mismatches,
         "engine_decode_step_ms_by_batch": {b: statistics.median(v) for b, v in sorted(decode_ms.items(), reverse=True)},
         "hf_ms_per_step": 1e3 * hf_s / max(lengths),
+        "roofline": roofline.decode_report(engine.runner.model, decode_steps, peaks),
     }
+    if vllm:
+        margin = lambda i, pos: precision.top2_margin(hf, prompt_ids[i] + outputs[i].token_ids[:pos])  # noqa: E731
+        result.update(vllm.figures(tokens, engine_runs, [o.token_ids for o in outputs], margin), block_size=block_size)
+        vllm.close()
+    return result
+
+
+def _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size):
+    from engine.vllm_compare import VLLM_BENCH_BLOCK_SIZE, VLLM_BLOCK_MULTIPLE, VLLMBenchSide
+    from engine.vllm_env import resolve_python
+
+    block_size = vllm_block_size or VLLM_BENCH_BLOCK_SIZE
+    if vllm_python is None and block_size % VLLM_BLOCK_MULTIPLE:
+        raise ValueError(f"--block-size {block_size}: vLLM's CPU build takes multiples of {VLLM_BLOCK_MULTIPLE} only")
+    engine = llm.engine
+    return VLLMBenchSide(
+        resolve_python(vllm_python), resolve_model(model), prompt_ids, lengths, block_size,
+        engine.num_blocks * engine.config.block_size, engine.scheduler.max_num_seqs,
+        engine.scheduler.max_num_batched_tokens, engine.max_model_len, str(engine.dtype).replace("torch.", ""),
+    )
 
 
 def _hf_inputs(tokenizer, prompt_ids: list[list[int]], device) -> dict:
@@ -137,13 +182,6 @@ def _hf_generate(hf, inputs: dict, max_new: int) -> list[list[int]]:
     return out[:, inputs["input_ids"].shape[1] :].tolist()
 
 
-@torch.inference_mode()
-def _top2_margin(hf, ids: list[int], device) -> float:
-    logits = hf(torch.tensor([ids], device=device)).logits[0, -1].float()
-    top = torch.topk(logits, 2).values
-    return float(top[0] - top[1])
-
-
 def format_result(r: dict) -> str:
     lines = [
         f"workload mixed: {r['num_prompts']} chat prompts, {r['tokens']} generated tokens, greedy, ignore_eos, {r['dtype']} on {r['device']}",
@@ -161,4 +199,11 @@ def format_result(r: dict) -> str:
         lines.append(f"transformers: {r['hf_ms_per_step']:.0f} ms per step (its prefill spread over them), always at batch {r['num_prompts']}")
     for m in r["mismatches"]:
         lines.append(f"  request {m['request']}: first difference at token {m['position']}, top-2 logit margin {m['top2_logit_margin']:.4g}")
+    if "fp32_agreement" in r:
+        lines.append(precision.format_agreement(r["fp32_agreement"], r["dtype"]))
+    lines.append(roofline.format_report(r["roofline"]))
+    if "vllm_tokens_per_s" in r:
+        from engine.vllm_compare import format_vllm_column
+
+        lines += format_vllm_column(r, r["block_size"])
     return "\n".join(lines)

@@ -7,7 +7,9 @@ does with them, on the model's real weights:
   :func:`engine.cpu_ops.small_batch_linear` and through ``F.linear`` (MKL, as transformers does);
 - ``norm_rope``: each layer's two residual adds + RMSNorms and its RoPE on q and k, through
   :func:`engine.cpu_ops.add_rms_norm` / :func:`engine.cpu_ops.rotary_embedding` and through the torch
-  code of engine/model.py.
+  code of engine/model.py;
+- ``attention``: each layer's decode attention over its own KV pool, through
+  :func:`engine.cpu_ops.paged_attention_decode` and through the torch reference (gather, then SDPA).
 
 The two sides alternate ``repeats`` times and medians are reported (this is a shared machine: one
 pass can be 30% off). ``python -m engine bench`` measures what they do to a whole workload.
@@ -23,17 +25,19 @@ import torch
 from torch.nn import functional as F
 
 from engine import cpu_ops
+from engine.attention import paged_attention_reference, plan_step
 from engine.llm import LLM
 from engine.model import Linear, apply_rotary
 
 
-def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16, 32, 64), repeats: int = 7) -> dict:
+def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16, 32, 64), repeats: int = 7, context: int = 128) -> dict:
     """Time the CPU kernels against torch for one decode step of ``model`` at each row count.
 
     Returns:
         ``{"model", "weights_mb", "layers", "repeats", "matmul_simd" ("avx512" or "generic", see
         :func:`engine.cpu_ops.matmul_simd`), "matmul_ms": {rows: {"kernel", "torch"}},
-        "norm_rope_ms": {rows: {"kernel", "torch"}}}``; times are medians in ms per decode step.
+        "norm_rope_ms": {rows: {"kernel", "torch"}}, "context", "attention_ms": {rows: {"kernel", "torch"}}}``;
+        times are medians in ms per decode step; attention: ``context`` tokens per row, every layer on its own pool.
 
     Raises:
         ValueError: a row count outside 1..64 (the kernel's range), or repeats < 1.
@@ -53,7 +57,7 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
     layer = net.model.layers[0]
     attn, norm = layer.self_attn, layer.input_layernorm
     hidden = net.config.hidden_size
-    matmul_ms, norm_rope_ms = {}, {}
+    matmul_ms, norm_rope_ms, attention_ms = {}, {}, {}
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for r in rows:
@@ -84,11 +88,35 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
                     norm._norm(x + residual)
 
             norm_rope_ms[r] = _alternate({"kernel": fused, "torch": plain}, repeats)
+            attention_ms[r] = _decode_attention(net, r, context, repeats, generator)
     return {
         "model": llm.engine.model_name, "weights_mb": sum(w.numel() * w.element_size() for w in weights) / 1e6,
         "layers": net.num_layers, "repeats": repeats, "matmul_simd": cpu_ops.matmul_simd(),
-        "matmul_ms": matmul_ms, "norm_rope_ms": norm_rope_ms,
+        "matmul_ms": matmul_ms, "norm_rope_ms": norm_rope_ms, "context": context, "attention_ms": attention_ms,
     }
+
+
+def _decode_attention(net, rows: int, context: int, repeats: int, generator: torch.Generator) -> dict[str, float]:
+    """Decode attention of one step, every layer on its own pool: ``rows`` sequences of ``context`` tokens in
+    shuffled 16-slot blocks, through the kernel and through the torch reference (with its per-step plan)."""
+    blocks = -(-context // 16)
+    shape = (rows * blocks, 16, net.num_kv_heads, net.head_dim)
+    pools = [(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)) for _ in range(net.num_layers)]
+    tables = torch.randperm(rows * blocks, generator=generator).view(rows, blocks).to(torch.int32)
+    lens = torch.full((rows,), context, dtype=torch.int32)
+    q = torch.randn(rows, net.config.num_attention_heads, net.head_dim, generator=generator)
+    scale = net.head_dim**-0.5
+
+    def kernel() -> None:
+        for kc, vc in pools:
+            cpu_ops.paged_attention_decode(q, kc, vc, tables, lens, scale)
+
+    def reference() -> None:
+        plan = plan_step(torch.zeros(rows, dtype=torch.int64), tables, lens, 16)
+        for kc, vc in pools:
+            paged_attention_reference(q, kc, vc, tables, lens, scale, plan=plan)
+
+    return _alternate({"kernel": kernel, "torch": reference}, repeats)
 
 
 def _alternate(sides: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
@@ -107,17 +135,20 @@ def _alternate(sides: dict[str, Callable[[], None]], repeats: int) -> dict[str, 
 def format_cpu_bench(r: dict) -> str:
     lines = [
         f"{r['model']}: one decode step, by rows (requests in the step); medians of {r['repeats']} alternating passes, ms",
-        f"{'rows':>5}  {'matmuls: kernel':>15}  {'F.linear':>9}  {'speed-up':>8}   {'norm+RoPE: kernel':>17}  {'torch':>7}  {'speed-up':>8}",
+        f"{'rows':>5}  {'matmuls: kernel':>15}  {'F.linear':>9}  {'speed-up':>8}   {'norm+RoPE: kernel':>17}  {'torch':>7}  {'speed-up':>8}"
+        f"   {'attention: kernel':>17}  {'torch':>7}  {'speed-up':>8}",
     ]
     for rows, mm in r["matmul_ms"].items():
-        nr = r["norm_rope_ms"][rows]
+        nr, at = r["norm_rope_ms"][rows], r["attention_ms"][rows]
         lines.append(
             f"{rows:>5}  {mm['kernel']:>15.1f}  {mm['torch']:>9.1f}  {mm['torch'] / mm['kernel']:>7.2f}x"
             f"   {nr['kernel']:>17.2f}  {nr['torch']:>7.2f}  {nr['torch'] / nr['kernel']:>7.2f}x"
+            f"   {at['kernel']:>17.2f}  {at['torch']:>7.2f}  {at['torch'] / at['kernel']:>7.2f}x"
         )
     lines.append(
         f"matmuls: {r['weights_mb']:.0f} MB of fp32 weights read per step; "
-        f"norm+RoPE: {r['layers']} layers x (2 residual adds + RMSNorms, RoPE on q and k)"
+        f"norm+RoPE: {r['layers']} layers x (2 residual adds + RMSNorms, RoPE on q and k); "
+        f"attention: {r['layers']} layers of decode attention, {r['context']} tokens of context per row"
     )
     if r["matmul_simd"] != "avx512":
         lines.append("this CPU has no AVX-512: the matmul kernel is built generic, and the engine multiplies with F.linear here")

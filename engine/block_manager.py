@@ -475,6 +475,17 @@ class PagedBlockManager(KVCacheManager):
         return self._categories(allocated, token_states, 1)
 
     def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        taken, held_block_steps = self._lockstep_blocks(clock, k)
+        assert taken <= self.lockstep_free, "decoded past a preemption (see lockstep_free_steps)"
+        self.lockstep_free -= taken
+        return self._categories(held_block_steps * self.block_size, token_states, k)
+
+    def lockstep_block_steps(self, clock: int, k: int) -> int:
+        """Blocks held after each of the next k decode steps, summed (changes nothing)."""
+        return self._lockstep_blocks(clock, k)[1]
+
+    def _lockstep_blocks(self, clock: int, k: int) -> tuple[int, int]:
+        """(blocks taken, held block-steps) over the next k decode steps."""
         # The requests of the residue of step clock + 1 + i (i from 0) take one block each in that
         # step and every block_size steps after it: `times` blocks, the first held after k - i of
         # the k steps, each next one block_size steps fewer.
@@ -487,9 +498,7 @@ class PagedBlockManager(KVCacheManager):
                 times = (k - 1 - i) // bs + 1
                 taken += count * times
                 held_block_steps += count * (times * (k - i) - bs * times * (times - 1) // 2)
-        assert taken <= self.lockstep_free, "decoded past a preemption (see lockstep_free_steps)"
-        self.lockstep_free -= taken
-        return self._categories(held_block_steps * bs, token_states, k)
+        return taken, held_block_steps
 
     def _categories(self, allocated: int, token_states: int, k: int) -> dict[str, int]:
         """Paged categories (summed over k steps): no reservation and no external fragmentation."""

@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate and reproduce-paper from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper and calibrate from the command line."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ def main(argv: list[str] | None = None) -> None:
     _add_bench(sub)
     _add_bench_cpu(sub)
     _add_simulator(sub)
+    _add_vllm(sub)
+    _add_calibrate(sub)
+    parser.set_defaults(save_chart=_save_chart)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -23,6 +26,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.exit(2, f"error: {error}\n")
     except KeyboardInterrupt:  # Ctrl-C: one line; the model download and the kernel build clean up after themselves
         parser.exit(130, "interrupted\n")
+    except RuntimeError as error:
+        from engine.vllm_env import VLLMUnavailable
+
+        if not isinstance(error, VLLMUnavailable):
+            raise
+        parser.exit(3, f"vLLM unavailable: {error}\n")
 
 
 def _add_generate(sub) -> None:
@@ -108,9 +117,14 @@ def _add_bench(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=16, help="requests in the workload (default: 16)")
     p.add_argument("--min-tokens", type=int, default=8, help="smallest max_tokens of a request (default: 8)")
     p.add_argument("--max-tokens", type=int, default=128, help="largest max_tokens of a request (default: 128)")
-    p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="token slots per KV block (default: 16; with --against vllm, vLLM's is 32 unless this is given)")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
+    p.add_argument("--against", choices=["vllm"], default=None, help="add real vLLM as a third side (see `python -m engine vllm setup`)")
+    p.add_argument("--vllm-python", default=None, help="with --against vllm: a Python that imports vLLM (default: the one `vllm setup` built)")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                   help="auto: float32 on CPU, bfloat16 on CUDA; not float32: also the agreement with float32's tokens")
     _add_cpu_kernels(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
@@ -127,10 +141,14 @@ def _add_cpu_kernels(p) -> None:
 def _bench(args) -> None:
     from engine.bench import format_result, run_bench
 
+    if args.against == "vllm":
+        print("vLLM loads in its own process while the engine and transformers load; it compiles the model at "
+              "every start (1-2 min, more on a busy machine), which is not measured", file=sys.stderr, flush=True)
     result = run_bench(
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
-        max_tokens=args.max_tokens, block_size=args.block_size, seed=args.seed, repeats=args.repeats,
-        cpu_kernels=args.cpu_kernels,
+        max_tokens=args.max_tokens, block_size=args.block_size or 16, seed=args.seed, repeats=args.repeats,
+        cpu_kernels=args.cpu_kernels, dtype=args.dtype, against_vllm=args.against == "vllm", vllm_python=args.vllm_python,
+        vllm_block_size=args.block_size,
     )
     print(json.dumps(result) if args.json else format_result(result))
 
@@ -159,3 +177,63 @@ def _add_simulator(sub) -> None:
     from engine.simulator import register_cli  # adds "simulate" and "reproduce-paper"
 
     register_cli(sub)
+
+
+def _add_vllm(sub) -> None:
+    p = sub.add_parser("vllm", help="real vLLM beside the lab: `vllm setup` builds its own environment")
+    p.add_argument("action", choices=["setup"], help="setup: create (or check) vLLM's venv in the user cache")
+    p.set_defaults(func=_vllm)
+    p = sub.add_parser("replay", help="one saved workload through the engine and real vLLM, side by side")
+    p.add_argument("workload", help="a saved workload file (format pagedattention-lab/workload, see engine/runfile.py)")
+    p.add_argument("--against", choices=["vllm"], required=True, help="what to replay against (vllm)")
+    p.add_argument("--vllm-python", default=None, help="a Python that imports vLLM (default: the one `vllm setup` built)")
+    p.add_argument("--block-size", type=int, default=None, help="both sides' block size (default: the file's, raised to a multiple of 32)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step (default: the engine's, max(max_model_len, 2048))")
+    p.add_argument("--prefix-caching", action="store_true", help="vLLM with prefix caching (the engine has none: a known difference)")
+    p.add_argument("--chunked-prefill", action="store_true", help="vLLM with chunked prefill (the engine has none: a known difference)")
+    p.add_argument("--ignore-eos", action="store_true", help="every request runs its max_tokens")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_replay)
+
+
+def _vllm(args) -> None:
+    from engine.vllm_env import setup
+
+    setup(progress=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _replay(args) -> None:
+    from engine.replay import format_replay, run_replay
+
+    result = run_replay(
+        args.workload, vllm_python=args.vllm_python, progress=lambda line: print(line, file=sys.stderr, flush=True), block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+        prefix_caching=args.prefix_caching, chunked_prefill=args.chunked_prefill, ignore_eos=args.ignore_eos,
+    )
+    print(json.dumps(result) if args.json else format_replay(result))
+    if result["unexplained"] or not (result["outputs"]["identical"] or result["differences"]):
+        sys.exit(1)
+
+
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's step-time model to this machine (runs the real engine)")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--no-validate", action="store_true", help="skip predicting the mixed and preemption workloads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: half the cores)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args) -> None:
+    from engine.calibrate import calibrate, format_calibration
+
+    result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads,
+                       progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))
+    print(json.dumps(result, indent=2) if args.json else format_calibration(result))
+
+
+def _save_chart(figure: str, result, out: str) -> None:
+    """Draw a reproduce-paper result (plain rows from the engine) with visualize/: only here, where
+    a chart is asked for, is matplotlib imported; the engine itself never imports it."""
+    from visualize.paper import save_paper_figure
+
+    save_paper_figure(figure, result, out)

@@ -8,8 +8,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 ALLOCATORS = ("paged", "contiguous")
-RESERVATIONS = ("max", "pow2", "oracle")
-PLACEMENTS = ("first-fit", "best-fit")
+RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
+PLACEMENTS = ("first-fit", "best-fit", "buddy")
 
 
 @dataclass
@@ -28,16 +28,20 @@ class EngineConfig:
             always capped at the pool's capacity so that a lone request can always finish.
         dtype: "auto" = float32 on CPU, bfloat16 on CUDA.
         device: "auto" = CUDA when present.
-        attention_backend: "torch" (gather + softmax), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
+        attention_backend: "torch" (gather + softmax; on CPU with ``cpu_kernels`` its decode attention is the
+            engine's C++ kernel, reading the blocks in place), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
         allocator: "paged" (PagedAttention) or "contiguous" (one reserved range per request, as before vLLM).
-        reservation: contiguous only: "max", "pow2" or "oracle" (paper §3, Orca baselines).
-        placement: contiguous only: "first-fit" or "best-fit".
+        reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (paper §3 and §6.1,
+            Orca baselines; see ``engine/contiguous.py``).
+        placement: contiguous only: "first-fit", "best-fit" or "buddy" (the paper's assumption).
         shuffle_blocks: hand out physical blocks in a seeded random order, so that block tables visibly
             map logical blocks anywhere in the pool.
         seed: seeds block shuffling and requests that give no seed of their own.
         cpu_kernels: float32 on CPU: the engine's C++ kernels (engine/cpu_ops.py, built on first use)
-            do the matmuls of 1-64 rows, the residual add with RMSNorm, and RoPE; where they cannot be
-            built, a warning and torch. False: torch for everything (``F.linear`` as in transformers).
+            do the matmuls of 1-64 rows, the residual add with RMSNorm, RoPE and the decode attention
+            (reading K and V in place through the block tables); bfloat16 on CPU: the decode attention
+            only. Where they cannot be built, a warning and torch. False: torch for everything
+            (``F.linear`` as in transformers, attention as in engine/attention.py).
 
     Raises:
         ValueError: on any field out of range, naming the field.

@@ -10,8 +10,17 @@ preempted. This is what wastes memory in three ways (PagedAttention paper §3, F
 - external fragmentation: free gaps between ranges too small for the next request.
 
 How much a request reserves is the *reservation policy* of the paper's Orca baselines (§6.1):
-``max`` reserves ``max_model_len`` slots (Orca Max), ``pow2`` the next power of two of its final
-length (Orca Pow2), ``oracle`` exactly its final length (Orca Oracle, which knows the future).
+``max`` reserves ``max_model_len`` slots (Orca Max); ``pow2`` its prompt plus the next power of two
+>= its output length, capped at ``max_model_len`` (Orca Pow2: "over-reserves the space for outputs
+by at most 2x: if the true output length is 25, it reserves 32 positions"); ``oracle`` exactly its
+final length (Orca Oracle, which knows the future). ``pow2-total`` is a variant of ours, kept for
+comparison: the next power of two of prompt + output (it over-reserves the prompt too).
+
+Where the range goes is the *placement*: ``first-fit`` or ``best-fit`` over a list of free gaps
+that merge at once with their neighbours (an idealised allocator), or ``buddy`` (the paper's
+assumption for Orca, ``engine/buddy.py``): the range is the start of a power-of-two chunk, and the
+chunk's rounding (chunk - reservation slots) is counted as external fragmentation — memory lost to
+the allocator, the paper's "external fragmentation and others" (Figure 2).
 
 Such an allocator cannot share (PagedAttention paper §4.4 is what it lacks): for parallel sampling
 and beam search it gives every sequence of a group its own range — the n ranges are reserved when
@@ -29,11 +38,12 @@ import bisect
 
 from engine.accounting import MemoryUsage
 from engine.block_manager import Group, KVCacheManager
+from engine.buddy import BuddyArena, chunk_size
 from engine.report import ALLOCATE, FORK, FREE, BlockTableSnapshot, Event
 from engine.sequence import Sequence
 
-RESERVATIONS = ("max", "pow2", "oracle")
-PLACEMENTS = ("first-fit", "best-fit")
+RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
+PLACEMENTS = ("first-fit", "best-fit", "buddy")
 
 
 class ContiguousAllocator(KVCacheManager):
@@ -46,8 +56,8 @@ class ContiguousAllocator(KVCacheManager):
     Args:
         num_blocks: blocks of the pool it replaces; the arena has ``num_blocks * block_size`` slots.
         block_size: slots per block, only to show the arena as the paged pool's blocks.
-        reservation: "max", "pow2" or "oracle" (see the module docstring).
-        placement: "first-fit" or "best-fit".
+        reservation: "max", "pow2", "pow2-total" or "oracle" (see the module docstring).
+        placement: "first-fit", "best-fit" or "buddy".
         max_model_len: longest request in tokens; what "max" reserves and "pow2" is capped at.
 
     Raises:
@@ -82,6 +92,8 @@ class ContiguousAllocator(KVCacheManager):
         self.ranges: dict[int, tuple[int, int]] = {}  # seq_id -> [start, end) of its slots
         self.spare: dict[int, list[tuple[int, int]]] = {}  # request_id -> ranges kept for its forks
         self.pending_copies: list[tuple[int, int]] = []  # forks' prompt copies, (src slot, dst slot)
+        self.buddy = BuddyArena(self.num_slots) if placement == "buddy" else None
+        self.rounding = 0  # buddy: slots of all live chunks beyond their ranges
 
     # --- Reservation and placement -----------------------------------------------------------------
 
@@ -90,7 +102,10 @@ class ContiguousAllocator(KVCacheManager):
         if self.reservation == "max":
             return self.max_model_len
         if self.reservation == "pow2":
-            return min(1 << (seq.max_len - 1).bit_length(), self.max_model_len)
+            output_len = seq.max_len - seq.num_prompt_tokens
+            return min(seq.num_prompt_tokens + chunk_size(max(output_len, 1)), self.max_model_len)
+        if self.reservation == "pow2-total":
+            return min(chunk_size(seq.max_len), self.max_model_len)
         return seq.max_len
 
     def _find_gap(self, size: int) -> int | None:
@@ -104,11 +119,25 @@ class ContiguousAllocator(KVCacheManager):
 
     # --- KVCacheManager ----------------------------------------------------------------------------
 
+    def free_pieces(self) -> list[tuple[int, int]]:
+        """Free memory as sorted ``(start, end)`` pieces (gaps, or the buddy arena's free chunks)."""
+        if self.buddy is not None:
+            return self.buddy.free_pieces()
+        return list(zip(self.gap_starts, self.gap_ends))
+
     def fits_ever(self, seq: Group) -> bool:
-        return self._ranges_needed(seq) * self.reservation_size(seq.seqs[0]) <= self.num_slots
+        size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
+        if self.buddy is not None:
+            chunk = chunk_size(size)
+            return chunk <= self.buddy.largest_chunk and count * chunk <= self.num_slots
+        return count * size <= self.num_slots
 
     def can_allocate(self, seq: Group) -> bool:
         size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
+        if self.buddy is not None:  # an aligned free chunk of 2^k holds 2^k / chunk chunks
+            if count == 1:
+                return self.buddy.can_allocate(size)
+            return sum((e - s) // chunk_size(size) for s, e in self.buddy.free_pieces()) >= count
         if count == 1:
             return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
         return sum((e - s) // size for s, e in zip(self.gap_starts, self.gap_ends)) >= count
@@ -144,6 +173,12 @@ class ContiguousAllocator(KVCacheManager):
 
     def _take_range(self, seq: Sequence) -> tuple[int, int]:
         size = self.reservation_size(seq)
+        if self.buddy is not None:
+            start = self.buddy.allocate(size)
+            assert start is not None, f"no free chunk for {size} slots (the scheduler checks can_allocate first)"
+            self.rounding += chunk_size(size) - size
+            self._event(ALLOCATE, seq, start, start + size)
+            return start, start + size
         i = self._find_gap(size)
         assert i is not None, f"no gap of {size} slots (the scheduler checks can_allocate first)"
         start = self.gap_starts[i]
@@ -168,6 +203,10 @@ class ContiguousAllocator(KVCacheManager):
         self._free_range(start, end)
 
     def _free_range(self, start: int, end: int) -> None:
+        if self.buddy is not None:
+            self.buddy.free(start, end - start)
+            self.rounding -= chunk_size(end - start) - (end - start)
+            return
         i = bisect.bisect_left(self.gap_starts, start)
         # Merge with the gap just after and the gap just before, so gaps stay maximal.
         if i < len(self.gap_starts) and self.gap_starts[i] == end:
@@ -209,11 +248,14 @@ class ContiguousAllocator(KVCacheManager):
             bytes_per_slot=bytes_per_slot,
         )
 
-    def external_fragmentation(self, next_waiting: Sequence | None) -> int:
-        """Free slots in gaps too small for ``next_waiting``'s reservation (0 when nothing waits)."""
+    def external_fragmentation(self, next_waiting: Group | None) -> int:
+        """Free slots in gaps too small for ``next_waiting``'s reservation (0 when nothing waits),
+        plus, for buddy placement, the rounding of every live chunk (slots no request can use)."""
         if next_waiting is None:
-            return 0
-        size = self.reservation_size(next_waiting)
+            return self.rounding
+        size = self.reservation_size(next_waiting.seqs[0])
+        if self.buddy is not None:
+            return self.rounding + self.buddy.free_slots_below(size)
         return sum(e - s for s, e in zip(self.gap_starts, self.gap_ends) if e - s < size)
 
     def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:

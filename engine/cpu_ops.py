@@ -1,6 +1,6 @@
-"""The engine's own CPU kernels (C++, fp32), and how they are built.
+"""The engine's own CPU kernels (C++; fp32, and bf16 for the matmul and the decode attention), and how they are built.
 
-Three operations of every decode step, written for what a decode step is on a CPU:
+Four operations of every decode step, written for what a decode step is on a CPU:
 
 - :func:`small_batch_linear`, the matrix multiplies of 1-64 rows (one per running request). With a
   few rows the step is bound by reading the weights from memory, not by arithmetic, and a general
@@ -13,6 +13,10 @@ Three operations of every decode step, written for what a decode step is on a CP
   ``rotary_embedding``), in ``csrc/fused_ops.cpp``: the residual add with the RMSNorm after it, and
   RoPE on q and k, each one call instead of seven. In a decode step these work on a few rows, so
   their time is the cost of calling operators, not arithmetic.
+- :func:`paged_attention_decode`, decode attention reading K and V in place through the block table
+  (``csrc/paged_attention.cpp``): one task per (sequence, KV head), online softmax in fp32, the query
+  heads of a GQA group together. The torch reference in engine/attention.py gathers each context into
+  a padded copy first; it stays the oracle and the fallback.
 
 Figures (2-core Xeon, SmolLM2-135M; ``python -m engine bench-cpu`` measures them on any machine): see
 the README. ``python -m engine bench`` shows what they do to a whole workload.
@@ -47,7 +51,7 @@ try:
 except ImportError:  # Windows: no build lock of our own (torch's lock file only)
     fcntl = None
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp")]
 MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
@@ -103,17 +107,22 @@ def matmul_simd() -> str | None:
     return torch.ops.pagedattention_lab.small_batch_linear_simd()
 
 
+def matmul_bf16() -> bool:
+    """The matmul kernel takes bfloat16 (built for a CPU with AVX512-BF16: ``_mm512_dpbf16_ps``)."""
+    return bool(_state.get("ok")) and torch.ops.pagedattention_lab.small_batch_linear_bf16()
+
+
 def supports(weight: torch.Tensor) -> bool:
     """The engine should multiply by this ``[N, K]`` weight (``nn.Linear``'s layout) with the kernel: float32
-    on CPU, 2-D, contiguous, and the kernel built with AVX-512 (elsewhere ``F.linear`` is faster)."""
-    return (
-        weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        and weight.is_contiguous() and matmul_simd() == "avx512"
-    )
+    (or bfloat16 where :func:`matmul_bf16`) on CPU, 2-D, contiguous, and the kernel built with AVX-512
+    (elsewhere ``F.linear`` is faster)."""
+    dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and matmul_bf16())
+    return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() == "avx512"
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` float32 (M rows, best 1-64), weight ``[N, K]`` float32 -> ``[M, N]``.
+    """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` (M rows, best 1-64), weight ``[N, K]`` -> ``[M, N]``,
+    all float32, or all bfloat16 where :func:`matmul_bf16` (products summed in fp32, the result rounded to bf16).
 
     Raises:
         RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), the shapes, dtypes,
@@ -162,6 +171,44 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     """
     _check_inputs(q, k, cos, sin)
     return torch.ops.pagedattention_lab.rotary_embedding(q, k, cos, sin)
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    plan: object | None = None,
+) -> torch.Tensor:
+    """Decode attention through the block tables, in place (the same contract as
+    :func:`engine.attention.paged_attention_reference`, within float rounding).
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` float32 or bfloat16 (may be a strided view).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, query's dtype,
+            head_dim contiguous.
+        block_tables: ``[num_seqs, max_blocks]`` int32 (may be a view); only the entries a context
+            covers are read.
+        context_lens: ``[num_seqs]`` int32, tokens; 0 gives a row of zeros.
+        scale: softmax scale.
+        plan: ignored (the engine's backends all take it; this kernel needs nothing precomputed).
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in query's dtype; softmax and sums in fp32.
+
+    Raises:
+        RuntimeError: not loaded, shapes/dtypes/device not as above, a context longer than its
+            table, a table entry outside the pool (the message says which), or an input that needs
+            gradients (inference only).
+
+    Source: PagedAttention paper §4.1; vLLM's ``paged_attention_v1``; online softmax as in FlashAttention.
+    """
+    _check_inputs(query, key_cache, value_cache)
+    return torch.ops.pagedattention_lab.paged_attention_decode(
+        query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale)
+    )
 
 
 def _check_inputs(*tensors: torch.Tensor) -> None:

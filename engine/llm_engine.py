@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine import cpu_ops
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
-from engine.model_runner import TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
+from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
 from engine.beam_search import beam_search_step
 from engine.report import FINISH, WRITE, CompletionOutput, Event, RequestOutput, ScheduledRequest, StepReport
 from engine.sampler import sample, sample_batch
@@ -59,15 +59,22 @@ class LLMEngine:
         backend = _resolve_backend(config.attention_backend, self.device, self.dtype)
         loaded = loaded_model or load_model(config.model, dtype=torch.float32, progress=progress)
         self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
-        if config.cpu_kernels and self.device.type == "cpu" and self.dtype == torch.float32:
-            cpu_ops.load_kernel(progress=progress)  # builds them on a machine's first run, saying so
+        kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+        if kernels:
+            kernels = cpu_ops.load_kernel(progress=progress)  # builds them on a machine's first run, saying so
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
-        # What runs the matmuls, norms and RoPE on CPU: the engine's C++ kernels or torch (the bench prints it).
+        # What runs the matmuls, norms, RoPE and decode attention on CPU: the engine's C++ kernels or torch (the bench prints it).
         fused = any(getattr(m, "cpu_kernel", False) for m in model.modules())
-        if model.cpu_kernels:
-            self.cpu_backend = "engine CPU kernels"
+        if kernels and backend is TORCH_BACKEND:
+            backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
+        if model.cpu_kernels and self.dtype == torch.bfloat16:  # the norm and RoPE kernels are float32 only
+            self.cpu_backend = "engine CPU kernels for matmul and decode attention, torch RMSNorm and RoPE (bfloat16)"
+        elif model.cpu_kernels:
+            self.cpu_backend = "engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)"
         elif fused:  # built without AVX-512: its matmul would be slower than MKL's
-            self.cpu_backend = "engine CPU kernels for RMSNorm and RoPE, torch F.linear (no AVX-512)"
+            self.cpu_backend = "engine CPU kernels for RMSNorm, RoPE and decode attention, torch F.linear (no AVX-512)"
+        elif backend is CPU_KERNEL_BACKEND:  # bfloat16: the other kernels are float32 only
+            self.cpu_backend = "engine CPU kernel for decode attention, torch for the rest (bfloat16)"
         else:
             self.cpu_backend = "torch"
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)

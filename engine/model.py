@@ -306,7 +306,7 @@ class CausalLM(nn.Module):
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         if self.cpu_kernels and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
-            return cpu_ops.small_batch_linear(hidden, weight)
+            return cpu_ops.small_batch_linear(hidden, weight).float()
         if self.lm_head_t is not None:
             return (hidden @ self.lm_head_t).float()
         return F.linear(hidden, weight).float()
@@ -334,7 +334,9 @@ class CausalLM(nn.Module):
         :func:`engine.cpu_ops.supports`), the residual add with RMSNorm, and RoPE. Only while no gradient
         is recorded: under autograd every module runs its torch code.
 
-        Call only on float32 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
+        Call only on float32 or bfloat16 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
+        In bfloat16 only the matmuls (where :func:`engine.cpu_ops.matmul_bf16`): the norm and RoPE kernels
+        are float32 only.
         A weight that is not contiguous (none is, after a normal load) is made so first.
         """
         for module in self.modules():
@@ -343,7 +345,7 @@ class CausalLM(nn.Module):
                     module.weight = nn.Parameter(module.weight.detach().contiguous(), requires_grad=False)
                 module.cpu_kernel = cpu_ops.supports(module.weight)
             elif isinstance(module, (RMSNorm, Attention)):
-                module.cpu_kernel = True
+                module.cpu_kernel = self.model.norm.weight.dtype == torch.float32  # these two are float32 only
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
         if not head.weight.is_contiguous():
             head.weight = nn.Parameter(head.weight.detach().contiguous(), requires_grad=False)
@@ -359,8 +361,8 @@ def build_model(
         config: transformers config of model_type llama, qwen2 or qwen3.
         state_dict: Hugging Face tensor names -> tensors (any float dtype; converted to ``dtype``).
         dtype, device: where the weights live.
-        cpu_kernels: float32 on CPU only: the engine's C++ kernels replace torch where they apply
-            (:meth:`CausalLM.use_cpu_kernels`) when they build; otherwise (or False) all is torch.
+        cpu_kernels: float32 or bfloat16 on CPU only: the engine's C++ kernels replace torch where they
+            apply (:meth:`CausalLM.use_cpu_kernels`) when they build; otherwise (or False) all is torch.
 
     Raises:
         WeightLoadError: a tensor is missing, unexpected or of the wrong shape (all are named), or the
@@ -381,7 +383,7 @@ def build_model(
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
     if device.type == "cpu":
-        if cpu_kernels and dtype == torch.float32 and cpu_ops.load_kernel():
+        if cpu_kernels and dtype in (torch.float32, torch.bfloat16) and cpu_ops.load_kernel():
             model.use_cpu_kernels()
         else:
             model.store_lm_head_transposed()

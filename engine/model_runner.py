@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import copy_blocks_reference, paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
+from engine import cpu_ops
+from engine.attention import (copy_blocks_reference, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
+                              write_kv_cache)
 from engine.block_manager import KVCacheManager
 from engine.model import AttentionBackend, AttentionMetadata, CausalLM
 from engine.report import WRITE, Event
@@ -17,6 +19,10 @@ from engine.scheduler import SchedulerOutput
 
 TORCH_BACKEND = AttentionBackend(
     "torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step, copy_blocks_reference
+)
+# The torch backend with decode attention read in place by the engine's C++ kernel (engine/cpu_ops.py).
+CPU_KERNEL_BACKEND = AttentionBackend(
+    "torch", write_kv_cache, paged_prefill_reference, cpu_ops.paged_attention_decode, plan_writes, copy_blocks_reference
 )
 
 

@@ -7,10 +7,12 @@ samples one token; a request finishes when it reaches prompt + output tokens. No
 modelled, so the simulator answers the paper's memory questions — how much of the KV pool holds
 token states, how many requests run at once — for 100,000 requests in seconds.
 
-Time: a step lasts ``step_ms`` milliseconds (a fixed cost per iteration, the only timing model);
-Poisson arrivals are admitted at the first step that starts at or after their arrival time, and a
-stretch with nothing to run counts as idle steps. With all requests at time 0 (saturation, the
-default) time plays no part.
+Time (``engine/sim_clock.py``): with ``cost_model`` a step lasts what the step-time model
+(``engine/cost_model.py``) predicts from what it computes, so Poisson arrivals interleave with steps
+and each request gets its latency, normalized latency, TTFT and TPOT; without one, every step lasts
+``step_ms`` and a stretch with nothing to run counts as idle steps. Arrivals are admitted at the
+first step that starts at or after their arrival time. With all requests at time 0 (saturation,
+the default) time plays no part in the memory figures.
 
 Fast-forward: the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
 request's length follows a step clock, its finish step and the steps in which it needs a new block
@@ -30,7 +32,6 @@ import argparse
 import gc
 import heapq
 import json
-import math
 import random
 import sys
 import time
@@ -42,13 +43,16 @@ from tqdm import tqdm
 
 from engine.accounting import CATEGORIES
 from engine.block_manager import KVCacheManager, PagedBlockManager
-from engine.contiguous import ContiguousAllocator
+from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
+from engine.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sim_clock import SimClock, resolve_cost_model
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
+PAPER_FIGURES = ("2", "12", "13", "15", "18b")  # engine/paper_experiments.py
 
 
 @dataclass
@@ -66,12 +70,15 @@ class SimulationConfig:
         watermark: paged only: share of the blocks admission leaves free (vLLM's default 0.01; see
             ``PagedBlockManager``).
         allocator: "paged" or "contiguous".
-        reservation: contiguous only: "max", "pow2" or "oracle".
-        placement: contiguous only: "first-fit" or "best-fit".
+        reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (engine/contiguous.py).
+        placement: contiguous only: "first-fit", "best-fit" or "buddy".
         max_num_seqs: most running requests (vLLM's default 256).
         max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
         max_model_len: longest request in tokens (prompt + output).
-        step_ms: simulated duration of one step in milliseconds.
+        step_ms: simulated duration of one step in milliseconds (when ``cost_model`` is None).
+        cost_model: how long a step takes: None = ``step_ms`` each; a preset key of
+            ``engine.cost_model.SETUPS`` ("a100-opt-13b", ...) or a ``CostModel``: the step's
+            roofline time from what it computes (``engine/sim_clock.py``).
         seed: seeds the workload.
         fast_forward: apply lock-step decode stretches at once (same results, much faster). Used
             only where the policy has that path: one-sequence requests (``n == 1``); otherwise every
@@ -103,6 +110,7 @@ class SimulationConfig:
     max_num_batched_tokens: int | None = None
     max_model_len: int = 2048
     step_ms: float = 50.0
+    cost_model: str | CostModel | None = None
     seed: int = 0
     fast_forward: bool = True
     progress: bool = False
@@ -131,6 +139,7 @@ class SimulationConfig:
             raise ValueError(f"step_ms must be > 0 ms, got {self.step_ms}")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
+        resolve_cost_model(self.cost_model, self.step_ms)  # an unknown preset fails here, by name
 
 
 @dataclass
@@ -142,14 +151,18 @@ class SimulationResult:
         fragmentation: share of the pool in each category of ``engine.accounting.CATEGORIES``.
         mean_concurrent_requests, max_concurrent_requests: requests running per step.
         preemptions: recompute preemptions. completed: finished requests. rejected: requests that
-            could never fit the pool. steps: scheduler iterations. simulated_seconds: steps * step_ms.
-        wall_seconds: real time the simulation took.
+            could never fit the pool. steps: scheduler iterations. simulated_seconds: the clock at
+            the end (``engine/sim_clock.py``). wall_seconds: real time the simulation took.
+        normalized_latency_s (s/token, the paper's metric), mean_latency_s, mean_ttft_s, mean_tpot_s:
+            over completed requests; throughput_requests_per_s, throughput_tokens_per_s (output
+            tokens): over the simulated time. request_latency_s: per request (NaN if not completed).
         memory_saved_by_sharing: paper §6.3 over the run: 1 - (physical blocks held) / (blocks the
             sequences' tables would hold unshared), both summed over steps; 0 without sharing.
 
     Series (run-length encoded: row i covers ``series_num_steps[i]`` steps from ``series_step[i]``,
     during which nothing but lock-step decode happened; one row per step without fast-forward):
         series_step, series_num_steps, series_running, series_waiting: numpy int arrays.
+        series_end_s: the simulated clock at the end of each row (s).
         series_memory: category -> numpy float array, mean slots per step over the row.
     """
 
@@ -165,10 +178,18 @@ class SimulationResult:
     simulated_seconds: float
     wall_seconds: float
     memory_saved_by_sharing: float
+    normalized_latency_s: float
+    mean_latency_s: float
+    mean_ttft_s: float
+    mean_tpot_s: float
+    throughput_requests_per_s: float
+    throughput_tokens_per_s: float
+    request_latency_s: np.ndarray
     series_step: np.ndarray
     series_num_steps: np.ndarray
     series_running: np.ndarray
     series_waiting: np.ndarray
+    series_end_s: np.ndarray
     series_memory: dict[str, np.ndarray]
 
     def saturated(self) -> tuple[dict[str, float], float]:
@@ -184,12 +205,24 @@ class SimulationResult:
         shares = {c: float((self.series_memory[c][mask] * weights).sum() / (total * capacity)) for c in CATEGORIES}
         return shares, float((self.series_running[mask] * weights).sum() / total)
 
+    def mean_running_until(self, seconds: float) -> float:
+        """Mean running requests per step over the steps that end by ``seconds`` (e.g. the last
+        arrival: the load the arrivals sustain, without the final drain of a finite trace)."""
+        mask = self.series_end_s <= seconds
+        if not mask.any():
+            return self.mean_concurrent_requests
+        weights = self.series_num_steps[mask]
+        return float((self.series_running[mask] * weights).sum() / weights.sum())
+
     def summary(self) -> dict:
         """The summary fields and the config (without the requests), JSON-ready."""
         config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
+        if isinstance(config["cost_model"], CostModel):
+            config["cost_model"] = config["cost_model"].name
         keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
-                "memory_saved_by_sharing")
+                "memory_saved_by_sharing", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
+                "throughput_requests_per_s", "throughput_tokens_per_s")
         return {"config": config, **{k: getattr(self, k) for k in keys}}
 
     def write_trace(self, path: str) -> None:
@@ -283,12 +316,14 @@ class LockstepScheduler(Scheduler):
     def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
         """Run ``k`` pure decode steps and return each memory category summed over them
         (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
-        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
-        running = len(self.running)
-        token_states = k * self._token_states(self.clock) + running * k * (k + 1) // 2
-        sums = self.kv.lockstep_decode(self.clock, k, token_states, next_waiting)
+        sums = self.kv.lockstep_decode(self.clock, k, self.lockstep_token_state_steps(k), next_waiting)
         self.clock += k
         return sums
+
+    def lockstep_token_state_steps(self, k: int) -> int:
+        """Token states after each of the next k decode steps, summed (changes nothing)."""
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
+        return k * self._token_states(self.clock) + len(self.running) * k * (k + 1) // 2
 
     def lockstep_finished(self) -> list[Sequence]:
         """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
@@ -381,9 +416,10 @@ class _Run:
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.next_request = 0
         self.step = 0
-        self.step_s = cfg.step_ms / 1000.0
+        self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         self.preemptions = self.completed = self.rejected = 0
         self.rows: list[tuple] = []
+        self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
 
     def run(self) -> None:
@@ -397,9 +433,9 @@ class _Run:
             if not (sched.running or sched.waiting):
                 self._idle_until_next_arrival()
                 continue
-            k = sched.steps_until_event(self._steps_to_next_arrival())
+            k = sched.steps_until_event(sys.maxsize)
             if k > 0:
-                self._fast_forward(k)
+                self._fast_forward(self.clock.decode_steps_before_next_arrival(sched, k, self.next_request))
             else:
                 self._lockstep_step()
         self.bar.close()
@@ -418,8 +454,7 @@ class _Run:
         """Queue every request that has arrived by the start of this step."""
         if self.next_request == len(self.requests):
             return
-        now = self.step * self.step_s
-        while self.next_request < len(self.requests) and self.requests[self.next_request].arrival <= now:
+        while self.next_request < len(self.requests) and self.clock.has_arrived(self.next_request):
             r = self.requests[self.next_request]
             seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival,
                            sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
@@ -432,23 +467,19 @@ class _Run:
             else:
                 self.sched.add(seq)
 
-    def _steps_to_next_arrival(self) -> int:
-        """Steps that can pass before the next arrival must be queued (a fast-forward limit)."""
-        if self.next_request == len(self.requests):
-            return sys.maxsize
-        return max(1, math.ceil(self.requests[self.next_request].arrival / self.step_s) - self.step)
-
     def _idle_until_next_arrival(self) -> None:
-        k = self._steps_to_next_arrival()
-        sums = dict.fromkeys(CATEGORIES, 0)
-        sums["free"] = k * self.kv.num_slots
-        self._record(k, sums, running=0)
+        k = self.clock.idle_until(self.next_request)
+        if k:  # the fixed clock counts idle steps; a cost model's clock jumps (idle is not a step)
+            sums = dict.fromkeys(CATEGORIES, 0)
+            sums["free"] = k * self.kv.num_slots
+            self._record(k, sums, running=0)
 
     def _single_step(self) -> None:
         """One step through the engine's ``schedule()``, every request touched (the reference)."""
         out = self.sched.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
+        self.clock.run_step(self.clock.shape_of(out), out.prefill_seqs)
         self.preemptions += len(out.preempted)
         self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         for seq in out.prefill_seqs + out.decode_seqs:
@@ -500,11 +531,14 @@ class _Run:
         if out.preempted:
             self.preemptions += len(out.preempted)
             self.sched.events.clear()  # preemption events: not needed here, and they would pile up
-        self._record(1, self.sched.lockstep_usage(self._next_waiting()), len(self.sched.running))
+        sums = self.sched.lockstep_usage(self._next_waiting())
+        self.clock.run_step(self.clock.lockstep_shape(out, sums, len(self.sched.running)), out.prefill_seqs)
+        self._record(1, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
 
     def _fast_forward(self, k: int) -> None:
         sums = self.sched.lockstep_decode(k, self._next_waiting())
+        self.clock.run_decode_steps(k, len(self.sched.running), sums)
         self._record(k, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
 
@@ -516,6 +550,7 @@ class _Run:
             return
         for seq in done:
             self.sched.finish(seq, "length")
+            self.clock.finished(seq.request_id)
         self.completed += len(done)
         self.bar.update(len(done))
 
@@ -523,6 +558,7 @@ class _Run:
         """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
         (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
         self.rows.append((self.step, k, running, len(self.sched.waiting), *sums.values()))
+        self.row_end_times.append(self.clock.now)
         self.step += k
 
     def result(self, wall_seconds: float) -> SimulationResult:
@@ -541,13 +577,15 @@ class _Run:
             completed=self.completed,
             rejected=self.rejected,
             steps=self.step,
-            simulated_seconds=self.step * self.step_s,
+            simulated_seconds=self.clock.seconds,
             wall_seconds=wall_seconds,
             memory_saved_by_sharing=1 - self.blocks_with_sharing / self.blocks_without_sharing if self.blocks_without_sharing else 0.0,
+            **self.clock.latency_metrics(),
             series_step=rows[:, 0],
             series_num_steps=num_steps,
             series_running=running,
             series_waiting=rows[:, 3],
+            series_end_s=np.array(self.row_end_times, dtype=np.float64) / 1e12,
             series_memory={c: rows[:, 4 + i] / np.maximum(num_steps, 1) for i, c in enumerate(CATEGORIES)},
         )
 
@@ -599,9 +637,9 @@ def _cyclic_gc_paused():
 # Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
 # stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
 PAPER_SYSTEMS = {
-    "Orca (Max)": dict(allocator="contiguous", reservation="max"),
-    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2"),
-    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle"),
+    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy"),
+    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy"),
+    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy"),
     "vLLM": dict(allocator="paged"),
 }
 PAPER_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM": 0.963}
@@ -677,56 +715,15 @@ def format_paper_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# Figure 15 (OPT-13B): memory saved by sharing, blocks saved / blocks without sharing. Alpaca per
-# setting as read off the figure; ShareGPT as the text gives it (16.2-30.5% and 44.3-66.3% over
-# k = 2..6), so only its ends are paper numbers.
-PAPER_SHARING = {
-    ("alpaca", "parallel"): {2: 0.0609, 4: 0.0853, 6: 0.0979},
-    ("alpaca", "beam"): {2: 0.3756, 4: 0.5313, 6: 0.5516},
-    ("sharegpt", "parallel"): {2: 0.162, 6: 0.305},
-    ("sharegpt", "beam"): {2: 0.443, 6: 0.663},
-}
-
-
-def reproduce_figure15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] = (2, 4, 6),
-                       progress: bool = False) -> list[dict]:
-    """The paper's sharing experiment (§6.3, Figure 15) in the paper's set-up (OPT-13B on one
-    A100-40GB: 15.7K slots, block size 16): memory saved by sharing for parallel sampling
-    (``n``) and beam search (``beam_width``) on Alpaca and ShareGPT, all requests at once.
-
-    Returns:
-        One row per (workload, mode, k): ``workload``, ``mode`` ("parallel" or "beam"), ``k``,
-        ``memory_saved_by_sharing`` (0..1), ``preemptions``, ``wall_seconds``, ``paper`` (None where
-        the paper gives no number for that k).
-    """
-    rows = []
-    for workload in ("alpaca", "sharegpt"):
-        requests = make_workload(workload, num_requests, seed, 2048)
-        for mode in ("parallel", "beam"):
-            for k in widths:
-                sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
-                res = simulate(requests=requests, seed=seed, progress=progress, **sharing)
-                rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
-                                 preemptions=res.preemptions, wall_seconds=res.wall_seconds,
-                                 paper=PAPER_SHARING[(workload, mode)].get(k)))
-    return rows
-
-
-def format_figure15(rows: list[dict]) -> str:
-    lines = [f"{'workload':<9} {'sharing':<9} {'k':>2} {'memory saved':>12} {'paper':>7}"]
-    for r in rows:
-        paper = f"{r['paper']:.1%}" if r["paper"] is not None else "-"
-        lines.append(f"{r['workload']:<9} {r['mode']:<9} {r['k']:>2} {r['memory_saved_by_sharing']:>12.1%} {paper:>7}")
-    return "\n".join(lines)
-
-
 # --- Command line --------------------------------------------------------------------------------------
 
 
 def _kv_slots(args: argparse.Namespace) -> int:
     """Slots from --kv-slots, or --kv-bytes over the bytes of one token's K and V in all layers."""
     if args.kv_bytes is None:
-        return args.kv_slots
+        if args.kv_slots is not None:
+            return args.kv_slots
+        return get_setup(args.cost_model).kv_slots if args.cost_model else 15_700
     bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
     if bytes_per_slot < 1:
         raise ValueError("model dimensions must be positive to turn --kv-bytes into slots")
@@ -738,7 +735,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
         reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, step_ms=args.step_ms, seed=args.seed,
+        max_model_len=args.max_model_len, step_ms=args.step_ms, cost_model=args.cost_model, seed=args.seed,
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
     )
     if args.trace_out:
@@ -754,22 +751,32 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
-    if args.figure == 15:
-        rows = reproduce_figure15(num_requests=args.num_requests, seed=args.seed, progress=not args.json)
-        print(json.dumps(rows, indent=2) if args.json else format_figure15(rows))
+    if args.figure:
+        from engine.paper_experiments import format_figure, reproduce_figure
+
+        result = reproduce_figure(args.figure, num_requests=args.num_requests, seed=args.seed, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_figure(args.figure, result))
+        _save_chart(args, args.figure, result)
         return
-    rows = reproduce_paper(num_requests=args.num_requests, seed=args.seed, watermark=args.watermark,
+    rows = reproduce_paper(num_requests=args.num_requests or 5000, seed=args.seed, watermark=args.watermark,
                            progress=not args.json)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(format_paper_table(rows))
-    if args.out:
-        from visualize.paper import plot_memory_breakdown  # matplotlib only where a figure is asked for
+    _save_chart(args, "memory", rows)
 
-        plot_memory_breakdown(rows, args.out)
-        if not args.json:
-            print(f"figure written to {args.out}")
+
+def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
+    """Charts are drawn by the command-line layer (engine/cli.py hands in ``save_chart``), never here."""
+    if not args.out:
+        return
+    save_chart = getattr(args, "save_chart", None)
+    if save_chart is None:
+        raise ValueError("--out draws a chart: run it as `python -m engine reproduce-paper ... --out FILE`")
+    save_chart(figure, result, args.out)
+    if not args.json:
+        print(f"figure written to {args.out}")
 
 
 def register_cli(subparsers) -> None:
@@ -779,7 +786,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
     p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
-    p.add_argument("--kv-slots", type=int, default=15_700, help="token slots in the KV pool")
+    p.add_argument("--kv-slots", type=int, default=None,
+                   help="token slots in the KV pool (default: the --cost-model preset's, else 15,700)")
     p.add_argument("--kv-bytes", type=int, default=None, help="KV pool in bytes (with the model dimensions below)")
     p.add_argument("--num-layers", type=int, default=40)
     p.add_argument("--num-kv-heads", type=int, default=40)
@@ -789,11 +797,15 @@ def register_cli(subparsers) -> None:
     p.add_argument("--watermark", type=float, default=0.01,
                    help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
-    p.add_argument("--reservation", choices=("max", "pow2", "oracle"), default="max")
-    p.add_argument("--placement", choices=("first-fit", "best-fit"), default="first-fit")
+    p.add_argument("--reservation", choices=RESERVATIONS, default="max",
+                   help="contiguous: Orca Max / Pow2 (prompt + output rounded to a power of two) / Oracle; pow2-total rounds prompt + output")
+    p.add_argument("--placement", choices=PLACEMENTS, default="first-fit",
+                   help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms")
+    p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms (without --cost-model)")
+    p.add_argument("--cost-model", choices=SETUPS, default=None,
+                   help="time each step with this step-time preset (engine/cost_model.py); this-machine needs `calibrate`")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
     p.add_argument("--n", type=int, default=1,
@@ -804,15 +816,16 @@ def register_cli(subparsers) -> None:
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)
 
-    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper Figure 2 and mean batch sizes")
-    p.add_argument("--num-requests", type=int, default=5000, help="requests per workload and system")
+    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13 and 18b on the simulator")
+    p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
+                   help="one figure with time (engine/paper_experiments.py); default: the memory table at saturation")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per run (default: 5000 for the saturation table, each figure's own otherwise)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--figure", type=int, choices=(2, 15), default=2,
-                   help="2: memory breakdown and batch sizes (Figures 2 and 13); 15: memory saved by sharing")
-    p.add_argument("--out", default=None, help="save a Figure 2-style chart to this PNG")
+    p.add_argument("--out", default=None, help="save the figure's chart to this PNG")
     p.set_defaults(func=_cmd_reproduce_paper)
 
 

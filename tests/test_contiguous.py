@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_manager import PagedBlockManager
+from engine.buddy import BuddyArena
 from engine.contiguous import ContiguousAllocator
 from engine.report import ALLOCATE, FREE
 from engine.scheduler import Scheduler
@@ -45,27 +46,32 @@ def test_max_reservation_accounting():
     assert not kv.can_allocate(seq(2, 1, 2))
 
 
-@pytest.mark.parametrize("policy, sizes", [("max", (16, 16, 16)), ("pow2", (8, 4, 16)), ("oracle", (5, 3, 9))])
+@pytest.mark.parametrize("policy, sizes", [
+    ("max", (64, 64, 64, 64)), ("pow2", (42, 7, 18, 64)), ("pow2-total", (64, 8, 16, 64)), ("oracle", (35, 7, 11, 60))])
 def test_reservation_sizes(policy, sizes):
-    """Final lengths 5, 3, 9 with max_model_len 16: Max reserves 16 each; Pow2 the next power of
-    two (8, 4, 16); Oracle exactly the final length."""
-    kv = ContiguousAllocator(num_blocks=8, block_size=4, reservation=policy, max_model_len=16)
-    assert tuple(kv.reservation_size(seq(i, 1, n)) for i, n in enumerate((5, 3, 9))) == sizes
+    """(prompt, final length) = (10, 35), (3, 7), (2, 11), (40, 60) with max_model_len 64. Max
+    reserves 64 each. Pow2 (paper §6.1) keeps the prompt and rounds the output up to a power of two:
+    10 + 32 (the paper's "output 25 -> 32 positions"), 3 + 4, 2 + 16, 40 + 32 capped at 64.
+    pow2-total rounds prompt + output (64, 8, 16, 64); Oracle reserves the final length."""
+    kv = ContiguousAllocator(num_blocks=16, block_size=4, reservation=policy, max_model_len=64)
+    shapes = ((10, 35), (3, 7), (2, 11), (40, 60))
+    assert tuple(kv.reservation_size(seq(i, p, n)) for i, (p, n) in enumerate(shapes)) == sizes
 
 
 def test_pow2_accounting():
-    """Orca Pow2, arena 16 slots. A: final length 5 → reserves 8; 2 tokens computed.
+    """Orca Pow2, arena 16 slots. A: prompt 2, final length 5 (output 3 → 4 positions), so it
+    reserves 2 + 4 = 6; 2 tokens computed.
 
         slot  0 1 2 3 | 4 5 6 7 | 8 9 10 11 | 12 13 14 15
-        A     T T R R   R I I I   .  .  .  .    .  .  .  .
+        A     T T R R   R I . .   .  .  .  .    .  .  .  .
 
-    token states 2, reserved 3, internal 3, free 8.
+    token states 2, reserved 3, internal 1, free 10.
     """
     kv = ContiguousAllocator(num_blocks=4, block_size=4, reservation="pow2", max_model_len=16)
     a = seq(0, 2, 5)
     kv.allocate(a)
     a.num_computed_tokens = 2
-    assert categories(kv.usage([a], None)) == (2, 3, 3, 0, 8)
+    assert categories(kv.usage([a], None)) == (2, 3, 1, 0, 10)
 
 
 def test_external_fragmentation_a_request_waits_although_slots_are_free():
@@ -169,6 +175,8 @@ def test_fits_ever_and_bad_arguments():
         ContiguousAllocator(4, 16, reservation="half")
     with pytest.raises(ValueError, match="placement"):
         ContiguousAllocator(4, 16, placement="worst-fit")
+    with pytest.raises(ValueError, match="num_slots"):
+        BuddyArena(0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -53,6 +53,24 @@ def test_kernel_matches_the_exact_product(kernel, rows, k, n, seed):
     assert ours_error <= 4 * torch_error + 1e-5 * k**0.5
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 70), k=st.integers(1, 700), n=st.integers(1, 300), seed=st.integers(0, 2**31 - 1))
+def test_bf16_kernel_is_as_close_to_the_exact_product_as_torch(kernel, rows, k, n, seed):
+    # bfloat16 (AVX512-BF16's dot products of pairs, summed in fp32, vectors of 32 terms then the
+    # last K % 32): both round the fp32 sum to bf16 at the end, which is most of the error.
+    if not cpu_ops.matmul_bf16():
+        pytest.skip("this CPU has no AVX512-BF16")
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator).bfloat16()
+    weight = torch.randn(n, k, generator=generator).bfloat16()
+    ours = kernel(x, weight)
+    assert ours.shape == (rows, n) and ours.dtype == torch.bfloat16 and cpu_ops.supports(weight)
+    exact = x.double() @ weight.double().t()
+    ours_error = float((ours.double() - exact).abs().max())
+    torch_error = float((F.linear(x, weight).double() - exact).abs().max())
+    assert ours_error <= 2 * torch_error + 1e-4 * k**0.5
+
+
 def test_kernel_reads_strided_inputs_and_model_sized_shapes(kernel):
     x = torch.randn(16, 2 * 576)[:, ::2]  # a non-contiguous view: copied once, then multiplied
     for n in (192, 576, 1536, 49152):
@@ -70,7 +88,7 @@ def test_kernel_handles_empty_shapes(kernel):
 @pytest.mark.parametrize(
     "x, weight, message",
     [
-        (torch.randn(4, 8, dtype=torch.float64), torch.randn(64, 8, dtype=torch.float64), "float32 only"),
+        (torch.randn(4, 8, dtype=torch.float64), torch.randn(64, 8, dtype=torch.float64), "float32"),
         (torch.randn(4, 9), torch.randn(64, 8), r"x is \[M, 9\] but weight is \[N, 8\]"),
         (torch.randn(4, 8), torch.randn(8, 64).t(), "contiguous"),
         (torch.randn(2, 4, 8), torch.randn(64, 8), "2-D"),
@@ -159,7 +177,7 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tiny_llama_dir
     outputs = {}
     for flag in (True, False):
         engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), cpu_kernels=flag, num_gpu_blocks=64))
-        assert engine.cpu_backend == ("engine CPU kernels" if flag else "torch")
+        assert engine.cpu_backend == ("engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)" if flag else "torch")
         model = engine.runner.model
         layer = model.model.layers[0]
         assert layer.mlp.up_proj.cpu_kernel == layer.post_attention_layernorm.cpu_kernel == layer.self_attn.cpu_kernel == flag
@@ -246,8 +264,9 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     result = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == {"1", "3"}
-    assert all(t["kernel"] > 0 and t["torch"] > 0 for t in [*data["matmul_ms"].values(), *data["norm_rope_ms"].values()])
+    assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == set(data["attention_ms"]) == {"1", "3"}
+    timed = [*data["matmul_ms"].values(), *data["norm_rope_ms"].values(), *data["attention_ms"].values()]
+    assert all(t["kernel"] > 0 and t["torch"] > 0 for t in timed) and data["context"] == 128
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert text.returncode == 0 and "speed-up" in text.stdout
     bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
@@ -282,11 +301,17 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, 
         q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
         assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
         assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
+        from engine.attention import paged_attention_reference
+        kc, vc = torch.randn(2, 6, 16, 8, 64, generator=g)
+        tables, lens = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32), torch.tensor([20, 9], dtype=torch.int32)
+        q = torch.randn(2, 24, 64, generator=g)
+        torch.testing.assert_close(cpu_ops.paged_attention_decode(q, kc, vc, tables, lens, 0.125),
+                                   paged_attention_reference(q, kc, vc, tables, lens, 0.125), atol=1e-5, rtol=1e-5)
         # Slower than MKL there (24 accumulators do not fit in 16 AVX2 registers): the engine keeps
         # F.linear for its matmuls and uses the fused RMSNorm and RoPE.
         from engine import EngineConfig, LLMEngine
         engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}, num_gpu_blocks=16))
-        assert engine.cpu_backend == "engine CPU kernels for RMSNorm and RoPE, torch F.linear (no AVX-512)", engine.cpu_backend
+        assert engine.cpu_backend == "engine CPU kernels for RMSNorm, RoPE and decode attention, torch F.linear (no AVX-512)", engine.cpu_backend
         print("portable ok")
         """
     )

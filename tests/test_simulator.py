@@ -18,7 +18,8 @@ from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 SMALL = dict(kv_slots=3000, max_model_len=1024, max_num_seqs=32)
 SYSTEMS = [dict(allocator="paged"), dict(allocator="contiguous", reservation="max"),
            dict(allocator="contiguous", reservation="pow2"),
-           dict(allocator="contiguous", reservation="oracle", placement="best-fit")]
+           dict(allocator="contiguous", reservation="oracle", placement="best-fit"),
+           dict(allocator="contiguous", reservation="pow2", placement="buddy")]
 
 
 def key(result):
@@ -166,7 +167,8 @@ def _state(sched):
     num_blocks=st.integers(3, 40),
     max_num_seqs=st.integers(1, 8),
     watermark=st.sampled_from([0.0, 0.1, 0.3]),
-    contiguous=st.sampled_from([None, "max", "pow2", "oracle"]),
+    contiguous=st.sampled_from([None, ("max", "first-fit"), ("pow2", "first-fit"), ("oracle", "best-fit"),
+                                ("max", "buddy"), ("pow2", "buddy"), ("oracle", "buddy"), ("pow2-total", "buddy")]),
 )
 def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_blocks, max_num_seqs, watermark, contiguous):
     """The simulator's lock-step mode (finish heap, block-residue counters, closed-form sums) makes
@@ -174,13 +176,14 @@ def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_bl
     order, the same ones are preempted, the same blocks are free, the categories sum the same."""
     def make(scheduler_class):
         if contiguous:
-            kv = ContiguousAllocator(num_blocks, block_size, contiguous, max_model_len=num_blocks * block_size)
+            reservation, placement = contiguous
+            kv = ContiguousAllocator(num_blocks, block_size, reservation, placement, max_model_len=num_blocks * block_size)
         else:
             kv = PagedBlockManager(num_blocks, block_size, watermark=watermark)
         sched = scheduler_class(kv, max_num_seqs, max_num_batched_tokens=10_000)
         for i, (prompt, output) in enumerate(lengths):
             seq = Sequence(i, prompt, max_len=prompt + output)
-            if -(-seq.max_len // block_size) <= num_blocks:  # else it could never finish
+            if -(-seq.max_len // block_size) <= num_blocks and kv.fits_ever(seq):  # else it could never finish
                 sched.add(seq)
         return kv, sched
 
@@ -210,7 +213,7 @@ def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_bl
             fast.finish(seq, "length")
         assert sums == expected and preempted == expected_preempted
         assert _state(fast) == _state(ref)
-        assert kv.num_free_blocks == ref_kv.num_free_blocks if not contiguous else kv.gap_starts == ref_kv.gap_starts
+        assert kv.num_free_blocks == ref_kv.num_free_blocks if not contiguous else kv.free_pieces() == ref_kv.free_pieces()
         steps += max(k, 1)
         assert steps < 10_000
     assert not ref.has_unfinished()

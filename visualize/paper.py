@@ -1,4 +1,8 @@
-"""The PagedAttention paper's Figure 2, redrawn from ``reproduce_paper`` rows (or the app's runs).
+"""The PagedAttention paper's figures, redrawn from the engine's plain results.
+
+Figures 12, 13 and 18b (``save_paper_figure``, ``python -m engine reproduce-paper --figure N --out``)
+come from ``engine.paper_experiments`` results, the paper's numbers marked beside ours. Figure 2
+(``plot_memory_breakdown``) from ``reproduce_paper`` rows (or the app's runs):
 
 One stacked bar per system, each segment a share of the KV pool (engine/accounting.py): token
 states, reserved, internal fragmentation, external fragmentation, and free (grey; the paper's bars
@@ -76,3 +80,105 @@ def _panel(ax, rows: list[dict], lang: str) -> None:
 def figure_texts(fig) -> list[str]:
     """Every text a reader sees in a matplotlib figure (titles, axis labels, ticks, legends, notes)."""
     return [a.get_text() for a in fig.findobj(plt.Text) if a.get_text().strip()]
+
+
+SYSTEM_COLORS = {"Orca (Max)": "#d62728", "Orca (Pow2)": "#ff7f0e", "Orca (Oracle)": "#9467bd", "vLLM": "#1f77b4"}
+
+
+def plot_latency_vs_rate(result: dict, out: str | None = None):
+    """Figure 12: normalized latency (s/token) against request rate, one panel per workload, a
+    dotted line at each system's sustainable rate; the paper's ratio range in the title."""
+    rows = result["rows"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = _panels(len(workloads), 4.8)
+    for ax, workload in zip(axes[0], workloads):
+        for system, color in SYSTEM_COLORS.items():
+            mine = [r for r in rows if r["workload"] == workload and r["system"] == system]
+            ax.plot([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine], "o-", color=color,
+                    label=system, markersize=4)
+            s = next(x for x in result["sustainable"] if x["workload"] == workload and x["system"] == system)
+            if s["reached"]:
+                ax.axvline(s["rate"], color=color, linestyle=":", linewidth=1)
+        ratios = [r for r in result["ratios"] if r["workload"] == workload and r["paper"]]
+        paper = "; ".join(f"vs {r['baseline']}: {r['ratio']:.1f}x (paper {r['paper'][0]:g}-{r['paper'][1]:g}x)" for r in ratios)
+        ax.set_title(f"{workload}" + (f"\n{paper}" if paper else ""), fontsize=9)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("normalized latency (s/token)")
+        ax.set_yscale("log")
+    return _finish(fig, axes, out)
+
+
+def plot_batched_requests(rows: list[dict], out: str | None = None):
+    """Figure 13: mean batched requests per system, ours beside the paper's, one panel per workload."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = _panels(len(workloads))
+    for ax, workload in zip(axes[0], workloads):
+        mine = [r for r in rows if r["workload"] == workload]
+        x = range(len(mine))
+        ax.bar([i - 0.2 for i in x], [r["mean_batched_requests"] for r in mine], 0.4, label="simulated",
+               color=[SYSTEM_COLORS[r["system"]] for r in mine])
+        ax.bar([i + 0.2 for i in x], [r["paper_mean_batched_requests"] for r in mine], 0.4, label="paper",
+               color="white", edgecolor="black", hatch="//")
+        ax.set_xticks(list(x), [r["system"] for r in mine], rotation=20, fontsize=8)
+        ax.set_title(f"{workload} at {mine[0]['request_rate']:g} req/s")
+        ax.set_ylabel("mean batched requests")
+    return _finish(fig, axes, out)
+
+
+def plot_block_size(result: dict, out: str | None = None):
+    """Figure 18b: vLLM's normalized latency against block size; the paper's best range shaded."""
+    rows = result["rows"]
+    fig, axes = _panels(len(result["rates"]))
+    for ax, (workload, rate) in zip(axes[0], result["rates"].items()):
+        mine = [r for r in rows if r["workload"] == workload]
+        lo, hi = result["paper_best"][workload]
+        ax.axvspan(lo, hi, color="#cccccc", alpha=0.5, label="paper: best")
+        ax.plot([r["block_size"] for r in mine], [r["normalized_latency_s"] for r in mine], "o-", color=SYSTEM_COLORS["vLLM"],
+                label="simulated")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{workload} at {rate:g} req/s")
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel("normalized latency (s/token)")
+    return _finish(fig, axes, out)
+
+
+def _panels(n: int, width: float = 4.4):
+    return plt.subplots(1, n, figsize=(width * n, 3.8), squeeze=False)
+
+
+def _finish(fig, axes, out: str | None):
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    if out:
+        fig.savefig(out, dpi=150)
+    return fig
+
+
+def plot_sharing(rows: list[dict], out: str | None = None):
+    """Figure 15: memory saved by sharing per workload, parallel sampling and beam search, k = 2/4/6;
+    simulated bars with the paper's numbers as black marks where it gives one."""
+    fig, axes = _panels(2)
+    for ax, workload in zip(axes[0], ("alpaca", "sharegpt")):
+        mine = [r for r in rows if r["workload"] == workload]
+        labels = [f"{'n' if r['mode'] == 'parallel' else 'beam'} = {r['k']}" for r in mine]
+        x = range(len(mine))
+        ax.bar(x, [100 * r["memory_saved_by_sharing"] for r in mine], color=["#1f77b4" if r["mode"] == "parallel" else "#ff7f0e" for r in mine])
+        marks = [(i, 100 * r["paper"]) for i, r in enumerate(mine) if r["paper"] is not None]
+        ax.plot([i for i, _ in marks], [v for _, v in marks], "k_", markersize=18, markeredgewidth=2.5, label="paper")
+        ax.set_xticks(list(x), labels, rotation=30)
+        ax.set_title(workload)
+        ax.set_ylabel("memory saved by sharing (%)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    if out:
+        fig.savefig(out, dpi=150)
+    return fig
+
+
+def save_paper_figure(figure: str, result, out: str):
+    """Draw one ``python -m engine reproduce-paper`` result ("memory", "2", "12", "13", "15", "18b") to ``out``."""
+    draw = {"memory": plot_memory_breakdown, "2": plot_memory_breakdown, "12": plot_latency_vs_rate,
+            "13": plot_batched_requests, "15": plot_sharing, "18b": plot_block_size}
+    fig = draw[figure](result, out)
+    plt.close(fig)
+    return out

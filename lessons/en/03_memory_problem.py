@@ -89,8 +89,9 @@ print(f"steps to serve all four: contiguous {len(c_reports)}, paged {len(p_repor
 # ## 3. The paper's Figure 2, reproduced
 # The paper measured how much of the KV space holds token states when serving OPT-13B on an A100-40GB
 # (15.7K token slots, Table 1), with three Orca variants: **Max** reserves 2048 slots, **Pow2** the
-# next power of two of the final length, **Oracle** exactly the final length (it knows the future). Its
-# Figure 2 reports 20.4% (Max), 26.8% (Pow2), 38.2% (Oracle) and 96.3% (vLLM).
+# prompt plus the next power of two of the output length (output 25 → 32 slots), **Oracle** exactly the
+# final length (it knows the future); each range is placed by a buddy allocator (power-of-two chunks,
+# §6.1). Its Figure 2 reports 20.4% (Max), 26.8% (Pow2), 38.2% (Oracle) and 96.3% (vLLM).
 #
 # The simulator runs the engine's own scheduler and allocators on lengths alone (no model), on a
 # synthetic workload with the ShareGPT trace's mean lengths (161 prompt, 338 output tokens; paper Figure 11).

@@ -1,0 +1,162 @@
+"""How far a decode step is from what the machine allows: the roofline model (Williams, Waterman and
+Patterson, "Roofline", CACM 2009), for one decode step of the engine.
+
+A step must at least read its bytes from memory and do its arithmetic, so it cannot be faster than
+
+    roofline = max(bytes read / memory bandwidth, FLOPs / matmul peak)
+
+- bytes read: every weight the step multiplies by (all of them, once per step whatever the batch: the
+  layers' projections, the norms, the LM head; the embedding table only as the LM head when tied),
+  plus each request's K and V over its whole context, in every layer (:func:`decode_step_cost`);
+- FLOPs: 2 per multiply-add: batch x the weights' elements, and the attention's q.k and p.v over each
+  context (4 x num_heads x head_dim per context token per layer);
+- the bandwidth and the peak are measured on this machine when asked (:func:`measure_machine`): a
+  STREAM-like copy of a buffer far larger than the caches, and one large matmul.
+
+``share = roofline / measured step time``: 100% would be a step that does nothing but what it must.
+``python -m engine bench`` prints it for each decode step of the workload. The bound assumes the weights
+come from memory: a model small enough to stay in the last-level cache between steps can beat it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class MachinePeaks:
+    """This machine's limits, measured (:func:`measure_machine`).
+
+    Attributes:
+        bandwidth_gb_s: STREAM "copy": (bytes read + bytes written) / s, in GB/s (1e9 bytes), the best of the runs.
+        matmul_gflop_s: one ``n x n`` float32 matmul: 2 n^3 / s, in GFLOP/s, the best of the runs.
+        threads: torch's intra-op threads when measured (the engine's).
+    """
+
+    bandwidth_gb_s: float
+    matmul_gflop_s: float
+    threads: int
+
+
+def measure_machine(copy_mb: int = 256, matmul_n: int = 2048, repeats: int = 5) -> MachinePeaks:
+    """Measure memory bandwidth and matmul peak with torch's own operators, on its current threads.
+
+    Args:
+        copy_mb: size of the copied buffer in MB (1e6 bytes); far above the last-level cache.
+        matmul_n: the matmul is ``[n, n] @ [n, n]`` float32 (MKL on x86).
+        repeats: runs of each, after one warm-up; the best is kept (STREAM's convention: the machine
+            can do at least that).
+
+    Raises:
+        ValueError: a size or repeats below 1.
+    """
+    if copy_mb < 1 or matmul_n < 1 or repeats < 1:
+        raise ValueError(f"copy_mb, matmul_n and repeats must be >= 1, got {copy_mb}, {matmul_n}, {repeats}")
+    src = torch.ones(copy_mb * 10**6 // 4)
+    dst = torch.empty_like(src)
+    copy_s = _best_time(lambda: dst.copy_(src), repeats)
+    a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
+    matmul_s = _best_time(lambda: torch.mm(a, b), repeats)
+    return MachinePeaks(2 * src.nbytes / copy_s / 1e9, 2 * matmul_n**3 / matmul_s / 1e9, torch.get_num_threads())
+
+
+def _best_time(run, repeats: int) -> float:
+    run()  # warm-up: fresh pages, MKL's buffers
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+@dataclass
+class ModelCost:
+    """What one decode step of a model costs, apart from its contexts.
+
+    Attributes:
+        weight_bytes: bytes of the weights every step reads (the embedding table only as a tied LM head).
+        weight_macs_per_token: multiply-adds per token through the weights (the projections and the LM head).
+        kv_bytes_per_context_token: K and V bytes read per context token, all layers.
+        attention_flops_per_context_token: q.k and p.v FLOPs per context token, all layers, all heads.
+    """
+
+    weight_bytes: int
+    weight_macs_per_token: int
+    kv_bytes_per_context_token: int
+    attention_flops_per_context_token: int
+
+
+def model_cost(model: nn.Module) -> ModelCost:
+    """The :class:`ModelCost` of an :class:`engine.model.CausalLM` (its parameters' real dtype and sizes)."""
+    embed = model.model.embed_tokens.weight
+    params = [p for p in model.parameters() if p is not embed]  # the lookup reads only the batch's rows
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    macs = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    if model.tie_word_embeddings:  # the LM head is the embedding table, read whole by every step
+        weight_bytes += embed.numel() * embed.element_size()
+        macs += embed.numel()
+    heads = model.config.num_attention_heads
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * embed.element_size()
+    return ModelCost(weight_bytes, macs, kv, 4 * model.num_layers * heads * model.head_dim)
+
+
+def decode_step_cost(cost: ModelCost, context_lens: list[int]) -> tuple[int, int]:
+    """(bytes read, FLOPs) of one decode step: one new token for each request, ``context_lens`` tokens each."""
+    context = sum(context_lens)
+    flops = 2 * len(context_lens) * cost.weight_macs_per_token + context * cost.attention_flops_per_context_token
+    return cost.weight_bytes + context * cost.kv_bytes_per_context_token, flops
+
+
+def roofline_ms(nbytes: int, flops: int, peaks: MachinePeaks) -> float:
+    """max(bytes / bandwidth, FLOPs / peak), in ms."""
+    return 1e3 * max(nbytes / (peaks.bandwidth_gb_s * 1e9), flops / (peaks.matmul_gflop_s * 1e9))
+
+
+def decode_report(model: nn.Module, steps: list[tuple[float, list[int]]], peaks: MachinePeaks) -> dict:
+    """Each decode step's measured time against its roofline.
+
+    Args:
+        model: the engine's :class:`engine.model.CausalLM`.
+        steps: (measured ms, the requests' context lengths in tokens) per decode step.
+        peaks: from :func:`measure_machine`.
+
+    Returns:
+        ``{"peaks": {...}, "weight_mb", "steps": [{"batch", "ms", "roofline_ms", "bound" ("memory" or
+        "compute"), "share"}], "mean_share", "total_share"}``; mean_share is the mean of the steps' shares,
+        total_share the sum of their rooflines over the sum of their times (both None: no steps).
+    """
+    cost = model_cost(model)
+    rows = []
+    for ms, lens in steps:
+        nbytes, flops = decode_step_cost(cost, lens)
+        limit = roofline_ms(nbytes, flops, peaks)
+        memory_bound = nbytes / peaks.bandwidth_gb_s >= flops / peaks.matmul_gflop_s
+        rows.append({"batch": len(lens), "ms": ms, "roofline_ms": limit, "bound": "memory" if memory_bound else "compute", "share": limit / ms})
+    mean = statistics.mean(r["share"] for r in rows) if rows else None
+    total = sum(r["roofline_ms"] for r in rows) / sum(r["ms"] for r in rows) if rows else None
+    return {"peaks": asdict(peaks), "weight_mb": cost.weight_bytes / 1e6, "steps": rows, "mean_share": mean, "total_share": total}
+
+
+def format_report(report: dict, per_line: int = 6) -> str:
+    """The report as text: the machine, then every step as ``batch: measured/roofline ms (share)``."""
+    p = report["peaks"]
+    lines = [
+        f"roofline: memory {p['bandwidth_gb_s']:.1f} GB/s (STREAM copy), matmul {p['matmul_gflop_s']:.0f} GFLOP/s "
+        f"(fp32, {p['threads']} threads), {report['weight_mb']:.0f} MB of weights read per step",
+    ]
+    if report["mean_share"] is None:
+        return lines[0] + "; no decode steps"
+    cells = [f"{s['batch']}: {s['ms']:.1f}/{s['roofline_ms']:.1f} ({100 * s['share']:.0f}%)" for s in report["steps"]]
+    lines.append("decode steps, batch: measured/roofline ms (share of the roofline), in order:")
+    lines += ["  " + "   ".join(cells[i : i + per_line]) for i in range(0, len(cells), per_line)]
+    compute = sum(s["bound"] == "compute" for s in report["steps"])
+    lines.append(f"mean share of the roofline over {len(cells)} decode steps: {100 * report['mean_share']:.0f}% "
+                 f"(all their rooflines over all their time: {100 * report['total_share']:.0f}%; "
+                 f"{compute} compute-bound, {len(cells) - compute} memory-bound)")
+    return "\n".join(lines)

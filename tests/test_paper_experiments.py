@@ -1,0 +1,90 @@
+"""The paper's experiments on the simulator (engine/paper_experiments.py) and their command line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+from engine.paper_experiments import figure_2, figure_12, figure_13, latency_sweep, reproduce_figure, sustainable_rate
+
+
+def test_sustainable_rate_is_the_interpolated_crossing_of_twice_the_lowest_rate_latency():
+    """Latency 1.0 at the lowest rate, limit 2.0: between rate 2 (1.5) and rate 3 (3.0) the line
+    crosses 2.0 a third of the way: 2 + 0.5 / 1.5 = 2.33. A curve that stays flat has no crossing."""
+    assert sustainable_rate([1, 2, 3, 4], [1.0, 1.5, 3.0, 5.0]) == (pytest.approx(2 + 1 / 3), True)
+    assert sustainable_rate([1, 2, 3], [1.0, 1.2, 1.9]) == (3, False)
+
+
+def test_vllm_keeps_its_latency_where_orca_max_runs_away():
+    """ShareGPT at 1 req/s: Orca (Max) batches at most 7 requests and its queue grows; vLLM's
+    normalized latency stays near its low-load value."""
+    rows = latency_sweep(("sharegpt",), {"sharegpt": (0.25, 1.0)}, systems=("Orca (Max)", "vLLM"), num_requests=300)
+    lat = {(r["system"], r["request_rate"]): r["normalized_latency_s"] for r in rows}
+    assert lat["Orca (Max)", 1.0] > 5 * lat["Orca (Max)", 0.25]
+    assert lat["vLLM", 1.0] < 1.5 * lat["vLLM", 0.25]
+    assert all(r["mean_tpot_s"] > 0.02 and r["mean_ttft_s"] > 0 for r in rows)  # a step is >= 29 ms here
+
+
+def test_figure_13_orca_max_batches_floor_of_slots_over_max_len():
+    """Orca (Max) reserves 2,048 slots per request in buddy chunks of 2,048: 15,700 slots hold 7."""
+    rows = figure_13(num_requests=400)
+    for r in rows:
+        if r["system"] == "Orca (Max)":
+            assert r["mean_batched_requests"] == pytest.approx(7.0, abs=0.2)
+        assert r["paper_mean_batched_requests"] > 0
+    vllm = [r for r in rows if r["system"] == "vLLM"]
+    assert all(v["mean_batched_requests"] > 2 * 7 for v in vllm)
+
+
+def test_figure_2_states_its_rate_and_keeps_the_orca_order():
+    rows = figure_2(num_requests=300)
+    share = {r["system"]: r["token_state_fraction"] for r in rows}
+    assert share["Orca (Max)"] < share["Orca (Pow2)"] < share["Orca (Oracle)"]
+    assert all(r["request_rate"] == 1.0 for r in rows)
+    assert next(r for r in rows if r["system"] == "vLLM")["token_share_of_allocated"] > 0.9
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="empty sweep"):
+        latency_sweep(("sharegpt",), {"sharegpt": ()})
+    with pytest.raises(ValueError, match="> 0 requests/s"):
+        latency_sweep(("sharegpt",), {"sharegpt": (1.0, 0.0)})
+    with pytest.raises(ValueError, match="unknown system"):
+        latency_sweep(("sharegpt",), {"sharegpt": (1.0,)}, systems=("Orca (Half)",))
+    with pytest.raises(ValueError, match="unknown figure '99'"):
+        reproduce_figure("99")
+    with pytest.raises(ValueError, match="num_requests must be >= 1"):
+        reproduce_figure("2", num_requests=0)
+
+
+def test_cli_prints_json_and_draws_the_chart(tmp_path, capsys):
+    out = tmp_path / "fig13.png"
+    main(["reproduce-paper", "--figure", "13", "--num-requests", "200", "--json", "--out", str(out)])
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["workload"] for r in rows} == {"sharegpt", "alpaca"} and len(rows) == 8
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_engine_never_imports_matplotlib():
+    """The simulator, the experiments and the command line import no chart library; only drawing
+    a chart (--out) does, in the command-line layer."""
+    code = ("import sys, engine, engine.simulator, engine.paper_experiments, engine.cost_model, engine.sim_clock, "
+            "engine.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
+            "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_figure_12_chart_shows_the_simulated_curves_and_the_papers_ratio():
+    from visualize.paper import plot_latency_vs_rate
+
+    result = figure_12(num_requests=150, rates={"sharegpt": (0.25, 1.0, 2.0), "alpaca": (5.0, 40.0)})
+    fig = plot_latency_vs_rate(result)
+    sharegpt = fig.axes[0]
+    lines = {line.get_label(): line for line in sharegpt.get_lines() if not line.get_label().startswith("_")}
+    assert set(lines) == {"Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"}
+    vllm = [r["normalized_latency_s"] for r in result["rows"] if r["workload"] == "sharegpt" and r["system"] == "vLLM"]
+    assert list(lines["vLLM"].get_xdata()) == [0.25, 1.0, 2.0] and list(lines["vLLM"].get_ydata()) == vllm
+    assert "paper 1.7-2.7x" in sharegpt.get_title() and sharegpt.get_ylabel() == "normalized latency (s/token)"

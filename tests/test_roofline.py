@@ -1,0 +1,51 @@
+"""The roofline report (engine/roofline.py): the bytes and FLOPs of a decode step, the machine's limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import EngineConfig, LLMEngine
+from engine.roofline import MachinePeaks, decode_report, decode_step_cost, format_report, measure_machine, model_cost, roofline_ms
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_llama_dir):
+    return LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16)).runner.model
+
+
+def test_model_cost_counts_every_weight_once(tiny_model):
+    # Tiny Llama: hidden 64, intermediate 128, 2 layers, 4 heads of 16, 2 KV heads, untied LM head.
+    vocab = tiny_model.config.vocab_size
+    per_layer = 64 * 64 + 2 * (32 * 64) + 64 * 64 + 3 * (128 * 64)  # q, k and v, o, gate/up/down
+    cost = model_cost(tiny_model)
+    assert cost.weight_macs_per_token == 2 * per_layer + vocab * 64  # the embedding lookup is no matmul
+    assert cost.weight_bytes == 4 * (2 * per_layer + vocab * 64 + 2 * 2 * 64 + 64)  # fp32, + the 5 norms
+    assert cost.kv_bytes_per_context_token == 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads, head_dim 16
+    assert cost.attention_flops_per_context_token == 4 * 2 * 4 * 16
+    nbytes, flops = decode_step_cost(cost, [10, 30])
+    assert nbytes == cost.weight_bytes + 40 * cost.kv_bytes_per_context_token
+    assert flops == 2 * 2 * cost.weight_macs_per_token + 40 * cost.attention_flops_per_context_token
+
+
+def test_roofline_is_the_larger_of_the_two_times(tiny_model):
+    peaks = MachinePeaks(bandwidth_gb_s=10.0, matmul_gflop_s=100.0, threads=2)
+    assert roofline_ms(10**9, 10**9, peaks) == pytest.approx(100.0)  # 1 GB at 10 GB/s: memory-bound
+    assert roofline_ms(10**6, 10**12, peaks) == pytest.approx(10_000.0)  # 1 TFLOP at 100 GFLOP/s
+    report = decode_report(tiny_model, [(2.0, [5]), (4.0, [5, 7, 9])], peaks)
+    first, second = report["steps"]
+    assert (first["batch"], second["batch"]) == (1, 3) and first["bound"] == second["bound"] == "memory"
+    cost = model_cost(tiny_model)
+    assert first["roofline_ms"] == pytest.approx(1e3 * (cost.weight_bytes + 5 * cost.kv_bytes_per_context_token) / 10e9)
+    assert report["mean_share"] == pytest.approx((first["roofline_ms"] / 2.0 + second["roofline_ms"] / 4.0) / 2)
+    assert report["total_share"] == pytest.approx((first["roofline_ms"] + second["roofline_ms"]) / 6.0)
+    text = format_report(report)
+    cell = f"1: 2.0/{first['roofline_ms']:.1f} ({100 * first['roofline_ms'] / 2.0:.0f}%)"
+    assert "10.0 GB/s" in text and cell in text and "over 2 decode steps" in text
+    assert "no decode steps" in format_report(decode_report(tiny_model, [], peaks))
+
+
+def test_machine_measurement_gives_plausible_limits():
+    peaks = measure_machine(copy_mb=32, matmul_n=256, repeats=2)
+    assert 0.1 < peaks.bandwidth_gb_s < 10_000 and 0.1 < peaks.matmul_gflop_s < 1e6 and peaks.threads >= 1
+    with pytest.raises(ValueError, match="repeats"):
+        measure_machine(repeats=0)
