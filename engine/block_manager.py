@@ -346,10 +346,12 @@ class PagedBlockManager(KVCacheManager):
     def _computed_blocks(self, seq: Sequence) -> list[int]:
         """Cached blocks for ``seq``'s leading full blocks (vLLM's ``get_computed_blocks``), at most
         ``(num_tokens - 1) // block_size`` of them: the last token is always computed, since its
-        logits choose the next token (vLLM #11186, nano-vllm #144)."""
+        logits choose the next token (vLLM #11186, nano-vllm #144). Only blocks whose token ids the
+        sequence carries are looked up (the simulator carries its prompts' ids, not its outputs')."""
         if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
             return []
-        hashes = self.prefix_cache.block_hashes(seq.token_ids, (seq.num_tokens - 1) // self.block_size, seq.block_hashes)
+        num_blocks = min(seq.num_tokens - 1, len(seq.token_ids)) // self.block_size
+        hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
         return self.prefix_cache.lookup(seq.token_ids, hashes)
 
     def _touch_computed_blocks(self, group: Group, seq: Sequence) -> None:
@@ -382,9 +384,9 @@ class PagedBlockManager(KVCacheManager):
         if cache is None:
             return
         for seq in seqs:
-            num_full = seq.num_computed_tokens // self.block_size
+            num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
             start = self.num_cached_blocks.get(seq.seq_id, 0)
-            if num_full <= start or not seq.token_ids:
+            if num_full <= start:
                 continue
             hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
             bs = self.block_size
