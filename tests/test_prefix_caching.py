@@ -207,8 +207,9 @@ def test_default_model_greedy_outputs_do_not_change(num_gpu_blocks):
         engine = LLMEngine(EngineConfig(block_size=8, num_gpu_blocks=num_gpu_blocks, max_num_seqs=3, enable_prefix_caching=caching))
         first, _ = run(engine, [chat(QUESTIONS[0])], params)  # the system prompt is cached after this one
         results, reports = run(engine, [chat(q) for q in QUESTIONS[:3]], params)
-        outs[caching] = [r.token_ids for r in first + results]
-    assert outs[True] == outs[False]
+        outs[caching] = [r.token_ids for r in first + results], results
+    assert outs[True][0] == outs[False][0]
+    results = outs[True][1]
     shared = [common_prefix(r.prompt_token_ids, first[0].prompt_token_ids) for r in results]
     if num_gpu_blocks == 512:  # nothing evicted: every full block of the shared prefix hits
         assert [r.num_cached_tokens for r in results] == [8 * ((shared[0] - 1) // 8)] + [8 * (n // 8) for n in shared[1:]]
