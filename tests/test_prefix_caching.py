@@ -350,3 +350,19 @@ def test_reproduce_figure16_orders_like_the_paper():
     assert 1 < ratios["1-shot"] < ratios["5-shot"]  # the longer prefix gains more, as in Figure 16
     table = format_figure16_table(rows)
     assert "1.67x" in table and "3.58x" in table and "time model" in table
+
+
+def test_the_event_log_names_hits_and_evictions_in_both_languages(tiny):
+    from visualize.pool import event_log_rows
+
+    engine = tiny(num_gpu_blocks=4)
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    run(engine, [list(range(700, 704))], params)
+    run(engine, [list(range(800, 811))], params)
+    _, reports = run(engine, [list(range(700, 704)) + list(range(900, 907))], params)
+    en = [(r["event"], r["detail"]) for r in event_log_rows(reports[0], "en") if r["kind"] in (CACHE_HIT, EVICT)]
+    zh = [(r["event"], r["detail"]) for r in event_log_rows(reports[0], "zh") if r["kind"] in (CACHE_HIT, EVICT)]
+    assert en[0] == ("cache hit", "logical block 0 → cached block 0, not computed")
+    # Blocks 3 and 2 are allocated; only 2 (full in the second request) was cached: it is evicted.
+    assert [e for e, _ in en] == ["cache hit", "evict"] and [e for e, _ in zh] == ["缓存命中", "驱逐"]
+    assert en[1][1].startswith("cached block 2 reused") and zh[1][1].startswith("已缓存的块 2")

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from engine.report import ALLOCATE, FINISH, FREE, PREEMPT, WRITE, StepReport
+from engine.report import ALLOCATE, CACHE_HIT, EVICT, FINISH, FREE, PREEMPT, WRITE, StepReport
 from visualize.colors import EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.style import use_cjk_font
@@ -203,6 +203,10 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             detail = t("ev_allocate_detail", lang, logical=e.logical_index, block=e.block_id)
         elif e.kind == FREE:
             detail = t("ev_free_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == CACHE_HIT:
+            detail = t("ev_cache_hit_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == EVICT:
+            detail = t("ev_evict_detail", lang, block=e.block_id, hash=(e.block_hash or "")[:8])
         elif e.kind == PREEMPT:
             detail = t("ev_preempt_detail", lang)
         elif e.kind == FINISH:
