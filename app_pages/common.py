@@ -58,3 +58,9 @@ def png_download(label: str, make_figure, file_name: str, key: str) -> None:
         return buf.getvalue()
 
     st.download_button(label, png, file_name=file_name, mime="image/png", key=key)
+
+
+def category_help(lang: str) -> None:
+    """A folded explanation of the paper's memory categories, next to a chart that draws them."""
+    with st.expander(t("category_help_title", lang), icon=":material/help:"):
+        st.markdown(t("category_help", lang))

@@ -9,19 +9,29 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app_pages.common import png_download, progress_bar, workload_rows
+from app_pages.common import category_help, png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
 from engine.accounting import CATEGORIES
+from engine.simulator import PAPER_TOKEN_STATES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
+from visualize.paper import PAPER_SYSTEM_OF, figure_texts, plot_memory_breakdown
 from visualize.pool import pool_map_spec
 
 MAX_SIM_REQUESTS = 5000
 
 
 def _label(allocator: str, reservation: str) -> str:
+    """The system's key (visualize.paper.PAPER_SYSTEM_OF): "paged" or "contiguous (<reservation>)"."""
     return "paged" if allocator == "paged" else f"contiguous ({reservation})"
+
+
+def system_label(key: str, lang: str) -> str:
+    """A system key in the reader's language."""
+    if key == "paged":
+        return t("system_paged", lang)
+    return t("system_contiguous", lang, reservation=key.split("(")[1].rstrip(")"))
 
 
 def page() -> None:
@@ -78,7 +88,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
     cols = st.columns(len(runs))
     for col, (label, reports) in zip(cols, runs.items()):
         with col:
-            st.markdown(f"### {label}")
+            st.markdown(f"### {system_label(label, lang)}")
             report = reports[min(step, len(reports) - 1)]
             st.vega_lite_chart(pool_map_spec(report, block_size, lang), width="stretch")
             generated = sum(len(ids) for r in reports for ids in r.new_token_ids.values())
@@ -88,13 +98,12 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
             m[0].metric(t("steps_taken", lang), len(reports))
             m[1].metric(t("mean_running", lang), f"{sum(running) / len(running):.1f}")
             m[2].metric(t("throughput", lang) + " (tok/s)", f"{generated / max(seconds, 1e-9):.1f}")
-            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180), width="stretch", height=280)
-    series = {label: ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
+            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180, legend_columns=2), width="stretch")
+    series = {system_label(label, lang): ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
     st.line_chart(_series_frame(series), x="step", x_label=t("step_axis", lang), y_label=t("concurrency", lang))
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
-    st.markdown(f"**{t('paper_bars', lang)}**")
-    rows = [_paper_row("engine", label, memory_frame(reports)) for label, reports in runs.items()]
+    rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
 
 
@@ -113,13 +122,15 @@ def _paper_row(workload: str, system: str, frame: pd.DataFrame, weights=None) ->
 
 
 def paper_bars(rows: list[dict], lang: str) -> None:
-    try:
-        from visualize.paper import plot_memory_breakdown
-    except ImportError:
-        st.info(t("paper_unavailable", lang))
-        return
-    fig = plot_memory_breakdown(rows)
+    """Figure 2 bars of the rows (system keys), with the paper's token-state share marked and a caption."""
+    st.markdown(f"**{t('paper_bars', lang)}**")
+    rows = [dict(r, system=system_label(r["system"], lang),
+                 paper_token_state_fraction=PAPER_TOKEN_STATES.get(PAPER_SYSTEM_OF.get(r["system"]))) for r in rows]
+    fig = plot_memory_breakdown(rows, lang=lang)
+    st.session_state["paper_figure_texts"] = figure_texts(fig)  # what the reader sees, for the tests
     st.pyplot(fig, clear_figure=True)
+    st.caption(t("fig2_caption", lang))
+    category_help(lang)
 
 
 # ---- the simulator -------------------------------------------------------------------------
@@ -151,19 +162,19 @@ def simulator_comparison(lang: str) -> None:
     cols = st.columns(len(results))
     for col, (label, res) in zip(cols, results.items()):
         with col:
-            st.markdown(f"### {label}")
+            st.markdown(f"### {system_label(label, lang)}")
             m = st.columns(3)
             m[0].metric(t("token_state_share", lang), f"{res.token_state_fraction:.1%}")
             m[1].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
             m[2].metric(t("preemptions", lang), res.preemptions)
             frame = simulation_memory_frame(res)
-            st.altair_chart(memory_chart(frame, "tokens", lang, height=180), width="stretch", height=280)
-            png_download(t("save_png", lang), lambda f=frame, l=label: memory_figure(f, "tokens", lang, title=l), f"sim_memory_{label}.png", f"png_sim_{label}")
-    series = {label: (res.series_step, res.series_running) for label, res in results.items()}
+            st.altair_chart(memory_chart(frame, "tokens", lang, height=180, legend_columns=2), width="stretch")
+            png_download(t("save_png", lang), lambda f=frame, l=system_label(label, lang): memory_figure(f, "tokens", lang, title=l),
+                         f"sim_memory_{label}.png", f"png_sim_{label}")
+    series = {system_label(label, lang): (res.series_step, res.series_running) for label, res in results.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
     st.line_chart(_series_frame({k: (list(s), list(v)) for k, (s, v) in series.items()}), x="step",
                   x_label=t("step_axis", lang), y_label=t("concurrency", lang))
-    st.markdown(f"**{t('paper_bars', lang)}**")
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
             for label, res in results.items()]
     paper_bars(rows, lang)

@@ -109,8 +109,8 @@ def run_kernel(query, key_cache, value_cache, block_tables, context_lens, scale,
         ref = paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale)
         t2 = time.perf_counter()
     c = st.columns(4)
-    c[0].metric(t("max_diff_ref", lang), f"{(out - ref).abs().max().item():.2e}")
-    c[1].metric(t("max_diff_engine", lang), f"{(out - engine_out).abs().max().item():.2e}")
+    c[0].metric(t("max_diff_ref", lang), f"{(out - ref).abs().max().item():.2e}", help=t("max_diff_ref_help", lang))
+    c[1].metric(t("max_diff_engine", lang), f"{(out - engine_out).abs().max().item():.2e}", help=t("max_diff_engine_help", lang))
     c[2].metric(t("kernel_time", lang), f"{1e3 * (t1 - t0):.1f} ms")
     c[3].metric(t("reference_time", lang), f"{1e3 * (t2 - t1):.1f} ms")
     if kernels.interpreted():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import streamlit as st
@@ -10,11 +11,12 @@ import streamlit as st
 from visualize.i18n import t
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
+GOAL_LABEL = re.compile(r"^[*_ ]*(goal|目标)[*_ ]*[:：][*_ ]*", re.IGNORECASE)  # "**Goal:** ", "**目标：**"
 
 
 def notebook_summary(path: Path) -> tuple[str, str]:
-    """(title, goal) of a notebook: its first Markdown heading, and the first paragraph after it
-    (or a line that starts with "Goal" / "目标")."""
+    """(title, goal) of a notebook: its first Markdown heading, and the paragraph that starts with
+    "Goal" / "目标" (without that word: the page puts its own label), else the first paragraph after it."""
     try:
         cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
     except (OSError, ValueError):
@@ -26,7 +28,7 @@ def notebook_summary(path: Path) -> tuple[str, str]:
     goal = next((p for p in paragraphs if p.lstrip("*_ ").lower().startswith(("goal", "目标"))), None)
     if goal is None:
         goal = next((p for p in paragraphs if not p.startswith("#")), "")
-    return title, goal
+    return title, GOAL_LABEL.sub("", goal, count=1)
 
 
 def page() -> None:
@@ -43,5 +45,5 @@ def page() -> None:
         with st.container(border=True):
             st.markdown(f"**{title}**")
             if goal:
-                st.markdown(f"{t('goal', lang)}: {goal}")
+                st.markdown(t("goal_line", lang, goal=goal))
             st.code(str(path.relative_to(LESSONS_DIR.parent)), language=None)

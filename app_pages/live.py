@@ -7,12 +7,15 @@ import html
 import pandas as pd
 import streamlit as st
 
-from app_pages.common import current_engine, png_download
+from app_pages.common import category_help, current_engine, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
-from app_pages.state import MAX_NEW_TOKENS, MAX_REQUESTS, PRESETS, preset_workload, record
+from app_pages.replay import follow_newest, replay_index, request_views, status_text
+from app_pages.saved import close_run, save_and_open
+from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
+                             preset_workload, record)
 from visualize.colors import request_color
-from visualize.i18n import t
+from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, pool_map_figure, pool_map_spec
 
@@ -21,8 +24,14 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("app_title", lang))
     st.caption(t("live_intro", lang))
-    workload_editor(lang)
+    layout_choice(lang)
+    run = st.session_state.get("loaded_run")
+    if run is not None:  # a saved run: replayed from its reports, no model needed
+        workload_editor(lang, None)
+        saved_run_view(run, lang)
+        return
     llm = current_engine(lang, force=st.session_state.pop("force_reset", False))
+    workload_editor(lang, llm)
     show_capacity(llm, lang)
     if llm is None:
         return
@@ -44,7 +53,16 @@ def _load_preset() -> None:
     st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1  # a fresh editor
 
 
-def workload_editor(lang: str) -> None:
+def layout_choice(lang: str) -> None:
+    localized_choice(st.radio, t("layout", lang), ("normal", "projector"), "layout", lang, lambda v: t(f"layout_{v}", lang),
+                     horizontal=True, help=t("layout_help", lang))
+
+
+def projector() -> bool:
+    return st.session_state.get("layout") == "projector"
+
+
+def workload_editor(lang: str, llm) -> None:
     with st.expander(t("workload", lang), icon=":material/edit_note:"):
         cols = st.columns([3, 1])
         localized_choice(cols[0].selectbox, t("preset", lang), list(PRESETS), "preset", lang, lambda p: t(p, lang))
@@ -55,12 +73,34 @@ def workload_editor(lang: str) -> None:
             st.session_state["workload_df"], num_rows="dynamic", width="stretch",
             key=f"workload_editor_{st.session_state.get('editor_version', 0)}",
             column_config={
-                "prompt": st.column_config.TextColumn(t("prompt", lang), width="large", max_chars=1000),
-                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), min_value=1, max_value=MAX_NEW_TOKENS, step=1, default=32),
+                # No limits here: the browser would refuse or cut an entry without a word; workload_notes says what is used.
+                "prompt": st.column_config.TextColumn(t("prompt", lang), width="large"),
+                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), step=1, default=32),
             },
         )
         st.caption(t("workload_help", lang) + " " + t("too_many_requests", lang, n=MAX_REQUESTS))
         st.session_state["workload_df"] = edited
+        for note in workload_notes(edited, lang):
+            st.warning(note)
+        save_and_open(st.session_state["settings"], clean_workload(edited), llm, live_prompts(llm) if llm else {}, lang)
+
+
+def workload_notes(frame, lang: str) -> list[str]:
+    """What clean_workload changes in the editor's rows, and why, row by row (shown under the editor)."""
+    notes, kept = [], 0
+    for row, (prompt, max_tokens) in enumerate(zip(frame["prompt"], frame["max_tokens"])):
+        if not isinstance(prompt, str) or not prompt.strip():
+            notes.append(t("note_empty_prompt", lang, row=row))
+            continue
+        kept += 1
+        if len(prompt) > MAX_PROMPT_CHARS:
+            notes.append(t("note_long_prompt", lang, row=row, n=len(prompt), max=MAX_PROMPT_CHARS))
+        used = clean_workload(frame.iloc[[row]])[0][1]
+        if max_tokens is None or max_tokens != max_tokens or max_tokens != used:  # None, NaN or out of range
+            notes.append(t("note_max_tokens", lang, row=row, value=max_tokens, max=MAX_NEW_TOKENS, used=used))
+    if kept > MAX_REQUESTS:
+        notes.append(t("too_many_requests", lang, n=MAX_REQUESTS))
+    return notes
 
 
 # ---- controls and the live view ------------------------------------------------------------
@@ -95,6 +135,8 @@ def controls(llm, lang: str) -> None:
     if toggled:
         st.session_state["playing"] = not playing
         st.rerun()  # the whole page, so the fragment is rebuilt with (or without) its timer
+    if stepped or run_n:
+        follow_newest()
     if stepped:
         _step(llm, lang)
     elif run_n:
@@ -113,25 +155,63 @@ def live_view() -> None:
         return
     controls(llm, lang)
     reports = st.session_state.get("reports", [])
+    prompts = live_prompts(llm)
     if not reports:
         st.info(t("no_steps_yet", lang))
-        requests_text(llm, None, lang)
+        requests_text(request_views(prompts, [_empty_report(llm)], 0), lang)
         return
-    report = reports[-1]
-    step_summary(llm, report, lang)
-    left, right = st.columns([1, 1.2])
-    with left:
-        requests_text(llm, report, lang)
-        block_tables_html(report, llm.config.block_size, lang)
-    with right:
-        pool_view(report, llm.config.block_size, lang)
-        memory_view(reports, lang)
-    events_view(report, lang)
+    show_step(prompts, reports, llm.config.block_size, lang)
     if not llm.has_unfinished_requests():
         st.success(t("all_done", lang))
 
 
-def step_summary(llm, report, lang: str) -> None:
+def saved_run_view(run, lang: str) -> None:
+    st.info(t("saved_run_banner", lang, name=st.session_state.get("loaded_run_name", "run.json"), steps=len(run.steps),
+              model=run.engine.get("model_name")))
+    st.button(t("close_run", lang), on_click=close_run, key="btn_close_run")
+    show_step(run.prompts, run.steps, run.engine["block_size"], lang)
+
+
+def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str) -> None:
+    """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events."""
+    at = replay_index(reports, lang)
+    report, views = reports[at], request_views(prompts, reports, at)
+    step_summary(report, views, lang)
+    if projector():  # the pool map and block tables large and first, the texts folded
+        pool_view(report, block_size, lang, large=True)
+        block_tables_html(report, block_size, lang, large=True)
+        with st.expander(t("requests", lang)):
+            requests_text(views, lang)
+        memory_view(reports[: at + 1], lang)
+    else:
+        left, right = st.columns([1, 1.2])
+        with left:
+            requests_text(views, lang)
+            block_tables_html(report, block_size, lang)
+        with right:
+            pool_view(report, block_size, lang)
+            memory_view(reports[: at + 1], lang)
+    events_view(report, lang)
+
+
+def live_prompts(llm) -> dict[int, str]:
+    """Each request's prompt as the user wrote it (the chat template's wrapping removed)."""
+    prompts = {}
+    for rid in sorted(llm.requests):
+        text = llm.tokenizer.decode(llm.get_output(rid).prompt_token_ids, skip_special_tokens=True)
+        prompts[rid] = text.split("user\n", 1)[-1].replace("assistant\n", "").strip()
+    return prompts
+
+
+def _empty_report(llm):
+    """A stand-in for 'before the first step': nothing scheduled, nothing held."""
+    from engine.report import StepReport
+
+    return StepReport(step=-1, phase="idle", scheduled=[], new_token_ids={}, new_text={}, finished={}, preempted=[],
+                      events=[], block_tables=[], memory=llm.memory_usage())
+
+
+def step_summary(report, views, lang: str) -> None:
     st.subheader(t("step_summary", lang, step=report.step))
     c = st.columns(5)
     c[0].metric(t("phase", lang), t(f"phase_{report.phase}", lang))
@@ -139,57 +219,56 @@ def step_summary(llm, report, lang: str) -> None:
     c[2].metric(t("tokens_processed", lang), report.num_tokens)
     c[3].metric(t("step_time", lang), f"{report.timings_ms.get('total', 0):.0f} ms")
     c[4].metric(t("preemptions", lang), len(report.preempted))
-    timings = ", ".join(f"{k} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
-    finished = sum(1 for rid in llm.requests if llm.get_output(rid).finished)
-    running = len(report.block_tables)
-    waiting = len(llm.requests) - finished - running
-    st.caption(f"{t('time_per_phase', lang)}: {timings} · {t('running_waiting', lang)}: {running} / {waiting} / {finished}")
+    timings = ", ".join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
+    count = {s: sum(1 for v in views if v.status == s) for s in ("running", "finished")}
+    waiting = len(views) - count["running"] - count["finished"]
+    st.caption(f"{t('time_per_phase', lang)}: {timings} · {t('running_waiting', lang)}: {count['running']} / {waiting} / {count['finished']}")
 
 
-def _status(llm, rid: int, report, lang: str) -> str:
-    out = llm.get_output(rid)
-    if out.finished:
-        return t("status_finished", lang, reason=out.finish_reason)
-    if report is not None and any(s.request_id == rid for s in report.block_tables):
-        return t("status_running", lang)
-    if report is not None and rid in report.preempted:
-        return t("status_preempted", lang)
-    return t("status_waiting", lang)
+def _timing_name(key: str, lang: str) -> str:
+    """A phase of the step's timings in the reader's language (an unknown phase keeps its name)."""
+    return t(f"timing_{key}", lang) if f"timing_{key}" in CATALOGUE else key
 
 
-def requests_text(llm, report, lang: str) -> None:
+def requests_text(views, lang: str) -> None:
     """Each request's reply so far, in its colour; the prompt in grey."""
     st.markdown(f"**{t('requests', lang)}**")
     parts = []
-    for rid in sorted(llm.requests):
-        out, color = llm.get_output(rid), request_color(rid)
-        preempted = f" · {t('preempted_times', lang, n=out.num_preemptions)}" if out.num_preemptions else ""
-        prompt = llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=True)
-        prompt = prompt.split("user\n", 1)[-1].replace("assistant\n", "").strip()  # show the user's words
+    for v in views:
+        color = request_color(v.request_id)
+        preempted = f" · {t('preempted_times', lang, n=v.num_preemptions)}" if v.num_preemptions else ""
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
-            f'<b style="color:{color}">{t("request", lang)} {rid}</b> '
-            f'<small style="color:#888">· {html.escape(_status(llm, rid, report, lang))} · {len(out.token_ids)} tok'
+            f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
+            f'<small style="color:#888">· {html.escape(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{preempted}</small><br>'
-            f'<span style="color:#888">{html.escape(prompt[:160])}</span><br>'
-            f'<span style="color:{color}" data-testid="request-text">{html.escape(out.text)}</span></div>'
+            f'<span style="color:#888" data-testid="request-prompt">{html.escape(v.prompt[:160])}</span>{_translation(v.prompt, lang)}<br>'
+            f'<span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span></div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)
 
 
-def block_tables_html(report, block_size: int, lang: str) -> None:
+def _translation(prompt: str, lang: str) -> str:
+    """The Chinese of a preset prompt, beside it in 中文 (the default model answers English prompts best)."""
+    zh = PROMPT_TRANSLATIONS.get(prompt)
+    if lang != "zh" or not zh:
+        return ""
+    return f' <span style="color:#888">（{html.escape(zh)}）</span>'
+
+
+def block_tables_html(report, block_size: int, lang: str, large: bool = False) -> None:
     st.markdown(f"**{t('block_tables', lang)}**")
     st.caption(t("block_tables_caption", lang))
     if not report.block_tables:
         st.caption(t("no_live_requests", lang))
         return
-    rows = []
+    rows, font = [], 20 if large else 11
     for snap in report.block_tables:
         color = request_color(snap.request_id)
         cells = "".join(
             f'<span title="{t("logical_index", lang)} {i} → {t("block", lang)} {b}: {f}/{block_size}" '
             f'style="display:inline-block;min-width:34px;margin:1px;padding:1px 3px;border:1px solid #555;'
-            f'background:linear-gradient(90deg,{color} {100 * f / block_size:.0f}%,{color}40 0);font-size:11px;text-align:center">'
+            f'background:linear-gradient(90deg,{color} {100 * f / block_size:.0f}%,{color}40 0);font-size:{font}px;text-align:center">'
             f'<sup>{i}</sup>{b}</span>'
             for i, (b, f) in enumerate(zip(snap.block_table, snap.filled))
         )
@@ -199,9 +278,13 @@ def block_tables_html(report, block_size: int, lang: str) -> None:
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
 
 
-def pool_view(report, block_size: int, lang: str) -> None:
+def pool_view(report, block_size: int, lang: str, large: bool = False) -> None:
     st.markdown(f"**{t('pool', lang)}**")
-    st.vega_lite_chart(pool_map_spec(report, block_size, lang), width="stretch")
+    spec = pool_map_spec(report, block_size, lang)
+    if large:  # projector: taller cells, larger block numbers
+        spec["height"] *= 2
+        spec["layer"][-1]["mark"]["fontSize"] = 16
+    st.vega_lite_chart(spec, width="stretch")
     st.caption(t("pool_caption", lang))
     png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
 
@@ -213,6 +296,7 @@ def memory_view(reports, lang: str) -> None:
     frame = memory_frame(reports, unit)
     st.altair_chart(memory_chart(frame, unit, lang), width="stretch", height=300)
     st.caption(t("memory_caption", lang))
+    category_help(lang)
     png_download(t("save_png", lang), lambda: memory_figure(frame, unit, lang), "memory.png", "png_memory")
 
 
@@ -224,4 +308,5 @@ def events_view(report, lang: str) -> None:
         return
     frame = pd.DataFrame(rows)[["request_id", "event", "detail"]]
     frame.columns = [t("request", lang), t("event_kind", lang), t("event_detail", lang)]
-    st.dataframe(frame, hide_index=True, width="stretch", height=min(38 + 35 * len(frame), 280))
+    # Tall enough for a preemption's frees without scrolling (up to 20 rows; longer logs scroll).
+    st.dataframe(frame, hide_index=True, width="stretch", height=38 + 35 * min(len(frame), 20))

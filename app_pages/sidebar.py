@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
-from app_pages.state import MAX_BLOCKS, MAX_MIB, Settings, default_model
-from app_pages.widgets import localized_choice
+from app_pages.state import MAX_BLOCKS, MAX_MIB, Settings, default_model, kv_slot_bytes
+from app_pages.widgets import bounded_number, localized_choice
 from engine.model_loader import DEFAULT_MODEL
 from visualize.i18n import LANGUAGE_NAMES, LANGUAGES, t
+
+MIB = 1 << 20
 
 
 def language() -> str:
@@ -26,20 +30,16 @@ def engine_settings(lang: str) -> Settings:
                               default="default" if start == DEFAULT_MODEL else "local")
     model = DEFAULT_MODEL
     if choice == "local":
-        path = sb.text_input(t("model_path", lang), value="" if start == DEFAULT_MODEL else start, key="model_path",
+        st.session_state.setdefault("model_path", "" if start == DEFAULT_MODEL else start)
+        path = sb.text_input(t("model_path", lang), key="model_path",
                              help=t("model_path_help", lang)).strip()
         model = path or DEFAULT_MODEL
-    block_size = sb.select_slider(t("block_size", lang), options=[1, 2, 4, 8, 16, 32], value=16, key="block_size",
+    # Defaults in session_state, not value=: a preset or an opened workload file sets these widgets too.
+    for key, default in (("block_size", 16), ("max_batch", 8), ("temperature", 0.7), ("seed", 0)):
+        st.session_state.setdefault(key, default)
+    block_size = sb.select_slider(t("block_size", lang), options=[1, 2, 4, 8, 16, 32], key="block_size",
                                   help=t("block_size_help", lang))
-    # Defaults live in session_state (not in value=) because the presets also set these widgets.
-    st.session_state.setdefault("pool_unit", "blocks")
-    st.session_state.setdefault("num_blocks", 64)
-    unit = localized_choice(sb.radio, t("pool_unit", lang), ("blocks", "mib"), "pool_unit", lang, lambda u: t(u, lang), horizontal=True)
-    num_blocks = kv_bytes = None
-    if unit == "blocks":
-        num_blocks = int(sb.number_input(t("pool_blocks", lang), min_value=2, max_value=MAX_BLOCKS, step=8, key="num_blocks"))
-    else:
-        kv_bytes = int(sb.number_input(t("pool_mib", lang), min_value=0.5, max_value=float(MAX_MIB), value=8.0, step=1.0, key="pool_mib") * (1 << 20))
+    num_blocks, kv_bytes = pool_size(sb, lang, model, int(block_size))
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists
     allocator = localized_choice(sb.radio, t("allocator", lang), ("paged", "contiguous"), "allocator", lang,
                                  lambda a: t(f"allocator_{a}", lang))
@@ -47,13 +47,49 @@ def engine_settings(lang: str) -> Settings:
     if allocator == "contiguous":
         reservation = sb.selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="reservation", help=t("reservation_help", lang))
     backend = sb.radio(t("backend", lang), ("torch", "triton"), horizontal=True, key="backend", help=t("backend_help", lang))
-    max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, 8, key="max_batch"))
+    max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, key="max_batch"))
     sb.subheader(t("sampling", lang))
-    temperature = float(sb.slider(t("temperature", lang), 0.0, 1.5, 0.7, 0.1, key="temperature"))
-    seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, value=0, key="seed"))
+    # Greedy by default (as SamplingParams): the same demo gives the same text every time.
+    temperature = 0.0
+    if sb.toggle(t("sample_toggle", lang), key="sample", help=t("sample_toggle_help", lang)):
+        temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, step=0.1, key="temperature"))
+    seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, key="seed"))
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
                     temperature=temperature, seed=seed)
+
+
+def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, int | None]:
+    """The KV pool's size, in blocks or in MiB (num_gpu_blocks, kv_cache_memory bytes): one is None.
+
+    MiB bounds come from the model and block size (2 blocks up to MAX_BLOCKS), so the box never offers
+    a size the engine refuses; switching the unit carries the pool's size over to the other unit.
+    """
+    state = st.session_state
+    # Defaults live in session_state (not in value=) because the presets also set these.
+    state.setdefault("pool_unit", "blocks")
+    state.setdefault("num_blocks", 64)
+    unit = localized_choice(sb.radio, t("pool_unit", lang), ("blocks", "mib"), "pool_unit", lang, lambda u: t(u, lang), horizontal=True)
+    block_mib = None
+    if unit == "mib" or state.get("pool_unit_shown", unit) != unit:
+        slot_bytes = kv_slot_bytes(model)
+        block_mib = slot_bytes * block_size / MIB if slot_bytes else None
+    if block_mib is None and unit == "mib":  # the model cannot be read: its error shows on the page
+        unit = "blocks"
+    if block_mib and state.get("pool_unit_shown", unit) != unit:  # the unit was switched: same pool size
+        if unit == "mib":
+            state["pool_mib"] = round(state["num_blocks"] * block_mib, 2)
+        else:
+            state["num_blocks"] = int(state.get("pool_mib", 8.0) / block_mib)
+    state["pool_unit_shown"] = unit
+    if unit == "blocks":
+        return int(bounded_number(sb, t("pool_blocks", lang), "num_blocks", 2, MAX_BLOCKS, lang, step=8)), None
+    lo = math.ceil(2 * block_mib * 100) / 100
+    hi = math.floor(min(MAX_MIB, MAX_BLOCKS * block_mib) * 100) / 100
+    state.setdefault("pool_mib", max(lo, min(8.0, hi)))
+    mib = bounded_number(sb, t("pool_mib", lang), "pool_mib", lo, hi, lang, step=0.5, format="%.2f",
+                         help=t("pool_mib_bounds", lang, lo=f"{lo:.2f}", hi=f"{hi:.2f}", blocks=MAX_BLOCKS))
+    return None, int(mib * MIB)
 
 
 def show_capacity(llm, lang: str) -> None:

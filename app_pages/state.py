@@ -47,6 +47,20 @@ PRESETS = {
 }
 
 
+# The presets stay in English (the default model answers English well and Chinese poorly); in 中文
+# mode each is shown with its translation.
+PROMPT_TRANSLATIONS = {
+    "What is the capital of France?": "法国的首都是哪里？",
+    "Say hello in three languages.": "用三种语言打招呼。",
+    "Name a primary colour.": "说出一种三原色。",
+    "What is 2 + 2?": "2 + 2 等于几？",
+    "Write a long story about a robot who learns to paint.": "写一个关于学画画的机器人的长故事。",
+    "Tell a long fairy tale about a dragon and a baker.": "讲一个关于龙和面包师的长篇童话。",
+    **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
+        ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),
+        ("a robot", "机器人"), ("the sea", "大海"), ("a city", "城市"))},
+}
+
 THREADS_ENV = "PAGEDATTENTION_LAB_THREADS"
 
 
@@ -99,7 +113,7 @@ class Settings:
     reservation: str = "max"
     attention_backend: str = "torch"
     max_num_seqs: int = 8
-    temperature: float = 0.7
+    temperature: float = 0.0  # greedy, as SamplingParams
     seed: int = 0
 
     def engine_config(self, **overrides) -> EngineConfig:
@@ -121,6 +135,22 @@ def _has_cuda() -> bool:
 def cached_model(model: str):
     """Config, weights and tokenizer of ``model``, read once per server process (not per click)."""
     return load_model(None if model == DEFAULT_MODEL else model)
+
+
+def kv_slot_bytes(model: str) -> int | None:
+    """Bytes of one token's K and V in the engine the app builds for ``model`` (float32 on CPU,
+    bfloat16 on CUDA); None when the model cannot be read (the page shows why)."""
+    import torch
+
+    from engine.model_runner import kv_bytes_per_slot
+
+    try:
+        config = cached_model(model).config
+    except Exception:  # noqa: BLE001 - a bad path is reported where the engine is built
+        return None
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dtype = torch.bfloat16 if _has_cuda() else torch.float32
+    return kv_bytes_per_slot(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype)
 
 
 def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:

@@ -86,6 +86,7 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self.free_blocks = FreeBlockQueue(order)
         self.ref_counts = [0] * num_blocks
+        self.shared: set[int] = set()  # blocks with refcount > 1 (kept so that usage() need not scan)
 
     @property
     def num_free(self) -> int:
@@ -104,6 +105,7 @@ class BlockAllocator:
         """Share a referenced block (copy-on-write forks and prefix caching share blocks this way)."""
         assert self.ref_counts[block_id] >= 1, f"block {block_id} is free"
         self.ref_counts[block_id] += 1
+        self.shared.add(block_id)
 
     def touch(self, block_id: int) -> None:
         """Take one more reference to a cached block, free or not (vLLM's ``BlockPool.touch``): a
@@ -111,11 +113,15 @@ class BlockAllocator:
         if self.ref_counts[block_id] == 0:
             self.free_blocks.remove(block_id)
         self.ref_counts[block_id] += 1
+        if self.ref_counts[block_id] > 1:
+            self.shared.add(block_id)
 
     def free(self, block_id: int) -> bool:
         """Drop one reference; the block returns to the free list at refcount 0. Returns True then."""
         assert self.ref_counts[block_id] >= 1, f"block {block_id} freed twice"
         self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 1:
+            self.shared.discard(block_id)
         if self.ref_counts[block_id] == 0:
             self.free_blocks.append(block_id)
             return True
@@ -182,12 +188,22 @@ class KVCacheManager(ABC):
         return group.num_new_tokens
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1)."""
+        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1;
+        contiguous: a range of its own, with the parent's KV queued in ``pending_copies``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot fork sequences")
 
     def cache_blocks(self, seqs: list[Sequence]) -> None:
         """After a step's forward pass (every ``seq.num_computed_tokens`` up to date): cache the
         blocks it filled (prefix caching; nothing without it)."""
+
+    def free_group(self, group: Group) -> None:
+        """Release what ``group`` holds beyond its sequences' own memory (contiguous: ranges kept
+        for its forks); called when the group finishes or is preempted."""
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Copies (in attention blocks) that forks queued since the last step, to run before the
+        next forward pass; the paged allocator shares instead and queues none."""
+        return []
 
     @abstractmethod
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
@@ -498,18 +514,19 @@ class PagedBlockManager(KVCacheManager):
             held = sum(len(seq.block_table) for seq in running)
             return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
                                bytes_per_slot, 0, held, held)
-        # Each physical slot once: a shared block holds the tokens of its fullest holder.
-        filled: dict[int, int] = {}
-        held = 0
-        for seq in (s for g in running for s in g.unfinished_seqs()):
-            held += len(seq.block_table)
-            for i, block_id in enumerate(seq.block_table):
-                n = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
-                filled[block_id] = max(filled.get(block_id, 0), n)
-        token_states = sum(filled.values())
-        shared = sum(n for b, n in filled.items() if self.allocator.ref_counts[b] > 1)
+        # Each physical slot once. The holders of a shared block wrote the same tokens into it, so
+        # summing every sequence's tokens counts a block with refcount r (r - 1) times too often.
+        # A shared block is full unless it is the partly filled last block of its holders.
+        bs, refs = self.block_size, self.allocator.ref_counts
+        seqs = [s for g in running for s in g.unfinished_seqs()]
+        partial = {s.block_table[s.num_computed_tokens // bs]: s.num_computed_tokens % bs
+                   for s in seqs if s.num_computed_tokens % bs}
+        shared_fill = {b: partial.get(b, bs) for b in self.allocator.shared}
+        token_states = sum(s.num_computed_tokens for s in seqs) - sum((refs[b] - 1) * n for b, n in shared_fill.items())
+        held = sum(len(s.block_table) for s in seqs)
         return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
-                           bytes_per_slot, shared, held, len(filled), cached_free)
+                           bytes_per_slot, sum(shared_fill.values()), held, self.num_blocks - self.allocator.num_free,
+                           cached_free)
 
     def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
         bs, refs = self.block_size, self.allocator.ref_counts

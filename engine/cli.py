@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
         args.func(args)
     except (ValueError, OSError) as error:  # bad input or a missing file: one readable line, no traceback
         parser.exit(2, f"error: {error}\n")
+    except KeyboardInterrupt:  # Ctrl-C: one line; the model download and the kernel build clean up after themselves
+        parser.exit(130, "interrupted\n")
 
 
 def _add_generate(sub) -> None:

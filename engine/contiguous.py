@@ -13,6 +13,11 @@ How much a request reserves is the *reservation policy* of the paper's Orca base
 ``max`` reserves ``max_model_len`` slots (Orca Max), ``pow2`` the next power of two of its final
 length (Orca Pow2), ``oracle`` exactly its final length (Orca Oracle, which knows the future).
 
+Such an allocator cannot share (PagedAttention paper §4.4 is what it lacks): for parallel sampling
+and beam search it gives every sequence of a group its own range — the n ranges are reserved when
+the group is admitted — and a forked sequence gets the parent's prompt KV *copied* into its range
+(``blocks_to_copy`` in 1-slot blocks), as the systems before vLLM did.
+
 Attention reads the arena as ``num_slots`` blocks of one slot each (``attention_block_size = 1``):
 a request's block table is the run of slot numbers of its tokens, so the paged attention code reads
 contiguous memory unchanged.
@@ -23,8 +28,8 @@ from __future__ import annotations
 import bisect
 
 from engine.accounting import MemoryUsage
-from engine.block_manager import KVCacheManager
-from engine.report import ALLOCATE, FREE, BlockTableSnapshot, Event
+from engine.block_manager import Group, KVCacheManager
+from engine.report import ALLOCATE, FORK, FREE, BlockTableSnapshot, Event
 from engine.sequence import Sequence
 
 RESERVATIONS = ("max", "pow2", "oracle")
@@ -74,7 +79,9 @@ class ContiguousAllocator(KVCacheManager):
         # Free gaps, sorted by start: gap_starts[i] .. gap_ends[i] (end exclusive), never adjacent.
         self.gap_starts: list[int] = [0]
         self.gap_ends: list[int] = [self.num_slots]
-        self.ranges: dict[int, tuple[int, int]] = {}  # request_id -> [start, end) of its slots
+        self.ranges: dict[int, tuple[int, int]] = {}  # seq_id -> [start, end) of its slots
+        self.spare: dict[int, list[tuple[int, int]]] = {}  # request_id -> ranges kept for its forks
+        self.pending_copies: list[tuple[int, int]] = []  # forks' prompt copies, (src slot, dst slot)
 
     # --- Reservation and placement -----------------------------------------------------------------
 
@@ -97,15 +104,45 @@ class ContiguousAllocator(KVCacheManager):
 
     # --- KVCacheManager ----------------------------------------------------------------------------
 
-    def fits_ever(self, seq: Sequence) -> bool:
-        return self.reservation_size(seq) <= self.num_slots
+    def fits_ever(self, seq: Group) -> bool:
+        return self._ranges_needed(seq) * self.reservation_size(seq.seqs[0]) <= self.num_slots
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        size = self.reservation_size(seq)
-        return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
+    def can_allocate(self, seq: Group) -> bool:
+        size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
+        if count == 1:
+            return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
+        return sum((e - s) // size for s, e in zip(self.gap_starts, self.gap_ends)) >= count
 
-    def allocate(self, seq: Sequence) -> None:
-        assert seq.request_id not in self.ranges, f"request {seq.request_id} already holds a range"
+    def allocate(self, seq: Group) -> None:
+        for s in seq.unfinished_seqs():
+            assert s.seq_id not in self.ranges, f"sequence {s.seq_id} already holds a range"
+            self.ranges[s.seq_id] = self._take_range(s)
+        first = seq.seqs[0]
+        spare = self._ranges_needed(seq) - len(seq.unfinished_seqs())
+        if spare > 0:  # a group's first prefill: keep ranges for the sequences it will fork
+            self.spare[seq.request_id] = [self._take_range(first) for _ in range(spare)]
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        spare = self.spare.get(parent.request_id)
+        self.ranges[child.seq_id] = spare.pop() if spare else self._take_range(child)
+        src, dst = self.ranges[parent.seq_id][0], self.ranges[child.seq_id][0]
+        self.pending_copies += [(src + i, dst + i) for i in range(parent.num_computed_tokens)]
+        if self.record_events:
+            self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
+                                     detail=f"{parent.num_computed_tokens} slots copied"))
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def free_group(self, group: Group) -> None:
+        for start, end in self.spare.pop(group.request_id, []):
+            self._free_range(start, end)
+
+    def _ranges_needed(self, group: Group) -> int:
+        return group.num_samples if group.is_group else 1
+
+    def _take_range(self, seq: Sequence) -> tuple[int, int]:
         size = self.reservation_size(seq)
         i = self._find_gap(size)
         assert i is not None, f"no gap of {size} slots (the scheduler checks can_allocate first)"
@@ -114,11 +151,11 @@ class ContiguousAllocator(KVCacheManager):
             del self.gap_starts[i], self.gap_ends[i]
         else:
             self.gap_starts[i] = start + size
-        self.ranges[seq.request_id] = (start, start + size)
         self._event(ALLOCATE, seq, start, start + size)
+        return start, start + size
 
     def can_append_slot(self, seq: Sequence) -> bool:
-        start, end = self.ranges[seq.request_id]
+        start, end = self.ranges[seq.seq_id]
         return seq.num_tokens <= end - start
 
     def append_slot(self, seq: Sequence) -> None:
@@ -126,8 +163,11 @@ class ContiguousAllocator(KVCacheManager):
         assert self.can_append_slot(seq), f"request {seq.request_id} outgrew its reserved range"
 
     def free(self, seq: Sequence) -> None:
-        start, end = self.ranges.pop(seq.request_id)
+        start, end = self.ranges.pop(seq.seq_id)
         self._event(FREE, seq, start, end)
+        self._free_range(start, end)
+
+    def _free_range(self, start: int, end: int) -> None:
         i = bisect.bisect_left(self.gap_starts, start)
         # Merge with the gap just after and the gap just before, so gaps stay maximal.
         if i < len(self.gap_starts) and self.gap_starts[i] == end:
@@ -140,20 +180,24 @@ class ContiguousAllocator(KVCacheManager):
             self.gap_ends.insert(i, end)
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
-        base = self.ranges[seq.request_id][0]
+        base = self.ranges[seq.seq_id][0]
         return list(range(base + start, base + end))
 
     def attention_block_table(self, seq: Sequence) -> list[int]:
-        base = self.ranges[seq.request_id][0]
+        base = self.ranges[seq.seq_id][0]
         return list(range(base, base + seq.num_tokens))
 
-    def usage(self, running: list[Sequence], next_waiting: Sequence | None, bytes_per_slot: int = 0) -> MemoryUsage:
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
         token_states = reserved = internal = 0
-        for seq in running:
-            start, end = self.ranges[seq.request_id]
-            token_states += seq.num_computed_tokens
-            reserved += seq.max_len - seq.num_computed_tokens
-            internal += end - start - seq.max_len
+        for group in running:
+            for seq in group.unfinished_seqs():
+                start, end = self.ranges[seq.seq_id]
+                token_states += seq.num_computed_tokens
+                reserved += seq.max_len - seq.num_computed_tokens
+                internal += end - start - seq.max_len
+            for start, end in self.spare.get(group.request_id, []):  # set aside for a fork's copy
+                reserved += min(end - start, group.seqs[0].max_len)
+                internal += max(0, end - start - group.seqs[0].max_len)
         external = self.external_fragmentation(next_waiting)
         return MemoryUsage(
             capacity=self.num_slots,
@@ -172,14 +216,15 @@ class ContiguousAllocator(KVCacheManager):
         size = self.reservation_size(next_waiting)
         return sum(e - s for s, e in zip(self.gap_starts, self.gap_ends) if e - s < size)
 
-    def snapshot(self, running: list[Sequence]) -> list[BlockTableSnapshot]:
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
         bs, snaps = self.block_size, []
-        for seq in running:
-            start, end = self.ranges[seq.request_id]
+        for seq in (s for g in running for s in g.unfinished_seqs()):
+            start, end = self.ranges[seq.seq_id]
             filled_end = start + seq.num_computed_tokens
             blocks = list(range(start // bs, -(-end // bs)))
             filled = [max(0, min(filled_end, (b + 1) * bs) - max(start, b * bs)) for b in blocks]
-            snaps.append(BlockTableSnapshot(seq.request_id, blocks, filled, slot_range=(start, end)))
+            snaps.append(BlockTableSnapshot(seq.request_id, blocks, filled, slot_range=(start, end), seq_id=seq.seq_id,
+                                            index=seq.index, ref_counts=[1] * len(blocks)))
         return snaps
 
     # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
@@ -195,13 +240,13 @@ class ContiguousAllocator(KVCacheManager):
 
     def lockstep_admit(self, seq: Sequence, clock: int) -> None:
         self.allocate(seq)
-        start, end = self.ranges[seq.request_id]
+        start, end = self.ranges[seq.seq_id]
         assert end - start >= seq.max_len, "lock-step mode needs ranges of at least the final length"
         self.final_len_sum += seq.max_len
         self.range_len_sum += end - start
 
     def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
-        start, end = self.ranges[seq.request_id]
+        start, end = self.ranges[seq.seq_id]
         self.final_len_sum -= seq.max_len
         self.range_len_sum -= end - start
         self.free(seq)

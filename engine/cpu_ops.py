@@ -27,8 +27,10 @@ slower, the same results within float rounding.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import platform
 import shutil
 import sys
@@ -40,10 +42,15 @@ from pathlib import Path
 
 import torch
 
+try:
+    import fcntl  # POSIX: a lock that the OS releases when its process dies, however it dies
+except ImportError:  # Windows: no build lock of our own (torch's lock file only)
+    fcntl = None
+
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp")]
 MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-STALE_LOCK_S = 600  # seconds; a build takes 10-60 s
+LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
@@ -186,24 +193,27 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     build_dir = (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
     build_dir.mkdir(parents=True, exist_ok=True)
-    # torch waits for the lock file of a build in progress; one left behind by a killed build would
-    # make every later start wait forever, so a lock older than any real build is removed.
-    lock = build_dir / "lock"
-    if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
+    with build_lock(build_dir, progress):
+        _build_locked(cpp_extension, fingerprint, build_dir, progress)
+
+
+def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) -> None:
+    """Build (if needed) and load, while this process holds the build directory's lock."""
+    # torch's own lock file (a "baton" it waits on while it exists) can only be left by a build that
+    # died, since no live process of ours builds while we hold the lock: remove it, or we would wait.
+    baton = build_dir / "lock"
+    if fcntl is not None or (baton.exists() and time.time() - baton.stat().st_mtime > LOCK_TIMEOUT_S):
+        baton.unlink(missing_ok=True)  # without an OS lock (Windows): only once older than any build
     name = f"pagedattention_lab_cpu_{fingerprint}"
     library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
     # A library that no process has loaded yet may be the half-written output of a killed build (or of
     # a full disk); loading it can kill the process (SIGBUS), so it is built again from scratch.
-    if library.exists() and not loaded_once.exists() and not lock.exists():
-        shutil.rmtree(build_dir)
-        build_dir.mkdir(parents=True)
+    if library.exists() and not loaded_once.exists():
+        for path in build_dir.iterdir():
+            if path.name != "build.lock":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
     if not library.exists():
-        text = f"Building the engine's CPU kernels for this machine (10-60 s; kept once built) in {build_dir}"
-        if progress:
-            progress(text, 0.0)
-        else:
-            print(text, file=sys.stderr, flush=True)
+        _say(f"Building the engine's CPU kernels for this machine (10-60 s; kept once built) in {build_dir}", progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
     # (on failure) says what matters.
     cpp_logger = logging.getLogger(cpp_extension.__name__)
@@ -214,6 +224,58 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     finally:
         cpp_logger.setLevel(level)
     loaded_once.touch()
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, progress: Callable[[str, float], None] | None = None, timeout_s: float | None = None):
+    """Hold ``<build_dir>/build.lock`` (an OS file lock, ``flock``) while building or loading.
+
+    The OS drops the lock when its process ends, even by SIGKILL, so a killed build never blocks the
+    next start. The holder's PID is written into the file; a process that finds the lock taken says
+    which process it waits for (stderr, or ``progress``), and gives up with ``TimeoutError`` after
+    ``timeout_s`` (default :data:`LOCK_TIMEOUT_S`) seconds.
+    """
+    with open(build_dir / "build.lock", "a+") as file:
+        if fcntl is not None:
+            _acquire(file, build_dir, progress, LOCK_TIMEOUT_S if timeout_s is None else timeout_s)
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()}\n")
+        file.flush()
+        try:
+            yield
+        finally:
+            file.truncate(0)
+            if fcntl is not None:
+                fcntl.flock(file, fcntl.LOCK_UN)
+
+
+def _acquire(file, build_dir: Path, progress, timeout_s: float) -> None:
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    file.seek(0)
+    owner = file.read().strip() or "unknown"
+    _say(f"Waiting for process {owner}, which is building (or loading) the engine's CPU kernels in {build_dir} "
+         f"(at most {timeout_s:.0f} s; the wait ends at once if that process stops)", progress)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        time.sleep(0.2)
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"process {owner} has been building the CPU kernels in {build_dir} for over {timeout_s:.0f} s") from None
+
+
+def _say(text: str, progress) -> None:
+    if progress:
+        progress(text, 0.0)
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 def _load(cpp_extension, name: str, build_dir: Path) -> None:

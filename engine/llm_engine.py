@@ -141,9 +141,6 @@ class LLMEngine:
         seq = Sequence(request_id, len(ids), max_len=min(len(ids) + stopping.max_tokens, self.max_model_len),
                        sampling_params=stopping, token_ids=ids, seq_id=self._next_seq_id)
         request = seq if beam is None and params.n == 1 else SequenceGroup(request_id, [seq], stopping, beam_search=beam)
-        if request.is_group and self.config.allocator != "paged":
-            raise ValueError("parallel sampling and beam search need the paged allocator here "
-                             "(the contiguous allocator would copy the prompt for every sequence)")
         if not self.kv.fits_ever(request):
             what = f"{request.num_samples} sequences of up to {seq.max_len} tokens" if request.is_group else f"prompt of {len(ids)} tokens"
             raise ValueError(f"{what} can never fit in the KV pool ({self.kv.num_slots} slots)")
@@ -343,17 +340,18 @@ class LLMEngine:
             self.kv.events.append(Event(FINISH, group.request_id, detail=reason))
             finished[group.request_id] = reason
             return
-        kept: dict[int, Sequence] = {}  # parent seq_id -> the parent, reused by its first survivor
+        # Parents left without a survivor are pruned first: their blocks return at once (FREE
+        # events), before the forks of the others (a contiguous allocator reuses their ranges).
+        parents = {cand.parent.seq_id for cand in step.survivors}
+        for beam in beams:
+            if beam.seq_id not in parents:
+                self.scheduler.finish_seq(beam, "pruned")
+        kept: set[int] = set()  # a parent is reused by its first (best) survivor, forked for the rest
         survivors = []
         for rank, cand in enumerate(step.survivors):
-            if cand.parent.seq_id in kept:
-                child = self._fork(cand.parent, rank)
-            else:
-                kept[cand.parent.seq_id] = child = cand.parent
+            child = self._fork(cand.parent, rank) if cand.parent.seq_id in kept else cand.parent
+            kept.add(cand.parent.seq_id)
             survivors.append((child, cand))
-        for beam in beams:
-            if beam.seq_id not in kept:
-                self.scheduler.finish_seq(beam, "pruned")  # its blocks return now (FREE events)
         for rank, (child, cand) in enumerate(survivors):
             child.index = rank
             child.append_token(cand.token_id, cand.logprob)

@@ -274,12 +274,19 @@ def _check_hf_dir(path: Path) -> None:
     """Check that ``path`` is an HF-format directory this engine can run.
 
     Raises:
-        ModelLoadError: no config.json, an unsupported ``model_type``, or no ``*.safetensors``.
+        ModelLoadError: no config.json, a config.json that is not a JSON object, an unsupported
+            ``model_type``, or no ``*.safetensors``.
     """
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelLoadError(f"{path} has no config.json, so it is not a Hugging Face-format model directory.")
-    model_type = json.loads(config_file.read_text()).get("model_type")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"{config_file} is not valid JSON ({error}), so the model's configuration cannot be read.") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} is not valid: a JSON object with the model's settings was expected.")
+    model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(_unsupported_message(model_type, path))
     if not list(path.glob("*.safetensors")):

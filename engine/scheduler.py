@@ -85,7 +85,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
-        out = SchedulerOutput()
+        out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
         self._schedule_decodes(out)
         if not out.preempted:
             self._schedule_prefills(out, len(out.decode_seqs))
@@ -191,6 +191,8 @@ class Scheduler:
         """Free a running request's memory (it has just left ``running``)."""
         for seq in group.unfinished_seqs():
             self.kv.free(seq)
+        if group.is_group:
+            self.kv.free_group(group)
 
     def _group_of(self, seq: Sequence) -> Group:
         for group in self.running:

@@ -86,7 +86,7 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
     assert any("Could not build the engine" in e.value and "/no/such/model" in e.value for e in app.error)
     app.text_input(key="model_path").set_value(str(tiny_llama_dir)).run()
     assert not app.error
-    app.number_input(key="num_blocks").set_value(2).run()  # 32 slots: the chat prompts do not fit
+    app.number_input(key="num_blocks__input").set_value(2).run()  # 32 slots: the chat prompts do not fit
     assert any("rejected" in w.value for w in app.warning)
     assert not app.exception
 
@@ -118,7 +118,7 @@ def test_play_pause_and_presets(app: AppTest):
     app.selectbox(key="preset__en").set_value("preset_preemption").run()
     next(b for b in app.button if b.label == "Load preset").click().run()
     assert not app.exception, [e.value for e in app.exception]
-    assert app.number_input(key="num_blocks").value == 40
+    assert app.number_input(key="num_blocks__input").value == 40
     assert "Request 7</b>" in request_html(app) and "Request 8</b>" not in request_html(app)
     assert subheaders(app) == []  # a new workload restarts the run
     assert "preempted ×" not in request_html(app)
@@ -137,4 +137,177 @@ def test_lesson_summaries_have_a_title_and_goal(tmp_path):
     cells = [{"cell_type": "markdown", "source": ["# Lesson 9 — Blocks\n", "\n", "**Goal:** see how blocks\n", "are shared."]}]
     path = tmp_path / "09_blocks.ipynb"
     path.write_text(json.dumps({"cells": cells}))
-    assert notebook_summary(path) == ("Lesson 9 — Blocks", "**Goal:** see how blocks are shared.")
+    assert notebook_summary(path) == ("Lesson 9 — Blocks", "see how blocks are shared.")
+
+
+@pytest.mark.parametrize("lang, label", [("en", "Goal"), ("zh", "目标")])
+def test_lessons_page_says_goal_once(lang, label):
+    at = AppTest.from_function(_lessons_page, args=(lang,), default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    goals = [m.value for m in at.markdown if label in m.value]
+    assert len(goals) == 6
+    assert all(g.count(label) == 1 for g in goals), goals
+
+
+def _lessons_page(lang):
+    import sys
+    from pathlib import Path
+
+    import streamlit as st
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent) if "__file__" in globals() else ".")
+    from app_pages import lessons
+
+    st.session_state["lang"] = lang
+    lessons.page()
+
+
+def test_pool_unit_switch_keeps_the_pool_and_mib_bounds_fit_the_model(app: AppTest):
+    # Tiny model: 2 layers x 2 KV heads x 16 dims x 2 (K, V) x 4 bytes = 512 B per token, 8 KiB per block.
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    box = app.number_input(key="pool_mib__input")
+    assert box.value == 0.5  # the 64 blocks carried over: 64 x 8 KiB
+    assert "From 0.02 MiB (2 blocks" in box.help and "to 4.00 MiB (512 blocks)" in box.help
+    box.set_value(0.25).run()  # 32 blocks
+    assert not app.exception and not app.sidebar.warning
+    app.radio(key="pool_unit__en").set_value("blocks").run()
+    assert app.number_input(key="num_blocks__input").value == 32
+    assert "32 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    app.number_input(key="pool_mib__input").set_value(0.01).run()  # below 2 blocks: the engine would refuse it
+    assert "0.01 is outside 0.02–4.00, so 0.02 is used." in [w.value for w in app.sidebar.warning]
+    assert not app.error and "2 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+
+
+@pytest.mark.parametrize("typed, used", [(1, 2), (-5, 2), (100000, 512)])
+def test_an_out_of_range_pool_is_said_next_to_the_box(app: AppTest, typed, used):
+    app.number_input(key="num_blocks__input").set_value(typed).run()
+    assert not app.exception
+    assert f"{typed} is outside 2–512, so {used} is used." in [w.value for w in app.sidebar.warning]
+    assert f"{used} blocks × 16" in "".join(c.value for c in app.sidebar.caption)  # the engine took it
+    app.number_input(key="num_blocks__input").set_value(48).run()
+    assert not app.sidebar.warning and "48 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+
+
+def test_greedy_is_the_default_and_sampling_one_click_away(app: AppTest):
+    assert app.session_state["settings"].temperature == 0.0
+    app.button(key="btn_step").click().run()
+    app.number_input(key="n_steps").set_value(4).run()
+    app.button(key="btn_run").click().run()
+    first = request_html(app)
+    app.button(key="btn_reset").click().run()
+    app.number_input(key="n_steps").set_value(5).run()
+    app.button(key="btn_run").click().run()
+    assert request_html(app) == first  # the same demo twice, the same text
+    app.toggle(key="sample").set_value(True).run()
+    assert app.session_state["settings"].temperature == 0.7 and app.slider(key="temperature").value == 0.7
+
+
+def _texts(at: AppTest) -> str:
+    """What the main area shows a reader, generated text and prompts left out."""
+    import re
+
+    parts = [m.value for m in at.main.markdown] + [c.value for c in at.main.caption] + [h.value for h in at.main.subheader]
+    parts += [f"{m.label} {m.value}" for m in at.main.metric] + [b.label for b in at.main.button]
+    parts += [i.value for i in at.main.info] + [w.value for w in at.main.warning] + [s.label for s in at.main.slider]
+    text = " ".join(parts)
+    return re.sub(r'data-testid="request-(text|prompt)">[^<]*<', "", text)
+
+
+def test_replay_slider_shows_an_earlier_step_and_step_continues_from_the_newest(app: AppTest):
+    app.number_input(key="n_steps").set_value(4).run()
+    app.button(key="btn_run").click().run()
+    assert subheaders(app) == ["Step 3"]
+    newest_tables = [m.value for m in app.markdown if "Request 0</b>:" in m.value]
+    app.slider(key="replay_slider").set_value(0).run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert subheaders(app) == ["Step 0"]
+    assert metrics(app)["Phase"] == "prefill"
+    assert "· 1 tok" in request_html(app) and "· 4 tok" not in request_html(app)  # the texts as they were
+    assert any("Showing step 0 of a run whose newest step is 3" in i.value for i in app.info)
+    assert [m.value for m in app.markdown if "Request 0</b>:" in m.value] != newest_tables
+    app.button(key="btn_step").click().run()
+    assert subheaders(app) == ["Step 4"] and app.slider(key="replay_slider").value == 4
+
+
+def test_projector_layout_puts_the_pool_first_and_folds_the_texts(app: AppTest):
+    import json
+
+    app.button(key="btn_step").click().run()
+    normal = json.loads(app.get("vega_lite_chart")[0].proto.spec)
+    assert "Requests and their text" not in [e.label for e in app.main.expander]
+    app.radio(key="layout__en").set_value("projector").run()
+    assert not app.exception
+    assert "Requests and their text" in [e.label for e in app.main.expander]  # folded
+    pool = json.loads(app.get("vega_lite_chart")[0].proto.spec)  # the pool map comes first
+    assert pool["height"] == 2 * normal["height"] and pool["layer"][-1]["mark"]["fontSize"] == 16
+
+
+def test_workload_editor_says_what_it_changes(app: AppTest):
+    import pandas as pd
+
+    rows = pd.DataFrame([("Hi", 999999), ("", 8), ("x" * 6600, -5), ("Ok", 8)], columns=["prompt", "max_tokens"])
+    app.session_state["workload_df"] = rows
+    app.session_state["editor_version"] = 7
+    app.run()
+    notes = [w.value for w in app.warning]
+    assert "Row 0: max tokens 999999 is not a whole number from 1 to 256, so 256 is used." in notes
+    assert any(n.startswith("Row 1: the prompt is empty, so the row is left out") for n in notes)
+    assert "Row 2: the prompt has 6600 characters; only the first 1000 are sent (a classroom bound)." in notes
+    assert "Row 2: max tokens -5 is not a whole number from 1 to 256, so 1 is used." in notes
+    assert not any(n.startswith("Row 3") for n in notes)
+
+
+def test_every_page_in_chinese_shows_no_english_ui_text(app: AppTest):
+    from visualize.i18n import untranslated
+
+    app.radio(key="lang").set_value("zh").run()
+    assert untranslated(_texts(app)) == []
+    sb = app.sidebar
+    sidebar = [c.value for c in sb.caption] + [h.value for h in sb.header] + [h.value for h in sb.subheader]
+    for group in (sb.radio, sb.number_input, sb.slider, sb.select_slider, sb.toggle, sb.selectbox):
+        sidebar += [w.label for w in group if w.key != "lang"] + [str(w.help or "") for w in group]  # "Language / 语言" is both
+    sidebar += [str(o) for r in sb.radio if r.key != "lang" for o in r.options]
+    assert "引擎设置" in sidebar and untranslated(" ".join(sidebar)) == [], untranslated(" ".join(sidebar))
+    app.button(key="btn_step").click().run()
+    app.button(key="btn_step").click().run()
+    assert not app.exception
+    text = _texts(app)
+    assert "第 1 步" in text and "个 token" in text
+    assert untranslated(text) == [], untranslated(text)
+    app.radio(key="layout__zh").set_value("projector").run()
+    assert untranslated(_texts(app)) == []
+    # the check finds English where it is left
+    app.radio(key="lang").set_value("en").run()
+    assert "Requests scheduled" in untranslated(_texts(app))
+
+
+def test_compare_page_in_chinese_has_chinese_headings_and_chart_text(tiny_llama_dir, monkeypatch):
+    from visualize.i18n import untranslated
+
+    at = AppTest.from_function(_compare_page, default_timeout=120)
+    at.run()
+    at.radio(key="compare_source__zh").set_value("sim").run()
+    assert not at.exception, [e.value for e in at.exception]
+    text = _texts(at)
+    assert "### 分页" in text and "### 连续（max）" in text
+    assert untranslated(text) == [], untranslated(text)
+    figure = " | ".join(at.session_state["paper_figure_texts"])
+    assert "论文 96.3%" in figure and "空闲" in figure
+    assert untranslated(figure) == []
+
+
+def _compare_page():
+    import os
+    import sys
+
+    import streamlit as st
+
+    sys.path.insert(0, os.getcwd())
+    from app_pages import compare
+    from app_pages.state import Settings
+
+    st.session_state.setdefault("lang", "zh")
+    st.session_state["settings"] = Settings()
+    compare.page()

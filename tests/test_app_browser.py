@@ -155,3 +155,160 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     no_exception_box(page)
     page.wait_for_timeout(800)
     page.screenshot(path=str(SHOTS / "live_engine_zh.png"), full_page=True)
+
+
+def start_server(port: int, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def open_app(page, sync_api, port: int, server) -> None:
+    deadline = time.time() + 120
+    while True:
+        try:
+            page.goto(f"http://127.0.0.1:{port}/", timeout=5000)
+            break
+        except sync_api.Error:
+            if time.time() > deadline or server.poll() is not None:
+                raise
+            time.sleep(0.3)
+    page.get_by_role("button", name=re.compile("^(Step|单步)$")).wait_for(timeout=300_000)  # a loaded CI machine
+
+
+def reader_text(page) -> str:
+    """The main area's text as a reader sees it, without the prompts and generated texts (the model's words)."""
+    text = page.locator('[data-testid="stMain"]').inner_text()
+    for testid in ("request-text", "request-prompt"):
+        items = page.locator(f'[data-testid="{testid}"]')
+        for i in range(items.count()):
+            piece = items.nth(i).inner_text()
+            if piece.strip():
+                text = text.replace(piece, " ")
+    return text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_classroom_features_in_a_browser(tiny_llama_dir, tmp_path):
+    """Unit switch, replay, a run saved and opened again without the model, a bad file, the projector
+    layout, and every page in 中文 with no English UI text (tiny model: the UI, not the model, is under test)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from visualize.i18n import untranslated
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = start_server(port, dict(os.environ, PAGEDATTENTION_LAB_MODEL=str(tiny_llama_dir)))
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM)
+            page = browser.new_page(viewport={"width": 1440, "height": 2000}, accept_downloads=True)
+            try:
+                classroom(page, sync_api, port, server, tmp_path, untranslated)
+            except Exception:
+                page.screenshot(path=str(SHOTS / "failure_classroom.png"), full_page=True)
+                raise
+            browser.close()
+    finally:
+        server.kill()
+        out, _ = server.communicate(timeout=30)
+        print(out[-3000:] if out else "")
+
+
+def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
+    open_app(page, sync_api, port, server)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+
+    # MiB -> change -> blocks keeps the pool (it fell to 2 blocks). Tiny model: 8 KiB per block.
+    sidebar.get_by_text("MiB", exact=True).click()
+    mib = sidebar.get_by_role("spinbutton", name="KV pool (MiB)")
+    mib.wait_for(timeout=180_000)
+    mib.fill("0.25")
+    mib.press("Enter")
+    sidebar.get_by_text("32 blocks × 16", exact=False).wait_for(timeout=180_000)
+    sidebar.get_by_text("blocks", exact=True).click()
+    blocks = sidebar.get_by_role("spinbutton", name="KV pool (blocks)")
+    blocks.wait_for(timeout=180_000)
+    page.wait_for_timeout(1000)
+    assert blocks.input_value() == "32"
+    assert sidebar.get_by_text("32 blocks × 16", exact=False).count() == 1
+    blocks.fill("100000")  # out of range: said next to the box, and used as 512
+    blocks.press("Enter")
+    sidebar.get_by_text("100000 is outside 2–512, so 512 is used.").wait_for(timeout=180_000)
+    sidebar.get_by_text("512 blocks × 16", exact=False).wait_for(timeout=180_000)
+    blocks.fill("64")
+    blocks.press("Enter")
+    sidebar.get_by_text("64 blocks × 16", exact=False).wait_for(timeout=180_000)
+
+    # Three steps, then the replay slider back to step 0.
+    step = page.get_by_role("button", name="Step", exact=True)
+    for k in range(3):
+        step.click()
+        step_title(page, f"Step {k}", 300)
+    slider = page.get_by_role("slider")
+    slider.first.focus()
+    page.keyboard.press("Home")
+    step_title(page, "Step 0", 300)
+    page.get_by_text("Showing step 0 of a run whose newest step is 2", exact=False).wait_for()
+    step.click()
+    step_title(page, "Step 3", 300)  # Step continues from the newest
+    no_exception_box(page)
+
+    # Save the whole run, reload (the session is gone), open it again: replayed without the model.
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download the whole run (JSON)").click()
+    saved = tmp_path / "run.json"
+    download.value.save_as(saved)
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download workload + settings (JSON)").click()
+    download.value.save_as(tmp_path / "workload.json")
+    page.reload()
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(saved))
+    page.get_by_text("Replaying the saved run", exact=False).wait_for(timeout=180_000)
+    step_title(page, "Step 3", 300)
+    page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=180_000)
+    no_exception_box(page)
+    page.screenshot(path=str(SHOTS / "saved_run_en.png"), full_page=True)
+    page.get_by_role("button", name="Close the saved run").click()
+    page.get_by_role("button", name="Step", exact=True).wait_for(timeout=180_000)
+
+    # A foreign file: a clear error next to the uploader, the app keeps working.
+    foreign = tmp_path / "notebook.json"
+    foreign.write_text('{"cells": []}')
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(foreign))
+    page.get_by_text("This file cannot be opened: notebook.json: not a PagedAttention Lab workload file", exact=False).wait_for(timeout=180_000)
+    no_exception_box(page)
+
+    # Projector layout: the request texts are folded into an expander.
+    page.get_by_text("projector", exact=True).click()
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Requests and their text").wait_for(timeout=180_000)
+    page.get_by_role("button", name="Step", exact=True).click()
+    step_title(page, "Step 0", 300)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(SHOTS / "projector_en.png"), full_page=True)
+    page.get_by_text("desk", exact=True).click()
+
+    # 中文: every page, no English UI text from the catalogue.
+    sidebar.get_by_text("中文").click()
+    page.get_by_role("button", name="单步", exact=True).wait_for(timeout=180_000)
+    page.get_by_role("button", name="单步", exact=True).click()
+    step_title(page, "第 1 步", 300)
+    page.wait_for_timeout(800)
+    assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
+    assert untranslated(sidebar.inner_text().replace("Language / 语言", "")) == []
+    for name in ("分页 vs 连续", "内核实验", "课程"):
+        sidebar.get_by_role("link", name=name).click()
+        page.get_by_role("heading", name=name).first.wait_for(timeout=180_000)
+        page.wait_for_timeout(1500)
+        no_exception_box(page)
+        assert untranslated(reader_text(page)) == [], (name, untranslated(reader_text(page)))
+    sidebar.get_by_role("link", name="分页 vs 连续").click()
+    page.get_by_text("模拟器（论文工作负载）").click()
+    page.get_by_text("KV 显存浪费（论文图 2 风格）").wait_for(timeout=300_000)
+    page.wait_for_timeout(1500)
+    assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
+    page.screenshot(path=str(SHOTS / "compare_zh.png"), full_page=True)

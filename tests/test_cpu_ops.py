@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -202,33 +204,41 @@ def test_a_failed_build_warns_and_falls_back_to_torch(tmp_path, tiny_llama_dir):
     assert "served" in result.stdout
 
 
-def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start(tmp_path):
-    # torch waits for the build directory's lock file; a killed build leaves it behind.
-    script = textwrap.dedent(
+def test_a_build_killed_midway_never_hangs_the_next_start(tmp_path):
+    """The issue's reproduction: SIGTERM during the first build leaves torch's lock file behind (the
+    next start used to wait for it silently, up to 10 minutes). A start that finds the build lock held by
+    a live process says which process it waits for, and goes on as soon as that process is gone."""
+    root = str(tmp_path)
+    build = f"from engine import cpu_ops\nassert cpu_ops.load_kernel({root!r}), cpu_ops.kernel_error()\nprint('built')"
+    first = subprocess.Popen([sys.executable, "-c", build], stderr=subprocess.PIPE, text=True)
+    assert "Building the engine's CPU kernels" in first.stderr.readline()
+    time.sleep(3)  # the compiler is running now
+    first.send_signal(signal.SIGTERM)
+    first.wait(timeout=60)
+    build_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    assert (build_dir / "lock").exists()  # what the killed build left behind
+
+    # A live process holds the lock (as a second, concurrent start would): the next start says so.
+    hold = textwrap.dedent(
         f"""
-        import os, time
+        import time
         from pathlib import Path
         from engine import cpu_ops
-        from engine.cpu_ops import _build_and_load
-        root = Path({str(tmp_path)!r})
-        # Where this machine's build goes: the same fingerprint directory load_kernel uses.
-        real_mkdir = Path.mkdir
-        def mkdir_with_stale_lock(self, *args, **kwargs):
-            real_mkdir(self, *args, **kwargs)
-            if self.parent == root:
-                lock = self / "lock"
-                lock.touch()
-                old = time.time() - 2 * cpu_ops.STALE_LOCK_S
-                os.utime(lock, (old, old))
-        Path.mkdir = mkdir_with_stale_lock
-        assert cpu_ops.load_kernel(root), cpu_ops.kernel_error()
-        print("built")
+        with cpu_ops.build_lock(Path({str(build_dir)!r})):
+            print("holding", flush=True)
+            time.sleep(600)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "built" in result.stdout
-    assert "Building the engine's CPU kernels" in result.stderr  # a first build says so
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    second = subprocess.Popen([sys.executable, "-c", build], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert second.stderr.readline().startswith(f"Waiting for process {holder.pid}, which is building")
+    holder.kill()  # the OS releases its lock
+    holder.wait(timeout=30)
+    out, err = second.communicate(timeout=400)  # one build (10-60 s, more on a loaded machine), no 600 s wait
+    assert second.returncode == 0, err[-3000:]
+    assert "built" in out and "Building the engine's CPU kernels" in err
+    assert not (build_dir / "lock").exists()
 
 
 def test_bench_cpu_command_times_both_sides(tiny_llama_dir):

@@ -180,6 +180,26 @@ def test_directory_without_config_is_refused(tmp_path: Path) -> None:
         resolve_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("text", ['{"model_type": "llama",\n', "[1, 2]"])
+def test_a_broken_config_json_is_named(tmp_path: Path, text: str) -> None:
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(str(tmp_path))
+    assert str(tmp_path / "config.json") in str(caught.value) and "is not valid" in str(caught.value)
+
+
+def test_a_broken_config_json_is_named_by_the_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama",\n')
+    result = subprocess.run([sys.executable, "-m", "engine", "generate", "hi", "--model", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert f"{tmp_path / 'config.json'} is not valid JSON" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 def test_tiny_local_llama_directory_loads_as_is(tmp_path: Path, default_model: LoadedModel) -> None:
     config = transformers.LlamaConfig(
@@ -208,3 +228,22 @@ def test_tiny_local_llama_directory_loads_as_is(tmp_path: Path, default_model: L
     assert loaded.tokenizer("hello world").input_ids == default_model.tokenizer("hello world").input_ids
     assert stages and all(0.0 <= fraction <= 1.0 for _, fraction in stages)
     assert stages[-1][1] == 1.0
+
+
+def test_ctrl_c_in_the_cli_is_one_line(tiny_llama_dir: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-u", "-m", "engine", "generate", "Tell me a long story.", "--model", str(tiny_llama_dir),
+           "--max-tokens", "1000", "--num-blocks", "128"]
+    # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job would inherit it ignored).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    for line in proc.stderr:  # the per-step lines go to stderr
+        if line.startswith("step    1"):  # the engine is running
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err

@@ -41,8 +41,17 @@ def check_sharing_invariants(kv: PagedBlockManager, scheduler: Scheduler) -> Non
         assert (block in free) == (alloc.ref_counts[block] == 0), f"block {block}: free iff refcount 0"
     for group in scheduler.waiting:
         assert all(not s.block_table for s in group.unfinished_seqs()), "a waiting request holds blocks"
+    # Memory counts each physical slot once: a block holds the tokens of its fullest holder.
+    filled = {}
+    for group in scheduler.running:
+        for seq in group.unfinished_seqs():
+            for i, b in enumerate(seq.block_table):
+                filled[b] = max(filled.get(b, 0), min(kv.block_size, max(0, seq.num_computed_tokens - i * kv.block_size)))
     usage = kv.usage(scheduler.running, None)
-    assert usage.blocks_with_sharing == sum(1 for b in range(kv.num_blocks) if alloc.ref_counts[b] > 0)
+    assert usage.token_states == sum(filled.values())
+    assert usage.shared_slots == sum(n for b, n in filled.items() if alloc.ref_counts[b] > 1)
+    assert usage.blocks_with_sharing == len(filled) == sum(1 for b in range(kv.num_blocks) if alloc.ref_counts[b] > 0)
+    assert usage.blocks_without_sharing == sum(held.values())
 
 
 def model_free_group_step(scheduler: Scheduler, rng: random.Random, next_seq_id) -> None:
@@ -322,3 +331,24 @@ def test_a_beam_width_the_pool_can_never_hold_is_refused_and_the_engine_keeps_se
         engine.add_request([5, 6, 7, 8, 9], BeamSearchParams(beam_width=8, max_tokens=20))
     out, _ = run(engine, [5, 6, 7, 8, 9], BeamSearchParams(beam_width=2, max_tokens=4))
     assert len(out.sequences) == 2 and engine.kv.allocator.num_free == 12
+
+
+def test_the_contiguous_allocator_copies_instead_of_sharing_with_the_same_tokens(tiny_llama_dir):
+    """Before vLLM, each sequence had its own range and a fork copied the prompt's KV into it: the
+    tokens are the paged allocator's, the memory is not (the compare page shows the difference)."""
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    results = {}
+    for allocator in ("paged", "contiguous"):
+        engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=64, allocator=allocator,
+                                        reservation="oracle"))
+        a = engine.add_request(prompt, SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=3))
+        b = engine.add_request(prompt, BeamSearchParams(beam_width=3, max_tokens=6))
+        reports = []
+        while engine.has_unfinished_requests():
+            reports.append(engine.step())
+        results[allocator] = ([c.token_ids for c in engine.get_output(a).outputs], [c.token_ids for c in engine.get_output(b).outputs],
+                              max(r.memory.allocated for r in reports))
+        if allocator == "contiguous":
+            assert engine.kv.gap_starts == [0] and not engine.kv.ranges and not engine.kv.spare, "every range returned"
+    assert results["paged"][:2] == results["contiguous"][:2]
+    assert results["contiguous"][2] > results["paged"][2], "copies take more memory than shared blocks"

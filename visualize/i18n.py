@@ -10,6 +10,8 @@ The lesson notebooks may use the same catalogue.
 
 from __future__ import annotations
 
+import re
+
 LANGUAGES = ("en", "zh")
 LANGUAGE_NAMES = {"en": "English", "zh": "中文"}
 
@@ -50,6 +52,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{blocks} blocks × {block_size} = **{tokens} tokens**, {mib:.1f} MiB ({slot_kib:.1f} KiB per token)",
         "{blocks} 块 × {block_size} = **{tokens} 个 token**，{mib:.1f} MiB（每 token {slot_kib:.1f} KiB）",
     ),
+    "value_clamped": (
+        "{typed} is outside {lo}–{hi}, so {used} is used.",
+        "{typed} 超出 {lo}–{hi} 的范围，因此使用 {used}。",
+    ),
+    "pool_mib_bounds": (
+        "From {lo} MiB (2 blocks of this model at this block size) to {hi} MiB ({blocks} blocks).",
+        "范围为 {lo} MiB（此模型在此块大小下的 2 个块）到 {hi} MiB（{blocks} 块）。",
+    ),
     "allocator": ("Allocator", "分配器"),
     "allocator_paged": ("paged (PagedAttention)", "分页（PagedAttention）"),
     "allocator_contiguous": ("contiguous (before vLLM)", "连续（vLLM 之前）"),
@@ -63,10 +73,24 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "torch: gather + softmax (fast on CPU). triton: the PagedAttention kernels (interpreted on CPU, slow).",
         "torch：gather + softmax（CPU 上快）。triton：PagedAttention 内核（CPU 上解释执行，较慢）。",
     ),
-    "max_batch": ("Max batch (requests per step)", "最大批量（每步请求数）"),
+    "max_batch": ("Max batch (requests per step)", "最大批大小（每步请求数）"),
     "sampling": ("Sampling", "采样"),
+    "sample_toggle": ("Sample (off: greedy)", "随机采样（关：贪心）"),
+    "sample_toggle_help": (
+        "Off: each request takes its most likely token (greedy), so a demo gives the same text every run. "
+        "On: tokens are drawn at the temperature below, seeded per request.",
+        "关：每个请求取概率最大的 token（贪心），同一演示每次运行结果相同。开：按下面的温度随机抽取 token，每个请求有自己的种子。",
+    ),
     "temperature": ("Temperature", "温度"),
     "seed": ("Seed", "随机种子"),
+    # --- layout
+    "layout": ("Layout", "布局"),
+    "layout_normal": ("desk", "桌面"),
+    "layout_projector": ("projector", "投影"),
+    "layout_help": (
+        "Projector: the pool map and block tables large and first, the request texts folded away.",
+        "投影：块池和块表放大并置于最前，请求文本折叠起来。",
+    ),
     # --- workload editor
     "workload": ("Workload", "工作负载"),
     "workload_help": (
@@ -78,10 +102,35 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_long_story": ("Long story", "长篇故事"),
     "preset_preemption": ("Mix that forces preemption", "会触发抢占的混合负载"),
     "load_preset": ("Load preset", "载入预设"),
+    "save_workload": ("Download workload + settings (JSON)", "下载工作负载和设置（JSON）"),
+    "save_run": ("Download the whole run (JSON)", "下载整次运行（JSON）"),
+    "open_file": ("Open a saved workload or run", "打开保存的工作负载或运行"),
+    "open_file_help": (
+        "A workload file fills the editor and the sidebar; a run file replays its steps here without the model. "
+        "The format is described in engine/runfile.py and the README.",
+        "工作负载文件会填入编辑器和侧边栏；运行文件无需模型即可在此回放各步。格式见 engine/runfile.py 和 README。",
+    ),
+    "open_failed": ("This file cannot be opened: {error}", "无法打开此文件：{error}"),
+    "saved_run_banner": (
+        "Replaying the saved run **{name}** ({steps} steps, {model}); the model is not needed. Close it to return to the live engine.",
+        "正在回放保存的运行 **{name}**（{steps} 步，{model}），无需模型。关闭后回到实时引擎。",
+    ),
+    "close_run": ("Close the saved run", "关闭保存的运行"),
     "prompt": ("Prompt", "提示词"),
     "max_tokens": ("Max tokens", "最大生成 token 数"),
     "too_many_requests": ("At most {n} requests; the rest are ignored.", "最多 {n} 个请求，其余忽略。"),
-    "prompt_truncated": ("Prompts are cut to {n} characters.", "提示词截断为 {n} 个字符。"),
+    "note_empty_prompt": (
+        "Row {row}: the prompt is empty, so the row is left out (the requests after it move up one number and colour).",
+        "第 {row} 行：提示词为空，因此不计入（其后的请求编号和颜色前移一位）。",
+    ),
+    "note_long_prompt": (
+        "Row {row}: the prompt has {n} characters; only the first {max} are sent (a classroom bound).",
+        "第 {row} 行：提示词有 {n} 个字符，只发送前 {max} 个（课堂上限）。",
+    ),
+    "note_max_tokens": (
+        "Row {row}: max tokens {value} is not a whole number from 1 to {max}, so {used} is used.",
+        "第 {row} 行：最大生成 token 数 {value} 不是 1 到 {max} 之间的整数，因此使用 {used}。",
+    ),
     # --- controls
     "step": ("Step", "单步"),
     "run_n": ("Run N steps", "运行 N 步"),
@@ -90,8 +139,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "pause": ("Pause", "暂停"),
     "reset": ("Reset", "重置"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
-    "loading_model": ("Loading the model {model}…", "正在加载模型 {model}…"),
-    "building_engine": ("Building the engine…", "正在构建引擎…"),
+    "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
+    "building_engine": ("Building the engine…", "正在构建引擎……"),
     "all_done": ("All requests finished. Press Reset to run again.", "所有请求已完成。按“重置”重新运行。"),
     "no_steps_yet": ("Press Step to run the first scheduler iteration.", "按“单步”运行第一次调度迭代。"),
     "error_engine": ("Could not build the engine: {error}", "无法构建引擎：{error}"),
@@ -104,11 +153,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "phase_decode": ("decode", "解码"),
     "phase_mixed": ("mixed", "混合"),
     "phase_idle": ("idle", "空闲"),
-    "scheduled": ("Requests scheduled", "调度的请求"),
+    "scheduled": ("Requests scheduled", "已调度请求数"),
     "tokens_processed": ("Tokens processed", "处理的 token"),
     "step_time": ("Step time", "步耗时"),
     "preemptions": ("Preemptions", "抢占"),
     "time_per_phase": ("Time per phase (ms)", "各阶段耗时（毫秒）"),
+    "timing_schedule": ("schedule", "调度"),
+    "timing_forward": ("forward", "前向计算"),
+    "timing_sample": ("sample", "采样"),
+    "timing_report": ("report", "报告"),
+    "timing_prepare": ("prepare", "准备输入"),
+    "tok_count": ("{n} tok", "{n} 个 token"),
     "running_waiting": ("Running / waiting / finished", "运行 / 等待 / 完成"),
     # --- requests
     "requests": ("Requests and their text", "请求及其生成文本"),
@@ -117,7 +172,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "status_running": ("running", "运行中"),
     "status_finished": ("finished ({reason})", "已完成（{reason}）"),
     "status_preempted": ("preempted", "被抢占"),
-    "preempted_times": ("preempted ×{n}", "被抢占 ×{n}"),
+    "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
     "pool_caption": (
@@ -131,6 +186,25 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "logical_index": ("Logical block", "逻辑块"),
     "tokens_held": ("Tokens held", "存放 token 数"),
     "touched": ("Touched this step", "本步改动"),
+    "ref_count": ("Reference count", "引用计数"),
+    "holders": ("Held by", "持有者"),
+    "seq_of_request": ("seq {seq} (request {request})", "序列 {seq}（请求 {request}）"),
+    "copy_on_write": ("Copy-on-write", "写时复制"),
+    "cow_src": ("source, copied to block {dst}", "源块，复制到块 {dst}"),
+    "cow_dst": ("new copy of block {src}", "块 {src} 的新副本"),
+    "beam_tree_title": ("Beam tree", "束搜索树"),
+    "beam_tree_step": ("step", "步"),
+    "beam_tree_beam": ("beam", "束"),
+    "beam_pruned": ("pruned: its blocks went back to the free list", "被剪枝：其块已归还空闲列表"),
+    "beam_live": ("live beam", "存活的束"),
+    "memory_saved_by_sharing": ("Memory saved by sharing", "共享节省的显存"),
+    "memory_saved_help": (
+        "Paper §6.3: blocks saved by sharing ÷ blocks the sequences would need without sharing. "
+        "Paper, Figure 15 (OPT-13B): parallel sampling n = 2/4/6 saves 6.1/8.5/9.8% on Alpaca, "
+        "beam search width 2/4/6 37.6/53.1/55.2%.",
+        "论文 §6.3：共享节省的块 ÷ 不共享时各序列需要的块。论文图 15（OPT-13B）："
+        "Alpaca 上并行采样 n = 2/4/6 节省 6.1/8.5/9.8%，束搜索宽度 2/4/6 节省 37.6/53.1/55.2%。",
+    ),
     "block_tables": ("Block tables", "块表"),
     "block_tables_caption": (
         "Each request's logical blocks (in order) and the physical block each maps to, with filled slots.",
@@ -139,7 +213,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "no_live_requests": ("No request holds KV blocks right now.", "当前没有请求占用 KV 块。"),
     "slot_range": ("slots {start}–{end}", "槽位 {start}–{end}"),
     # --- memory
-    "memory": ("Memory over steps", "各步内存"),
+    "memory": ("Memory over steps", "各步显存"),
     "memory_unit": ("Unit", "单位"),
     "tokens": ("tokens", "token"),
     "token_states": ("token states", "token 状态"),
@@ -172,7 +246,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{count} 个 token，位置 {first}–{last}，写入块 {blocks} 的槽位",
     ),
     "ev_write_one_detail": ("position {position} → slot {slot} (block {block})", "位置 {position} → 槽位 {slot}（块 {block}）"),
-    "ev_preempt_detail": ("evicted; will be recomputed", "被驱逐，之后重新计算"),
+    "ev_preempt_detail": ("evicted; will be recomputed", "被抢占，之后重计算"),
     "no_events": ("No events this step.", "本步没有事件。"),
     "save_png": ("Download PNG", "下载 PNG"),
     # --- compare page
@@ -189,17 +263,54 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "num_requests": ("Requests", "请求数"),
     "sim_workload": ("Workload", "工作负载"),
     "kv_slots": ("KV pool (token slots)", "KV 池（token 槽位）"),
-    "replay_step": ("Replay: step", "回放：步"),
+    "replay_step": ("Replay: step", "回放：第几步"),
+    "replay_help": (
+        "Drag back to see any kept step: pool map, block tables, memory and events as they were. Step continues from the newest.",
+        "向回拖动可查看任一保留的步：块池、块表、显存和事件都显示当时的状态。“单步”从最新一步继续。",
+    ),
+    "replaying": (
+        "Showing step {step} of a run whose newest step is {newest}. Step continues from the newest.",
+        "正在显示第 {step} 步（本次运行最新为第 {newest} 步）。“单步”从最新一步继续。",
+    ),
     "concurrency": ("Concurrent requests", "并发请求数"),
     "throughput": ("Throughput", "吞吐量"),
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
     "token_state_share": ("token states share", "token 状态占比"),
     "steps_taken": ("steps", "步数"),
-    "paper_bars": ("KV memory waste, paper style (Figure 2)", "KV 内存浪费（论文图 2 风格）"),
-    "paper_unavailable": ("visualize/paper.py is not available yet.", "visualize/paper.py 尚不可用。"),
+    "paper_bars": ("KV memory waste, paper style (Figure 2)", "KV 显存浪费（论文图 2 风格）"),
+    "fig2_title": ("{workload}: KV cache usage", "{workload}：KV 缓存使用情况"),
+    "fig2_axis": ("share of the KV pool (%)", "占 KV 池的比例（%）"),
+    "fig2_paper_mark": ("paper, Figure 2: token states", "论文图 2：token 状态"),
+    "fig2_paper_value": ("paper {value}", "论文 {value}"),
+    "fig2_workload_engine": ("sidebar workload", "侧边栏工作负载"),
+    "fig2_caption": (
+        "Each bar is the whole KV pool, averaged over the run's steps. The dashed mark and its number are the "
+        "paper's token-state share for the matching system (vLLM, Orca Max/Pow2/Oracle), measured on ShareGPT "
+        "with a full pool. The paper's legend says “External frag. & Others”: “others” is memory none of its "
+        "categories names; here every slot has a category, so it is external fragmentation, and free when the pool is not full.",
+        "每根柱是整个 KV 池在本次运行各步上的平均。虚线及其数值是论文中对应系统（vLLM、Orca Max/Pow2/Oracle）的 token 状态占比，"
+        "在 ShareGPT 上、KV 池满载时测得。论文图例中的“External frag. & Others（外部碎片及其他）”里，“其他”指不属于其任何类别的显存；"
+        "这里每个槽位都有类别，所以它就是外部碎片，KV 池未满时还有空闲。",
+    ),
+    "category_help_title": ("What the categories mean", "各类别的含义"),
+    "category_help": (
+        "**token states**: slots that hold a token's K and V (the only useful memory). "
+        "**reserved**: slots set aside for tokens a request will still produce (contiguous allocators reserve ahead; paged never does). "
+        "**internal fragmentation**: slots inside an allocation that will never hold a token (paged: the unfilled tail of a "
+        "request's last block; contiguous: the reservation beyond the request's final length). "
+        "**external fragmentation**: free slots the next waiting request cannot use, because they lie in a gap too small for its "
+        "contiguous range (always 0 for paged). **free**: every other slot.",
+        "**token 状态**：存放某个 token 的 K 和 V 的槽位（唯一有用的显存）。"
+        "**预留**：为请求之后还会生成的 token 预先留出的槽位（连续分配器提前预留；分页分配器从不预留）。"
+        "**内部碎片**：在已分配空间内、但永远不会存放 token 的槽位（分页：请求最后一块中未填满的部分；连续：超出请求最终长度的预留）。"
+        "**外部碎片**：空闲、但下一个等待中的请求用不上的槽位，因为它们所在的空隙放不下该请求的连续区间（分页时恒为 0）。"
+        "**空闲**：其余所有槽位。",
+    ),
+    "system_paged": ("paged", "分页"),
+    "system_contiguous": ("contiguous ({reservation})", "连续（{reservation}）"),
     "compare_hint": ("Press “Run both” to compare.", "按“运行两者”开始比较。"),
-    "running_compare": ("Running {allocator}…", "正在运行 {allocator}…"),
+    "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),
     # --- kernel lab
     "kernel_intro": (
         "Runs the Triton PagedAttention decode kernel on the real state of the last step: for every request "
@@ -229,8 +340,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "在 CPU 解释器下，内核把最多 {pairs} 个（序列、KV 头）对放进一个程序以减少 Python 开销；每对的计算相同。",
     ),
     "block_reads": ("Block-table reads", "块表读取"),
-    "max_diff_ref": ("max |kernel − torch reference|", "最大 |内核 − torch 参考|"),
-    "max_diff_engine": ("max |kernel − engine's attention in the step|", "最大 |内核 − 该步引擎的注意力输出|"),
+    "max_diff_ref": ("max |kernel − reference|", "最大 |内核 − 参考|"),
+    "max_diff_ref_help": ("Largest difference from the plain-torch PagedAttention reference.", "与纯 torch 的 PagedAttention 参考实现之间的最大差值。"),
+    "max_diff_engine": ("max |kernel − engine|", "最大 |内核 − 引擎|"),
+    "max_diff_engine_help": (
+        "Largest difference between the kernel's output and the attention output the engine computed in that step.",
+        "内核输出与该步中引擎算出的注意力输出之间的最大差值。",
+    ),
     "kernel_time": ("Kernel time", "内核耗时"),
     "reference_time": ("Reference time", "参考实现耗时"),
     "sequence": ("Sequence", "序列"),
@@ -246,8 +362,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "用同一引擎和图表逐步讲解的 Jupyter 笔记本。用 `jupyter lab <路径>` 打开。",
     ),
     "no_lessons": ("No lesson notebooks found in {path}.", "在 {path} 中没有找到课程笔记本。"),
-    "goal": ("Goal", "目标"),
+    "goal_line": ("**Goal:** {goal}", "**目标：**{goal}"),
     "path": ("Path", "路径"),
+    # --- lesson 7 (sharing) figure
+    "l7_parallel_sampling": ("Parallel sampling, n = {n}", "并行采样，n = {n}"),
+    "l7_beam_search": ("Beam search, width {width}", "束搜索，宽度 {width}"),
+    "l7_blocks_without_sharing": ("blocks needed without sharing", "不共享时需要的块"),
+    "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
 }
 
 
@@ -257,3 +378,18 @@ def t(key: str, lang: str = "en", **values) -> str:
         raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
     text = CATALOGUE[key][LANGUAGES.index(lang)]
     return text.format(**values) if values else text
+
+
+def untranslated(text: str) -> list[str]:
+    """English texts of the catalogue (or their fixed parts around ``{placeholders}``) that occur in
+    ``text`` as whole words although their Chinese differs: what a 中文 page or chart must not show.
+    Parts shorter than 4 characters, or present in the Chinese too (names like MiB, SmolLM2), are skipped."""
+    found = []
+    for en, zh in CATALOGUE.values():
+        for part in re.split(r"\{[^}]*\}", en):
+            part = part.strip(" .,:;·()–-*")
+            if len(part) < 4 or not re.search("[A-Za-z]{3}", part) or part in zh:
+                continue
+            if re.search(rf"(?<![A-Za-z]){re.escape(part)}(?![A-Za-z])", text):
+                found.append(part)
+    return sorted(set(found))

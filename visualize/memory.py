@@ -68,15 +68,19 @@ def memory_figure(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", t
     return fig
 
 
-def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", height: int = 220) -> alt.Chart:
-    """Interactive stacked areas (Altair): hover to read a step's slots per category."""
+def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", height: int = 220,
+                 legend_columns: int = 3) -> alt.Chart:
+    """Interactive stacked areas (Altair): hover to read a step's slots per category.
+
+    The legend's labels are never cut (``labelLimit=0``); narrow charts ask for fewer ``legend_columns``.
+    """
     long = _close_last_step(frame).melt("step", value_vars=list(CATEGORIES), var_name="category", value_name="amount")
     long["label"] = [t(c, lang) for c in long["category"]]
     long["order"] = [CATEGORIES.index(c) for c in long["category"]]
     ylabel = t("tokens", lang) if unit == "tokens" else "MiB"
     color = alt.Color("label:N", title=None,
                       scale=alt.Scale(domain=[t(c, lang) for c in CATEGORIES], range=[CATEGORY_COLORS[c] for c in CATEGORIES]),
-                      legend=alt.Legend(orient="bottom", columns=3))
+                      legend=alt.Legend(orient="bottom", columns=legend_columns, labelLimit=0))
     return alt.Chart(long).mark_area(interpolate="step-after").encode(
         x=alt.X("step:Q", title=t("step_axis", lang), axis=alt.Axis(format="d", tickMinStep=1)),  # whole steps
         y=alt.Y("amount:Q", stack="zero", title=ylabel),

@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from engine.report import ALLOCATE, CACHE_HIT, EVICT, FINISH, FREE, PREEMPT, WRITE, StepReport
-from visualize.colors import EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, WRITE, StepReport
+from visualize.colors import COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.style import use_cjk_font
 
@@ -26,8 +26,14 @@ def num_blocks_of(report: StepReport, block_size: int) -> int:
 
 
 def touched_blocks(report: StepReport) -> set[int]:
-    """Physical blocks allocated, written or freed during the step."""
-    return {e.block_id for e in report.events if e.block_id is not None and e.kind in (ALLOCATE, WRITE, FREE)}
+    """Physical blocks allocated, written, freed or copied during the step."""
+    blocks = {e.block_id for e in report.events if e.block_id is not None and e.kind in (ALLOCATE, WRITE, FREE, COPY_ON_WRITE)}
+    return blocks | {e.dst_block_id for e in report.events if e.kind == COPY_ON_WRITE}
+
+
+def copy_on_write_pairs(report: StepReport) -> list[tuple[int, int, int | None]]:
+    """The step's copy-on-writes as ``(src block, dst block, sequence)`` (paper §4.4, Figure 8)."""
+    return [(e.block_id, e.dst_block_id, e.seq_id) for e in report.events if e.kind == COPY_ON_WRITE]
 
 
 def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[dict]:
@@ -36,30 +42,39 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[
     Keys: block, row, col (grid position, ``columns`` blocks per row), owner (request id or None),
     logical_index (its index in the owner's block table), filled (slots holding token states),
     block_size, touched (allocated / written / freed this step), owners (every request with slots
-    in it: a contiguous range need not start on a block boundary, so two may share a block).
+    in it: a contiguous range need not start on a block boundary, so two may share a block),
+    holders (every ``(request id, sequence id)`` whose block table holds it), ref_count (its
+    reference count: > 1 when sequences share it, paper §4.4), cow ("src" / "dst" when it was the
+    source or the new copy of a copy-on-write this step, else None).
     """
     blocks = [
         dict(block=b, row=b // columns, col=b % columns, owner=None, logical_index=None, filled=0,
-             block_size=block_size, touched=False, owners=[])
+             block_size=block_size, touched=False, owners=[], holders=[], ref_count=0, cow=None)
         for b in range(num_blocks_of(report, block_size))
     ]
     for snap in report.block_tables:
-        for logical, (physical, filled) in enumerate(zip(snap.block_table, snap.filled)):
+        refs = snap.ref_counts or [1] * len(snap.block_table)
+        for logical, (physical, filled, ref) in enumerate(zip(snap.block_table, snap.filled, refs)):
             cell = blocks[physical]
-            cell["owners"].append(snap.request_id)
+            if snap.request_id not in cell["owners"]:
+                cell["owners"].append(snap.request_id)
+            cell["holders"].append((snap.request_id, snap.seq_id))
+            cell["ref_count"] = max(cell["ref_count"], ref)
             # The owner shown is the request with the most tokens here (the first one if tied).
             if cell["owner"] is None or filled > cell["filled"]:
                 cell.update(owner=snap.request_id, logical_index=logical, filled=filled)
     for b in touched_blocks(report):
         if b < len(blocks):
             blocks[b]["touched"] = True
+    for src, dst, _ in copy_on_write_pairs(report):
+        blocks[src]["cow"], blocks[dst]["cow"] = "src", "dst"
     return blocks
 
 
 def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> pd.DataFrame:
     """``pool_blocks`` as a DataFrame with the drawing coordinates, colours and tooltip texts."""
     blocks = pool_blocks(report, block_size, columns)
-    df = pd.DataFrame(blocks).drop(columns=["owners"])
+    df = pd.DataFrame(blocks).drop(columns=["owners", "holders"])
     df["x"], df["x2"] = df["col"], df["col"] + CELL_W
     df["fill_x2"] = df["col"] + CELL_W * df["filled"] / block_size
     df["y"], df["y2"] = df["row"], df["row"] + CELL_H
@@ -69,6 +84,17 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
     df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
     df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
     df["touched_text"] = ["✓" if b["touched"] else "" for b in blocks]
+    df["holders_text"] = [", ".join(t("seq_of_request", lang, seq=sq, request=r) for r, sq in b["holders"]) or "–" for b in blocks]
+    df["ref_text"] = [str(b["ref_count"]) for b in blocks]
+    df["badge"] = [f"×{b['ref_count']}" if b["ref_count"] > 1 else "" for b in blocks]
+    copies: dict[int, list[int]] = {}  # one source may be copied for several writers
+    cow_text = {}
+    for src, dst, _ in copy_on_write_pairs(report):
+        copies.setdefault(src, []).append(dst)
+        cow_text[dst] = t("cow_dst", lang, src=src)
+    cow_text.update({src: t("cow_src", lang, dst=", ".join(map(str, dsts))) for src, dsts in copies.items()})
+    df["cow"] = [b["cow"] or "" for b in blocks]
+    df["cow_text"] = [cow_text.get(b["block"], "") for b in blocks]
     return df
 
 
@@ -93,6 +119,9 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"field": "logical_text", "type": "nominal", "title": t("logical_index", lang)},
         {"field": "held_text", "type": "nominal", "title": t("tokens_held", lang)},
         {"field": "touched_text", "type": "nominal", "title": t("touched", lang)},
+        {"field": "ref_text", "type": "nominal", "title": t("ref_count", lang)},
+        {"field": "holders_text", "type": "nominal", "title": t("holders", lang)},
+        {"field": "cow_text", "type": "nominal", "title": t("copy_on_write", lang)},
     ]
     layers = [
         # the whole block, pale: allocated-but-empty slots show as the pale part
@@ -105,6 +134,18 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"transform": [{"filter": "datum.touched"}],
          "mark": {"type": "rect", "fillOpacity": 0, "stroke": TOUCHED_COLOR, "strokeWidth": 2.5},
          "encoding": {**box, "tooltip": tooltip}},
+        # copy-on-write this step: the source dashed, the new copy solid, both in the COW colour
+        {"transform": [{"filter": "datum.cow != ''"}],
+         "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3},
+         "encoding": {**box, "strokeDash": {"field": "cow", "type": "nominal", "legend": None,
+                                            "scale": {"domain": ["src", "dst"], "range": [[4, 2], [1, 0]]}},
+                      "tooltip": tooltip}},
+        # shared (refcount > 1): a "×n" badge in the block's corner
+        {"transform": [{"filter": "datum.badge != ''"}, {"calculate": f"datum.x + {CELL_W - 0.05}", "as": "bx"},
+                       {"calculate": "datum.y + 0.22", "as": "by"}],
+         "mark": {"type": "text", "fontSize": 8, "fontWeight": "bold", "align": "right", "color": COW_COLOR},
+         "encoding": {"x": {**x, "field": "bx"}, "y": {**y, "field": "by"}, "text": {"field": "badge", "type": "nominal"},
+                      "tooltip": tooltip}},
         # the physical block number
         {"transform": [{"calculate": f"datum.x + {CELL_W / 2}", "as": "cx"}, {"calculate": f"datum.y + {CELL_H / 2}", "as": "cy"}],
          "mark": {"type": "text", "fontSize": 9, "color": "#222"},

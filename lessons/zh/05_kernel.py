@@ -9,7 +9,7 @@
 # ---
 
 # %% [markdown]
-# # 第 5 课 — PagedAttention 解码内核
+# # 第 5 课 PagedAttention 解码内核
 #
 # **目标：** 理解引擎的 Triton 解码内核（kernel）里的三个想法——在线 softmax（online softmax）、分组的 KV 头、split-K——亲手运行这个内核，并写一个读取分页缓存的简化版本。
 #
@@ -117,7 +117,7 @@ plt.show()
 
 # %% [markdown]
 # ## 4. Split-K
-# 序列少、上下文长的时候，程序数量太少，填不满 GPU 的计算核心。vLLM 的 `paged_attention_v2`（即 FlashDecoding 的思路）把每个上下文切成若干分区（partition），由不同的程序处理；每个程序写出一个部分输出，附带自己的最大值 *mᵢ* 和求和 *lᵢ*，再由一个归约（reduce）内核以权重 *lᵢ* · exp(*mᵢ* − max *m*) 把它们合并。答案相同，并行度更高。
+# 序列少、上下文长的时候，程序数量太少，填不满 GPU 的计算核心。vLLM 的 `paged_attention_v2`（采用了 FlashDecoding 的思路）把每个上下文切成若干分区（partition），由不同的程序处理；每个程序写出一个部分输出，附带自己的最大值 *mᵢ* 和求和 *lᵢ*，再由一个归约（reduce）内核以权重 *lᵢ* · exp(*mᵢ* − max *m*) 把它们合并。答案相同，并行度更高。
 
 # %%
 for splits in (1, 2, 4):

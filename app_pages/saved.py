@@ -1,0 +1,89 @@
+"""Save and open: the workload with its settings, or a whole run, as JSON files (engine/runfile.py).
+
+A saved run opens without the model: the Live engine page then replays its step reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pandas as pd
+import streamlit as st
+
+from app_pages.state import MAX_BLOCKS, Settings
+from engine.model_loader import DEFAULT_MODEL
+from engine.runfile import Run, RunFileError, Workload, WorkloadRequest, load_any, run_json, workload_json
+from visualize.i18n import t
+
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+def current_workload(settings: Settings, rows: list[tuple[str, int]]) -> Workload:
+    return Workload([WorkloadRequest(p, n) for p, n in rows], asdict(settings))
+
+
+def save_and_open(settings: Settings, rows: list[tuple[str, int]], llm, prompts: dict[int, str], lang: str) -> None:
+    """Download buttons (workload; run, once there are steps) and the uploader that opens either."""
+    c = st.columns(2)
+    c[0].download_button(t("save_workload", lang), workload_json(current_workload(settings, rows)),
+                         file_name="workload.json", mime="application/json", key="dl_workload", width="stretch")
+    reports = st.session_state.get("reports") or []
+    if llm is not None and reports:
+        engine = dict(model_name=llm.model_name, block_size=llm.config.block_size, num_blocks=llm.num_blocks,
+                      bytes_per_slot=llm.bytes_per_slot)
+        c[1].download_button(t("save_run", lang), lambda: run_json(Run(current_workload(settings, rows), engine, prompts, reports)),
+                             file_name=f"run_{len(reports)}_steps.json", mime="application/json", key="dl_run", width="stretch")
+    st.file_uploader(t("open_file", lang), type=["json"], key="upload", on_change=_opened, args=(lang,), help=t("open_file_help", lang))
+    error = st.session_state.get("upload_error")
+    if error:
+        st.error(error)
+
+
+def _opened(lang: str) -> None:
+    """Uploader callback (runs before the script, so it may set the sidebar's widgets)."""
+    state = st.session_state
+    file = state.get("upload")
+    state["upload_error"] = None
+    if file is None:
+        return
+    try:
+        opened = load_any(file.getvalue(), name=file.name)
+    except RunFileError as error:
+        state["upload_error"] = t("open_failed", lang, error=error)
+        return
+    if isinstance(opened, Run):
+        state["loaded_run"], state["loaded_run_name"] = opened, file.name
+        state["replay_at"] = None
+        return
+    apply_workload(opened)
+
+
+def apply_workload(workload: Workload) -> None:
+    """Put a workload's requests in the editor and its settings in the sidebar's widgets."""
+    state, s = st.session_state, workload.settings
+    state["workload_df"] = pd.DataFrame([(r.prompt, r.max_tokens) for r in workload.requests], columns=["prompt", "max_tokens"])
+    state["editor_version"] = state.get("editor_version", 0) + 1
+    state["model_choice"] = "default" if s["model"] == DEFAULT_MODEL else "local"
+    if s["model"] != DEFAULT_MODEL:
+        state["model_path"] = s["model"]
+    if s["block_size"] in BLOCK_SIZES:
+        state["block_size"] = s["block_size"]
+    if s["kv_cache_memory"] is not None:
+        state["pool_unit"] = state["pool_unit_shown"] = "mib"
+        state["pool_mib"] = round(s["kv_cache_memory"] / (1 << 20), 2)
+    else:
+        state["pool_unit"] = state["pool_unit_shown"] = "blocks"
+        state["num_blocks"] = min(max(int(s["num_gpu_blocks"] or 64), 2), MAX_BLOCKS)
+    state["allocator"] = s["allocator"]
+    state["reservation"] = s["reservation"]
+    state["backend"] = s["attention_backend"] if s["attention_backend"] in ("torch", "triton") else "torch"
+    state["max_batch"] = min(max(s["max_num_seqs"], 1), 16)
+    state["sample"] = s["temperature"] > 0
+    if s["temperature"] > 0:
+        state["temperature"] = min(max(round(s["temperature"], 1), 0.1), 1.5)
+    state["seed"] = s["seed"]
+
+
+def close_run() -> None:
+    for key in ("loaded_run", "loaded_run_name", "replay_at"):
+        st.session_state.pop(key, None)

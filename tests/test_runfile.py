@@ -1,0 +1,111 @@
+"""Saved workload and run files (engine/runfile.py): round trips, and clear errors on bad or foreign files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import runfile
+from engine.model_loader import DEFAULT_MODEL
+from engine.runfile import RunFileError, Workload, WorkloadRequest, load_workload, workload_json
+
+
+def test_default_model_name_matches_the_loader():
+    assert runfile.DEFAULT_MODEL == DEFAULT_MODEL
+
+
+def test_workload_round_trip(tmp_path):
+    workload = Workload([WorkloadRequest("What is 2 + 2?", 16), WorkloadRequest("讲个故事", 40)],
+                        {"block_size": 8, "num_gpu_blocks": 32, "temperature": 0.7, "seed": 3})
+    path = tmp_path / "w.json"
+    path.write_text(workload_json(workload), encoding="utf-8")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert (data["format"], data["version"]) == ("pagedattention-lab/workload", 1)
+    loaded = load_workload(path)
+    assert loaded.requests == workload.requests
+    assert loaded.settings["block_size"] == 8 and loaded.settings["num_gpu_blocks"] == 32
+    assert loaded.settings["allocator"] == "paged"  # missing keys take their defaults
+    assert load_workload(path.read_bytes(), name="w.json").requests == workload.requests
+
+
+def test_unknown_keys_are_ignored():
+    data = {"format": "pagedattention-lab/workload", "version": 1, "future": [1, 2],
+            "settings": {"block_size": 4, "prefix_caching": True},
+            "requests": [{"prompt": "hi", "max_tokens": 2, "n": 3}]}
+    loaded = load_workload(json.dumps(data).encode(), name="new.json")
+    assert loaded.requests == [WorkloadRequest("hi", 2)] and loaded.settings["block_size"] == 4
+    assert "prefix_caching" not in loaded.settings
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{not json", "x.json: not a JSON file"),
+    (b"[1, 2]", "x.json: not a PagedAttention Lab file"),
+    (b'{"cells": []}', "not a PagedAttention Lab workload file (no \"format\" key"),
+    (b'{"format": "pagedattention-lab/run", "version": 1}', "format 'pagedattention-lab/run'"),
+    (b'{"format": "pagedattention-lab/workload", "version": 99, "requests": []}', "version 99 was written by a newer"),
+    (b'{"format": "pagedattention-lab/workload", "version": "1"}', "bad \"version\""),
+    (b'{"format": "pagedattention-lab/workload", "version": 1, "requests": []}', "\"requests\" must be a non-empty list"),
+    (b'{"format": "pagedattention-lab/workload", "version": 1, "requests": [{"prompt": "a", "max_tokens": 0}]}',
+     "request 0: \"max_tokens\" must be an integer >= 1"),
+    (b'{"format": "pagedattention-lab/workload", "version": 1, "requests": [{"prompt": " ", "max_tokens": 3}]}',
+     "request 0: \"prompt\" must be a non-empty string"),
+    (b'{"format": "pagedattention-lab/workload", "version": 1, "requests": [{"prompt": "a", "max_tokens": 3}],'
+     b' "settings": {"block_size": 0}}', "setting \"block_size\" has a bad value 0"),
+    (b'{"format": "pagedattention-lab/workload", "version": 1, "requests": [{"prompt": "a", "max_tokens": 3}],'
+     b' "settings": {"num_gpu_blocks": 8, "kv_cache_memory": 100}}', "not both"),
+])
+def test_bad_files_are_refused_with_a_reason(content, message):
+    with pytest.raises(RunFileError) as error:
+        load_workload(content, name="x.json")
+    assert message in str(error.value)
+    assert str(error.value).startswith("x.json: ")
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(RunFileError, match="nope.json: cannot be read"):
+        load_workload(tmp_path / "nope.json")
+
+
+def test_a_run_round_trips_with_every_report_field(tiny_llama_dir, tmp_path):
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.runfile import Run, load_any, load_run, run_json
+
+    llm = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=6, block_size=4))
+    for prompt in ("Hello there, how are you?", "Tell me a story about a dragon."):
+        llm.add_request(prompt, SamplingParams(max_tokens=6, ignore_eos=True))
+    reports = [llm.step() for _ in range(8)]
+    assert any(r.preempted for r in reports) or any(r.finished for r in reports)
+    workload = Workload([WorkloadRequest("Hello there, how are you?", 6), WorkloadRequest("Tell me a story about a dragon.", 6)])
+    run = Run(workload, dict(model_name="tiny", block_size=4, num_blocks=6, bytes_per_slot=llm.bytes_per_slot),
+              {0: "Hello there, how are you?", 1: "Tell me a story about a dragon."}, reports)
+    path = tmp_path / "run.json"
+    path.write_text(run_json(run), encoding="utf-8")
+    loaded = load_run(path)
+    assert loaded.steps == reports  # every field of every report, nested dataclasses and int keys included
+    assert loaded.prompts == run.prompts and loaded.engine["num_blocks"] == 6
+    assert isinstance(load_any(path), Run) and isinstance(load_any(workload_json(workload).encode()), Workload)
+    with pytest.raises(RunFileError, match="not a PagedAttention Lab workload file"):
+        load_workload(path)  # a run is not a workload file
+
+
+def test_a_run_tolerates_new_fields_and_names_bad_ones():
+    from engine.runfile import load_run
+
+    step = {"step": 0, "phase": "prefill", "scheduled": [], "new_token_ids": {"0": [5]}, "new_text": {"0": "a"},
+            "finished": {}, "preempted": [], "events": [{"kind": "allocate", "request_id": 0, "block_id": 1, "shared": True}],
+            "block_tables": [{"request_id": 0, "block_table": [1], "filled": [3], "slot_range": None}],
+            "memory": {"capacity": 8, "token_states": 3, "reserved": 0, "internal_fragmentation": 1,
+                       "external_fragmentation": 0, "free": 4, "bytes_per_slot": 2},
+            "sequence_groups": [[0]]}  # a field a later engine may add
+    data = {"format": "pagedattention-lab/run", "version": 1, "requests": [{"prompt": "a", "max_tokens": 1}],
+            "engine": {"model_name": "m", "block_size": 4, "num_blocks": 2, "bytes_per_slot": 2}, "prompts": {"0": "a"},
+            "steps": [step]}
+    run = load_run(json.dumps(data).encode(), name="r.json")
+    assert run.steps[0].new_token_ids == {0: [5]} and run.steps[0].events[0].block_id == 1
+    data["steps"][0]["memory"]["free"] = 5  # no longer sums to the capacity
+    with pytest.raises(RunFileError, match="r.json: step 0: memory categories"):
+        load_run(json.dumps(data).encode(), name="r.json")
+    del data["steps"][0]["memory"]
+    with pytest.raises(RunFileError, match="r.json: step 0: "):
+        load_run(json.dumps(data).encode(), name="r.json")

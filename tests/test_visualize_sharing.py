@@ -1,0 +1,66 @@
+"""What the sharing views say: refcount badges, holders and copy-on-write in the pool map, and the
+beam tree with its pruned branches — read from the chart data, in both languages."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
+from engine.report import COPY_ON_WRITE, FREE
+from visualize.beam_tree import beam_tree_rows, beam_tree_spec
+from visualize.i18n import t
+from visualize.pool import pool_frame, pool_map_spec
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11]  # 7 tokens: one full block of 4 and a partly filled one
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir):
+    return LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=48))
+
+
+def run(engine, params):
+    request_id = engine.add_request(PROMPT, params)
+    reports = []
+    while engine.has_unfinished_requests():
+        reports.append(engine.step())
+    return request_id, reports
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_pool_map_shows_refcounts_holders_and_the_copy_on_write(engine, lang):
+    _, reports = run(engine, SamplingParams(n=3, max_tokens=3, temperature=1.0, seed=1))
+    forked, copied = reports[0], reports[1]
+    df = pool_frame(forked, 4, lang)
+    shared = df[df["badge"] != ""]
+    assert list(shared["badge"]) == ["×3", "×3"], "both prompt blocks are held by 3 samples"
+    holders = shared.iloc[0]["holders_text"]
+    assert holders.count(t("seq_of_request", lang, seq=0, request=0)[:2]) == 3
+    cow = [e for e in copied.events if e.kind == COPY_ON_WRITE]
+    df = pool_frame(copied, 4, lang)
+    src, dst = cow[0].block_id, cow[0].dst_block_id
+    assert df.loc[df["block"] == src, "cow"].item() == "src" and df.loc[df["block"] == dst, "cow"].item() == "dst"
+    assert df.loc[df["block"] == dst, "cow_text"].item() == t("cow_dst", lang, src=src)
+    dsts = ", ".join(str(e.dst_block_id) for e in cow)
+    assert df.loc[df["block"] == src, "cow_text"].item() == t("cow_src", lang, dst=dsts), "2 writers copied it, the 3rd wrote in place"
+    spec = pool_map_spec(copied, 4, lang)
+    titles = [f["title"] for f in spec["layer"][0]["encoding"]["tooltip"]]
+    assert t("ref_count", lang) in titles and t("holders", lang) in titles and t("copy_on_write", lang) in titles
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_beam_tree_shows_forks_and_pruned_branches_returning_blocks(engine, lang):
+    request_id, reports = run(engine, BeamSearchParams(beam_width=3, max_tokens=8))
+    nodes, edges = beam_tree_rows(reports, request_id)
+    live = [n for n in nodes if not n["pruned"]]
+    pruned = [n for n in nodes if n["pruned"]]
+    assert max(sum(1 for n in live if n["step"] == s) for s in {n["step"] for n in live}) == 3
+    assert any(e["forked"] for e in edges), "the prefill forks the prompt into 3 beams"
+    pruned_frees = {(r.step, e.seq_id, e.block_id) for r in reports for e in r.events
+                    if e.kind == FREE and e.request_id == request_id and r.finished.get(request_id) is None}
+    assert {(n["step"], n["seq_id"], b) for n in pruned for b in n["freed"]} == pruned_frees
+    spec = beam_tree_spec(reports, request_id, lang)
+    assert spec["title"] == t("beam_tree_title", lang)
+    states = {n["state"] for n in spec["layer"][1]["data"]["values"]}
+    assert t("beam_live", lang) in states
+    assert pruned and t("beam_pruned", lang) in states, "some beam was pruned (beam width 3, 8 tokens)"
