@@ -37,6 +37,8 @@ class MemoryUsage:
         blocks_without_sharing: blocks the live sequences would hold if none were shared (the sum
             of their block tables' lengths).
         blocks_with_sharing: physical blocks they hold (each shared block once).
+        cached_free_slots: prefix caching: slots of free blocks that still hold a cached, reusable
+            block's KV (cached and evictable); a part of ``free``, not a sixth category.
 
     Raises:
         ValueError: when the categories do not sum to the capacity or one is negative.
@@ -52,11 +54,14 @@ class MemoryUsage:
     shared_slots: int = 0
     blocks_without_sharing: int = 0
     blocks_with_sharing: int = 0
+    cached_free_slots: int = 0
 
     def __post_init__(self) -> None:
         parts = [getattr(self, c) for c in CATEGORIES]
         if min(parts) < 0 or sum(parts) != self.capacity:
             raise ValueError(f"memory categories {dict(zip(CATEGORIES, parts))} do not sum to capacity {self.capacity}")
+        if not 0 <= self.cached_free_slots <= self.free:
+            raise ValueError(f"cached free slots ({self.cached_free_slots}) must be part of the free slots ({self.free})")
 
     @property
     def allocated(self) -> int:

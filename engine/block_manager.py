@@ -7,16 +7,20 @@ memory and wastes at most one partly filled block (PagedAttention paper §4.2-4.
 ``KVCacheManager`` is the interface the scheduler talks to. Two allocators implement it: the paged
 one here and the contiguous one of the systems before vLLM (``engine/contiguous.py``), so the same
 scheduler — in the engine and in the model-free simulator — runs on either.
+
+With prefix caching on (``engine/prefix_cache.py``), the paged allocator is also vLLM v1's block
+pool: full blocks keep a hash, a freed block stays cached and evictable on the free queue, and a
+prompt's leading blocks are looked up before its prefill.
 """
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections import deque
 
 from engine.accounting import MemoryUsage
-from engine.report import ALLOCATE, COPY_ON_WRITE, FORK, FREE, BlockTableSnapshot, Event
+from engine.prefix_cache import HashFn, PrefixCache, hash_block_tokens
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot, Event
 from engine.sequence import Sequence, SequenceGroup
 
 # What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
@@ -27,12 +31,47 @@ class NoFreeBlocksError(RuntimeError):
     """Raised when a block is asked for and the free list is empty (the scheduler checks first)."""
 
 
-class BlockAllocator:
-    """A free list of physical block ids with a reference count per block.
+class FreeBlockQueue:
+    """Free block ids in eviction order, head first (vLLM's ``FreeKVCacheBlockQueue``).
 
-    Invariants: a block is either on the free list (refcount 0) or referenced (refcount >= 1),
-    never both. Blocks are handed out from the front of the free list and freed blocks go to the
-    back, so a block freed now is reused last.
+    ``popleft`` takes the head, ``append`` puts a block at the tail, and ``remove`` takes a block
+    from anywhere (a cached block hit while free), all O(1): vLLM links its blocks into a doubly
+    linked list for this; an insertion-ordered dict does the same here.
+    """
+
+    def __init__(self, block_ids: list[int]):
+        self._blocks: dict[int, None] = dict.fromkeys(block_ids)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __iter__(self):
+        return iter(self._blocks)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._blocks
+
+    def popleft(self) -> int:
+        block_id = next(iter(self._blocks))
+        del self._blocks[block_id]
+        return block_id
+
+    def append(self, block_id: int) -> None:
+        assert block_id not in self._blocks, f"block {block_id} is free already"
+        self._blocks[block_id] = None
+
+    def remove(self, block_id: int) -> None:
+        del self._blocks[block_id]
+
+
+class BlockAllocator:
+    """A free queue of physical block ids with a reference count per block.
+
+    Invariants: a block is either on the free queue (refcount 0) or referenced (refcount >= 1),
+    never both. Blocks are handed out from the head of the queue and freed blocks go to the
+    tail, so a block freed now is reused last (least recently used first: with prefix caching
+    the head is the cached block evicted next; vLLM's ``FreeKVCacheBlockQueue``). The queue is
+    a :class:`FreeBlockQueue`, so a cached block hit while free leaves it from the middle in O(1).
 
     Args:
         num_blocks: physical blocks in the pool.
@@ -45,7 +84,7 @@ class BlockAllocator:
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(order)
         self.num_blocks = num_blocks
-        self.free_blocks: deque[int] = deque(order)
+        self.free_blocks = FreeBlockQueue(order)
         self.ref_counts = [0] * num_blocks
         self.shared: set[int] = set()  # blocks with refcount > 1 (kept so that usage() need not scan)
 
@@ -67,6 +106,15 @@ class BlockAllocator:
         assert self.ref_counts[block_id] >= 1, f"block {block_id} is free"
         self.ref_counts[block_id] += 1
         self.shared.add(block_id)
+
+    def touch(self, block_id: int) -> None:
+        """Take one more reference to a cached block, free or not (vLLM's ``BlockPool.touch``): a
+        free one leaves the free queue first, so no allocation can evict it now."""
+        if self.ref_counts[block_id] == 0:
+            self.free_blocks.remove(block_id)
+        self.ref_counts[block_id] += 1
+        if self.ref_counts[block_id] > 1:
+            self.shared.add(block_id)
 
     def free(self, block_id: int) -> bool:
         """Drop one reference; the block returns to the free list at refcount 0. Returns True then."""
@@ -143,6 +191,10 @@ class KVCacheManager(ABC):
         """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1;
         contiguous: a range of its own, with the parent's KV queued in ``pending_copies``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot fork sequences")
+
+    def cache_blocks(self, seqs: list[Sequence]) -> None:
+        """After a step's forward pass (every ``seq.num_computed_tokens`` up to date): cache the
+        blocks it filled (prefix caching; nothing without it)."""
 
     def free_group(self, group: Group) -> None:
         """Release what ``group`` holds beyond its sequences' own memory (contiguous: ranges kept
@@ -231,15 +283,25 @@ class PagedBlockManager(KVCacheManager):
     difference: vLLM rejects a request that needs more than all blocks but the watermark; here a
     request that fits the empty pool is admitted when nothing else holds memory.
 
+    Prefix caching (``enable_caching``, vLLM v1's automatic prefix caching): a request's leading
+    full blocks found in the cache are *touched* (shared, refcount + 1, CACHE_HIT events) instead
+    of computed; at most ``num_tokens - 1`` tokens hit, so a prefill always computes its last token.
+    Blocks are hashed in :meth:`cache_blocks`, after the step that wrote their KV, so a request
+    admitted in the same step cannot hit them. Freed blocks keep their hash on the free queue;
+    handing one out again evicts it (EVICT event).
+
     Args:
         num_blocks: physical blocks in the pool.
         block_size: token slots per block.
         shuffle_seed: shuffle the initial free list (see :class:`BlockAllocator`).
         watermark: share of the blocks (0..1) admission leaves free; ``int(watermark * num_blocks)``
             blocks, as in vLLM (0.01: 9 of 981 blocks; 0 of fewer than 100 blocks).
+        enable_caching: automatic prefix caching (needs the sequences' ``token_ids``).
+        hash_fn: the block hash (tests pass a weakened one; see ``engine/prefix_cache.py``).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01):
+    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
+                 enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         self.num_blocks = num_blocks
@@ -249,6 +311,8 @@ class PagedBlockManager(KVCacheManager):
         self.events: list[Event] = []
         self.watermark_blocks = int(watermark * num_blocks)
         self.lockstep = False  # see start_lockstep
+        self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
+        self.num_cached_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -276,7 +340,8 @@ class PagedBlockManager(KVCacheManager):
     def allocate(self, seq: Group) -> None:
         first, *others = seq.unfinished_seqs()
         assert not first.block_table, f"request {first.request_id} already holds blocks"
-        for _ in range(self.blocks_needed(first.num_tokens)):
+        self._touch_computed_blocks(seq, first)
+        for _ in range(self.blocks_needed(first.num_tokens) - len(first.block_table)):
             self._take_block(first)
         shared = self._shared_prompt_blocks(seq)
         for other in others:  # re-prefill of a group: the full prompt blocks once, each tail its own
@@ -289,8 +354,61 @@ class PagedBlockManager(KVCacheManager):
                 self._take_block(other)
 
     def num_prefill_tokens(self, group: Group) -> int:
-        num_others = len(group.unfinished_seqs()) - 1
-        return group.num_new_tokens - num_others * self._shared_prompt_blocks(group) * self.block_size
+        # After the cache lookup, not before (nano-vllm #211): hit tokens are not computed.
+        first, *others = group.unfinished_seqs()
+        num_hit = len(self._computed_blocks(first))
+        return group.num_new_tokens - (len(others) * self._shared_prompt_blocks(group) + num_hit) * self.block_size
+
+    def _computed_blocks(self, seq: Sequence) -> list[int]:
+        """Cached blocks for ``seq``'s leading full blocks (vLLM's ``get_computed_blocks``), at most
+        ``(num_tokens - 1) // block_size`` of them: the last token is always computed, since its
+        logits choose the next token (vLLM #11186, nano-vllm #144). Only blocks whose token ids the
+        sequence carries are looked up (the simulator carries its prompts' ids, not its outputs')."""
+        if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
+            return []
+        num_blocks = min(seq.num_tokens - 1, len(seq.token_ids)) // self.block_size
+        hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
+        return self.prefix_cache.lookup(seq.token_ids, hashes)
+
+    def _touch_computed_blocks(self, group: Group, seq: Sequence) -> None:
+        """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
+        allocation cannot evict them; count them in the statistics."""
+        if self.prefix_cache is None:
+            return
+        hits = self._computed_blocks(seq)
+        for logical_index, block_id in enumerate(hits):
+            self.allocator.touch(block_id)
+            seq.block_table.append(block_id)
+            if self.record_events:
+                block_hash = self.prefix_cache.block_hash[block_id].hex()
+                self.events.append(Event(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index,
+                                         seq_id=seq.seq_id, block_hash=block_hash))
+        num_hit = len(hits) * self.block_size
+        seq.num_computed_tokens = num_hit
+        self.num_cached_blocks[seq.seq_id] = len(hits)
+        stats = self.prefix_cache.stats
+        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vLLM #25780)
+            stats.preempted_queries += seq.num_tokens
+            stats.preempted_hits += num_hit
+        else:
+            stats.queries += seq.num_tokens
+            stats.hits += num_hit
+            seq.num_cached_tokens = num_hit
+
+    def cache_blocks(self, seqs: list[Sequence]) -> None:
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        for seq in seqs:
+            num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
+            start = self.num_cached_blocks.get(seq.seq_id, 0)
+            if num_full <= start:
+                continue
+            hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
+            bs = self.block_size
+            for i in range(start, num_full):
+                cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
+            self.num_cached_blocks[seq.seq_id] = num_full
 
     def can_append_slot(self, seq: Sequence) -> bool:
         return self._blocks_to_append([seq]) <= self.allocator.num_free
@@ -307,7 +425,7 @@ class PagedBlockManager(KVCacheManager):
         src = table[logical_index]
         if self.allocator.ref_counts[src] == 1:
             return None  # its own block (or the last holder of a shared one): write in place
-        dst = self.allocator.allocate()
+        dst = self._allocate_block(seq)
         self.allocator.free(src)
         table[logical_index] = dst
         if self.record_events:
@@ -319,6 +437,8 @@ class PagedBlockManager(KVCacheManager):
         for block_id in parent.block_table:
             self.allocator.incref(block_id)
         child.block_table = list(parent.block_table)
+        if parent.seq_id in self.num_cached_blocks:
+            self.num_cached_blocks[child.seq_id] = self.num_cached_blocks[parent.seq_id]
         if self.record_events:
             self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
                                      detail=f"{len(parent.block_table)} blocks shared"))
@@ -330,18 +450,36 @@ class PagedBlockManager(KVCacheManager):
             returned = self.allocator.free(block_id)
             if self.record_events:
                 detail = "" if returned else f"still shared, refcount {self.allocator.ref_counts[block_id]}"
+                if returned and self._is_cached(block_id):
+                    detail = "cached, evictable"
                 self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index,
                                          seq_id=seq.seq_id, detail=detail))
         seq.block_table = []
+        self.num_cached_blocks.pop(seq.seq_id, None)
+
+    def _is_cached(self, block_id: int) -> bool:
+        return self.prefix_cache is not None and self.prefix_cache.block_hash[block_id] is not None
+
+    def free_queue(self) -> list[int]:
+        """The free queue, head (evicted next, least recently used) first."""
+        return list(self.allocator.free_blocks)
+
+    def cached_free_blocks(self) -> list[int]:
+        """Free blocks that still hold a cached block's KV (cached and evictable), head first."""
+        return [b for b in self.allocator.free_blocks if self._is_cached(b)]
 
     def _shared_prompt_blocks(self, group: Group) -> int:
         """Full prompt blocks that a group's (re)prefill shares among its sequences."""
         return group.num_prompt_tokens // self.block_size if group.is_group else 0
 
     def _blocks_to_admit(self, group: Group) -> int:
+        """Free blocks an admission takes: new blocks, and the cache hits now on the free queue
+        (touching takes them off it)."""
         seqs = group.unfinished_seqs()
         shared = self._shared_prompt_blocks(group)
-        return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared
+        hits = self._computed_blocks(seqs[0])
+        free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
+        return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared - len(hits) + free_hits
 
     def _blocks_to_append(self, seqs: list[Sequence]) -> int:
         """New blocks that decoding one token for each of ``seqs`` takes: one per sequence whose
@@ -370,7 +508,8 @@ class PagedBlockManager(KVCacheManager):
 
     def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
         allocated = (self.num_blocks - self.allocator.num_free) * self.block_size
-        if not any(g.is_group for g in running):  # nothing is shared: every block has one holder
+        cached_free = len(self.cached_free_blocks()) * self.block_size if self.prefix_cache else 0
+        if self.prefix_cache is None and not any(g.is_group for g in running):  # every block has one holder
             token_states = sum(seq.num_computed_tokens for seq in running)
             held = sum(len(seq.block_table) for seq in running)
             return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
@@ -386,7 +525,8 @@ class PagedBlockManager(KVCacheManager):
         token_states = sum(s.num_computed_tokens for s in seqs) - sum((refs[b] - 1) * n for b, n in shared_fill.items())
         held = sum(len(s.block_table) for s in seqs)
         return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
-                           bytes_per_slot, sum(shared_fill.values()), held, self.num_blocks - self.allocator.num_free)
+                           bytes_per_slot, sum(shared_fill.values()), held, self.num_blocks - self.allocator.num_free,
+                           cached_free)
 
     def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
         bs, refs = self.block_size, self.allocator.ref_counts
@@ -403,8 +543,17 @@ class PagedBlockManager(KVCacheManager):
             for seq in group.unfinished_seqs()
         ]
 
-    def _take_block(self, seq: Sequence) -> None:
+    def _allocate_block(self, seq: Sequence) -> int:
+        """A block from the head of the free queue; a cached one is evicted (its hash dropped)."""
         block_id = self.allocator.allocate()
+        if self.prefix_cache is not None:
+            block_hash = self.prefix_cache.evict(block_id)
+            if block_hash is not None and self.record_events:
+                self.events.append(Event(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex()))
+        return block_id
+
+    def _take_block(self, seq: Sequence) -> None:
+        block_id = self._allocate_block(seq)
         if self.record_events:
             self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table),
                                      seq_id=seq.seq_id))

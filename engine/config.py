@@ -42,9 +42,13 @@ class EngineConfig:
             (reading K and V in place through the block tables); bfloat16 on CPU: the decode attention
             only. Where they cannot be built, a warning and torch. False: torch for everything
             (``F.linear`` as in transformers, attention as in engine/attention.py).
+        enable_prefix_caching: automatic prefix caching (vLLM's name; ``engine/prefix_cache.py``):
+            prompts reuse the KV of full blocks already computed. None (default) = on with the paged
+            allocator, as in vLLM v1, and off with the contiguous one, which has no blocks to share.
 
     Raises:
-        ValueError: on any field out of range, naming the field.
+        ValueError: on any field out of range, naming the field; prefix caching asked for with the
+            contiguous allocator.
     """
 
     model: str | None = None
@@ -63,6 +67,7 @@ class EngineConfig:
     shuffle_blocks: bool = False
     seed: int = 0
     cpu_kernels: bool = True
+    enable_prefix_caching: bool | None = None
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -86,6 +91,13 @@ class EngineConfig:
         _choice("allocator", self.allocator, ALLOCATORS)
         _choice("reservation", self.reservation, RESERVATIONS)
         _choice("placement", self.placement, PLACEMENTS)
+        if self.enable_prefix_caching is None:
+            self.enable_prefix_caching = self.allocator == "paged"
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
+        if self.enable_prefix_caching and self.allocator == "contiguous":
+            raise ValueError("enable_prefix_caching needs allocator='paged': the contiguous allocator gives each request "
+                             "its own range, so there are no blocks to share; set enable_prefix_caching=False")
 
 
 def _positive_int(name: str, value) -> None:

@@ -7,6 +7,7 @@ stopping rules and free finished requests' blocks -> report (vLLM's ``LLMEngine.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -20,6 +21,7 @@ from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
 from engine.beam_search import beam_search_step
+from engine.prefix_cache import PrefixCacheStats
 from engine.report import FINISH, WRITE, CompletionOutput, Event, RequestOutput, ScheduledRequest, StepReport
 from engine.sampler import sample, sample_batch
 from engine.sampling_params import BeamSearchParams, SamplingParams, sample_seed
@@ -181,6 +183,7 @@ class LLMEngine:
             finish_reason=request.finish_reason,
             num_preemptions=request.num_preemptions,
             outputs=outputs,
+            num_cached_tokens=request.seqs[0].num_cached_tokens if request.seqs else 0,
         )
 
     def _completions(self, request) -> list[CompletionOutput]:
@@ -224,6 +227,7 @@ class LLMEngine:
                 raise
             for seq in seqs:
                 seq.num_computed_tokens = seq.num_tokens
+            self.kv.cache_blocks(seqs)  # their KV is written now: hashed before anyone frees them
             for i, token in zip(plain, tokens):
                 self._append(seqs[i], token, None, new_ids, new_text, finished)
             groups = {}
@@ -245,6 +249,7 @@ class LLMEngine:
             events=list(events),
             block_tables=self.kv.snapshot(self.scheduler.running),
             memory=self.memory_usage(),
+            prefix_cache=self.prefix_cache_stats(),
         )
         del events[:]  # cleared in place: the scheduler shares this list
         t4 = time.perf_counter()
@@ -257,6 +262,11 @@ class LLMEngine:
         }
         self.step_index += 1
         return report
+
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """A copy of the engine-wide prefix-cache counters (None with prefix caching off)."""
+        cache = getattr(self.kv, "prefix_cache", None)
+        return None if cache is None else dataclasses.replace(cache.stats)
 
     def memory_usage(self):
         """The pool now, in the paper's categories (:class:`~engine.accounting.MemoryUsage`)."""
@@ -398,7 +408,7 @@ class LLMEngine:
         cfg = self.config
         seed = cfg.seed if cfg.shuffle_blocks else None
         if cfg.allocator == "paged":
-            return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed)
+            return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed, enable_caching=cfg.enable_prefix_caching)
         from engine.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement, max_model_len=self.max_model_len)

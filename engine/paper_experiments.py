@@ -13,6 +13,7 @@ Time comes from the step-time model preset ``a100-opt-13b-achieved`` (engine/cos
   crossing; a system that never crosses is reported as ">= the highest rate").
 - Figure 13: mean batched requests (requests running per step) at ShareGPT 2 req/s and Alpaca 30 req/s.
 - Figure 15: memory saved by sharing (§6.3) for parallel sampling and beam search, no time needed.
+- Figure 16: a shared prefix (prefix caching), batch size and memory (``engine.simulator.reproduce_figure16``).
 - Figure 18b: vLLM's normalized latency against block size.
 
 Every function returns plain rows (dicts); ``format_figure`` prints them, ``visualize/paper.py``
@@ -26,7 +27,7 @@ import math
 from tqdm import tqdm
 
 from engine.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
-                              simulate)
+                              format_figure16_table, reproduce_figure16, simulate)
 from engine.workloads import make_workload
 
 SETUP = "a100-opt-13b-achieved"
@@ -225,16 +226,16 @@ def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] =
 
 # Requests per run: 1,000 for the sweeps; Figure 13 measures a batch that is still growing at
 # Alpaca 30 req/s (vLLM is close to its sustainable rate there), so it runs a longer trace.
-DEFAULT_REQUESTS = {"2": 1000, "12": 1000, "13": 3000, "15": 1000, "18b": 1000}
+DEFAULT_REQUESTS = {"2": 1000, "12": 1000, "13": 3000, "15": 1000, "16": 2000, "18b": 1000}
 
 
 def reproduce_figure(figure: str, num_requests: int | None = None, seed: int = 0, progress: bool = False):
-    """One figure's result by name ("2", "12", "13", "15", "18b"); ``num_requests`` None = its default.
+    """One figure's result by name ("2", "12", "13", "15", "16", "18b"); ``num_requests`` None = its default.
 
     Raises:
         ValueError: an unknown figure, or num_requests < 1.
     """
-    runs = {"2": figure_2, "12": figure_12, "13": figure_13, "15": figure_15, "18b": figure_18b}
+    runs = {"2": figure_2, "12": figure_12, "13": figure_13, "15": figure_15, "16": reproduce_figure16, "18b": figure_18b}
     if figure not in runs:
         raise ValueError(f"unknown figure {figure!r}; choose from {', '.join(FIGURES)}")
     num_requests = DEFAULT_REQUESTS[figure] if num_requests is None else num_requests
@@ -248,7 +249,8 @@ def reproduce_figure(figure: str, num_requests: int | None = None, seed: int = 0
 
 def format_figure(figure: str, result) -> str:
     """The figure's rows as a plain-text table, ours beside the paper's."""
-    return {"2": _format_2, "12": _format_12, "13": _format_13, "15": _format_15, "18b": _format_18b}[figure](result)
+    formats = {"2": _format_2, "12": _format_12, "13": _format_13, "15": _format_15, "16": format_figure16_table, "18b": _format_18b}
+    return formats[figure](result)
 
 
 def _format_2(rows) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.accounting import MemoryUsage
+from engine.prefix_cache import PrefixCacheStats
 
 # Event kinds, in the order they can happen to a request.
 ALLOCATE = "allocate"  # a physical block given to a request's logical block
@@ -18,6 +19,8 @@ PREEMPT = "preempt"  # a request evicted by recompute (its blocks freed, requeue
 FINISH = "finish"  # a request done (reason in ``detail``)
 FORK = "fork"  # a child sequence made from a parent: block table copied, every block's refcount + 1
 COPY_ON_WRITE = "copy_on_write"  # a write into a shared block: it is copied to a new block first
+CACHE_HIT = "cache_hit"  # prefix caching: a prompt's logical block found computed in a cached block
+EVICT = "evict"  # prefix caching: a free cached block handed out again, its hash dropped
 
 
 @dataclass(frozen=True)
@@ -25,17 +28,18 @@ class Event:
     """One thing the engine did this step, for the event log.
 
     Attributes:
-        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE.
+        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE, CACHE_HIT, EVICT.
         request_id: the request it concerns.
-        block_id: physical block (ALLOCATE, FREE; the block of the slot for WRITE; the source
-            block of a COPY_ON_WRITE).
-        logical_index: the request's logical block index (ALLOCATE, FREE).
+        block_id: physical block (ALLOCATE, FREE, CACHE_HIT, EVICT; the block of the slot for WRITE;
+            the source block of a COPY_ON_WRITE).
+        logical_index: the request's logical block index (ALLOCATE, FREE, CACHE_HIT).
         slot: physical slot, block_id * block_size + offset (WRITE).
         position: token position in the request (WRITE).
         detail: free text, e.g. the finish reason; FREE of a still-shared block says so.
         seq_id: the sequence it concerns (requests with several sequences; else the request's one).
         dst_block_id: COPY_ON_WRITE: the new block the source was copied to.
         parent_seq_id: FORK: the sequence the child ``seq_id`` was forked from.
+        block_hash: CACHE_HIT, EVICT: the block's hash, hex (64 characters).
     """
 
     kind: str
@@ -48,6 +52,7 @@ class Event:
     seq_id: int | None = None
     dst_block_id: int | None = None
     parent_seq_id: int | None = None
+    block_hash: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class StepReport:
         block_tables: snapshot of every live request's block table after the step.
         memory: the pool after the step (:class:`~engine.accounting.MemoryUsage`).
         timings_ms: wall time per phase in ms ("schedule", "prepare", "forward", "sample", "total").
+        prefix_cache: the engine-wide prefix-cache counters after the step (None when it is off).
     """
 
     step: int
@@ -111,6 +117,7 @@ class StepReport:
     block_tables: list[BlockTableSnapshot]
     memory: MemoryUsage
     timings_ms: dict[str, float] = field(default_factory=dict)
+    prefix_cache: PrefixCacheStats | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -145,7 +152,8 @@ class RequestOutput:
 
     ``outputs`` holds one :class:`CompletionOutput` per sequence (``n`` samples in index order, or
     beams best first); ``text``, ``token_ids`` and ``finish_reason`` are those of the first, so a
-    caller of a one-sequence request reads them as before.
+    caller of a one-sequence request reads them as before. ``num_cached_tokens``: prompt tokens
+    found in the prefix cache at its first prefill (vLLM's name; 0 with prefix caching off).
     """
 
     request_id: int
@@ -155,6 +163,7 @@ class RequestOutput:
     finish_reason: str | None
     num_preemptions: int = 0
     outputs: list[CompletionOutput] = field(default_factory=list)
+    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:

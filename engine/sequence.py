@@ -49,6 +49,10 @@ class Sequence:
             samples and beams; 0.0 when not computed).
         output_logprobs: the log-probability of each output token, where computed (parallel samples
             and beams).
+        block_hashes: prefix caching: the hash chain of its full blocks computed so far (vLLM's
+            ``Request.block_hashes``; ``engine/prefix_cache.py``).
+        num_cached_tokens: prefix caching: prompt tokens found cached at its first prefill (vLLM's
+            ``RequestOutput.num_cached_tokens``).
     """
 
     request_id: int
@@ -67,6 +71,8 @@ class Sequence:
     finish_reason: str | None = None
     cumulative_logprob: float = 0.0
     output_logprobs: list[float] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.num_tokens == 0:
@@ -116,7 +122,8 @@ class Sequence:
             token_ids=list(self.token_ids), arrival_time=self.arrival_time, status=self.status,
             num_tokens=self.num_tokens, num_computed_tokens=self.num_computed_tokens,
             num_preemptions=self.num_preemptions, cumulative_logprob=self.cumulative_logprob,
-            output_logprobs=list(self.output_logprobs),
+            output_logprobs=list(self.output_logprobs), block_hashes=list(self.block_hashes),
+            num_cached_tokens=self.num_cached_tokens,
         )
 
 

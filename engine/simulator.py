@@ -52,7 +52,7 @@ from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
-PAPER_FIGURES = ("2", "12", "13", "15", "18b")  # engine/paper_experiments.py
+PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b")  # engine/paper_experiments.py
 
 
 @dataclass
@@ -93,6 +93,13 @@ class SimulationConfig:
             (measured on the real engine's beam search, ``engine/beam_calibration.py``): the k best
             beams go on, the others are pruned (their blocks freed), and the best beam forks the
             beam_width - k extra survivors. All beams have the request's output length.
+        shared_prefix: tokens of a prefix every prompt begins with (a system prompt, few-shot
+            examples; paper §4.4 and §6.4), before the workload's own prompt lengths; 0 = none. The
+            simulator then carries token ids for the prompts: the prefix has the same ids in every
+            request, the rest unique ids (outputs carry none, so they never hit). With the paged
+            allocator prefix caching is on (``engine/prefix_cache.py``, the engine's own code) and
+            every step goes through ``Scheduler.schedule()``; the contiguous allocator stores the
+            prefix in every request's range.
     """
 
     workload: str = "sharegpt"
@@ -116,6 +123,7 @@ class SimulationConfig:
     progress: bool = False
     n: int = 1
     beam_width: int = 1
+    shared_prefix: int = 0
 
     def __post_init__(self) -> None:
         if self.beam_width != 1 and self.beam_width not in BEAM_PARENTS:
@@ -137,6 +145,8 @@ class SimulationConfig:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {self.watermark}")
         if not self.step_ms > 0:
             raise ValueError(f"step_ms must be > 0 ms, got {self.step_ms}")
+        if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or not 0 <= self.shared_prefix < self.max_model_len:
+            raise ValueError(f"shared_prefix must be a number of tokens in [0, max_model_len), got {self.shared_prefix!r}")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
         resolve_cost_model(self.cost_model, self.step_ms)  # an unknown preset fails here, by name
@@ -238,7 +248,7 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     """The allocator the config names, over ``kv_slots // block_size`` blocks."""
     num_blocks = cfg.kv_slots // cfg.block_size
     if cfg.allocator == "paged":
-        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark)
+        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.shared_prefix > 0)
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
 
 
@@ -406,7 +416,7 @@ class _Run:
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
         max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one-sequence requests only.
-        self.lockstep = cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1
+        self.lockstep = cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
         self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
@@ -456,8 +466,7 @@ class _Run:
             return
         while self.next_request < len(self.requests) and self.clock.has_arrived(self.next_request):
             r = self.requests[self.next_request]
-            seq = Sequence(self.next_request, r.prompt_len, r.prompt_len + r.output_len, arrival_time=r.arrival,
-                           sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
+            seq = self._sequence(r)
             if self.cfg.n > 1 or self.beam is not None:
                 seq = SequenceGroup(self.next_request, [seq], self.sampling, beam_search=self.beam, arrival_time=r.arrival)
             self.next_request += 1
@@ -466,6 +475,18 @@ class _Run:
                 self.bar.update(1)
             else:
                 self.sched.add(seq)
+
+    def _sequence(self, r: Request) -> Sequence:
+        """A request's sequence; with a shared prefix, its prompt's token ids (prefix ids 0..P-1,
+        then ids no other request has)."""
+        prefix = self.cfg.shared_prefix
+        num_prompt = prefix + r.prompt_len
+        seq = Sequence(self.next_request, num_prompt, num_prompt + r.output_len, arrival_time=r.arrival,
+                       sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
+        if prefix and self.cfg.allocator == "paged":
+            start = prefix + self.next_request * self.cfg.max_model_len
+            seq.token_ids = list(range(prefix)) + list(range(start, start + r.prompt_len))
+        return seq
 
     def _idle_until_next_arrival(self) -> None:
         k = self.clock.idle_until(self.next_request)
@@ -484,6 +505,7 @@ class _Run:
         self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         for seq in out.prefill_seqs + out.decode_seqs:
             seq.num_computed_tokens = seq.num_tokens
+        self.kv.cache_blocks(out.prefill_seqs + out.decode_seqs)  # prefix caching (shared_prefix) only
         decoded = {id(s) for s in out.decode_seqs}
         for group in self.sched.running:
             if group.is_group and len(group.seqs) < group.num_samples:  # after the prompt's one prefill
@@ -705,6 +727,66 @@ def reproduce_paper(
     return rows
 
 
+# Figure 16 (§6.4): LLaMA-13B translating WMT16 En-De with a shared few-shot prefix; vLLM's
+# throughput over Orca (Oracle) at the same latency.
+PAPER_PREFIX_SPEEDUP = {"1-shot": (80, 1.67), "5-shot": (341, 3.58)}
+
+
+def reproduce_figure16(
+    num_requests: int = 2000,
+    seed: int = 0,
+    kv_slots: int = 15_700,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    progress: bool = False,
+) -> list[dict]:
+    """The memory side of Figure 16: every prompt begins with the same 1-shot (80 tokens) or 5-shot
+    (341 tokens) prefix, then a translation workload (``engine/workloads.py``, our length model).
+    vLLM holds the prefix's full blocks once (prefix caching); Orca (Oracle) stores it in every
+    request's range. LLaMA-13B has OPT-13B's KV size (40 layers x 40 heads x 128, fp16), so the pool is
+    Table 1's 15.7K slots. All requests at time 0; shares and batch sizes while requests wait.
+
+    The paper's ratios are *throughput* at equal latency, which needs a time model of a step (the
+    paper-experiments issue); this reports the batch-size ratio, the memory behind it, beside them.
+
+    Returns:
+        One row per (prefix, system): ``prefix``, ``prefix_tokens``, ``system``,
+        ``mean_concurrent_requests``, ``token_state_fraction``, ``memory_saved_by_sharing``,
+        ``preemptions``, and on the vLLM rows ``batch_ratio_over_orca_oracle`` and
+        ``paper_throughput_ratio``.
+    """
+    rows = []
+    for name, (prefix, paper_ratio) in PAPER_PREFIX_SPEEDUP.items():
+        requests = make_workload("translation", num_requests, seed, 2048 - prefix)
+        by_system = {}
+        for system in ("Orca (Oracle)", "vLLM"):
+            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs,
+                           shared_prefix=prefix, progress=progress, **PAPER_SYSTEMS[system])
+            shares, concurrency = res.saturated()
+            by_system[system] = row = {
+                "prefix": name, "prefix_tokens": prefix, "system": system, "mean_concurrent_requests": concurrency,
+                "token_state_fraction": shares["token_states"], "memory_saved_by_sharing": res.memory_saved_by_sharing,
+                "preemptions": res.preemptions,
+            }
+            rows.append(row)
+        orca = by_system["Orca (Oracle)"]["mean_concurrent_requests"]
+        by_system["vLLM"]["batch_ratio_over_orca_oracle"] = by_system["vLLM"]["mean_concurrent_requests"] / orca
+        by_system["vLLM"]["paper_throughput_ratio"] = paper_ratio
+    return rows
+
+
+def format_figure16_table(rows: list[dict]) -> str:
+    """Figure 16 rows as a plain-text table: batch size and memory, the paper's throughput ratio beside."""
+    lines = [f"{'prefix':<7} {'system':<14} {'concurrent':>10} {'ratio':>6} {'paper (throughput)':>18} {'saved by sharing':>16}"]
+    for r in rows:
+        ratio = f"{r['batch_ratio_over_orca_oracle']:.2f}x" if "batch_ratio_over_orca_oracle" in r else "1.00x"
+        paper = f"{r['paper_throughput_ratio']:.2f}x" if "paper_throughput_ratio" in r else "1.00x"
+        lines.append(f"{r['prefix']:<7} {r['system']:<14} {r['mean_concurrent_requests']:>10.2f} {ratio:>6} {paper:>18} "
+                     f"{r['memory_saved_by_sharing']:>16.1%}")
+    lines.append("ratio: mean batch size over Orca (Oracle); the paper's ratio is throughput, which needs a step time model.")
+    return "\n".join(lines)
+
+
 def format_paper_table(rows: list[dict]) -> str:
     """The rows as a plain-text table, ours beside the paper's."""
     lines = [f"{'workload':<9} {'system':<14} {'token states':>12} {'paper':>7} {'concurrent':>10} {'paper':>7}"]
@@ -737,6 +819,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, step_ms=args.step_ms, cost_model=args.cost_model, seed=args.seed,
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
+        shared_prefix=args.shared_prefix,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -812,6 +895,8 @@ def register_cli(subparsers) -> None:
                    help="parallel sampling: sequences per request, sharing the prompt's blocks (runs step by step)")
     p.add_argument("--beam-width", type=int, default=1,
                    help="beam search with this many beams per request (calibrated widths: 2, 4, 6; runs step by step)")
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
+                   help="every prompt begins with the same TOKENS tokens (paged: prefix caching on; runs step by step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)

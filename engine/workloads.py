@@ -53,6 +53,9 @@ class LengthSpec:
 WORKLOADS = {
     "sharegpt": LengthSpec(mean_prompt=161.31, mean_output=337.99, sigma_prompt=1.0, sigma_output=0.9),
     "alpaca": LengthSpec(mean_prompt=19.31, mean_output=58.45, sigma_prompt=0.5, sigma_output=0.9),
+    # Figure 16's translation task (WMT16 En-De, §6.4): the paper gives no lengths; one sentence in
+    # and its translation out, ~32 tokens each, is our assumption. Used after a shared few-shot prefix.
+    "translation": LengthSpec(mean_prompt=32.0, mean_output=32.0, sigma_prompt=0.5, sigma_output=0.5),
 }
 
 

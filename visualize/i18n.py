@@ -255,6 +255,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ev_free": ("free", "释放"),
     "ev_preempt": ("preempt", "抢占"),
     "ev_finish": ("finish", "完成"),
+    "ev_cache_hit": ("cache hit", "缓存命中"),
+    "ev_evict": ("evict", "驱逐"),
+    "ev_cache_hit_detail": ("logical block {logical} → cached block {block}, not computed",
+                            "逻辑块 {logical} → 已缓存的块 {block}，无需计算"),
+    "ev_evict_detail": ("cached block {block} reused: its hash {hash}… dropped", "已缓存的块 {block} 被重新分配：丢弃其哈希 {hash}…"),
     "ev_allocate_detail": ("logical block {logical} → physical block {block}", "逻辑块 {logical} → 物理块 {block}"),
     "ev_free_detail": ("physical block {block} (logical {logical}) returned", "物理块 {block}（逻辑块 {logical}）归还"),
     "ev_write_detail": (

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from engine.report import ALLOCATE, COPY_ON_WRITE, FINISH, FORK, FREE, PREEMPT, WRITE, StepReport
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, WRITE, StepReport
 from visualize.colors import COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.style import use_cjk_font
@@ -250,6 +250,10 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             detail = t("ev_fork_detail", lang, parent=e.parent_seq_id, child=e.seq_id)
         elif e.kind == COPY_ON_WRITE:
             detail = t("ev_copy_on_write_detail", lang, src=e.block_id, dst=e.dst_block_id, seq=e.seq_id, logical=e.logical_index)
+        elif e.kind == CACHE_HIT:
+            detail = t("ev_cache_hit_detail", lang, logical=e.logical_index, block=e.block_id)
+        elif e.kind == EVICT:
+            detail = t("ev_evict_detail", lang, block=e.block_id, hash=(e.block_hash or "")[:8])
         elif e.kind == PREEMPT:
             detail = t("ev_preempt_detail", lang)
         elif e.kind == FINISH:

@@ -1,0 +1,204 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 8 — Automatic prefix caching
+#
+# **Goal:** see how requests that begin with the same tokens (a system prompt, few-shot examples, a chat
+# history) reuse KV blocks already computed, by walking vLLM's own design-document example on the real
+# engine, step by step, and checking every claim of it.
+#
+# The paper calls this a *shared prefix* (§4.4, Figure 10). vLLM v1 made it automatic and on by default:
+#
+# - Every **full** block gets a **block hash**: `SHA-256(parent block hash, the block's token ids, extra keys)`.
+#   Because the parent's hash is inside, a hash names the block's tokens *and everything before them*.
+# - A map `block_hash -> block` finds, for a new prompt, the longest run of leading blocks already computed.
+#   Their KV is reused (the request's block table points at them, refcount + 1); only the rest is prefilled,
+#   attending to the cached blocks through the block table.
+# - A freed block **keeps its hash**: it is free, but *cached and evictable*. The **free queue** hands out
+#   blocks from its head (least recently used); taking a cached block there **evicts** it (its hash is dropped).
+#
+# Our engine follows vLLM's names: `engine/prefix_cache.py` (hashes, the map), `engine/block_manager.py`
+# (`FreeBlockQueue`, `touch`, eviction), like vLLM's `kv_cache_manager.py` and `block_pool.py`.
+
+# %%
+# Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+import pathlib
+import sys
+
+try:
+    import engine  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.model_loader import load_model
+from engine.report import ALLOCATE, CACHE_HIT, EVICT, FREE
+
+weights = load_model(None)  # SmolLM2-135M-Instruct, loaded once and reused by every engine below
+
+
+def new_engine(block_size=4, num_blocks=10, caching=True):
+    return LLMEngine(EngineConfig(block_size=block_size, num_gpu_blocks=num_blocks, enable_prefix_caching=caching),
+                     loaded_model=weights)
+
+
+def show(engine, report):
+    """What a step did to the blocks, and the free queue after it (head = evicted next; * = cached)."""
+    for kind in (CACHE_HIT, ALLOCATE, EVICT, FREE):
+        blocks = [(e.request_id, e.block_id) for e in report.events if e.kind == kind]
+        if blocks:
+            print(f"  {kind:<9} (request, block): {blocks}")
+    cached = set(engine.kv.cached_free_blocks())
+    print("  free queue:", " ".join(f"{b}{'*' if b in cached else ''}" for b in engine.kv.free_queue()))
+
+
+# %% [markdown]
+# ## 1. vLLM's example: block size 4, 10 blocks
+# The prompts are token ids, so their lengths are exact: request 0 has 15 prompt tokens.
+#
+# **Time 1.** The cache is empty. Request 0 gets 4 blocks: 3 are full and, once their KV is written at the
+# end of the step, cached; the 4th holds 3 of 4 tokens and is not hashed.
+
+# %%
+eng = new_engine()
+cache = eng.kv.prefix_cache
+r0 = eng.add_request(list(range(100, 115)), SamplingParams(max_tokens=4, ignore_eos=True))
+show(eng, eng.step())
+print("cached blocks:", [b for b in range(10) if cache.block_hash[b]])
+assert [b for b in range(10) if cache.block_hash[b]] == [0, 1, 2]
+
+# %% [markdown]
+# **Time 2-3.** Request 0's first decode fills block 3 (it is cached now); the next token needs a new block, 4.
+# In the same step request 1 arrives: 14 prompt tokens, of which the first 10 are request 0's.
+# Only the first **2** blocks (8 tokens) hit: the 3rd block matches only 2 of its 4 tokens, and a block is
+# shared whole or not at all.
+
+# %%
+show(eng, eng.step())
+assert cache.block_hash[3] is not None
+r1 = eng.add_request(list(range(100, 110)) + [200, 201, 202, 203], SamplingParams(max_tokens=3, ignore_eos=True))
+report = eng.step()
+show(eng, report)
+print("tokens computed this step:", {s.request_id: s.num_tokens for s in report.scheduled})
+assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1]
+assert {s.request_id: s.num_tokens for s in report.scheduled}[r1] == 14 - 8
+
+# %% [markdown]
+# **Time 5.** Request 0 finishes. Its blocks are freed **in reverse** (4, 3, 2): a request's last blocks hash the
+# longest prefixes and are the least likely to be reused, so they should be evicted first. Blocks 0 and 1 do not
+# return: request 1 still holds them (refcount 1). Blocks 2 and 3 are free *and* cached.
+#
+# **Time 6.** Request 1 finishes: 6, 5, 1, 0 join the tail.
+
+# %%
+show(eng, eng.step())
+assert eng.kv.free_queue() == [7, 8, 9, 4, 3, 2]
+show(eng, eng.step())
+assert eng.kv.free_queue() == [7, 8, 9, 4, 3, 2, 6, 5, 1, 0]
+
+# %% [markdown]
+# **Time 7.** Request 2 arrives with 29 prompt tokens, the first 12 request 0's. Blocks 0, 1, 2 hit. They are
+# **touched** first: taken off the free queue before anything is allocated, so the queue becomes
+# 7 8 9 4 3 6 5 and the allocation cannot evict them. Request 2 needs 8 blocks: the 3 hits and 5 from the
+# head: 7, 8, 9, 4 and 3, and block 3 is **evicted** (it was cached).
+
+# %%
+r2 = eng.add_request(list(range(100, 112)) + list(range(300, 317)), SamplingParams(max_tokens=1, ignore_eos=True))
+report = eng.step()
+show(eng, report)
+assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1, 2]
+assert [e.block_id for e in report.events if e.kind == ALLOCATE] == [7, 8, 9, 4, 3]
+assert [e.block_id for e in report.events if e.kind == EVICT] == [3]
+print("cached tokens per request:", {r: eng.get_output(r).num_cached_tokens for r in (r0, r1, r2)})
+stats = eng.prefix_cache_stats()
+print(f"hit rate: {stats.hits} of {stats.queries} prompt tokens = {stats.hit_rate:.0%}")
+print("free memory that still holds cached KV:", report.memory.cached_free_slots, "slots =",
+      report.memory.bytes("cached_free_slots") // 1024, "KiB")
+
+# %% [markdown]
+# ## 2. The usual confusions
+# **A shared prefix shorter than one block never hits.** Only full blocks are hashed.
+
+# %%
+short = new_engine(block_size=16, num_blocks=20)
+for _ in range(2):
+    out = short.get_output(short.add_request(list(range(100, 110)), SamplingParams(max_tokens=1)))
+    while short.has_unfinished_requests():
+        short.step()
+    print("10-token prompt, block size 16: cached tokens", short.get_output(out.request_id).num_cached_tokens)
+
+# %% [markdown]
+# **The first batch cannot reuse what it is computing.** A block is hashed only after the step that writes its
+# KV, so two identical prompts admitted in the same step both compute everything (and the map keeps one copy).
+#
+# **The last token is always recomputed.** Its logits choose the next token, so a prompt found entirely in the
+# cache still computes its last block: a prompt of 8 tokens sent twice computes 4 tokens the second time.
+
+# %%
+same = new_engine(num_blocks=20)
+ids = [same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1)) for _ in range(2)]
+first = same.step()
+print("same step, identical prompts: hits", [e.block_id for e in first.events if e.kind == CACHE_HIT],
+      "- computed", [s.num_tokens for s in first.scheduled])
+again = same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1))
+second = same.step()
+print("sent again later: cached", same.get_output(again).num_cached_tokens, "tokens, computed",
+      [s.num_tokens for s in second.scheduled])
+
+# %% [markdown]
+# **The block size trades fragmentation against prefix granularity.** A small block wastes less of each
+# request's last block (internal fragmentation < block_size slots) *and* lets more of a shared prefix hit;
+# a large block gives fewer, bigger kernel reads but rounds every shared prefix down to whole blocks.
+
+# %%
+prefix = list(range(1000, 1021))  # 21 shared tokens
+for bs in (2, 4, 8, 16):
+    e = new_engine(block_size=bs, num_blocks=200 // bs)
+    for tail in ([1, 2, 3], [4, 5, 6]):
+        rid = e.add_request(prefix + tail, SamplingParams(max_tokens=1))
+        while e.has_unfinished_requests():
+            e.step()
+    print(f"block size {bs:>2}: the second request reuses {e.get_output(rid).num_cached_tokens:>2} of its 21 shared tokens")
+
+# %% [markdown]
+# ## 3. Exercise
+# Continue the example after Time 7. Request 2 (max_tokens=1) finished in that step, freeing its 8 blocks in
+# reverse. Now **request 3** arrives: 18 tokens, request 2's first 16 followed by two others.
+# Without running anything: which blocks does it hit, in order, and which block does its allocation evict?
+# (Write `None` for "no eviction" only if you are sure.) Hint: at most `(18 - 1) // 4` blocks can hit; which
+# of the blocks left on the queue are still cached?
+
+# %% tags=["exercise"]
+predicted_hits = None  # TODO(student): a list of block ids
+predicted_evicted = None  # TODO(student): a block id
+
+# %% tags=["check"]
+def check():
+    if predicted_hits is None:
+        return "FAIL: predicted_hits is still None"
+    e = new_engine()
+    for prompt, max_tokens, steps in ((list(range(100, 115)), 4, 2), (list(range(100, 110)) + [200, 201, 202, 203], 3, 3),
+                                      (list(range(100, 112)) + list(range(300, 317)), 1, 1)):
+        e.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        for _ in range(steps):
+            e.step()
+    e.add_request(list(range(100, 112)) + list(range(300, 304)) + [7, 7], SamplingParams(max_tokens=1, ignore_eos=True))
+    report = e.step()
+    hits = [ev.block_id for ev in report.events if ev.kind == CACHE_HIT]
+    evicted = [ev.block_id for ev in report.events if ev.kind == EVICT]
+    if list(predicted_hits) != hits:
+        return f"FAIL: predicted hits {predicted_hits}, but the engine hit other blocks"
+    if [predicted_evicted] != evicted and not (predicted_evicted is None and not evicted):
+        return f"FAIL: predicted eviction of {predicted_evicted}, but the engine evicted something else"
+    return f"PASS: hits {hits}, evicted {evicted}"
+
+
+print(check())

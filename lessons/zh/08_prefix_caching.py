@@ -1,0 +1,199 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 第 8 课 — 自动前缀缓存（Automatic prefix caching）
+#
+# **目标：** 以相同 token 开头的请求（系统提示词、少样本示例、对话历史）如何复用已经算好的 KV 块。
+# 我们在真实引擎上一步一步走一遍 vLLM 设计文档中的例子，并逐条验证其中的每个结论。
+#
+# 论文称之为*共享前缀*（§4.4，图 10）。vLLM v1 把它做成了自动的、默认开启的功能：
+#
+# - 每个**满的**块都有一个**块哈希**（block hash）：`SHA-256(父块哈希, 本块的 token id, 额外键)`。
+#   因为其中含有父块的哈希，一个哈希标识的是本块的 token *以及它之前的全部内容*。
+# - 映射表 `block_hash -> block` 为新提示词找出已经计算过的、最长的一串开头块。
+#   这些块的 KV 被复用（请求的块表指向它们，引用计数 + 1）；只有其余部分需要预填充，
+#   并通过块表注意到已缓存的块。
+# - 被释放的块**保留它的哈希**：它是空闲的，但*已缓存、可驱逐*（cached and evictable）。**空闲队列**从队头
+#   （最久未使用）分配块；在那里取走一个已缓存的块就会**驱逐**它（丢弃它的哈希）。
+#
+# 本引擎沿用 vLLM 的命名：`engine/prefix_cache.py`（哈希与映射表）、`engine/block_manager.py`
+# （`FreeBlockQueue`、`touch`、驱逐），对应 vLLM 的 `kv_cache_manager.py` 与 `block_pool.py`。
+
+# %%
+# Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+import pathlib
+import sys
+
+try:
+    import engine  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.model_loader import load_model
+from engine.report import ALLOCATE, CACHE_HIT, EVICT, FREE
+
+weights = load_model(None)  # SmolLM2-135M-Instruct, loaded once and reused by every engine below
+
+
+def new_engine(block_size=4, num_blocks=10, caching=True):
+    return LLMEngine(EngineConfig(block_size=block_size, num_gpu_blocks=num_blocks, enable_prefix_caching=caching),
+                     loaded_model=weights)
+
+
+def show(engine, report):
+    """What a step did to the blocks, and the free queue after it (head = evicted next; * = cached)."""
+    for kind in (CACHE_HIT, ALLOCATE, EVICT, FREE):
+        blocks = [(e.request_id, e.block_id) for e in report.events if e.kind == kind]
+        if blocks:
+            print(f"  {kind:<9} (request, block): {blocks}")
+    cached = set(engine.kv.cached_free_blocks())
+    print("  free queue:", " ".join(f"{b}{'*' if b in cached else ''}" for b in engine.kv.free_queue()))
+
+
+# %% [markdown]
+# ## 1. vLLM 的例子：块大小 4，共 10 个块
+# 提示词直接给 token id，长度因此是精确的：请求 0 的提示词有 15 个 token。
+#
+# **时刻 1。** 缓存为空。请求 0 得到 4 个块：其中 3 个是满的，在本步结束、KV 写入之后被缓存；
+# 第 4 个块只装了 4 个 token 中的 3 个，不计算哈希。
+
+# %%
+eng = new_engine()
+cache = eng.kv.prefix_cache
+r0 = eng.add_request(list(range(100, 115)), SamplingParams(max_tokens=4, ignore_eos=True))
+show(eng, eng.step())
+print("cached blocks:", [b for b in range(10) if cache.block_hash[b]])
+assert [b for b in range(10) if cache.block_hash[b]] == [0, 1, 2]
+
+# %% [markdown]
+# **时刻 2-3。** 请求 0 的第一次解码填满了块 3（它现在被缓存了）；下一个 token 需要新块 4。
+# 同一步里请求 1 到达：14 个提示词 token，其中前 10 个与请求 0 相同。
+# 只有前 **2** 个块（8 个 token）命中：第 3 个块的 4 个 token 中只有 2 个相同，而块要么整块共享，要么不共享。
+
+# %%
+show(eng, eng.step())
+assert cache.block_hash[3] is not None
+r1 = eng.add_request(list(range(100, 110)) + [200, 201, 202, 203], SamplingParams(max_tokens=3, ignore_eos=True))
+report = eng.step()
+show(eng, report)
+print("tokens computed this step:", {s.request_id: s.num_tokens for s in report.scheduled})
+assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1]
+assert {s.request_id: s.num_tokens for s in report.scheduled}[r1] == 14 - 8
+
+# %% [markdown]
+# **时刻 5。** 请求 0 结束。它的块按**逆序**释放（4、3、2）：一个请求最后的块哈希的是最长的前缀，
+# 最不可能被复用，所以应该最先被驱逐。块 0 和 1 没有回到队列：请求 1 还持有它们（引用计数 1）。
+# 块 2 和 3 既是空闲的，*又*是已缓存的。
+#
+# **时刻 6。** 请求 1 结束：6、5、1、0 加到队尾。
+
+# %%
+show(eng, eng.step())
+assert eng.kv.free_queue() == [7, 8, 9, 4, 3, 2]
+show(eng, eng.step())
+assert eng.kv.free_queue() == [7, 8, 9, 4, 3, 2, 6, 5, 1, 0]
+
+# %% [markdown]
+# **时刻 7。** 请求 2 到达，有 29 个提示词 token，前 12 个与请求 0 相同。块 0、1、2 命中。它们先被
+# **touch**：在分配任何块之前就从空闲队列中取出，于是队列变成 7 8 9 4 3 6 5，分配也就不会驱逐它们。
+# 请求 2 需要 8 个块：3 个命中块，再从队头取 5 个：7、8、9、4 和 3，其中块 3 被**驱逐**（它原本是已缓存的）。
+
+# %%
+r2 = eng.add_request(list(range(100, 112)) + list(range(300, 317)), SamplingParams(max_tokens=1, ignore_eos=True))
+report = eng.step()
+show(eng, report)
+assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1, 2]
+assert [e.block_id for e in report.events if e.kind == ALLOCATE] == [7, 8, 9, 4, 3]
+assert [e.block_id for e in report.events if e.kind == EVICT] == [3]
+print("cached tokens per request:", {r: eng.get_output(r).num_cached_tokens for r in (r0, r1, r2)})
+stats = eng.prefix_cache_stats()
+print(f"hit rate: {stats.hits} of {stats.queries} prompt tokens = {stats.hit_rate:.0%}")
+print("free memory that still holds cached KV:", report.memory.cached_free_slots, "slots =",
+      report.memory.bytes("cached_free_slots") // 1024, "KiB")
+
+# %% [markdown]
+# ## 2. 常见的误解
+# **短于一个块的共享前缀永远不会命中。** 只有满的块才计算哈希。
+
+# %%
+short = new_engine(block_size=16, num_blocks=20)
+for _ in range(2):
+    out = short.get_output(short.add_request(list(range(100, 110)), SamplingParams(max_tokens=1)))
+    while short.has_unfinished_requests():
+        short.step()
+    print("10-token prompt, block size 16: cached tokens", short.get_output(out.request_id).num_cached_tokens)
+
+# %% [markdown]
+# **第一批请求无法复用自己正在计算的内容。** 块只有在写入其 KV 的那一步之后才计算哈希，所以同一步被接纳的
+# 两个相同提示词都会完整计算一遍（映射表只保留一份）。
+#
+# **最后一个 token 总是重新计算。** 它的 logits 决定下一个 token，所以即使提示词全部在缓存中，也要计算它的
+# 最后一个块：一个 8 token 的提示词发送两次，第二次计算 4 个 token。
+
+# %%
+same = new_engine(num_blocks=20)
+ids = [same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1)) for _ in range(2)]
+first = same.step()
+print("same step, identical prompts: hits", [e.block_id for e in first.events if e.kind == CACHE_HIT],
+      "- computed", [s.num_tokens for s in first.scheduled])
+again = same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1))
+second = same.step()
+print("sent again later: cached", same.get_output(again).num_cached_tokens, "tokens, computed",
+      [s.num_tokens for s in second.scheduled])
+
+# %% [markdown]
+# **块大小在碎片与前缀粒度之间权衡。** 小块让每个请求最后一个块浪费得更少（内部碎片 < block_size 个槽位），
+# *也*让共享前缀中更多的部分能够命中；大块让内核的读取更少、更大，但每个共享前缀都要向下取整到整块。
+
+# %%
+prefix = list(range(1000, 1021))  # 21 shared tokens
+for bs in (2, 4, 8, 16):
+    e = new_engine(block_size=bs, num_blocks=200 // bs)
+    for tail in ([1, 2, 3], [4, 5, 6]):
+        rid = e.add_request(prefix + tail, SamplingParams(max_tokens=1))
+        while e.has_unfinished_requests():
+            e.step()
+    print(f"block size {bs:>2}: the second request reuses {e.get_output(rid).num_cached_tokens:>2} of its 21 shared tokens")
+
+# %% [markdown]
+# ## 3. 练习
+# 接着时刻 7 继续。请求 2（max_tokens=1）在那一步就结束了，按逆序释放了它的 8 个块。现在**请求 3** 到达：
+# 18 个 token，前 16 个与请求 2 相同，后面是另外两个。
+# 不运行任何代码：它依次命中哪些块？它的分配会驱逐哪个块？（只有确定"没有驱逐"时才写 `None`。）
+# 提示：最多有 `(18 - 1) // 4` 个块能命中；队列里剩下的块中，哪些仍然是已缓存的？
+
+# %% tags=["exercise"]
+predicted_hits = None  # TODO(student): a list of block ids
+predicted_evicted = None  # TODO(student): a block id
+
+# %% tags=["check"]
+def check():
+    if predicted_hits is None:
+        return "FAIL: predicted_hits is still None"
+    e = new_engine()
+    for prompt, max_tokens, steps in ((list(range(100, 115)), 4, 2), (list(range(100, 110)) + [200, 201, 202, 203], 3, 3),
+                                      (list(range(100, 112)) + list(range(300, 317)), 1, 1)):
+        e.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        for _ in range(steps):
+            e.step()
+    e.add_request(list(range(100, 112)) + list(range(300, 304)) + [7, 7], SamplingParams(max_tokens=1, ignore_eos=True))
+    report = e.step()
+    hits = [ev.block_id for ev in report.events if ev.kind == CACHE_HIT]
+    evicted = [ev.block_id for ev in report.events if ev.kind == EVICT]
+    if list(predicted_hits) != hits:
+        return f"FAIL: predicted hits {predicted_hits}, but the engine hit other blocks"
+    if [predicted_evicted] != evicted and not (predicted_evicted is None and not evicted):
+        return f"FAIL: predicted eviction of {predicted_evicted}, but the engine evicted something else"
+    return f"PASS: hits {hits}, evicted {evicted}"
+
+
+print(check())
