@@ -4,6 +4,7 @@ beam tree — in English and Chinese."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -61,7 +62,9 @@ def test_parallel_sampling_preset_shows_shared_blocks_and_the_saving(app: AppTes
 def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
     load(app, "preset_beam_search", "en")
     step(app, 6)
-    charts = [c for c in app.get("arrow_vega_lite_chart")]
-    titles = [c.proto.spec for c in charts]
-    assert any(t("beam_tree_title", "en") in spec for spec in titles), "the beam tree is drawn"
+    specs = [json.loads(c.proto.spec) for c in app.get("vega_lite_chart")]
+    trees = [s for s in specs if s.get("title") == t("beam_tree_title", "en")]
+    assert len(trees) == 1, "the beam tree is drawn"
+    nodes = trees[0]["layer"][1]["data"]["values"]
+    assert {n["rank"] for n in nodes if not n["pruned"]} == {0, 1, 2, 3}, "four live beams a step"
     assert "×" in block_table_html(app)
