@@ -246,8 +246,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     for k in range(3):
         step.click()
         step_title(page, f"Step {k}", 300)
-    slider = page.get_by_role("slider")
-    slider.first.focus()
+    slider = page.locator('[data-testid="stSlider"]').filter(has_text="Replay: step").get_by_role("slider")
+    slider.focus()
     page.keyboard.press("Home")
     step_title(page, "Step 0", 300)
     page.get_by_text("Showing step 0 of a run whose newest step is 2", exact=False).wait_for()
@@ -256,11 +256,11 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     no_exception_box(page)
 
     # Save the whole run, reload (the session is gone), open it again: replayed without the model.
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
     with page.expect_download() as download:
         page.get_by_role("button", name="Download the whole run (JSON)").click()
     saved = tmp_path / "run.json"
     download.value.save_as(saved)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
     with page.expect_download() as download:
         page.get_by_role("button", name="Download workload + settings (JSON)").click()
     download.value.save_as(tmp_path / "workload.json")
