@@ -277,6 +277,9 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     page.get_by_role("button", name="Step", exact=True).wait_for(timeout=180_000)
 
     # A foreign file: a clear error next to the uploader, the app keeps working.
+    panel = page.locator('[data-testid="stExpander"]').filter(has_text="Workload").first
+    if panel.locator("details").get_attribute("open") is None:  # the rerun after Close folded it
+        panel.locator("summary").click()
     foreign = tmp_path / "notebook.json"
     foreign.write_text('{"cells": []}')
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(foreign))
