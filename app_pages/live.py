@@ -158,7 +158,12 @@ def live_view() -> None:
     prompts = live_prompts(llm)
     if not reports:
         st.info(t("no_steps_yet", lang))
-        requests_text(request_views(prompts, [_empty_report(llm)], 0), lang)
+        views = request_views(prompts, [_empty_report(llm)], 0)
+        if projector():
+            with st.expander(t("requests", lang)):
+                requests_text(views, lang)
+        else:
+            requests_text(views, lang)
         return
     show_step(prompts, reports, llm.config.block_size, lang)
     save_run_button(llm, prompts, reports, lang)
