@@ -384,6 +384,7 @@ def untranslated(text: str) -> list[str]:
             part = part.strip(" .,:;·()–-*")
             if len(part) < 4 or not re.search("[A-Za-z]{3}", part) or part in zh:
                 continue
-            if re.search(rf"(?<![A-Za-z]){re.escape(part)}(?![A-Za-z])", text):
+            # whole words only: not inside an identifier or a path (paged_attention, 04_paged_attention.ipynb)
+            if re.search(rf"(?<![A-Za-z_/.]){re.escape(part)}(?![A-Za-z_/.])", text):
                 found.append(part)
     return sorted(set(found))
