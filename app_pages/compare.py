@@ -98,7 +98,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
             m[0].metric(t("steps_taken", lang), len(reports))
             m[1].metric(t("mean_running", lang), f"{sum(running) / len(running):.1f}")
             m[2].metric(t("throughput", lang) + " (tok/s)", f"{generated / max(seconds, 1e-9):.1f}")
-            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180, legend_columns=2), width="stretch")
+            st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
     series = {system_label(label, lang): ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
     st.line_chart(_series_frame(series), x="step", x_label=t("step_axis", lang), y_label=t("concurrency", lang))
@@ -168,7 +168,7 @@ def simulator_comparison(lang: str) -> None:
             m[1].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
             m[2].metric(t("preemptions", lang), res.preemptions)
             frame = simulation_memory_frame(res)
-            st.altair_chart(memory_chart(frame, "tokens", lang, height=180, legend_columns=2), width="stretch")
+            st.altair_chart(memory_chart(frame, "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
             png_download(t("save_png", lang), lambda f=frame, l=system_label(label, lang): memory_figure(f, "tokens", lang, title=l),
                          f"sim_memory_{label}.png", f"png_sim_{label}")
     series = {system_label(label, lang): (res.series_step, res.series_running) for label, res in results.items()}

@@ -12,7 +12,7 @@ from app_pages.common import category_help, current_engine, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
-from app_pages.saved import close_run, save_and_open
+from app_pages.saved import close_run, save_and_open, save_run_button
 from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
                              preset_workload, record)
 from engine.report import FORK
@@ -89,7 +89,7 @@ def workload_editor(lang: str, llm) -> None:
         st.session_state["workload_df"] = edited
         for note in workload_notes(edited, lang):
             st.warning(note)
-        save_and_open(st.session_state["settings"], clean_workload(edited), llm, live_prompts(llm) if llm else {}, lang)
+        save_and_open(st.session_state["settings"], clean_workload(edited), lang)
 
 
 def workload_notes(frame, lang: str) -> list[str]:
@@ -165,9 +165,15 @@ def live_view() -> None:
     prompts = live_prompts(llm)
     if not reports:
         st.info(t("no_steps_yet", lang))
-        requests_text(request_views(prompts, [_empty_report(llm)], 0), lang)
+        views = request_views(prompts, [_empty_report(llm)], 0)
+        if projector():
+            with st.expander(t("requests", lang)):
+                requests_text(views, lang)
+        else:
+            requests_text(views, lang)
         return
     show_step(prompts, reports, llm.config.block_size, lang)
+    save_run_button(llm, prompts, reports, lang)
     if not llm.has_unfinished_requests():
         st.success(t("all_done", lang))
 

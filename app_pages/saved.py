@@ -22,21 +22,25 @@ def current_workload(settings: Settings, rows: list[tuple[str, int]]) -> Workloa
     return Workload([WorkloadRequest(p, n) for p, n in rows], asdict(settings))
 
 
-def save_and_open(settings: Settings, rows: list[tuple[str, int]], llm, prompts: dict[int, str], lang: str) -> None:
-    """Download buttons (workload; run, once there are steps) and the uploader that opens either."""
-    c = st.columns(2)
-    c[0].download_button(t("save_workload", lang), workload_json(current_workload(settings, rows)),
-                         file_name="workload.json", mime="application/json", key="dl_workload", width="stretch")
-    reports = st.session_state.get("reports") or []
-    if llm is not None and reports:
-        engine = dict(model_name=llm.model_name, block_size=llm.config.block_size, num_blocks=llm.num_blocks,
-                      bytes_per_slot=llm.bytes_per_slot)
-        c[1].download_button(t("save_run", lang), lambda: run_json(Run(current_workload(settings, rows), engine, prompts, reports)),
-                             file_name=f"run_{len(reports)}_steps.json", mime="application/json", key="dl_run", width="stretch")
+def save_and_open(settings: Settings, rows: list[tuple[str, int]], lang: str) -> None:
+    """The workload download and the uploader that opens a workload or a run (in the workload panel)."""
+    st.download_button(t("save_workload", lang), workload_json(current_workload(settings, rows)),
+                       file_name="workload.json", mime="application/json", key="dl_workload")
     st.file_uploader(t("open_file", lang), type=["json"], key="upload", on_change=_opened, args=(lang,), help=t("open_file_help", lang))
     error = st.session_state.get("upload_error")
     if error:
         st.error(error)
+
+
+def save_run_button(llm, prompts: dict[int, str], reports: list, lang: str) -> None:
+    """Download the whole run so far (drawn with the steps, so it is there as soon as a step is)."""
+    from app_pages.common import workload_rows
+
+    engine = dict(model_name=llm.model_name, block_size=llm.config.block_size, num_blocks=llm.num_blocks,
+                  bytes_per_slot=llm.bytes_per_slot)
+    workload = current_workload(st.session_state["settings"], workload_rows())
+    st.download_button(t("save_run", lang), lambda: run_json(Run(workload, engine, prompts, reports)),
+                       file_name=f"run_{len(reports)}_steps.json", mime="application/json", key="dl_run")
 
 
 def _opened(lang: str) -> None:

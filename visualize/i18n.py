@@ -391,6 +391,29 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "用同一引擎和图表逐步讲解的 Jupyter 笔记本。用 `jupyter lab <路径>` 打开。",
     ),
     "no_lessons": ("No lesson notebooks found in {path}.", "在 {path} 中没有找到课程笔记本。"),
+    # --- lesson checks (lessons/*/NN_*.py, check cells)
+    "l1_fail_none": ("FAIL: step_flops and step_bytes are still None", "FAIL：step_flops 和 step_bytes 仍是 None"),
+    "l1_fail_flops": ("FAIL: step_flops = {value}; count 2 FLOPs per weight per request", "FAIL：step_flops = {value}；每个请求、每个权重算 2 次浮点运算"),
+    "l1_fail_bytes": ("FAIL: step_bytes = {value}; each weight is read once per step, whatever the batch", "FAIL：step_bytes = {value}；无论批大小是多少，每一步每个权重只读取一次"),
+    "l1_pass": ("PASS: {value} FLOP per byte — far below a GPU's ridge point", "PASS：每字节 {value} 次浮点运算，远低于 GPU 的屋脊点"),
+    "l2_fail_none": ("FAIL: opt13b_bytes_per_token and opt13b_tokens are still None", "FAIL：opt13b_bytes_per_token 和 opt13b_tokens 仍是 None"),
+    "l2_fail_bytes": ("FAIL: opt13b_bytes_per_token = {value}; remember K and V, every layer, every KV head", "FAIL：opt13b_bytes_per_token = {value}；别忘了 K 和 V、每一层、每个 KV 头"),
+    "l2_fail_tokens": ("FAIL: opt13b_tokens = {value}; divide 12 GiB by the bytes per token, rounding down", "FAIL：opt13b_tokens = {value}；用 12 GiB 除以每个 token 的字节数，向下取整"),
+    "l2_pass": ("PASS: {value} tokens (the paper: 15.7K)", "PASS：{value} 个 token（论文：15.7K）"),
+    "l3_fail_none": ("FAIL: {name} is still None", "FAIL：{name} 仍是 None"),
+    "l3_fail_value": ("FAIL: {name} = {value} is not what the simulator measures at step 5", "FAIL：{name} = {value}，与模拟器在第 5 步测得的不同"),
+    "l3_pass": ("PASS: only {share} of the slots in use hold token states", "PASS：已用槽位中只有 {share} 存放 token 状态"),
+    "l4_fail_none": ("FAIL: slot is still None", "FAIL：slot 仍是 None"),
+    "l4_fail_slot": ("FAIL: slot {slot}, but the engine wrote position {position} elsewhere; which logical block, which offset?", "FAIL：槽位 {slot}，但引擎把位置 {position} 写到了别处；它在哪个逻辑块、块内偏移是多少？"),
+    "l4_pass": ("PASS: position {position} -> block {block}, slot {slot}, as the engine wrote it", "PASS：位置 {position} -> 块 {block}，槽位 {slot}，与引擎写入的一致"),
+    "l5_fail_raised": ("FAIL: decode_one raised {error}", "FAIL：decode_one 抛出了 {error}"),
+    "l5_fail_diff": ("FAIL: with {size} logits, max |decode_one - reference| = {value}", "FAIL：在{size} logits 下，最大 |decode_one - 参考| = {value}"),
+    "l5_pass": ("PASS: decode_one matches paged_attention_reference, even with logits in the hundreds", "PASS：decode_one 与 paged_attention_reference 一致，logits 达到数百时也是如此"),
+    "l6_fail_none": ("FAIL: static_steps and continuous_steps are still None", "FAIL：static_steps 和 continuous_steps 仍是 None"),
+    "l6_fail_steps": ("FAIL: {name}_steps = {value}, but the engine took a different number of steps", "FAIL：{name}_steps = {value}，但引擎实际用的步数不同"),
+    "l6_pass": ("PASS: static {static} steps, continuous {continuous} steps", "PASS：静态批处理 {static} 步，连续批处理 {continuous} 步"),
+    "l5_size_normal": ("normal", "正常大小的"),
+    "l5_size_100x larger": ("100x larger", "放大 100 倍的"),
     "goal_line": ("**Goal:** {goal}", "**目标：**{goal}"),
     "path": ("Path", "路径"),
     # --- lesson 7 (sharing) figure
@@ -419,6 +442,7 @@ def untranslated(text: str) -> list[str]:
             part = part.strip(" .,:;·()–-*")
             if len(part) < 4 or not re.search("[A-Za-z]{3}", part) or part in zh:
                 continue
-            if re.search(rf"(?<![A-Za-z]){re.escape(part)}(?![A-Za-z])", text):
+            # whole words only: not inside an identifier or a path (paged_attention, 04_paged_attention.ipynb)
+            if re.search(rf"(?<![A-Za-z_/.]){re.escape(part)}(?![A-Za-z_/.])", text):
                 found.append(part)
     return sorted(set(found))

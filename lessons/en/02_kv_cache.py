@@ -202,14 +202,15 @@ opt13b_tokens = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     want = kv_bytes_per_slot(40, 40, 128, torch.float16)
     if opt13b_bytes_per_token is None or opt13b_tokens is None:
-        return "FAIL: opt13b_bytes_per_token and opt13b_tokens are still None"
+        return t("l2_fail_none", LANG)
     if opt13b_bytes_per_token != want:
-        return f"FAIL: opt13b_bytes_per_token = {opt13b_bytes_per_token}; remember K and V, every layer, every KV head"
+        return t("l2_fail_bytes", LANG, value=opt13b_bytes_per_token)
     if opt13b_tokens != 12 * 2**30 // want:
-        return f"FAIL: opt13b_tokens = {opt13b_tokens}; divide 12 GiB by the bytes per token, rounding down"
-    return f"PASS: {opt13b_tokens:,} tokens (the paper: 15.7K)"
+        return t("l2_fail_tokens", LANG, value=opt13b_tokens)
+    return t("l2_pass", LANG, value=f"{opt13b_tokens:,}")
 
 
 print(check())

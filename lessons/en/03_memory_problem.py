@@ -130,6 +130,7 @@ external_fragmentation = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     run = simulate(requests=mix, kv_slots=800, block_size=16, max_model_len=256,
                    allocator="contiguous", reservation="max", fast_forward=False)
     row = list(run.series_step).index(5)
@@ -137,11 +138,11 @@ def check():
                    internal_fragmentation=internal_fragmentation, external_fragmentation=external_fragmentation)
     for name, value in answers.items():
         if value is None:
-            return f"FAIL: {name} is still None"
+            return t("l3_fail_none", LANG, name=name)
         if value != run.series_memory[name][row]:
-            return f"FAIL: {name} = {value} is not what the simulator measures at step 5"
+            return t("l3_fail_value", LANG, name=name, value=value)
     waste = reserved + internal_fragmentation + external_fragmentation
-    return f"PASS: only {token_states / (token_states + waste):.0%} of the slots in use hold token states"
+    return t("l3_pass", LANG, share=f"{token_states / (token_states + waste):.0%}")
 
 
 print(check())

@@ -170,12 +170,13 @@ slot = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     written = [e.slot for r in reports for e in r.events if e.kind == WRITE and e.request_id == 0 and e.position == position]
     if slot is None:
-        return "FAIL: slot is still None"
+        return t("l4_fail_none", LANG)
     if slot != written[0]:
-        return f"FAIL: slot {slot}, but the engine wrote position {position} elsewhere; which logical block, which offset?"
-    return f"PASS: position {position} -> block {table[position // block_size]}, slot {slot}, as the engine wrote it"
+        return t("l4_fail_slot", LANG, slot=slot, position=position)
+    return t("l4_pass", LANG, position=position, block=table[position // block_size], slot=slot)
 
 
 print(check())

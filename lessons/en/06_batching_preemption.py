@@ -171,13 +171,14 @@ continuous_steps = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     if static_steps is None or continuous_steps is None:
-        return "FAIL: static_steps and continuous_steps are still None"
+        return t("l6_fail_none", LANG)
     measured = {"static": len(run(exercise_lengths, 4)[1]), "continuous": len(run(exercise_lengths, None)[1])}
     for name, answer in (("static", static_steps), ("continuous", continuous_steps)):
         if answer != measured[name]:
-            return f"FAIL: {name}_steps = {answer}, but the engine took a different number of steps"
-    return f"PASS: static {static_steps} steps, continuous {continuous_steps} steps"
+            return t("l6_fail_steps", LANG, name=name, value=answer)
+    return t("l6_pass", LANG, static=static_steps, continuous=continuous_steps)
 
 
 print(check())

@@ -155,15 +155,16 @@ step_bytes = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     n = n_linear + n_lm_head
     want_flops, want_bytes = 2 * n * 8, n * eng.runner.dtype.itemsize
     if step_flops is None or step_bytes is None:
-        return "FAIL: step_flops and step_bytes are still None"
+        return t("l1_fail_none", LANG)
     if abs(step_flops - want_flops) > 0.01 * want_flops:
-        return f"FAIL: step_flops = {step_flops:.3g}; count 2 FLOPs per weight per request"
+        return t("l1_fail_flops", LANG, value=f"{step_flops:.3g}")
     if abs(step_bytes - want_bytes) > 0.01 * want_bytes:
-        return f"FAIL: step_bytes = {step_bytes:.3g}; each weight is read once per step, whatever the batch"
-    return f"PASS: {step_flops / step_bytes:.1f} FLOP per byte — far below a GPU's ridge point"
+        return t("l1_fail_bytes", LANG, value=f"{step_bytes:.3g}")
+    return t("l1_pass", LANG, value=f"{step_flops / step_bytes:.1f}")
 
 
 print(check())

@@ -158,6 +158,7 @@ def decode_one(q, key_cache, value_cache, block_table, context_len, scale):
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     for size, q in (("normal", query), ("100x larger", query * 100)):
         ref = paged_attention_reference(q, key_cache, value_cache, block_tables, context_lens, scale)
         try:
@@ -166,11 +167,11 @@ def check():
                 for s in range(len(context_lens))
             ])
         except Exception as e:
-            return f"FAIL: decode_one raised {type(e).__name__}: {e}"
+            return t("l5_fail_raised", LANG, error=f"{type(e).__name__}: {e}")
         error = (mine - ref).abs().max().item()
         if not error < 1e-4:
-            return f"FAIL: with {size} logits, max |decode_one - reference| = {error:.3g}"
-    return "PASS: decode_one matches paged_attention_reference, even with logits in the hundreds"
+            return t("l5_fail_diff", LANG, size=t(f"l5_size_{size}", LANG), value=f"{error:.3g}")
+    return t("l5_pass", LANG)
 
 
 print(check())
