@@ -43,7 +43,10 @@ def engine_settings(lang: str) -> Settings:
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists
     allocator = localized_choice(sb.radio, t("allocator", lang), ("paged", "contiguous"), "allocator", lang,
                                  lambda a: t(f"allocator_{a}", lang))
-    reservation = "max"
+    reservation, prefix_caching = "max", None
+    if allocator == "paged":
+        st.session_state.setdefault("prefix_caching", True)
+        prefix_caching = sb.toggle(t("prefix_caching", lang), key="prefix_caching", help=t("prefix_caching_help", lang))
     if allocator == "contiguous":
         reservation = sb.selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="reservation", help=t("reservation_help", lang))
     backend = sb.radio(t("backend", lang), ("torch", "triton"), horizontal=True, key="backend", help=t("backend_help", lang))
@@ -63,7 +66,8 @@ def engine_settings(lang: str) -> Settings:
         width = int(sb.number_input(t(f"sharing_width_{sharing}", lang), min_value=2, max_value=8, key="sharing_width"))
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
-                    temperature=temperature, seed=seed, sharing=sharing, sharing_width=width)
+                    temperature=temperature, seed=seed, sharing=sharing, sharing_width=width,
+                    enable_prefix_caching=prefix_caching)
 
 
 def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, int | None]:

@@ -129,6 +129,7 @@ class Settings:
     seed: int = 0
     sharing: str = "none"  # one of SHARING
     sharing_width: int = 4  # n samples, or beam width
+    enable_prefix_caching: bool | None = None  # None: the engine's default (on when paged)
 
     def engine_config(self, **overrides) -> EngineConfig:
         fields = asdict(self)

@@ -200,6 +200,14 @@ class KVCacheManager(ABC):
         """Release what ``group`` holds beyond its sequences' own memory (contiguous: ranges kept
         for its forks); called when the group finishes or is preempted."""
 
+    def free_queue(self) -> list[int]:
+        """Free blocks in the order they will be handed out (paged only; a contiguous arena has gaps)."""
+        return []
+
+    def cached_free_hashes(self) -> dict[int, str]:
+        """Free blocks that still hold cached KV -> their block hash (hex); prefix caching only."""
+        return {}
+
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """Copies (in attention blocks) that forks queued since the last step, to run before the
         next forward pass; the paged allocator shares instead and queues none."""
@@ -467,6 +475,11 @@ class PagedBlockManager(KVCacheManager):
     def cached_free_blocks(self) -> list[int]:
         """Free blocks that still hold a cached block's KV (cached and evictable), head first."""
         return [b for b in self.allocator.free_blocks if self._is_cached(b)]
+
+    def cached_free_hashes(self) -> dict[int, str]:
+        if self.prefix_cache is None:
+            return {}
+        return {b: self.prefix_cache.block_hash[b].hex() for b in self.cached_free_blocks()}
 
     def _shared_prompt_blocks(self, group: Group) -> int:
         """Full prompt blocks that a group's (re)prefill shares among its sequences."""

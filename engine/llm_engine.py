@@ -250,6 +250,8 @@ class LLMEngine:
             block_tables=self.kv.snapshot(self.scheduler.running),
             memory=self.memory_usage(),
             prefix_cache=self.prefix_cache_stats(),
+            free_queue=self.kv.free_queue(),
+            cached_free=self.kv.cached_free_hashes(),
         )
         del events[:]  # cleared in place: the scheduler shares this list
         t4 = time.perf_counter()

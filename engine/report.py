@@ -104,6 +104,10 @@ class StepReport:
         memory: the pool after the step (:class:`~engine.accounting.MemoryUsage`).
         timings_ms: wall time per phase in ms ("schedule", "prepare", "forward", "sample", "total").
         prefix_cache: the engine-wide prefix-cache counters after the step (None when it is off).
+        free_queue: the paged allocator's free blocks after the step, head first (the head is
+            allocated, and evicted if cached, next: least recently used; vLLM's free block queue).
+        cached_free: prefix caching: free blocks that still hold cached KV (evictable), block -> its
+            block hash (hex).
     """
 
     step: int
@@ -118,6 +122,8 @@ class StepReport:
     memory: MemoryUsage
     timings_ms: dict[str, float] = field(default_factory=dict)
     prefix_cache: PrefixCacheStats | None = None
+    free_queue: list[int] = field(default_factory=list)
+    cached_free: dict[int, str] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

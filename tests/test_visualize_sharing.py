@@ -64,3 +64,34 @@ def test_beam_tree_shows_forks_and_pruned_branches_returning_blocks(engine, lang
     states = {n["state"] for n in spec["layer"][1]["data"]["values"]}
     assert t("beam_live", lang) in states
     assert pruned and t("beam_pruned", lang) in states, "some beam was pruned (beam width 3, 8 tokens)"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_prefix_caching_shows_cached_free_blocks_and_the_free_queue(tiny_llama_dir, lang):
+    """After a request finishes, its full blocks stay cached on the free queue: the pool map colours
+    them apart from plain free blocks, the strip lists the queue head first, and a saved run keeps both."""
+    from engine.runfile import Run, Workload, WorkloadRequest, load_run, run_json
+    from visualize.colors import CACHED_COLOR, FREE_COLOR
+    from visualize.pool import free_queue_spec
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=24))
+    run(engine, SamplingParams(max_tokens=2))  # 7 + 2 tokens: blocks 0 and 1 full, hashed, then freed
+    _, reports = run(engine, SamplingParams(max_tokens=2))  # the same prompt hits block 0
+    last = reports[-1]
+    assert len(last.cached_free) >= 1 and set(last.cached_free) <= set(last.free_queue)
+    df = pool_frame(last, 4, lang)
+    for b in range(24):
+        color = df.loc[df["block"] == b, "color"].item()
+        if b in last.cached_free:
+            assert color == CACHED_COLOR
+            assert last.cached_free[b][:8] in df.loc[df["block"] == b, "owner_text"].item()
+        elif b in last.free_queue:
+            assert color == FREE_COLOR
+    cells = free_queue_spec(last, lang)["data"]["values"]
+    assert [c["block"] for c in cells] == last.free_queue[:64], "head (evicted next) first"
+    assert all((c["color"] == CACHED_COLOR) == (c["block"] in last.cached_free) for c in cells)
+    saved = Run(Workload(settings={}, requests=[WorkloadRequest("tokens 5..11", 2)]), dict(model_name="tiny", block_size=4, num_blocks=24, bytes_per_slot=1),
+                {}, reports)
+    back = load_run(run_json(saved).encode(), "run.json").steps[-1]
+    assert back.free_queue == last.free_queue and back.cached_free == last.cached_free
+    assert back.prefix_cache == last.prefix_cache

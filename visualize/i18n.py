@@ -187,6 +187,21 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_held": ("Tokens held", "存放 token 数"),
     "touched": ("Touched this step", "本步改动"),
     "ref_count": ("Reference count", "引用计数"),
+    "cached_free": ("free, cached (evictable), hash {hash}", "空闲，已缓存（可驱逐），哈希 {hash}"),
+    "queue_position": ("Position in the queue", "队列位置"),
+    "free_queue_title": ("Free queue, least recently used first (first {shown} of {total})",
+                         "空闲队列，最久未用在左（前 {shown} 个，共 {total} 个）"),
+    "prefix_caching": ("Prefix caching", "前缀缓存"),
+    "prefix_caching_help": (
+        "vLLM's automatic prefix caching: full blocks are hashed once written; a prompt that begins with cached "
+        "blocks reuses their KV instead of computing it. Freed cached blocks stay on the free queue (teal) until evicted.",
+        "vLLM 的自动前缀缓存：满块写入后计算块哈希；以已缓存块开头的提示直接复用它们的 KV，不再计算。"
+        "释放的已缓存块留在空闲队列中（青色），直到被驱逐。",
+    ),
+    "prefix_cache_caption": ("Prefix cache: {hits} of {queries} prompt tokens found cached ({rate:.0%}); "
+                             "re-prefills after preemption: {phits} of {pqueries}; {evictions} evictions.",
+                             "前缀缓存：{queries} 个提示 token 中 {hits} 个命中（{rate:.0%}）；抢占后重新预填充：{pqueries} 个中 {phits} 个；"
+                             "驱逐 {evictions} 次。"),
     "holders": ("Held by", "持有者"),
     "seq_of_request": ("seq {seq} (request {request})", "序列 {seq}（请求 {request}）"),
     "copy_on_write": ("Copy-on-write", "写时复制"),

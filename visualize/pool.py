@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib.patches import Rectangle
 
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, WRITE, StepReport
-from visualize.colors import COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
+from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.style import use_cjk_font
 
@@ -45,11 +45,13 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[
     in it: a contiguous range need not start on a block boundary, so two may share a block),
     holders (every ``(request id, sequence id)`` whose block table holds it), ref_count (its
     reference count: > 1 when sequences share it, paper §4.4), cow ("src" / "dst" when it was the
-    source or the new copy of a copy-on-write this step, else None).
+    source or the new copy of a copy-on-write this step, else None), cached_hash (prefix caching: a
+    free block that still holds cached KV, evictable, has its block hash here, else None).
     """
     blocks = [
         dict(block=b, row=b // columns, col=b % columns, owner=None, logical_index=None, filled=0,
-             block_size=block_size, touched=False, owners=[], holders=[], ref_count=0, cow=None)
+             block_size=block_size, touched=False, owners=[], holders=[], ref_count=0, cow=None,
+             cached_hash=getattr(report, "cached_free", {}).get(b))
         for b in range(num_blocks_of(report, block_size))
     ]
     for snap in report.block_tables:
@@ -74,13 +76,14 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[
 def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> pd.DataFrame:
     """``pool_blocks`` as a DataFrame with the drawing coordinates, colours and tooltip texts."""
     blocks = pool_blocks(report, block_size, columns)
-    df = pd.DataFrame(blocks).drop(columns=["owners", "holders"])
+    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash"])
     df["x"], df["x2"] = df["col"], df["col"] + CELL_W
     df["fill_x2"] = df["col"] + CELL_W * df["filled"] / block_size
     df["y"], df["y2"] = df["row"], df["row"] + CELL_H
     # Computed from the plain rows: pandas turns a column of ints and Nones into floats.
-    df["color"] = [request_color(b["owner"]) for b in blocks]
-    df["owner_text"] = [", ".join(f"{t('request', lang)} {o}" for o in b["owners"]) or t("free", lang) for b in blocks]
+    df["color"] = [CACHED_COLOR if b["cached_hash"] and b["owner"] is None else request_color(b["owner"]) for b in blocks]
+    df["owner_text"] = [", ".join(f"{t('request', lang)} {o}" for o in b["owners"])
+                        or (t("cached_free", lang, hash=b["cached_hash"][:8]) if b["cached_hash"] else t("free", lang)) for b in blocks]
     df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
     df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
     df["touched_text"] = ["✓" if b["touched"] else "" for b in blocks]
@@ -271,3 +274,29 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
                 row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
         row["event"] = t(f"ev_{row['kind']}", lang)
     return rows
+
+
+def free_queue_spec(report: StepReport, lang: str = "en", max_cells: int = 64) -> dict:
+    """The free block queue as a strip, head (least recently used: allocated, and evicted if cached,
+    next) on the left (vLLM's free block queue); cached-and-evictable blocks in their own colour.
+    Follows the order hit (a cached block leaves the queue) -> allocate (from the head) -> evict."""
+    cached = getattr(report, "cached_free", {})
+    cells = [dict(pos=i, block=b, color=CACHED_COLOR if b in cached else FREE_COLOR,
+                  state=t("cached_free", lang, hash=cached[b][:8]) if b in cached else t("free", lang))
+             for i, b in enumerate(report.free_queue[:max_cells])]
+    tooltip = [{"field": "pos", "type": "quantitative", "title": t("queue_position", lang)},
+               {"field": "block", "type": "quantitative", "title": t("block", lang)},
+               {"field": "state", "type": "nominal", "title": t("owner", lang)}]
+    x = {"field": "pos", "type": "ordinal", "axis": None, "sort": None}
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "title": {"text": t("free_queue_title", lang, shown=len(cells), total=len(report.free_queue)), "fontSize": 11},
+        "data": {"values": cells},
+        "height": 26,
+        "layer": [
+            {"mark": {"type": "rect", "stroke": EDGE_COLOR, "strokeWidth": 0.5},
+             "encoding": {"x": x, "color": {"field": "color", "type": "nominal", "scale": None}, "tooltip": tooltip}},
+            {"mark": {"type": "text", "fontSize": 8, "color": "#222"},
+             "encoding": {"x": x, "text": {"field": "block", "type": "quantitative"}, "tooltip": tooltip}},
+        ],
+    }
