@@ -43,6 +43,22 @@ def step_title(page, text: str, timeout_s: float = 120) -> None:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def download(page, button_name: str, path) -> None:
+    """Click a download button and save the file. A download whose data is made on click (the whole
+    run) is registered anew by every rerun of the step fragment; a click that lands on the button of
+    a render just replaced gets no file, so it is clicked again (at most three times)."""
+    for attempt in range(3):
+        try:
+            with page.expect_download(timeout=20_000) as event:
+                page.get_by_role("button", name=button_name).click()
+            event.value.save_as(path)
+            return
+        except Exception:  # playwright's TimeoutError: no download started
+            if attempt == 2:
+                raise
+            page.wait_for_timeout(1000)
+
+
 def test_app_in_a_browser(default_model_dir):
     sync_api = pytest.importorskip("playwright.sync_api")
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -256,14 +272,10 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     no_exception_box(page)
 
     # Save the whole run, reload (the session is gone), open it again: replayed without the model.
-    with page.expect_download() as download:
-        page.get_by_role("button", name="Download the whole run (JSON)").click()
     saved = tmp_path / "run.json"
-    download.value.save_as(saved)
+    download(page, "Download the whole run (JSON)", saved)
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
-    with page.expect_download() as download:
-        page.get_by_role("button", name="Download workload + settings (JSON)").click()
-    download.value.save_as(tmp_path / "workload.json")
+    download(page, "Download workload + settings (JSON)", tmp_path / "workload.json")
     page.reload()
     open_app(page, sync_api, port, server)
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
