@@ -287,16 +287,23 @@ def free_queue_spec(report: StepReport, lang: str = "en", max_cells: int = 64) -
     tooltip = [{"field": "pos", "type": "quantitative", "title": t("queue_position", lang)},
                {"field": "block", "type": "quantitative", "title": t("block", lang)},
                {"field": "state", "type": "nominal", "title": t("owner", lang)}]
-    x = {"field": "pos", "type": "ordinal", "axis": None, "sort": None}
+    n = max(1, len(cells))
+    for c in cells:  # the pool map's cells, in a row: quantitative x, so they fill the chart's width
+        c.update(x=c["pos"], x2=c["pos"] + CELL_W, cx=c["pos"] + CELL_W / 2, y=0, y2=CELL_H, cy=CELL_H / 2)
+    x = {"field": "x", "type": "quantitative", "axis": None, "scale": {"domain": [0, max(n, 16)]}}
+    y = {"field": "y", "type": "quantitative", "axis": None, "scale": {"domain": [0, 1], "reverse": True}}
+    box = {"x": x, "x2": {"field": "x2"}, "y": y, "y2": {"field": "y2"}}
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "title": {"text": t("free_queue_title", lang, shown=len(cells), total=len(report.free_queue)), "fontSize": 11},
         "data": {"values": cells},
-        "height": 26,
+        "height": 56,  # the title takes about 20 px of it
         "layer": [
             {"mark": {"type": "rect", "stroke": EDGE_COLOR, "strokeWidth": 0.5},
-             "encoding": {"x": x, "color": {"field": "color", "type": "nominal", "scale": None}, "tooltip": tooltip}},
-            {"mark": {"type": "text", "fontSize": 8, "color": "#222"},
-             "encoding": {"x": x, "text": {"field": "block", "type": "quantitative"}, "tooltip": tooltip}},
+             "encoding": {**box, "color": {"field": "color", "type": "nominal", "scale": None}, "tooltip": tooltip}},
+            {"mark": {"type": "text", "fontSize": 9, "color": "#222"},
+             "encoding": {"x": {**x, "field": "cx"}, "y": {**y, "field": "cy"},
+                          "text": {"field": "block", "type": "quantitative"}, "tooltip": tooltip}},
         ],
+        "config": {"view": {"strokeWidth": 0}},
     }
