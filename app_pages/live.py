@@ -20,7 +20,7 @@ from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, request_color
 from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
-from visualize.pool import block_tables_figure, event_log_rows, free_queue_spec, pool_map_figure, pool_map_spec
+from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
 
 
 def page() -> None:
@@ -320,12 +320,24 @@ def pool_view(report, block_size: int, lang: str, large: bool = False) -> None:
     st.vega_lite_chart(spec, width="stretch")
     st.caption(t("pool_caption", lang))
     if report.free_queue:  # paged: the order in which free blocks are handed out (and evicted)
-        st.vega_lite_chart(free_queue_spec(report, lang), width="stretch")
+        free_queue_html(report, lang, large)
     stats = getattr(report, "prefix_cache", None)
     if stats is not None:
         st.caption(t("prefix_cache_caption", lang, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate,
                      phits=stats.preempted_hits, pqueries=stats.preempted_queries, evictions=stats.evictions))
     png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
+
+
+def free_queue_html(report, lang: str, large: bool = False) -> None:
+    """The free queue as a strip of cells, head (allocated and evicted next) on the left."""
+    cells = free_queue_cells(report, lang)
+    font = 16 if large else 10
+    strip = "".join(
+        f'<span title="{html.escape(c["state"])}" style="display:inline-block;min-width:24px;margin:1px;padding:1px 2px;'
+        f'border:1px solid #555;background:{c["color"]};font-size:{font}px;text-align:center">{c["block"]}</span>'
+        for c in cells)
+    st.markdown(f'<div><small>{t("free_queue_title", lang, shown=len(cells), total=len(report.free_queue))}</small>'
+                f'<br>{strip}</div>', unsafe_allow_html=True)
 
 
 def memory_view(reports, lang: str) -> None:

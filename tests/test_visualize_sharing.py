@@ -72,7 +72,7 @@ def test_prefix_caching_shows_cached_free_blocks_and_the_free_queue(tiny_llama_d
     them apart from plain free blocks, the strip lists the queue head first, and a saved run keeps both."""
     from engine.runfile import Run, Workload, WorkloadRequest, load_run, run_json
     from visualize.colors import CACHED_COLOR, FREE_COLOR
-    from visualize.pool import free_queue_spec
+    from visualize.pool import free_queue_cells
 
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=24))
     run(engine, SamplingParams(max_tokens=2))  # 7 + 2 tokens: blocks 0 and 1 full, hashed, then freed
@@ -87,7 +87,7 @@ def test_prefix_caching_shows_cached_free_blocks_and_the_free_queue(tiny_llama_d
             assert last.cached_free[b][:8] in df.loc[df["block"] == b, "owner_text"].item()
         elif b in last.free_queue:
             assert color == FREE_COLOR
-    cells = free_queue_spec(last, lang)["data"]["values"]
+    cells = free_queue_cells(last, lang)
     assert [c["block"] for c in cells] == last.free_queue[:64], "head (evicted next) first"
     assert all((c["color"] == CACHED_COLOR) == (c["block"] in last.cached_free) for c in cells)
     saved = Run(Workload(settings={}, requests=[WorkloadRequest("tokens 5..11", 2)]), dict(model_name="tiny", block_size=4, num_blocks=24, bytes_per_slot=1),

@@ -276,34 +276,12 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
     return rows
 
 
-def free_queue_spec(report: StepReport, lang: str = "en", max_cells: int = 64) -> dict:
-    """The free block queue as a strip, head (least recently used: allocated, and evicted if cached,
-    next) on the left (vLLM's free block queue); cached-and-evictable blocks in their own colour.
+def free_queue_cells(report: StepReport, lang: str = "en", max_cells: int = 64) -> list[dict]:
+    """The free block queue, head first: the head (least recently used) is allocated, and evicted if
+    cached, next (vLLM's free block queue). One dict per block: pos, block, cached (prefix caching:
+    it still holds cached KV, evictable), color (cached blocks in their own colour) and state (text).
     Follows the order hit (a cached block leaves the queue) -> allocate (from the head) -> evict."""
     cached = getattr(report, "cached_free", {})
-    cells = [dict(pos=i, block=b, color=CACHED_COLOR if b in cached else FREE_COLOR,
-                  state=t("cached_free", lang, hash=cached[b][:8]) if b in cached else t("free", lang))
-             for i, b in enumerate(report.free_queue[:max_cells])]
-    tooltip = [{"field": "pos", "type": "quantitative", "title": t("queue_position", lang)},
-               {"field": "block", "type": "quantitative", "title": t("block", lang)},
-               {"field": "state", "type": "nominal", "title": t("owner", lang)}]
-    n = max(1, len(cells))
-    for c in cells:  # the pool map's cells, in a row: quantitative x, so they fill the chart's width
-        c.update(x=c["pos"], x2=c["pos"] + CELL_W, cx=c["pos"] + CELL_W / 2, y=0, y2=CELL_H, cy=CELL_H / 2)
-    x = {"field": "x", "type": "quantitative", "axis": None, "scale": {"domain": [0, max(n, 16)]}}
-    y = {"field": "y", "type": "quantitative", "axis": None, "scale": {"domain": [0, 1], "reverse": True}}
-    box = {"x": x, "x2": {"field": "x2"}, "y": y, "y2": {"field": "y2"}}
-    return {
-        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
-        "title": {"text": t("free_queue_title", lang, shown=len(cells), total=len(report.free_queue)), "fontSize": 11},
-        "data": {"values": cells},
-        "height": 56,  # the title takes about 20 px of it
-        "layer": [
-            {"mark": {"type": "rect", "stroke": EDGE_COLOR, "strokeWidth": 0.5},
-             "encoding": {**box, "color": {"field": "color", "type": "nominal", "scale": None}, "tooltip": tooltip}},
-            {"mark": {"type": "text", "fontSize": 9, "color": "#222"},
-             "encoding": {"x": {**x, "field": "cx"}, "y": {**y, "field": "cy"},
-                          "text": {"field": "block", "type": "quantitative"}, "tooltip": tooltip}},
-        ],
-        "config": {"view": {"strokeWidth": 0}},
-    }
+    return [dict(pos=i, block=b, cached=b in cached, color=CACHED_COLOR if b in cached else FREE_COLOR,
+                 state=t("cached_free", lang, hash=cached[b][:8]) if b in cached else t("free", lang))
+            for i, b in enumerate(report.free_queue[:max_cells])]
