@@ -7,7 +7,10 @@ Time comes from the step-time model preset ``a100-opt-13b-achieved`` (engine/cos
 
 - Figure 2: the KV memory breakdown on ShareGPT at one stated request rate (an operating point
   like §6.2's, not saturation), averaged over the steps of the run.
-- Figure 12: normalized latency (s/token) against request rate on ShareGPT and Alpaca; each
+- Figure 12: normalized latency (s/token) against request rate on ShareGPT and Alpaca, the four
+  systems and the FasterTransformer baseline (``FIGURE_12_SYSTEMS``: static batching,
+  engine/static_batching.py, with Orca (Max)'s memory: the one difference from Orca (Max) is
+  request-level scheduling); each
   system's *sustainable rate* is where its normalized latency crosses ``THRESHOLD`` x its value at
   the lowest rate of the sweep (linearly interpolated between the two sweep rates around the
   crossing; a system that never crosses is reported as ">= the highest rate").
@@ -42,8 +45,17 @@ FIGURE_2_RATE = 1.0  # ShareGPT req/s: every Orca is loaded (requests queue), no
 FIGURE_13_RATES = {"sharegpt": 2.0, "alpaca": 30.0}  # the caption's rates
 FIGURE_18_RATES = {"sharegpt": 1.5, "alpaca": 40.0}  # near vLLM's sustainable rate, where memory matters
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Paper, §6.2 and Figure 12 (ShareGPT, OPT-13B/66B/175B): vLLM's sustainable rate over each baseline's.
-PAPER_RATE_RATIOS = {"sharegpt": {"Orca (Oracle)": (1.7, 2.7), "Orca (Max)": (2.7, 8.0)}}
+STATIC = "FasterTransformer"
+# Figure 12's systems: the paper's four, and static batching as FasterTransformer (its KV memory as
+# Orca (Max)'s: a max-length reservation per request; FasterTransformer preallocates its batch's).
+FIGURE_12_SYSTEMS = {**PAPER_SYSTEMS, STATIC: dict(allocator="contiguous", reservation="max", placement="buddy", policy="static")}
+# FasterTransformer saturates below the sweep's lowest rates (a batch of 7 runs as long as its longest
+# request: ShareGPT at 0.25 req/s is already past it), so in the default sweep its rates start lower
+# and its sustainable rate is a crossing, not the lowest rate of the sweep.
+STATIC_LOW_RATES = {"sharegpt": (0.05, 0.1, 0.15), "alpaca": (0.5, 1.0, 2.5)}
+# Paper, §6.2 and Figure 12 (ShareGPT, OPT-13B/66B/175B): vLLM's sustainable rate over each baseline's,
+# (low, high); (None, high) = "up to" (FasterTransformer: up to 22x, §6.2).
+PAPER_RATE_RATIOS = {"sharegpt": {"Orca (Oracle)": (1.7, 2.7), "Orca (Max)": (2.7, 8.0), STATIC: (None, 22.0)}}
 PAPER_BEST_BLOCK_SIZES = {"sharegpt": (16, 128), "alpaca": (16, 32)}  # §7.2, Figure 18b
 
 
@@ -61,7 +73,7 @@ def _run(workload: str, rate: float, system: str, num_requests: int, seed: int, 
          setup: str = SETUP):
     requests = make_workload(workload, num_requests, seed, MAX_MODEL_LEN, rate)
     return simulate(requests=requests, kv_slots=KV_SLOTS, block_size=block_size, max_model_len=MAX_MODEL_LEN,
-                    cost_model=setup, **PAPER_SYSTEMS[system])
+                    cost_model=setup, **FIGURE_12_SYSTEMS[system])
 
 
 def _latency_row(workload: str, system: str, rate: float, res) -> dict:
@@ -74,19 +86,28 @@ def _latency_row(workload: str, system: str, rate: float, res) -> dict:
     }
 
 
-def latency_sweep(workloads=("sharegpt", "alpaca"), rates: dict | None = None, systems=tuple(PAPER_SYSTEMS),
+def paper_ratio_text(paper: tuple | None) -> str:
+    """The paper's ratio range as printed: "1.7-2.7x", "up to 22x", or "-" (none given)."""
+    if not paper:
+        return "-"
+    return f"up to {paper[1]:g}x" if paper[0] is None else f"{paper[0]:g}-{paper[1]:g}x"
+
+
+def latency_sweep(workloads=("sharegpt", "alpaca"), rates: dict | None = None, systems=tuple(FIGURE_12_SYSTEMS),
                   num_requests: int = 1000, seed: int = 0, setup: str = SETUP, progress: bool = False) -> list[dict]:
     """Every (workload, system, rate) of the sweep: one simulation each, the same requests for
-    every system at a rate. Rows as :func:`_latency_row`.
+    every system at a rate. Rows as :func:`_latency_row`. ``rates`` None = ``SWEEP_RATES``, and
+    FasterTransformer's start at ``STATIC_LOW_RATES``.
 
     Raises:
         ValueError: an empty sweep, a rate <= 0, an unknown system or preset.
     """
+    low = STATIC_LOW_RATES if rates is None else {}
     rates = rates or SWEEP_RATES
-    plan = [(w, _check_rates(rates[w]), s) for w in workloads for s in systems]
+    plan = [(w, _check_rates(rates[w] + (low.get(w, ()) if s == STATIC else ())), s) for w in workloads for s in systems]
     for _, _, s in plan:
-        if s not in PAPER_SYSTEMS:
-            raise ValueError(f"unknown system {s!r}; choose from {', '.join(PAPER_SYSTEMS)}")
+        if s not in FIGURE_12_SYSTEMS:
+            raise ValueError(f"unknown system {s!r}; choose from {', '.join(FIGURE_12_SYSTEMS)}")
     if not plan:
         raise ValueError("empty sweep: give at least one workload and one system")
     rows = []
@@ -110,25 +131,26 @@ def sustainable_rate(rates: list[float], latencies: list[float], threshold: floa
 
 
 def figure_12(num_requests: int = 1000, seed: int = 0, rates: dict | None = None, progress: bool = False,
-              setup: str = SETUP) -> dict:
-    """Normalized latency against rate, sustainable rates and vLLM's ratios over each baseline.
+              setup: str = SETUP, systems=tuple(FIGURE_12_SYSTEMS)) -> dict:
+    """Normalized latency against rate, sustainable rates and vLLM's ratios over each baseline
+    (``systems``: keys of ``FIGURE_12_SYSTEMS``, vLLM among them).
 
     Returns:
         {"rows": sweep rows, "sustainable": [{workload, system, rate, reached}],
          "ratios": [{workload, baseline, ratio, at_least (bool: a rate was a lower bound), paper (lo, hi) or None}],
          "threshold": THRESHOLD, "setup": setup}
     """
-    rows = latency_sweep(rates=rates, num_requests=num_requests, seed=seed, progress=progress, setup=setup)
+    rows = latency_sweep(rates=rates, systems=systems, num_requests=num_requests, seed=seed, progress=progress, setup=setup)
     sustainable, ratios = [], []
     for workload in dict.fromkeys(r["workload"] for r in rows):
         found = {}
-        for system in PAPER_SYSTEMS:
+        for system in dict.fromkeys(r["system"] for r in rows):
             mine = [r for r in rows if r["workload"] == workload and r["system"] == system]
             rate, reached = sustainable_rate([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine])
             found[system] = (rate, reached)
             sustainable.append({"workload": workload, "system": system, "rate": rate, "reached": reached})
         vllm_rate, vllm_reached = found["vLLM"]
-        for baseline in ("Orca (Oracle)", "Orca (Pow2)", "Orca (Max)"):
+        for baseline in [s for s in ("Orca (Oracle)", "Orca (Pow2)", "Orca (Max)", STATIC) if s in found]:
             rate, reached = found[baseline]
             ratios.append({"workload": workload, "baseline": baseline, "ratio": vllm_rate / rate,
                            "at_least": not vllm_reached, "paper": PAPER_RATE_RATIOS.get(workload, {}).get(baseline)})
@@ -277,15 +299,15 @@ def _format_12(result) -> str:
     for workload in dict.fromkeys(r["workload"] for r in rows):
         rates = sorted({r["request_rate"] for r in rows if r["workload"] == workload})
         lines.append(_table_line(workload, rates, "{:>7g}") + "   req/s")
-        for system in PAPER_SYSTEMS:
-            vals = [r["normalized_latency_s"] for r in rows if r["workload"] == workload and r["system"] == system]
-            lines.append(_table_line(system, vals))
+        for system in dict.fromkeys(r["system"] for r in rows):
+            at = {r["request_rate"]: r["normalized_latency_s"] for r in rows if r["workload"] == workload and r["system"] == system}
+            lines.append(_table_line(system, [f"{at[x]:.3f}" if x in at else "-" for x in rates], "{:>7}"))
     lines.append(f"sustainable rate: normalized latency under {result['threshold']:g}x its lowest-rate value")
     for s in result["sustainable"]:
-        lines.append(f"  {s['workload']:<9} {s['system']:<14} {'' if s['reached'] else '>= '}{s['rate']:.2f} req/s")
+        lines.append(f"  {s['workload']:<9} {s['system']:<17} {'' if s['reached'] else '>= '}{s['rate']:.2f} req/s")
     for r in result["ratios"]:
-        paper = f"paper {r['paper'][0]:g}-{r['paper'][1]:g}x" if r["paper"] else "paper: -"
-        lines.append(f"  {r['workload']:<9} vLLM / {r['baseline']:<14} {'>= ' if r['at_least'] else ''}{r['ratio']:.2f}x   ({paper})")
+        lines.append(f"  {r['workload']:<9} vLLM / {r['baseline']:<17} {'>= ' if r['at_least'] else ''}{r['ratio']:.2f}x   "
+                     f"(paper {paper_ratio_text(r['paper'])})")
     return "\n".join(lines)
 
 
@@ -321,4 +343,4 @@ def _format_15(rows) -> str:
 
 
 def _table_line(label: str, values, fmt: str = "{:>7.3f}") -> str:
-    return f"{label:<16} " + " ".join(fmt.format(v) for v in values)
+    return f"{label:<18} " + " ".join(fmt.format(v) for v in values)

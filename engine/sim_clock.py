@@ -105,6 +105,11 @@ class SimClock:
     def finished(self, request_id: int) -> None:
         self.finish[request_id] = self.now
 
+    def return_together(self, request_ids: list[int]) -> None:
+        """Static batching (engine/static_batching.py): a batch's results are returned when its last
+        request finishes, now; that is every request's finish time."""
+        self.finish[request_ids] = self.now
+
     def _blocks(self, sums: dict[str, int]) -> int:
         # Paged: token states + internal fragmentation = the held blocks' slots, exactly.
         if self.block_size is None:

@@ -48,6 +48,7 @@ from engine.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim_clock import SimClock, resolve_cost_model
+from engine.static_batching import POLICIES, StaticBatchScheduler
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -72,6 +73,10 @@ class SimulationConfig:
         allocator: "paged" or "contiguous".
         reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (engine/contiguous.py).
         placement: contiguous only: "first-fit", "best-fit" or "buddy".
+        policy: "continuous" (iteration-level scheduling, the engine's scheduler) or "static"
+            (a batch runs until its longest request finishes, nothing joins it meanwhile:
+            ``engine/static_batching.py``, the paper's FasterTransformer baseline; one-sequence
+            requests only, every step through ``schedule()``).
         max_num_seqs: most running requests (vLLM's default 256).
         max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
         max_model_len: longest request in tokens (prompt + output).
@@ -113,6 +118,7 @@ class SimulationConfig:
     allocator: str = "paged"
     reservation: str = "max"
     placement: str = "first-fit"
+    policy: str = "continuous"
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int = 2048
@@ -132,6 +138,10 @@ class SimulationConfig:
             raise ValueError("give either n (parallel sampling) or beam_width (beam search), not both")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        if self.policy == "static" and (self.n > 1 or self.beam_width > 1 or self.shared_prefix):
+            raise ValueError("static batching is simulated for one-sequence requests without a shared prefix only")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {self.allocator!r}")
         for name in ("num_requests", "block_size", "max_num_seqs", "max_model_len"):
@@ -416,17 +426,21 @@ class _Run:
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
         max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one-sequence requests only.
-        self.lockstep = cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
-        self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
+        self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and cfg.policy == "continuous"
+                         and not (cfg.shared_prefix and cfg.allocator == "paged"))
+        self.requests = sorted(requests, key=lambda r: r.arrival)
+        self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
+        if cfg.policy == "static":
+            self.sched = StaticBatchScheduler(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
+        else:
+            self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
         self.next_seq_id = 0
         self.blocks_with_sharing = self.blocks_without_sharing = 0
-        self.requests = sorted(requests, key=lambda r: r.arrival)
         self.next_request = 0
         self.step = 0
-        self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         self.preemptions = self.completed = self.rejected = 0
         self.rows: list[tuple] = []
         self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
@@ -816,7 +830,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     result = simulate(
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
-        reservation=args.reservation, placement=args.placement, max_num_seqs=args.max_num_seqs,
+        reservation=args.reservation, placement=args.placement, policy=args.policy, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, step_ms=args.step_ms, cost_model=args.cost_model, seed=args.seed,
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
         shared_prefix=args.shared_prefix,
@@ -884,6 +898,8 @@ def register_cli(subparsers) -> None:
                    help="contiguous: Orca Max / Pow2 (prompt + output rounded to a power of two) / Oracle; pow2-total rounds prompt + output")
     p.add_argument("--placement", choices=PLACEMENTS, default="first-fit",
                    help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
+    p.add_argument("--policy", choices=POLICIES, default="continuous",
+                   help="static = a batch runs until its longest request finishes (FasterTransformer)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms (without --cost-model)")

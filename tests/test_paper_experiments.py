@@ -84,7 +84,8 @@ def test_the_figure_12_chart_shows_the_simulated_curves_and_the_papers_ratio():
     fig = plot_latency_vs_rate(result)
     sharegpt = fig.axes[0]
     lines = {line.get_label(): line for line in sharegpt.get_lines() if not line.get_label().startswith("_")}
-    assert set(lines) == {"Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"}
+    assert set(lines) == {"Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM", "FasterTransformer"}
     vllm = [r["normalized_latency_s"] for r in result["rows"] if r["workload"] == "sharegpt" and r["system"] == "vLLM"]
     assert list(lines["vLLM"].get_xdata()) == [0.25, 1.0, 2.0] and list(lines["vLLM"].get_ydata()) == vllm
     assert "paper 1.7-2.7x" in sharegpt.get_title() and sharegpt.get_ylabel() == "normalized latency (s/token)"
+    assert "vs FasterTransformer" in sharegpt.get_title() and "(paper up to 22x)" in sharegpt.get_title()

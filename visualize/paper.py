@@ -19,6 +19,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from engine.accounting import CATEGORIES
+from engine.paper_experiments import paper_ratio_text
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
 from visualize.style import use_cjk_font
@@ -82,7 +83,8 @@ def figure_texts(fig) -> list[str]:
     return [a.get_text() for a in fig.findobj(plt.Text) if a.get_text().strip()]
 
 
-SYSTEM_COLORS = {"Orca (Max)": "#d62728", "Orca (Pow2)": "#ff7f0e", "Orca (Oracle)": "#9467bd", "vLLM": "#1f77b4"}
+SYSTEM_COLORS = {"Orca (Max)": "#d62728", "Orca (Pow2)": "#ff7f0e", "Orca (Oracle)": "#9467bd", "vLLM": "#1f77b4",
+                 "FasterTransformer": "#7f7f7f"}
 
 
 def plot_latency_vs_rate(result: dict, out: str | None = None):
@@ -92,7 +94,8 @@ def plot_latency_vs_rate(result: dict, out: str | None = None):
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     fig, axes = _panels(len(workloads), 4.8)
     for ax, workload in zip(axes[0], workloads):
-        for system, color in SYSTEM_COLORS.items():
+        for system in dict.fromkeys(r["system"] for r in rows):
+            color = SYSTEM_COLORS[system]
             mine = [r for r in rows if r["workload"] == workload and r["system"] == system]
             ax.plot([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine], "o-", color=color,
                     label=system, markersize=4)
@@ -100,7 +103,7 @@ def plot_latency_vs_rate(result: dict, out: str | None = None):
             if s["reached"]:
                 ax.axvline(s["rate"], color=color, linestyle=":", linewidth=1)
         ratios = [r for r in result["ratios"] if r["workload"] == workload and r["paper"]]
-        paper = "; ".join(f"vs {r['baseline']}: {r['ratio']:.1f}x (paper {r['paper'][0]:g}-{r['paper'][1]:g}x)" for r in ratios)
+        paper = "\n".join(f"vs {r['baseline']}: {r['ratio']:.1f}x (paper {paper_ratio_text(r['paper'])})" for r in ratios)
         ax.set_title(f"{workload}" + (f"\n{paper}" if paper else ""), fontsize=9)
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("normalized latency (s/token)")
@@ -182,3 +185,38 @@ def save_paper_figure(figure: str, result, out: str):
     fig = draw[figure](result, out)
     plt.close(fig)
     return out
+
+
+def paper_system_label(system: str, lang: str = "en") -> str:
+    """A Figure 12 system ("vLLM", "Orca (Max)", ..., "FasterTransformer") in the reader's language."""
+    if system == "vLLM":
+        return t("psys_vllm", lang)
+    if system.startswith("Orca ("):
+        return t("psys_orca", lang, reservation=system[len("Orca ("):-1])
+    return t("psys_static", lang)
+
+
+def latency_rate_spec(rows: list[dict], lang: str = "en", height: int = 320) -> dict:
+    """Figure 12 in the app: a Vega-Lite spec of normalized latency (s/token, log scale) against
+    request rate (req/s), one line per system; ``rows`` are ``engine.paper_experiments.latency_sweep``'s
+    for one workload. The data travel inline (``data.values``: rate, latency, system label)."""
+    workload = rows[0]["workload"] if rows else ""
+    values = [{"request_rate": r["request_rate"], "normalized_latency_s": r["normalized_latency_s"],
+               "system": paper_system_label(r["system"], lang)}
+              for r in rows if r["normalized_latency_s"] == r["normalized_latency_s"]]  # NaN: nothing completed
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    return {
+        "title": t("latency_rate_title", lang, workload=workload),
+        "height": height,
+        "data": {"values": values},
+        "mark": {"type": "line", "point": True, "tooltip": True},
+        "encoding": {
+            "x": {"field": "request_rate", "type": "quantitative", "title": t("rate_axis", lang)},
+            "y": {"field": "normalized_latency_s", "type": "quantitative", "title": t("norm_latency_axis", lang),
+                  "scale": {"type": "log"}},
+            "color": {"field": "system", "type": "nominal", "title": t("system_axis", lang),
+                      "scale": {"domain": [paper_system_label(s, lang) for s in systems],
+                                "range": [SYSTEM_COLORS[s] for s in systems]},
+                      "legend": {"orient": "bottom", "columns": 2, "labelLimit": 0}},
+        },
+    }
