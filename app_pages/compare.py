@@ -1,7 +1,10 @@
 """Paged vs contiguous: one workload through both allocators, side by side.
 
 Small workloads run the real engine (the sidebar's model and workload); large ones run the
-model-free simulator (engine/simulator.py: the same scheduler and allocators on lengths only).
+model-free simulator (engine/simulator.py: the same scheduler and allocators on lengths only),
+with the paper's Figure 12 below (latency against request rate, engine/paper_experiments.py on a
+small workload). A third source sets a recorded real-vLLM replay beside the lab's engine
+(app_pages/beside_vllm.py).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ from engine.accounting import CATEGORIES
 from engine.simulator import PAPER_TOKEN_STATES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
-from visualize.paper import PAPER_SYSTEM_OF, figure_texts, plot_memory_breakdown
+from visualize.paper import PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown
 from visualize.pool import pool_map_spec
 
 MAX_SIM_REQUESTS = 5000
+SWEEP_REQUESTS = 100  # per point of the latency chart: small, so the page stays responsive (cached)
 
 
 def _label(allocator: str, reservation: str) -> str:
@@ -38,12 +42,16 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("page_compare", lang))
     st.caption(t("compare_intro", lang))
-    source = localized_choice(st.radio, t("source", lang), ("engine", "sim"), "compare_source", lang,
+    source = localized_choice(st.radio, t("source", lang), ("engine", "sim", "vllm"), "compare_source", lang,
                               lambda s: t(f"source_{s}", lang), horizontal=True)
     if source == "engine":
         engine_comparison(lang)
-    else:
+    elif source == "sim":
         simulator_comparison(lang)
+    else:
+        from app_pages.beside_vllm import vllm_comparison
+
+        vllm_comparison(lang)
 
 
 # ---- the real engine -----------------------------------------------------------------------
@@ -140,8 +148,10 @@ def paper_bars(rows: list[dict], lang: str) -> None:
 def _simulate(workload: str, num_requests: int, kv_slots: int, block_size: int, allocator: str, reservation: str, seed: int):
     from engine.simulator import simulate
 
+    # Contiguous = the paper's Orca, which places ranges in buddy chunks (as reproduce-paper's PAPER_SYSTEMS).
+    placement = "buddy" if allocator == "contiguous" else "first-fit"
     return simulate(workload=workload, num_requests=num_requests, kv_slots=kv_slots, block_size=block_size,
-                    allocator=allocator, reservation=reservation, seed=seed)
+                    allocator=allocator, reservation=reservation, placement=placement, seed=seed)
 
 
 def simulator_comparison(lang: str) -> None:
@@ -178,3 +188,32 @@ def simulator_comparison(lang: str) -> None:
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
             for label, res in results.items()]
     paper_bars(rows, lang)
+    latency_against_rate(workload, settings.seed, lang)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _latency_sweep(workload: str, num_requests: int, seed: int) -> list[dict]:
+    from engine.paper_experiments import latency_sweep
+
+    return latency_sweep((workload,), num_requests=num_requests, seed=seed)
+
+
+def latency_against_rate(workload: str, seed: int, lang: str) -> None:
+    """The paper's Figure 12 for the chosen workload: normalized latency against request rate, per system."""
+    from engine.paper_experiments import FIGURE_12_SYSTEMS, SETUP, STATIC_LOW_RATES, SWEEP_RATES, THRESHOLD, sustainable_rate
+
+    st.subheader(t("latency_rate_header", lang))
+    st.session_state.setdefault("latency_requests", SWEEP_REQUESTS)
+    num_requests = int(st.number_input(t("latency_requests", lang), 50, 2000, step=50, key="latency_requests"))
+    st.caption(t("latency_rate_intro", lang, n=num_requests, setup=SETUP))
+    runs = len(SWEEP_RATES[workload]) * len(FIGURE_12_SYSTEMS) + len(STATIC_LOW_RATES[workload])
+    with st.spinner(t("simulating_sweep", lang, runs=runs)):
+        rows = _latency_sweep(workload, num_requests, seed)
+    st.vega_lite_chart(latency_rate_spec(rows, lang), width="stretch")
+    found = []
+    for system in FIGURE_12_SYSTEMS:
+        mine = [r for r in rows if r["system"] == system]
+        rate, reached = sustainable_rate([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine], THRESHOLD)
+        text = t("sustainable_rate" if reached else "sustainable_at_least", lang, rate=f"{rate:.2f}")
+        found.append(f"{paper_system_label(system, lang)} {text}")
+    st.caption(t("sustainable_line", lang, threshold=f"{THRESHOLD:g}", rates="; ".join(found)))

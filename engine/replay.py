@@ -102,13 +102,80 @@ def run_engine(engine, prompt_ids: list[list[int]], params: list[dict]) -> dict:
         steps.append({"num_running": len(engine.scheduler.running), "num_waiting": len(engine.scheduler.waiting),
                       "kv_cache_usage": 1 - m.free / m.capacity, "num_preempted": len(report.preempted),
                       "num_scheduled_tokens": report.num_tokens})
-    usage = [s["kv_cache_usage"] for s in steps]
-    metrics = {
-        "num_steps": len(steps), "num_preemptions": sum(s["num_preempted"] for s in steps),
-        "peak_kv_usage": max(usage, default=0.0), "mean_kv_usage": sum(usage) / len(usage) if usage else 0.0,
-        "prefix_cache_hits": None,  # the engine has no prefix caching (KNOWN_DIFFERENCES "prefix_caching")
-    }
+    metrics = {**run_metrics(steps),
+               "prefix_cache_hits": None}  # the engine has no prefix caching (KNOWN_DIFFERENCES "prefix_caching")
     return {"token_ids": [engine.get_output(i).token_ids for i in ids], "steps": steps, "metrics": metrics}
+
+
+def run_metrics(steps: list[dict]) -> dict:
+    """num_steps, num_preemptions, peak_kv_usage and mean_kv_usage (fractions of the usable blocks) of a per-step series."""
+    usage = [s["kv_cache_usage"] for s in steps]
+    return {"num_steps": len(steps), "num_preemptions": sum(s["num_preempted"] for s in steps),
+            "peak_kv_usage": max(usage, default=0.0), "mean_kv_usage": sum(usage) / len(usage) if usage else 0.0}
+
+
+STEP_KEYS = ("num_running", "kv_cache_usage", "num_preempted")
+SETTING_KEYS = ("block_size", "num_gpu_blocks", "max_num_seqs", "ignore_eos", "temperature", "seed")
+
+
+def load_replay(source: str | bytes, name: str = "replay") -> dict:
+    """Read a replay file: ``replay --against vllm --json``'s output (both runs' per-step series), or a
+    recorded one without the engine's run (tests/data/vllm_replay_*.json).
+
+    Returns:
+        The file's dict: "settings", "vllm_run" ("token_ids", "steps": per step num_running,
+        kv_cache_usage (0..1), num_preempted, ...), optionally "engine_run", "workload", "vllm_version".
+
+    Raises:
+        ValueError: not JSON, or a part missing or out of range (named, with the step).
+    """
+    import json
+
+    try:
+        data = json.loads(source)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{name} is not JSON ({error})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("vllm_run"), dict) or not isinstance(data.get("settings"), dict):
+        raise ValueError(f"{name} has no 'settings' and 'vllm_run': it is not the output of `replay --against vllm --json`")
+    missing = [k for k in SETTING_KEYS if k not in data["settings"]]
+    if missing:
+        raise ValueError(f"{name}: settings lack {', '.join(missing)}")
+    for side in ("vllm_run", "engine_run"):
+        if side in data:
+            _check_run(data[side], f"{name}: {side}")
+    return data
+
+
+def _check_run(run, where: str) -> None:
+    steps = run.get("steps") if isinstance(run, dict) else None
+    if not isinstance(steps, list) or not steps:
+        raise ValueError(f"{where} has no per-step 'steps' list")
+    if not isinstance(run.get("token_ids"), list):
+        raise ValueError(f"{where} has no 'token_ids' list")
+    for i, step in enumerate(steps):
+        for key in STEP_KEYS:
+            value = step.get(key) if isinstance(step, dict) else None
+            high = 1 if key == "kv_cache_usage" else math.inf
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+                raise ValueError(f"{where}, step {i}: {key} is {value!r}, not a number in [0, {high:g}]")
+
+
+def replay_lab_run(replay: dict, workload) -> dict:
+    """The lab's engine on a replay's workload with the replay's settings (``run_engine``'s dict).
+
+    Args:
+        replay: :func:`load_replay`'s dict; workload: its ``engine.runfile.Workload``.
+
+    Raises:
+        ValueError: the workload's requests are not the replay's (another count).
+    """
+    count = len(replay["vllm_run"]["token_ids"])
+    if len(workload.requests) != count:
+        raise ValueError(f"the workload has {len(workload.requests)} requests but the replay {count}: not its workload")
+    settings = {"model": None, "kv_cache_memory": None, "max_num_batched_tokens": None, **replay["settings"]}
+    engine = make_engine(settings)
+    prompt_ids = [engine.encode([{"role": "user", "content": r.prompt}]) for r in workload.requests]
+    return run_engine(engine, prompt_ids, sampling(settings, workload.requests))
 
 
 def vllm_job(engine, model_dir, prompt_ids: list[list[int]], params: list[dict], settings: dict) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -311,3 +312,101 @@ def _compare_page():
     st.session_state.setdefault("lang", "zh")
     st.session_state["settings"] = Settings()
     compare.page()
+
+
+def _vega_specs(at: AppTest) -> dict:
+    """The page's Vega-Lite charts by title, as the browser gets them: Streamlit sends a spec's
+    top-level data apart (Arrow); it is put back as ``data.values`` rows."""
+    import pyarrow as pa
+
+    specs = {}
+    for chart in at.get("vega_lite_chart"):
+        spec = json.loads(chart.proto.spec)
+        if chart.proto.HasField("data"):
+            spec["data"] = {"values": pa.ipc.open_stream(chart.proto.data.data).read_pandas().to_dict("records")}
+        if isinstance(spec.get("title"), str):
+            specs[spec["title"]] = spec
+    return specs
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_compare_page_draws_latency_against_request_rate(lang):
+    """The paper's Figure 12 on the simulator page: each system's normalized latency at each rate is
+    what engine.paper_experiments gives for the same small workload, labelled in the page's language."""
+    from engine.paper_experiments import FIGURE_12_SYSTEMS, SWEEP_RATES, latency_sweep
+    from visualize.i18n import t, untranslated
+    from visualize.paper import paper_system_label
+
+    at = AppTest.from_function(_compare_page, default_timeout=600)
+    at.session_state["lang"] = lang
+    at.session_state["latency_requests"] = 50  # a small sweep (the page's box starts from it)
+    at.run()
+    at.radio(key=f"compare_source__{lang}").set_value("sim").run()
+    assert not at.exception, [e.value for e in at.exception]
+    spec = _vega_specs(at)[t("latency_rate_title", lang, workload="sharegpt")]
+    values = spec["data"]["values"]
+    expected = latency_sweep(("sharegpt",), num_requests=50, seed=Settings().seed)
+    assert [(v["request_rate"], v["normalized_latency_s"], v["system"]) for v in values] == [
+        (r["request_rate"], r["normalized_latency_s"], paper_system_label(r["system"], lang)) for r in expected]
+    assert {v["system"] for v in values} == {paper_system_label(s, lang) for s in FIGURE_12_SYSTEMS}
+    top = max(SWEEP_RATES["sharegpt"])
+    at_top = {v["system"]: v["normalized_latency_s"] for v in values if v["request_rate"] == top}
+    assert min(at_top, key=at_top.get) == paper_system_label("vLLM", lang)
+    assert at_top[paper_system_label("FasterTransformer", lang)] > at_top[paper_system_label("Orca (Max)", lang)]
+    x, y = spec["encoding"]["x"]["title"], spec["encoding"]["y"]["title"]
+    assert (x, y) == (t("rate_axis", lang), t("norm_latency_axis", lang)) and spec["encoding"]["y"]["scale"]["type"] == "log"
+    shown = " ".join([spec["title"], x, y, *{v["system"] for v in values}, *[c.value for c in at.main.caption]])
+    prefix = t("sustainable_line", lang, threshold="2", rates="@").split("@")[0]
+    assert any(c.value.startswith(prefix) and paper_system_label("vLLM", lang) in c.value for c in at.main.caption)
+    if lang == "zh":
+        assert "归一化延迟" in y and "FasterTransformer（静态批处理）" in shown
+        assert untranslated(shown) == [], untranslated(shown)
+
+
+def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
+    """A recorded real-vLLM replay (4 requests x 16 tokens) beside the lab's engine run here on the same
+    workload: per step, running requests, KV usage and preemptions of both, as recorded and as run
+    (the same schedule step for step: tests/test_vllm_compare.py), in Chinese and then in English."""
+    from visualize.i18n import t, untranslated
+
+    recorded = json.loads((Path(__file__).parent / "data" / "vllm_replay_4x16.json").read_text())["vllm_run"]["steps"]
+    at = AppTest.from_function(_compare_page, default_timeout=600)
+    at.session_state["lang"] = "zh"
+    at.run()
+    at.radio(key="compare_source__zh").set_value("vllm").run()
+    at.selectbox(key="vllm_example").set_value("vllm_replay_4x16.json").run()
+    assert t("vllm_run_hint", "zh") in [i.value for i in at.info]
+    at.button(key="btn_vllm_lab").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    for lang in ("zh", "en"):
+        if lang == "en":
+            at.session_state["lang"] = "en"
+            at.run()
+        specs = _vega_specs(at)
+        lab, vllm = t("vllm_side_lab", lang), t("vllm_side_vllm", lang, version="0.32.0")
+        for key, title, scale in (("num_running", "vllm_running_title", 1), ("kv_cache_usage", "vllm_kv_title", 100),
+                                  ("num_preempted", "vllm_preempt_title", 1)):
+            values = specs[t(title, lang)]["data"]["values"]
+            theirs = [v["value"] for v in values if v["side"] == vllm]
+            ours = [v["value"] for v in values if v["side"] == lab]
+            assert theirs == [s[key] * scale for s in recorded], key
+            assert ours == theirs, f"{key}: the lab's engine and vLLM ran the same schedule"
+        assert [v["step"] for v in specs[t("vllm_running_title", lang)]["data"]["values"]][:3] == [1, 2, 3]
+        table = at.table[0].value
+        assert list(table.columns) == [lab, vllm] and list(table.loc[t("vllm_m_steps", lang)]) == ["16", "16"]
+        assert t("vllm_identical", lang, same=4, total=4) in [m.value for m in at.main.markdown]
+    zh_text = " ".join(t(k, "zh") for k in ("vllm_running_title", "vllm_kv_title", "vllm_preempt_title", "vllm_side_lab"))
+    assert untranslated(zh_text) == []
+
+
+def test_a_file_that_is_not_a_replay_is_a_clear_error():
+    from engine.replay import load_replay
+
+    with pytest.raises(ValueError, match="x.json is not JSON"):
+        load_replay(b"{", "x.json")
+    with pytest.raises(ValueError, match="not the output of `replay --against vllm --json`"):
+        load_replay(b'{"format": "pagedattention-lab/workload"}', "w.json")
+    good = json.loads((Path(__file__).parent / "data" / "vllm_replay_4x16.json").read_text())
+    good["vllm_run"]["steps"][3]["kv_cache_usage"] = 1.5
+    with pytest.raises(ValueError, match="vllm_run, step 3: kv_cache_usage is 1.5"):
+        load_replay(json.dumps(good), "r.json")

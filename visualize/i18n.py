@@ -355,6 +355,90 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "system_contiguous": ("contiguous ({reservation})", "连续（{reservation}）"),
     "compare_hint": ("Press “Run both” to compare.", "按“运行两者”开始比较。"),
     "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),
+    # --- issue 15 app: the compare page's latency-against-rate chart (Figure 12) and the vLLM replay side by side
+    "latency_rate_header": ("Latency against request rate (the paper's Figure 12)", "延迟与请求速率（论文图 12）"),
+    "latency_rate_intro": (
+        "Each point is one simulated run: {n} requests of the workload arriving as a Poisson process at that rate, the same "
+        "requests for every system. Time per step comes from the step-time model of OPT-13B on one A100 ({setup}), with the "
+        "paper's 15.7K KV slots. Normalized latency is the mean over requests of latency divided by output tokens "
+        "(s/token). FasterTransformer is static batching: a batch runs until its longest request is done and nothing joins it.",
+        "每个点是一次模拟运行：该工作负载的 {n} 个请求以该速率按泊松过程到达，每个系统用同一批请求。每步的时间来自 OPT-13B 在单张 A100 上的"
+        "步时模型（{setup}），KV 池为论文中的 15.7K 个槽位。归一化延迟是各请求“延迟 ÷ 输出 token 数”的平均值（秒/token）。"
+        "FasterTransformer 是静态批处理：一批请求一直运行到其中最长的请求完成，期间没有新请求加入。",
+    ),
+    "latency_requests": ("Requests per point", "每个点的请求数"),
+    "latency_rate_title": ("{workload}: normalized latency against request rate", "{workload}：归一化延迟与请求速率"),
+    "rate_axis": ("request rate (req/s)", "请求速率（请求/秒）"),
+    "norm_latency_axis": ("normalized latency (s/token)", "归一化延迟（秒/token）"),
+    "system_axis": ("system", "系统"),
+    "psys_vllm": ("vLLM (paged)", "vLLM（分页）"),
+    "psys_orca": ("Orca ({reservation}, contiguous)", "Orca（{reservation}，连续）"),
+    "psys_static": ("FasterTransformer (static batching)", "FasterTransformer（静态批处理）"),
+    "sustainable_line": (
+        "Sustainable rate (normalized latency under {threshold}× its value at the lowest rate): {rates}.",
+        "可持续速率（归一化延迟低于其在最低速率时的 {threshold} 倍）：{rates}。",
+    ),
+    "sustainable_at_least": ("at least {rate} req/s", "至少 {rate} 请求/秒"),
+    "sustainable_rate": ("{rate} req/s", "{rate} 请求/秒"),
+    "simulating_sweep": ("Simulating {runs} runs…", "正在模拟 {runs} 次运行……"),
+    "source_vllm": ("real vLLM (a recorded replay)", "真实 vLLM（录制的回放）"),
+    "vllm_intro": (
+        "A replay file holds what real vLLM did with a saved workload, step by step (made by "
+        "`python -m engine replay --against vllm WORKLOAD.json --json > replay.json`). The lab's engine runs the same "
+        "workload with the same settings (block size, pool, max_num_seqs, chunked prefill off), and both runs are drawn side by side.",
+        "回放文件记录了真实 vLLM 逐步处理某个已保存工作负载的过程（用 "
+        "`python -m engine replay --against vllm WORKLOAD.json --json > replay.json` 生成）。本实验室的引擎用相同设置"
+        "（块大小、KV 池、max_num_seqs、不分块预填充）运行同一工作负载，两次运行并排绘制。",
+    ),
+    "vllm_upload": ("Open a replay file (JSON)", "打开回放文件（JSON）"),
+    "vllm_workload_upload": ("The replay's workload file (JSON)", "该回放的工作负载文件（JSON）"),
+    "vllm_workload_missing": (
+        "The replay names the workload {path}, which is not on this server: open that workload file here.",
+        "回放中的工作负载 {path} 不在本服务器上：请在这里打开该工作负载文件。",
+    ),
+    "vllm_example": ("or a recorded example", "或选择一个录制的示例"),
+    "vllm_bad_file": ("This file is not a replay: {error}", "这个文件不是回放文件：{error}"),
+    "vllm_run_lab": ("Run the lab's engine on this workload", "用本实验室的引擎运行这个工作负载"),
+    "vllm_run_hint": ("Press “Run the lab's engine on this workload” to set it beside vLLM.", "按“用本实验室的引擎运行这个工作负载”，与 vLLM 并排比较。"),
+    "vllm_running_lab": ("The lab's engine is running {n} requests…", "本实验室的引擎正在运行 {n} 个请求……"),
+    "vllm_lab_from_file": ("The lab's run is the one recorded in the file.", "本实验室一侧的运行取自文件中的记录。"),
+    "vllm_side_lab": ("lab engine", "实验室引擎"),
+    "vllm_side_vllm": ("vLLM {version}", "vLLM {version}"),
+    "vllm_settings_line": (
+        "{requests} requests · block size {block_size} · {blocks} blocks · max_num_seqs {max_num_seqs} · ignore EOS: {ignore_eos}",
+        "{requests} 个请求 · 块大小 {block_size} · {blocks} 个块 · max_num_seqs {max_num_seqs} · 忽略 EOS：{ignore_eos}",
+    ),
+    "vllm_identical": ("Outputs identical: {same} of {total}", "输出完全相同：{total} 个中有 {same} 个"),
+    "vllm_running_title": ("Running requests after each step", "每步之后运行中的请求数"),
+    "vllm_kv_title": ("KV cache usage after each step (% of the usable blocks)", "每步之后的 KV 缓存占用（可用块的 %）"),
+    "vllm_running_axis": ("running requests", "运行中的请求数"),
+    "vllm_kv_axis": ("KV cache usage (%)", "KV 缓存占用（%）"),
+    "vllm_preempt_title": ("Preemptions in each step", "每步的抢占次数"),
+    "vllm_preempt_note": (
+        "vLLM reports a preemption in the statistics of the next step it outputs, so its marks may sit one step later; the totals compare.",
+        "vLLM 把抢占记在它输出的下一步的统计里，所以它的标记可能晚一步出现；比较的是总数。",
+    ),
+    "vllm_metric": ("measure", "指标"),
+    "vllm_m_steps": ("steps", "步数"),
+    "vllm_m_preemptions": ("preemptions", "抢占次数"),
+    "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
+    "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
+    "yes": ("yes", "是"),
+    "no": ("no", "否"),
+    # lesson 3, section 4 (why memory is throughput) and its exercise's new part
+    "l3_tput_title": ("Decode throughput against batch size (OPT-13B, A100, 500-token contexts)", "解码吞吐量与批大小（OPT-13B，A100，每个请求 500 个 token 的上下文）"),
+    "l3_tput_x": ("requests in the batch", "批中的请求数"),
+    "l3_tput_y": ("tokens per second", "每秒 token 数"),
+    "l3_tput_curve": ("step-time model, paged", "步时模型（分页）"),
+    "l3_fail_batch": (
+        "FAIL: {name} = {value} is not how many such requests the allocator admits at once (whole reservations, whole blocks)",
+        "FAIL：{name} = {value}，与分配器能同时接纳的这种请求数不同（预留按整个区间算，分页按整块算）",
+    ),
+    "l3_pass_batch": (
+        "PASS: only {share} of the slots in use hold token states; paged, {paged} requests run at once instead of {orca}: {speedup}x the decode tokens per second",
+        "PASS：已用槽位中只有 {share} 存放 token 状态；改用分页后能同时运行 {paged} 个请求而不是 {orca} 个：解码每秒 token 数是原来的 {speedup} 倍",
+    ),
+    # --- end issue 15 app
     # --- kernel lab
     "kernel_intro": (
         "Runs the Triton PagedAttention decode kernel on the real state of the last step: for every request "
