@@ -110,7 +110,58 @@ for r in rows:
 # most of the pool, paging wastes almost none — and the saved memory becomes a larger batch (last column;
 # the paper's Figure 13). Lesson 1 showed why a larger batch is what decode needs.
 #
-# ## Exercise: the waste of a request mix, by hand
+# ## 4. Why memory is throughput
+# A decode step is memory-bound (lesson 1): it reads every weight once, whatever the batch, so a step of
+# 30 requests takes little longer than a step of one, and makes 30 tokens instead of one. The batch is
+# bounded by the KV pool: every running request's K and V must be in it. Memory a system wastes is batch
+# it cannot run, and batch is throughput.
+#
+# The step-time model of the paper's set-up (`engine/cost_model.py`, preset `a100-opt-13b-achieved`:
+# OPT-13B on one A100-40GB, the GPU's roofline plus the host's work per step and per request) gives a
+# decode step's time for a batch of requests of 500 tokens each. The curve is tokens per second against
+# batch size; each system's mark sits at the batch its memory let it run in section 3.
+
+# %%
+from engine.cost_model import StepShape, get_setup
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+a100 = get_setup("a100-opt-13b-achieved")  # the paper's set-up: OPT-13B on one A100-40GB, 15,700 KV slots
+CONTEXT = 500  # tokens per running request (ShareGPT: 161 prompt + 338 output tokens on average)
+
+
+def decode_tokens_per_s(batch, block_size=None):
+    """Tokens per second of decode steps of `batch` requests of CONTEXT tokens (paged: its block_size)."""
+    step_s = a100.cost_model.step_time(StepShape.of_batch([], [CONTEXT] * batch, block_size))
+    return batch / step_s
+
+
+use_cjk_font()
+batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+fig, ax = plt.subplots(figsize=(7, 3.6))
+ax.plot(batches, [decode_tokens_per_s(b, 16) for b in batches], "o-", color="#1f77b4", label=t("l3_tput_curve", LANG))
+for r in rows:  # each system at the batch its memory let it run in section 3
+    b = round(r["mean_concurrent_requests"])
+    ax.plot(b, decode_tokens_per_s(b, 16 if r["system"] == "vLLM" else None), "s", markersize=9, label=r["system"])
+ax.set_xscale("log", base=2)
+ax.set_xlabel(t("l3_tput_x", LANG))
+ax.set_ylabel(t("l3_tput_y", LANG))
+ax.set_title(t("l3_tput_title", LANG))
+ax.legend(fontsize=8)
+plt.show()
+for r in rows:
+    b = round(r["mean_concurrent_requests"])
+    rate = decode_tokens_per_s(b, 16 if r["system"] == "vLLM" else None)
+    print(f"{r['system']:14s} batch {b:4d}   decode step {1e3 * b / rate:5.1f} ms   {rate:7.0f} tokens/s")
+
+# %% [markdown]
+# The curve climbs almost in proportion to the batch while reading the weights dominates the step (its
+# time hardly moves), then bends as reading the KV cache and the per-request work take over. Orca (Max)
+# sits near 7 requests: 15,700 slots hold seven reservations of 2,048. vLLM holds only the tokens its
+# requests have, runs several times the batch and gets several times the tokens per second from the same
+# GPU: the paper's 2-4x the throughput at the same latency (abstract, §6.2) comes from here.
+#
+# ## Exercise: the waste of a request mix, by hand, and the batch it costs
 # An Orca (Max) server with `max_model_len` = 256 and a pool of 800 slots receives four requests at
 # time 0 (prompt tokens, output tokens): (40, 10), (100, 60), (16, 200), (30, 30). Each admitted request
 # reserves 256 slots; they are admitted first come, first served while a range fits.
@@ -118,6 +169,10 @@ for r in rows:
 # Step 0 is the prefill (the prompts' K and V are cached); every later step caches one more token per
 # running request. **At step 5**, how many slots are in each category? (A request's final length is
 # prompt + output tokens.)
+#
+# **Then the batch it costs.** In the paper's pool (15,700 slots, `max_model_len` = 2048), how many
+# requests can Orca (Max) run at once (`orca_max_batch`)? And how many requests of 500 tokens fit at once
+# in the same pool paged, with blocks of 16 slots (`paged_batch`)? (Paged, a request holds whole blocks.)
 
 # %%
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
@@ -127,6 +182,8 @@ token_states = None  # TODO(student)
 reserved = None  # TODO(student)
 internal_fragmentation = None  # TODO(student)
 external_fragmentation = None  # TODO(student)
+orca_max_batch = None  # TODO(student)
+paged_batch = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
@@ -141,8 +198,21 @@ def check():
             return t("l3_fail_none", LANG, name=name)
         if value != run.series_memory[name][row]:
             return t("l3_fail_value", LANG, name=name, value=value)
+    # Section 4's batch bound, measured: requests of CONTEXT tokens (one output token), all at once,
+    # in the paper's pool; the step's token budget is lifted so that only memory limits the batch.
+    many = [Request(arrival=0.0, prompt_len=CONTEXT, output_len=1)] * 100
+    fit = {name: simulate(requests=many, kv_slots=a100.kv_slots, block_size=16, max_model_len=a100.max_model_len,
+                          max_num_batched_tokens=100 * CONTEXT, allocator=allocator, reservation="max").max_concurrent_requests
+           for name, allocator in (("orca_max_batch", "contiguous"), ("paged_batch", "paged"))}
+    for name, value in dict(orca_max_batch=orca_max_batch, paged_batch=paged_batch).items():
+        if value is None:
+            return t("l3_fail_none", LANG, name=name)
+        if value != fit[name]:
+            return t("l3_fail_batch", LANG, name=name, value=value)
     waste = reserved + internal_fragmentation + external_fragmentation
-    return t("l3_pass", LANG, share=f"{token_states / (token_states + waste):.0%}")
+    speedup = decode_tokens_per_s(paged_batch, 16) / decode_tokens_per_s(orca_max_batch)
+    return t("l3_pass_batch", LANG, share=f"{token_states / (token_states + waste):.0%}", orca=orca_max_batch,
+             paged=paged_batch, speedup=f"{speedup:.1f}")
 
 
 print(check())
