@@ -104,8 +104,8 @@ def show(replay: dict, lab: dict, lang: str) -> None:
     st.table(table.rename_axis(t("vllm_metric", lang)))
     for key, title, y_title, scale in MEASURES:
         series = {label: [s[key] * scale for s in run["steps"]] for label, run in sides.items()}
-        st.vega_lite_chart(step_series_spec(series, t(title, lang), t(y_title, lang), t("step_axis", lang)), width="stretch",
-                           key=f"vllm_{key}")
+        spec = step_series_spec(series, t(title, lang), t(y_title, lang), t("step_axis", lang), counts=scale == 1)
+        st.vega_lite_chart(spec, width="stretch", height=260, key=f"vllm_{key}")
     st.caption(t("vllm_preempt_note", lang))
 
 

@@ -209,7 +209,7 @@ def latency_against_rate(workload: str, seed: int, lang: str) -> None:
     runs = len(SWEEP_RATES[workload]) * len(FIGURE_12_SYSTEMS) + len(STATIC_LOW_RATES[workload])
     with st.spinner(t("simulating_sweep", lang, runs=runs)):
         rows = _latency_sweep(workload, num_requests, seed)
-    st.vega_lite_chart(latency_rate_spec(rows, lang), width="stretch")
+    st.vega_lite_chart(latency_rate_spec(rows, lang), width="stretch", height=360)
     found = []
     for system in FIGURE_12_SYSTEMS:
         mine = [r for r in rows if r["system"] == system]

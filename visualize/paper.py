@@ -196,10 +196,11 @@ def paper_system_label(system: str, lang: str = "en") -> str:
     return t("psys_static", lang)
 
 
-def latency_rate_spec(rows: list[dict], lang: str = "en", height: int = 320) -> dict:
+def latency_rate_spec(rows: list[dict], lang: str = "en") -> dict:
     """Figure 12 in the app: a Vega-Lite spec of normalized latency (s/token, log scale) against
     request rate (req/s), one line per system; ``rows`` are ``engine.paper_experiments.latency_sweep``'s
-    for one workload. The data travel inline (``data.values``: rate, latency, system label)."""
+    for one workload. The data are ``data.values`` rows (rate, latency, system label). No height:
+    Streamlit's ``st.vega_lite_chart(..., height=)`` sets it (a height in the spec is squeezed)."""
     workload = rows[0]["workload"] if rows else ""
     values = [{"request_rate": r["request_rate"], "normalized_latency_s": r["normalized_latency_s"],
                "system": paper_system_label(r["system"], lang)}
@@ -207,7 +208,6 @@ def latency_rate_spec(rows: list[dict], lang: str = "en", height: int = 320) -> 
     systems = list(dict.fromkeys(r["system"] for r in rows))
     return {
         "title": t("latency_rate_title", lang, workload=workload),
-        "height": height,
         "data": {"values": values},
         "mark": {"type": "line", "point": True, "tooltip": True},
         "encoding": {
@@ -217,6 +217,6 @@ def latency_rate_spec(rows: list[dict], lang: str = "en", height: int = 320) -> 
             "color": {"field": "system", "type": "nominal", "title": t("system_axis", lang),
                       "scale": {"domain": [paper_system_label(s, lang) for s in systems],
                                 "range": [SYSTEM_COLORS[s] for s in systems]},
-                      "legend": {"orient": "bottom", "columns": 2, "labelLimit": 0}},
+                      "legend": {"labelLimit": 0}},
         },
     }
