@@ -23,7 +23,7 @@ from visualize.paper import PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, pa
 from visualize.pool import pool_map_spec
 
 MAX_SIM_REQUESTS = 5000
-SWEEP_REQUESTS = 100  # per point of the latency chart: small, so the page stays responsive (cached)
+SWEEP_REQUESTS = 500  # per point of the latency chart: small, so the page stays responsive (cached)
 
 
 def _label(allocator: str, reservation: str) -> str:

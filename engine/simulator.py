@@ -48,7 +48,7 @@ from engine.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim_clock import SimClock, resolve_cost_model
-from engine.static_batching import POLICIES, StaticBatchScheduler
+from engine.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -76,7 +76,7 @@ class SimulationConfig:
         policy: "continuous" (iteration-level scheduling, the engine's scheduler) or "static"
             (a batch runs until its longest request finishes, nothing joins it meanwhile:
             ``engine/static_batching.py``, the paper's FasterTransformer baseline; one-sequence
-            requests only, every step through ``schedule()``).
+            requests only).
         max_num_seqs: most running requests (vLLM's default 256).
         max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
         max_model_len: longest request in tokens (prompt + output).
@@ -405,6 +405,11 @@ class LockstepScheduler(Scheduler):
         return self.finish_heap[0][0]
 
 
+class StaticLockstepScheduler(StaticBatching, LockstepScheduler):
+    """Static batching (engine/static_batching.py) on the lock-step fast path: between a batch's
+    finishes nothing can happen (no admission), so a stretch runs to the next finish at once."""
+
+
 # How beams branch, measured on the real engine's beam search (default model, 4 chat prompts, 32 tokens,
 # ignore_eos): per beam width, the share of decode steps whose survivors come from k distinct parents.
 # Command: python -m engine.beam_calibration --num-prompts 4 --max-tokens 32
@@ -426,12 +431,12 @@ class _Run:
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
         max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one-sequence requests only.
-        self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and cfg.policy == "continuous"
-                         and not (cfg.shared_prefix and cfg.allocator == "paged"))
+        self.lockstep = cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         if cfg.policy == "static":
-            self.sched = StaticBatchScheduler(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
+            static = StaticLockstepScheduler if self.lockstep else StaticBatchScheduler
+            self.sched = static(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
         else:
             self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
         self.sampling = SamplingParams(n=cfg.n)

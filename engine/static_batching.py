@@ -10,9 +10,10 @@ policy on Orca (Max)'s allocator: the one difference from Orca (Max) is request-
 
 :class:`StaticBatchScheduler` is that policy over the same :class:`~engine.block_manager.KVCacheManager`
 interface as the engine's scheduler (it is the engine's :class:`~engine.scheduler.Scheduler` with
-admission only into an empty batch): a batch is the head of the queue, first come, first served,
-while the pool gives each request its room and the token budget lasts. The simulator runs it with
-``SimulationConfig(policy="static")``.
+admission only into an empty batch, :class:`StaticBatching`): a batch is the head of the queue, first
+come, first served, while the pool gives each request its room and the token budget lasts. The
+simulator runs it with ``SimulationConfig(policy="static")``, on its lock-step fast path
+(``engine.simulator.StaticLockstepScheduler``) or step by step.
 
 A stated model: a request that has reached its length leaves the batch's compute and its memory is
 freed (in FasterTransformer its row is padding until the batch ends; at the paper's batch sizes a
@@ -30,8 +31,10 @@ from engine.scheduler import Scheduler, SchedulerOutput
 POLICIES = ("continuous", "static")
 
 
-class StaticBatchScheduler(Scheduler):
-    """Request-level batching: admit a batch into an empty running set, then only decode it.
+class StaticBatching:
+    """Request-level batching as a mixin over a scheduler (the engine's :class:`~engine.scheduler.Scheduler`,
+    or the simulator's lock-step one, whose fast path then runs a batch from one finish to the next):
+    waiting requests are admitted only into an empty running set, then the batch only decodes.
 
     Args:
         kv_manager, max_num_seqs, max_num_batched_tokens: as :class:`~engine.scheduler.Scheduler`'s.
@@ -45,13 +48,12 @@ class StaticBatchScheduler(Scheduler):
         self.on_batch_end = on_batch_end
         self.done_in_batch: list[int] = []  # finished requests of the running batch, not yet returned
 
-    def schedule(self) -> SchedulerOutput:
-        """The running batch's decodes; a new batch (prefills only) when the running set is empty."""
-        if not self.running:
-            return super().schedule()
-        out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
-        self._schedule_decodes(out)
-        return out
+    def _schedule_prefills(self, out: SchedulerOutput, num_decodes: int) -> None:
+        if not self.running:  # a new batch; nothing joins a running one
+            super()._schedule_prefills(out, num_decodes)
+
+    def _could_admit(self) -> bool:
+        return not self.running and super()._could_admit()
 
     def finish(self, seq: Group, reason: str) -> None:
         super().finish(seq, reason)
@@ -60,3 +62,7 @@ class StaticBatchScheduler(Scheduler):
             if self.on_batch_end is not None:
                 self.on_batch_end(self.done_in_batch)
             self.done_in_batch = []
+
+
+class StaticBatchScheduler(StaticBatching, Scheduler):
+    """Static batching over the engine's scheduler: every step through ``schedule()``."""

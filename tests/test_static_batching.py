@@ -20,12 +20,18 @@ REQUESTS = [Request(0.0, 4, 4), Request(0.0, 4, 1), Request(0.0, 4, 2)]
 POOL = dict(kv_slots=16, block_size=4, max_model_len=8, allocator="contiguous", reservation="max", step_ms=1000.0)
 
 
-def test_a_static_batch_runs_until_its_longest_request_and_returns_together():
-    static = simulate(requests=REQUESTS, policy="static", **POOL)
+def running_per_step(result) -> list[int]:
+    """Requests running in each step (the series is run-length encoded on the fast path)."""
+    return [int(r) for r, k in zip(result.series_running, result.series_num_steps) for _ in range(k)]
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_static_batch_runs_until_its_longest_request_and_returns_together(fast_forward):
+    static = simulate(requests=REQUESTS, policy="static", fast_forward=fast_forward, **POOL)
     assert static.steps == 6 and static.simulated_seconds == 6.0
     assert list(static.request_latency_s) == [4.0, 4.0, 6.0]
     assert static.normalized_latency_s == pytest.approx((4 / 4 + 4 / 1 + 6 / 2) / 3)
-    assert list(static.series_running) == [2, 1, 1, 1, 1, 1]  # nothing joins A while it runs alone
+    assert running_per_step(static) == [2, 1, 1, 1, 1, 1]  # nothing joins A while it runs alone
     assert static.completed == 3 and static.preemptions == 0
 
 
@@ -33,7 +39,7 @@ def test_continuous_batching_admits_into_the_running_batch_on_the_same_pool():
     continuous = simulate(requests=REQUESTS, policy="continuous", **POOL)
     assert continuous.steps == 4
     assert list(continuous.request_latency_s) == [4.0, 1.0, 3.0]
-    assert list(continuous.series_running) == [2, 2, 2, 1]
+    assert running_per_step(continuous) == [2, 2, 2, 1]
     assert continuous.normalized_latency_s == pytest.approx((1 + 1 + 1.5) / 3)
 
 
@@ -63,3 +69,19 @@ def test_figure_12_has_the_fastertransformer_line_and_ratio():
     text = format_figure("12", result)
     assert any(line.startswith("FasterTransformer ") for line in text.splitlines())
     assert "vLLM / FasterTransformer" in text and "(paper up to 22x)" in text
+
+
+@pytest.mark.parametrize("workload, rate", [("sharegpt", 0.3), ("alpaca", 2.0)])
+def test_the_fast_path_gives_the_single_step_result(workload, rate):
+    """Static batching on the lock-step fast path (a batch runs from one finish to the next at once)
+    equals stepping one by one through schedule(), to the picosecond."""
+    from engine.workloads import make_workload
+
+    requests = make_workload(workload, 150, 0, 2048, rate)
+    kwargs = dict(requests=requests, kv_slots=15_700, block_size=16, allocator="contiguous", reservation="max",
+                  placement="buddy", policy="static", cost_model="a100-opt-13b-achieved")
+    fast, slow = simulate(fast_forward=True, **kwargs), simulate(fast_forward=False, **kwargs)
+    assert fast.steps == slow.steps and fast.simulated_seconds == slow.simulated_seconds
+    assert list(fast.request_latency_s) == list(slow.request_latency_s)
+    assert fast.fragmentation == slow.fragmentation and fast.max_concurrent_requests == slow.max_concurrent_requests
+    assert fast.series_num_steps.sum() == slow.series_num_steps.sum() and len(fast.series_step) < len(slow.series_step)
