@@ -55,7 +55,7 @@ from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
-PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b")  # engine/paper_experiments.py
+PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b", "19")  # engine/paper_experiments.py (19: engine/swap_experiments.py)
 
 
 @dataclass
@@ -977,7 +977,7 @@ def register_cli(subparsers) -> None:
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)
 
-    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13 and 18b on the simulator")
+    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13, 15, 16, 18b and 19 on the simulator")
     p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
                    help="one figure with time (engine/paper_experiments.py); default: the memory table at saturation")
     p.add_argument("--num-requests", type=int, default=None,

@@ -22,10 +22,12 @@ from hypothesis import strategies as st
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.attention import swap_blocks
 from engine.block_manager import PagedBlockManager
+from engine.cost_model import PicosecondCost, StepShape, get_setup
 from engine.model_loader import load_model
 from engine.report import PREEMPT, SWAP_IN, SWAP_OUT
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.swap_experiments import figure_19, format_figure_19
 from tests.test_engine import random_prompts, run_engine, tiny_model, tiny_reference  # noqa: F401 (fixtures: the 3 tiny models; 5 prompts' greedy outputs)
 
 
@@ -352,3 +354,78 @@ def test_bad_swap_and_budget_settings_are_refused_clearly(kwargs, message):
 def test_a_swap_space_smaller_than_one_block_is_refused(tiny_llama_dir):
     with pytest.raises(ValueError, match="swap_space=10 bytes is smaller than one block"):
         LLMEngine(EngineConfig(model=str(tiny_llama_dir), preemption_mode="swap", swap_space=10))
+
+
+# ---- vLLM #588 / #787: many samples and long outputs with a small swap space ------------------
+
+def test_fifty_samples_of_600_tokens_fall_back_to_recompute_instead_of_crashing():
+    """vLLM crashed when a group could not be swapped out (n = 50, max_tokens = 600); here the
+    scheduler recomputes it, says so, and every request still finishes."""
+    kv = PagedBlockManager(num_blocks=2000, block_size=16, num_cpu_blocks=100)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=100_000, preemption_mode="swap")
+    ids = iter(range(1000, 10**6))
+    for i in range(2):
+        group = SequenceGroup(i, [Sequence(i, 20, max_len=620, seq_id=next(ids))], SamplingParams(n=50), arrival_time=float(i))
+        assert kv.fits_ever(group)
+        scheduler.add(group)
+    steps = 0
+    while scheduler.has_unfinished():
+        model_free_step(scheduler, lambda: next(ids))
+        steps += 1
+        assert steps < 10_000
+    assert scheduler.num_swap_fallbacks > 0, "two groups of 50 x 620 tokens cannot both fit 2000 blocks, nor 100 CPU blocks"
+    assert kv.allocator.num_free == 2000 and kv.cpu_allocator.num_free == 100
+
+
+# ---- vLLM's null block, as an option -----------------------------------------------------------
+
+def test_the_null_block_is_never_handed_out_and_not_counted(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=10, reserve_null_block=True))
+    assert engine.max_model_len == 36, "9 usable blocks of 4"
+    assert engine.memory_usage().capacity == 36
+    outputs, reports = run_engine(engine, random_prompts(49152, [7, 9], seed=1), SamplingParams(max_tokens=12, ignore_eos=True))
+    held = {b for r in reports for t in r.block_tables for b in t.block_table}
+    assert 0 not in held and len(held) == 9, "block 0 stays out; the other 9 serve the requests (10 needed: a preemption)"
+    assert engine.memory_usage().free == 36
+
+
+# ---- Figure 19: the cost of a swap, and of a recompute ------------------------------------------
+
+def test_a_swap_costs_one_fixed_copy_cost_per_block_plus_its_bytes_over_pcie():
+    model = get_setup("a100-opt-13b-achieved").cost_model
+    # OPT-13B: 40 layers x (K, V) copies of 5 us per block; 819,200 bytes per token at 24 GB/s.
+    assert model.swap_copy_s == pytest.approx(80 * 5e-6)
+    assert model.swap_token_s == pytest.approx(2 * 40 * 5120 * 2 / 24e9)
+    assert model.swap_time(1, 16) == pytest.approx(400e-6 + 16 * 819_200 / 24e9)
+    shape = StepShape(num_decodes=1, decode_context=100, swap_blocks=2, swap_slots=32)
+    assert model.step_time(shape) - model.step_time(StepShape(num_decodes=1, decode_context=100)) == pytest.approx(model.swap_time(2, 32))
+    assert PicosecondCost.of(model).step(shape) == pytest.approx(model.step_time(shape) * 1e12, rel=1e-6)
+
+
+def test_figure_19_swap_is_dear_at_small_blocks_and_recompute_does_not_depend_on_them():
+    result = figure_19(num_requests=150, request_rate=4.0, token_state_requests=200)
+    a = {r["block_size"]: r for r in result["a"]}
+    assert a[1]["swap_ms"] > 5 * a[256]["swap_ms"], "a block of one token is one copy per token"
+    assert max(r["recompute_ms"] for r in result["a"]) < 1.05 * min(r["recompute_ms"] for r in result["a"])
+    assert a[1]["swap_ms"] > a[1]["recompute_ms"] and a[256]["swap_ms"] < a[256]["recompute_ms"]
+    swap = [r for r in result["b"] if r["mode"] == "swap"]
+    recompute = [r for r in result["b"] if r["mode"] == "recompute"]
+    assert all(r["blocks_swapped"] > 0 and r["tokens_recomputed"] == 0 for r in swap)
+    assert all(r["blocks_swapped"] == 0 and r["tokens_recomputed"] > 0 for r in recompute)
+    assert {r["policy"] for r in result["token_states"]} == {"recompute", "swap", "chunked prefill (recompute)", "chunked prefill + swap"}
+    text = format_figure_19(result)
+    assert "swap in+out" in text and "Token states while requests wait" in text
+
+
+def test_figure_19_chart_draws_the_numbers_it_was_given():
+    from visualize.swap_figure import plot_swap_vs_recompute
+
+    result = {"tokens_per_preemption": 200, "request_rate": 2.0,
+              "a": [{"block_size": b, "swap_ms": 100 / b, "recompute_ms": 30.0} for b in (1, 16, 256)],
+              "b": [{"block_size": b, "mode": m, "normalized_latency_s": 0.4 + (m == "swap") * 0.01} for b in (8, 64) for m in ("recompute", "swap")]}
+    fig = plot_swap_vs_recompute(result)
+    a, b = fig.axes
+    lines = {line.get_label(): list(line.get_ydata()) for line in a.lines}
+    assert lines == {"swap in + out": [100.0, 6.25, 100 / 256], "recompute": [30.0] * 3}
+    assert {line.get_label(): list(line.get_ydata()) for line in b.lines} == {"swap": pytest.approx([0.41] * 2), "recompute": [0.4, 0.4]}
+    assert a.get_xlabel() == b.get_xlabel() == "block size (tokens)" and "200 tokens" in a.get_title()
