@@ -212,7 +212,7 @@ class Scheduler:
             chunk = min(group.num_new_tokens, budget) if self._is_prefilling(group) else 0
             if self._is_prefilling(group) and chunk == 0:
                 continue  # the budget is spent: it goes on next step
-            while not (self.kv.can_allocate_slots(group.unfinished_seqs()[0], chunk) if chunk else self.kv.can_append_slots(group)):
+            while not self._has_room(group, chunk):
                 victim = queue.pop() if queue else group
                 self._preempt(victim, out)
                 preempted.add(id(victim))
@@ -222,6 +222,13 @@ class Scheduler:
                 budget -= self._run(group, out, chunk)
         self.running = [g for g in self.running if id(g) not in preempted]
         return budget
+
+    def _has_room(self, group: Group, chunk: int) -> bool:
+        """Can the pool give a running group this step's memory: ``chunk`` more prompt tokens, or
+        (0) one decode slot per sequence?"""
+        if chunk:
+            return self.kv.can_allocate_slots(group.unfinished_seqs()[0], chunk)
+        return self.kv.can_append_slots(group)
 
     def _run(self, group: Group, out: SchedulerOutput, chunk: int) -> int:
         """Put a running group in the batch: ``chunk`` tokens of its prompt, or (0) one decode per

@@ -283,7 +283,7 @@ def test_a_swapped_request_is_restored_bit_for_bit(tiny_llama_dir):
     pytest.fail("no request was swapped out and back in")
 
 
-@pytest.mark.parametrize("budget", [1, 7, 16])
+@pytest.mark.parametrize("budget", [1, 7, 8, 9, 16])  # block 8: chunks ending on a block boundary (8, 16) and one token after it (9)
 def test_outputs_do_not_change_with_chunked_prefill(tiny_llama_dir, tiny_reference, budget):
     prompts, params, expected = tiny_reference
     config = EngineConfig(model=str(tiny_llama_dir), dtype="float64", block_size=8, num_gpu_blocks=64, enable_chunked_prefill=True,
