@@ -67,6 +67,34 @@ def copy_blocks_reference(key_caches: list[torch.Tensor], value_caches: list[tor
         value_cache[dst] = value_cache[src]
 
 
+def swap_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
+    """Copy whole KV blocks from one pool to another, in every layer (vLLM's ``swap_blocks``):
+    swap preemption moves a request's blocks to the CPU swap space and back (PagedAttention paper
+    §4.5). The same torch code runs for GPU -> CPU, CPU -> GPU and CPU -> CPU; a pinned CPU pool
+    lets the copy to or from a GPU run as one DMA transfer per layer and tensor.
+
+    Args:
+        src_caches, dst_caches: the K and V pools of every layer, in the same order, each
+            ``[num_blocks, block_size, num_kv_heads, head_dim]`` of one dtype (the two sides' block
+            counts may differ).
+        block_mapping: ``[num_pairs, 2]`` int64 ``(src_block, dst_block)``, on the CPU; every
+            dst_block is distinct.
+
+    Raises:
+        ValueError: the pools' layouts differ (block_size, num_kv_heads, head_dim or dtype).
+    """
+    if block_mapping.numel() == 0:
+        return
+    src_idx, dst_idx = block_mapping[:, 0], block_mapping[:, 1]
+    for src, dst in zip(src_caches, dst_caches, strict=True):
+        if src.shape[1:] != dst.shape[1:] or src.dtype != dst.dtype:
+            raise ValueError(f"swap_blocks: pools of different layouts, {tuple(src.shape)} {src.dtype} and {tuple(dst.shape)} {dst.dtype}")
+        blocks = src[src_idx.to(src.device)]
+        dst[dst_idx.to(dst.device)] = blocks.to(dst.device, non_blocking=dst.device.type == "cuda" or src.device.type == "cuda")
+    if any(c.device.type == "cuda" for c in src_caches + dst_caches):
+        torch.cuda.synchronize()  # a copy to pinned CPU memory is asynchronous; the step reads it next
+
+
 @dataclass
 class GatherIndex:
     """Where to read each sequence's K/V rows from, computed once per step and shared by every layer.

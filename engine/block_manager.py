@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 
 from engine.accounting import MemoryUsage
 from engine.prefix_cache import HashFn, PrefixCache, hash_block_tokens
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot, Event
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, SWAP_IN, SWAP_OUT, BlockTableSnapshot, Event
 from engine.sequence import Sequence, SequenceGroup
 
 # What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
@@ -77,16 +77,19 @@ class BlockAllocator:
         num_blocks: physical blocks in the pool.
         shuffle_seed: when given, the initial free list is shuffled with this seed, so that block
             tables visibly point anywhere in the pool.
+        null_block: keep block 0 out of the free queue for good (vLLM v1's ``BlockPool.null_block``,
+            a placeholder block table entries can point at): ``num_blocks - 1`` blocks are usable.
     """
 
-    def __init__(self, num_blocks: int, shuffle_seed: int | None = None):
-        order = list(range(num_blocks))
+    def __init__(self, num_blocks: int, shuffle_seed: int | None = None, null_block: bool = False):
+        order = list(range(1 if null_block else 0, num_blocks))
         if shuffle_seed is not None:
             random.Random(shuffle_seed).shuffle(order)
         self.num_blocks = num_blocks
         self.free_blocks = FreeBlockQueue(order)
         self.ref_counts = [0] * num_blocks
         self.shared: set[int] = set()  # blocks with refcount > 1 (kept so that usage() need not scan)
+        self.num_usable = len(order)  # num_blocks, less the null block
 
     @property
     def num_free(self) -> int:
@@ -157,13 +160,24 @@ class KVCacheManager(ABC):
         the end? (False: reject it, it would wait forever.)"""
 
     @abstractmethod
-    def can_allocate(self, seq: Group) -> bool:
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
         """Is there room now to admit ``seq`` with its ``num_tokens`` tokens (a group: all its
-        unfinished sequences)?"""
+        unfinished sequences; ``num_new_tokens``: see :meth:`allocate`)?"""
 
     @abstractmethod
-    def allocate(self, seq: Group) -> None:
-        """Give ``seq`` room for its ``num_tokens`` tokens (prefill, or recompute after preemption)."""
+    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+        """Give ``seq`` room for its ``num_tokens`` tokens (prefill, or recompute after preemption);
+        with ``num_new_tokens`` (chunked prefill, one-sequence requests), room only for the tokens
+        found cached and the first ``num_new_tokens`` of the rest."""
+
+    def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens, after its
+        ``num_computed_tokens``? (vLLM v1's ``allocate_slots`` answering None when it cannot.)"""
+        raise NotImplementedError(f"{type(self).__name__} cannot chunk prefills")
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens (check first)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot chunk prefills")
 
     @abstractmethod
     def can_append_slot(self, seq: Sequence) -> bool:
@@ -306,16 +320,25 @@ class PagedBlockManager(KVCacheManager):
             blocks, as in vLLM (0.01: 9 of 981 blocks; 0 of fewer than 100 blocks).
         enable_caching: automatic prefix caching (needs the sequences' ``token_ids``).
         hash_fn: the block hash (tests pass a weakened one; see ``engine/prefix_cache.py``).
+        num_cpu_blocks: blocks of the CPU swap space (paper §4.5; vLLM v0's ``swap_space``): a
+            second pool of the same layout that swap preemption moves whole requests to; 0 = none.
+        null_block: keep block 0 out of the pool as vLLM v1 does (see :class:`BlockAllocator`), so
+            that a run beside vLLM can use the same number of usable blocks.
     """
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
-                 enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens):
+                 enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
+                 null_block: bool = False):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
+        if null_block and num_blocks < 2:
+            raise ValueError("a pool with a null block needs at least 2 blocks")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.attention_block_size = block_size
-        self.allocator = BlockAllocator(num_blocks, shuffle_seed)
+        self.allocator = BlockAllocator(num_blocks, shuffle_seed, null_block=null_block)
+        self.num_null_blocks = int(null_block)
+        self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
         self.events: list[Event] = []
         self.watermark_blocks = int(watermark * num_blocks)
         self.lockstep = False  # see start_lockstep
@@ -330,26 +353,34 @@ class PagedBlockManager(KVCacheManager):
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold: the pool less the null block."""
+        return self.num_blocks - self.num_null_blocks
+
     def fits_ever(self, seq: Group) -> bool:
         if not seq.is_group:
-            return self.blocks_needed(seq.num_tokens + 1) <= self.num_blocks
+            return self.blocks_needed(seq.num_tokens + 1) <= self.num_usable_blocks
         # A group must be able to finish alone, or preempting it would loop forever: at worst every
         # sequence reaches max_len holding its own copy of all but the shared full prompt blocks.
         shared = seq.num_prompt_tokens // self.block_size
         own = self.blocks_needed(seq.seqs[0].max_len) - shared
-        return shared + seq.num_samples * own <= self.num_blocks
+        return shared + seq.num_samples * own <= self.num_usable_blocks
 
-    def can_allocate(self, seq: Group) -> bool:
-        needed, free = self._blocks_to_admit(seq), self.num_free_blocks
-        if free == self.num_blocks:  # nothing runs: the watermark must not keep out a request that fits
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens))
+
+    def _fits_admission(self, needed: int) -> bool:
+        free = self.num_free_blocks
+        if free == self.num_usable_blocks:  # nothing runs: the watermark must not keep out a request that fits
             return needed <= free
         return free - needed >= self.watermark_blocks
 
-    def allocate(self, seq: Group) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
         first, *others = seq.unfinished_seqs()
         assert not first.block_table, f"request {first.request_id} already holds blocks"
         self._touch_computed_blocks(seq, first)
-        for _ in range(self.blocks_needed(first.num_tokens) - len(first.block_table)):
+        for _ in range(self.blocks_needed(self._prefill_end(first, num_new_tokens)) - len(first.block_table)):
             self._take_block(first)
         shared = self._shared_prompt_blocks(seq)
         for other in others:  # re-prefill of a group: the full prompt blocks once, each tail its own
@@ -418,6 +449,18 @@ class PagedBlockManager(KVCacheManager):
                 cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
             self.num_cached_blocks[seq.seq_id] = num_full
 
+    @staticmethod
+    def _prefill_end(seq: Sequence, num_new_tokens: int | None) -> int:
+        """The tokens ``seq`` holds once this step's prefill (or chunk of it) is computed."""
+        return seq.num_tokens if num_new_tokens is None else seq.num_computed_tokens + num_new_tokens
+
+    def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        for _ in range(self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
+            self._take_block(seq)
+
     def can_append_slot(self, seq: Sequence) -> bool:
         return self._blocks_to_append([seq]) <= self.allocator.num_free
 
@@ -465,6 +508,80 @@ class PagedBlockManager(KVCacheManager):
         seq.block_table = []
         self.num_cached_blocks.pop(seq.seq_id, None)
 
+    # --- Swap (paper §4.5; vLLM v0's ``BlockSpaceManager.swap_out`` / ``swap_in``) ---------------
+    # A swapped-out request's block tables hold CPU block ids while it waits in the scheduler's
+    # ``swapped`` queue. A block its sequences share (refcount > 1 within the group) is copied once
+    # and shared again on the other side, with the same refcount.
+
+    def _distinct_blocks(self, group: Group) -> dict[int, None]:
+        """Every block ``group``'s unfinished sequences hold, each once, in table order."""
+        return dict.fromkeys(b for seq in group.unfinished_seqs() for b in seq.block_table)
+
+    def can_swap_out(self, group: Group) -> bool:
+        """Room in the CPU pool for every block ``group`` holds (shared ones once)?"""
+        return self.cpu_allocator is not None and len(self._distinct_blocks(group)) <= self.cpu_allocator.num_free
+
+    def swap_out(self, group: Group) -> list[tuple[int, int]]:
+        """Move ``group``'s blocks to the CPU pool; returns the ``(gpu_block, cpu_block)`` copies to
+        run before this step's forward pass (vLLM's ``blocks_to_swap_out``). The GPU blocks are
+        released (a block another request still holds, a prefix-cache hit, stays)."""
+        return self._move(group, self.allocator, self.cpu_allocator, SWAP_OUT, lambda seq: self.cpu_allocator.allocate())
+
+    def can_swap_in(self, group: Group) -> bool:
+        """Room on the GPU for ``group``'s blocks and for the token each sequence decodes next,
+        within the admission watermark?"""
+        seqs = group.unfinished_seqs()
+        return self._fits_admission(len(self._distinct_blocks(group)) + self._blocks_to_append(seqs, self.cpu_allocator))
+
+    def swap_in(self, group: Group) -> list[tuple[int, int]]:
+        """Bring a swapped-out ``group`` back; returns the ``(cpu_block, gpu_block)`` copies
+        (``blocks_to_swap_in``). The group then decodes on without recomputing anything."""
+        return self._move(group, self.cpu_allocator, self.allocator, SWAP_IN, self._allocate_block)
+
+    def _move(self, group: Group, src: BlockAllocator, dst: BlockAllocator, kind: str, take) -> list[tuple[int, int]]:
+        mapping: dict[int, int] = {}
+        for seq in group.unfinished_seqs():
+            table = []
+            for logical_index, block_id in enumerate(seq.block_table):
+                if block_id in mapping:
+                    dst.incref(mapping[block_id])
+                else:
+                    mapping[block_id] = take(seq)
+                    if self.record_events:
+                        self.events.append(Event(kind, seq.request_id, block_id=block_id, dst_block_id=mapping[block_id],
+                                                 logical_index=logical_index, seq_id=seq.seq_id))
+                table.append(mapping[block_id])
+            for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
+                src.free(block_id)
+            seq.block_table = table
+            self.num_cached_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
+        return list(mapping.items())
+
+    def free_swapped(self, group: Group) -> None:
+        """Release a swapped-out group's CPU blocks (it is aborted, or recomputed after a failed step)."""
+        for seq in group.unfinished_seqs():
+            for block_id in reversed(seq.block_table):
+                self.cpu_allocator.free(block_id)
+            seq.block_table = []
+
+    def cpu_usage(self, swapped: list[Group]) -> MemoryUsage | None:
+        """The CPU swap space in the same categories (None without one): token states of the
+        swapped requests (a shared block once), the unfilled slots of their blocks, and free."""
+        if self.cpu_allocator is None:
+            return None
+        bs, fill = self.block_size, {}
+        for seq in (s for g in swapped for s in g.unfinished_seqs()):
+            for i, block_id in enumerate(seq.block_table):
+                fill[block_id] = max(fill.get(block_id, 0), min(bs, max(0, seq.num_computed_tokens - i * bs)))
+        total = self.cpu_allocator.num_blocks * bs
+        allocated = (self.cpu_allocator.num_blocks - self.cpu_allocator.num_free) * bs
+        token_states = sum(fill.values())
+        return MemoryUsage(total, token_states, 0, allocated - token_states, 0, total - allocated)
+
+    def cpu_snapshot(self, swapped: list[Group]) -> list[BlockTableSnapshot]:
+        """The swapped requests' block tables, in CPU block ids (the CPU pool lane of the app)."""
+        return self._snapshot(swapped, self.cpu_allocator.ref_counts) if self.cpu_allocator else []
+
     def _is_cached(self, block_id: int) -> bool:
         return self.prefix_cache is not None and self.prefix_cache.block_hash[block_id] is not None
 
@@ -485,19 +602,23 @@ class PagedBlockManager(KVCacheManager):
         """Full prompt blocks that a group's (re)prefill shares among its sequences."""
         return group.num_prompt_tokens // self.block_size if group.is_group else 0
 
-    def _blocks_to_admit(self, group: Group) -> int:
+    def _blocks_to_admit(self, group: Group, num_new_tokens: int | None = None) -> int:
         """Free blocks an admission takes: new blocks, and the cache hits now on the free queue
-        (touching takes them off it)."""
+        (touching takes them off it). ``num_new_tokens``: a first chunk, after the hits."""
         seqs = group.unfinished_seqs()
         shared = self._shared_prompt_blocks(group)
         hits = self._computed_blocks(seqs[0])
         free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
+        if num_new_tokens is not None:
+            return self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits) + free_hits
         return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared - len(hits) + free_hits
 
-    def _blocks_to_append(self, seqs: list[Sequence]) -> int:
+    def _blocks_to_append(self, seqs: list[Sequence], allocator: BlockAllocator | None = None) -> int:
         """New blocks that decoding one token for each of ``seqs`` takes: one per sequence whose
         last block is full, and one per copy-on-write: every writer of a shared block copies it,
-        except the last holder when all holders write (it sees refcount 1 and writes in place)."""
+        except the last holder when all holders write (it sees refcount 1 and writes in place).
+        ``allocator``: whose refcounts the block tables refer to (a swapped group's: the CPU pool's)."""
+        ref_counts = (allocator or self.allocator).ref_counts
         needed, writers = 0, {}
         for seq in seqs:
             pos = seq.num_tokens - 1
@@ -507,7 +628,7 @@ class PagedBlockManager(KVCacheManager):
                 block_id = seq.block_table[pos // self.block_size]
                 writers[block_id] = writers.get(block_id, 0) + 1
         for block_id, count in writers.items():
-            refs = self.allocator.ref_counts[block_id]
+            refs = ref_counts[block_id]
             if refs > 1:
                 needed += count - (count == refs)
         return needed
@@ -520,12 +641,14 @@ class PagedBlockManager(KVCacheManager):
         return seq.block_table
 
     def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
-        allocated = (self.num_blocks - self.allocator.num_free) * self.block_size
+        """The GPU pool (the null block, when kept, is left out: ``num_usable_blocks`` make the total)."""
+        num_slots = self.num_usable_blocks * self.block_size
+        allocated = (self.num_usable_blocks - self.allocator.num_free) * self.block_size
         cached_free = len(self.cached_free_blocks()) * self.block_size if self.prefix_cache else 0
         if self.prefix_cache is None and not any(g.is_group for g in running):  # every block has one holder
             token_states = sum(seq.num_computed_tokens for seq in running)
             held = sum(len(seq.block_table) for seq in running)
-            return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
+            return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
                                bytes_per_slot, 0, held, held)
         # Each physical slot once. The holders of a shared block wrote the same tokens into it, so
         # summing every sequence's tokens counts a block with refcount r (r - 1) times too often.
@@ -537,12 +660,15 @@ class PagedBlockManager(KVCacheManager):
         shared_fill = {b: partial.get(b, bs) for b in self.allocator.shared}
         token_states = sum(s.num_computed_tokens for s in seqs) - sum((refs[b] - 1) * n for b, n in shared_fill.items())
         held = sum(len(s.block_table) for s in seqs)
-        return MemoryUsage(self.num_slots, token_states, 0, allocated - token_states, 0, self.num_slots - allocated,
-                           bytes_per_slot, sum(shared_fill.values()), held, self.num_blocks - self.allocator.num_free,
+        return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
+                           bytes_per_slot, sum(shared_fill.values()), held, self.num_usable_blocks - self.allocator.num_free,
                            cached_free)
 
     def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
-        bs, refs = self.block_size, self.allocator.ref_counts
+        return self._snapshot(running, self.allocator.ref_counts)
+
+    def _snapshot(self, groups: list[Group], refs: list[int]) -> list[BlockTableSnapshot]:
+        bs = self.block_size
         return [
             BlockTableSnapshot(
                 request_id=seq.request_id,
@@ -552,7 +678,7 @@ class PagedBlockManager(KVCacheManager):
                 index=seq.index,
                 ref_counts=[refs[b] for b in seq.block_table],
             )
-            for group in running
+            for group in groups
             for seq in group.unfinished_seqs()
         ]
 

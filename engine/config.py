@@ -10,6 +10,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 ALLOCATORS = ("paged", "contiguous")
 RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
 PLACEMENTS = ("first-fit", "best-fit", "buddy")
+PREEMPTION_MODES = ("recompute", "swap")
 
 
 @dataclass
@@ -22,8 +23,10 @@ class EngineConfig:
         num_gpu_blocks: KV pool size in blocks (vLLM's name, also on CPU). Exclusive with ``kv_cache_memory``.
         kv_cache_memory: KV pool size in bytes, K and V of all layers together. Default (neither set): 512 blocks.
         max_num_seqs: most requests running in one step.
-        max_num_batched_tokens: most tokens (prompt + decode) processed in one step; must be >= max_model_len
-            because prompts are not chunked.
+        max_num_batched_tokens: most tokens (prompt + decode) processed in one step, the step's token
+            budget. Without chunked prefill it must be >= max_model_len (a prompt is prefilled whole);
+            default max(max_model_len, 2048). With chunked prefill default 512, vLLM v0's default for it.
+            Never smaller than max_num_seqs, or running decodes could not all fit.
         max_model_len: most tokens (prompt + output) per request; default min(model limit, 2048),
             always capped at the pool's capacity so that a lone request can always finish.
         dtype: "auto" = float32 on CPU, bfloat16 on CUDA.
@@ -45,10 +48,22 @@ class EngineConfig:
         enable_prefix_caching: automatic prefix caching (vLLM's name; ``engine/prefix_cache.py``):
             prompts reuse the KV of full blocks already computed. None (default) = on with the paged
             allocator, as in vLLM v1, and off with the contiguous one, which has no blocks to share.
+        preemption_mode: how a request gives its memory up when the pool runs out (paper §4.5):
+            "recompute" (free its blocks, prefill it again later) or "swap" (copy its blocks to a CPU
+            swap space and back). Swap needs the paged allocator.
+        swap_space: bytes of CPU memory for the swap space (vLLM's ``swap_space``, which is in GiB),
+            a second block pool of the same layout; pinned memory when the KV lives on a GPU. None =
+            as many blocks as the GPU pool. Used with preemption_mode="swap".
+        enable_chunked_prefill: cut prompts into chunks that fit the step's token budget, decodes
+            first (vLLM's name; ``engine/scheduler.py``).
+        reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
+            placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable
+            ones. Off by default; turn it on to run beside vLLM with the same ``num_gpu_blocks``.
 
     Raises:
-        ValueError: on any field out of range, naming the field; prefix caching asked for with the
-            contiguous allocator.
+        ValueError: on any field out of range, naming the field; prefix caching, swap or the null
+            block asked for with the contiguous allocator; swap with swap_space=0; a token budget
+            smaller than max_num_seqs.
     """
 
     model: str | None = None
@@ -68,6 +83,10 @@ class EngineConfig:
     seed: int = 0
     cpu_kernels: bool = True
     enable_prefix_caching: bool | None = None
+    preemption_mode: str = "recompute"
+    swap_space: int | None = None
+    enable_chunked_prefill: bool = False
+    reserve_null_block: bool = False
 
     def __post_init__(self) -> None:
         _positive_int("block_size", self.block_size)
@@ -95,6 +114,22 @@ class EngineConfig:
             self.enable_prefix_caching = self.allocator == "paged"
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
+        _choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        if self.swap_space is not None and (isinstance(self.swap_space, bool) or not isinstance(self.swap_space, int) or self.swap_space < 0):
+            raise ValueError(f"swap_space must be a number of bytes >= 0, got {self.swap_space!r}")
+        if self.preemption_mode == "swap" and self.allocator != "paged":
+            raise ValueError("preemption_mode='swap' needs allocator='paged': a contiguous range cannot be swapped out "
+                             "block by block (the paper's swapping moves KV blocks); use preemption_mode='recompute'")
+        if self.preemption_mode == "swap" and self.swap_space == 0:
+            raise ValueError("preemption_mode='swap' with swap_space=0 has nowhere to swap to: give swap_space in bytes, or None")
+        for name in ("enable_chunked_prefill", "reserve_null_block"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.reserve_null_block and self.allocator != "paged":
+            raise ValueError("reserve_null_block needs allocator='paged' (a contiguous arena has no block 0 to keep)")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs}): "
+                             "every running request decodes one token per step within that budget")
         if self.enable_prefix_caching and self.allocator == "contiguous":
             raise ValueError("enable_prefix_caching needs allocator='paged': the contiguous allocator gives each request "
                              "its own range, so there are no blocks to share; set enable_prefix_caching=False")

@@ -132,7 +132,8 @@ class ContiguousAllocator(KVCacheManager):
             return chunk <= self.buddy.largest_chunk and count * chunk <= self.num_slots
         return count * size <= self.num_slots
 
-    def can_allocate(self, seq: Group) -> bool:
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+        # The whole range is reserved at admission, chunked prefill or not: num_new_tokens changes nothing.
         size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
         if self.buddy is not None:  # an aligned free chunk of 2^k holds 2^k / chunk chunks
             if count == 1:
@@ -142,7 +143,7 @@ class ContiguousAllocator(KVCacheManager):
             return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
         return sum((e - s) // size for s, e in zip(self.gap_starts, self.gap_ends)) >= count
 
-    def allocate(self, seq: Group) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
         for s in seq.unfinished_seqs():
             assert s.seq_id not in self.ranges, f"sequence {s.seq_id} already holds a range"
             self.ranges[s.seq_id] = self._take_range(s)
@@ -188,6 +189,14 @@ class ContiguousAllocator(KVCacheManager):
             self.gap_starts[i] = start + size
         self._event(ALLOCATE, seq, start, start + size)
         return start, start + size
+
+    def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        start, end = self.ranges[seq.seq_id]
+        return seq.num_computed_tokens + num_new_tokens <= end - start
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        # A prompt's later chunks land in the range reserved for the whole request at admission.
+        assert self.can_allocate_slots(seq, num_new_tokens), f"request {seq.request_id} outgrew its reserved range"
 
     def can_append_slot(self, seq: Sequence) -> bool:
         start, end = self.ranges[seq.seq_id]

@@ -24,6 +24,17 @@ At batch 1 a decode is bound by reading the weights (OPT-13B: 26 GB at 1.555 TB/
 it stays there while the batch grows, until tokens * flops_per_token reaches the compute roof
 (about 200 tokens on an A100): why batching is nearly free, and why memory is throughput.
 
+Swapping (paper §4.5, §7.3): a step that swaps blocks between the GPU and the CPU also waits for
+the copies, one per block, layer and K/V (vLLM's ``swap_blocks`` issues a ``cudaMemcpyAsync`` for
+each), over PCIe:
+
+    swap = swap_blocks * swap_copy + swap_slots * swap_token
+
+- swap_copy: the fixed cost of one block's copies (2 * layers of them, ``copy_overhead`` each);
+- swap_token: one token's K and V over the host link (kv_bytes_per_token / pcie_bandwidth).
+
+Small blocks mean many small copies: the fixed costs dominate, and the link is poorly used.
+
 A machine that runs compute and memory traffic one after the other (a CPU running PyTorch) is
 better described by their *sum*; ``roofline=False`` adds the two sides instead of taking the max.
 That is the form ``python -m engine calibrate`` fits to this machine (see ``engine/calibrate.py``).
@@ -54,6 +65,8 @@ class Hardware:
     mem_bandwidth: float
     step_overhead_s: float
     seq_overhead_s: float = 0.0
+    pcie_bandwidth: float = 0.0  # host <-> device, bytes/s one way (0: no swap cost modelled)
+    copy_overhead_s: float = 0.0  # fixed cost of one host <-> device copy (launch + DMA set-up), s
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,7 @@ class ModelSpec:
     flops_per_token: float
     attn_flops_per_pair: float
     kv_bytes_per_token: float
+    num_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,8 @@ class StepShape:
         decode_context: the decodes' context lengths summed (tokens read from the KV cache).
         kv_blocks: KV blocks the paged attention kernel reads: every scheduled sequence's blocks,
             ceil(context / block_size) each (0 for a contiguous kernel).
+        swap_blocks: blocks copied between the GPU and the CPU pool this step, either way.
+        swap_slots: the token slots of those blocks (swap_blocks * block_size: whole blocks move).
     """
 
     num_prefills: int = 0
@@ -89,6 +105,8 @@ class StepShape:
     num_decodes: int = 0
     decode_context: int = 0
     kv_blocks: int = 0
+    swap_blocks: int = 0
+    swap_slots: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -138,6 +156,8 @@ class CostModel:
         kv_token_s: moving one token's K and V (kv_bytes_per_token / bandwidth).
         block_s: the paged kernel's cost per KV block read.
         roofline: True = max(compute, memory) per operation (an accelerator); False = their sum.
+        swap_copy_s: the fixed cost of copying one block to or from the CPU (all its per-layer copies).
+        swap_token_s: one token's K and V over the host link.
     """
 
     name: str
@@ -149,6 +169,8 @@ class CostModel:
     block_s: float
     seq_overhead_s: float = 0.0
     roofline: bool = True
+    swap_copy_s: float = 0.0
+    swap_token_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -171,6 +193,8 @@ class CostModel:
             kv_token_s=kv_token_s,
             block_s=paged_slowdown * slowdown_block_size * kv_token_s,
             seq_overhead_s=hardware.seq_overhead_s,
+            swap_copy_s=2 * model.num_layers * hardware.copy_overhead_s,
+            swap_token_s=model.kv_bytes_per_token / hardware.pcie_bandwidth if hardware.pcie_bandwidth else 0.0,
         )
 
     @classmethod
@@ -193,7 +217,19 @@ class CostModel:
         seqs = shape.num_prefills + shape.num_decodes
         pairs = shape.prefill_pairs + shape.decode_context
         return (self.step_overhead_s + seqs * self.seq_overhead_s + self.linear_time(shape.num_tokens)
-                + self.attention_time(pairs, shape.decode_context) + shape.kv_blocks * self.block_s)
+                + self.attention_time(pairs, shape.decode_context) + shape.kv_blocks * self.block_s
+                + self.swap_time(shape.swap_blocks, shape.swap_slots))
+
+    def swap_time(self, num_blocks: int, num_slots: int) -> float:
+        """Seconds to copy ``num_blocks`` blocks of ``num_slots`` token slots in all between the GPU
+        and the CPU pool, one way (paper §7.3)."""
+        return num_blocks * self.swap_copy_s + num_slots * self.swap_token_s
+
+    def recompute_time(self, num_tokens: int, block_size: int | None = None) -> float:
+        """Seconds that recomputing ``num_tokens`` tokens (one preempted request's prefill) takes on
+        its own, without the step's fixed overhead: the alternative to swapping them (paper §7.3)."""
+        shape = StepShape.of_batch([(num_tokens, num_tokens)], [], block_size)
+        return self.step_time(shape) - self.step_overhead_s
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -215,14 +251,20 @@ class Setup:
     description: str
 
 
-A100_40GB = Hardware("A100-40GB", peak_flops=312e12, mem_bandwidth=1.555e12, step_overhead_s=1e-3)
-H100_SXM = Hardware("H100-SXM", peak_flops=989e12, mem_bandwidth=3.35e12, step_overhead_s=1e-3)
+# Host links: PCIe 4.0 x16 (A100) and 5.0 x16 (H100), 32 and 64 GB/s one way. The fixed cost of one
+# small cudaMemcpyAsync (launch + DMA set-up) is taken as 5 us: an assumption of this model, not a
+# measured figure (it is what makes small blocks expensive to swap, paper §7.3).
+COPY_OVERHEAD_S = 5e-6
+A100_40GB = Hardware("A100-40GB", peak_flops=312e12, mem_bandwidth=1.555e12, step_overhead_s=1e-3,
+                     pcie_bandwidth=32e9, copy_overhead_s=COPY_OVERHEAD_S)
+H100_SXM = Hardware("H100-SXM", peak_flops=989e12, mem_bandwidth=3.35e12, step_overhead_s=1e-3,
+                    pcie_bandwidth=64e9, copy_overhead_s=COPY_OVERHEAD_S)
 # OPT-13B: 40 layers, hidden 5120, 40 heads of 128, fp16; 13B parameters.
 OPT_13B = ModelSpec("OPT-13B", param_bytes=26e9, flops_per_token=26e9, attn_flops_per_pair=4 * 40 * 5120,
-                    kv_bytes_per_token=2 * 40 * 5120 * 2)
+                    kv_bytes_per_token=2 * 40 * 5120 * 2, num_layers=40)
 # Llama-3-8B: 32 layers, 32 query heads and 8 KV heads of 128, bf16; 8.03B parameters.
 LLAMA_3_8B = ModelSpec("Llama-3-8B", param_bytes=16.06e9, flops_per_token=16.06e9, attn_flops_per_pair=4 * 32 * 32 * 128,
-                       kv_bytes_per_token=2 * 32 * 8 * 128 * 2)
+                       kv_bytes_per_token=2 * 32 * 8 * 128 * 2, num_layers=32)
 
 THIS_MACHINE = "this-machine"
 CALIBRATION_FILE = "cost_model_this_machine.json"
@@ -236,7 +278,8 @@ CALIBRATION_FILE = "cost_model_this_machine.json"
 # batch 30; Alpaca 132.44 at 30 req/s = 4.4 s for 58 tokens = 75 ms per step at batch 132. This
 # model gives 45 ms and 71 ms. Every other number reproduce-paper prints is a prediction.
 A100_40GB_ACHIEVED = Hardware("A100-40GB (achieved)", peak_flops=0.6 * 312e12, mem_bandwidth=0.75 * 1.555e12,
-                              step_overhead_s=6e-3, seq_overhead_s=0.28e-3)
+                              step_overhead_s=6e-3, seq_overhead_s=0.28e-3, pcie_bandwidth=0.75 * 32e9,
+                              copy_overhead_s=COPY_OVERHEAD_S)
 
 
 def _gpu_setups() -> dict[str, Setup]:
@@ -300,6 +343,8 @@ class PicosecondCost:
     kv_ps: int
     block_ps: int
     roofline: bool
+    swap_copy_ps: int = 0
+    swap_token_ps: int = 0
 
     @classmethod
     def of(cls, model: CostModel) -> PicosecondCost:
@@ -307,7 +352,8 @@ class PicosecondCost:
             return round(seconds * PS_PER_S)
 
         return cls(ps(model.step_overhead_s), ps(model.seq_overhead_s), ps(model.weights_s), ps(model.token_s),
-                   ps(model.pair_s), ps(model.kv_token_s), ps(model.block_s), model.roofline)
+                   ps(model.pair_s), ps(model.kv_token_s), ps(model.block_s), model.roofline,
+                   ps(model.swap_copy_s), ps(model.swap_token_s))
 
     def _combine(self, compute: int, memory: int) -> int:
         return max(compute, memory) if self.roofline else compute + memory
@@ -318,7 +364,7 @@ class PicosecondCost:
         attention = self._combine((shape.prefill_pairs + shape.decode_context) * self.pair_ps,
                                   shape.decode_context * self.kv_ps)
         return (self.step_ps + (shape.num_prefills + shape.num_decodes) * self.seq_ps + linear + attention
-                + shape.kv_blocks * self.block_ps)
+                + shape.kv_blocks * self.block_ps + shape.swap_blocks * self.swap_copy_ps + shape.swap_slots * self.swap_token_ps)
 
     def decode_steps(self, k: int, num_decodes: int, context_sum: int, block_sum: int) -> int:
         """Picoseconds of k decode-only steps of ``num_decodes`` sequences, given their contexts and

@@ -29,6 +29,7 @@ from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 DEFAULT_NUM_BLOCKS = 512
+DEFAULT_CHUNKED_BUDGET = 512  # vLLM v0's max_num_batched_tokens with chunked prefill ("best balance between ITL and TTFT on A100")
 DEFAULT_MAX_MODEL_LEN = 2048
 
 Prompt = str | list[dict] | list[int]
@@ -81,13 +82,18 @@ class LLMEngine:
             self.cpu_backend = "torch"
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
+        self.num_cpu_blocks = self._num_cpu_blocks()
         self.max_model_len = self._max_model_len()
-        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend)
+        if config.enable_chunked_prefill:
+            max_batched = config.max_num_batched_tokens or max(DEFAULT_CHUNKED_BUDGET, config.max_num_seqs)
+        else:
+            max_batched = config.max_num_batched_tokens or max(self.max_model_len, 2048)
+            if max_batched < self.max_model_len:
+                raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({self.max_model_len}): "
+                                 "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks)
         self.kv = self._make_kv_manager()
-        max_batched = config.max_num_batched_tokens or max(self.max_model_len, 2048)
-        if max_batched < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({self.max_model_len}): prompts are not chunked")
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
         self.requests: dict[int, Sequence | SequenceGroup] = {}
         self.generators: dict[int, torch.Generator] = {}  # per seq_id
@@ -209,15 +215,25 @@ class LLMEngine:
         new_ids: dict[int, list[int]] = {}
         new_text: dict[int, str] = {}
         finished: dict[int, str] = {}
-        scheduled = [ScheduledRequest(s.request_id, "prefill", s.num_new_tokens, s.num_tokens) for s in batch.prefill_seqs]
-        scheduled += [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens) for s in batch.decode_seqs]
-        t2 = t3 = t1
+        scheduled = [ScheduledRequest(s.request_id, "prefill", batch.num_tokens_of(s), s.num_computed_tokens + batch.num_tokens_of(s),
+                                      s.num_computed_tokens + batch.num_tokens_of(s), s.num_tokens) for s in batch.prefill_seqs]
+        scheduled += [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens, s.num_tokens) for s in batch.decode_seqs]
+        if batch.blocks_to_swap_out or batch.blocks_to_swap_in:
+            try:  # before anything else: a block swapped out may be handed out again in this very step
+                self.runner.swap(batch.blocks_to_swap_out, batch.blocks_to_swap_in)
+            except Exception:
+                self.scheduler.requeue(batch)
+                raise
+        t_swap = time.perf_counter()
+        t2 = t3 = t_swap
         if not batch.is_empty:
             seqs = batch.prefill_seqs + batch.decode_seqs
+            # A partial prefill (chunked) computes its chunk's KV but samples nothing this step.
+            sampling = [i for i, s in enumerate(seqs) if s.num_computed_tokens + batch.num_tokens_of(s) == s.num_tokens]
             try:
                 logits = self.runner.execute(batch, self.kv, events)
                 t2 = time.perf_counter()
-                plain = [i for i, s in enumerate(seqs) if not self._group(s).is_group]
+                plain = [i for i in sampling if not self._group(seqs[i]).is_group]
                 tokens = sample_batch(logits[plain], [seqs[i].sampling_params for i in plain],
                                       [self.generators[seqs[i].seq_id] for i in plain]) if plain else []
             except Exception:
@@ -225,14 +241,12 @@ class LLMEngine:
                 self.scheduler.requeue(batch)
                 events[:] = [e for e in events if e.kind != WRITE]
                 raise
-            for seq in seqs:
-                seq.num_computed_tokens = seq.num_tokens
-            self.kv.cache_blocks(seqs)  # their KV is written now: hashed before anyone frees them
+            self.scheduler.update_from_output(batch)  # num_computed_tokens advanced, full blocks cached
             for i, token in zip(plain, tokens):
                 self._append(seqs[i], token, None, new_ids, new_text, finished)
             groups = {}
-            for i, seq in enumerate(seqs):
-                group = self._group(seq)
+            for i in sampling:
+                seq, group = seqs[i], self._group(seqs[i])
                 if group.is_group:
                     groups.setdefault(group.request_id, (group, []))[1].append(i)
             for group, rows in groups.values():
@@ -252,12 +266,20 @@ class LLMEngine:
             prefix_cache=self.prefix_cache_stats(),
             free_queue=self.kv.free_queue(),
             cached_free=self.kv.cached_free_hashes(),
+            swapped=[g.request_id for g in self.scheduler.swapped],
+            swapped_out=[g.request_id for g in batch.swapped_out],
+            swapped_in=[g.request_id for g in batch.swapped_in],
+            blocks_to_swap_out=list(batch.blocks_to_swap_out),
+            blocks_to_swap_in=list(batch.blocks_to_swap_in),
+            cpu_memory=self.kv.cpu_usage(self.scheduler.swapped) if self.num_cpu_blocks else None,
+            cpu_block_tables=self.kv.cpu_snapshot(self.scheduler.swapped) if self.num_cpu_blocks else [],
         )
         del events[:]  # cleared in place: the scheduler shares this list
         t4 = time.perf_counter()
         report.timings_ms = {
             "schedule": 1e3 * (t1 - t0),
-            "forward": 1e3 * (t2 - t1),
+            "swap": 1e3 * (t_swap - t1),
+            "forward": 1e3 * (t2 - t_swap),
             "sample": 1e3 * (t3 - t2),
             "report": 1e3 * (t4 - t3),
             "total": 1e3 * (t4 - t0),
@@ -398,19 +420,33 @@ class LLMEngine:
             raise ValueError(f"kv_cache_memory={cfg.kv_cache_memory} bytes is smaller than one block ({self.bytes_per_slot * cfg.block_size} bytes)")
         return num_blocks
 
+    def _num_cpu_blocks(self) -> int:
+        """Blocks of the CPU swap space: none under recompute; ``swap_space`` bytes, or as many
+        blocks as the GPU pool."""
+        cfg = self.config
+        if cfg.preemption_mode != "swap":
+            return 0
+        if cfg.swap_space is None:
+            return self.num_blocks
+        num_blocks = cfg.swap_space // (self.bytes_per_slot * cfg.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"swap_space={cfg.swap_space} bytes is smaller than one block ({self.bytes_per_slot * cfg.block_size} bytes)")
+        return num_blocks
+
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
         wanted = self.config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
         if wanted > limit:
             raise ValueError(f"max_model_len={wanted} exceeds the model's limit of {limit} positions")
         # A lone request must always be able to finish, or preempting it would loop forever.
-        return min(wanted, self.num_blocks * self.config.block_size)
+        return min(wanted, (self.num_blocks - self.config.reserve_null_block) * self.config.block_size)
 
     def _make_kv_manager(self) -> KVCacheManager:
         cfg = self.config
         seed = cfg.seed if cfg.shuffle_blocks else None
         if cfg.allocator == "paged":
-            return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed, enable_caching=cfg.enable_prefix_caching)
+            return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed, enable_caching=cfg.enable_prefix_caching,
+                                     num_cpu_blocks=self.num_cpu_blocks, null_block=cfg.reserve_null_block)
         from engine.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement, max_model_len=self.max_model_len)

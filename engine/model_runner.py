@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine import cpu_ops
-from engine.attention import (copy_blocks_reference, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
+from engine.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               write_kv_cache)
 from engine.block_manager import KVCacheManager
 from engine.model import AttentionBackend, AttentionMetadata, CausalLM
@@ -47,9 +47,13 @@ class ModelRunner:
         model: the loaded :class:`~engine.model.CausalLM`.
         num_blocks, block_size: pool shape in blocks and slots per block.
         backend: the attention implementation.
+        num_cpu_blocks: blocks of the CPU swap space (same layout; pinned when the pool is on a GPU); 0 = none.
+
+    Raises:
+        ValueError: a pool (or swap space) too large to allocate.
     """
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend, num_cpu_blocks: int = 0):
         self.model = model
         self.backend = backend
         self.block_size = block_size
@@ -64,6 +68,16 @@ class ModelRunner:
         except (RuntimeError, MemoryError) as error:  # torch reports a failed allocation as RuntimeError
             gib = 2 * model.num_layers * torch.Size(shape).numel() * param.element_size() / 2**30
             raise ValueError(f"cannot allocate a KV pool of {num_blocks} blocks x {block_size} slots ({gib:.1f} GiB): use fewer or smaller blocks") from error
+        cpu_shape = (num_cpu_blocks, *shape[1:])
+        pin = self.device.type == "cuda"
+        try:
+            self.cpu_kv_caches = [
+                (torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin), torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin))
+                for _ in range(model.num_layers)
+            ] if num_cpu_blocks else []
+        except (RuntimeError, MemoryError) as error:
+            gib = 2 * model.num_layers * torch.Size(cpu_shape).numel() * param.element_size() / 2**30
+            raise ValueError(f"cannot allocate a CPU swap space of {num_cpu_blocks} blocks ({gib:.1f} GiB): give a smaller swap_space") from error
 
     def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The pools viewed with the allocator's block size (contiguous: 1-slot blocks); no copy."""
@@ -80,7 +94,8 @@ class ModelRunner:
         """
         input_ids, positions, slots = [], [], []
         for seq in batch.prefill_seqs + batch.decode_seqs:
-            start, end = seq.num_computed_tokens, seq.num_tokens
+            start = seq.num_computed_tokens
+            end = start + batch.num_tokens_of(seq)  # a chunk of a prompt ends before num_tokens
             seq_slots = kv.slot_mapping(seq, start, end)
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
@@ -88,13 +103,14 @@ class ModelRunner:
             for pos, slot in zip(range(start, end), seq_slots):
                 block_id = slot // kv.block_size
                 events.append(Event(WRITE, seq.request_id, block_id=block_id, slot=slot, position=pos))
-        lens = [seq.num_tokens - seq.num_computed_tokens for seq in batch.prefill_seqs]
+        lens = [batch.num_tokens_of(seq) for seq in batch.prefill_seqs]
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             num_prefill_tokens=sum(lens),
             prefill_query_start_loc=torch.tensor([0] + _cumsum(lens), dtype=torch.int32, device=dev),
-            prefill_context_lens=self._context_lens(batch.prefill_seqs),
+            prefill_context_lens=torch.tensor([s.num_computed_tokens + n for s, n in zip(batch.prefill_seqs, lens)],
+                                              dtype=torch.int32, device=dev),
             prefill_block_tables=self._block_tables(batch.prefill_seqs, kv),
             decode_context_lens=self._context_lens(batch.decode_seqs),
             decode_block_tables=self._block_tables(batch.decode_seqs, kv),
@@ -118,6 +134,15 @@ class ModelRunner:
         ids, pos, meta, last = self.prepare(batch, kv, events)
         hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
         return self.model.compute_logits(hidden[last])
+
+    def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
+        """Run a step's swap copies: ``(gpu, cpu)`` pairs out to the CPU pool first, then ``(cpu, gpu)``
+        pairs in (``engine.attention.swap_blocks``, every layer's K and V)."""
+        gpu = [c for kv in self.kv_caches for c in kv]
+        cpu = [c for kv in self.cpu_kv_caches for c in kv]
+        for pairs, src, dst in ((blocks_to_swap_out, gpu, cpu), (blocks_to_swap_in, cpu, gpu)):
+            if pairs:
+                swap_blocks(src, dst, torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2))
 
     def copy_blocks(self, pairs: list[tuple[int, int]], attention_block_size: int) -> None:
         """Copy K and V of each ``(src, dst)`` block (units of ``attention_block_size``) in every layer."""

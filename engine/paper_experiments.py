@@ -248,16 +248,19 @@ def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] =
 
 # Requests per run: 1,000 for the sweeps; Figure 13 measures a batch that is still growing at
 # Alpaca 30 req/s (vLLM is close to its sustainable rate there), so it runs a longer trace.
-DEFAULT_REQUESTS = {"2": 1000, "12": 1000, "13": 3000, "15": 1000, "16": 2000, "18b": 1000}
+DEFAULT_REQUESTS = {"2": 1000, "12": 1000, "13": 3000, "15": 1000, "16": 2000, "18b": 1000, "19": 1000}
 
 
 def reproduce_figure(figure: str, num_requests: int | None = None, seed: int = 0, progress: bool = False):
-    """One figure's result by name ("2", "12", "13", "15", "16", "18b"); ``num_requests`` None = its default.
+    """One figure's result by name ("2", "12", "13", "15", "16", "18b", "19"); ``num_requests`` None = its default.
 
     Raises:
         ValueError: an unknown figure, or num_requests < 1.
     """
-    runs = {"2": figure_2, "12": figure_12, "13": figure_13, "15": figure_15, "16": reproduce_figure16, "18b": figure_18b}
+    from engine.swap_experiments import figure_19
+
+    runs = {"2": figure_2, "12": figure_12, "13": figure_13, "15": figure_15, "16": reproduce_figure16, "18b": figure_18b,
+            "19": figure_19}
     if figure not in runs:
         raise ValueError(f"unknown figure {figure!r}; choose from {', '.join(FIGURES)}")
     num_requests = DEFAULT_REQUESTS[figure] if num_requests is None else num_requests
@@ -271,7 +274,10 @@ def reproduce_figure(figure: str, num_requests: int | None = None, seed: int = 0
 
 def format_figure(figure: str, result) -> str:
     """The figure's rows as a plain-text table, ours beside the paper's."""
-    formats = {"2": _format_2, "12": _format_12, "13": _format_13, "15": _format_15, "16": format_figure16_table, "18b": _format_18b}
+    from engine.swap_experiments import format_figure_19
+
+    formats = {"2": _format_2, "12": _format_12, "13": _format_13, "15": _format_15, "16": format_figure16_table, "18b": _format_18b,
+               "19": format_figure_19}
     return formats[figure](result)
 
 

@@ -4,8 +4,8 @@ The workload is the app's saved workload file (engine/runfile.py: settings + cha
 max_tokens). Both sides get the same prompt token ids (the chat template applied once, by the
 engine), the same sampling (request *i* seeded ``seed + i``) and the same scheduler settings:
 block size, a pool of the same usable blocks (vLLM +1 for its null block), max_num_seqs,
-max_num_batched_tokens, max_model_len, prefix caching on or off, chunked prefill off (the engine
-does not chunk) unless asked. All requests arrive at step 0.
+max_num_batched_tokens, max_model_len, prefix caching and chunked prefill off unless asked (then on
+on both sides). All requests arrive at step 0.
 
 Side by side: outputs identical (count, first differences with the logit margin), steps, preemptions,
 peak and mean KV usage (fraction of the pool's usable blocks, after each step), prefix-cache hits
@@ -78,6 +78,7 @@ def make_engine(settings: dict):
         model=model, block_size=settings["block_size"], num_gpu_blocks=settings["num_gpu_blocks"],
         kv_cache_memory=settings["kv_cache_memory"], max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"], seed=settings["seed"], dtype="float32",
+        enable_prefix_caching=settings["enable_prefix_caching"], enable_chunked_prefill=settings["enable_chunked_prefill"],
     ))
 
 
@@ -93,7 +94,7 @@ def run_engine(engine, prompt_ids: list[list[int]], params: list[dict]) -> dict:
     from engine.sampling_params import SamplingParams
 
     ids = [engine.add_request(p, SamplingParams(**k)) for p, k in zip(prompt_ids, params)]
-    steps = []
+    steps, report = [], None
     while engine.has_unfinished_requests():
         report = engine.step()
         if report.phase == "idle":
@@ -102,8 +103,11 @@ def run_engine(engine, prompt_ids: list[list[int]], params: list[dict]) -> dict:
         steps.append({"num_running": len(engine.scheduler.running), "num_waiting": len(engine.scheduler.waiting),
                       "kv_cache_usage": 1 - m.free / m.capacity, "num_preempted": len(report.preempted),
                       "num_scheduled_tokens": report.num_tokens})
-    metrics = {**run_metrics(steps),
-               "prefix_cache_hits": None}  # the engine has no prefix caching (KNOWN_DIFFERENCES "prefix_caching")
+    metrics = {
+        **run_metrics(steps),
+        # Hits of first prefills, in tokens (re-prefills after a preemption are counted apart, as vLLM does).
+        "prefix_cache_hits": report.prefix_cache.hits if report is not None and report.prefix_cache is not None else None,
+    }
     return {"token_ids": [engine.get_output(i).token_ids for i in ids], "steps": steps, "metrics": metrics}
 
 

@@ -21,6 +21,8 @@ FORK = "fork"  # a child sequence made from a parent: block table copied, every 
 COPY_ON_WRITE = "copy_on_write"  # a write into a shared block: it is copied to a new block first
 CACHE_HIT = "cache_hit"  # prefix caching: a prompt's logical block found computed in a cached block
 EVICT = "evict"  # prefix caching: a free cached block handed out again, its hash dropped
+SWAP_OUT = "swap_out"  # swap preemption: a block's KV copied from the GPU pool to the CPU pool
+SWAP_IN = "swap_in"  # a swapped-out request's block copied back from the CPU pool to the GPU pool
 
 
 @dataclass(frozen=True)
@@ -28,16 +30,19 @@ class Event:
     """One thing the engine did this step, for the event log.
 
     Attributes:
-        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE, CACHE_HIT, EVICT.
+        kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE, CACHE_HIT, EVICT,
+            SWAP_OUT, SWAP_IN. PREEMPT's detail says "recompute" or "swap" (and why a swap fell back
+            to recompute).
         request_id: the request it concerns.
         block_id: physical block (ALLOCATE, FREE, CACHE_HIT, EVICT; the block of the slot for WRITE;
-            the source block of a COPY_ON_WRITE).
+            the source block of a COPY_ON_WRITE, SWAP_OUT (a GPU block) or SWAP_IN (a CPU block)).
         logical_index: the request's logical block index (ALLOCATE, FREE, CACHE_HIT).
         slot: physical slot, block_id * block_size + offset (WRITE).
         position: token position in the request (WRITE).
         detail: free text, e.g. the finish reason; FREE of a still-shared block says so.
         seq_id: the sequence it concerns (requests with several sequences; else the request's one).
-        dst_block_id: COPY_ON_WRITE: the new block the source was copied to.
+        dst_block_id: COPY_ON_WRITE: the new block the source was copied to; SWAP_OUT: the CPU
+            block; SWAP_IN: the GPU block.
         parent_seq_id: FORK: the sequence the child ``seq_id`` was forked from.
         block_hash: CACHE_HIT, EVICT: the block's hash, hex (64 characters).
     """
@@ -80,12 +85,21 @@ class BlockTableSnapshot:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
-    """A request's share of the step: ``num_tokens`` computed in ``phase`` ("prefill" or "decode")."""
+    """A request's share of the step: ``num_tokens`` computed in ``phase`` ("prefill" or "decode").
+
+    Attributes:
+        context_len: tokens the step's last query attends to (its position + 1).
+        num_computed_tokens: the sequence's tokens with K and V in the cache after the step.
+        num_prefill_tokens: prefill: the tokens the whole (re)prefill computes, so that
+            ``num_computed_tokens / num_prefill_tokens`` is a chunked prompt's progress; decode: 0.
+    """
 
     request_id: int
     phase: str
     num_tokens: int
     context_len: int
+    num_computed_tokens: int = 0
+    num_prefill_tokens: int = 0
 
 
 @dataclass
@@ -102,12 +116,19 @@ class StepReport:
         events: ordered event log (see :class:`Event`).
         block_tables: snapshot of every live request's block table after the step.
         memory: the pool after the step (:class:`~engine.accounting.MemoryUsage`).
-        timings_ms: wall time per phase in ms ("schedule", "prepare", "forward", "sample", "total").
+        timings_ms: wall time per phase in ms ("schedule", "swap": the swap copies, "forward",
+            "sample", "report", "total").
         prefix_cache: the engine-wide prefix-cache counters after the step (None when it is off).
         free_queue: the paged allocator's free blocks after the step, head first (the head is
             allocated, and evicted if cached, next: least recently used; vLLM's free block queue).
         cached_free: prefix caching: free blocks that still hold cached KV (evictable), block -> its
             block hash (hex).
+        swapped: request ids in the swapped queue after the step (their KV in the CPU pool).
+        swapped_out, swapped_in: request ids swapped out / back in this step.
+        blocks_to_swap_out: the step's ``(gpu_block, cpu_block)`` copies; blocks_to_swap_in:
+            ``(cpu_block, gpu_block)``.
+        cpu_memory: the CPU swap space in the same categories (None without one).
+        cpu_block_tables: the swapped requests' block tables, in CPU block ids.
     """
 
     step: int
@@ -124,6 +145,13 @@ class StepReport:
     prefix_cache: PrefixCacheStats | None = None
     free_queue: list[int] = field(default_factory=list)
     cached_free: dict[int, str] = field(default_factory=dict)
+    swapped: list[int] = field(default_factory=list)
+    swapped_out: list[int] = field(default_factory=list)
+    swapped_in: list[int] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    cpu_memory: MemoryUsage | None = None
+    cpu_block_tables: list[BlockTableSnapshot] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

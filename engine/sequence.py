@@ -22,6 +22,7 @@ from engine.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted by swap: its KV blocks wait in the CPU pool (paper §4.5)
     FINISHED = "finished"
 
 
@@ -53,6 +54,10 @@ class Sequence:
             ``Request.block_hashes``; ``engine/prefix_cache.py``).
         num_cached_tokens: prefix caching: prompt tokens found cached at its first prefill (vLLM's
             ``RequestOutput.num_cached_tokens``).
+        is_prefill: True until every token of its (re)prefill is computed (vLLM v0's
+            ``SequenceStage.PREFILL``). With chunked prefill a prompt spans several steps, and the
+            scheduler tells a partial prefill from a decode by it; ``Scheduler.update_from_output``
+            clears it.
     """
 
     request_id: int
@@ -73,6 +78,7 @@ class Sequence:
     output_logprobs: list[float] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0
+    is_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.num_tokens == 0:
@@ -123,7 +129,7 @@ class Sequence:
             num_tokens=self.num_tokens, num_computed_tokens=self.num_computed_tokens,
             num_preemptions=self.num_preemptions, cumulative_logprob=self.cumulative_logprob,
             output_logprobs=list(self.output_logprobs), block_hashes=list(self.block_hashes),
-            num_cached_tokens=self.num_cached_tokens,
+            num_cached_tokens=self.num_cached_tokens, is_prefill=self.is_prefill,
         )
 
 

@@ -77,12 +77,13 @@ class SimClock:
     def shape_of(self, out: SchedulerOutput) -> StepShape:
         """The shape of a step from ``schedule()``'s output, before its tokens are computed. KV
         blocks: every scheduled sequence's, after the step (ceil(context / block_size) each)."""
-        prefills = [(s.num_tokens - s.num_computed_tokens, s.num_tokens) for s in out.prefill_seqs]
+        prefills = [(out.num_tokens_of(s), s.num_computed_tokens + out.num_tokens_of(s)) for s in out.prefill_seqs]
         contexts = [s.num_tokens for s in out.decode_seqs]
         bs = self.block_size
         blocks = sum(-(-c // bs) for _, c in prefills) + sum(-(-c // bs) for c in contexts) if bs else 0
+        swap_blocks = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
         return StepShape(len(prefills), sum(q for q, _ in prefills), sum(q * c - q * (q - 1) // 2 for q, c in prefills),
-                         len(contexts), sum(contexts), blocks)
+                         len(contexts), sum(contexts), blocks, swap_blocks, swap_blocks * self.kv.block_size)
 
     def lockstep_shape(self, out: SchedulerOutput, sums: dict[str, int], running: int) -> StepShape:
         """The same shape in lock-step mode, from the step's memory categories: the decodes'

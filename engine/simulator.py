@@ -2,8 +2,10 @@
 
 A request is (arrival time, prompt length, output length). One simulated step is one scheduler
 iteration: ``Scheduler.schedule()`` picks the batch and allocates KV room exactly as in the engine,
-then every scheduled request computes its new tokens (``num_computed_tokens = num_tokens``) and
-samples one token; a request finishes when it reaches prompt + output tokens. Nothing else is
+then every scheduled request computes its new tokens (``Scheduler.update_from_output``) and, once
+all its tokens are computed (a chunked prompt's last chunk), samples one token; a request finishes
+when it reaches prompt + output tokens. Swap preemption moves block ids between the GPU pool and
+the CPU pool exactly as in the engine; only the copies are not made. Nothing else is
 modelled, so the simulator answers the paper's memory questions — how much of the KV pool holds
 token states, how many requests run at once — for 100,000 requests in seconds.
 
@@ -14,7 +16,8 @@ and each request gets its latency, normalized latency, TTFT and TPOT; without on
 first step that starts at or after their arrival time. With all requests at time 0 (saturation,
 the default) time plays no part in the memory figures.
 
-Fast-forward: the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
+Fast-forward (one-sequence requests, recompute, no chunking, no prefix caching; the simulator
+picks the path itself): the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
 request's length follows a step clock, its finish step and the steps in which it needs a new block
 are known ahead, so a step costs only what happens in it (an admission, a preemption, a request
 needing a block, a finish) and a stretch of k steps with none of these — nor an arrival — is applied
@@ -46,14 +49,14 @@ from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import PREEMPTION_MODES, Scheduler, SchedulerOutput
 from engine.sim_clock import SimClock, resolve_cost_model
 from engine.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
 from engine.sequence import Sequence, SequenceGroup
 from engine.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
-PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b")  # engine/paper_experiments.py
+PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b", "19")  # engine/paper_experiments.py (19: engine/swap_experiments.py)
 
 
 @dataclass
@@ -98,6 +101,12 @@ class SimulationConfig:
             (measured on the real engine's beam search, ``engine/beam_calibration.py``): the k best
             beams go on, the others are pruned (their blocks freed), and the best beam forks the
             beam_width - k extra survivors. All beams have the request's output length.
+        preemption_mode: "recompute" or "swap" (paper §4.5): swap moves a preempted request's blocks to
+            a CPU pool of ``swap_slots`` token slots and back.
+        swap_slots: token slots of the CPU swap space (rounded down to whole blocks); None = as many
+            as ``kv_slots``.
+        enable_chunked_prefill: prompts are cut to fit ``max_num_batched_tokens`` (default 512 then,
+            vLLM v0's), decodes first.
         shared_prefix: tokens of a prefix every prompt begins with (a system prompt, few-shot
             examples; paper §4.4 and §6.4), before the workload's own prompt lengths; 0 = none. The
             simulator then carries token ids for the prompts: the prefix has the same ids in every
@@ -130,8 +139,23 @@ class SimulationConfig:
     n: int = 1
     beam_width: int = 1
     shared_prefix: int = 0
+    preemption_mode: str = "recompute"
+    swap_slots: int | None = None
+    enable_chunked_prefill: bool = False
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and self.allocator != "paged":
+            raise ValueError("preemption_mode='swap' needs allocator='paged' (the paper swaps KV blocks)")
+        if self.swap_slots is not None and self.swap_slots < self.block_size:
+            raise ValueError(f"swap_slots ({self.swap_slots}) must hold at least one block of {self.block_size} slots")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})")
+        if (self.max_num_batched_tokens is not None and not self.enable_chunked_prefill
+                and self.max_num_batched_tokens < self.max_model_len):
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                             f"({self.max_model_len}) without chunked prefill")
         if self.beam_width != 1 and self.beam_width not in BEAM_PARENTS:
             raise ValueError(f"beam_width must be 1 or one of the calibrated widths {sorted(BEAM_PARENTS)}, got {self.beam_width!r}")
         if self.beam_width > 1 and self.n > 1:
@@ -140,8 +164,10 @@ class SimulationConfig:
             raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
-        if self.policy == "static" and (self.n > 1 or self.beam_width > 1 or self.shared_prefix):
-            raise ValueError("static batching is simulated for one-sequence requests without a shared prefix only")
+        if self.policy == "static" and (self.n > 1 or self.beam_width > 1 or self.shared_prefix
+                                        or self.preemption_mode != "recompute" or self.enable_chunked_prefill):
+            raise ValueError("static batching is simulated for one-sequence requests without a shared prefix, "
+                             "with recompute preemption and whole prompts only")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {self.allocator!r}")
         for name in ("num_requests", "block_size", "max_num_seqs", "max_model_len"):
@@ -170,7 +196,7 @@ class SimulationResult:
         token_state_fraction: share of the pool holding token states, 0..1.
         fragmentation: share of the pool in each category of ``engine.accounting.CATEGORIES``.
         mean_concurrent_requests, max_concurrent_requests: requests running per step.
-        preemptions: recompute preemptions. completed: finished requests. rejected: requests that
+        preemptions: preemptions, by recompute or swap. completed: finished requests. rejected: requests that
             could never fit the pool. steps: scheduler iterations. simulated_seconds: the clock at
             the end (``engine/sim_clock.py``). wall_seconds: real time the simulation took.
         normalized_latency_s (s/token, the paper's metric), mean_latency_s, mean_ttft_s, mean_tpot_s:
@@ -178,6 +204,9 @@ class SimulationResult:
             tokens): over the simulated time. request_latency_s: per request (NaN if not completed).
         memory_saved_by_sharing: paper §6.3 over the run: 1 - (physical blocks held) / (blocks the
             sequences' tables would hold unshared), both summed over steps; 0 without sharing.
+        swap_outs, swap_ins: requests swapped out / in. blocks_swapped_out, blocks_swapped_in: blocks
+            copied each way. swap_fallbacks: swap preemptions that recomputed (CPU pool full).
+        tokens_recomputed: tokens whose KV a recompute preemption threw away (computed again later).
 
     Series (run-length encoded: row i covers ``series_num_steps[i]`` steps from ``series_step[i]``,
     during which nothing but lock-step decode happened; one row per step without fast-forward):
@@ -198,6 +227,12 @@ class SimulationResult:
     simulated_seconds: float
     wall_seconds: float
     memory_saved_by_sharing: float
+    swap_outs: int
+    swap_ins: int
+    blocks_swapped_out: int
+    blocks_swapped_in: int
+    swap_fallbacks: int
+    tokens_recomputed: int
     normalized_latency_s: float
     mean_latency_s: float
     mean_ttft_s: float
@@ -241,7 +276,8 @@ class SimulationResult:
             config["cost_model"] = config["cost_model"].name
         keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
-                "memory_saved_by_sharing", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
+                "memory_saved_by_sharing", "swap_outs", "swap_ins", "blocks_swapped_out", "blocks_swapped_in",
+                "swap_fallbacks", "tokens_recomputed", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
                 "throughput_requests_per_s", "throughput_tokens_per_s")
         return {"config": config, **{k: getattr(self, k) for k in keys}}
 
@@ -258,7 +294,9 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     """The allocator the config names, over ``kv_slots // block_size`` blocks."""
     num_blocks = cfg.kv_slots // cfg.block_size
     if cfg.allocator == "paged":
-        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.shared_prefix > 0)
+        num_cpu_blocks = (cfg.kv_slots if cfg.swap_slots is None else cfg.swap_slots) // cfg.block_size if cfg.preemption_mode == "swap" else 0
+        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.shared_prefix > 0,
+                                 num_cpu_blocks=num_cpu_blocks)
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
 
 
@@ -282,7 +320,8 @@ class LockstepScheduler(Scheduler):
         assert not seq.is_group, "lock-step mode serves one-sequence requests only"
         super().add(seq)
 
-    def _admit(self, seq: Sequence) -> None:
+    def _admit(self, seq: Sequence, chunk: int | None = None) -> None:
+        assert chunk is None, "lock-step mode does not chunk prefills"
         self._lockstep_admit(seq)
 
     def _release(self, seq: Sequence) -> None:
@@ -315,7 +354,7 @@ class LockstepScheduler(Scheduler):
         out = SchedulerOutput()
         self._lockstep_decodes(out)
         if not out.preempted:
-            self._schedule_prefills(out, len(self.running))
+            self._schedule_prefills(out, self.max_num_batched_tokens - len(self.running))
         self.clock += 1
         return out
 
@@ -364,7 +403,7 @@ class LockstepScheduler(Scheduler):
         return self.offset_sum + len(self.running) * (clock - 1)
 
     def _lockstep_decodes(self, out: SchedulerOutput) -> None:
-        # As _schedule_decodes, visiting only the requests that need a block this step, in running
+        # As _schedule_running, visiting only the requests that need a block this step, in running
         # order; the victim is the newest running request not yet visited (or the request itself).
         needing = self.kv.lockstep_needing_block(self.clock)
         if len(needing) > 1:
@@ -429,16 +468,21 @@ class _Run:
         self.cfg = cfg
         self.kv = make_kv_manager(cfg)
         self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
-        max_batched = cfg.max_num_batched_tokens or max(2048, cfg.max_model_len)
-        # The simulator picks the path itself: the lock-step fast path exists for one-sequence requests only.
-        self.lockstep = cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
+        default_budget = max(512, cfg.max_num_seqs) if cfg.enable_chunked_prefill else max(2048, cfg.max_model_len)
+        max_batched = cfg.max_num_batched_tokens or default_budget
+        # The simulator picks the path itself: the lock-step fast path exists for one policy only:
+        # one-sequence requests, recompute, whole prompts, no prefix caching.
+        self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
+                         and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
-        if cfg.policy == "static":
+        if cfg.policy == "static":  # recompute, whole prompts (SimulationConfig checks it)
             static = StaticLockstepScheduler if self.lockstep else StaticBatchScheduler
             self.sched = static(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
+        elif self.lockstep:
+            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched)
         else:
-            self.sched = (LockstepScheduler if self.lockstep else Scheduler)(self.kv, cfg.max_num_seqs, max_batched)
+            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill)
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
@@ -447,6 +491,7 @@ class _Run:
         self.next_request = 0
         self.step = 0
         self.preemptions = self.completed = self.rejected = 0
+        self.swap_outs = self.swap_ins = self.blocks_swapped_out = self.blocks_swapped_in = self.tokens_recomputed = 0
         self.rows: list[tuple] = []
         self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
@@ -519,14 +564,15 @@ class _Run:
         out = self.sched.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
-        self.clock.run_step(self.clock.shape_of(out), out.prefill_seqs)
-        self.preemptions += len(out.preempted)
+        shape = self.clock.shape_of(out)
+        self._count_preemptions(out)
         self.sched.events.clear()  # preemption events: not needed here, and they would pile up
-        for seq in out.prefill_seqs + out.decode_seqs:
-            seq.num_computed_tokens = seq.num_tokens
-        self.kv.cache_blocks(out.prefill_seqs + out.decode_seqs)  # prefix caching (shared_prefix) only
+        ready = {id(s) for s in self.sched.update_from_output(out)}  # a partial prefill samples nothing
+        self.clock.run_step(shape, [s for s in out.prefill_seqs if id(s) in ready])
         decoded = {id(s) for s in out.decode_seqs}
         for group in self.sched.running:
+            if id(group.seqs[0]) not in ready:
+                continue
             if group.is_group and len(group.seqs) < group.num_samples:  # after the prompt's one prefill
                 self._fork_samples(group)
             elif group.is_group and group.beam_search is not None and id(group.seqs[0]) in decoded:
@@ -539,6 +585,15 @@ class _Run:
         self._record(1, {c: getattr(usage, c) for c in CATEGORIES}, len(self.sched.running))
         # Every sample has the request's length, so a group's sequences finish together.
         self._finish([g for g in self.sched.running if g.seqs[0].num_tokens >= g.seqs[0].max_len])
+
+    def _count_preemptions(self, out: SchedulerOutput) -> None:
+        self.preemptions += len(out.preempted)
+        swapped = {id(g) for g in out.swapped_out}
+        self.tokens_recomputed += sum(s.num_tokens for g in out.preempted if id(g) not in swapped for s in g.unfinished_seqs())
+        self.swap_outs += len(out.swapped_out)
+        self.swap_ins += len(out.swapped_in)
+        self.blocks_swapped_out += len(out.blocks_to_swap_out)
+        self.blocks_swapped_in += len(out.blocks_to_swap_in)
 
     def _fork_samples(self, group: SequenceGroup) -> None:
         parent = group.seqs[0]
@@ -570,7 +625,7 @@ class _Run:
         if not self.sched.running:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         if out.preempted:
-            self.preemptions += len(out.preempted)
+            self._count_preemptions(out)
             self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         sums = self.sched.lockstep_usage(self._next_waiting())
         self.clock.run_step(self.clock.lockstep_shape(out, sums, len(self.sched.running)), out.prefill_seqs)
@@ -621,6 +676,9 @@ class _Run:
             simulated_seconds=self.clock.seconds,
             wall_seconds=wall_seconds,
             memory_saved_by_sharing=1 - self.blocks_with_sharing / self.blocks_without_sharing if self.blocks_without_sharing else 0.0,
+            swap_outs=self.swap_outs, swap_ins=self.swap_ins, blocks_swapped_out=self.blocks_swapped_out,
+            blocks_swapped_in=self.blocks_swapped_in, swap_fallbacks=getattr(self.sched, "num_swap_fallbacks", 0),
+            tokens_recomputed=self.tokens_recomputed,
             **self.clock.latency_metrics(),
             series_step=rows[:, 0],
             series_num_steps=num_steps,
@@ -831,6 +889,16 @@ def _kv_slots(args: argparse.Namespace) -> int:
     return args.kv_bytes // bytes_per_slot
 
 
+def _swap_slots(args: argparse.Namespace) -> int | None:
+    """Slots of the CPU swap space from --swap-space GiB (with the model dimensions), or None."""
+    if args.swap_space is None:
+        return None
+    if args.swap_space <= 0:
+        raise ValueError(f"--swap-space must be > 0 GiB, got {args.swap_space}")
+    bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
+    return int(args.swap_space * 2**30) // bytes_per_slot
+
+
 def _cmd_simulate(args: argparse.Namespace) -> None:
     result = simulate(
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
@@ -838,7 +906,8 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         reservation=args.reservation, placement=args.placement, policy=args.policy, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len, step_ms=args.step_ms, cost_model=args.cost_model, seed=args.seed,
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
-        shared_prefix=args.shared_prefix,
+        shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
+        enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -918,11 +987,19 @@ def register_cli(subparsers) -> None:
                    help="beam search with this many beams per request (calibrated widths: 2, 4, 6; runs step by step)")
     p.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
                    help="every prompt begins with the same TOKENS tokens (paged: prefix caching on; runs step by step)")
+    p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
+                   help="how a preempted request gives up its blocks (paper §4.5; swap runs step by step)")
+    p.add_argument("--swap-space", type=float, default=None, metavar="GIB",
+                   help="CPU swap space in GiB, with the model dimensions above (default: as large as the KV pool)")
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="cut prompts to fit --max-num-batched-tokens, decodes first (runs step by step)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)
 
-    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13 and 18b on the simulator")
+    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13, 15, 16, 18b and 19 on the simulator")
     p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
                    help="one figure with time (engine/paper_experiments.py); default: the memory table at saturation")
     p.add_argument("--num-requests", type=int, default=None,

@@ -48,9 +48,9 @@ class StaticBatching:
         self.on_batch_end = on_batch_end
         self.done_in_batch: list[int] = []  # finished requests of the running batch, not yet returned
 
-    def _schedule_prefills(self, out: SchedulerOutput, num_decodes: int) -> None:
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> None:
         if not self.running:  # a new batch; nothing joins a running one
-            super()._schedule_prefills(out, num_decodes)
+            super()._schedule_prefills(out, budget)
 
     def _could_admit(self) -> bool:
         return not self.running and super()._could_admit()

@@ -48,16 +48,19 @@ KNOWN_DIFFERENCES = (
     ),
     KnownDifference(
         "chunked_prefill",
-        "vLLM v1 can split a prompt over steps under one token budget (chunked prefill); the engine "
-        "always prefills whole prompts (it refuses max_num_batched_tokens < max_model_len). The replay "
-        "turns chunking off in vLLM; with --chunked-prefill, step counts and preemptions may differ.",
-        "tests/test_vllm_compare.py::test_engine_does_not_chunk_prefills",
+        "Both split prompts over steps under one token budget, in different orders: the engine "
+        "schedules running decodes first, then the partial prefill, then new prompts (vLLM v0's "
+        "order); vLLM v1 walks its running requests in admission order and then the waiting ones. "
+        "The replay turns chunking off on both sides; with --chunked-prefill, step counts and "
+        "preemptions may differ.",
+        "tests/test_vllm_compare.py::test_chunked_prefill_orders_differ",
     ),
     KnownDifference(
         "prefix_caching",
-        "The engine has no prefix caching yet: with --prefix-caching only vLLM reuses cached blocks, "
-        "so its hits are shown, the engine's are n/a, and vLLM may need fewer steps and preemptions.",
-        "tests/test_vllm_compare.py::test_prefix_caching_is_vllm_only",
+        "Both reuse cached blocks (automatic prefix caching) with --prefix-caching; a re-prefill after a "
+        "preemption hits its own blocks, and admission counts hits against the free blocks in each "
+        "system's own way, so steps and preemptions may differ where blocks are evicted.",
+        "tests/test_vllm_compare.py::test_prefix_caching_runs_on_both_sides",
     ),
     KnownDifference(
         "sampling",

@@ -81,9 +81,11 @@ def test_block_size_16_is_replayed_at_32_with_the_same_slots():
     assert "block_size" in [d["key"] for d in result["differences"]]
 
 
-def test_engine_does_not_chunk_prefills(tiny_llama_dir):
-    with pytest.raises(ValueError, match="prompts are not chunked"):
+def test_chunked_prefill_orders_differ(tiny_llama_dir):
+    with pytest.raises(ValueError, match="without chunked prefill a prompt is prefilled whole"):
         LLMEngine(EngineConfig(model=str(tiny_llama_dir), max_model_len=512, max_num_batched_tokens=256))
+    chunked = LLMEngine(EngineConfig(model=str(tiny_llama_dir), max_model_len=512, max_num_batched_tokens=256, enable_chunked_prefill=True))
+    assert chunked.scheduler.enable_chunked_prefill and chunked.scheduler.max_num_batched_tokens == 256
     assert replay_settings({})[0]["enable_chunked_prefill"] is False
     assert recorded("pressure_32x128")["vllm_settings"]["enable_chunked_prefill"] is False
     settings = replay_settings({"block_size": 32}, chunked_prefill=True, ignore_eos=True)[0]
@@ -94,12 +96,13 @@ def test_engine_does_not_chunk_prefills(tiny_llama_dir):
     assert result["unexplained"] == ["num_steps: engine 16, vLLM 290"]
 
 
-def test_prefix_caching_is_vllm_only():
+def test_prefix_caching_runs_on_both_sides():
     rec = recorded("4x16")
     assert rec["vllm_run"]["metrics"]["prefix_cache_hits"] == 0  # off in the recording
     engine_run, settings = engine_replay("4x16")
+    assert engine_run["metrics"]["prefix_cache_hits"] is None, "off in the replay unless asked, as in vLLM"
+    assert make_engine(dict(settings, enable_prefix_caching=True)).kv.prefix_cache is not None
     settings = dict(settings, enable_prefix_caching=True)
-    assert engine_run["metrics"]["prefix_cache_hits"] is None
     cached = dict(rec["vllm_run"], metrics=dict(rec["vllm_run"]["metrics"], num_steps=15, prefix_cache_hits=96))
     result = compare_replay(engine_run, cached, settings)
     assert result["unexplained"] == []
