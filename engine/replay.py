@@ -176,7 +176,8 @@ def replay_lab_run(replay: dict, workload) -> dict:
     count = len(replay["vllm_run"]["token_ids"])
     if len(workload.requests) != count:
         raise ValueError(f"the workload has {len(workload.requests)} requests but the replay {count}: not its workload")
-    settings = {"model": None, "kv_cache_memory": None, "max_num_batched_tokens": None, **replay["settings"]}
+    settings = {"model": None, "kv_cache_memory": None, "max_num_batched_tokens": None, "enable_prefix_caching": False,
+                "enable_chunked_prefill": False, **replay["settings"]}
     engine = make_engine(settings)
     prompt_ids = [engine.encode([{"role": "user", "content": r.prompt}]) for r in workload.requests]
     return run_engine(engine, prompt_ids, sampling(settings, workload.requests))
