@@ -5,33 +5,20 @@ the event log, a chunked prompt's progress bar, the sidebar's controls — in En
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app_pages.state import MODEL_ENV
+from tests.test_app_sharing import app  # noqa: F401 (the fixture: the app on the tiny random Llama)
+from tests.test_app_sharing import load as load_preset
 from visualize.i18n import t, untranslated
-
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
-
-
-@pytest.fixture
-def app(tiny_llama_dir, monkeypatch) -> AppTest:
-    monkeypatch.setenv(MODEL_ENV, str(tiny_llama_dir))
-    at = AppTest.from_file(APP, default_timeout=400)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def load(at: AppTest, preset: str, lang: str) -> None:
     if lang == "zh":
         at.radio(key="lang").set_value("zh").run()
-    at.selectbox(key=f"preset__{lang}").set_value(preset).run()
-    next(b for b in at.button if b.label == t("load_preset", lang)).click().run()
-    assert not at.exception, [e.value for e in at.exception]
+    load_preset(at, preset, lang)
 
 
 def run_steps(at: AppTest, n: int) -> None:
