@@ -227,7 +227,6 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # lesson 6: chart texts (the code cells are the same in both languages)
     "l6_step": ("step", "步"),
     "l6_tokens_per_step": ("tokens computed in the step", "本步计算的 token 数"),
-    "l6_decodes_per_step": ("decodes in the step", "本步的解码数"),
     "l6_step_ms": ("step time (ms)", "步耗时（毫秒）"),
     "l6_budget": ("token budget {budget}", "token 预算 {budget}"),
     "l6_whole_prompt": ("whole prompt in one step", "整段提示词一步预填充"),
@@ -235,7 +234,6 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l6_block_size": ("block size (tokens)", "块大小（token）"),
     "l6_blocks_copied": ("blocks copied (out + in)", "复制的块数（换出 + 换入）"),
     "l6_copy_ms": ("time copying (ms)", "复制耗时（毫秒）"),
-    "l6_mode": ("{mode}", "{mode}"),
     "l6_recompute": ("recompute", "重计算"),
     "l6_swap": ("swap", "交换"),
     "l6_tokens_recomputed": ("tokens recomputed", "重算的 token 数"),
