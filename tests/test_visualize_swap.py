@@ -102,3 +102,17 @@ def test_a_chunked_prompt_shows_its_progress_and_the_decodes_run_beside_it(tiny_
         assert any(s.request_id == 0 and s.phase == "decode" for s in reports[i].scheduled)
         assert reports[i].num_tokens <= 16
     assert not prefill_progress(reports[0]), "a prompt prefilled whole in one step has no progress bar"
+
+
+def test_a_saved_run_keeps_the_cpu_lane_and_a_workload_its_scheduler_settings(swap_reports):
+    from engine.runfile import Run, Workload, WorkloadRequest, load_any, load_run, run_json, workload_json
+
+    workload = Workload([WorkloadRequest("Hi", 4)], settings=dict(preemption_mode="swap", enable_chunked_prefill=True,
+                                                                 max_num_batched_tokens=48))
+    back = load_any(workload_json(workload).encode(), "workload.json").settings
+    assert (back["preemption_mode"], back["enable_chunked_prefill"], back["max_num_batched_tokens"]) == ("swap", True, 48)
+    saved = Run(workload, dict(model_name="tiny", block_size=4, num_blocks=12, bytes_per_slot=1), {}, swap_reports)
+    steps = load_run(run_json(saved).encode(), "run.json").steps
+    for report, reread in zip(swap_reports, steps):
+        assert cpu_pool_blocks(reread, 4) == cpu_pool_blocks(report, 4)
+        assert swap_marks(reread) == swap_marks(report) and reread.swapped == report.swapped
