@@ -56,7 +56,7 @@ def test_swap_preset_swaps_and_both_maps_show_the_copies(app: AppTest, lang: str
     assert report.blocks_to_swap_out, "the preset's 20 blocks force a swap within 30 steps"
     g, c = report.blocks_to_swap_out[0]
     specs = pool_specs(app)
-    cpu = next(s for s in specs if s.get("title") == t("cpu_pool", lang))
+    cpu = next(s for s in specs if s.get("description") == t("cpu_pool", lang))
     gpu = specs[0]
     assert t("cpu_pool", lang) in [m.value.strip("*") for m in app.markdown]
     cpu_cells = {r["block"]: r for r in cpu["values"]}

@@ -59,7 +59,7 @@ def test_both_maps_mark_the_copies_and_name_the_other_end(swap_reports, lang):
     cpu = {r["block"]: r for r in cpu_spec["data"]["values"]}
     assert gpu[g]["swap"] == "out" and gpu[g]["swap_text"] == t("swap_gpu_out", lang, block=c)
     assert cpu[c]["swap"] == "out" and cpu[c]["swap_text"] == t("swap_cpu_out", lang, block=g)
-    assert cpu_spec["title"] == t("cpu_pool", lang)
+    assert cpu_spec["description"] == t("cpu_pool", lang)
     assert any(layer.get("transform") == [{"filter": "datum.swap != ''"}] for layer in cpu_spec["layer"]), "the copies are outlined"
     rows = event_log_rows(report, lang)
     swap_rows = [r for r in rows if r["kind"] == SWAP_OUT]

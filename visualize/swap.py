@@ -87,7 +87,7 @@ def add_swap_marks(spec: dict, marks: dict[int, tuple[str, int]], side: str, lan
                      "stroke": {"field": "swap", "type": "nominal", "legend": None,
                                 "scale": {"domain": ["out", "in"], "range": [SWAP_OUT_COLOR, SWAP_IN_COLOR]}},
                      "strokeDash": {"field": "swap", "type": "nominal", "legend": None,
-                                    "scale": {"domain": ["out", "in"], "range": [[5, 2], [1, 0]]}}},
+                                    "scale": {"domain": ["out", "in"], "range": [[6, 3], [1, 0]]}}},
     })
     return spec
 
@@ -105,7 +105,7 @@ def cpu_pool_map_spec(report: StepReport, block_size: int, lang: str = "en", col
     if cpu is None:
         return None
     spec = pool_map_spec(cpu, block_size, lang, columns)
-    spec["title"] = t("cpu_pool", lang)
+    spec["description"] = t("cpu_pool", lang)  # not a title: Streamlit then squeezed the map into a thin line
     return add_swap_marks(spec, swap_marks(report)["cpu"], "cpu", lang)
 
 
