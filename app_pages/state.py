@@ -63,10 +63,12 @@ PRESETS = {
         num_blocks=64, sharing="beam", sharing_width=4,
     ),
     # issue 14: swap preemption (paper §4.5) and chunked prefill (vLLM's enable_chunked_prefill).
-    # Six stories in a pool of 20 blocks: from about step 11 requests are swapped to the CPU pool and back, nothing recomputed.
+    # Six stories of different lengths in a pool of 18 blocks: at step 12 two requests are swapped out to the
+    # CPU pool, at step 16 (a short one finished) the first comes back in; nothing is recomputed.
     "preset_swap": dict(
-        rows=[(f"Write a story about {thing}.", 64) for thing in ("a lighthouse", "a cat", "the moon", "a train", "a forest", "a robot")],
-        num_blocks=20, preemption_mode="swap",
+        rows=[(f"Write a story about {thing}.", n) for thing, n in
+              (("a lighthouse", 48), ("a cat", 16), ("the moon", 48), ("a train", 24), ("a forest", 48), ("a robot", 32))],
+        num_blocks=18, preemption_mode="swap",
     ),
     # Two short chats decode while a long prompt is prefilled in chunks of the 48-token budget.
     "preset_chunked_prefill": dict(
