@@ -8,6 +8,7 @@ from collections import Counter
 import pandas as pd
 import streamlit as st
 
+from app_pages import swap_panel
 from app_pages.common import category_help, current_engine, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
@@ -55,6 +56,7 @@ def _load_preset() -> None:
     st.session_state["pool_unit"] = "blocks"
     st.session_state["sharing"] = PRESETS[name].get("sharing", "none")
     st.session_state["sharing_width"] = PRESETS[name].get("sharing_width", 4)
+    swap_panel.apply_scheduler_preset(PRESETS[name])
     if PRESETS[name].get("sample"):  # parallel samples differ only when they are sampled
         st.session_state["sample"] = True
     st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1  # a fresh editor
@@ -192,7 +194,10 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
     step_summary(report, views, lang)
     if projector():  # the pool map and block tables large and first, the texts folded
         pool_view(report, block_size, lang, large=True)
+        swap_panel.queues_caption(report, views, lang)
+        swap_panel.cpu_lane(report, block_size, lang, large=True)
         block_tables_html(report, block_size, lang, large=True)
+        swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
             requests_text(views, lang)
         memory_view(reports[: at + 1], lang)
@@ -200,9 +205,12 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         left, right = st.columns([1, 1.2])
         with left:
             requests_text(views, lang)
+            swap_panel.prefill_bars(reports, at, lang)
             block_tables_html(report, block_size, lang)
         with right:
             pool_view(report, block_size, lang)
+            swap_panel.queues_caption(report, views, lang)
+            swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
     beam_tree_view(reports[: at + 1], lang)
     events_view(report, lang)
@@ -313,7 +321,7 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False) -
 
 def pool_view(report, block_size: int, lang: str, large: bool = False) -> None:
     st.markdown(f"**{t('pool', lang)}**")
-    spec = pool_map_spec(report, block_size, lang)
+    spec = swap_panel.mark_swaps(pool_map_spec(report, block_size, lang), report, lang)
     if large:  # projector: taller cells, larger block numbers
         spec["height"] *= 2
         spec["layer"][-1]["mark"]["fontSize"] = 16

@@ -86,6 +86,10 @@ def apply_workload(workload: Workload) -> None:
     if s["temperature"] > 0:
         state["temperature"] = min(max(round(s["temperature"], 1), 0.1), 1.5)
     state["seed"] = s["seed"]
+    state["preemption_mode"] = s.get("preemption_mode", "recompute")  # workload files from before issue 14 have none
+    state["chunked_prefill"] = bool(s.get("enable_chunked_prefill", False))
+    if s.get("max_num_batched_tokens"):
+        state["token_budget"] = int(s["max_num_batched_tokens"])
 
 
 def close_run() -> None:

@@ -51,6 +51,7 @@ def engine_settings(lang: str) -> Settings:
         reservation = sb.selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="reservation", help=t("reservation_help", lang))
     backend = sb.radio(t("backend", lang), ("torch", "triton"), horizontal=True, key="backend", help=t("backend_help", lang))
     max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, key="max_batch"))
+    scheduling = scheduler_settings(sb, lang, allocator, max_seqs)
     sb.subheader(t("sampling", lang))
     # Greedy by default (as SamplingParams): the same demo gives the same text every time.
     temperature = 0.0
@@ -67,7 +68,29 @@ def engine_settings(lang: str) -> Settings:
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
                     temperature=temperature, seed=seed, sharing=sharing, sharing_width=width,
-                    enable_prefix_caching=prefix_caching)
+                    enable_prefix_caching=prefix_caching, **scheduling)
+
+
+def scheduler_settings(sb, lang: str, allocator: str, max_seqs: int) -> dict:
+    """Preemption mode (paper §4.5; swap only with the paged allocator) and chunked prefill with its
+    token budget (vLLM's enable_chunked_prefill, max_num_batched_tokens), as Settings fields.
+    The budget box is kept in [max_seqs, 2048]: every running request decodes a token per step."""
+    sb.subheader(t("scheduler", lang))
+    state = st.session_state
+    mode = "recompute"
+    if allocator == "paged":
+        mode = localized_choice(sb.radio, t("preemption_mode", lang), ("recompute", "swap"), "preemption_mode", lang,
+                                lambda m: t(f"preemption_{m}", lang), horizontal=True, help=t("preemption_mode_help", lang))
+    else:
+        sb.caption(t("preemption_contiguous_note", lang))
+    state.setdefault("chunked_prefill", False)
+    state.setdefault("token_budget", 64)
+    chunked = sb.toggle(t("chunked_prefill", lang), key="chunked_prefill", help=t("chunked_prefill_help", lang))
+    budget = None
+    if chunked:
+        budget = int(bounded_number(sb, t("token_budget", lang), "token_budget", max_seqs, 2048, lang, step=16,
+                                    help=t("token_budget_help", lang)))
+    return dict(preemption_mode=mode, enable_chunked_prefill=bool(chunked), max_num_batched_tokens=budget)
 
 
 def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, int | None]:

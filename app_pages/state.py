@@ -26,6 +26,15 @@ MAX_BLOCKS = 512
 MAX_MIB = 256
 MAX_STEPS_KEPT = 2000  # reports kept for the memory chart and replays
 
+LONG_PROMPT = (  # about 200 tokens: several chunks under a small token budget
+    "Summarise this passage in one sentence. The lighthouse keeper climbed the spiral stairs every evening at dusk, "
+    "carrying a lamp, a book and a flask of tea. From the top he could see the harbour, the fishing boats coming home, "
+    "the lights of the town and, far out, the dark line where the sea met the sky. He wrote down the weather, the ships "
+    "that passed and the birds that rested on the rail. In winter the storms shook the tower and the waves reached the "
+    "windows of the lower rooms; in summer children rowed out to visit him and asked for stories about shipwrecks. "
+    "When the light was finally automated, he kept climbing the stairs each evening, out of habit, to watch the lamp turn."
+)
+
 PRESETS = {
     "preset_short_chat": dict(
         rows=[("What is the capital of France?", 24), ("Say hello in three languages.", 24),
@@ -53,6 +62,19 @@ PRESETS = {
         rows=[("Tell me a short story about a cat.", 24)],
         num_blocks=64, sharing="beam", sharing_width=4,
     ),
+    # issue 14: swap preemption (paper §4.5) and chunked prefill (vLLM's enable_chunked_prefill).
+    # Six stories of different lengths in a pool of 18 blocks: at step 12 two requests are swapped out to the
+    # CPU pool, at step 16 (a short one finished) the first comes back in; nothing is recomputed.
+    "preset_swap": dict(
+        rows=[(f"Write a story about {thing}.", n) for thing, n in
+              (("a lighthouse", 48), ("a cat", 16), ("the moon", 48), ("a train", 24), ("a forest", 48), ("a robot", 32))],
+        num_blocks=18, preemption_mode="swap",
+    ),
+    # Two short chats decode while a long prompt is prefilled in chunks of the 48-token budget.
+    "preset_chunked_prefill": dict(
+        rows=[("Name a primary colour.", 48), ("What is 2 + 2?", 48), (LONG_PROMPT, 32)],
+        num_blocks=64, chunked_prefill=True, token_budget=48,
+    ),
 }
 SHARING = ("none", "parallel", "beam")  # every request: one sequence, n samples, or beam search
 
@@ -68,6 +90,7 @@ PROMPT_TRANSLATIONS = {
     "Tell me a short story about a cat.": "给我讲一个关于猫的短故事。",
     "Name three colours.": "说出三种颜色。",
     "Tell a long fairy tale about a dragon and a baker.": "讲一个关于龙和面包师的长篇童话。",
+    LONG_PROMPT: "用一句话概括这段文字（一位灯塔看守人每晚登上灯塔、记录天气与船只，灯塔自动化后他仍习惯每晚上去看灯旋转）。",
     **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
         ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),
         ("a robot", "机器人"), ("the sea", "大海"), ("a city", "城市"))},
@@ -130,6 +153,9 @@ class Settings:
     sharing: str = "none"  # one of SHARING
     sharing_width: int = 4  # n samples, or beam width
     enable_prefix_caching: bool | None = None  # None: the engine's default (on when paged)
+    preemption_mode: str = "recompute"  # or "swap": a CPU swap space as large as the pool (paper §4.5)
+    enable_chunked_prefill: bool = False
+    max_num_batched_tokens: int | None = None  # the step's token budget; None: the engine's default
 
     def engine_config(self, **overrides) -> EngineConfig:
         fields = asdict(self)

@@ -66,8 +66,11 @@ SETTINGS_DEFAULTS: dict = {
     "max_num_seqs": 8,
     "temperature": 0.0,
     "seed": 0,
+    "preemption_mode": "recompute",
+    "enable_chunked_prefill": False,
+    "max_num_batched_tokens": None,
 }
-_OPTIONAL_INTS = ("num_gpu_blocks", "kv_cache_memory")
+_OPTIONAL_INTS = ("num_gpu_blocks", "kv_cache_memory", "max_num_batched_tokens")
 
 
 class RunFileError(ValueError):
@@ -285,6 +288,8 @@ def _settings(raw, name: str) -> dict:
         elif key == "temperature":
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             value = float(value) if ok else value
+        elif isinstance(default, bool):
+            ok = isinstance(value, bool)
         elif isinstance(default, int):  # seed >= 0, block_size and max_num_seqs >= 1
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key == "seed" else 1)
         else:

@@ -163,6 +163,81 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "timing_sample": ("sample", "采样"),
     "timing_report": ("report", "报告"),
     "timing_prepare": ("prepare", "准备输入"),
+    # issue 14 app: swap preemption and chunked prefill (sidebar, presets, CPU pool lane, progress, events, lesson 6)
+    "timing_swap": ("swap", "交换"),
+    "scheduler": ("Scheduler", "调度器"),
+    "preemption_mode": ("Preemption mode", "抢占方式"),
+    "preemption_recompute": ("recompute", "重计算"),
+    "preemption_swap": ("swap", "交换"),
+    "preemption_mode_help": (
+        "What a request gives up when the pool runs out (paper §4.5). Recompute: its blocks are freed and its prompt "
+        "and tokens are prefilled again later. Swap: its blocks are copied to a CPU swap space as large as the pool "
+        "and copied back before it decodes on; nothing is recomputed, and no new request is admitted while one is "
+        "swapped out. Swap needs the paged allocator.",
+        "内存池用尽时，请求如何让出显存（论文 §4.5）。重计算：释放它的块，之后把提示词和已生成的 token 重新预填充。"
+        "交换：把它的块复制到与内存池同样大小的 CPU 交换空间，继续解码前再复制回来；不重算任何东西，"
+        "且有请求被换出期间不接纳新请求。交换需要分页分配器。",
+    ),
+    "preemption_contiguous_note": ("The contiguous allocator preempts by recompute only: a reserved range cannot be swapped block by block.",
+                                   "连续分配器只能用重计算抢占：预留的连续区间无法按块换出。"),
+    "chunked_prefill": ("Chunked prefill", "分块预填充"),
+    "chunked_prefill_help": (
+        "vLLM's enable_chunked_prefill: every step spends one token budget — running decodes first, then the rest "
+        "of a prompt that did not fit, then new prompts, cut into chunks. A long prompt then spans several steps "
+        "instead of making one step long, and decodes run every step.",
+        "vLLM 的 enable_chunked_prefill：每一步花同一份 token 预算——先给正在运行的解码，再给上一步没放下的提示词余下部分，"
+        "最后给新的提示词，切成块。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
+    ),
+    "token_budget": ("Token budget per step (max_num_batched_tokens)", "每步 token 预算（max_num_batched_tokens）"),
+    "token_budget_help": (
+        "Most tokens (prompt chunks + decodes) computed in one step. At least the max batch, since every running "
+        "request decodes one token per step.",
+        "一步中最多计算的 token 数（提示词分块 + 解码）。至少等于最大批大小，因为每个运行中的请求每步解码一个 token。",
+    ),
+    "preset_swap": ("Small pool, swap preemption", "小内存池，交换式抢占"),
+    "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
+    "cpu_pool": ("CPU swap space", "CPU 交换空间"),
+    "cpu_pool_caption": (
+        "The swapped-out requests' blocks, in CPU block ids, drawn like the GPU pool. Outlined: copied this step — "
+        "purple dashed, swapped out (GPU → CPU); teal, swapped in (CPU → GPU), on both maps. "
+        "This step: {out} block(s) out, {inn} in, {ms:.1f} ms copying.",
+        "被换出请求的块（CPU 块号），画法与 GPU 内存池相同。带边框的块本步被复制：紫色虚线为换出（GPU → CPU），"
+        "青色为换入（CPU → GPU），两张图上都标出。本步：换出 {out} 块，换入 {inn} 块，复制耗时 {ms:.1f} 毫秒。",
+    ),
+    "swap_tooltip": ("Swapped this step", "本步交换"),
+    "swap_gpu_out": ("swapped out to CPU block {block}", "已换出到 CPU 块 {block}"),
+    "swap_gpu_in": ("swapped in from CPU block {block}", "从 CPU 块 {block} 换入"),
+    "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
+    "swap_cpu_in": ("copied back to GPU block {block} (swapped in)", "已复制回 GPU 块 {block}（换入）"),
+    "queues_line": ("Queues — waiting: {waiting} · running: {running}", "队列——等待：{waiting} · 运行：{running}"),
+    "queues_swapped": (" · swapped: {swapped}", " · 已换出：{swapped}"),
+    "queue_empty": ("none", "无"),
+    "prefill_progress": ("Chunked prefill", "分块预填充"),
+    "prefill_progress_bar": ("Request {request}: {computed} / {total} prompt tokens computed (+{chunk} this step)",
+                             "请求 {request}：已计算 {computed} / {total} 个提示词 token（本步 +{chunk}）"),
+    "ev_swap_out": ("swap out", "换出"),
+    "ev_swap_in": ("swap in", "换入"),
+    "ev_swap_out_detail": ("GPU block {src} (logical {logical}) → CPU block {dst}", "GPU 块 {src}（逻辑块 {logical}）→ CPU 块 {dst}"),
+    "ev_swap_in_detail": ("CPU block {src} (logical {logical}) → GPU block {dst}", "CPU 块 {src}（逻辑块 {logical}）→ GPU 块 {dst}"),
+    "ev_preempt_swap_detail": ("swapped out to the CPU swap space; resumes without recomputing",
+                               "换出到 CPU 交换空间；恢复后无需重计算"),
+    "ev_preempt_partial_prefill": ("evicted; will be recomputed (a partial prefill is recomputed, not swapped)",
+                                   "被抢占，之后重计算（未完成的分块预填充不换出，而是重计算）"),
+    "ev_preempt_cpu_full": ("evicted; will be recomputed (the CPU swap space is full)", "被抢占，之后重计算（CPU 交换空间已满）"),
+    # lesson 6: chart texts (the code cells are the same in both languages)
+    "l6_step": ("step", "步"),
+    "l6_tokens_per_step": ("tokens computed in the step", "本步计算的 token 数"),
+    "l6_step_ms": ("step time (ms)", "步耗时（毫秒）"),
+    "l6_budget": ("token budget {budget}", "token 预算 {budget}"),
+    "l6_whole_prompt": ("whole prompt in one step", "整段提示词一步预填充"),
+    "l6_chunked": ("chunked, budget {budget}", "分块，预算 {budget}"),
+    "l6_block_size": ("block size (tokens)", "块大小（token）"),
+    "l6_blocks_copied": ("blocks copied (out + in)", "复制的块数（换出 + 换入）"),
+    "l6_copy_ms": ("time copying (ms)", "复制耗时（毫秒）"),
+    "l6_recompute": ("recompute", "重计算"),
+    "l6_swap": ("swap", "交换"),
+    "l6_tokens_recomputed": ("tokens recomputed", "重算的 token 数"),
+    "l6_blocks_moved": ("blocks moved", "移动的块数"),
     "tok_count": ("{n} tok", "{n} 个 token"),
     "running_waiting": ("Running / waiting / finished", "运行 / 等待 / 完成"),
     # --- requests

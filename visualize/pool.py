@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, WRITE, StepReport
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, SWAP_IN, SWAP_OUT, WRITE, StepReport
 from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.style import use_cjk_font
@@ -227,6 +227,12 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
     return fig
 
 
+# PREEMPT's detail (engine/scheduler.py) -> its text: swapped out, or recomputed and why.
+_PREEMPT_DETAIL = {"swap": "ev_preempt_swap_detail",
+                   "recompute (a partial prefill: recomputed, not swapped)": "ev_preempt_partial_prefill",
+                   "recompute (the CPU swap space is full)": "ev_preempt_cpu_full"}
+
+
 def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
     """The step's events for a table: request, event, detail. WRITE events (one per token, hundreds in
     a prefill) are summarised into one row per request, placed where its first write happened."""
@@ -257,8 +263,10 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             detail = t("ev_cache_hit_detail", lang, logical=e.logical_index, block=e.block_id)
         elif e.kind == EVICT:
             detail = t("ev_evict_detail", lang, block=e.block_id, hash=(e.block_hash or "")[:8])
+        elif e.kind in (SWAP_OUT, SWAP_IN):  # swap preemption: block_id is the source, dst_block_id the destination
+            detail = t(f"ev_{e.kind}_detail", lang, src=e.block_id, dst=e.dst_block_id, logical=e.logical_index)
         elif e.kind == PREEMPT:
-            detail = t("ev_preempt_detail", lang)
+            detail = t(_PREEMPT_DETAIL.get(e.detail, "ev_preempt_detail"), lang)
         elif e.kind == FINISH:
             detail = e.detail
         else:

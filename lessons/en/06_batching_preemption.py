@@ -12,8 +12,9 @@
 # # Lesson 6 — Continuous batching and preemption
 #
 # **Goal:** compare static batching with iteration-level (continuous) batching on the same requests,
-# watch what the engine does when its KV pool runs out (preemption by recompute), and measure the
-# block-size trade-off with the simulator.
+# watch what the engine does when its KV pool runs out (preemption by recompute), measure the
+# block-size trade-off with the simulator, preempt by swapping instead of recomputing, and see chunked
+# prefill keep the decodes running beside a long prompt.
 #
 # - **Static batching**: take a batch of requests, run it until *every* request in it is done, then take
 #   the next batch. A finished request's place stays empty while the longest one runs on.
@@ -155,6 +156,141 @@ plt.show()
 # %% [markdown]
 # Up to a few dozen tokens per block the waste stays small and the batch large; past 128 the last block
 # of every request wastes enough to shrink the batch.
+#
+# ## 4. Swap instead of recompute (paper §4.5, §7.3)
+# With `preemption_mode="swap"` the engine keeps a second block pool in CPU memory, the **swap space**, with
+# the same block layout. A preempted request's blocks are copied there (`blocks_to_swap_out`: pairs of a GPU
+# block and a CPU block) and copied back before it decodes on (`blocks_to_swap_in`): nothing is recomputed.
+# While any request is swapped out no new request is admitted, and swapped requests come back before
+# waiting ones. Below, the workload of section 2 both ways, each on a fresh engine over the same weights:
+# the blocks moved, the tokens computed a second time, and the time the step reports spent copying
+# (`timings_ms["swap"]`).
+
+# %%
+from engine import EngineConfig, LLMEngine
+from engine.model_loader import load_model
+
+weights = load_model(None)  # the default model, read once for the fresh engines below
+
+
+def run_engine(prompts, params, **config):
+    """A fresh engine over `weights` runs `prompts` to the end; returns (outputs, step reports)."""
+    fresh = LLMEngine(EngineConfig(**config), loaded_model=weights)
+    ids = [fresh.add_request(p, params) for p in prompts]
+    reports = []
+    while fresh.has_unfinished_requests():
+        reports.append(fresh.step())
+    return [fresh.get_output(i) for i in ids], reports
+
+
+needed = sum(r.num_tokens for r in run_engine(questions, params, num_gpu_blocks=64, block_size=4)[1])  # no preemption
+modes = {}
+for mode in ("recompute", "swap"):
+    out, reports = run_engine(questions, params, num_gpu_blocks=10, block_size=4, preemption_mode=mode)
+    modes[mode] = dict(preemptions=sum(len(r.preempted) for r in reports),
+                       blocks_moved=sum(len(r.blocks_to_swap_out) + len(r.blocks_to_swap_in) for r in reports),
+                       tokens_recomputed=sum(r.num_tokens for r in reports) - needed,
+                       copy_ms=sum(r.timings_ms["swap"] for r in reports),
+                       same_text=[o.text for o in out] == [o.text for o in roomy_out])
+    m = modes[mode]
+    print(f"{mode:9s}: {m['preemptions']} preemption(s), {m['blocks_moved']:2d} blocks moved, {m['tokens_recomputed']:2d} tokens "
+          f"recomputed, {m['copy_ms']:.2f} ms copying; same text as a roomy pool: {m['same_text']}")
+
+# %%
+from visualize.i18n import t  # the new charts' texts, in the notebook's language
+from visualize.style import use_cjk_font
+
+use_cjk_font()  # before the axes exist, so that 中文 labels are not boxes
+
+fig, axes = plt.subplots(1, 2, figsize=(8, 2.6))
+names = [t(f"l6_{mode}", LANG) for mode in modes]
+for ax, key in zip(axes, ("blocks_moved", "tokens_recomputed")):
+    ax.bar(names, [m[key] for m in modes.values()], color=["tab:orange", "tab:purple"])
+    ax.set_ylabel(t(f"l6_{key}", LANG))
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Recompute pays in compute: the preempted request's prompt and the tokens it had produced are prefilled
+# again. Swap pays in copies: every block it held crosses to the CPU and back, and each token is computed
+# once. The texts are the same both ways: both are exact.
+#
+# Which one is cheaper depends on the **block size** (paper §7.3, Figure 19). The same bytes move whatever
+# the block size, but in blocks: small blocks mean many small copies. On a GPU each copy crosses PCIe with
+# a cost of its own, so at block sizes 1–8 swapping is much slower than recomputing, while recompute does
+# not depend on the block size; from 16 to 64 the two are comparable. Here the same 40 slots, cut into
+# blocks of 1, 2, 4 and 8 tokens:
+
+# %%
+sweep = {}
+for bs in (1, 2, 4, 8):  # the same 40 slots, cut into blocks of bs tokens
+    _, reports = run_engine(questions, params, num_gpu_blocks=40 // bs, block_size=bs, preemption_mode="swap")
+    sweep[bs] = dict(copies=sum(len(r.blocks_to_swap_out) + len(r.blocks_to_swap_in) for r in reports),
+                     ms=sum(r.timings_ms["swap"] for r in reports))
+for bs, s in sweep.items():
+    print(f"block size {bs}: {s['copies']:2d} copies of {bs * eng.bytes_per_slot / 1024:4.0f} KiB, {s['ms']:.2f} ms copying")
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 2.6))
+a1.plot(list(sweep), [s["copies"] for s in sweep.values()], "o-", color="tab:purple")
+a1.set_ylabel(t("l6_blocks_copied", LANG))
+a2.plot(list(sweep), [s["ms"] for s in sweep.values()], "o-", color="tab:purple")
+a2.set_ylabel(t("l6_copy_ms", LANG))
+for ax in (a1, a2):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(t("l6_block_size", LANG))
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Halve the block size and the number of copies doubles. (On this CPU the copies stay inside RAM, so the
+# times are a few milliseconds and noisy on a shared machine; the count of copies is what carries over to a GPU.)
+#
+# ## 5. Chunked prefill: a long prompt no longer stalls the decodes
+# Two short requests are decoding when a prompt of about 260 tokens arrives. Prefilled whole, the prompt
+# makes one step long, and the two running requests get their next token only after that step. With
+# chunked prefill (vLLM's `enable_chunked_prefill`) each step spends one token budget
+# (`max_num_batched_tokens`): the running decodes first, then the next chunk of the prompt, which attends
+# to its earlier chunks through its block table.
+
+# %%
+long_prompt = " ".join(["The lighthouse keeper wrote down the weather, the ships and the birds every evening."] * 16)
+chunking = {}
+for budget in (None, 32):  # None: every prompt prefilled whole; 32: chunked prefill with a 32-token budget
+    mixed = LLMEngine(EngineConfig(num_gpu_blocks=128, enable_chunked_prefill=budget is not None,
+                                   max_num_batched_tokens=budget), loaded_model=weights)
+    for q in questions[:2]:
+        mixed.add_request(q, SamplingParams(max_tokens=12, ignore_eos=True))
+    reports = []
+    while mixed.has_unfinished_requests():
+        if len(reports) == 2:  # the long prompt arrives while the two short requests decode
+            mixed.add_request(long_prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        reports.append(mixed.step())
+    chunking[budget] = reports
+    decoding = [sum(s.phase == "decode" for s in r.scheduled) for r in reports]
+    print(f"budget {budget}: {len(reports)} steps, at most {max(r.num_tokens for r in reports)} tokens and "
+          f"{max(r.timings_ms['total'] for r in reports):.0f} ms in a step; decodes per step {decoding}")
+
+# %%
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
+for shift, (budget, reports) in zip((-0.2, 0.2), chunking.items()):
+    label = t("l6_whole_prompt", LANG) if budget is None else t("l6_chunked", LANG, budget=budget)
+    steps = [k + shift for k in range(len(reports))]
+    a1.bar(steps, [r.num_tokens for r in reports], width=0.4, label=label)
+    a2.bar(steps, [r.timings_ms["total"] for r in reports], width=0.4, label=label)
+a1.axhline(32, color="k", ls=":", label=t("l6_budget", LANG, budget=32))
+a1.set_ylabel(t("l6_tokens_per_step", LANG))
+a2.set_ylabel(t("l6_step_ms", LANG))
+for ax in (a1, a2):
+    ax.set_xlabel(t("l6_step", LANG))
+    ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Without chunking one step computes the whole prompt and takes many times longer than a decode step: the
+# decodes in it wait. With a budget of 32 no step computes more than 32 tokens and both decodes run in
+# every step, so their time per token stays bounded. The price: the long prompt's first token comes a
+# few steps later, and on this CPU the total time grows a little, since every step has a fixed cost (on
+# a GPU a step of a few dozen tokens costs little more than a decode step, which is memory-bound: lesson 1).
 #
 # ## Exercise
 # Six requests arrive together asking for 3, 9, 5, 12, 2 and 7 tokens, at most 4 at a time. A request

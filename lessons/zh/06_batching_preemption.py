@@ -11,7 +11,7 @@
 # %% [markdown]
 # # 第 6 课 连续批处理与抢占
 #
-# **目标：** 在同一组请求上比较静态批处理与迭代级（连续）批处理；观察 KV 池耗尽时引擎怎么做（通过重计算进行抢占）；并用模拟器测量块大小的取舍。
+# **目标：** 在同一组请求上比较静态批处理与迭代级（连续）批处理；观察 KV 池耗尽时引擎怎么做（通过重计算进行抢占）；用模拟器测量块大小的取舍；改用交换（swap）代替重计算进行抢占；并看分块预填充如何让解码在长提示词旁边照常运行。
 #
 # - **静态批处理**（static batching）：取一批请求，一直运行到这批里*每个*请求都结束，再取下一批。已经结束的请求留下的位置会一直空着，直到最长的那个请求跑完。
 # - **连续批处理**（continuous batching，即 Orca 的迭代级调度 iteration-level scheduling，vLLM 也采用它）：调度器（scheduler）**每一步**都重新决定这一批；结束的请求立即离开，等待中的请求马上补上它的位置。
@@ -137,6 +137,120 @@ plt.show()
 
 # %% [markdown]
 # 每块几十个 token 以内，浪费都很小，批也很大；超过 128 之后，每个请求最后一个块浪费的空间多到足以让批变小。
+#
+# ## 4. 用交换代替重计算（论文 §4.5、§7.3）
+# 设置 `preemption_mode="swap"` 后，引擎在 CPU 内存中另建一个块布局相同的块池，即**交换空间**（swap space）。被抢占请求的块被复制过去（`blocks_to_swap_out`：GPU 块与 CPU 块的配对），在它继续解码之前再复制回来（`blocks_to_swap_in`）：不重算任何东西。只要有请求被换出，就不接纳新请求；被换出的请求先于等待中的请求回来。下面把第 2 节的负载用两种方式各跑一遍，每次都用同一份权重新建引擎：比较移动的块数、被重算的 token 数，以及步报告记下的复制耗时（`timings_ms["swap"]`）。
+
+# %%
+from engine import EngineConfig, LLMEngine
+from engine.model_loader import load_model
+
+weights = load_model(None)  # the default model, read once for the fresh engines below
+
+
+def run_engine(prompts, params, **config):
+    """A fresh engine over `weights` runs `prompts` to the end; returns (outputs, step reports)."""
+    fresh = LLMEngine(EngineConfig(**config), loaded_model=weights)
+    ids = [fresh.add_request(p, params) for p in prompts]
+    reports = []
+    while fresh.has_unfinished_requests():
+        reports.append(fresh.step())
+    return [fresh.get_output(i) for i in ids], reports
+
+
+needed = sum(r.num_tokens for r in run_engine(questions, params, num_gpu_blocks=64, block_size=4)[1])  # no preemption
+modes = {}
+for mode in ("recompute", "swap"):
+    out, reports = run_engine(questions, params, num_gpu_blocks=10, block_size=4, preemption_mode=mode)
+    modes[mode] = dict(preemptions=sum(len(r.preempted) for r in reports),
+                       blocks_moved=sum(len(r.blocks_to_swap_out) + len(r.blocks_to_swap_in) for r in reports),
+                       tokens_recomputed=sum(r.num_tokens for r in reports) - needed,
+                       copy_ms=sum(r.timings_ms["swap"] for r in reports),
+                       same_text=[o.text for o in out] == [o.text for o in roomy_out])
+    m = modes[mode]
+    print(f"{mode:9s}: {m['preemptions']} preemption(s), {m['blocks_moved']:2d} blocks moved, {m['tokens_recomputed']:2d} tokens "
+          f"recomputed, {m['copy_ms']:.2f} ms copying; same text as a roomy pool: {m['same_text']}")
+
+# %%
+from visualize.i18n import t  # the new charts' texts, in the notebook's language
+from visualize.style import use_cjk_font
+
+use_cjk_font()  # before the axes exist, so that 中文 labels are not boxes
+
+fig, axes = plt.subplots(1, 2, figsize=(8, 2.6))
+names = [t(f"l6_{mode}", LANG) for mode in modes]
+for ax, key in zip(axes, ("blocks_moved", "tokens_recomputed")):
+    ax.bar(names, [m[key] for m in modes.values()], color=["tab:orange", "tab:purple"])
+    ax.set_ylabel(t(f"l6_{key}", LANG))
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# 重计算付出的是计算：被抢占请求的提示词和它已生成的 token 要重新预填充一遍。交换付出的是复制：它占用的每个块都要到 CPU 走一个来回，而每个 token 只计算一次。两种方式生成的文本相同：二者都是精确的。
+#
+# 哪种更便宜取决于**块大小**（论文 §7.3，图 19）。无论块多大，要移动的字节数都一样，但是按块移动：块越小，复制次数越多、每次越小。在 GPU 上每次复制都要经过 PCIe，各有一份固定开销，所以块大小为 1–8 时交换比重计算慢得多，而重计算与块大小无关；块大小在 16 到 64 之间时两者相当。下面把同样的 40 个槽位切成 1、2、4、8 个 token 的块：
+
+# %%
+sweep = {}
+for bs in (1, 2, 4, 8):  # the same 40 slots, cut into blocks of bs tokens
+    _, reports = run_engine(questions, params, num_gpu_blocks=40 // bs, block_size=bs, preemption_mode="swap")
+    sweep[bs] = dict(copies=sum(len(r.blocks_to_swap_out) + len(r.blocks_to_swap_in) for r in reports),
+                     ms=sum(r.timings_ms["swap"] for r in reports))
+for bs, s in sweep.items():
+    print(f"block size {bs}: {s['copies']:2d} copies of {bs * eng.bytes_per_slot / 1024:4.0f} KiB, {s['ms']:.2f} ms copying")
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 2.6))
+a1.plot(list(sweep), [s["copies"] for s in sweep.values()], "o-", color="tab:purple")
+a1.set_ylabel(t("l6_blocks_copied", LANG))
+a2.plot(list(sweep), [s["ms"] for s in sweep.values()], "o-", color="tab:purple")
+a2.set_ylabel(t("l6_copy_ms", LANG))
+for ax in (a1, a2):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(t("l6_block_size", LANG))
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# 块大小减半，复制次数就翻倍。（在这台 CPU 上复制只发生在内存之内，耗时只有几毫秒，在共享的机器上波动也大；能推广到 GPU 的是复制次数。）
+#
+# ## 5. 分块预填充：长提示词不再拖住解码
+# 两个短请求正在解码时，来了一个约 260 个 token 的提示词。如果整段预填充，这个提示词会让某一步变得很长，两个正在运行的请求要等这一步结束才拿到下一个 token。启用分块预填充（vLLM 的 `enable_chunked_prefill`）后，每一步花同一份 token 预算（`max_num_batched_tokens`）：先给正在运行的解码，再给提示词的下一块；这一块通过块表关注（attend）它前面已经算好的块。
+
+# %%
+long_prompt = " ".join(["The lighthouse keeper wrote down the weather, the ships and the birds every evening."] * 16)
+chunking = {}
+for budget in (None, 32):  # None: every prompt prefilled whole; 32: chunked prefill with a 32-token budget
+    mixed = LLMEngine(EngineConfig(num_gpu_blocks=128, enable_chunked_prefill=budget is not None,
+                                   max_num_batched_tokens=budget), loaded_model=weights)
+    for q in questions[:2]:
+        mixed.add_request(q, SamplingParams(max_tokens=12, ignore_eos=True))
+    reports = []
+    while mixed.has_unfinished_requests():
+        if len(reports) == 2:  # the long prompt arrives while the two short requests decode
+            mixed.add_request(long_prompt, SamplingParams(max_tokens=2, ignore_eos=True))
+        reports.append(mixed.step())
+    chunking[budget] = reports
+    decoding = [sum(s.phase == "decode" for s in r.scheduled) for r in reports]
+    print(f"budget {budget}: {len(reports)} steps, at most {max(r.num_tokens for r in reports)} tokens and "
+          f"{max(r.timings_ms['total'] for r in reports):.0f} ms in a step; decodes per step {decoding}")
+
+# %%
+fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
+for shift, (budget, reports) in zip((-0.2, 0.2), chunking.items()):
+    label = t("l6_whole_prompt", LANG) if budget is None else t("l6_chunked", LANG, budget=budget)
+    steps = [k + shift for k in range(len(reports))]
+    a1.bar(steps, [r.num_tokens for r in reports], width=0.4, label=label)
+    a2.bar(steps, [r.timings_ms["total"] for r in reports], width=0.4, label=label)
+a1.axhline(32, color="k", ls=":", label=t("l6_budget", LANG, budget=32))
+a1.set_ylabel(t("l6_tokens_per_step", LANG))
+a2.set_ylabel(t("l6_step_ms", LANG))
+for ax in (a1, a2):
+    ax.set_xlabel(t("l6_step", LANG))
+    ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# 不分块时，有一步要计算整段提示词，耗时是解码步的许多倍：这一步里的解码只能等着。预算为 32 时，没有哪一步计算超过 32 个 token，两个解码每一步都在运行，它们每个 token 的等待时间有上限。代价是：长提示词的第一个 token 要晚几步才出来；在这台 CPU 上总时间也略有增加，因为每一步都有固定开销（在 GPU 上，几十个 token 的一步只比解码步贵一点，因为解码受内存带宽限制：见第 1 课）。
 #
 # ## 练习
 # 六个请求同时到达，分别要求生成 3、9、5、12、2、7 个 token，最多同时运行 4 个。要求 *n* 个 token 的请求运行 *n* 步（它的预填充步产生第一个 token）。在连续批处理中，请求结束后它的位置在下一步就会被补上。不运行任何代码：两种策略各需要多少步？
