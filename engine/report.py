@@ -24,6 +24,12 @@ EVICT = "evict"  # prefix caching: a free cached block handed out again, its has
 SWAP_OUT = "swap_out"  # swap preemption: a block's KV copied from the GPU pool to the CPU pool
 SWAP_IN = "swap_in"  # a swapped-out request's block copied back from the CPU pool to the GPU pool
 
+# PREEMPT's detail: how the request gave its memory up, and why a swap fell back to recompute.
+PREEMPTED_BY_RECOMPUTE = "recompute"
+PREEMPTED_BY_SWAP = "swap"
+RECOMPUTE_CPU_POOL_FULL = "recompute (the CPU swap space is full)"
+RECOMPUTE_PARTIAL_PREFILL = "recompute (a partial prefill: recomputed, not swapped)"
+
 
 @dataclass(frozen=True)
 class Event:
@@ -31,8 +37,8 @@ class Event:
 
     Attributes:
         kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE, CACHE_HIT, EVICT,
-            SWAP_OUT, SWAP_IN. PREEMPT's detail says "recompute" or "swap" (and why a swap fell back
-            to recompute).
+            SWAP_OUT, SWAP_IN. PREEMPT's detail is one of PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP,
+            RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL (swap mode, and why it recomputed).
         request_id: the request it concerns.
         block_id: physical block (ALLOCATE, FREE, CACHE_HIT, EVICT; the block of the slot for WRITE;
             the source block of a COPY_ON_WRITE, SWAP_OUT (a GPU block) or SWAP_IN (a CPU block)).
@@ -112,7 +118,8 @@ class StepReport:
         scheduled: requests run this step and their tokens.
         new_token_ids, new_text: per request id, the tokens sampled this step and their text.
         finished: per request id, the finish reason ("stop", "length", "abort").
-        preempted: request ids preempted by recompute this step.
+        preempted: request ids preempted this step, by recompute or by swap (``swapped_out`` has the
+            swapped ones).
         events: ordered event log (see :class:`Event`).
         block_tables: snapshot of every live request's block table after the step.
         memory: the pool after the step (:class:`~engine.accounting.MemoryUsage`).

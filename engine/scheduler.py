@@ -33,7 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.block_manager import Group, KVCacheManager
-from engine.report import PREEMPT, Event
+from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
+                           Event)
 from engine.sequence import Sequence, SequenceStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -296,23 +297,23 @@ class Scheduler:
             for seq in group.unfinished_seqs():
                 seq.num_preemptions += 1
         out.preempted.append(group)
-        why = ""
+        detail = PREEMPTED_BY_RECOMPUTE
         if self.preemption_mode == "swap":
             if self._is_prefilling(group):
-                why = " (a partial prefill: recomputed, not swapped)"
+                detail = RECOMPUTE_PARTIAL_PREFILL
             elif self.kv.can_swap_out(group):
                 self._swap_out(group, out)
                 return
             else:
-                why = " (the CPU swap space is full)"
+                detail = RECOMPUTE_CPU_POOL_FULL
                 self.num_swap_fallbacks += 1
-        self.events.append(Event(PREEMPT, group.request_id, detail="recompute" + why))
+        self.events.append(Event(PREEMPT, group.request_id, detail=detail))
         self._release(group)
         self._reset(group)
         self.waiting.appendleft(group)
 
     def _swap_out(self, group: Group, out: SchedulerOutput) -> None:
-        self.events.append(Event(PREEMPT, group.request_id, detail="swap"))
+        self.events.append(Event(PREEMPT, group.request_id, detail=PREEMPTED_BY_SWAP))
         out.blocks_to_swap_out += self.kv.swap_out(group)
         out.swapped_out.append(group)
         self._set_status(group, SequenceStatus.SWAPPED)

@@ -24,7 +24,7 @@ from engine.attention import swap_blocks
 from engine.block_manager import PagedBlockManager
 from engine.cost_model import PicosecondCost, StepShape, get_setup
 from engine.model_loader import load_model
-from engine.report import PREEMPT, SWAP_IN, SWAP_OUT
+from engine.report import PREEMPT, RECOMPUTE_CPU_POOL_FULL, SWAP_IN, SWAP_OUT
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.swap_experiments import figure_19, format_figure_19
@@ -165,7 +165,7 @@ def test_a_full_cpu_pool_falls_back_to_recompute_and_says_so():
         check_pools(kv, scheduler)
     assert scheduler.num_swap_fallbacks > 0
     details = [e.detail for e in kv.events if e.kind == PREEMPT]
-    assert "recompute (the CPU swap space is full)" in details
+    assert RECOMPUTE_CPU_POOL_FULL in details
 
 
 def test_a_group_shares_its_blocks_on_the_cpu_side_too():

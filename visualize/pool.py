@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, SWAP_IN, SWAP_OUT, WRITE, StepReport
+from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, PREEMPTED_BY_SWAP,
+                           RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SWAP_IN, SWAP_OUT, WRITE, StepReport)
 from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.style import use_cjk_font
@@ -228,9 +229,8 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
 
 
 # PREEMPT's detail (engine/scheduler.py) -> its text: swapped out, or recomputed and why.
-_PREEMPT_DETAIL = {"swap": "ev_preempt_swap_detail",
-                   "recompute (a partial prefill: recomputed, not swapped)": "ev_preempt_partial_prefill",
-                   "recompute (the CPU swap space is full)": "ev_preempt_cpu_full"}
+_PREEMPT_DETAIL = {PREEMPTED_BY_SWAP: "ev_preempt_swap_detail", RECOMPUTE_PARTIAL_PREFILL: "ev_preempt_partial_prefill",
+                   RECOMPUTE_CPU_POOL_FULL: "ev_preempt_cpu_full"}
 
 
 def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
