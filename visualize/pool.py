@@ -188,7 +188,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "data": {"values": records},
-        "height": max(60, 34 * rows),
+        "height": max(60, 34 * rows) + (40 if caching else 0),  # the marks' legend is drawn inside this height
         "layer": layers,
         # the blocks' colours are their own (no scale); the marks' legend has a scale of its own
         "resolve": {"scale": {"color": "independent", "shape": "independent"}},
