@@ -15,13 +15,14 @@ from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
 from app_pages.saved import close_run, save_and_open, save_run_button
 from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
-                             preset_workload, record)
+                             prefix_cache_entries, preset_workload, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, request_color
 from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
+from visualize.prefix import cached_and_computed
 
 
 def page() -> None:
@@ -56,6 +57,11 @@ def _load_preset() -> None:
     st.session_state["pool_unit"] = "blocks"
     st.session_state["sharing"] = PRESETS[name].get("sharing", "none")
     st.session_state["sharing_width"] = PRESETS[name].get("sharing_width", 4)
+    st.session_state["max_batch"] = PRESETS[name].get("max_batch", 8)
+    st.session_state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None
+    if PRESETS[name].get("prefix_caching"):  # the presets that show it switch it on, with the paged allocator it needs
+        st.session_state["allocator"] = "paged"
+        st.session_state["prefix_caching"] = True
     swap_panel.apply_scheduler_preset(PRESETS[name])
     if PRESETS[name].get("sample"):  # parallel samples differ only when they are sampled
         st.session_state["sample"] = True
@@ -88,6 +94,8 @@ def workload_editor(lang: str, llm) -> None:
             },
         )
         st.caption(t("workload_help", lang) + " " + t("too_many_requests", lang, n=MAX_REQUESTS))
+        if st.session_state.get("preset_note"):  # why the loaded preset limits the batch
+            st.caption(t(st.session_state["preset_note"], lang))
         st.session_state["workload_df"] = edited
         for note in workload_notes(edited, lang):
             st.warning(note)
@@ -120,7 +128,7 @@ def _step(llm, lang: str, n: int = 1) -> None:
         if not llm.has_unfinished_requests():
             break
         try:
-            record(llm.step())
+            record(llm.step(), prefix_cache_entries(llm))
         except Exception as error:  # keep the page alive and say what went wrong
             st.error(t("error_step", lang, error=error))
             st.session_state["playing"] = False
@@ -174,7 +182,7 @@ def live_view() -> None:
         else:
             requests_text(views, lang)
         return
-    show_step(prompts, reports, llm.config.block_size, lang)
+    show_step(prompts, reports, llm.config.block_size, lang, st.session_state.get("cache_entries"))
     save_run_button(llm, prompts, reports, lang)
     if not llm.has_unfinished_requests():
         st.success(t("all_done", lang))
@@ -187,28 +195,32 @@ def saved_run_view(run, lang: str) -> None:
     show_step(run.prompts, run.steps, run.engine["block_size"], lang)
 
 
-def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str) -> None:
-    """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events."""
+def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None) -> None:
+    """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events.
+
+    ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none)."""
     at = replay_index(reports, lang)
     report, views = reports[at], request_views(prompts, reports, at)
+    split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
+    cache = (caches or {}).get(report.step)
     step_summary(report, views, lang)
     if projector():  # the pool map and block tables large and first, the texts folded
-        pool_view(report, block_size, lang, large=True)
+        pool_view(report, block_size, lang, large=True, cache=cache)
         swap_panel.queues_caption(report, views, lang)
         swap_panel.cpu_lane(report, block_size, lang, large=True)
         block_tables_html(report, block_size, lang, large=True)
         swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
-            requests_text(views, lang)
+            requests_text(views, lang, split)
         memory_view(reports[: at + 1], lang)
     else:
         left, right = st.columns([1, 1.2])
         with left:
-            requests_text(views, lang)
+            requests_text(views, lang, split)
             swap_panel.prefill_bars(reports, at, lang)
             block_tables_html(report, block_size, lang)
         with right:
-            pool_view(report, block_size, lang)
+            pool_view(report, block_size, lang, cache=cache)
             swap_panel.queues_caption(report, views, lang)
             swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
@@ -265,22 +277,32 @@ def _timing_name(key: str, lang: str) -> str:
     return t(f"timing_{key}", lang) if f"timing_{key}" in CATALOGUE else key
 
 
-def requests_text(views, lang: str) -> None:
-    """Each request's reply so far, in its colour; the prompt in grey."""
+def requests_text(views, lang: str, split: dict | None = None) -> None:
+    """Each request's reply so far, in its colour; the prompt in grey; with prefix caching (``split``:
+    request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached."""
     st.markdown(f"**{t('requests', lang)}**")
     parts = []
     for v in views:
         color = request_color(v.request_id)
-        preempted = f" · {t('preempted_times', lang, n=v.num_preemptions)}" if v.num_preemptions else ""
+        extra = f" · {t('preempted_times', lang, n=v.num_preemptions)}" if v.num_preemptions else ""
+        if split and v.request_id in split:
+            cached, computed = split[v.request_id]
+            extra += (f' · <span data-testid="request-cached" title="{html.escape(t("cached_computed_help", lang))}">'
+                      f'{t("cached_computed", lang, cached=cached, computed=computed)}</span>')
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
             f'<small style="color:#888">· {html.escape(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
-            f'{preempted}</small><br>'
-            f'<span style="color:#888" data-testid="request-prompt">{html.escape(v.prompt[:160])}</span>{_translation(v.prompt, lang)}<br>'
+            f'{extra}</small><br>'
+            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}<br>'
             f'<span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span></div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)
+
+
+def _shorten(prompt: str, head: int = 100, tail: int = 60) -> str:
+    """A long prompt's beginning and end (prompts that share a long beginning differ at the end)."""
+    return prompt if len(prompt) <= head + tail else f"{prompt[:head]} … {prompt[-tail:]}"
 
 
 def _translation(prompt: str, lang: str) -> str:
@@ -319,9 +341,9 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False) -
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
 
 
-def pool_view(report, block_size: int, lang: str, large: bool = False) -> None:
+def pool_view(report, block_size: int, lang: str, large: bool = False, cache: dict | None = None) -> None:
     st.markdown(f"**{t('pool', lang)}**")
-    spec = swap_panel.mark_swaps(pool_map_spec(report, block_size, lang), report, lang)
+    spec = swap_panel.mark_swaps(pool_map_spec(report, block_size, lang, cache=cache), report, lang)
     if large:  # projector: taller cells, larger block numbers
         spec["height"] *= 2
         spec["layer"][-1]["mark"]["fontSize"] = 16
@@ -331,6 +353,7 @@ def pool_view(report, block_size: int, lang: str, large: bool = False) -> None:
         free_queue_html(report, lang, large)
     stats = getattr(report, "prefix_cache", None)
     if stats is not None:
+        st.caption(t("pool_cache_caption", lang))
         st.caption(t("prefix_cache_caption", lang, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate,
                      phits=stats.preempted_hits, pqueries=stats.preempted_queries, evictions=stats.evictions))
     png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")

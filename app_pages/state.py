@@ -76,6 +76,40 @@ PRESETS = {
         num_blocks=64, chunked_prefill=True, token_budget=48,
     ),
 }
+# Prefix caching (issue 13): later requests begin with tokens an earlier one computed. A block is cached
+# only once its KV is written, so these presets limit the batch: requests admitted in one step cannot hit
+# each other (see the "_note" texts in visualize/i18n.py).
+SYSTEM_PROMPT = ("You are a patient tutor for a class on large language model inference. Answer in one or two short "
+                 "sentences, use plain words, define any technical term you use, and give a small example when it "
+                 "helps. The students know Python and basic linear algebra but have never seen a transformer. ")
+SYSTEM_PROMPT_ZH = ("你是一门大语言模型推理课程的耐心助教。用一两句简短的话回答，用浅白的词语，解释你用到的每个术语，"
+                    "有帮助时举一个小例子。学生会 Python 和基础线性代数，但从没见过 Transformer。")
+QUESTIONS = (("What is a token?", "什么是 token？"), ("What is attention?", "什么是注意力？"),
+             ("Why is decoding slow?", "为什么解码慢？"), ("What is a KV cache?", "什么是 KV 缓存？"))
+# A chat whose turn k re-sends turns 1..k-1 (question and answer) before its new question. The answers
+# are written here, not the model's (a preset is a fixed workload): the history's tokens are the same.
+CHAT = (("We are talking about the KV cache. What does it store?", "我们在聊 KV 缓存。它存的是什么？",
+         "The key and value vectors of every earlier token, so that they are not computed again.",
+         "每个之前 token 的键向量和值向量，这样就不必再次计算它们。"),
+        ("Why does it grow during a conversation?", "为什么它在对话中不断变大？",
+         "Every new token adds its own keys and values, in every layer.", "每个新 token 都在每一层加入自己的键和值。"),
+        ("What does vLLM do when the cache is full?", "缓存满了时 vLLM 会怎么做？", "", ""))
+
+
+def chat_turns(zh: bool = False) -> list[str]:
+    """The multi-turn chat's prompts: turn k is turn k-1's prompt, its answer, then the next question."""
+    turns, history = [], ""
+    for question, question_zh, answer, answer_zh in CHAT:
+        history += ("用户：" if zh else "User: ") + (question_zh if zh else question)
+        turns.append(history)
+        history += "\n" + ("助手：" if zh else "Assistant: ") + (answer_zh if zh else answer) + "\n"
+    return turns
+
+
+PRESETS["preset_shared_system_prompt"] = dict(
+    rows=[(SYSTEM_PROMPT + "Question: " + q, 24) for q, _ in QUESTIONS], num_blocks=64, max_batch=2, prefix_caching=True)
+PRESETS["preset_multi_turn_chat"] = dict(rows=[(turn, 24) for turn in chat_turns()], num_blocks=12, max_batch=1,
+                                         prefix_caching=True)
 SHARING = ("none", "parallel", "beam")  # every request: one sequence, n samples, or beam search
 
 
@@ -94,6 +128,8 @@ PROMPT_TRANSLATIONS = {
     **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
         ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),
         ("a robot", "机器人"), ("the sea", "大海"), ("a city", "城市"))},
+    **{SYSTEM_PROMPT + "Question: " + q: SYSTEM_PROMPT_ZH + "问题：" + zh for q, zh in QUESTIONS},
+    **dict(zip(chat_turns(), chat_turns(zh=True))),
 }
 
 THREADS_ENV = "PAGEDATTENTION_LAB_THREADS"
@@ -262,6 +298,7 @@ def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=Non
     if not force and ss.get("engine_key") == key and ss.get("engine") is not None:
         return ss["engine"], ss.get("engine_errors", [])
     ss["engine"], ss["engine_key"], ss["reports"], ss["playing"] = None, key, [], False
+    ss["cache_entries"] = {}
     try:
         llm = build_engine(settings, progress)
     except Exception as error:  # a bad model or setting: say so, keep the app usable
@@ -272,7 +309,21 @@ def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=Non
     return llm, ss["engine_errors"]
 
 
-def record(report) -> None:
+def record(report, cache: dict | None = None) -> None:
+    """Keep a step's report and, with prefix caching, ``cache``: the engine's ``PrefixCache.entries()``
+    after it (block -> hash, parent hash), for the pool map's hash hover; kept per step for replays."""
     reports = st.session_state.setdefault("reports", [])
     reports.append(report)
     del reports[:-MAX_STEPS_KEPT]
+    caches = st.session_state.setdefault("cache_entries", {})
+    if cache is not None:
+        last = caches.get(report.step - 1)
+        caches[report.step] = last if last == cache else cache  # the map changes on few steps: share the dict
+    for step in [s for s in caches if s < reports[0].step]:
+        del caches[step]
+
+
+def prefix_cache_entries(llm: LLMEngine) -> dict | None:
+    """The engine's cached blocks now (``PrefixCache.entries()``), None without prefix caching."""
+    cache = getattr(llm.kv, "prefix_cache", None)
+    return cache.entries() if cache is not None else None

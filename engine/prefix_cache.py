@@ -141,3 +141,9 @@ class PrefixCache:
         self.block_hash[block_id] = self.parent_hash[block_id] = self.block_token_ids[block_id] = None
         self.stats.evictions += 1
         return block_hash
+
+    def entries(self) -> dict[int, tuple[str, str | None]]:
+        """Every cached block (in use or free) -> (its block hash, its parent's hash), hex; the parent is
+        None for a prompt's first block. Plain data for the app's pool map (hash and parent chain)."""
+        return {b: (h.hex(), p.hex() if p is not None else None)
+                for b, (h, p) in enumerate(zip(self.block_hash, self.parent_hash)) if h is not None}

@@ -210,20 +210,27 @@ def reader_text(page) -> str:
 def test_classroom_features_in_a_browser(tiny_llama_dir, tmp_path):
     """Unit switch, replay, a run saved and opened again without the model, a bad file, the projector
     layout, and every page in 中文 with no English UI text (tiny model: the UI, not the model, is under test)."""
-    sync_api = pytest.importorskip("playwright.sync_api")
     from visualize.i18n import untranslated
 
+    in_browser(tiny_llama_dir, lambda page, sync_api, port, server: classroom(page, sync_api, port, server, tmp_path, untranslated),
+               "failure_classroom.png", accept_downloads=True)
+
+
+def in_browser(model_dir, drive, failure_png: str, **page_options) -> None:
+    """Start the app on ``model_dir``, open it in chromium and run ``drive(page, sync_api, port, server)``;
+    a failure leaves a full-page screenshot in SHOTS / ``failure_png``."""
+    sync_api = pytest.importorskip("playwright.sync_api")
     SHOTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    server = start_server(port, dict(os.environ, PAGEDATTENTION_LAB_MODEL=str(tiny_llama_dir)))
+    server = start_server(port, dict(os.environ, PAGEDATTENTION_LAB_MODEL=str(model_dir)))
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
-            page = browser.new_page(viewport={"width": 1440, "height": 2000}, accept_downloads=True)
+            page = browser.new_page(viewport={"width": 1440, "height": 2000}, **page_options)
             try:
-                classroom(page, sync_api, port, server, tmp_path, untranslated)
+                drive(page, sync_api, port, server)
             except Exception:
-                page.screenshot(path=str(SHOTS / "failure_classroom.png"), full_page=True)
+                page.screenshot(path=str(SHOTS / failure_png), full_page=True)
                 raise
             browser.close()
     finally:
@@ -327,3 +334,45 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     page.wait_for_timeout(1500)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
     page.screenshot(path=str(SHOTS / "compare_zh.png"), full_page=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_prefix_caching_in_a_browser(tiny_llama_dir):
+    """The "Shared system prompt" preset in chromium: the request list says what the later requests found
+    cached, and hovering a block the step hit shows its hash and its parent chain (tiny model)."""
+    in_browser(tiny_llama_dir, prefix_caching, "failure_prefix.png")
+
+
+def prefix_caching(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
+    page.get_by_role("option", name=t("preset_shared_system_prompt", "en")).click()
+    page.get_by_role("button", name="Load preset").click()
+    page.get_by_text("Request 3", exact=True).wait_for(timeout=180_000)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    step = page.get_by_role("button", name="Step", exact=True)
+    cached = page.locator('[data-testid="request-cached"]').filter(has_text=re.compile(r"^[1-9]\d* tok cached"))
+    for k in range(60):  # until requests 2 and 3 are admitted: they hit request 0's blocks
+        step.click()
+        step_title(page, f"Step {k}", 300)
+        if cached.count():
+            break
+    assert cached.count() >= 1, "a later request found the system prompt cached"
+    no_exception_box(page)
+    page.wait_for_timeout(800)
+    page.screenshot(path=str(SHOTS / "prefix_caching_en.png"), full_page=True)
+    # Block 1, the second block of the system prompt, is a hit this step: hover its cell.
+    pool = page.locator('[data-testid="stVegaLiteChart"]').first
+    box = pool.bounding_box()
+    tip = page.locator("#vg-tooltip-element")
+    for y in (6, 9, 12, 16, 20):  # the legend below takes part of the height: find row 0
+        pool.hover(position={"x": 5 + (box["width"] - 10) * 1.45 / 16, "y": y})
+        tip.wait_for(state="visible", timeout=30_000)
+        text = tip.inner_text()
+        if re.match(r"Block\s+1\s", text):
+            break
+    assert t("block_hash", "en") in text and t("parent_chain", "en") in text, text
+    assert re.search(r"block 0 · [0-9a-f]{8} ← start of the prompt", text), text

@@ -68,3 +68,76 @@ def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
     nodes = trees[0]["layer"][1]["data"]["values"]
     assert {n["rank"] for n in nodes if not n["pruned"]} == {0, 1, 2, 3}, "four live beams a step"
     assert "×" in block_table_html(app)
+
+
+def cached_split(at: AppTest, lang: str) -> list[tuple[int, int]]:
+    """Each request's "N tok cached · M tok computed", in request order, as the request list says it."""
+    pattern = re.escape(t("cached_computed", lang, cached="CACHED", computed="COMPUTED"))
+    pattern = pattern.replace("CACHED", r"(\d+)").replace("COMPUTED", r"(\d+)")
+    html = "".join(m.value for m in at.markdown if "request-text" in m.value)
+    return [(int(c), int(n)) for c, n in re.findall(pattern, html)]
+
+
+def chart_values(chart) -> list[dict]:
+    """The rows a Vega-Lite chart draws (Streamlit sends a spec's top-level data apart, as Arrow)."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(chart.proto.data.data).read_all().to_pandas().to_dict("records")
+
+
+def run_steps(at: AppTest, n: int) -> None:
+    at.number_input(key="n_steps").set_value(n).run()
+    at.button(key="btn_run").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_shared_system_prompt_preset_says_what_each_request_found_cached(app: AppTest, lang: str):
+    """Two at a time: the first two compute the system prompt in one step (neither can hit the other),
+    the next two find its blocks cached; the request list says so, as the engine counts it."""
+    if lang == "zh":
+        app.radio(key="lang").set_value("zh").run()
+    load(app, "preset_shared_system_prompt", lang)
+    assert app.slider(key="max_batch").value == 2
+    assert t("preset_shared_system_prompt_note", lang) in [c.value for c in app.main.caption]
+    run_steps(app, 80)
+    llm = app.session_state["engine"]
+    assert not llm.has_unfinished_requests()
+    split = cached_split(app, lang)
+    assert len(split) == 4
+    outputs = [llm.get_output(rid) for rid in sorted(llm.requests)]
+    assert [c for c, _ in split] == [o.num_cached_tokens for o in outputs]
+    assert split[0][0] == split[1][0] == 0 and split[2][0] >= 5 * 16 and split[3][0] >= 5 * 16
+    for (cached, computed), out in zip(split, outputs):  # every prompt token once: cached or computed
+        assert cached + computed == len(out.prompt_token_ids) + len(out.token_ids) - 1
+
+
+def test_multi_turn_chat_preset_hits_the_history_and_the_pool_map_marks_it(app: AppTest):
+    """Each turn re-sends the previous turns: it hits their blocks (more each turn); in the step a turn
+    is admitted, the pool map marks the hit blocks and names each one's hash and parent chain."""
+    from visualize.prefix import short_hash
+
+    load(app, "preset_multi_turn_chat", "en")
+    assert app.slider(key="max_batch").value == 1
+    run_steps(app, 100)
+    llm = app.session_state["engine"]
+    assert not llm.has_unfinished_requests()
+    cached = [c for c, _ in cached_split(app, "en")]
+    assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
+    assert cached == [llm.get_output(rid).num_cached_tokens for rid in sorted(llm.requests)]
+    reports = app.session_state["reports"]
+    step, hits = next((r.step, [e for e in r.events if e.kind == "cache_hit"]) for r in reports
+                      if any(e.kind == "cache_hit" and e.request_id == 2 for e in r.events))
+    app.slider(key="replay_slider").set_value(step).run()
+    chart = app.get("vega_lite_chart")[0]
+    spec = json.loads(chart.proto.spec)
+    cells = {c["block"]: c for c in chart_values(chart)}
+    marked = sorted(b for b, c in cells.items() if c["mark_text"] == t("mark_hit", "en"))
+    assert marked == sorted(e.block_id for e in hits)
+    first, second = hits[0], hits[1]
+    assert cells[first.block_id]["hash_text"] == short_hash(first.block_hash)
+    assert cells[first.block_id]["parent_text"] == t("hash_chain_start", "en")
+    assert cells[second.block_id]["parent_text"].startswith(t("hash_parent", "en", block=first.block_id, hash=short_hash(first.block_hash)))
+    legend = next(layer for layer in spec["layer"] if layer["mark"].get("type") == "point")
+    assert legend["encoding"]["color"]["scale"]["domain"] == [t("mark_hit", "en"), t("mark_evict", "en")]
+    assert t("pool_cache_caption", "en") in [c.value for c in app.main.caption]

@@ -4,7 +4,8 @@ and ends in an exercise whose check prints FAIL as handed out and PASS with the 
 Each notebook is executed once per language: cells run in order until the check cell (which must print
 FAIL, the exercise still holding its ``None`` placeholders); then the solution from
 ``lessons/solutions/<name>.py`` runs in the same kernel, the check cell runs again and must print PASS,
-and the remaining cells run. No cell may raise.
+and the remaining cells run. No cell may raise. In the Chinese notebooks, the text of every chart drawn
+(titles, axis and tick labels, legends, annotations) is read back at the end and must not be English.
 
 The kernel runs with ``OMP_NUM_THREADS=1``: on a small shared CI runner, torch's default of one
 thread per core spins against the other jobs and a decode step that takes 0.1 s can take 5 s.
@@ -12,6 +13,7 @@ thread per core spins against the other jobs and a decode step that takes 0.1 s 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -43,6 +45,42 @@ def _code(nb) -> list[str]:
 
 def _printed(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+
+
+# Charts drawn inside the lessons: every figure is kept open (the inline backend closes each one after its
+# cell), and after the last cell their titles, axis labels, tick labels, legends and annotations are read back.
+KEEP_FIGURES = "import matplotlib.pyplot\n%config InlineBackend.close_figures = False"
+READ_CHART_TEXTS = """
+import json as _json
+import matplotlib.pyplot as _plt
+_texts = []
+for _n in _plt.get_fignums():
+    _fig = _plt.figure(_n)
+    _texts += [x.get_text() for x in _fig.texts]
+    for _ax in _fig.axes:
+        _legend = _ax.get_legend()
+        _texts += [_ax.get_title(), _ax.get_xlabel(), _ax.get_ylabel(), *(x.get_text() for x in _ax.texts),
+                   *(x.get_text() for x in _ax.get_xticklabels() + _ax.get_yticklabels()),
+                   *((x.get_text() for x in _legend.get_texts()) if _legend else ())]
+print(_json.dumps([x for x in _texts if x.strip()]))
+"""
+# Words a Chinese chart may keep: names and the terms the Chinese text itself uses.
+NEUTRAL_WORDS = {"token", "tokens", "logits", "logit", "FLOP", "SmolLM", "Llama", "mathdefault"}
+# Lesson 3's charts are translated on another branch (worktree wt22): drop it from here once merged.
+CHARTS_LEFT_IN_ENGLISH = {"03_memory_problem"}
+
+
+def _english_chart_texts(texts: list[str]) -> list[str]:
+    """The chart texts of a Chinese notebook that are English: catalogue English, or words of 4+ letters
+    in a text without any Chinese character (names and NEUTRAL_WORDS aside)."""
+    from visualize.i18n import untranslated
+
+    found = untranslated("\n".join(texts))
+    for text in texts:
+        words = set(re.findall(r"[A-Za-z]{4,}", text)) - NEUTRAL_WORDS
+        if words and not re.search(r"[\u4e00-\u9fff]", text):
+            found.append(text)
+    return found
 
 
 def _notebook(lang: str, name: str):
@@ -109,6 +147,8 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(path.parent)}})
     checked = False
     start = time.perf_counter()
+    reader = nbformat.v4.new_code_cell(READ_CHART_TEXTS)
+    nb.cells = [nbformat.v4.new_code_cell(KEEP_FIGURES), *nb.cells, reader]
     with client.setup_kernel(env={**os.environ, "OMP_NUM_THREADS": "1"}):
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
@@ -123,7 +163,12 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
             solved = _printed(cell).strip()
             assert solved.startswith("PASS"), f"{lang}/{name}: with the solution the check printed {solved!r}"
             checked = True
+    chart_texts = json.loads(_printed(reader))
     seconds = time.perf_counter() - start
     record_property("seconds", round(seconds, 1))
     print(f"{lang}/{name}: {seconds:.1f} s")
     assert checked, f"{lang}/{name}: no check cell ran"
+    if lang == "zh" and name not in CHARTS_LEFT_IN_ENGLISH:
+        if "plt.show()" in "".join(_code(nb)):  # it draws charts: their text was read back
+            assert any(re.search(r"[\u4e00-\u9fff]", x) for x in chart_texts), f"zh/{name}: no chart text read back"
+        assert _english_chart_texts(chart_texts) == [], f"zh/{name}: English text in its charts"

@@ -95,3 +95,48 @@ def test_prefix_caching_shows_cached_free_blocks_and_the_free_queue(tiny_llama_d
     back = load_run(run_json(saved).encode(), "run.json").steps[-1]
     assert back.free_queue == last.free_queue and back.cached_free == last.cached_free
     assert back.prefix_cache == last.prefix_cache
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_pool_map_marks_hits_and_evictions_and_names_the_hash_chain(tiny_llama_dir, lang):
+    """vLLM's order on a pool of 8 blocks of 4: a prompt that begins with a finished request's 8 tokens
+    hits its 2 blocks (dots, each with its hash and parent chain); a long new prompt then needs more
+    plain blocks than are free and evicts cached ones (crosses). The legend names both marks."""
+    from engine.report import CACHE_HIT, EVICT
+    from visualize.prefix import cached_and_computed, parent_chain_text, short_hash
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=8))
+    first = list(range(5, 17))
+    engine.add_request(first, SamplingParams(max_tokens=2))
+    while engine.has_unfinished_requests():
+        engine.step()
+    rid = engine.add_request(first[:8] + [40, 41, 42, 43, 44], SamplingParams(max_tokens=1))
+    report = engine.step()
+    cache = engine.kv.prefix_cache.entries()
+    hits = [e for e in report.events if e.kind == CACHE_HIT]
+    assert [e.logical_index for e in hits] == [0, 1]
+    df = pool_frame(report, 4, lang, cache=cache)
+    marked = df[df["mark_text"] != ""]
+    assert sorted(marked["block"]) == sorted(e.block_id for e in hits)
+    assert set(marked["mark_text"]) == {t("mark_hit", lang)}
+    row = df.set_index("block")
+    a, b = hits
+    assert row.loc[a.block_id, "hash_text"] == short_hash(a.block_hash) == a.block_hash[:8]
+    assert row.loc[a.block_id, "parent_text"] == t("hash_chain_start", lang)
+    assert row.loc[b.block_id, "parent_text"] == f"{t('hash_parent', lang, block=a.block_id, hash=a.block_hash[:8])} ← {t('hash_chain_start', lang)}"
+    out = engine.get_output(rid)
+    assert cached_and_computed([report], 4)[rid] == (out.num_cached_tokens, 5) == (8, 5), "8 cached, 5 computed"
+
+    engine.add_request(list(range(100, 124)), SamplingParams(max_tokens=1))  # 6 blocks; 4 plain ones are free
+    report = engine.step()
+    evicted = {e.block_id for e in report.events if e.kind == EVICT}
+    assert len(evicted) >= 2
+    df = pool_frame(report, 4, lang, cache=engine.kv.prefix_cache.entries())
+    assert set(df.loc[df["mark_text"] == t("mark_evict", lang), "block"]) == evicted
+    spec = pool_map_spec(report, 4, lang, cache=engine.kv.prefix_cache.entries())
+    point = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "point")
+    assert point["encoding"]["color"]["scale"]["domain"] == [t("mark_hit", lang), t("mark_evict", lang)]
+    titles = [f["title"] for f in spec["layer"][0]["encoding"]["tooltip"]]
+    assert t("block_hash", lang) in titles and t("parent_chain", lang) in titles
+    # a parent whose block was evicted since is named by its hash alone
+    assert parent_chain_text(3, {3: ("ab" * 32, "cd" * 32)}, lang) == t("hash_parent_evicted", lang, hash="cdcdcdcd")

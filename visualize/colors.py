@@ -15,6 +15,8 @@ FREE_COLOR = "#e6e6e6"  # a free block
 EDGE_COLOR = "#555555"  # block borders
 TOUCHED_COLOR = "#000000"  # border of a block allocated, written or freed this step
 CACHED_COLOR = "#8fd3c7"  # prefix caching: a free block that still holds cached KV (evictable)
+HIT_COLOR = "#00695c"  # prefix caching: the dot on a block a prompt found cached this step
+EVICT_COLOR = "#b71c1c"  # prefix caching: the cross on a cached block evicted this step
 COW_COLOR = "#c2185b"  # sharing: the refcount badge and a copy-on-write's source and copy
 
 # Figure 2 categories (engine/accounting.py): useful memory green, waste in warm colours, free grey.

@@ -595,6 +595,99 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l7_beam_search": ("Beam search, width {width}", "束搜索，宽度 {width}"),
     "l7_blocks_without_sharing": ("blocks needed without sharing", "不共享时需要的块"),
     "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
+    # issue 13 app: prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
+    "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示（前缀缓存）"),
+    "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),
+    "preset_shared_system_prompt_note": (
+        "Four questions after one long instruction, two at a time (max batch 2). The first two compute the "
+        "instruction in the same step, so neither can hit the other: a block is cached only once its KV is written. "
+        "The next two find its blocks cached.",
+        "一段长指令之后跟四个问题，每次两个（最大批大小 2）。前两个请求在同一步里计算这段指令，彼此都无法命中："
+        "块只有在其 KV 写入之后才会被缓存。后两个请求会发现这些块已被缓存。",
+    ),
+    "preset_multi_turn_chat_note": (
+        "Each turn re-sends the earlier turns (their answers are written in the preset, not the model's) and asks "
+        "one more question, one turn at a time (max batch 1): each turn finds the history's blocks cached.",
+        "每一轮都重新发送之前各轮（其中的回答写在预设里，不是模型生成的），再问一个新问题，一次一轮（最大批大小 1）："
+        "每一轮都会发现历史部分的块已被缓存。",
+    ),
+    "cached_computed": ("{cached} tok cached · {computed} tok computed", "已缓存 {cached} 个 token · 已计算 {computed} 个 token"),
+    "cached_computed_help": (
+        "Cached: prompt tokens whose KV was found in cached blocks (not computed). Computed: tokens the steps "
+        "computed for this request (prefill, recompute after preemption, decode).",
+        "已缓存：在已缓存块中找到 KV 的提示 token（不再计算）。已计算：各步为此请求计算的 token（预填充、抢占后的重计算、解码）。",
+    ),
+    "block_hash": ("Block hash", "块哈希"),
+    "parent_chain": ("Parent chain", "父块哈希链"),
+    "hash_parent": ("block {block} · {hash}", "块 {block} · {hash}"),
+    "hash_parent_evicted": ("{hash} (evicted)", "{hash}（已驱逐）"),
+    "hash_chain_start": ("start of the prompt", "提示开头"),
+    "hash_chain_more": ("… earlier blocks", "……更早的块"),
+    "mark_hit": ("cache hit this step", "本步缓存命中"),
+    "mark_evict": ("evicted this step", "本步被驱逐"),
+    "pool_cache_caption": (
+        "Prefix caching: teal cells are free blocks that still hold cached KV (evictable). A dot marks a block a prompt "
+        "found cached this step, a cross a cached block evicted this step (its hash dropped). Hover a cached block for its "
+        "hash and the hashes of the blocks before it.",
+        "前缀缓存：青色格子是仍保存着已缓存 KV 的空闲块（可驱逐）。圆点标出本步被提示命中的块，叉号标出本步被驱逐"
+        "（丢弃哈希）的已缓存块。鼠标悬停在已缓存块上可查看它的哈希及其之前各块的哈希。",
+    ),
+    # issue 13 app (issue 16 leftover): lessons 7 and 8 check messages
+    "l7_fail_none": ("FAIL: blocks_saved and memory_saved are still None", "FAIL：blocks_saved 和 memory_saved 仍是 None"),
+    "l7_fail_blocks": ("FAIL: blocks_saved = {value}, but the engine saved another number; which blocks stay shared after the first write?",
+                       "FAIL：blocks_saved = {value}，但引擎节省的块数不同；第一次写入之后，哪些块仍然共享？"),
+    "l7_fail_share": ("FAIL: memory_saved = {value}, but the engine reports another share; how many blocks would 4 separate samples hold?",
+                      "FAIL：memory_saved = {value}，但引擎报告的比例不同；4 个互不共享的样本一共要持有多少块？"),
+    "l7_pass": ("PASS: {saved} blocks saved of {without}: memory saved by sharing {share}, as the engine reports",
+                "PASS：不共享时需要 {without} 块，共享节省了 {saved} 块，共享节省的显存 {share}，与引擎报告一致"),
+    "l8_fail_none": ("FAIL: predicted_hits is still None", "FAIL：predicted_hits 仍是 None"),
+    "l8_fail_hits": ("FAIL: predicted hits {value}, but the engine hit other blocks", "FAIL：预测命中 {value}，但引擎命中的是别的块"),
+    "l8_fail_evicted": ("FAIL: predicted eviction of {value}, but the engine evicted something else",
+                        "FAIL：预测驱逐 {value}，但引擎驱逐的是别的块"),
+    "l8_pass": ("PASS: hits {hits}, evicted {evicted}", "PASS：命中 {hits}，驱逐 {evicted}"),
+    # issue 13 app (issue 16 leftover): chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
+    "lc_step": ("step", "步"),
+    "lc_blocks": ("blocks", "块数"),
+    "lc_slots": ("slots", "槽位数"),
+    "lc_token_states": ("token states", "token 状态"),
+    "lc_internal_fragmentation": ("internal fragmentation", "内部碎片"),
+    "lc_blocks_in_use": ("blocks in use", "已用块数"),
+    "lc_tokens_computed": ("tokens computed", "计算的 token 数"),
+    "lc_l1_steps_title": ("one prefill step (orange), then one decode step per new token (blue)",
+                          "一步预填充（橙色），之后每个新 token 一步解码（蓝色）"),
+    "lc_l1_prefill_n": ("prefill of n prompt tokens", "预填充 n 个提示 token"),
+    "lc_l1_decode_n": ("decode step of n requests", "n 个请求的一步解码"),
+    "lc_l1_tokens_in_step": ("tokens computed in the step (n)", "本步计算的 token 数 (n)"),
+    "lc_l1_forward_ms": ("forward time (ms)", "前向计算时间（ms）"),
+    "lc_l1_ridge": ("H200 ridge ≈ 206 FLOP/byte", "H200 屋脊点 ≈ 206 FLOP/字节"),
+    "lc_l1_batch": ("requests decoded together (batch)", "一起解码的请求数（批大小）"),
+    "lc_l1_intensity": ("FLOP per byte of weights (bf16)", "每字节权重的 FLOP 数（bf16）"),
+    "lc_l2_key_token": ("key / value of token", "键 / 值所属的 token"),
+    "lc_l2_query_token": ("query of token", "查询所属的 token"),
+    "lc_l2_attention_title": ("layer 0, head 0: attention weights", "第 0 层、第 0 个头：注意力权重"),
+    "lc_l2_generated_token": ("generated token", "生成的 token"),
+    "lc_l2_max_logit_diff": ("max |Δ logit|", "最大 |Δ logit|"),
+    "lc_l2_cache_diff_title": ("with vs without KV cache: differences at float rounding (logits are ~10)",
+                               "有无 KV 缓存对比：差异只在浮点舍入量级（logits 约为 10）"),
+    "lc_l2_kib_per_token": ("KiB per token", "每个 token 的 KiB"),
+    "lc_l2_tokens_in_request": ("tokens in the request", "请求中的 token 数"),
+    "lc_l2_kv_gib": ("KV cache (GiB)", "KV 缓存（GiB）"),
+    "lc_l2_allocated": ("allocated ({size}-token blocks)", "已分配（每块 {size} 个 token）"),
+    "lc_l2_step_of_request": ("step of this request", "此请求的步"),
+    "lc_l2_kv_kib": ("KV cache (KiB)", "KV 缓存（KiB）"),
+    "lc_l5_running_max": ("running max m after the tile", "处理完该分块后的运行最大值 m"),
+    "lc_l5_context_token": ("context token", "上下文 token"),
+    "lc_l5_kv_head": ("KV head {kv}", "KV 头 {kv}"),
+    "lc_l6_batching_title": ("{name}: {n} steps", "{name}：{n} 步"),
+    "lc_l6_static": ("static", "静态批处理"),
+    "lc_l6_continuous": ("continuous", "连续批处理"),
+    "lc_l6_n_tokens": ("{n} tokens", "{n} 个 token"),
+    "lc_l6_preempted": ("Request {rid} preempted", "请求 {rid} 被抢占"),
+    "lc_l6_pool_size": ("pool size", "池大小"),
+    "lc_l6_blocks_held": ("blocks held", "持有的块数"),
+    "lc_l6_internal_share": ("internal fragmentation (% of pool)", "内部碎片（占池的 %）"),
+    "lc_l6_running": ("requests running at once", "同时运行的请求数"),
+    "lc_l6_block_size": ("block size (tokens)", "块大小（token 数）"),
 }
 
 

@@ -14,8 +14,9 @@ from matplotlib.patches import Rectangle
 
 from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, PREEMPTED_BY_SWAP,
                            RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SWAP_IN, SWAP_OUT, WRITE, StepReport)
-from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, FREE_COLOR, TOUCHED_COLOR, request_color
+from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
+from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
 from visualize.style import use_cjk_font
 
 CELL_W, CELL_H = 0.9, 0.8  # a block's cell inside its 1 x 1 grid square; the gaps separate blocks
@@ -37,7 +38,7 @@ def copy_on_write_pairs(report: StepReport) -> list[tuple[int, int, int | None]]
     return [(e.block_id, e.dst_block_id, e.seq_id) for e in report.events if e.kind == COPY_ON_WRITE]
 
 
-def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[dict]:
+def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: CacheEntries | None = None) -> list[dict]:
     """One row per physical block after the step, in block order.
 
     Keys: block, row, col (grid position, ``columns`` blocks per row), owner (request id or None),
@@ -47,14 +48,24 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[
     holders (every ``(request id, sequence id)`` whose block table holds it), ref_count (its
     reference count: > 1 when sequences share it, paper §4.4), cow ("src" / "dst" when it was the
     source or the new copy of a copy-on-write this step, else None), cached_hash (prefix caching: a
-    free block that still holds cached KV, evictable, has its block hash here, else None).
+    free block that still holds cached KV, evictable, has its block hash here, else None),
+    block_hash (any cached block, in use or free: its hash, hex; from ``cache``, vLLM's block hash),
+    cache_mark ("hit": a prompt found it cached this step; "evict": its hash was dropped this step; else "").
+
+    ``cache``: ``PrefixCache.entries()`` after the step (block -> (hash, parent hash)); without it
+    (a saved run) only the free cached blocks' hashes are known, from the report.
     """
     blocks = [
         dict(block=b, row=b // columns, col=b % columns, owner=None, logical_index=None, filled=0,
              block_size=block_size, touched=False, owners=[], holders=[], ref_count=0, cow=None,
-             cached_hash=getattr(report, "cached_free", {}).get(b))
+             cached_hash=getattr(report, "cached_free", {}).get(b), block_hash=None, cache_mark="")
         for b in range(num_blocks_of(report, block_size))
     ]
+    for b, block in enumerate(blocks):
+        block["block_hash"] = cache[b][0] if cache and b in cache else block["cached_hash"]
+    for b, mark in cache_marks(report).items():
+        if b < len(blocks):
+            blocks[b]["cache_mark"] = mark
     for snap in report.block_tables:
         refs = snap.ref_counts or [1] * len(snap.block_table)
         for logical, (physical, filled, ref) in enumerate(zip(snap.block_table, snap.filled, refs)):
@@ -74,10 +85,11 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[
     return blocks
 
 
-def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> pd.DataFrame:
+def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: int = 16,
+               cache: CacheEntries | None = None) -> pd.DataFrame:
     """``pool_blocks`` as a DataFrame with the drawing coordinates, colours and tooltip texts."""
-    blocks = pool_blocks(report, block_size, columns)
-    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash"])
+    blocks = pool_blocks(report, block_size, columns, cache)
+    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash", "block_hash"])
     df["x"], df["x2"] = df["col"], df["col"] + CELL_W
     df["fill_x2"] = df["col"] + CELL_W * df["filled"] / block_size
     df["y"], df["y2"] = df["row"], df["row"] + CELL_H
@@ -99,18 +111,23 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
     cow_text.update({src: t("cow_src", lang, dst=", ".join(map(str, dsts))) for src, dsts in copies.items()})
     df["cow"] = [b["cow"] or "" for b in blocks]
     df["cow_text"] = [cow_text.get(b["block"], "") for b in blocks]
+    df["hash_text"] = [short_hash(b["block_hash"]) or "–" for b in blocks]
+    df["parent_text"] = [parent_chain_text(b["block"], cache, lang) if cache and b["block"] in cache else "–" for b in blocks]
+    df["mark_text"] = [t(f"mark_{b['cache_mark']}", lang) if b["cache_mark"] else "" for b in blocks]
     return df
 
 
-def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> dict:
+def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns: int = 16,
+                  cache: CacheEntries | None = None) -> dict:
     """The interactive pool map as a Vega-Lite spec (a plain dict, built in about a millisecond:
     the app redraws it every step, and building the same chart through Altair's objects and schema
     validation took 0.3-0.8 s on a 2-core laptop).
 
     A cell per block in its owner's colour, the filled part darker, blocks touched this step outlined
-    in black; hovering a block names its owner, logical index and tokens held.
+    in black; hovering a block names its owner, logical index and tokens held (and, prefix caching,
+    its block hash and parent chain). A dot marks a cache hit this step, a cross an eviction (legend below).
     """
-    df = pool_frame(report, block_size, lang, columns)
+    df = pool_frame(report, block_size, lang, columns, cache)
     rows = int(df["row"].max()) + 1
     records = df.drop(columns=["owner", "logical_index"]).to_dict(orient="records")
     x = {"field": "x", "type": "quantitative", "axis": None, "scale": {"domain": [0, columns]}}
@@ -126,7 +143,11 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"field": "ref_text", "type": "nominal", "title": t("ref_count", lang)},
         {"field": "holders_text", "type": "nominal", "title": t("holders", lang)},
         {"field": "cow_text", "type": "nominal", "title": t("copy_on_write", lang)},
+        {"field": "hash_text", "type": "nominal", "title": t("block_hash", lang)},
+        {"field": "parent_text", "type": "nominal", "title": t("parent_chain", lang)},
     ]
+    marks = [t("mark_hit", lang), t("mark_evict", lang)]
+    caching = getattr(report, "prefix_cache", None) is not None  # the marks and their legend only with prefix caching
     layers = [
         # the whole block, pale: allocated-but-empty slots show as the pale part
         {"mark": {"type": "rect", "opacity": 0.35, "stroke": EDGE_COLOR, "strokeWidth": 0.5},
@@ -150,6 +171,15 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
          "mark": {"type": "text", "fontSize": 8, "fontWeight": "bold", "align": "right", "color": COW_COLOR},
          "encoding": {"x": {**x, "field": "bx"}, "y": {**y, "field": "by"}, "text": {"field": "badge", "type": "nominal"},
                       "tooltip": tooltip}},
+        # prefix caching this step: a dot on a block hit, a cross on a block evicted (with the legend)
+        *([{"transform": [{"filter": "datum.mark_text != ''"}, {"calculate": "datum.x + 0.16", "as": "mx"},
+                       {"calculate": "datum.y + 0.2", "as": "my"}],
+         "mark": {"type": "point", "filled": True, "size": 45, "opacity": 1},
+         "encoding": {"x": {**x, "field": "mx"}, "y": {**y, "field": "my"},
+                      "color": {"field": "mark_text", "type": "nominal", "scale": {"domain": marks, "range": [HIT_COLOR, EVICT_COLOR]},
+                                "legend": {"title": None, "orient": "bottom", "direction": "horizontal", "labelLimit": 0}},
+                      "shape": {"field": "mark_text", "type": "nominal", "scale": {"domain": marks, "range": ["circle", "cross"]}},
+                      "tooltip": tooltip}}] if caching else []),
         # the physical block number
         {"transform": [{"calculate": f"datum.x + {CELL_W / 2}", "as": "cx"}, {"calculate": f"datum.y + {CELL_H / 2}", "as": "cy"}],
          "mark": {"type": "text", "fontSize": 9, "color": "#222"},
@@ -159,19 +189,23 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
     return {
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "data": {"values": records},
-        "height": max(60, 34 * rows),
+        "height": max(60, 34 * rows) + (40 if caching else 0),  # the marks' legend is drawn inside this height
         "layer": layers,
+        # the blocks' colours are their own (no scale); the marks' legend has a scale of its own
+        "resolve": {"scale": {"color": "independent", "shape": "independent"}},
         "config": {"view": {"strokeWidth": 0}},
     }
 
 
-def pool_map_chart(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> alt.LayerChart:
+def pool_map_chart(report: StepReport, block_size: int, lang: str = "en", columns: int = 16,
+                   cache: CacheEntries | None = None) -> alt.LayerChart:
     """:func:`pool_map_spec` as an Altair chart, for notebooks (``chart.save("pool.html")``)."""
-    return alt.LayerChart.from_dict(pool_map_spec(report, block_size, lang, columns), validate=False)
+    return alt.LayerChart.from_dict(pool_map_spec(report, block_size, lang, columns, cache), validate=False)
 
 
 def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", columns: int = 16, ax=None):
-    """Matplotlib twin of :func:`pool_map_chart` (for slides: ``fig.savefig("pool.png")``)."""
+    """Matplotlib twin of :func:`pool_map_chart` (for slides: ``fig.savefig("pool.png")``): the same
+    cells, outlines and cache hit / eviction marks, with a legend for the marks."""
     use_cjk_font()
     df = pool_frame(report, block_size, lang, columns)
     rows = int(df["row"].max()) + 1
@@ -185,10 +219,17 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W * cell.filled / block_size, CELL_H, facecolor=cell.color))
         if cell.touched:
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, fill=False, edgecolor=TOUCHED_COLOR, lw=2))
+        if cell.cache_mark:  # prefix caching: a hit (dot) or an eviction (cross) this step
+            hit = cell.cache_mark == "hit"
+            ax.plot(cell.x + 0.16, cell.y + 0.2, "o" if hit else "X", ms=5, color=HIT_COLOR if hit else EVICT_COLOR,
+                    label=cell.mark_text)
         ax.text(cell.x + CELL_W / 2, cell.y + CELL_H / 2, str(cell.block), ha="center", va="center", fontsize=7)
     ax.set_xlim(0, columns)
     ax.set_ylim(rows, 0)
     ax.set_axis_off()
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per kind of mark
+    if handles:
+        ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=2, frameon=False, fontsize=8)
     ax.set_title(f"{t('pool', lang)} — {t('step_summary', lang, step=report.step)}")
     return fig
 

@@ -36,6 +36,11 @@ import matplotlib.pyplot as plt
 import torch
 
 from engine import LLM, SamplingParams
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+LANG = "en"  # the language of the charts and of the check's messages
+use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
 # %% [markdown]
 # ## 1. Watch a generation step by step
@@ -55,9 +60,9 @@ for r in reports[:4]:
 fig, ax = plt.subplots(figsize=(7, 2.6))
 colors = ["tab:orange" if r.phase == "prefill" else "tab:blue" for r in reports]
 ax.bar([r.step for r in reports], [r.num_tokens for r in reports], color=colors)
-ax.set_xlabel("step")
-ax.set_ylabel("tokens computed")
-ax.set_title("one prefill step (orange), then one decode step per new token (blue)")
+ax.set_xlabel(t("lc_step", LANG))
+ax.set_ylabel(t("lc_tokens_computed", LANG))
+ax.set_title(t("lc_l1_steps_title", LANG))
 plt.show()
 
 # %% [markdown]
@@ -114,11 +119,11 @@ decode_batches = [1, 4, 16]
 decode_ms = [forward_times(16, b, 8)[1] for b in decode_batches]
 
 fig, ax = plt.subplots(figsize=(6, 3.2))
-ax.plot(prefill_lens, prefill_ms, "o-", color="tab:orange", label="prefill of n prompt tokens")
-ax.plot(decode_batches, decode_ms, "s-", color="tab:blue", label="decode step of n requests")
+ax.plot(prefill_lens, prefill_ms, "o-", color="tab:orange", label=t("lc_l1_prefill_n", LANG))
+ax.plot(decode_batches, decode_ms, "s-", color="tab:blue", label=t("lc_l1_decode_n", LANG))
 ax.set_xscale("log", base=2)
-ax.set_xlabel("tokens computed in the step (n)")
-ax.set_ylabel("forward time (ms)")
+ax.set_xlabel(t("lc_l1_tokens_in_step", LANG))
+ax.set_ylabel(t("lc_l1_forward_ms", LANG))
 ax.legend()
 plt.show()
 
@@ -148,10 +153,10 @@ batches = [1, 8, 32, 128, 512]
 bf16_intensity = [2 * b / 2 for b in batches]  # bf16: 2 bytes per weight
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.bar([str(b) for b in batches], bf16_intensity, color="tab:blue")
-ax.axhline(989 / 4.8, color="tab:red", ls="--", label="H200 ridge ≈ 206 FLOP/byte")
+ax.axhline(989 / 4.8, color="tab:red", ls="--", label=t("lc_l1_ridge", LANG))
 ax.set_yscale("log")
-ax.set_xlabel("requests decoded together (batch)")
-ax.set_ylabel("FLOP per byte of weights (bf16)")
+ax.set_xlabel(t("lc_l1_batch", LANG))
+ax.set_ylabel(t("lc_l1_intensity", LANG))
 ax.legend()
 plt.show()
 
@@ -172,9 +177,6 @@ step_flops = None  # TODO(student)
 step_bytes = None  # TODO(student)
 
 # %% tags=["check"]
-LANG = "en"  # the language of the check's messages
-
-
 def check():
     from visualize.i18n import t  # the check's messages, in the notebook's language
     n = n_linear + n_lm_head

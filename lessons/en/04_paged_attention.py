@@ -44,7 +44,11 @@ from engine.block_manager import BlockAllocator
 from engine.report import ALLOCATE, FREE, WRITE
 from visualize import block_tables_figure, pool_map_figure
 
-LANG = "en"
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+LANG = "en"  # the language of the charts and of the check's messages
+use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
 # %% [markdown]
 # ## 1. A small pool, three requests
@@ -85,10 +89,10 @@ for snap in first.block_tables:
 fig, ax = plt.subplots(figsize=(7, 3))
 for rid in range(len(prompts)):
     held = [next((len(s.block_table) for s in r.block_tables if s.request_id == rid), 0) for r in reports]
-    ax.step(range(len(reports)), held, where="post", label=f"request {rid}")
-ax.step(range(len(reports)), [eng.num_blocks - r.memory.free // block_size for r in reports], "k:", where="post", label="blocks in use")
-ax.set_xlabel("step")
-ax.set_ylabel("blocks")
+    ax.step(range(len(reports)), held, where="post", label=f"{t('request', LANG)} {rid}")
+ax.step(range(len(reports)), [eng.num_blocks - r.memory.free // block_size for r in reports], "k:", where="post", label=t("lc_blocks_in_use", LANG))
+ax.set_xlabel(t("lc_step", LANG))
+ax.set_ylabel(t("lc_blocks", LANG))
 ax.legend(fontsize=8)
 plt.show()
 
@@ -145,10 +149,10 @@ print("one owner frees it: refcount", pool.ref_counts[a], "- still in use, not o
 allocated = [r.memory.allocated for r in reports]
 used = [r.memory.token_states for r in reports]
 fig, ax = plt.subplots(figsize=(7, 2.8))
-ax.bar(range(len(reports)), used, label="token states")
-ax.bar(range(len(reports)), [a - u for a, u in zip(allocated, used)], bottom=used, label="internal fragmentation")
-ax.set_xlabel("step")
-ax.set_ylabel("slots")
+ax.bar(range(len(reports)), used, label=t("lc_token_states", LANG))
+ax.bar(range(len(reports)), [a - u for a, u in zip(allocated, used)], bottom=used, label=t("lc_internal_fragmentation", LANG))
+ax.set_xlabel(t("lc_step", LANG))
+ax.set_ylabel(t("lc_slots", LANG))
 ax.legend(fontsize=8)
 plt.show()
 print(f"worst step: {max(a - u for a, u in zip(allocated, used))} wasted slots for {len(prompts)} requests "

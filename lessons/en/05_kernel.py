@@ -37,7 +37,11 @@ import kernels  # on a machine without a GPU this switches Triton to its interpr
 from engine import paged_attention_reference
 from visualize import program_grid, program_grid_figure
 
-LANG = "en"
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+LANG = "en"  # the language of the charts and of the check's messages
+use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 print("Triton interpreter (CPU):", kernels.interpreted())
 
 # %% [markdown]
@@ -66,10 +70,10 @@ print("max |online - softmax @ V| =", (acc / l - torch.softmax(x, 0) @ values).a
 fig, ax = plt.subplots(figsize=(7, 2.8))
 ax.plot(x, ".", color="gray", label="logits")
 for i, (m_i, a) in enumerate(history):
-    ax.hlines(m_i, 8 * i, 8 * i + 8, color="tab:red", label="running max m after the tile" if i == 0 else None)
+    ax.hlines(m_i, 8 * i, 8 * i + 8, color="tab:red", label=t("lc_l5_running_max", LANG) if i == 0 else None)
     ax.axvline(8 * i, color="lightgray", lw=0.8)
     ax.annotate(f"α={a:.2f}", (8 * i + 4, x.max() + 1), ha="center", fontsize=8)
-ax.set_xlabel("context token")
+ax.set_xlabel(t("lc_l5_context_token", LANG))
 ax.set_ylim(x.min() - 1, x.max() + 2)
 ax.legend(fontsize=8, loc="lower right")
 plt.show()
@@ -90,7 +94,7 @@ for h in range(num_heads):
     ax.plot([h, 3 * kv + 1], [1, 0], color=f"C{kv}")
     ax.text(h, 1.08, f"q{h}", ha="center")
 for kv in range(num_kv_heads):
-    ax.text(3 * kv + 1, -0.2, f"KV head {kv}", ha="center", color=f"C{kv}")
+    ax.text(3 * kv + 1, -0.2, t("lc_l5_kv_head", LANG, kv=kv), ha="center", color=f"C{kv}")
 ax.set_ylim(-0.4, 1.3)
 ax.set_axis_off()
 plt.show()

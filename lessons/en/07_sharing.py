@@ -221,29 +221,16 @@ memory_saved = None  # TODO(student): a fraction, 0..1
 
 # %% tags=["check"]
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     m = exercise_report.memory
     saved = m.blocks_without_sharing - m.blocks_with_sharing
-    say = {
-        "en": {
-            "none": "FAIL: blocks_saved and memory_saved are still None",
-            "blocks": "FAIL: blocks_saved = {a}, but the engine saved another number; which blocks stay shared after the first write?",
-            "share": "FAIL: memory_saved = {a}, but the engine reports another share; how many blocks would 4 separate samples hold?",
-            "pass": "PASS: {saved} blocks saved of {without}: memory saved by sharing {share:.1%}, as the engine reports",
-        },
-        "zh": {
-            "none": "FAIL：blocks_saved 和 memory_saved 仍是 None",
-            "blocks": "FAIL：blocks_saved = {a}，但引擎节省的块数不同；第一次写入之后，哪些块仍然共享？",
-            "share": "FAIL：memory_saved = {a}，但引擎报告的比例不同；4 个互不共享的样本一共要持有多少块？",
-            "pass": "PASS：不共享时需要 {without} 块，共享节省了 {saved} 块，共享节省的显存 {share:.1%}，与引擎报告一致",
-        },
-    }[LANG]
     if blocks_saved is None or memory_saved is None:
-        return say["none"]
+        return t("l7_fail_none", LANG)
     if blocks_saved != saved:
-        return say["blocks"].format(a=blocks_saved)
+        return t("l7_fail_blocks", LANG, value=blocks_saved)
     if abs(memory_saved - m.memory_saved_by_sharing) > 1e-3:
-        return say["share"].format(a=memory_saved)
-    return say["pass"].format(saved=saved, without=m.blocks_without_sharing, share=m.memory_saved_by_sharing)
+        return t("l7_fail_share", LANG, value=memory_saved)
+    return t("l7_pass", LANG, saved=saved, without=m.blocks_without_sharing, share=f"{m.memory_saved_by_sharing:.1%}")
 
 
 print(check())

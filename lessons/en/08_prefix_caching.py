@@ -181,9 +181,13 @@ predicted_hits = None  # TODO(student): a list of block ids
 predicted_evicted = None  # TODO(student): a block id
 
 # %% tags=["check"]
+LANG = "en"  # the language of the check's messages
+
+
 def check():
+    from visualize.i18n import t  # the check's messages, in the notebook's language
     if predicted_hits is None:
-        return "FAIL: predicted_hits is still None"
+        return t("l8_fail_none", LANG)
     e = new_engine()
     for prompt, max_tokens, steps in ((list(range(100, 115)), 4, 2), (list(range(100, 110)) + [200, 201, 202, 203], 3, 3),
                                       (list(range(100, 112)) + list(range(300, 317)), 1, 1)):
@@ -195,10 +199,10 @@ def check():
     hits = [ev.block_id for ev in report.events if ev.kind == CACHE_HIT]
     evicted = [ev.block_id for ev in report.events if ev.kind == EVICT]
     if list(predicted_hits) != hits:
-        return f"FAIL: predicted hits {predicted_hits}, but the engine hit other blocks"
+        return t("l8_fail_hits", LANG, value=predicted_hits)
     if [predicted_evicted] != evicted and not (predicted_evicted is None and not evicted):
-        return f"FAIL: predicted eviction of {predicted_evicted}, but the engine evicted something else"
-    return f"PASS: hits {hits}, evicted {evicted}"
+        return t("l8_fail_evicted", LANG, value=predicted_evicted)
+    return t("l8_pass", LANG, hits=hits, evicted=evicted)
 
 
 print(check())

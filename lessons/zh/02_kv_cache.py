@@ -31,6 +31,11 @@ from engine import LLM, SamplingParams
 from engine.model import apply_rotary
 from engine.model_loader import resolve_model
 from engine.model_runner import kv_bytes_per_slot
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+LANG = "zh"  # the language of the charts and of the check's messages
+use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
 # %% [markdown]
 # ## 1. 解码步需要过去的什么
@@ -72,9 +77,9 @@ out_full, probs = attend(q, k, v, causal=True)
 fig, ax = plt.subplots(figsize=(4, 3.6))
 ax.imshow(probs[0], cmap="Blues")
 ax.add_patch(plt.Rectangle((-0.5, T - 1.5), T, 1, fill=False, ec="tab:red", lw=2))
-ax.set_xlabel("key / value of token")
-ax.set_ylabel("query of token")
-ax.set_title("layer 0, head 0: attention weights")
+ax.set_xlabel(t("lc_l2_key_token", LANG))
+ax.set_ylabel(t("lc_l2_query_token", LANG))
+ax.set_title(t("lc_l2_attention_title", LANG))
 plt.show()
 
 # %% [markdown]
@@ -82,8 +87,8 @@ plt.show()
 
 # %%
 k_cache, v_cache, rows = [], [], []
-for t in range(T):
-    q_t, k_t, v_t = qkv(ids[t : t + 1], [t])  # only the new token goes through the projections
+for pos in range(T):
+    q_t, k_t, v_t = qkv(ids[pos : pos + 1], [pos])  # only the new token goes through the projections
     k_cache.append(k_t)
     v_cache.append(v_t)
     rows.append(attend(q_t, torch.cat(k_cache), torch.cat(v_cache), causal=False)[0])
@@ -110,9 +115,9 @@ argmax = [int(l[0].argmax()) for l in no_cache.logits]
 print("engine tokens == argmax of the cache-free logits:", engine_tokens == argmax)
 fig, ax = plt.subplots(figsize=(6, 2.6))
 ax.plot(diff, "o-")
-ax.set_xlabel("generated token")
-ax.set_ylabel("max |Δ logit|")
-ax.set_title("with vs without KV cache: differences at float rounding (logits are ~10)")
+ax.set_xlabel(t("lc_l2_generated_token", LANG))
+ax.set_ylabel(t("lc_l2_max_logit_diff", LANG))
+ax.set_title(t("lc_l2_cache_diff_title", LANG))
 plt.show()
 
 # %% [markdown]
@@ -141,14 +146,14 @@ models = {
 }
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
 a1.barh(list(models), [b / 1024 for b in models.values()], color="tab:purple")
-a1.set_xlabel("KiB per token")
+a1.set_xlabel(t("lc_l2_kib_per_token", LANG))
 for name, b in models.items():
     print(f"{name:20s} {b:>9,} B/token   a 4096-token request: {4096 * b / 2**30:5.2f} GiB")
 lengths = torch.arange(0, 4097, 256)
 for name, b in models.items():
     a2.plot(lengths, lengths * b / 2**30, label=name)
-a2.set_xlabel("tokens in the request")
-a2.set_ylabel("KV cache (GiB)")
+a2.set_xlabel(t("lc_l2_tokens_in_request", LANG))
+a2.set_ylabel(t("lc_l2_kv_gib", LANG))
 a2.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
@@ -165,10 +170,10 @@ llm.generate(ids, SamplingParams(max_tokens=40, ignore_eos=True), on_step=report
 kib = eng.bytes_per_slot / 1024
 steps = range(len(reports))
 fig, ax = plt.subplots(figsize=(6, 3))
-ax.plot(steps, [r.memory.token_states * kib for r in reports], "o-", ms=3, label="token states")
-ax.step(steps, [r.memory.allocated * kib for r in reports], where="post", label=f"allocated ({eng.config.block_size}-token blocks)")
-ax.set_xlabel("step of this request")
-ax.set_ylabel("KV cache (KiB)")
+ax.plot(steps, [r.memory.token_states * kib for r in reports], "o-", ms=3, label=t("lc_token_states", LANG))
+ax.step(steps, [r.memory.allocated * kib for r in reports], where="post", label=t("lc_l2_allocated", LANG, size=eng.config.block_size))
+ax.set_xlabel(t("lc_l2_step_of_request", LANG))
+ax.set_ylabel(t("lc_l2_kv_kib", LANG))
 ax.legend()
 plt.show()
 
@@ -185,9 +190,6 @@ opt13b_bytes_per_token = None  # TODO(student)
 opt13b_tokens = None  # TODO(student)
 
 # %% tags=["check"]
-LANG = "zh"  # the language of the check's messages
-
-
 def check():
     from visualize.i18n import t  # the check's messages, in the notebook's language
     want = kv_bytes_per_slot(40, 40, 128, torch.float16)

@@ -31,7 +31,11 @@ import matplotlib.pyplot as plt
 from engine import LLM, SamplingParams, simulate
 from engine.report import PREEMPT
 
-LANG = "zh"
+from visualize.i18n import t
+from visualize.style import use_cjk_font
+
+LANG = "zh"  # the language of the charts and of the check's messages
+use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
 # %% [markdown]
 # ## 1. 同一组请求：静态批处理 vs 连续批处理
@@ -65,9 +69,9 @@ for ax, (name, (ids, reports)) in zip(axes, runs.items()):
     for i, rid in enumerate(ids):
         steps = [k for k, r in enumerate(reports) if any(s.request_id == rid for s in r.scheduled)]
         ax.broken_barh([(k, 1) for k in steps], (i - 0.4, 0.8), color=f"C{i % 10}")
-    ax.set_title(f"{name}: {len(reports)} steps")
-    ax.set_xlabel("step")
-axes[0].set_yticks(range(len(lengths)), [f"{n} tokens" for n in lengths])
+    ax.set_title(t("lc_l6_batching_title", LANG, name=t(f"lc_l6_{name}", LANG), n=len(reports)))
+    ax.set_xlabel(t("lc_step", LANG))
+axes[0].set_yticks(range(len(lengths)), [t("lc_l6_n_tokens", LANG, n=n) for n in lengths])
 plt.show()
 
 # %% [markdown]
@@ -101,15 +105,15 @@ print("same text as with a roomy pool:", [o.text for o in tight_out] == [o.text 
 held = [[next((len(s.block_table) for s in r.block_tables if s.request_id == rid), 0) for r in t_reports]
         for rid in range(len(questions))]
 fig, ax = plt.subplots(figsize=(8, 2.8))
-ax.stackplot(range(len(t_reports)), *held, step="post", labels=[f"request {rid}" for rid in range(len(questions))])
+ax.stackplot(range(len(t_reports)), *held, step="post", labels=[f"{t('request', LANG)} {rid}" for rid in range(len(questions))])
 for k, r in enumerate(t_reports):
     for rid in r.preempted:
-        ax.annotate(f"request {rid} preempted", (k, tight.engine.num_blocks), xytext=(k, tight.engine.num_blocks + 2),
+        ax.annotate(t("lc_l6_preempted", LANG, rid=rid), (k, tight.engine.num_blocks), xytext=(k, tight.engine.num_blocks + 2),
                     arrowprops=dict(arrowstyle="->"), ha="center", fontsize=8)
-ax.axhline(tight.engine.num_blocks, color="k", ls=":", label="pool size")
+ax.axhline(tight.engine.num_blocks, color="k", ls=":", label=t("lc_l6_pool_size", LANG))
 ax.set_ylim(0, tight.engine.num_blocks + 4)
-ax.set_xlabel("step")
-ax.set_ylabel("blocks held")
+ax.set_xlabel(t("lc_step", LANG))
+ax.set_ylabel(t("lc_l6_blocks_held", LANG))
 ax.legend(fontsize=8, loc="upper right")
 plt.show()
 print("PREEMPT events:", [(k, e.request_id) for k, r in enumerate(t_reports) for e in r.events if e.kind == PREEMPT])
@@ -126,12 +130,12 @@ results = [simulate(workload="sharegpt", num_requests=1000, block_size=b, kv_slo
 shares = [r.saturated() for r in results]
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))
 a1.plot(sizes, [100 * s["internal_fragmentation"] for s, _ in shares], "o-", color="tab:orange")
-a1.set_ylabel("internal fragmentation (% of pool)")
+a1.set_ylabel(t("lc_l6_internal_share", LANG))
 a2.plot(sizes, [c for _, c in shares], "o-")
-a2.set_ylabel("requests running at once")
+a2.set_ylabel(t("lc_l6_running", LANG))
 for ax in (a1, a2):
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("block size (tokens)")
+    ax.set_xlabel(t("lc_l6_block_size", LANG))
     ax.axvspan(16, 128, color="green", alpha=0.1)
 plt.show()
 
