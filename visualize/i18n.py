@@ -427,6 +427,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "**空闲**：其余所有槽位。",
     ),
     "system_paged": ("paged", "分页"),
+    "l3_contiguous_max": ("contiguous, reservation = max", "连续分配，预留 = max"),
     "system_contiguous": ("contiguous ({reservation})", "连续（{reservation}）"),
     "compare_hint": ("Press “Run both” to compare.", "按“运行两者”开始比较。"),
     "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),

@@ -42,6 +42,7 @@ import matplotlib.pyplot as plt
 from engine import LLM, Request, SamplingParams, reproduce_paper, simulate
 from visualize import memory_figure, memory_frame, pool_map_figure
 from visualize.paper import plot_memory_breakdown
+from visualize.i18n import t
 
 # visualize/paper.py switches matplotlib to a file-only backend when imported: switch figures back on.
 # %matplotlib inline
@@ -77,8 +78,8 @@ paged = LLM(num_gpu_blocks=14, block_size=16, max_model_len=64)
 p_reports = []
 paged.generate(prompts, params, on_step=p_reports.append)
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3), sharey=True)
-memory_figure(memory_frame(c_reports), lang=LANG, title="contiguous, reservation = max", ax=a1)
-memory_figure(memory_frame(p_reports), lang=LANG, title="paged", ax=a2)
+memory_figure(memory_frame(c_reports), lang=LANG, title=t("l3_contiguous_max", LANG), ax=a1)
+memory_figure(memory_frame(p_reports), lang=LANG, title=t("system_paged", LANG), ax=a2)
 plt.show()
 print(f"steps to serve all four: contiguous {len(c_reports)}, paged {len(p_reports)}")
 
@@ -98,7 +99,7 @@ print(f"steps to serve all four: contiguous {len(c_reports)}, paged {len(p_repor
 
 # %%
 rows = reproduce_paper(num_requests=2000, workloads=("sharegpt",))
-plot_memory_breakdown(rows)
+plot_memory_breakdown(rows, lang=LANG)
 plt.show()
 for r in rows:
     print(f"{r['system']:14s} token states {r['token_state_fraction']:6.1%} (paper {r['paper_token_state_fraction']:.1%})   "
@@ -123,7 +124,6 @@ for r in rows:
 
 # %%
 from engine.cost_model import StepShape, get_setup
-from visualize.i18n import t
 from visualize.style import use_cjk_font
 
 a100 = get_setup("a100-opt-13b-achieved")  # the paper's set-up: OPT-13B on one A100-40GB, 15,700 KV slots
