@@ -267,9 +267,13 @@ def step_summary(report, views, lang: str) -> None:
     c[5].metric(t("memory_saved_by_sharing", lang), f"{getattr(report.memory, 'memory_saved_by_sharing', 0.0):.1%}",
                 help=t("memory_saved_help", lang))
     timings = ", ".join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
-    count = {s: sum(1 for v in views if v.status == s) for s in ("running", "finished")}
-    waiting = len(views) - count["running"] - count["finished"]
-    st.caption(f"{t('time_per_phase', lang)}: {timings} · {t('running_waiting', lang)}: {count['running']} / {waiting} / {count['finished']}")
+    count = {s: sum(1 for v in views if v.status == s) for s in ("running", "swapped", "finished")}
+    waiting = len(views) - sum(count.values())
+    if count["swapped"] or getattr(report, "cpu_memory", None) is not None:  # swap preemption: the third queue too
+        queues = f"{t('running_waiting_swapped', lang)}: {count['running']} / {waiting} / {count['swapped']} / {count['finished']}"
+    else:
+        queues = f"{t('running_waiting', lang)}: {count['running']} / {waiting} / {count['finished']}"
+    st.caption(f"{t('time_per_phase', lang)}: {timings} · {queues}")
 
 
 def _timing_name(key: str, lang: str) -> str:

@@ -22,7 +22,7 @@ class RequestView:
     prompt: str
     text: str
     num_tokens: int
-    status: str  # "waiting", "running", "preempted" or "finished"
+    status: str  # "waiting", "running", "preempted", "swapped" (its KV in the CPU pool) or "finished"
     finish_reason: str | None
     num_preemptions: int
 
@@ -41,12 +41,15 @@ def request_views(prompts: dict[int, str], reports: list, upto: int) -> list[Req
         reasons.update(report.finished)
     last = reports[upto]
     running = {s.request_id for s in last.block_tables}
+    swapped = set(getattr(last, "swapped", []))  # runs saved before swap existed have none
     views = []
     for rid in sorted(prompts):
         if rid in reasons:
             status = "finished"
         elif rid in running:
             status = "running"
+        elif rid in swapped:
+            status = "swapped"
         elif rid in last.preempted:
             status = "preempted"
         else:

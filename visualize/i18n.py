@@ -240,6 +240,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l6_blocks_moved": ("blocks moved", "移动的块数"),
     "tok_count": ("{n} tok", "{n} 个 token"),
     "running_waiting": ("Running / waiting / finished", "运行 / 等待 / 完成"),
+    "running_waiting_swapped": ("Running / waiting / swapped / finished", "运行 / 等待 / 换出 / 完成"),
     # --- requests
     "requests": ("Requests and their text", "请求及其生成文本"),
     "request": ("Request", "请求"),
@@ -247,6 +248,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "status_running": ("running", "运行中"),
     "status_finished": ("finished ({reason})", "已完成（{reason}）"),
     "status_preempted": ("preempted", "被抢占"),
+    "status_swapped": ("swapped out to the CPU", "已换出到 CPU"),
     "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
