@@ -88,6 +88,8 @@ def apply_workload(workload: Workload) -> None:
     state["seed"] = s["seed"]
     state["preemption_mode"] = s.get("preemption_mode", "recompute")  # workload files from before issue 14 have none
     state["chunked_prefill"] = bool(s.get("enable_chunked_prefill", False))
+    if s.get("enable_prefix_caching") is not None:  # None: the sidebar keeps the engine's default
+        state["prefix_caching"] = s["enable_prefix_caching"]
     if s.get("max_num_batched_tokens"):
         state["token_budget"] = int(s["max_num_batched_tokens"])
 

@@ -69,6 +69,7 @@ SETTINGS_DEFAULTS: dict = {
     "preemption_mode": "recompute",
     "enable_chunked_prefill": False,
     "max_num_batched_tokens": None,
+    "enable_prefix_caching": None,  # None: the engine's default (on with the paged allocator)
 }
 _OPTIONAL_INTS = ("num_gpu_blocks", "kv_cache_memory", "max_num_batched_tokens")
 
@@ -285,6 +286,8 @@ def _settings(raw, name: str) -> dict:
         value = raw[key]
         if key in _OPTIONAL_INTS:
             ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+        elif key == "enable_prefix_caching":
+            ok = value is None or isinstance(value, bool)
         elif key == "temperature":
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
             value = float(value) if ok else value

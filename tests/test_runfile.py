@@ -27,6 +27,17 @@ def test_workload_round_trip(tmp_path):
     assert loaded.settings["block_size"] == 8 and loaded.settings["num_gpu_blocks"] == 32
     assert loaded.settings["allocator"] == "paged"  # missing keys take their defaults
     assert load_workload(path.read_bytes(), name="w.json").requests == workload.requests
+    assert loaded.settings["enable_prefix_caching"] is None  # the engine's default, unless the file says
+
+
+def test_scheduler_and_prefix_caching_settings_come_back():
+    settings = {"preemption_mode": "swap", "enable_chunked_prefill": True, "max_num_batched_tokens": 48, "enable_prefix_caching": False}
+    loaded = load_workload(workload_json(Workload([WorkloadRequest("hi", 2)], settings)).encode(), name="w.json")
+    assert {k: loaded.settings[k] for k in settings} == settings
+    bad = {"format": "pagedattention-lab/workload", "version": 1, "requests": [{"prompt": "a", "max_tokens": 3}],
+           "settings": {"enable_prefix_caching": "yes"}}
+    with pytest.raises(RunFileError, match="setting \"enable_prefix_caching\" has a bad value 'yes'"):
+        load_workload(json.dumps(bad).encode(), name="w.json")
 
 
 def test_unknown_keys_are_ignored():
