@@ -31,6 +31,7 @@ slower, the same results within float rounding.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -58,6 +59,8 @@ LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
+_building = threading.Event()  # set while this process compiles (see _exit_quietly_if_building)
+INTERRUPTED = "interrupted during the build of the engine's CPU kernels; it starts again at the next run"
 
 
 def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
@@ -78,6 +81,10 @@ def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, f
                 _build_and_load(build_root, progress)
                 _state["ok"] = True
             except Exception as error:  # noqa: BLE001 - any build failure means: fall back, loudly
+                if "interrupted by user" in str(error):  # Ctrl-C reached ninja too: not a failed build
+                    if threading.current_thread() is threading.main_thread():
+                        raise KeyboardInterrupt(INTERRUPTED) from error  # the CLI says "interrupted"
+                    _exit_quietly()  # the app's script thread, while its server's main thread stops
                 _state["ok"], _state["error"] = False, f"{type(error).__name__}: {error}".strip()
                 reason = _tail(str(_state["error"]), 600)  # the cause is at the end
                 warnings.warn(
@@ -266,11 +273,31 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
     cpp_logger = logging.getLogger(cpp_extension.__name__)
     level = cpp_logger.level
     cpp_logger.setLevel(logging.ERROR)
+    _building.set()
+    atexit.register(_exit_quietly_if_building)
     try:
         _load(cpp_extension, name, build_dir)
     finally:
         cpp_logger.setLevel(level)
+        _building.clear()
+        atexit.unregister(_exit_quietly_if_building)
     loaded_once.touch()
+
+
+def _exit_quietly_if_building() -> None:
+    """At interpreter exit (a Ctrl-C of the app's server) while another thread still compiles: say so
+    in one line and end the process now. Finalizing Python under a running build ends in C++ aborts
+    ("terminate called without an active exception") and, with Triton loaded, nanobind's leak
+    reports. Nothing is left half-done: ninja removes its partial outputs, the OS drops the build
+    lock, and a library no process has loaded yet is rebuilt at the next start."""
+    if _building.is_set():
+        _exit_quietly()
+
+
+def _exit_quietly() -> None:
+    sys.stderr.write(f"{INTERRUPTED}\n")
+    sys.stderr.flush()
+    os._exit(130)
 
 
 @contextlib.contextmanager

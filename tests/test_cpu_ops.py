@@ -259,6 +259,37 @@ def test_a_build_killed_midway_never_hangs_the_next_start(tmp_path):
     assert not (build_dir / "lock").exists()
 
 
+def test_ctrl_c_during_a_build_in_a_worker_thread_says_one_line(tmp_path):
+    """The issue's Ctrl-C on the app's server during the kernel build: the terminal's SIGINT reaches the
+    whole process group (the server's main thread and ninja), while the build runs in the script
+    thread. It used to end in a fallback warning and a C++ abort ("terminate called without an active
+    exception"); now one line, exit status 130, and the next start builds cleanly."""
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        from engine import cpu_ops
+        worker = threading.Thread(target=cpu_ops.load_kernel, args=({str(tmp_path)!r},), daemon=True)
+        worker.start()  # as Streamlit's script thread
+        try:
+            while True:
+                time.sleep(0.1)
+        except KeyboardInterrupt:  # the server's main thread stops (Streamlit: "Stopping...")
+            pass
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert "Building the engine's CPU kernels" in proc.stderr.readline()
+    time.sleep(3)  # the compiler is running now
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal
+    err = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert err.strip().splitlines() == [cpu_ops.INTERRUPTED], err[-2000:]
+    assert proc.returncode == 130
+    build = f"from engine import cpu_ops\nassert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()"
+    again = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+
+
 def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     cmd = [sys.executable, "-m", "engine", "bench-cpu", "--model", str(tiny_llama_dir), "--rows", "1", "3", "--repeats", "1"]
     result = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=600)
