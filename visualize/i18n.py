@@ -164,11 +164,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "timing_report": ("report", "报告"),
     "timing_prepare": ("prepare", "准备输入"),
     # issue 14 app: swap preemption and chunked prefill (sidebar, presets, CPU pool lane, progress, events, lesson 6)
-    "timing_swap": ("swap", "交换"),
+    "timing_swap": ("swap", "交换（swap）"),
     "scheduler": ("Scheduler", "调度器"),
     "preemption_mode": ("Preemption mode", "抢占方式"),
     "preemption_recompute": ("recompute", "重计算"),
-    "preemption_swap": ("swap", "交换"),
+    "preemption_swap": ("swap", "交换（swap）"),
     "preemption_mode_help": (
         "What a request gives up when the pool runs out (paper §4.5). Recompute: its blocks are freed and its prompt "
         "and tokens are prefilled again later. Swap: its blocks are copied to a CPU swap space as large as the pool "
@@ -235,7 +235,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l6_blocks_copied": ("blocks copied (out + in)", "复制的块数（换出 + 换入）"),
     "l6_copy_ms": ("time copying (ms)", "复制耗时（毫秒）"),
     "l6_recompute": ("recompute", "重计算"),
-    "l6_swap": ("swap", "交换"),
+    "l6_swap": ("swap", "交换（swap）"),
     "l6_tokens_recomputed": ("tokens recomputed", "重算的 token 数"),
     "l6_blocks_moved": ("blocks moved", "移动的块数"),
     "tok_count": ("{n} tok", "{n} 个 token"),
