@@ -16,7 +16,7 @@ Time comes from the step-time model preset ``a100-opt-13b-achieved`` (engine/cos
   crossing; a system that never crosses is reported as ">= the highest rate").
 - Figure 13: mean batched requests (requests running per step) at ShareGPT 2 req/s and Alpaca 30 req/s.
 - Figure 15: memory saved by sharing (§6.3) for parallel sampling and beam search, no time needed.
-- Figure 16: a shared prefix (prefix caching), batch size and memory (``engine.simulator.reproduce_figure16``).
+- Figure 16: a shared prefix (prefix caching): batch size, memory and throughput (``engine.simulator.reproduce_figure16``).
 - Figure 18b: vLLM's normalized latency against block size.
 
 Every function returns plain rows (dicts); ``format_figure`` prints them, ``visualize/paper.py``

@@ -345,11 +345,13 @@ def test_simulator_shared_prefix_is_held_once_and_a_sub_block_prefix_never_hits(
 def test_reproduce_figure16_orders_like_the_paper():
     from engine.simulator import format_figure16_table, reproduce_figure16
 
-    rows = reproduce_figure16(num_requests=300, kv_slots=6000)
+    rows = reproduce_figure16(num_requests=300, kv_slots=6000, throughput_requests=150, rates=(2.0, 8.0, 16.0, 32.0))
     ratios = {r["prefix"]: r["batch_ratio_over_orca_oracle"] for r in rows if r["system"] == "vLLM"}
     assert 1 < ratios["1-shot"] < ratios["5-shot"]  # the longer prefix gains more, as in Figure 16
+    tput = {r["prefix"]: r["throughput_ratio_over_orca_oracle"] for r in rows if r["system"] == "vLLM"}
+    assert 1 <= tput["1-shot"] < tput["5-shot"], tput  # and in throughput too
     table = format_figure16_table(rows)
-    assert "1.67x" in table and "3.58x" in table and "time model" in table
+    assert "1.67x" in table and "3.58x" in table and "time model" in table and f"{tput['5-shot']:.2f}x" in table
 
 
 def test_the_event_log_names_hits_and_evictions_in_both_languages(tiny):
