@@ -250,7 +250,8 @@ def latency_against_rate(workload: str, seed: int, lang: str) -> None:
     st.vega_lite_chart(latency_rate_spec(rows, lang, marks), width="stretch", height=360)
     found = []
     for r in table:
-        rate = t("sustainable_rate" if r["reached"] else "sustainable_at_least", lang, rate=f"{r['rate']:.2f}")
+        kind = "sustainable_below" if r["loaded_at_lowest"] else "sustainable_rate" if r["reached"] else "sustainable_at_least"
+        rate = t(kind, lang, rate=f"{r['rate']:.2f}")
         found.append(f"{paper_system_label(r['system'], lang)} {rate}")
     st.caption(t("sustainable_line", lang, threshold=f"{THRESHOLD:g}", rates="; ".join(found)))
     rate_summary(table, workload, setup, lang)
@@ -258,22 +259,34 @@ def latency_against_rate(workload: str, seed: int, lang: str) -> None:
 
 def rate_summary(table: list[dict], workload: str, setup: str, lang: str) -> None:
     """Beside the chart: each system's sustainable rate here, vLLM's ratio over it, and the paper's."""
+    from engine.paper_experiments import THRESHOLD
     from visualize.paper import paper_ratio_label
 
     def here(r) -> str:
+        if r["loaded_at_lowest"]:  # saturated below the sweep: its rate is under the lowest one
+            return f"< {r['rate']:.3g}"
         return f"{r['rate']:.3g}" if r["reached"] else f"≥ {r['rate']:.3g}"  # never crossed: a lower bound
 
+    def ratio(r) -> str:
+        if r["ratio"] is None:
+            return "–"
+        bound = "> " if r["loaded_at_lowest"] else ("≥ " if not vllm["reached"] else "")
+        return f"{bound}{r['ratio']:.2f}×"
+
+    vllm = next(r for r in table if r["system"] == "vLLM")
     st.table(pd.DataFrame({
         t("rate_table_system", lang): [paper_system_label(r["system"], lang) for r in table],
         t("rate_table_rate", lang): [here(r) for r in table],
-        t("rate_table_ratio", lang): ["–" if r["ratio"] is None else f"{r['ratio']:.2f}×" for r in table],
+        t("rate_table_ratio", lang): [ratio(r) for r in table],
         t("paper_ratio_col", lang): [paper_ratio_label(r["paper"], lang) for r in table],
     }))
+    if any(r["loaded_at_lowest"] for r in table):
+        st.caption(t("rate_table_loaded", lang, threshold=f"{THRESHOLD:g}"))
     if workload != "sharegpt":
         st.caption(t("paper_no_alpaca", lang))
         return
     st.caption(t("paper_marks_caption", lang))
-    if not next(r for r in table if r["system"] == "vLLM")["reached"]:
+    if not vllm["reached"]:
         st.caption(t("paper_marks_lower_bound", lang))
     if not setup.startswith("a100-opt-13b"):
         st.caption(t("paper_not_setup", lang, preset=_preset_text(setup, lang)))

@@ -218,13 +218,26 @@ def sustainable_rates(rows: list[dict]) -> dict[str, tuple[float, bool]]:
 
 def rate_table(rows: list[dict]) -> list[dict]:
     """One workload's sweep as Figure 12's summary: per system its sustainable ``rate`` (req/s),
-    ``reached`` (False: a lower bound), vLLM's ``ratio`` over it (None for vLLM itself), and the
-    paper's (``paper``: (low, high), (None, high) = "up to", None = the paper gives none)."""
+    ``reached`` (False: a lower bound), vLLM's ``ratio`` over it (None for vLLM itself), the paper's
+    (``paper``: (low, high), (None, high) = "up to", None = the paper gives none), and
+    ``loaded_at_lowest``: already at ``THRESHOLD`` x vLLM's low-load latency at its lowest rate, so it
+    saturates below the sweep and its crossing is no sustainable rate (its rate is then "< lowest rate").
+    """
     workload = rows[0]["workload"]
     found = sustainable_rates(rows)
     vllm_rate = found["vLLM"][0]
-    return [{"system": system, "rate": rate, "reached": reached, "ratio": None if system == "vLLM" else vllm_rate / rate,
-             "paper": PAPER_RATE_RATIOS.get(workload, {}).get(system)} for system, (rate, reached) in found.items()]
+    first = {}
+    for r in rows:  # each system's point at its lowest rate (rows are in rate order per system)
+        first.setdefault(r["system"], r)
+    low_load = first["vLLM"]["normalized_latency_s"]
+    table = []
+    for system, (rate, reached) in found.items():
+        loaded = system != "vLLM" and first[system]["normalized_latency_s"] >= THRESHOLD * low_load
+        if loaded:
+            rate, reached = first[system]["request_rate"], True
+        table.append({"system": system, "rate": rate, "reached": reached, "loaded_at_lowest": loaded,
+                      "ratio": None if system == "vLLM" else vllm_rate / rate, "paper": PAPER_RATE_RATIOS.get(workload, {}).get(system)})
+    return table
 
 
 def paper_rate_marks(workload: str, vllm_rate: float) -> list[dict]:

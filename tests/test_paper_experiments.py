@@ -123,3 +123,15 @@ def test_a_sweep_can_run_in_the_presets_own_pool():
     assert own[0]["normalized_latency_s"] < paper_pool[0]["normalized_latency_s"]
     with pytest.raises(ValueError, match="unknown cost-model preset"):
         latency_sweep(("sharegpt",), setup="b200", kv_slots=None, max_model_len=None)
+
+
+def test_a_system_saturated_at_the_lowest_rate_is_shown_below_the_sweep():
+    """Alpaca at 5 req/s: Orca (Max) (7 requests at once) already queues, its normalized latency many
+    times vLLM's; the table gives its rate as under 5 req/s, not the crossing of 2x a loaded value."""
+    from engine.paper_experiments import rate_table
+
+    rows = latency_sweep(("alpaca",), {"alpaca": (5.0, 10.0, 20.0)}, systems=("Orca (Max)", "Orca (Oracle)", "vLLM"), num_requests=300)
+    table = {r["system"]: r for r in rate_table(rows)}
+    assert table["Orca (Max)"]["loaded_at_lowest"] and table["Orca (Max)"]["rate"] == 5.0
+    assert not table["Orca (Oracle)"]["loaded_at_lowest"] and not table["vLLM"]["loaded_at_lowest"]
+    assert table["Orca (Max)"]["ratio"] == table["vLLM"]["rate"] / 5.0 and table["vLLM"]["ratio"] is None

@@ -501,6 +501,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "rate_table_system": ("system", "系统"),
     "rate_table_rate": ("sustainable rate here (req/s)", "这里的可持续速率（请求/秒）"),
     "rate_table_ratio": ("vLLM's rate ÷ this one, here", "这里 vLLM 的速率 ÷ 该系统的速率"),
+    "rate_table_loaded": (
+        "“< r”: at the sweep's lowest rate r this system's normalized latency is already {threshold}× vLLM's low-load value: "
+        "it saturates below the sweep, so its rate is under r and vLLM's ratio over it above the one shown.",
+        "“< r”：在扫描的最低速率 r 下，该系统的归一化延迟已达 vLLM 低负载值的 {threshold} 倍：它在扫描范围之下就已饱和，"
+        "所以它的速率低于 r，vLLM 对它的倍数高于表中所示。",
+    ),
     "paper_ratio_col": ("the paper's ratio (ShareGPT, OPT-13B)", "论文中的倍数（ShareGPT，OPT-13B）"),
     "latency_requests": ("Requests per point", "每个点的请求数"),
     "latency_rate_title": ("{workload}: normalized latency against request rate", "{workload}：归一化延迟与请求速率"),
@@ -516,6 +522,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "sustainable_at_least": ("at least {rate} req/s", "至少 {rate} 请求/秒"),
     "sustainable_rate": ("{rate} req/s", "{rate} 请求/秒"),
+    "sustainable_below": ("under {rate} req/s", "低于 {rate} 请求/秒"),
     "simulating_sweep": ("Simulating {runs} runs…", "正在模拟 {runs} 次运行……"),
     "source_vllm": ("real vLLM (a recorded replay)", "真实 vLLM（录制的回放）"),
     "vllm_intro": (
