@@ -584,11 +584,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l3_fail_rate_high": (
         "FAIL: orca_max_saturation_rate = {value} req/s is more than {tolerance} above the rate the simulator's Orca (Max) "
         "sustains. Hint: the batch is the pool over max_model_len (not what paging would run), and a request occupies "
-        "its place in it for one decode step per output token: rate = batch ÷ (mean output tokens × step time), "
-        "that is decode_tokens_per_s(orca_max_batch) ÷ the mean output length.",
+        "its place in it for one decode step per output token, in steps as long as that batch's.",
         "FAIL：orca_max_saturation_rate = {value} 请求/秒，比模拟器中 Orca (Max) 的可持续速率高出 {tolerance} 以上。"
-        "提示：批大小是 KV 池 ÷ max_model_len（不是分页时能运行的批），一个请求每生成一个输出 token 就在批中占一个解码步："
-        "速率 = 批大小 ÷（平均输出 token 数 × 每步时间），也就是 decode_tokens_per_s(orca_max_batch) ÷ 平均输出长度。",
+        "提示：批大小是 KV 池 ÷ max_model_len（不是分页时能运行的批），一个请求每生成一个输出 token 就在批中占一个解码步，"
+        "每步的时长是这个批的步时。",
     ),
     "l3_fail_rate_low": (
         "FAIL: orca_max_saturation_rate = {value} req/s is more than {tolerance} below the rate the simulator's Orca (Max) "
