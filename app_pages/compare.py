@@ -192,28 +192,101 @@ def simulator_comparison(lang: str) -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _latency_sweep(workload: str, num_requests: int, seed: int) -> list[dict]:
+def _latency_sweep(workload: str, num_requests: int, seed: int, setup: str, calibrated_at: int) -> list[dict]:
+    """The sweep, cached; ``calibrated_at`` (this machine's calibration file's mtime, ns) is only part of
+    the cache key, so a new ``python -m engine calibrate`` is not answered with the old fit's sweep."""
     from engine.paper_experiments import latency_sweep
 
-    return latency_sweep((workload,), num_requests=num_requests, seed=seed)
+    # The preset's own pool and longest request (kv_slots/max_model_len None), at rates that suit it.
+    return latency_sweep((workload,), num_requests=num_requests, seed=seed, setup=setup, kv_slots=None, max_model_len=None)
+
+
+def latency_presets() -> tuple[str, ...]:
+    """The step-time presets offered: the GPU ones, and this machine's once it is calibrated."""
+    from engine.cost_model import SETUPS, THIS_MACHINE, calibration_path
+
+    return tuple(s for s in SETUPS if s != THIS_MACHINE or calibration_path().exists())
+
+
+def _preset_text(key: str, lang: str) -> str:
+    from engine.cost_model import get_setup
+
+    return t(f"preset_{key}", lang, slots=f"{get_setup(key).kv_slots:,}")
 
 
 def latency_against_rate(workload: str, seed: int, lang: str) -> None:
-    """The paper's Figure 12 for the chosen workload: normalized latency against request rate, per system."""
-    from engine.paper_experiments import FIGURE_12_SYSTEMS, SETUP, STATIC_LOW_RATES, SWEEP_RATES, THRESHOLD, sustainable_rate
+    """The paper's Figure 12 for the chosen workload and step-time preset: normalized latency against
+    request rate per system, the paper's ratios drawn beside it, and a table of the rates."""
+    from engine.cost_model import THIS_MACHINE, calibration_path, get_setup
+    from engine.paper_experiments import (FIGURE_12_SYSTEMS, SETUP, THRESHOLD, paper_rate_marks, rate_table,
+                                          steady_requests, sweep_rates, vllm_capacity)
 
     st.subheader(t("latency_rate_header", lang))
-    st.session_state.setdefault("latency_requests", SWEEP_REQUESTS)
-    num_requests = int(st.number_input(t("latency_requests", lang), 50, 2000, step=50, key="latency_requests"))
-    st.caption(t("latency_rate_intro", lang, n=num_requests, setup=SETUP))
-    runs = len(SWEEP_RATES[workload]) * len(FIGURE_12_SYSTEMS) + len(STATIC_LOW_RATES[workload])
-    with st.spinner(t("simulating_sweep", lang, runs=runs)):
-        rows = _latency_sweep(workload, num_requests, seed)
-    st.vega_lite_chart(latency_rate_spec(rows, lang), width="stretch", height=360)
+    presets = latency_presets()
+    c = st.columns([3, 1])
+    setup = localized_choice(c[0].selectbox, t("latency_preset", lang), presets, "latency_setup", lang,
+                             lambda k: _preset_text(k, lang), default=SETUP)
+    if THIS_MACHINE not in presets:
+        c[0].caption(t("preset_no_calibration", lang))
+    preset = get_setup(setup)
+    key = f"latency_requests_{setup}_{workload}"  # each preset and workload keeps its own count
+    st.session_state.setdefault(key, steady_requests(workload, setup, SWEEP_REQUESTS))
+    num_requests = int(c[1].number_input(t("latency_requests", lang), 50, 5000, step=50, key=key))
+    st.caption(t("latency_rate_intro", lang, n=num_requests, slots=f"{preset.kv_slots:,}", max_len=f"{preset.max_model_len:,}"))
+    rates, low = sweep_rates(workload, setup)
+    if setup == SETUP:
+        st.caption(t("latency_rates_paper", lang))
+    else:
+        mine, paper = vllm_capacity(workload, setup), vllm_capacity(workload, SETUP)
+        st.caption(t("latency_rates_scaled", lang, scale=f"{mine.rate / paper.rate:.3g}", capacity=f"{mine.rate:.3g}",
+                     batch=mine.batch, paper_capacity=f"{paper.rate:.3g}"))
+        st.caption(t("latency_requests_note", lang, batch=mine.batch, n=steady_requests(workload, setup, SWEEP_REQUESTS)))
+    with st.spinner(t("simulating_sweep", lang, runs=len(rates) * len(FIGURE_12_SYSTEMS) + len(low))):
+        stamp = calibration_path().stat().st_mtime_ns if setup == THIS_MACHINE else 0
+        rows = _latency_sweep(workload, num_requests, seed, setup, stamp)
+    table = rate_table(rows)
+    vllm = next(r for r in table if r["system"] == "vLLM")
+    marks = paper_rate_marks(workload, vllm["rate"])
+    st.vega_lite_chart(latency_rate_spec(rows, lang, marks), width="stretch", height=360)
     found = []
-    for system in FIGURE_12_SYSTEMS:
-        mine = [r for r in rows if r["system"] == system]
-        rate, reached = sustainable_rate([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine], THRESHOLD)
-        text = t("sustainable_rate" if reached else "sustainable_at_least", lang, rate=f"{rate:.2f}")
-        found.append(f"{paper_system_label(system, lang)} {text}")
+    for r in table:
+        kind = "sustainable_below" if r["loaded_at_lowest"] else "sustainable_rate" if r["reached"] else "sustainable_at_least"
+        rate = t(kind, lang, rate=f"{r['rate']:.2f}")
+        found.append(f"{paper_system_label(r['system'], lang)} {rate}")
     st.caption(t("sustainable_line", lang, threshold=f"{THRESHOLD:g}", rates="; ".join(found)))
+    rate_summary(table, workload, setup, lang)
+
+
+def rate_summary(table: list[dict], workload: str, setup: str, lang: str) -> None:
+    """Beside the chart: each system's sustainable rate here, vLLM's ratio over it, and the paper's."""
+    from engine.paper_experiments import THRESHOLD
+    from visualize.paper import paper_ratio_label
+
+    def here(r) -> str:
+        if r["loaded_at_lowest"]:  # saturated below the sweep: its rate is under the lowest one
+            return f"< {r['rate']:.3g}"
+        return f"{r['rate']:.3g}" if r["reached"] else f"≥ {r['rate']:.3g}"  # never crossed: a lower bound
+
+    def ratio(r) -> str:
+        if r["ratio"] is None:
+            return "–"
+        bound = "> " if r["loaded_at_lowest"] else ("≥ " if not vllm["reached"] else "")
+        return f"{bound}{r['ratio']:.2f}×"
+
+    vllm = next(r for r in table if r["system"] == "vLLM")
+    st.table(pd.DataFrame({
+        t("rate_table_system", lang): [paper_system_label(r["system"], lang) for r in table],
+        t("rate_table_rate", lang): [here(r) for r in table],
+        t("rate_table_ratio", lang): [ratio(r) for r in table],
+        t("paper_ratio_col", lang): [paper_ratio_label(r["paper"], lang) for r in table],
+    }))
+    if any(r["loaded_at_lowest"] for r in table):
+        st.caption(t("rate_table_loaded", lang, threshold=f"{THRESHOLD:g}"))
+    if workload != "sharegpt":
+        st.caption(t("paper_no_alpaca", lang))
+        return
+    st.caption(t("paper_marks_caption", lang))
+    if not vllm["reached"]:
+        st.caption(t("paper_marks_lower_bound", lang))
+    if not setup.startswith("a100-opt-13b"):
+        st.caption(t("paper_not_setup", lang, preset=_preset_text(setup, lang)))

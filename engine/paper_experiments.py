@@ -26,9 +26,11 @@ draws them.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from tqdm import tqdm
 
+from engine.cost_model import StepShape, get_setup, prefill_pairs
 from engine.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
                               format_figure16_table, reproduce_figure16, simulate)
 from engine.workloads import make_workload
@@ -70,9 +72,15 @@ def _check_rates(rates) -> tuple[float, ...]:
 
 
 def _run(workload: str, rate: float, system: str, num_requests: int, seed: int, block_size: int = BLOCK_SIZE,
-         setup: str = SETUP):
-    requests = make_workload(workload, num_requests, seed, MAX_MODEL_LEN, rate)
-    return simulate(requests=requests, kv_slots=KV_SLOTS, block_size=block_size, max_model_len=MAX_MODEL_LEN,
+         setup: str = SETUP, kv_slots: int | None = KV_SLOTS, max_model_len: int | None = MAX_MODEL_LEN):
+    """One simulation of the sweep; ``kv_slots`` / ``max_model_len`` None = the preset's own (its
+    ``engine.cost_model.Setup``), else the paper's pool whatever the preset times it with."""
+    if kv_slots is None or max_model_len is None:
+        preset = get_setup(setup)
+        kv_slots = preset.kv_slots if kv_slots is None else kv_slots
+        max_model_len = preset.max_model_len if max_model_len is None else max_model_len
+    requests = make_workload(workload, num_requests, seed, max_model_len, rate)
+    return simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
                     cost_model=setup, **FIGURE_12_SYSTEMS[system])
 
 
@@ -94,16 +102,22 @@ def paper_ratio_text(paper: tuple | None) -> str:
 
 
 def latency_sweep(workloads=("sharegpt", "alpaca"), rates: dict | None = None, systems=tuple(FIGURE_12_SYSTEMS),
-                  num_requests: int = 1000, seed: int = 0, setup: str = SETUP, progress: bool = False) -> list[dict]:
+                  num_requests: int = 1000, seed: int = 0, setup: str = SETUP, progress: bool = False,
+                  kv_slots: int | None = KV_SLOTS, max_model_len: int | None = MAX_MODEL_LEN) -> list[dict]:
     """Every (workload, system, rate) of the sweep: one simulation each, the same requests for
-    every system at a rate. Rows as :func:`_latency_row`. ``rates`` None = ``SWEEP_RATES``, and
-    FasterTransformer's start at ``STATIC_LOW_RATES``.
+    every system at a rate. Rows as :func:`_latency_row`. ``rates`` None = :func:`sweep_rates` of
+    ``setup`` (``SWEEP_RATES`` for the paper's), FasterTransformer's starting lower. ``kv_slots`` and
+    ``max_model_len`` (slots, tokens): the pool of every run; None = the preset's own.
 
     Raises:
         ValueError: an empty sweep, a rate <= 0, an unknown system or preset.
     """
-    low = STATIC_LOW_RATES if rates is None else {}
-    rates = rates or SWEEP_RATES
+    if rates is None:
+        rates, low = {}, {}
+        for w in workloads:
+            rates[w], low[w] = sweep_rates(w, setup)
+    else:
+        low = {}
     plan = [(w, _check_rates(rates[w] + (low.get(w, ()) if s == STATIC else ())), s) for w in workloads for s in systems]
     for _, _, s in plan:
         if s not in FIGURE_12_SYSTEMS:
@@ -114,9 +128,72 @@ def latency_sweep(workloads=("sharegpt", "alpaca"), rates: dict | None = None, s
     with tqdm(total=sum(len(r) for _, r, _ in plan), disable=not progress, unit="run", desc="sweep") as bar:
         for workload, wrates, system in plan:
             for rate in wrates:
-                rows.append(_latency_row(workload, system, rate, _run(workload, rate, system, num_requests, seed, setup=setup)))
+                res = _run(workload, rate, system, num_requests, seed, setup=setup, kv_slots=kv_slots, max_model_len=max_model_len)
+                rows.append(_latency_row(workload, system, rate, res))
                 bar.update(1)
     return rows
+
+
+class Capacity(NamedTuple):
+    """:func:`vllm_capacity`'s estimate: ``rate`` (req/s) and the ``batch`` (running requests) it assumes."""
+
+    rate: float
+    batch: int
+
+
+def vllm_capacity(workload: str, setup: str = SETUP, seed: int = 0, block_size: int = BLOCK_SIZE,
+                  max_num_seqs: int = 256) -> Capacity:
+    """A quick estimate, without simulating, of the request rate vLLM can serve under the preset
+    ``setup`` (its cost model and its pool) on ``workload``: Little's law with the memory bound.
+
+    Running requests hold prompt + half their output on average (P + O/2 tokens, the workload's
+    means), so the pool runs B = min(max_num_seqs, kv_slots / (P + O/2)) of them; a request costs its
+    share of O decode steps of batch B at that context, plus its prefill's compute (P tokens through
+    the linear layers and their causal attention pairs; the weights are read by the step anyway, as
+    prefills are batched with decodes). Capacity = 1 / that time.
+
+    Raises:
+        ValueError: an unknown preset or workload.
+    """
+    preset = get_setup(setup)
+    requests = make_workload(workload, 1000, seed, preset.max_model_len)
+    prompt = sum(r.prompt_len for r in requests) / len(requests)
+    output = sum(r.output_len for r in requests) / len(requests)
+    context = round(prompt + output / 2)
+    batch = max(1, min(max_num_seqs, int(preset.kv_slots // context)))
+    cm, p = preset.cost_model, round(prompt)
+    step_s = cm.step_time(StepShape.of_batch([], [context] * batch, block_size))
+    return Capacity(1.0 / (output * step_s / batch + p * cm.token_s + prefill_pairs(p, p) * cm.pair_s), batch)
+
+
+def steady_requests(workload: str, setup: str = SETUP, base: int = 500) -> int:
+    """Requests per sweep point under ``setup``: ``base`` for the paper's preset; another one needs a
+    Poisson trace many times longer than its batch in flight before queues (and the knee) show, so
+    at least 8x :func:`vllm_capacity`'s batch, rounded up to a multiple of 500 (the H100 preset runs
+    256 requests at once: 2,500)."""
+    if setup == SETUP:
+        return base
+    return max(base, -(-8 * vllm_capacity(workload, setup).batch // 500) * 500)
+
+
+def _two_digits(x: float) -> float:
+    return float(f"{x:.2g}")
+
+
+def sweep_rates(workload: str, setup: str = SETUP) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(rates, FasterTransformer's extra low rates) of the sweep under ``setup``, req/s.
+
+    The paper's preset gets ``SWEEP_RATES`` and ``STATIC_LOW_RATES`` as they are. Another preset
+    serves a different load (an H100 with Llama-3-8B sustains several times the A100's rate, this
+    CPU a small fraction of it), so its rates are the same list scaled by the ratio of
+    :func:`vllm_capacity` under it to that under the paper's preset, to two significant digits: the
+    sweep then spans the same range around vLLM's knee, whatever the hardware.
+    """
+    if setup == SETUP:
+        return SWEEP_RATES[workload], STATIC_LOW_RATES[workload]
+    scale = vllm_capacity(workload, setup).rate / vllm_capacity(workload, SETUP).rate
+    return (tuple(_two_digits(r * scale) for r in SWEEP_RATES[workload]),
+            tuple(_two_digits(r * scale) for r in STATIC_LOW_RATES[workload]))
 
 
 def sustainable_rate(rates: list[float], latencies: list[float], threshold: float = THRESHOLD) -> tuple[float, bool]:
@@ -128,6 +205,48 @@ def sustainable_rate(rates: list[float], latencies: list[float], threshold: floa
             r0, r1, l0, l1 = rates[i - 1], rates[i], latencies[i - 1], latencies[i]
             return r0 + (r1 - r0) * (limit - l0) / (l1 - l0), True
     return rates[-1], False
+
+
+def sustainable_rates(rows: list[dict]) -> dict[str, tuple[float, bool]]:
+    """{system: :func:`sustainable_rate`} for the rows of one workload, systems in their order there."""
+    found = {}
+    for system in dict.fromkeys(r["system"] for r in rows):
+        mine = [r for r in rows if r["system"] == system]
+        found[system] = sustainable_rate([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine])
+    return found
+
+
+def rate_table(rows: list[dict]) -> list[dict]:
+    """One workload's sweep as Figure 12's summary: per system its sustainable ``rate`` (req/s),
+    ``reached`` (False: a lower bound), vLLM's ``ratio`` over it (None for vLLM itself), the paper's
+    (``paper``: (low, high), (None, high) = "up to", None = the paper gives none), and
+    ``loaded_at_lowest``: already at ``THRESHOLD`` x vLLM's low-load latency at its lowest rate, so it
+    saturates below the sweep and its crossing is no sustainable rate (its rate is then "< lowest rate").
+    """
+    workload = rows[0]["workload"]
+    found = sustainable_rates(rows)
+    vllm_rate = found["vLLM"][0]
+    first = {}
+    for r in rows:  # each system's point at its lowest rate (rows are in rate order per system)
+        first.setdefault(r["system"], r)
+    low_load = first["vLLM"]["normalized_latency_s"]
+    table = []
+    for system, (rate, reached) in found.items():
+        loaded = system != "vLLM" and first[system]["normalized_latency_s"] >= THRESHOLD * low_load
+        if loaded:
+            rate, reached = first[system]["request_rate"], True
+        table.append({"system": system, "rate": rate, "reached": reached, "loaded_at_lowest": loaded,
+                      "ratio": None if system == "vLLM" else vllm_rate / rate, "paper": PAPER_RATE_RATIOS.get(workload, {}).get(system)})
+    return table
+
+
+def paper_rate_marks(workload: str, vllm_rate: float) -> list[dict]:
+    """Where the paper's Figure 12 ratios put each baseline, given vLLM's sustainable rate here:
+    {system, low_rate, high_rate, paper}: the baseline's rate = vLLM's / the paper's ratio, so the
+    band runs from ``vllm_rate / high`` to ``vllm_rate / low`` (req/s); "up to 22x" has no upper end
+    (``high_rate`` None). Empty where the paper gives no ratio (Alpaca)."""
+    return [{"system": system, "low_rate": vllm_rate / hi, "high_rate": None if lo is None else vllm_rate / lo, "paper": (lo, hi)}
+            for system, (lo, hi) in PAPER_RATE_RATIOS.get(workload, {}).items()]
 
 
 def figure_12(num_requests: int = 1000, seed: int = 0, rates: dict | None = None, progress: bool = False,
@@ -143,12 +262,9 @@ def figure_12(num_requests: int = 1000, seed: int = 0, rates: dict | None = None
     rows = latency_sweep(rates=rates, systems=systems, num_requests=num_requests, seed=seed, progress=progress, setup=setup)
     sustainable, ratios = [], []
     for workload in dict.fromkeys(r["workload"] for r in rows):
-        found = {}
-        for system in dict.fromkeys(r["system"] for r in rows):
-            mine = [r for r in rows if r["workload"] == workload and r["system"] == system]
-            rate, reached = sustainable_rate([r["request_rate"] for r in mine], [r["normalized_latency_s"] for r in mine])
-            found[system] = (rate, reached)
-            sustainable.append({"workload": workload, "system": system, "rate": rate, "reached": reached})
+        found = sustainable_rates([r for r in rows if r["workload"] == workload])
+        sustainable += [{"workload": workload, "system": system, "rate": rate, "reached": reached}
+                        for system, (rate, reached) in found.items()]
         vllm_rate, vllm_reached = found["vLLM"]
         for baseline in [s for s in ("Orca (Oracle)", "Orca (Pow2)", "Orca (Max)", STATIC) if s in found]:
             rate, reached = found[baseline]

@@ -339,7 +339,7 @@ def test_compare_page_draws_latency_against_request_rate(lang):
 
     at = AppTest.from_function(_compare_page, default_timeout=600)
     at.session_state["lang"] = lang
-    at.session_state["latency_requests"] = 50  # a small sweep (the page's box starts from it)
+    at.session_state["latency_requests_a100-opt-13b-achieved_sharegpt"] = 50  # a small sweep (the page's box starts from it)
     at.run()
     at.radio(key=f"compare_source__{lang}").set_value("sim").run()
     assert not at.exception, [e.value for e in at.exception]
@@ -353,14 +353,88 @@ def test_compare_page_draws_latency_against_request_rate(lang):
     at_top = {v["system"]: v["normalized_latency_s"] for v in values if v["request_rate"] == top}
     assert min(at_top, key=at_top.get) == paper_system_label("vLLM", lang)
     assert at_top[paper_system_label("FasterTransformer", lang)] > at_top[paper_system_label("Orca (Max)", lang)]
-    x, y = spec["encoding"]["x"]["title"], spec["encoding"]["y"]["title"]
-    assert (x, y) == (t("rate_axis", lang), t("norm_latency_axis", lang)) and spec["encoding"]["y"]["scale"]["type"] == "log"
+    lines = spec["layer"][0]["encoding"]
+    x, y = lines["x"]["title"], lines["y"]["title"]
+    assert (x, y) == (t("rate_axis", lang), t("norm_latency_axis", lang)) and lines["y"]["scale"]["type"] == "log"
     shown = " ".join([spec["title"], x, y, *{v["system"] for v in values}, *[c.value for c in at.main.caption]])
     prefix = t("sustainable_line", lang, threshold="2", rates="@").split("@")[0]
     assert any(c.value.startswith(prefix) and paper_system_label("vLLM", lang) in c.value for c in at.main.caption)
     if lang == "zh":
         assert "归一化延迟" in y and "FasterTransformer（静态批处理）" in shown
         assert untranslated(shown) == [], untranslated(shown)
+
+
+def _paper_marks(spec: dict) -> dict:
+    """{system label: (low rate, high rate or None)} of the chart's paper layers, and their labels."""
+    marks, labels = {}, set()
+    for layer in spec["layer"][1:]:
+        for v in layer["data"]["values"]:
+            marks[v["system"]] = (v["low_rate"], v["high_rate"])
+            if layer["mark"]["type"] == "text":
+                labels.add(v["label"])
+    return marks, labels
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_it(lang):
+    """Choosing the H100 preset re-runs the sweep with its cost model, pool and rates; the paper's
+    bands are its ratios applied to the vLLM rate the table shows; ShareGPT only; in the page's language."""
+    from engine.cost_model import calibration_path, get_setup
+    from engine.paper_experiments import PAPER_RATE_RATIOS, latency_sweep, rate_table, sweep_rates
+    from visualize.i18n import t, untranslated
+    from visualize.paper import paper_system_label
+
+    at = AppTest.from_function(_compare_page, default_timeout=600)
+    at.session_state["lang"] = lang
+    for setup in ("a100-opt-13b-achieved", "h100-llama-3-8b"):
+        at.session_state[f"latency_requests_{setup}_sharegpt"] = 100
+    at.run()
+    at.radio(key=f"compare_source__{lang}").set_value("sim").run()
+    box = at.selectbox(key=f"latency_setup__{lang}")
+    assert box.value == "a100-opt-13b-achieved"
+    assert any("SmolLM2" in o for o in box.options) == calibration_path().exists()  # only once calibrated
+    title = t("latency_rate_title", lang, workload="sharegpt")
+    paper_spec = _vega_specs(at)[title]
+    box.set_value("h100-llama-3-8b").run()
+    assert not at.exception, [e.value for e in at.exception]
+    spec = _vega_specs(at)[title]
+    values = spec["data"]["values"]
+    expected = latency_sweep(("sharegpt",), num_requests=100, seed=Settings().seed, setup="h100-llama-3-8b",
+                             kv_slots=None, max_model_len=None)
+    assert [(v["request_rate"], v["normalized_latency_s"], v["system"]) for v in values] == [
+        (r["request_rate"], r["normalized_latency_s"], paper_system_label(r["system"], lang)) for r in expected]
+    rates, low = sweep_rates("sharegpt", "h100-llama-3-8b")
+    assert sorted({v["request_rate"] for v in values}) == sorted(set(rates + low))
+    assert max(rates) > 10 * max(v["request_rate"] for v in paper_spec["data"]["values"])  # an H100 sustains far more
+    vllm_label = paper_system_label("vLLM", lang)
+    at_low = {v["system"]: v["normalized_latency_s"] for v in values if v["request_rate"] == rates[0]}
+    at_low_paper = {v["system"]: v["normalized_latency_s"] for v in paper_spec["data"]["values"] if v["request_rate"] == 0.25}
+    assert at_low[vllm_label] < at_low_paper[vllm_label] / 3  # 8B on an H100 decodes far faster than 13B on an A100
+    # The table: the rates of the sweep shown, vLLM's ratios, the paper's.
+    table = at.table[0].value
+    summary = rate_table(expected)
+    assert list(table[t("rate_table_system", lang)]) == [paper_system_label(r["system"], lang) for r in summary]
+    vllm = next(r for r in summary if r["system"] == "vLLM")
+    shown_rate = table[t("rate_table_rate", lang)][[paper_system_label(r["system"], lang) for r in summary].index(vllm_label)]
+    assert shown_rate.lstrip("≥ ") == f"{vllm['rate']:.3g}"
+    assert table[t("paper_ratio_col", lang)][0] == "2.7–8×"
+    # The paper's layer: each baseline's band = vLLM's rate here / the paper's ratios.
+    marks, labels = _paper_marks(spec)
+    paper = PAPER_RATE_RATIOS["sharegpt"]
+    assert marks == {paper_system_label(s, lang): (pytest.approx(vllm["rate"] / hi), None if lo is None else pytest.approx(vllm["rate"] / lo))
+                     for s, (lo, hi) in paper.items()}
+    assert labels == {t("paper_mark", lang)}
+    captions = [c.value for c in at.main.caption]
+    assert t("paper_not_setup", lang, preset=t("preset_h100-llama-3-8b", lang, slots=f"{get_setup('h100-llama-3-8b').kv_slots:,}")) in captions
+    # Alpaca: no paper marks, and the page says why.
+    at.selectbox(key="sim_workload").set_value("alpaca")
+    at.session_state["latency_requests_h100-llama-3-8b_alpaca"] = 100
+    at.run()
+    spec = _vega_specs(at)[t("latency_rate_title", lang, workload="alpaca")]
+    assert len(spec["layer"]) == 1 and t("paper_no_alpaca", lang) in [c.value for c in at.main.caption]
+    if lang == "zh":
+        shown = " ".join([*labels, *marks, *table.columns, *captions])
+        assert "论文" in labels and "系统" in table.columns and untranslated(shown) == [], untranslated(shown)
 
 
 def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
@@ -410,3 +484,37 @@ def test_a_file_that_is_not_a_replay_is_a_clear_error():
     good["vllm_run"]["steps"][3]["kv_cache_usage"] = 1.5
     with pytest.raises(ValueError, match="vllm_run, step 3: kv_cache_usage is 1.5"):
         load_replay(json.dumps(good), "r.json")
+
+
+def test_this_machines_preset_is_offered_once_calibrated(tmp_path, monkeypatch):
+    """Before `python -m engine calibrate` the box has no this-machine entry and says how to get one;
+    with a calibration file (the format calibrate writes) it has, and the sweep runs on its fit and pool."""
+    from engine.cost_model import CALIBRATION_FILE, CostModel
+    from engine.model_loader import CACHE_ENV_VAR
+    from engine.paper_experiments import latency_sweep, sweep_rates
+    from visualize.i18n import t
+
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path))
+    at = AppTest.from_function(_compare_page, default_timeout=600)
+    at.session_state["lang"] = "en"
+    at.session_state["latency_requests_a100-opt-13b-achieved_sharegpt"] = 50
+    at.session_state["latency_requests_this-machine_sharegpt"] = 50
+    at.run()
+    at.radio(key="compare_source__en").set_value("sim").run()
+    box = at.selectbox(key="latency_setup__en")
+    assert "this-machine" not in box.options and not any("SmolLM2" in o for o in box.options)
+    assert t("preset_no_calibration", "en") in [c.value for c in at.main.caption]
+    fit = CostModel("this machine (fitted)", step_overhead_s=0.03, weights_s=0.0, token_s=2.5e-3, pair_s=3e-6,
+                    kv_token_s=6e-6, block_s=0.0, seq_overhead_s=7e-4, roofline=False)
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({"cost_model": fit.to_json(), "kv_slots": 8192, "max_model_len": 2048}))
+    at.run()
+    box = at.selectbox(key="latency_setup__en")
+    assert t("preset_this-machine", "en", slots="8,192") in box.options
+    box.set_value("this-machine").run()
+    assert not at.exception, [e.value for e in at.exception]
+    values = _vega_specs(at)[t("latency_rate_title", "en", workload="sharegpt")]["data"]["values"]
+    expected = latency_sweep(("sharegpt",), num_requests=50, seed=Settings().seed, setup="this-machine", kv_slots=None, max_model_len=None)
+    assert [(v["request_rate"], v["normalized_latency_s"]) for v in values] == [(r["request_rate"], r["normalized_latency_s"]) for r in expected]
+    rates, _ = sweep_rates("sharegpt", "this-machine")
+    assert max(rates) < 1.0  # a CPU serves a small fraction of the A100's rates
+    assert t("preset_no_calibration", "en") not in [c.value for c in at.main.caption]

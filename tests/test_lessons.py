@@ -28,6 +28,9 @@ LESSONS = ROOT / "lessons"
 LANGS = ("en", "zh")
 NAMES = sorted(p.stem for p in (LESSONS / "en").glob("*.ipynb"))
 CELL_TIMEOUT_S = 600
+# A plausible wrong answer per lesson, run after the solution: the check must print FAIL again, so its
+# last part cannot pass on anything. Lesson 3: the saturation rate from the paged batch, not Orca (Max)'s.
+WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_per_s(paged_batch, 16) / mean_output"}
 
 
 def _tags(cell) -> list[str]:
@@ -159,6 +162,12 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
             handed_out = _printed(cell).strip()
             assert handed_out.startswith("FAIL"), f"{lang}/{name}: unsolved exercise printed {handed_out!r}, not FAIL"
             client.execute_cell(solution, index)
+            if name in WRONG_ANSWERS:
+                client.execute_cell(nbformat.v4.new_code_cell(WRONG_ANSWERS[name]), index)
+                client.execute_cell(cell, index)
+                wrong = _printed(cell).strip()
+                assert wrong.startswith("FAIL"), f"{lang}/{name}: a wrong answer printed {wrong!r}, not FAIL"
+                client.execute_cell(solution, index)
             client.execute_cell(cell, index)
             solved = _printed(cell).strip()
             assert solved.startswith("PASS"), f"{lang}/{name}: with the solution the check printed {solved!r}"

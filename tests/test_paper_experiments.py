@@ -89,3 +89,49 @@ def test_the_figure_12_chart_shows_the_simulated_curves_and_the_papers_ratio():
     assert list(lines["vLLM"].get_xdata()) == [0.25, 1.0, 2.0] and list(lines["vLLM"].get_ydata()) == vllm
     assert "paper 1.7-2.7x" in sharegpt.get_title() and sharegpt.get_ylabel() == "normalized latency (s/token)"
     assert "vs FasterTransformer" in sharegpt.get_title() and "(paper up to 22x)" in sharegpt.get_title()
+
+
+def test_sweep_rates_keep_the_papers_and_scale_with_the_presets_capacity():
+    """The paper's preset sweeps the paper's rates, as before; an H100 with Llama-3-8B serves far
+    more (its rates scale with vLLM's estimated capacity), and a faster clock never lowers the rates."""
+    from engine.paper_experiments import SETUP, STATIC_LOW_RATES, SWEEP_RATES, steady_requests, sweep_rates, vllm_capacity
+
+    for w in ("sharegpt", "alpaca"):
+        assert sweep_rates(w, SETUP) == (SWEEP_RATES[w], STATIC_LOW_RATES[w])
+        assert steady_requests(w, SETUP) == 500
+        paper, peak, h100 = (vllm_capacity(w, s) for s in (SETUP, "a100-opt-13b", "h100-llama-3-8b"))
+        assert paper.rate < peak.rate < h100.rate  # achieved < peak figures < a newer GPU and a smaller model
+        rates, low = sweep_rates(w, "h100-llama-3-8b")
+        scale = h100.rate / paper.rate
+        assert rates == pytest.approx([r * scale for r in SWEEP_RATES[w]], rel=0.05) and len(low) == len(STATIC_LOW_RATES[w])
+        assert steady_requests(w, "h100-llama-3-8b") >= 8 * h100.batch
+    # ShareGPT on the paper's pool: 15,700 slots // (161 + 338 / 2 tokens) = 47 running requests.
+    assert vllm_capacity("sharegpt", SETUP).batch == 47
+
+
+def test_a_sweep_can_run_in_the_presets_own_pool():
+    """kv_slots / max_model_len None = the preset's: the H100's 426K slots run Orca (Max) with 52
+    reservations of 8,192, far more than the paper pool's 7, and the latency differs."""
+    from engine.cost_model import get_setup
+
+    h100 = get_setup("h100-llama-3-8b")
+    kw = dict(systems=("Orca (Max)",), num_requests=200, setup="h100-llama-3-8b")
+    own = latency_sweep(("sharegpt",), {"sharegpt": (20.0,)}, kv_slots=None, max_model_len=None, **kw)
+    paper_pool = latency_sweep(("sharegpt",), {"sharegpt": (20.0,)}, **kw)
+    assert h100.kv_slots // h100.max_model_len == 52
+    assert own[0]["mean_batched_requests"] > 7.5 > paper_pool[0]["mean_batched_requests"]
+    assert own[0]["normalized_latency_s"] < paper_pool[0]["normalized_latency_s"]
+    with pytest.raises(ValueError, match="unknown cost-model preset"):
+        latency_sweep(("sharegpt",), setup="b200", kv_slots=None, max_model_len=None)
+
+
+def test_a_system_saturated_at_the_lowest_rate_is_shown_below_the_sweep():
+    """Alpaca at 5 req/s: Orca (Max) (7 requests at once) already queues, its normalized latency many
+    times vLLM's; the table gives its rate as under 5 req/s, not the crossing of 2x a loaded value."""
+    from engine.paper_experiments import rate_table
+
+    rows = latency_sweep(("alpaca",), {"alpaca": (5.0, 10.0, 20.0)}, systems=("Orca (Max)", "Orca (Oracle)", "vLLM"), num_requests=300)
+    table = {r["system"]: r for r in rate_table(rows)}
+    assert table["Orca (Max)"]["loaded_at_lowest"] and table["Orca (Max)"]["rate"] == 5.0
+    assert not table["Orca (Oracle)"]["loaded_at_lowest"] and not table["vLLM"]["loaded_at_lowest"]
+    assert table["Orca (Max)"]["ratio"] == table["vLLM"]["rate"] / 5.0 and table["vLLM"]["ratio"] is None

@@ -6,6 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import pytest
 from matplotlib.colors import to_hex
 
 from engine.accounting import CATEGORIES
@@ -76,3 +77,53 @@ def test_memory_chart_legends_are_never_cut():
     frame = pd.DataFrame([dict(step=0, token_states=3, reserved=0, internal_fragmentation=1, external_fragmentation=0, free=4)])
     legend = memory_chart(frame, legend_columns=2).to_dict()["encoding"]["color"]["legend"]
     assert legend["labelLimit"] == 0 and legend["columns"] == 2  # "internal fragmentation" was cut to 160 px
+
+
+def _sweep_rows():
+    """A two-system sweep by hand: vLLM and Orca (Max) at two rates (s/token)."""
+    return [dict(workload="sharegpt", system=s, request_rate=r, normalized_latency_s=lat)
+            for s, pts in (("Orca (Max)", ((0.5, 0.1), (1.0, 0.5))), ("vLLM", ((0.5, 0.05), (1.0, 0.06))))
+            for r, lat in pts]
+
+
+def test_latency_rate_spec_draws_the_papers_bands_at_its_ratios_of_the_vllm_rate():
+    """vLLM sustains 2.0 req/s here: the paper's 2.7-8x puts Orca (Max) between 2/8 = 0.25 and
+    2/2.7 = 0.74 req/s, 1.7-2.7x puts Orca (Oracle) between 0.74 and 1.18, "up to 22x" puts
+    FasterTransformer's rule at 2/22 = 0.091; each band in its system's colour, labelled "paper"."""
+    from engine.paper_experiments import paper_rate_marks
+    from visualize.paper import SYSTEM_COLORS, latency_rate_spec, paper_system_label
+
+    marks = paper_rate_marks("sharegpt", 2.0)
+    assert {m["system"]: (m["low_rate"], m["high_rate"]) for m in marks} == {
+        "Orca (Oracle)": (pytest.approx(2 / 2.7), pytest.approx(2 / 1.7)), "Orca (Max)": (0.25, pytest.approx(2 / 2.7)),
+        "FasterTransformer": (pytest.approx(2 / 22), None)}
+    assert paper_rate_marks("alpaca", 2.0) == []  # the paper's text gives no Alpaca ratio
+    for lang in ("en", "zh"):
+        spec = latency_rate_spec(_sweep_rows(), lang, marks)
+        lines, *paper = spec["layer"]
+        assert [v["normalized_latency_s"] for v in spec["data"]["values"]] == [0.1, 0.5, 0.05, 0.06]
+        bands = next(l for l in paper if l["mark"]["type"] == "rect")
+        rule = next(l for l in paper if l["mark"]["type"] == "rule")
+        assert {v["system"]: (v["low_rate"], v["high_rate"]) for v in bands["data"]["values"]} == {
+            paper_system_label("Orca (Oracle)", lang): (pytest.approx(2 / 2.7), pytest.approx(2 / 1.7)),
+            paper_system_label("Orca (Max)", lang): (0.25, pytest.approx(2 / 2.7))}
+        assert [v["low_rate"] for v in rule["data"]["values"]] == [pytest.approx(2 / 22)]
+        assert bands["encoding"]["x2"] == {"field": "high_rate"} and bands["mark"]["opacity"] < 0.5
+        texts = [v["label"] for l in paper if l["mark"]["type"] == "text" for v in l["data"]["values"]]
+        assert texts == [t("paper_mark", lang)] * 3
+        # One colour scale over lines and marks: a band is drawn in its system's colour.
+        scale = lines["encoding"]["color"]["scale"]
+        assert all(l["encoding"]["color"]["scale"] == scale for l in paper)
+        colour = dict(zip(scale["domain"], scale["range"]))
+        assert colour[paper_system_label("Orca (Max)", lang)] == SYSTEM_COLORS["Orca (Max)"]
+        tips = [v["paper"] for v in bands["data"]["values"] + rule["data"]["values"]]
+        assert tips == ["1.7–2.7×", "2.7–8×", t("paper_ratio_up_to", lang, high="22")]
+    zh = latency_rate_spec(_sweep_rows(), "zh", marks)  # what a reader sees: titles, labels, tooltips' titles
+    shown = [zh["title"], *(v["system"] for v in zh["data"]["values"])]
+    for layer in zh["layer"]:
+        enc = layer["encoding"]
+        shown += [enc[c]["title"] for c in ("x", "y", "color") if c in enc and "title" in enc[c]]
+        shown += [tip["title"] for tip in enc.get("tooltip", [])]
+        shown += [v[k] for v in layer.get("data", {}).get("values", []) for k in ("system", "label", "paper")]
+    assert untranslated("\n".join(shown)) == [] and "论文" in texts
+    assert len(latency_rate_spec(_sweep_rows(), "en")["layer"]) == 1  # no marks asked: the lines alone

@@ -437,13 +437,77 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_rate_header": ("Latency against request rate (the paper's Figure 12)", "延迟与请求速率（论文图 12）"),
     "latency_rate_intro": (
         "Each point is one simulated run: {n} requests of the workload arriving as a Poisson process at that rate, the same "
-        "requests for every system. Time per step comes from the step-time model of OPT-13B on one A100 ({setup}), with the "
-        "paper's 15.7K KV slots. Normalized latency is the mean over requests of latency divided by output tokens "
-        "(s/token). FasterTransformer is static batching: a batch runs until its longest request is done and nothing joins it.",
-        "每个点是一次模拟运行：该工作负载的 {n} 个请求以该速率按泊松过程到达，每个系统用同一批请求。每步的时间来自 OPT-13B 在单张 A100 上的"
-        "步时模型（{setup}），KV 池为论文中的 15.7K 个槽位。归一化延迟是各请求“延迟 ÷ 输出 token 数”的平均值（秒/token）。"
-        "FasterTransformer 是静态批处理：一批请求一直运行到其中最长的请求完成，期间没有新请求加入。",
+        "requests for every system. Time per step comes from the chosen preset's step-time model, with its KV pool "
+        "({slots} slots) and longest request ({max_len} tokens). Normalized latency is the mean over requests of latency "
+        "divided by output tokens (s/token). FasterTransformer is static batching: a batch runs until its longest request "
+        "is done and nothing joins it.",
+        "每个点是一次模拟运行：该工作负载的 {n} 个请求以该速率按泊松过程到达，每个系统用同一批请求。每步的时间来自所选预设的"
+        "步时模型，KV 池与最长请求也取自该预设（{slots} 个槽位，最长 {max_len} 个 token）。归一化延迟是各请求“延迟 ÷ 输出 token 数”"
+        "的平均值（秒/token）。FasterTransformer 是静态批处理：一批请求一直运行到其中最长的请求完成，期间没有新请求加入。",
     ),
+    "latency_preset": ("Hardware and model (step-time preset)", "硬件与模型（步时预设）"),
+    "preset_a100-opt-13b": ("OPT-13B on one A100-40GB at peak figures (the paper's set-up, 15.7K KV slots)",
+                            "OPT-13B，单张 A100-40GB，按峰值指标（论文的配置，15.7K 个 KV 槽位）"),
+    "preset_a100-opt-13b-achieved": (
+        "OPT-13B on one A100-40GB at achieved figures (60% FLOP/s, 75% bandwidth, host work per step): the paper's runs",
+        "OPT-13B，单张 A100-40GB，按实际可达指标（60% 算力、75% 带宽，另计每步的主机开销）：论文的运行",
+    ),
+    "preset_h100-llama-3-8b": ("Llama-3-8B on one H100-80GB ({slots} KV slots at 90% memory use)",
+                               "Llama-3-8B，单张 H100-80GB（显存用到 90%，{slots} 个 KV 槽位）"),
+    "preset_this-machine": ("SmolLM2-135M on this machine's CPU, fitted by `python -m engine calibrate` ({slots} KV slots)",
+                            "SmolLM2-135M，在本机 CPU 上，由 `python -m engine calibrate` 拟合（{slots} 个 KV 槽位）"),
+    "preset_no_calibration": (
+        "This machine's preset appears here once `python -m engine calibrate` has fitted the step-time model to it.",
+        "运行 `python -m engine calibrate` 为本机拟合步时模型之后，这里会出现本机的预设。",
+    ),
+    "latency_rates_paper": ("Request rates: the paper set-up's sweep.", "请求速率：论文配置下的扫描速率。"),
+    "latency_rates_scaled": (
+        "Request rates: the paper set-up's sweep × {scale}, the ratio of vLLM's estimated capacity under this preset "
+        "({capacity} req/s with {batch} requests running: Little's law on the pool and the step time) to that under the "
+        "paper's ({paper_capacity} req/s), so the sweep spans vLLM's knee on this hardware too.",
+        "请求速率：论文配置下的扫描速率 × {scale}，即此预设下 vLLM 的估计容量（{capacity} 请求/秒，同时运行 {batch} 个请求："
+        "由 KV 池与步时按利特尔定律估算）与论文配置下容量（{paper_capacity} 请求/秒）之比，这样扫描在这台硬件上也跨过 vLLM 的拐点。",
+    ),
+    "latency_requests_note": (
+        "This preset runs up to {batch} requests at once; a trace must be many times longer than that before queues form, "
+        "so the box starts at {n} requests per point here.",
+        "此预设最多同时运行 {batch} 个请求；请求序列要比这长很多倍才会形成排队，所以这里每个点默认 {n} 个请求。",
+    ),
+    "paper_mark": ("paper", "论文"),
+    "paper_marks_caption": (
+        "Shaded bands marked “paper”: where each baseline's sustainable rate lies if vLLM's rate here is the paper's multiple "
+        "of it (ShareGPT, Figure 12 and §6.2: Orca (Oracle) 1.7–2.7×, Orca (Max) 2.7–8×); the dashed rule is vLLM's rate "
+        "here ÷ 22 (FasterTransformer, “up to 22×”). The paper gives no ratio for Orca (Pow2).",
+        "标有“论文”的阴影带：假如这里 vLLM 的速率是某个基线的论文倍数（ShareGPT，图 12 与 §6.2：Orca (Oracle) 1.7–2.7 倍，"
+        "Orca (Max) 2.7–8 倍），该基线的可持续速率应落在的范围；虚线是这里 vLLM 的速率 ÷ 22（FasterTransformer，“最高 22 倍”）。"
+        "论文没有给出 Orca (Pow2) 的倍数。",
+    ),
+    "paper_not_setup": (
+        "The paper's numbers are for its set-up, OPT-13B on one A100-40GB with 15.7K KV slots; this preset is another "
+        "(“{preset}”), so its marks only show what the paper's ratios would mean here, not what the paper measured.",
+        "论文的数字针对它自己的配置：OPT-13B、单张 A100-40GB、15.7K 个 KV 槽位；此预设是另一种配置（“{preset}”），"
+        "所以图中的论文标记只表示论文的倍数放在这里意味着什么，并非论文的测量结果。",
+    ),
+    "paper_no_alpaca": (
+        "The paper's text gives no request-rate ratios for Alpaca (only the curves of Figure 12), so this chart has no paper marks.",
+        "论文正文没有给出 Alpaca 上的请求速率倍数（图 12 只有曲线），所以此图没有论文标记。",
+    ),
+    "paper_marks_lower_bound": (
+        "vLLM's normalized latency never reached the threshold in this sweep: its rate is a lower bound, and so the bands "
+        "are too (more requests per point, or another preset, move its knee into view).",
+        "在这次扫描中 vLLM 的归一化延迟从未达到阈值：它的速率只是下限，阴影带也因此只是下限（增加每个点的请求数，或换一个预设，可让拐点出现）。",
+    ),
+    "paper_ratio_up_to": ("up to {high}×", "最高 {high} 倍"),
+    "rate_table_system": ("system", "系统"),
+    "rate_table_rate": ("sustainable rate here (req/s)", "这里的可持续速率（请求/秒）"),
+    "rate_table_ratio": ("vLLM's rate ÷ this one, here", "这里 vLLM 的速率 ÷ 该系统的速率"),
+    "rate_table_loaded": (
+        "“< r”: at the sweep's lowest rate r this system's normalized latency is already {threshold}× vLLM's low-load value: "
+        "it saturates below the sweep, so its rate is under r and vLLM's ratio over it above the one shown.",
+        "“< r”：在扫描的最低速率 r 下，该系统的归一化延迟已达 vLLM 低负载值的 {threshold} 倍：它在扫描范围之下就已饱和，"
+        "所以它的速率低于 r，vLLM 对它的倍数高于表中所示。",
+    ),
+    "paper_ratio_col": ("the paper's ratio (ShareGPT, OPT-13B)", "论文中的倍数（ShareGPT，OPT-13B）"),
     "latency_requests": ("Requests per point", "每个点的请求数"),
     "latency_rate_title": ("{workload}: normalized latency against request rate", "{workload}：归一化延迟与请求速率"),
     "rate_axis": ("request rate (req/s)", "请求速率（请求/秒）"),
@@ -458,6 +522,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "sustainable_at_least": ("at least {rate} req/s", "至少 {rate} 请求/秒"),
     "sustainable_rate": ("{rate} req/s", "{rate} 请求/秒"),
+    "sustainable_below": ("under {rate} req/s", "低于 {rate} 请求/秒"),
     "simulating_sweep": ("Simulating {runs} runs…", "正在模拟 {runs} 次运行……"),
     "source_vllm": ("real vLLM (a recorded replay)", "真实 vLLM（录制的回放）"),
     "vllm_intro": (
@@ -515,6 +580,30 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l3_pass_batch": (
         "PASS: only {share} of the slots in use hold token states; paged, {paged} requests run at once instead of {orca}: {speedup}x the decode tokens per second",
         "PASS：已用槽位中只有 {share} 存放 token 状态；改用分页后能同时运行 {paged} 个请求而不是 {orca} 个：解码每秒 token 数是原来的 {speedup} 倍",
+    ),
+    "l3_fail_rate_high": (
+        "FAIL: orca_max_saturation_rate = {value} req/s is more than {tolerance} above the rate the simulator's Orca (Max) "
+        "sustains. Hint: the batch is the pool over max_model_len (not what paging would run), and a request occupies "
+        "its place in it for one decode step per output token, in steps as long as that batch's.",
+        "FAIL：orca_max_saturation_rate = {value} 请求/秒，比模拟器中 Orca (Max) 的可持续速率高出 {tolerance} 以上。"
+        "提示：批大小是 KV 池 ÷ max_model_len（不是分页时能运行的批），一个请求每生成一个输出 token 就在批中占一个解码步，"
+        "每步的时长是这个批的步时。",
+    ),
+    "l3_fail_rate_low": (
+        "FAIL: orca_max_saturation_rate = {value} req/s is more than {tolerance} below the rate the simulator's Orca (Max) "
+        "sustains. Hint: all orca_max_batch requests decode in the same step, each making one token, and a step of that "
+        "batch lasts little longer than a step of one: rate = batch ÷ (mean output tokens × step time of the whole batch).",
+        "FAIL：orca_max_saturation_rate = {value} 请求/秒，比模拟器中 Orca (Max) 的可持续速率低出 {tolerance} 以上。"
+        "提示：orca_max_batch 个请求在同一个解码步里一起解码，各生成一个 token，而这个批的一步只比单个请求的一步稍长："
+        "速率 = 批大小 ÷（平均输出 token 数 × 整个批的每步时间）。",
+    ),
+    "l3_pass_rate": (
+        "PASS: you predicted that Orca (Max) saturates at {value} req/s; the simulator's Orca (Max) sustains {simulated} "
+        "req/s (normalized latency under 2× its low-load value) and, overloaded, completes at most {ceiling} req/s: "
+        "latency doubles a little before the queue grows without bound, which is where your prediction sits.",
+        "PASS：你预测 Orca (Max) 在 {value} 请求/秒时饱和；模拟器中的 Orca (Max) 可持续 {simulated} 请求/秒"
+        "（归一化延迟低于低负载时的 2 倍），过载时最多每秒完成 {ceiling} 个请求：延迟在队列无限增长之前就已翻倍，"
+        "而你的预测正是队列开始无限增长的那个速率。",
     ),
     # --- end issue 15 app
     # --- kernel lab

@@ -198,27 +198,61 @@ def paper_system_label(system: str, lang: str = "en") -> str:
     return t("psys_static", lang)
 
 
-def latency_rate_spec(rows: list[dict], lang: str = "en") -> dict:
+def latency_rate_spec(rows: list[dict], lang: str = "en", paper_marks: list[dict] | None = None) -> dict:
     """Figure 12 in the app: a Vega-Lite spec of normalized latency (s/token, log scale) against
     request rate (req/s), one line per system; ``rows`` are ``engine.paper_experiments.latency_sweep``'s
-    for one workload. The data are ``data.values`` rows (rate, latency, system label). No height:
+    for one workload. The lines' data are the top-level ``data.values`` rows (rate, latency, system
+    label). ``paper_marks`` (``engine.paper_experiments.paper_rate_marks``): per baseline, a band in
+    its colour from ``low_rate`` to ``high_rate`` (a dashed rule at ``low_rate`` where the paper gives
+    only "up to"), labelled "paper", each in its own layer's ``data.values``. No height:
     Streamlit's ``st.vega_lite_chart(..., height=)`` sets it (a height in the spec is squeezed)."""
     workload = rows[0]["workload"] if rows else ""
     values = [{"request_rate": r["request_rate"], "normalized_latency_s": r["normalized_latency_s"],
                "system": paper_system_label(r["system"], lang)}
               for r in rows if r["normalized_latency_s"] == r["normalized_latency_s"]]  # NaN: nothing completed
     systems = list(dict.fromkeys(r["system"] for r in rows))
-    return {
-        "title": t("latency_rate_title", lang, workload=workload),
-        "data": {"values": values},
+    color = {"field": "system", "type": "nominal", "title": t("system_axis", lang),
+             "scale": {"domain": [paper_system_label(s, lang) for s in systems], "range": [SYSTEM_COLORS[s] for s in systems]},
+             "legend": {"labelLimit": 0}}
+    rate = {"type": "quantitative", "title": t("rate_axis", lang)}
+    lines = {
         "mark": {"type": "line", "point": True, "tooltip": True},
         "encoding": {
-            "x": {"field": "request_rate", "type": "quantitative", "title": t("rate_axis", lang)},
+            "x": {"field": "request_rate", **rate},
             "y": {"field": "normalized_latency_s", "type": "quantitative", "title": t("norm_latency_axis", lang),
                   "scale": {"type": "log"}},
-            "color": {"field": "system", "type": "nominal", "title": t("system_axis", lang),
-                      "scale": {"domain": [paper_system_label(s, lang) for s in systems],
-                                "range": [SYSTEM_COLORS[s] for s in systems]},
-                      "legend": {"labelLimit": 0}},
+            "color": color,
         },
     }
+    return {"title": t("latency_rate_title", lang, workload=workload), "data": {"values": values},
+            "layer": [lines, *_paper_layers(paper_marks or [], lang, rate, color)]}
+
+
+def _paper_layers(marks: list[dict], lang: str, rate: dict, color: dict) -> list[dict]:
+    """The paper's ranges as Vega-Lite layers: bands (rect), rules ("up to"), and their "paper" labels."""
+    rows = [{"system": paper_system_label(m["system"], lang), "low_rate": m["low_rate"], "high_rate": m["high_rate"],
+             "label": t("paper_mark", lang), "paper": paper_ratio_label(m["paper"], lang), "row": i}
+            for i, m in enumerate(marks)]
+    bands, rules = [r for r in rows if r["high_rate"] is not None], [r for r in rows if r["high_rate"] is None]
+    tooltip = [{"field": "system", "title": t("system_axis", lang)}, {"field": "paper", "title": t("paper_ratio_col", lang)}]
+    layers = []
+    if bands:
+        layers.append({"data": {"values": bands}, "mark": {"type": "rect", "opacity": 0.15},
+                       "encoding": {"x": {"field": "low_rate", **rate}, "x2": {"field": "high_rate"}, "color": color,
+                                    "tooltip": tooltip}})
+    if rules:
+        layers.append({"data": {"values": rules}, "mark": {"type": "rule", "strokeDash": [5, 3], "strokeWidth": 2},
+                       "encoding": {"x": {"field": "low_rate", **rate}, "color": color, "tooltip": tooltip}})
+    for r in rows:  # one label per mark, stacked under the top edge
+        layers.append({"data": {"values": [r]}, "mark": {"type": "text", "align": "left", "baseline": "top", "dx": 3, "dy": 14 * r["row"]},
+                       "encoding": {"x": {"field": "low_rate", **rate}, "y": {"value": 4}, "text": {"field": "label"}, "color": color}})
+    return layers
+
+
+def paper_ratio_label(paper: tuple | None, lang: str = "en") -> str:
+    """The paper's ratio (low, high) in the reader's language: "1.7–2.7×", "up to 22×", or "–"."""
+    if not paper:
+        return "–"
+    if paper[0] is None:
+        return t("paper_ratio_up_to", lang, high=f"{paper[1]:g}")
+    return f"{paper[0]:g}–{paper[1]:g}×"

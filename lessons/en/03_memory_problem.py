@@ -124,10 +124,14 @@ for r in rows:
 
 # %%
 from engine.cost_model import StepShape, get_setup
+from engine.paper_experiments import latency_sweep, sustainable_rate
+from engine.workloads import make_workload
 from visualize.style import use_cjk_font
 
 a100 = get_setup("a100-opt-13b-achieved")  # the paper's set-up: OPT-13B on one A100-40GB, 15,700 KV slots
 CONTEXT = 500  # tokens per running request (ShareGPT: 161 prompt + 338 output tokens on average)
+# The exercise's sweep: Orca (Max) on ShareGPT at these rates (req/s), SATURATION_REQUESTS requests each.
+SATURATION_REQUESTS, SATURATION_RATES, SATURATION_TOLERANCE = 1000, (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0), 0.25
 
 
 def decode_tokens_per_s(batch, block_size=None):
@@ -173,9 +177,23 @@ for r in rows:
 # **Then the batch it costs.** In the paper's pool (15,700 slots, `max_model_len` = 2048), how many
 # requests can Orca (Max) run at once (`orca_max_batch`)? And how many requests of 500 tokens fit at once
 # in the same pool paged, with blocks of 16 slots (`paged_batch`)? (Paged, a request holds whole blocks.)
+#
+# **And the rate at which Orca (Max) saturates.** From the memory arithmetic alone, predict the request
+# rate (requests per second) beyond which Orca (Max) on ShareGPT, in the paper's set-up, cannot keep up
+# (`orca_max_saturation_rate`). Orca (Max) runs `orca_max_batch` requests at once; each decode step makes
+# one token for each of them, and lasts what the step-time model says for that batch
+# (`decode_tokens_per_s` of section 4 gives the tokens per second of a contiguous batch); a request needs
+# as many decode steps as it has output tokens (the workload's mean: `sharegpt` below). Little's law
+# (requests in the system = rate x time each spends there) then gives the rate the batch can serve. The
+# check runs the simulator's Figure 12 sweep for Orca (Max) and passes when your prediction is within 25%
+# of the rate it sustains (normalized latency under 2x its low-load value).
 
 # %%
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
+# The ShareGPT requests of the paper's Figure 12 (as engine.paper_experiments draws them): their lengths.
+sharegpt = make_workload("sharegpt", SATURATION_REQUESTS, 0, a100.max_model_len)
+print(f"ShareGPT: mean prompt {sum(r.prompt_len for r in sharegpt) / len(sharegpt):.0f} tokens, "
+      f"mean output {sum(r.output_len for r in sharegpt) / len(sharegpt):.0f} tokens")
 
 # %% tags=["exercise"]
 token_states = None  # TODO(student)
@@ -184,6 +202,7 @@ internal_fragmentation = None  # TODO(student)
 external_fragmentation = None  # TODO(student)
 orca_max_batch = None  # TODO(student)
 paged_batch = None  # TODO(student)
+orca_max_saturation_rate = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
@@ -209,10 +228,22 @@ def check():
             return t("l3_fail_none", LANG, name=name)
         if value != fit[name]:
             return t("l3_fail_batch", LANG, name=name, value=value)
+    # The rate Orca (Max) saturates at, simulated: the Figure 12 sweep on the same ShareGPT requests.
+    if orca_max_saturation_rate is None:
+        return t("l3_fail_none", LANG, name="orca_max_saturation_rate")
+    sweep = latency_sweep(("sharegpt",), {"sharegpt": SATURATION_RATES}, systems=("Orca (Max)",), num_requests=SATURATION_REQUESTS)
+    simulated, _ = sustainable_rate([r["request_rate"] for r in sweep], [r["normalized_latency_s"] for r in sweep])
+    off = orca_max_saturation_rate / simulated - 1
+    if abs(off) > SATURATION_TOLERANCE:
+        return t("l3_fail_rate_high" if off > 0 else "l3_fail_rate_low", LANG, value=f"{orca_max_saturation_rate:.3g}",
+                 tolerance=f"{SATURATION_TOLERANCE:.0%}")
     waste = reserved + internal_fragmentation + external_fragmentation
     speedup = decode_tokens_per_s(paged_batch, 16) / decode_tokens_per_s(orca_max_batch)
-    return t("l3_pass_batch", LANG, share=f"{token_states / (token_states + waste):.0%}", orca=orca_max_batch,
-             paged=paged_batch, speedup=f"{speedup:.1f}")
+    passed = t("l3_pass_batch", LANG, share=f"{token_states / (token_states + waste):.0%}", orca=orca_max_batch,
+               paged=paged_batch, speedup=f"{speedup:.1f}")
+    ceiling = max(r["throughput_requests_per_s"] for r in sweep)
+    return passed + "\n" + t("l3_pass_rate", LANG, value=f"{orca_max_saturation_rate:.2f}", simulated=f"{simulated:.2f}",
+                              ceiling=f"{ceiling:.2f}")
 
 
 print(check())

@@ -7,3 +7,7 @@ external_fragmentation = 800 - 3 * 256  # a 32-slot gap, too small for the waiti
 # The paper's pool: 15,700 slots.
 orca_max_batch = 15_700 // 2048  # 7 reservations of max_model_len slots
 paged_batch = (15_700 // 16) // -(-500 // 16)  # 981 blocks, 32 blocks (512 slots) per 500-token request: 30
+# The rate Orca (Max) saturates at: its 7 requests each make one token per decode step, and a request
+# stays for as many steps as it has output tokens (Little's law: rate = batch / time in the batch).
+mean_output = sum(r.output_len for r in sharegpt) / len(sharegpt)  # 338 tokens
+orca_max_saturation_rate = decode_tokens_per_s(orca_max_batch) / mean_output  # 214 tokens/s / 338 = 0.63 req/s

@@ -101,10 +101,14 @@ for r in rows:
 
 # %%
 from engine.cost_model import StepShape, get_setup
+from engine.paper_experiments import latency_sweep, sustainable_rate
+from engine.workloads import make_workload
 from visualize.style import use_cjk_font
 
 a100 = get_setup("a100-opt-13b-achieved")  # the paper's set-up: OPT-13B on one A100-40GB, 15,700 KV slots
 CONTEXT = 500  # tokens per running request (ShareGPT: 161 prompt + 338 output tokens on average)
+# The exercise's sweep: Orca (Max) on ShareGPT at these rates (req/s), SATURATION_REQUESTS requests each.
+SATURATION_REQUESTS, SATURATION_RATES, SATURATION_TOLERANCE = 1000, (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0), 0.25
 
 
 def decode_tokens_per_s(batch, block_size=None):
@@ -140,9 +144,20 @@ for r in rows:
 # 第 0 步是预填充（提示词的 K 和 V 进入缓存）；之后每一步，每个运行中的请求再缓存一个 token。**在第 5 步**，每一类各有多少个槽位？（一个请求的最终长度 = 提示词 token 数 + 输出 token 数。）
 #
 # **再看它让批缩小了多少。** 在论文的 KV 池中（15,700 个槽位，`max_model_len` = 2048），Orca (Max) 最多能同时运行多少个请求（`orca_max_batch`）？同一个池改用分页、每块 16 个槽位时，最多能同时放下多少个 500 token 的请求（`paged_batch`）？（分页时，一个请求占用整数个块。）
+#
+# **最后，Orca (Max) 在什么请求速率下饱和。** 只用内存的算术，预测在论文的配置下，Orca (Max) 处理 ShareGPT 时
+# 跟不上的请求速率（每秒请求数，`orca_max_saturation_rate`）。Orca (Max) 同时运行 `orca_max_batch` 个请求；每个解码步为
+# 其中每个请求生成一个 token，用时由步时模型按这个批大小给出（第 4 节的 `decode_tokens_per_s` 给出连续分配的批每秒生成的
+# token 数）；一个请求需要的解码步数等于它的输出 token 数（取工作负载的平均值：见下面的 `sharegpt`）。再用利特尔定律
+# （系统中的请求数 = 速率 × 每个请求停留的时间）就得到这个批能承受的速率。检查会用模拟器对 Orca (Max) 跑图 12 的速率扫描，
+# 你的预测与它的可持续速率（归一化延迟低于低负载时的 2 倍）相差不超过 25% 即为通过。
 
 # %%
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
+# The ShareGPT requests of the paper's Figure 12 (as engine.paper_experiments draws them): their lengths.
+sharegpt = make_workload("sharegpt", SATURATION_REQUESTS, 0, a100.max_model_len)
+print(f"ShareGPT: mean prompt {sum(r.prompt_len for r in sharegpt) / len(sharegpt):.0f} tokens, "
+      f"mean output {sum(r.output_len for r in sharegpt) / len(sharegpt):.0f} tokens")
 
 # %% tags=["exercise"]
 token_states = None  # TODO(student)
@@ -151,6 +166,7 @@ internal_fragmentation = None  # TODO(student)
 external_fragmentation = None  # TODO(student)
 orca_max_batch = None  # TODO(student)
 paged_batch = None  # TODO(student)
+orca_max_saturation_rate = None  # TODO(student)
 
 # %% tags=["check"]
 def check():
@@ -176,10 +192,22 @@ def check():
             return t("l3_fail_none", LANG, name=name)
         if value != fit[name]:
             return t("l3_fail_batch", LANG, name=name, value=value)
+    # The rate Orca (Max) saturates at, simulated: the Figure 12 sweep on the same ShareGPT requests.
+    if orca_max_saturation_rate is None:
+        return t("l3_fail_none", LANG, name="orca_max_saturation_rate")
+    sweep = latency_sweep(("sharegpt",), {"sharegpt": SATURATION_RATES}, systems=("Orca (Max)",), num_requests=SATURATION_REQUESTS)
+    simulated, _ = sustainable_rate([r["request_rate"] for r in sweep], [r["normalized_latency_s"] for r in sweep])
+    off = orca_max_saturation_rate / simulated - 1
+    if abs(off) > SATURATION_TOLERANCE:
+        return t("l3_fail_rate_high" if off > 0 else "l3_fail_rate_low", LANG, value=f"{orca_max_saturation_rate:.3g}",
+                 tolerance=f"{SATURATION_TOLERANCE:.0%}")
     waste = reserved + internal_fragmentation + external_fragmentation
     speedup = decode_tokens_per_s(paged_batch, 16) / decode_tokens_per_s(orca_max_batch)
-    return t("l3_pass_batch", LANG, share=f"{token_states / (token_states + waste):.0%}", orca=orca_max_batch,
-             paged=paged_batch, speedup=f"{speedup:.1f}")
+    passed = t("l3_pass_batch", LANG, share=f"{token_states / (token_states + waste):.0%}", orca=orca_max_batch,
+               paged=paged_batch, speedup=f"{speedup:.1f}")
+    ceiling = max(r["throughput_requests_per_s"] for r in sweep)
+    return passed + "\n" + t("l3_pass_rate", LANG, value=f"{orca_max_saturation_rate:.2f}", simulated=f"{simulated:.2f}",
+                              ceiling=f"{ceiling:.2f}")
 
 
 print(check())
