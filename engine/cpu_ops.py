@@ -1,6 +1,6 @@
 """The engine's own CPU kernels (C++; fp32, and bf16 for the matmul and the decode attention), and how they are built.
 
-Four operations of every decode step, written for what a decode step is on a CPU:
+Five operations of every decode step, written for what a decode step is on a CPU:
 
 - :func:`small_batch_linear`, the matrix multiplies of 1-64 rows (one per running request). With a
   few rows the step is bound by reading the weights from memory, not by arithmetic, and a general
@@ -13,6 +13,8 @@ Four operations of every decode step, written for what a decode step is on a CPU
   ``rotary_embedding``), in ``csrc/fused_ops.cpp``: the residual add with the RMSNorm after it, and
   RoPE on q and k, each one call instead of seven. In a decode step these work on a few rows, so
   their time is the cost of calling operators, not arithmetic.
+- :func:`silu_and_mul` (vLLM's ``silu_and_mul``), in ``csrc/activation.cpp``: SwiGLU's
+  ``silu(gate) * up`` in one pass and one call instead of two, with an exp computed 16 values at a time.
 - :func:`paged_attention_decode`, decode attention reading K and V in place through the block table
   (``csrc/paged_attention.cpp``): one task per (sequence, KV head), online softmax in fp32, the query
   heads of a GQA group together. The torch reference in engine/attention.py gathers each context into
@@ -52,7 +54,7 @@ try:
 except ImportError:  # Windows: no build lock of our own (torch's lock file only)
     fcntl = None
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp")]
 MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
@@ -178,6 +180,25 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     """
     _check_inputs(q, k, cos, sin)
     return torch.ops.pagedattention_lab.rotary_embedding(q, k, cos, sin)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``F.silu(gate) * up`` in one pass (vLLM's ``silu_and_mul``; SwiGLU's activation in the MLP).
+
+    Args:
+        gate, up: ``[num_tokens, intermediate_size]`` (any shape, the same for both), float32 or
+            bfloat16 alike, on CPU: the gate and up projections' outputs.
+
+    Returns:
+        A new tensor of that shape and dtype; computed in fp32, within 1e-6 (relative) of torch's
+        float32 result (its exp is a polynomial, see ``csrc/activation.cpp``).
+
+    Raises:
+        RuntimeError: not loaded, shapes or dtypes that differ, another dtype or device (the message
+            says which), or an input needs gradients (inference only).
+    """
+    _check_inputs(gate, up)
+    return torch.ops.pagedattention_lab.silu_and_mul(gate, up)
 
 
 def paged_attention_decode(

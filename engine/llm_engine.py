@@ -16,7 +16,7 @@ import torch
 
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.config import EngineConfig
-from engine import cpu_ops
+from engine import cpu_ops, huge_pages
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
 from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
@@ -66,20 +66,9 @@ class LLMEngine:
         if kernels:
             kernels = cpu_ops.load_kernel(progress=progress)  # builds them on a machine's first run, saying so
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
-        # What runs the matmuls, norms, RoPE and decode attention on CPU: the engine's C++ kernels or torch (the bench prints it).
-        fused = any(getattr(m, "cpu_kernel", False) for m in model.modules())
         if kernels and backend is TORCH_BACKEND:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
-        if model.cpu_kernels and self.dtype == torch.bfloat16:  # the norm and RoPE kernels are float32 only
-            self.cpu_backend = "engine CPU kernels for matmul and decode attention, torch RMSNorm and RoPE (bfloat16)"
-        elif model.cpu_kernels:
-            self.cpu_backend = "engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)"
-        elif fused:  # built without AVX-512: its matmul would be slower than MKL's
-            self.cpu_backend = "engine CPU kernels for RMSNorm, RoPE and decode attention, torch F.linear (no AVX-512)"
-        elif backend is CPU_KERNEL_BACKEND:  # bfloat16: the other kernels are float32 only
-            self.cpu_backend = "engine CPU kernel for decode attention, torch for the rest (bfloat16)"
-        else:
-            self.cpu_backend = "torch"
+        self.cpu_backend = _describe_cpu_backend(model, backend, self.dtype)
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
         self.num_cpu_blocks = self._num_cpu_blocks()
@@ -456,6 +445,26 @@ class LLMEngine:
 class _LiveBeam:
     token_ids: list[int]
     cumulative_logprob: float
+
+
+def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
+    """What runs each part of a CPU step, for the bench and the app: the engine's C++ kernels
+    (engine/cpu_ops.py) or torch, and in which pages the weights and KV cache live."""
+    layer = model.model.layers[0]
+    parts = [name for name, on in (("matmul", model.cpu_kernels), ("RMSNorm", layer.input_layernorm.cpu_kernel),
+                                    ("RoPE", layer.self_attn.cpu_kernel), ("SiLU-and-mul", layer.mlp.cpu_kernel),
+                                    ("decode attention", backend is CPU_KERNEL_BACKEND)) if on]
+    pages = huge_pages.status() if next(model.parameters()).device.type == "cpu" else ""
+    if not parts:
+        return f"torch; {pages}" if pages else "torch"
+    rest = [name for name in ("matmul", "RMSNorm", "RoPE", "SiLU-and-mul", "decode attention") if name not in parts]
+    why = ""
+    if "matmul" in rest:
+        why = " (no AVX-512)" if dtype == torch.float32 else " (no AVX512-BF16)"
+    elif rest:
+        why = " (float32 only)"
+    text = f"engine CPU kernels ({', '.join(parts)})" + (f", torch {', '.join(rest)}{why}" if rest else "")
+    return f"{text}; {pages}"
 
 
 def _resolve_device(device: str) -> torch.device:

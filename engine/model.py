@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from engine import cpu_ops
+from engine import cpu_ops, huge_pages
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -227,8 +227,13 @@ class MLP(nn.Module):
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
+    cpu_kernel: bool = False  # silu(gate) * up through engine.cpu_ops.silu_and_mul, see CausalLM.use_cpu_kernels
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.cpu_kernel and not torch.is_grad_enabled():
+            return self.down_proj(cpu_ops.silu_and_mul(gate, up))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -331,12 +336,12 @@ class CausalLM(nn.Module):
         """Run the engine's C++ CPU kernels (:mod:`engine.cpu_ops`) instead of torch where they apply:
         matmuls of 1-64 rows in every projection and the LM head (reading the weights in their own
         ``[out, in]`` layout; only where the kernel was built with AVX-512, see
-        :func:`engine.cpu_ops.supports`), the residual add with RMSNorm, and RoPE. Only while no gradient
-        is recorded: under autograd every module runs its torch code.
+        :func:`engine.cpu_ops.supports`), the residual add with RMSNorm, RoPE, and SwiGLU's
+        silu-and-multiply. Only while no gradient is recorded: under autograd every module runs its torch code.
 
         Call only on float32 or bfloat16 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
-        In bfloat16 only the matmuls (where :func:`engine.cpu_ops.matmul_bf16`): the norm and RoPE kernels
-        are float32 only.
+        In bfloat16 only the matmuls (where :func:`engine.cpu_ops.matmul_bf16`) and silu-and-multiply: the
+        norm and RoPE kernels are float32 only.
         A weight that is not contiguous (none is, after a normal load) is made so first.
         """
         for module in self.modules():
@@ -346,6 +351,8 @@ class CausalLM(nn.Module):
                 module.cpu_kernel = cpu_ops.supports(module.weight)
             elif isinstance(module, (RMSNorm, Attention)):
                 module.cpu_kernel = self.model.norm.weight.dtype == torch.float32  # these two are float32 only
+            elif isinstance(module, MLP):
+                module.cpu_kernel = module.gate_proj.weight.dtype in (torch.float32, torch.bfloat16)
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
         if not head.weight.is_contiguous():
             head.weight = nn.Parameter(head.weight.detach().contiguous(), requires_grad=False)
@@ -379,7 +386,11 @@ def build_model(
     if model.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
     _check_tensors(model, state_dict)
-    state_dict = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
+    moved = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
+    if device.type == "cpu":  # tensors cast to another dtype are new ones: into 2 MiB pages too (engine/huge_pages.py)
+        copied = huge_pages.place({name: t for name, t in moved.items() if t is not state_dict[name]})
+        moved.update(copied)
+    state_dict = moved
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
     if device.type == "cpu":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import cpu_ops
+from engine import cpu_ops, huge_pages
 from engine.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               write_kv_cache)
 from engine.block_manager import KVCacheManager
@@ -61,10 +61,11 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         try:
-            self.kv_caches = [
-                (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
-                for _ in range(model.num_layers)
-            ]
+            if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/huge_pages.py)
+                flat = huge_pages.arena([(shape, self.dtype)] * (2 * model.num_layers))
+            else:
+                flat = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * model.num_layers)]
+            self.kv_caches = list(zip(flat[0::2], flat[1::2]))
         except (RuntimeError, MemoryError) as error:  # torch reports a failed allocation as RuntimeError
             gib = 2 * model.num_layers * torch.Size(shape).numel() * param.element_size() / 2**30
             raise ValueError(f"cannot allocate a KV pool of {num_blocks} blocks x {block_size} slots ({gib:.1f} GiB): use fewer or smaller blocks") from error

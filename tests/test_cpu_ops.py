@@ -1,4 +1,4 @@
-"""The engine's CPU kernels (engine/csrc/: the small-batch matmul, add + RMSNorm, RoPE), built for real."""
+"""The engine's CPU kernels (engine/csrc/: the small-batch matmul, add + RMSNorm, RoPE, SiLU-and-mul), built for real."""
 
 from __future__ import annotations
 
@@ -150,9 +150,39 @@ def test_rotary_embedding_is_exactly_the_torch_rotation(kernel, tokens, heads, k
     assert torch.equal(k_rot, apply_rotary(k, cos, sin))
 
 
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 70), width=st.integers(1, 1600), scale=st.sampled_from([0.1, 1.0, 8.0, 40.0]), seed=st.integers(0, 2**31 - 1))
+def test_silu_and_mul_matches_torch(kernel, rows, width, scale, seed):
+    generator = torch.Generator().manual_seed(seed)
+    gate, up = torch.randn(2, rows, width, generator=generator) * torch.tensor([scale, 1.0]).view(2, 1, 1)
+    exact = F.silu(gate.double()) * up.double()
+    ours = cpu_ops.silu_and_mul(gate, up)
+    assert ours.shape == gate.shape and ours.dtype == torch.float32
+    # The exp is a degree-6 polynomial: within a few float roundings of the exact value, as torch's is.
+    torch.testing.assert_close(ours.double(), exact, rtol=2e-6, atol=1e-30)
+    theirs = F.silu(gate) * up
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=1e-30)
+
+
+def test_silu_and_mul_at_the_ends_of_the_range_and_in_bf16(kernel):
+    gate = torch.tensor([-1000.0, -100.0, -87.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 87.0, 100.0, 1000.0])
+    up = torch.full_like(gate, 3.0)
+    ours = cpu_ops.silu_and_mul(gate, up)
+    torch.testing.assert_close(ours.double(), F.silu(gate.double()) * 3.0, rtol=2e-6, atol=1e-30)
+    generator = torch.Generator().manual_seed(1)
+    g, u = (torch.randn(2, 16, 1536, generator=generator) * 4).bfloat16()
+    ours = cpu_ops.silu_and_mul(g, u)
+    assert ours.dtype == torch.bfloat16
+    expected = (F.silu(g.float()) * u.float()).bfloat16()  # computed in fp32, rounded once
+    assert (ours.float() - expected.float()).abs().max() <= expected.float().abs().max() * 2**-7  # one bf16 step at most
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
+        (lambda: cpu_ops.silu_and_mul(torch.randn(2, 8), torch.randn(2, 7)), "one shape"),
+        (lambda: cpu_ops.silu_and_mul(torch.randn(2, 8, dtype=torch.float64), torch.randn(2, 8, dtype=torch.float64)), "float32 or bfloat16"),
+        (lambda: cpu_ops.silu_and_mul(torch.randn(2, 8), torch.randn(2, 8).bfloat16()), "float32 or bfloat16"),
         (lambda: cpu_ops.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-6), "x and residual"),
         (lambda: cpu_ops.add_rms_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(7), 1e-6), r"weight must be \[hidden\]"),
         (lambda: cpu_ops.add_rms_norm(*torch.randn(2, 2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), 1e-6), "float32"),
@@ -177,10 +207,11 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tiny_llama_dir
     outputs = {}
     for flag in (True, False):
         engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), cpu_kernels=flag, num_gpu_blocks=64))
-        assert engine.cpu_backend == ("engine CPU kernels (matmul, RMSNorm, RoPE, decode attention)" if flag else "torch")
+        assert engine.cpu_backend.split(";")[0] == ("engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)" if flag else "torch")
         model = engine.runner.model
         layer = model.model.layers[0]
         assert layer.mlp.up_proj.cpu_kernel == layer.post_attention_layernorm.cpu_kernel == layer.self_attn.cpu_kernel == flag
+        assert layer.mlp.cpu_kernel == flag
         assert model.cpu_kernels == flag  # the LM head
         ids = [engine.add_request(p, params) for p in prompts]
         while engine.has_unfinished_requests():
@@ -208,7 +239,7 @@ def test_a_failed_build_warns_and_falls_back_to_torch(tmp_path, tiny_llama_dir):
         assert "no-such-compiler" in messages[0][-300:], messages[0]  # the compiler's own words, at the end
         print("error:", cpu_ops.kernel_error()[:200])
         engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}))
-        assert engine.cpu_backend == "torch"
+        assert engine.cpu_backend.split(";")[0] == "torch"
         rid = engine.add_request("hello", SamplingParams(max_tokens=3, ignore_eos=True))
         while engine.has_unfinished_requests():
             engine.step()
@@ -332,6 +363,8 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, 
         q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
         assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
         assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
+        gate, up = torch.randn(2, 5, 1536, generator=g) * 6
+        torch.testing.assert_close(cpu_ops.silu_and_mul(gate, up), F.silu(gate) * up, rtol=2e-6, atol=1e-30)
         from engine.attention import paged_attention_reference
         kc, vc = torch.randn(2, 6, 16, 8, 64, generator=g)
         tables, lens = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32), torch.tensor([20, 9], dtype=torch.int32)
@@ -342,7 +375,7 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, 
         # F.linear for its matmuls and uses the fused RMSNorm and RoPE.
         from engine import EngineConfig, LLMEngine
         engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}, num_gpu_blocks=16))
-        assert engine.cpu_backend == "engine CPU kernels for RMSNorm, RoPE and decode attention, torch F.linear (no AVX-512)", engine.cpu_backend
+        assert engine.cpu_backend.split(";")[0] == "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX-512)", engine.cpu_backend
         print("portable ok")
         """
     )

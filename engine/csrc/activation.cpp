@@ -1,0 +1,105 @@
+// SwiGLU's activation in one pass on CPU (vLLM's silu_and_mul, csrc/activation_kernels.cu, which
+// takes gate and up concatenated; here they are the two projections' separate outputs):
+//
+//   silu_and_mul(gate, up) -> out
+//       gate, up  [num_tokens, intermediate_size]  fp32 or bf16, the same shape and dtype
+//       out       [num_tokens, intermediate_size]  gate's dtype;  out = silu(gate) * up
+//       silu(g) = g * sigmoid(g) = g / (1 + exp(-g)), computed in fp32 whatever the dtype.
+//
+// Why: torch computes F.silu(gate) * up as two operators, each a pass over memory with its own
+// output tensor, and a call from Python each; a decode step of SmolLM2-135M makes 30 of each. Here
+// it is one pass and one call: 16 x 1536 (a 16-request decode step's MLP) took 6.0 us against torch's
+// 15.2 us, 1 x 1536 2.4 against 3.3 us (2-core EPYC, throwaway harness alternating the two).
+//
+// exp: std::exp is one scalar call per value, so exp(x) is computed, 16 values at a time with AVX-512,
+// as 2^n * e^r: n = round(x * log2(e)) and r = x - n * ln(2), with ln(2) in two parts (Cody and Waite)
+// so that r stays exact for large |x| (one product x * log2(e) would lose |x| * 2^-24 in the
+// exponent: 3e-6 relative at x = 60); e^r for |r| <= ln(2)/2 from its Taylor polynomial of degree 6
+// (error below 1.3e-7). x = -g is clamped to [-100, 100]: outside, silu is g or 0 to float precision.
+//
+// Built with the other CPU kernels by engine/cpu_ops.py. Inference only: no autograd.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kGrain = 16384;  // elements per thread at least: a decode step's 16 x 1536 is one or two tasks
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln(2) = hi + lo, hi with few bits
+constexpr float kLimit = 100.0f;
+constexpr float c2 = 1.0f / 2, c3 = 1.0f / 6, c4 = 1.0f / 24, c5 = 1.0f / 120, c6 = 1.0f / 720;  // e^r's Taylor terms
+
+inline float silu_mul_one(float g, float u) {
+  const float x = std::fmin(std::fmax(-g, -kLimit), kLimit);  // exp(-g) = exp(x)
+  const float n = std::nearbyint(x * kLog2e);
+  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
+  const float p = 1.0f + r * (1.0f + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * c6)))));
+  return g / (1.0f + std::ldexp(p, static_cast<int>(n))) * u;
+}
+
+template <typename T>
+void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(silu_mul_one(static_cast<float>(gate[i]), static_cast<float>(up[i])));
+}
+
+#if defined(__AVX512F__)
+// The same arithmetic, 16 floats at a time (the compiler does not vectorize the loop above:
+// the exponent step is an integer-to-float bit cast). _mm512_scalef_ps(p, n) is p * 2^n.
+template <>
+void silu_mul<float>(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(-kLimit), hi = _mm512_set1_ps(kLimit);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), lo), hi);
+    const __m512 whole = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(whole, _mm512_set1_ps(kLn2Hi), x));
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(c6), _mm512_set1_ps(c5));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c4));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c3));
+    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c2));
+    p = _mm512_fmadd_ps(r, p, one);
+    p = _mm512_fmadd_ps(r, p, one);
+    const __m512 denominator = _mm512_add_ps(one, _mm512_scalef_ps(p, whole));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, denominator), _mm512_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) out[i] = silu_mul_one(gate[i], up[i]);
+}
+#endif
+
+at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.sizes() == up.sizes(), "silu_and_mul: gate and up must have one shape, got ", gate.sizes(), " and ", up.sizes());
+  TORCH_CHECK(gate.scalar_type() == up.scalar_type() && (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16),
+              "silu_and_mul: float32 or bfloat16 only (gate and up alike), got ", gate.scalar_type(), " and ", up.scalar_type());
+  TORCH_CHECK(gate.device().is_cpu() && up.device().is_cpu(), "silu_and_mul: CPU tensors only");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  at::Tensor out = at::empty_like(g);
+  const int64_t n = g.numel();
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *gp = g.data_ptr<T>(), *upp = u.data_ptr<T>();
+    T* op = out.data_ptr<T>();
+    at::parallel_for(0, n, kGrain, [&](int64_t i0, int64_t i1) { silu_mul<T>(gp + i0, upp + i0, op + i0, i1 - i0); });
+  };
+  if (g.scalar_type() == at::kFloat)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<c10::BFloat16*>(nullptr));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) { m.def("silu_and_mul(Tensor gate, Tensor up) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("silu_and_mul", &silu_and_mul); }
