@@ -22,7 +22,7 @@ from engine.accounting import CATEGORIES
 from engine.paper_experiments import paper_ratio_text
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
-from visualize.style import use_cjk_font
+from visualize.style import as_svg, use_cjk_font
 
 # The app's system labels -> the paper's Figure 2 systems (Kwon et al., SOSP 2023).
 PAPER_SYSTEM_OF = {"paged": "vLLM", "contiguous (max)": "Orca (Max)", "contiguous (pow2)": "Orca (Pow2)",
@@ -208,7 +208,7 @@ def latency_rate_spec(rows: list[dict], lang: str = "en") -> dict:
                "system": paper_system_label(r["system"], lang)}
               for r in rows if r["normalized_latency_s"] == r["normalized_latency_s"]]  # NaN: nothing completed
     systems = list(dict.fromkeys(r["system"] for r in rows))
-    return {
+    return as_svg({
         "title": t("latency_rate_title", lang, workload=workload),
         "data": {"values": values},
         "mark": {"type": "line", "point": True, "tooltip": True},
@@ -221,4 +221,4 @@ def latency_rate_spec(rows: list[dict], lang: str = "en") -> dict:
                                 "range": [SYSTEM_COLORS[s] for s in systems]},
                       "legend": {"labelLimit": 0}},
         },
-    }
+    })

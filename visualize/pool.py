@@ -17,7 +17,7 @@ from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FO
 from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
-from visualize.style import use_cjk_font
+from visualize.style import as_svg, use_cjk_font
 
 CELL_W, CELL_H = 0.9, 0.8  # a block's cell inside its 1 x 1 grid square; the gaps separate blocks
 
@@ -186,7 +186,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
          "encoding": {"x": {**x, "field": "cx"}, "y": {**y, "field": "cy"}, "text": {"field": "block", "type": "quantitative"},
                       "tooltip": tooltip}},
     ]
-    return {
+    return as_svg({
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "data": {"values": records},
         "height": max(60, 34 * rows) + (40 if caching else 0),  # the marks' legend is drawn inside this height
@@ -194,7 +194,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         # the blocks' colours are their own (no scale); the marks' legend has a scale of its own
         "resolve": {"scale": {"color": "independent", "shape": "independent"}},
         "config": {"view": {"strokeWidth": 0}},
-    }
+    })
 
 
 def pool_map_chart(report: StepReport, block_size: int, lang: str = "en", columns: int = 16,
