@@ -194,6 +194,61 @@ def open_app(page, sync_api, port: int, server) -> None:
     page.get_by_role("button", name=re.compile("^(Step|单步)$")).wait_for(timeout=300_000)  # a loaded CI machine
 
 
+# Every Vega chart of the page (the app draws them as SVG: visualize.style.as_svg): each visible text
+# element with its box, and the box that clips it (the chart's svg, within its Streamlit container).
+CHART_TEXTS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map((chart, index) => {
+  const svg = chart.querySelector('svg');
+  const canvas = chart.querySelectorAll('canvas').length;
+  if (!svg) return {index, canvas, texts: []};
+  const s = svg.getBoundingClientRect(), c = chart.getBoundingClientRect();
+  const clip = {left: Math.max(s.left, c.left), right: Math.min(s.right, c.right),
+                top: Math.max(s.top, c.top), bottom: Math.min(s.bottom, c.bottom)};
+  const texts = [...svg.querySelectorAll('text')]
+    .filter(t => t.textContent.trim() && getComputedStyle(t).visibility !== 'hidden' && +getComputedStyle(t).opacity !== 0)
+    .map(t => { const r = t.getBoundingClientRect();
+      return {text: t.textContent, left: r.left - clip.left, right: clip.right - r.right,
+              top: r.top - clip.top, bottom: clip.bottom - r.bottom}; });
+  return {index, canvas, texts};
+})"""
+CHARTS_DRAWN_JS = """count => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+  .filter(chart => chart.querySelector('svg text')).length >= count"""
+SLACK_PX = 3  # a text's box is its glyph cells (ascent to descent), a little larger than the ink
+
+
+def wait_for_charts(page, count: int, timeout_s: float = 300) -> None:
+    """Until the page shows ``count`` Vega charts with text in their svg (Vega draws after the page's
+    text), and a moment more for the last one to finish."""
+    page.wait_for_function(CHARTS_DRAWN_JS, arg=count, timeout=timeout_s * 1000)
+    page.wait_for_timeout(800)
+
+
+def chart_text_problems(page, lang: str) -> list[str]:
+    """What is wrong with the text of the page's charts, as the browser drew it: a chart drawn on a
+    canvas (its text cannot be read), a text that Vega cut with "…" (it exceeded a labelLimit or a
+    title's limit), a text whose box lies outside its chart's box (cut off by the svg's edge), and, in
+    中文, English UI text from the catalogue. Also asserts that the page has charts with text."""
+    from visualize.i18n import untranslated
+
+    charts = page.evaluate(CHART_TEXTS_JS)
+    assert charts and any(c["texts"] for c in charts), "no chart text found"
+    problems = []
+    for chart in charts:
+        where = f"chart {chart['index']}"
+        if chart["canvas"]:
+            problems.append(f"{where} is drawn on a canvas")
+        for item in chart["texts"]:
+            if item["text"].rstrip().endswith("…"):
+                problems.append(f"{where}: {item['text']!r} is cut")
+            sides = [side for side in ("left", "right", "top", "bottom") if item[side] < -SLACK_PX]
+            if sides:
+                problems.append(f"{where}: {item['text']!r} lies outside the chart ({', '.join(f'{s} {-item[s]:.0f} px' for s in sides)})")
+        if lang == "zh":
+            english = untranslated(" | ".join(item["text"] for item in chart["texts"]))
+            if english:
+                problems.append(f"{where}: English in 中文: {english}")
+    return problems
+
+
 def reader_text(page) -> str:
     """The main area's text as a reader sees it, without the prompts and generated texts (the model's words)."""
     text = page.locator('[data-testid="stMain"]').inner_text()
@@ -277,6 +332,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     step.click()
     step_title(page, "Step 3", 300)  # Step continues from the newest
     no_exception_box(page)
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "en") == []  # the pool map and the memory chart
 
     # Save the whole run, reload (the session is gone), open it again: replayed without the model.
     saved = tmp_path / "run.json"
@@ -310,9 +367,21 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Requests and their text").wait_for(timeout=180_000)
     page.get_by_role("button", name="Step", exact=True).click()
     step_title(page, "Step 0", 300)
-    page.wait_for_timeout(800)
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "en") == []  # the large pool map
     page.screenshot(path=str(SHOTS / "projector_en.png"), full_page=True)
     page.get_by_text("desk", exact=True).click()
+
+    # The compare page's real-engine run: two pool maps, two memory charts (their legends were cut,
+    # "internal fragmentatio"), the concurrency lines.
+    sidebar.get_by_role("link", name="Paged vs contiguous").click()
+    page.get_by_role("button", name="Run both").click()
+    page.get_by_role("heading", name="contiguous (max)").wait_for(timeout=300_000)
+    wait_for_charts(page, 5)
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    page.screenshot(path=str(SHOTS / "compare_en.png"), full_page=True)
+    sidebar.get_by_role("link", name="Live engine").click()
 
     # 中文: every page, no English UI text from the catalogue.
     sidebar.get_by_text("中文").click()
@@ -321,6 +390,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     step_title(page, "第 1 步", 300)
     page.wait_for_timeout(800)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "zh") == []
     assert untranslated(sidebar.inner_text().replace("Language / 语言", "")) == []
     for name in ("分页 vs 连续", "内核实验", "课程"):
         sidebar.get_by_role("link", name=name).click()
@@ -333,6 +404,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     page.get_by_text("KV 显存浪费（论文图 2 风格）").wait_for(timeout=300_000)
     page.wait_for_timeout(1500)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
+    wait_for_charts(page, 4)  # two memory charts, the concurrency lines, latency against request rate
+    assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "compare_zh.png"), full_page=True)
 
 

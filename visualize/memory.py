@@ -91,20 +91,21 @@ def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", he
     ).properties(height=height))
 
 
-def series_spec(series: dict[str, tuple], ylabel: str, lang: str = "en", height: int = 220) -> dict:
+def series_spec(series: dict[str, tuple], ylabel: str, lang: str = "en") -> dict:
     """:func:`series_figure` as a Vega-Lite spec for the app (hover a step): a step line of
     (steps, values) per label, in the order given, the legend below and never cut. A run that ends
-    early stops there (it is not drawn flat to the longest run's end)."""
+    early stops there (it is not drawn flat to the longest run's end). No height: Streamlit's
+    ``st.vega_lite_chart(..., height=)`` sets it (a height in the spec is squeezed, and the y title
+    was then cut)."""
     values = [{"step": int(s), "value": float(v), "label": label} for label, (steps, vs) in series.items() for s, v in zip(steps, vs)]
     return as_svg({
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "data": {"values": values},
-        "height": height,
-        "mark": {"type": "line", "interpolate": "step-after", "tooltip": True},
+        "mark": {"type": "line", "interpolate": "step-after", "strokeWidth": 2, "tooltip": True},
         "encoding": {
             "x": {"field": "step", "type": "quantitative", "title": t("step_axis", lang), "axis": {"format": "d", "tickMinStep": 1}},
             "y": {"field": "value", "type": "quantitative", "title": ylabel},
-            "color": {"field": "label", "type": "nominal", "title": None, "sort": list(series),
+            "color": {"field": "label", "type": "nominal", "title": None, "sort": list(series), "scale": {"scheme": "category10"},
                       "legend": {"orient": "bottom", "labelLimit": 0}},
         },
     })
