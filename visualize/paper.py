@@ -53,8 +53,9 @@ def plot_memory_breakdown(rows: list[dict], out: str | None = None, lang: str = 
     handles, labels = axes[0][0].get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="black", linestyle="--"))
     labels.append(t("fig2_paper_mark", lang))
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    one_panel = len(workloads) == 1  # the app's figure: three columns of legend were wider than it
+    fig.legend(handles, labels, loc="lower center", ncol=2 if one_panel else 3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.2 if one_panel else 0.14, 1, 1))
     if out:
         fig.savefig(out, dpi=150)
     return fig
