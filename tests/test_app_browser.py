@@ -126,7 +126,8 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     page.locator('[data-testid="stVegaLiteChart"]').nth(1).wait_for(timeout=30_000)  # pool map + memory, drawn after the text
     assert page.get_by_text("Request 0", exact=False).count() > 0
     no_exception_box(page)
-    page.wait_for_timeout(800)  # let Vega finish drawing before the screenshot
+    wait_for_charts(page, 2)  # let Vega finish drawing before the screenshot
+    assert chart_text_problems(page, "en") == []
     page.screenshot(path=str(SHOTS / "live_engine_en.png"), full_page=True)
 
     latencies = []
@@ -169,7 +170,8 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     page.get_by_role("button", name="单步", exact=True).wait_for(timeout=60_000)
     step_title(page, f"第 {number} 步")
     no_exception_box(page)
-    page.wait_for_timeout(800)
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "live_engine_zh.png"), full_page=True)
 
 
@@ -272,12 +274,15 @@ def test_classroom_features_in_a_browser(tiny_llama_dir, tmp_path):
 
 
 def in_browser(model_dir, drive, failure_png: str, **page_options) -> None:
-    """Start the app on ``model_dir``, open it in chromium and run ``drive(page, sync_api, port, server)``;
-    a failure leaves a full-page screenshot in SHOTS / ``failure_png``."""
+    """Start the app on ``model_dir`` (None: the default model, as a user starts it), open it in chromium
+    and run ``drive(page, sync_api, port, server)``; a failure leaves a full-page screenshot in SHOTS / ``failure_png``."""
     sync_api = pytest.importorskip("playwright.sync_api")
     SHOTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    server = start_server(port, dict(os.environ, PAGEDATTENTION_LAB_MODEL=str(model_dir)))
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDATTENTION_LAB_MODEL"}
+    if model_dir is not None:
+        env["PAGEDATTENTION_LAB_MODEL"] = str(model_dir)
+    server = start_server(port, env)
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
@@ -449,3 +454,44 @@ def prefix_caching(page, sync_api, port, server) -> None:
             break
     assert t("block_hash", "en") in text and t("parent_chain", "en") in text, text
     assert re.search(r"block 0 · [0-9a-f]{8} ← start of the prompt", text), text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_swap_lane_in_a_browser(default_model_dir):
+    """The "Small pool, swap preemption" preset with the default model (its stories are the README's
+    screenshot): Step until requests are swapped out; the CPU swap space is drawn as a second pool map,
+    the queues name the swapped requests, and no chart text is cut, in English and in 中文."""
+    in_browser(None, swap_lane, "failure_swap.png")  # the fixture has fetched the default model
+
+
+def swap_lane(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
+    page.get_by_role("option", name=t("preset_swap", "en")).click()
+    page.get_by_role("button", name="Load preset").click()
+    page.get_by_text("Request 5", exact=True).wait_for(timeout=180_000)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    step = page.get_by_role("button", name="Step", exact=True)
+    swapped = page.get_by_text(re.compile(r"· swapped: \d"))
+    for k in range(40):  # the preset's pool fills at about step 12: requests are swapped out
+        step.click()
+        step_title(page, f"Step {k}", 300)
+        if swapped.count():
+            break
+    assert swapped.count(), "no request was swapped out"
+    assert page.get_by_text(re.compile(r"This step: [1-9]\d* block\(s\) out")).count() == 1
+    page.get_by_text(t("cpu_pool", "en"), exact=True).wait_for()
+    wait_for_charts(page, 3)  # the GPU pool, the CPU swap space, the memory chart
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    page.screenshot(path=str(SHOTS / "swap_en.png"), full_page=True)
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    page.get_by_text(t("cpu_pool", "zh"), exact=True).wait_for(timeout=180_000)
+    page.get_by_text(re.compile(r"已换出：\d")).wait_for(timeout=180_000)
+    wait_for_charts(page, 3)
+    no_exception_box(page)
+    assert chart_text_problems(page, "zh") == []
+    page.screenshot(path=str(SHOTS / "swap_zh.png"), full_page=True)
