@@ -421,16 +421,22 @@ def test_prefix_caching_in_a_browser(tiny_llama_dir):
     in_browser(tiny_llama_dir, prefix_caching, "failure_prefix.png")
 
 
+def load_preset(page, name: str, last_request: str) -> None:
+    """Open the Workload panel, load the classroom preset ``name``, wait for its ``last_request`` row
+    in the request list, and fold the panel away again."""
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
+    page.get_by_role("option", name=name).click()
+    page.get_by_role("button", name="Load preset").click()
+    page.get_by_text(last_request, exact=True).wait_for(timeout=180_000)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+
+
 def prefix_caching(page, sync_api, port, server) -> None:
     from visualize.i18n import t
 
     open_app(page, sync_api, port, server)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
-    page.get_by_role("option", name=t("preset_shared_system_prompt", "en")).click()
-    page.get_by_role("button", name="Load preset").click()
-    page.get_by_text("Request 3", exact=True).wait_for(timeout=180_000)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    load_preset(page, t("preset_shared_system_prompt", "en"), "Request 3")
     step = page.get_by_role("button", name="Step", exact=True)
     cached = page.locator('[data-testid="request-cached"]').filter(has_text=re.compile(r"^[1-9]\d* tok cached"))
     for k in range(60):  # until requests 2 and 3 are admitted: they hit request 0's blocks
@@ -468,21 +474,19 @@ def swap_lane(page, sync_api, port, server) -> None:
     from visualize.i18n import t
 
     open_app(page, sync_api, port, server)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
-    page.get_by_role("option", name=t("preset_swap", "en")).click()
-    page.get_by_role("button", name="Load preset").click()
-    page.get_by_text("Request 5", exact=True).wait_for(timeout=180_000)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    load_preset(page, t("preset_swap", "en"), "Request 5")
     step = page.get_by_role("button", name="Step", exact=True)
-    swapped = page.get_by_text(re.compile(r"· swapped: \d"))
+    copied_out = page.get_by_text(re.compile(r"This step: [1-9]\d* block\(s\) out"))
     for k in range(40):  # the preset's pool fills at about step 12: requests are swapped out
         step.click()
         step_title(page, f"Step {k}", 300)
-        if swapped.count():
+        try:  # the CPU lane's caption is drawn a moment after the step's title
+            copied_out.wait_for(timeout=2000)
             break
-    assert swapped.count(), "no request was swapped out"
-    assert page.get_by_text(re.compile(r"This step: [1-9]\d* block\(s\) out")).count() == 1
+        except sync_api.TimeoutError:
+            pass
+    assert copied_out.count() == 1, "no block was swapped out"
+    page.get_by_text(re.compile(r"· swapped: \d")).wait_for()  # the queues name the swapped requests
     page.get_by_text(t("cpu_pool", "en"), exact=True).wait_for()
     wait_for_charts(page, 3)  # the GPU pool, the CPU swap space, the memory chart
     no_exception_box(page)
