@@ -499,3 +499,35 @@ def swap_lane(page, sync_api, port, server) -> None:
     no_exception_box(page)
     assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "swap_zh.png"), full_page=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_beam_tree_in_a_browser(tiny_llama_dir):
+    """Beam search (sidebar, memory sharing): the beam trees drawn after a few steps, with no chart
+    text cut or outside its chart, in English and in 中文 (tiny model)."""
+    in_browser(tiny_llama_dir, beam_trees, "failure_beam.png")
+
+
+def beam_trees(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_text(t("sharing_beam", "en"), exact=True).click()
+    sidebar.get_by_role("spinbutton", name=t("sharing_width_beam", "en")).wait_for(timeout=180_000)
+    step = page.get_by_role("button", name="Step", exact=True)
+    step.wait_for(timeout=180_000)
+    trees = page.get_by_text(re.compile(rf"^{t('beam_tree_title', 'en')} · "))
+    for k in range(6):  # beams fork again after the prompt's prefill: trees from the second fork on
+        step.click()
+        step_title(page, f"Step {k}", 300)
+    trees.first.wait_for(timeout=60_000)
+    charts = 2 + trees.count()  # the pool map, the memory chart, a tree per request
+    wait_for_charts(page, charts)
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    sidebar.get_by_text("中文").click()
+    page.get_by_text(re.compile(rf"^{t('beam_tree_title', 'zh')} · ")).first.wait_for(timeout=180_000)
+    wait_for_charts(page, charts)
+    no_exception_box(page)
+    assert chart_text_problems(page, "zh") == []
