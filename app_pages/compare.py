@@ -18,7 +18,7 @@ from app_pages.widgets import localized_choice
 from engine.accounting import CATEGORIES
 from engine.simulator import PAPER_TOKEN_STATES
 from visualize.i18n import t
-from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
+from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, series_spec, simulation_memory_frame
 from visualize.paper import PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown
 from visualize.pool import pool_map_spec
 
@@ -29,6 +29,16 @@ SWEEP_REQUESTS = 500  # per point of the latency chart: small, so the page stays
 def _label(allocator: str, reservation: str) -> str:
     """The system's key (visualize.paper.PAPER_SYSTEM_OF): "paged" or "contiguous (<reservation>)"."""
     return "paged" if allocator == "paged" else f"contiguous ({reservation})"
+
+
+def side_settings(allocator: str, reservation: str) -> dict:
+    """The engine overrides of one side. The contiguous allocator gives each request its own range,
+    so it has no blocks to share or swap: it runs without prefix caching and preempts by recompute
+    (EngineConfig refuses both with it), whatever the sidebar chose for the paged side."""
+    overrides = dict(allocator=allocator, reservation=reservation)
+    if allocator == "contiguous":
+        overrides.update(enable_prefix_caching=False, preemption_mode="recompute")
+    return overrides
 
 
 def system_label(key: str, lang: str) -> str:
@@ -64,13 +74,15 @@ def engine_comparison(lang: str) -> None:
     reservation = c[0].selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="compare_reservation",
                                  index=("max", "pow2", "oracle").index(reservation), help=t("reservation_help", lang))
     limit = int(c[1].number_input(t("max_steps", lang), 10, 1000, 300, key="compare_limit"))
+    if settings.enable_prefix_caching is not False or settings.preemption_mode == "swap":
+        st.caption(t("compare_contiguous_plain", lang))
     if c[2].button(t("run_compare", lang), type="primary", key="btn_compare"):
         runs = {}
         for allocator in ("paged", "contiguous"):
             label = _label(allocator, reservation)
             bar, progress = progress_bar(lang, settings.model)
             try:
-                llm = build_engine(settings, progress, allocator=allocator, reservation=reservation)
+                llm = build_engine(settings, progress, **side_settings(allocator, reservation))
             except Exception as error:
                 st.error(t("error_engine", lang, error=error))
                 return
@@ -109,15 +121,10 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
             st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
     series = {system_label(label, lang): ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.line_chart(_series_frame(series), x="step", x_label=t("step_axis", lang), y_label=t("concurrency", lang))
+    st.vega_lite_chart(series_spec(series, t("concurrency", lang), lang), width="stretch", height=260)
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
     rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
-
-
-def _series_frame(series: dict) -> pd.DataFrame:
-    frames = [pd.Series(values, index=steps, name=label) for label, (steps, values) in series.items()]
-    return pd.concat(frames, axis=1).rename_axis("step").reset_index()  # a finished run stops, not flat-lines
 
 
 def _paper_row(workload: str, system: str, frame: pd.DataFrame, weights=None) -> dict:
@@ -183,8 +190,7 @@ def simulator_comparison(lang: str) -> None:
                          f"sim_memory_{label}.png", f"png_sim_{label}")
     series = {system_label(label, lang): (res.series_step, res.series_running) for label, res in results.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.line_chart(_series_frame({k: (list(s), list(v)) for k, (s, v) in series.items()}), x="step",
-                  x_label=t("step_axis", lang), y_label=t("concurrency", lang))
+    st.vega_lite_chart(series_spec(series, t("concurrency", lang), lang), width="stretch", height=260)
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
             for label, res in results.items()]
     paper_bars(rows, lang)

@@ -299,6 +299,39 @@ def test_compare_page_in_chinese_has_chinese_headings_and_chart_text(tiny_llama_
     assert untranslated(figure) == []
 
 
+def test_compare_page_runs_both_allocators_with_the_sidebar_defaults(tiny_llama_dir, monkeypatch):
+    """The sidebar turns prefix caching on by default (paged); the contiguous side runs without it
+    (it failed with "enable_prefix_caching needs allocator='paged'"), and every chart is drawn as SVG."""
+    monkeypatch.setenv("PAGEDATTENTION_LAB_MODEL", str(tiny_llama_dir))
+    at = AppTest.from_function(_compare_engine_page, default_timeout=300)
+    at.run()
+    assert "The contiguous side runs without prefix caching" in _texts(at)
+    at.number_input(key="compare_limit").set_value(12).run()
+    at.button(key="btn_compare").click().run()
+    assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
+    text = _texts(at)
+    assert "### paged" in text and "### contiguous (max)" in text
+    charts = at.get("vega_lite_chart") + at.get("arrow_vega_lite_chart")
+    specs = [json.loads(c.proto.spec) for c in charts]
+    assert len(specs) >= 5  # two pool maps, two memory charts, the concurrency lines
+    assert all(s["usermeta"]["embedOptions"]["renderer"] == "svg" for s in specs)
+
+
+def _compare_engine_page():
+    import os
+    import sys
+
+    import streamlit as st
+
+    sys.path.insert(0, os.getcwd())
+    from app_pages import compare
+    from app_pages.state import Settings
+
+    st.session_state.setdefault("lang", "en")
+    st.session_state["settings"] = Settings(model=os.environ["PAGEDATTENTION_LAB_MODEL"], enable_prefix_caching=True)  # the sidebar's toggle
+    compare.page()
+
+
 def _compare_page():
     import os
     import sys

@@ -126,7 +126,8 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     page.locator('[data-testid="stVegaLiteChart"]').nth(1).wait_for(timeout=30_000)  # pool map + memory, drawn after the text
     assert page.get_by_text("Request 0", exact=False).count() > 0
     no_exception_box(page)
-    page.wait_for_timeout(800)  # let Vega finish drawing before the screenshot
+    wait_for_charts(page, 2)  # let Vega finish drawing before the screenshot
+    assert chart_text_problems(page, "en") == []
     page.screenshot(path=str(SHOTS / "live_engine_en.png"), full_page=True)
 
     latencies = []
@@ -169,7 +170,8 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     page.get_by_role("button", name="单步", exact=True).wait_for(timeout=60_000)
     step_title(page, f"第 {number} 步")
     no_exception_box(page)
-    page.wait_for_timeout(800)
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "live_engine_zh.png"), full_page=True)
 
 
@@ -192,6 +194,66 @@ def open_app(page, sync_api, port: int, server) -> None:
                 raise
             time.sleep(0.3)
     page.get_by_role("button", name=re.compile("^(Step|单步)$")).wait_for(timeout=300_000)  # a loaded CI machine
+
+
+# Every Vega chart of the page (the app draws them as SVG: visualize.style.as_svg): each visible text
+# element with its box, and the box that clips it (the chart's svg, within its Streamlit container).
+CHART_TEXTS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map((chart, index) => {
+  const svg = chart.querySelector('svg');
+  const canvas = chart.querySelectorAll('canvas').length;
+  if (!svg) return {index, canvas, texts: []};
+  const s = svg.getBoundingClientRect(), c = chart.getBoundingClientRect();
+  const clip = {left: Math.max(s.left, c.left), right: Math.min(s.right, c.right),
+                top: Math.max(s.top, c.top), bottom: Math.min(s.bottom, c.bottom)};
+  const texts = [...svg.querySelectorAll('text')]
+    .filter(t => t.textContent.trim() && getComputedStyle(t).visibility !== 'hidden' && +getComputedStyle(t).opacity !== 0)
+    .map(t => { const r = t.getBoundingClientRect();
+      return {text: t.textContent, font_px: parseFloat(getComputedStyle(t).fontSize),
+              left: r.left - clip.left, right: clip.right - r.right,
+              top: r.top - clip.top, bottom: clip.bottom - r.bottom}; });
+  return {index, canvas, texts};
+})"""
+CHARTS_DRAWN_JS = """count => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')]
+  .filter(chart => chart.querySelector('svg text')).length >= count"""
+# A text's box is its glyph cells (the font's ascent to descent), larger than the ink: above a capital
+# or a parenthesis about 0.2-0.25 em of it is empty. A box may stick out by this much with the ink inside.
+SLACK_EM = 0.3
+
+
+def wait_for_charts(page, count: int, timeout_s: float = 300) -> None:
+    """Until the page shows ``count`` Vega charts with text in their svg (Vega draws after the page's
+    text), and a moment more for the last one to finish."""
+    page.wait_for_function(CHARTS_DRAWN_JS, arg=count, timeout=timeout_s * 1000)
+    page.wait_for_timeout(800)
+
+
+def chart_text_problems(page, lang: str) -> list[str]:
+    """What is wrong with the text of the page's charts, as the browser drew it: a chart drawn on a
+    canvas (its text cannot be read), a text that Vega cut with "…" (it exceeded a labelLimit or a
+    title's limit), a text whose box lies outside its chart's box (cut off by the svg's edge), and, in
+    中文, English UI text from the catalogue. Also asserts that the page has charts with text."""
+    from visualize.i18n import untranslated
+
+    charts = page.evaluate(CHART_TEXTS_JS)
+    assert charts and any(c["texts"] for c in charts), "no chart text found"
+    problems = []
+    for chart in charts:
+        where = f"chart {chart['index']}"
+        if chart["canvas"]:
+            problems.append(f"{where} is drawn on a canvas")
+        for item in chart["texts"]:
+            if item["text"].rstrip().endswith("…"):
+                problems.append(f"{where}: {item['text']!r} is cut")
+            slack = max(SLACK_EM * item["font_px"], 2.0)
+            sides = [side for side in ("left", "right", "top", "bottom") if item[side] < -slack]
+            if sides:
+                out = ", ".join(f"{s} {-item[s]:.1f} px" for s in sides)
+                problems.append(f"{where}: {item['text']!r} ({item['font_px']:g} px font) lies outside the chart ({out})")
+        if lang == "zh":
+            english = untranslated(" | ".join(item["text"] for item in chart["texts"]))
+            if english:
+                problems.append(f"{where}: English in 中文: {english}")
+    return problems
 
 
 def reader_text(page) -> str:
@@ -217,12 +279,15 @@ def test_classroom_features_in_a_browser(tiny_llama_dir, tmp_path):
 
 
 def in_browser(model_dir, drive, failure_png: str, **page_options) -> None:
-    """Start the app on ``model_dir``, open it in chromium and run ``drive(page, sync_api, port, server)``;
-    a failure leaves a full-page screenshot in SHOTS / ``failure_png``."""
+    """Start the app on ``model_dir`` (None: the default model, as a user starts it), open it in chromium
+    and run ``drive(page, sync_api, port, server)``; a failure leaves a full-page screenshot in SHOTS / ``failure_png``."""
     sync_api = pytest.importorskip("playwright.sync_api")
     SHOTS.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    server = start_server(port, dict(os.environ, PAGEDATTENTION_LAB_MODEL=str(model_dir)))
+    env = {k: v for k, v in os.environ.items() if k != "PAGEDATTENTION_LAB_MODEL"}
+    if model_dir is not None:
+        env["PAGEDATTENTION_LAB_MODEL"] = str(model_dir)
+    server = start_server(port, env)
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
@@ -277,6 +342,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     step.click()
     step_title(page, "Step 3", 300)  # Step continues from the newest
     no_exception_box(page)
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "en") == []  # the pool map and the memory chart
 
     # Save the whole run, reload (the session is gone), open it again: replayed without the model.
     saved = tmp_path / "run.json"
@@ -310,9 +377,21 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Requests and their text").wait_for(timeout=180_000)
     page.get_by_role("button", name="Step", exact=True).click()
     step_title(page, "Step 0", 300)
-    page.wait_for_timeout(800)
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "en") == []  # the large pool map
     page.screenshot(path=str(SHOTS / "projector_en.png"), full_page=True)
     page.get_by_text("desk", exact=True).click()
+
+    # The compare page's real-engine run: two pool maps, two memory charts (their legends were cut,
+    # "internal fragmentatio"), the concurrency lines.
+    sidebar.get_by_role("link", name="Paged vs contiguous").click()
+    page.get_by_role("button", name="Run both").click()
+    page.get_by_role("heading", name="contiguous (max)").wait_for(timeout=300_000)
+    wait_for_charts(page, 5)
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    page.screenshot(path=str(SHOTS / "compare_en.png"), full_page=True)
+    sidebar.get_by_role("link", name="Live engine").click()
 
     # 中文: every page, no English UI text from the catalogue.
     sidebar.get_by_text("中文").click()
@@ -321,6 +400,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     step_title(page, "第 1 步", 300)
     page.wait_for_timeout(800)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
+    wait_for_charts(page, 2)
+    assert chart_text_problems(page, "zh") == []
     assert untranslated(sidebar.inner_text().replace("Language / 语言", "")) == []
     for name in ("分页 vs 连续", "内核实验", "课程"):
         sidebar.get_by_role("link", name=name).click()
@@ -333,6 +414,8 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     page.get_by_text("KV 显存浪费（论文图 2 风格）").wait_for(timeout=300_000)
     page.wait_for_timeout(1500)
     assert untranslated(reader_text(page)) == [], untranslated(reader_text(page))
+    wait_for_charts(page, 4)  # two memory charts, the concurrency lines, latency against request rate
+    assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "compare_zh.png"), full_page=True)
 
 
@@ -343,16 +426,22 @@ def test_prefix_caching_in_a_browser(tiny_llama_dir):
     in_browser(tiny_llama_dir, prefix_caching, "failure_prefix.png")
 
 
+def load_preset(page, name: str, last_request: str) -> None:
+    """Open the Workload panel, load the classroom preset ``name``, wait for its ``last_request`` row
+    in the request list, and fold the panel away again."""
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
+    page.get_by_role("option", name=name).click()
+    page.get_by_role("button", name="Load preset").click()
+    page.get_by_text(last_request, exact=True).wait_for(timeout=180_000)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+
+
 def prefix_caching(page, sync_api, port, server) -> None:
     from visualize.i18n import t
 
     open_app(page, sync_api, port, server)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
-    page.get_by_role("option", name=t("preset_shared_system_prompt", "en")).click()
-    page.get_by_role("button", name="Load preset").click()
-    page.get_by_text("Request 3", exact=True).wait_for(timeout=180_000)
-    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    load_preset(page, t("preset_shared_system_prompt", "en"), "Request 3")
     step = page.get_by_role("button", name="Step", exact=True)
     cached = page.locator('[data-testid="request-cached"]').filter(has_text=re.compile(r"^[1-9]\d* tok cached"))
     for k in range(60):  # until requests 2 and 3 are admitted: they hit request 0's blocks
@@ -376,3 +465,100 @@ def prefix_caching(page, sync_api, port, server) -> None:
             break
     assert t("block_hash", "en") in text and t("parent_chain", "en") in text, text
     assert re.search(r"block 0 · [0-9a-f]{8} ← start of the prompt", text), text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_swap_lane_in_a_browser(default_model_dir):
+    """The "Small pool, swap preemption" preset with the default model (its stories are the README's
+    screenshot): Step until requests are swapped out; the CPU swap space is drawn as a second pool map,
+    the queues name the swapped requests, and no chart text is cut, in English and in 中文."""
+    in_browser(None, swap_lane, "failure_swap.png")  # the fixture has fetched the default model
+
+
+def swap_lane(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    load_preset(page, t("preset_swap", "en"), "Request 5")
+    step = page.get_by_role("button", name="Step", exact=True)
+    copied_out = page.get_by_text(re.compile(r"This step: [1-9]\d* block\(s\) out"))
+    for k in range(40):  # the preset's pool fills at about step 12: requests are swapped out
+        step.click()
+        step_title(page, f"Step {k}", 300)
+        try:  # the CPU lane's caption is drawn a moment after the step's title
+            copied_out.wait_for(timeout=2000)
+            break
+        except sync_api.TimeoutError:
+            pass
+    assert copied_out.count() == 1, "no block was swapped out"
+    page.get_by_text(re.compile(r"· swapped: \d")).wait_for()  # the queues name the swapped requests
+    page.get_by_text(t("cpu_pool", "en"), exact=True).wait_for()
+    wait_for_charts(page, 3)  # the GPU pool, the CPU swap space, the memory chart
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    page.screenshot(path=str(SHOTS / "swap_en.png"), full_page=True)
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    page.get_by_text(t("cpu_pool", "zh"), exact=True).wait_for(timeout=180_000)
+    page.get_by_text(re.compile(r"已换出：\d")).wait_for(timeout=180_000)
+    wait_for_charts(page, 3)
+    no_exception_box(page)
+    assert chart_text_problems(page, "zh") == []
+    page.screenshot(path=str(SHOTS / "swap_zh.png"), full_page=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_beam_tree_in_a_browser(tiny_llama_dir):
+    """Beam search (sidebar, memory sharing): the beam trees drawn after a few steps, with no chart
+    text cut or outside its chart, in English and in 中文 (tiny model)."""
+    in_browser(tiny_llama_dir, beam_trees, "failure_beam.png")
+
+
+def beam_trees(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    sidebar.get_by_text(t("sharing_beam", "en"), exact=True).click()
+    sidebar.get_by_role("spinbutton", name=t("sharing_width_beam", "en")).wait_for(timeout=180_000)
+    step = page.get_by_role("button", name="Step", exact=True)
+    step.wait_for(timeout=180_000)
+    trees = page.get_by_text(re.compile(rf"^{t('beam_tree_title', 'en')} · "))
+    for k in range(6):  # beams fork again after the prompt's prefill: trees from the second fork on
+        step.click()
+        step_title(page, f"Step {k}", 300)
+    trees.first.wait_for(timeout=60_000)
+    charts = 2 + trees.count()  # the pool map, the memory chart, a tree per request
+    wait_for_charts(page, charts)
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    sidebar.get_by_text("中文").click()
+    page.get_by_text(re.compile(rf"^{t('beam_tree_title', 'zh')} · ")).first.wait_for(timeout=180_000)
+    wait_for_charts(page, charts)
+    no_exception_box(page)
+    assert chart_text_problems(page, "zh") == []
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_beside_vllm_in_a_browser(default_model_dir):
+    """Paged vs contiguous → real vLLM: the lab's engine run on the first recorded replay's workload,
+    its three step charts beside vLLM's, with no chart text cut or outside its chart, in English and
+    in 中文 (the default model, as the replay was recorded with it)."""
+    in_browser(None, beside_vllm, "failure_vllm.png")
+
+
+def beside_vllm(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stSidebar"]').get_by_role("link", name=t("page_compare", "en")).click()
+    page.get_by_text(t("source_vllm", "en")).click()
+    page.get_by_role("button", name=t("vllm_run_lab", "en")).click()
+    page.get_by_text(t("vllm_running_title", "en")).first.wait_for(timeout=300_000)
+    wait_for_charts(page, 3)  # running requests, KV cache usage, preemptions
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    page.get_by_text(t("vllm_running_title", "zh")).first.wait_for(timeout=300_000)
+    wait_for_charts(page, 3)
+    no_exception_box(page)
+    assert chart_text_problems(page, "zh") == []

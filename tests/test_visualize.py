@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import string
@@ -18,6 +19,7 @@ from engine.report import ALLOCATE, WRITE
 from visualize import i18n
 from visualize.kernel import program_grid, program_grid_figure
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, simulation_memory_frame
+from visualize.paper import plot_memory_breakdown
 from visualize.pool import (block_table_rows, block_tables_figure, event_log_rows, pool_blocks, pool_map_chart,
                             pool_map_figure, pool_map_spec, touched_blocks)
 
@@ -120,6 +122,73 @@ def test_figures_save_as_png(paged, contiguous, tmp_path):
         fig.savefig(path)
         plt.close(fig)
         assert is_png(path) and path.stat().st_size > 2000, name
+
+
+def drawn_texts(fig) -> list[tuple[str, object]]:
+    """Each text matplotlib's Agg renderer draws in ``fig`` (tick labels outside the view are made but
+    not drawn), with its box in pixels, as the PNG that st.pyplot or a download makes would show it."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    drawn = []
+    draw_text = renderer.draw_text
+
+    def record(gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if mtext is not None and s.strip():
+            drawn.append(mtext)
+        return draw_text(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+
+    renderer.draw_text = record
+    fig.draw(renderer)
+    return [(text.get_text(), text.get_window_extent(renderer)) for text in dict.fromkeys(drawn)]
+
+
+def text_problems(fig) -> list[str]:
+    """Texts that stick out of the figure (cut in a PNG saved without bbox_inches="tight": slides,
+    reproduce-paper) or lie on top of each other."""
+    box = fig.bbox
+    texts = drawn_texts(fig)
+    assert texts, "no text drawn"
+    problems = []
+    for text, e in texts:
+        over = max(box.x0 - e.x0, e.x1 - box.x1, box.y0 - e.y0, e.y1 - box.y1)
+        if over > 0.5:
+            problems.append(f"{text!r} sticks out of the figure by {over:.0f} px")
+    for (a, ea), (b, eb) in itertools.combinations(texts, 2):
+        if min(ea.x1, eb.x1) - max(ea.x0, eb.x0) > 2 and min(ea.y1, eb.y1) - max(ea.y0, eb.y0) > 2:
+            problems.append(f"{a!r} overlaps {b!r}")
+    return problems
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_figure_text_is_inside_the_figure(paged, contiguous, lang):
+    """Every figure the app shows (Figure 2 bars, the program grid) or offers as a PNG, drawn from real
+    runs in both languages: no text outside the figure, none on another. The single-panel Figure 2's
+    legend was 20 px wider than the figure; the pool map's and block tables' titles stood above it."""
+    from app_pages.compare import _paper_row, system_label
+
+    llm, reports = paged
+    mid = reports[2]
+    snaps = mid.block_tables
+    programs = {splits: program_grid([s.request_id for s in snaps], [sum(s.filled) for s in snaps], [s.block_table for s in snaps],
+                                     4, num_heads=4, num_kv_heads=2, num_splits=splits) for splits in (1, 4)}
+    runs = {"paged": reports, "contiguous (pow2)": contiguous[1]}
+    rows = [dict(_paper_row(i18n.t("fig2_workload_engine", lang), key, memory_frame(r)), system=system_label(key, lang))
+            for key, r in runs.items()]
+    series = {system_label(key, lang): ([r.step for r in rs], [len(r.scheduled) for r in rs]) for key, rs in runs.items()}
+    figures = {
+        "figure 2": plot_memory_breakdown(rows, lang=lang),
+        "program grid": program_grid_figure(programs[1], lang),
+        "program grid, 4 splits": program_grid_figure(programs[4], lang),
+        "pool map": pool_map_figure(mid, 4, lang),
+        "contiguous pool map": pool_map_figure(contiguous[1][2], 4, lang),
+        "block tables": block_tables_figure(mid, 4, lang),
+        "memory": memory_figure(memory_frame(reports), lang=lang, title=system_label("paged", lang)),
+        "concurrency": series_figure(series, i18n.t("concurrency", lang), lang),
+    }
+    problems = {name: text_problems(fig) for name, fig in figures.items()}
+    for fig in figures.values():
+        plt.close(fig)
+    assert {name: p for name, p in problems.items() if p} == {}
 
 
 def test_pool_map_spec_is_plain_json(paged):

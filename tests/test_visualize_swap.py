@@ -3,6 +3,8 @@ tiny random Llama: what the app draws must agree with what the engine reports, b
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -61,6 +63,8 @@ def test_both_maps_mark_the_copies_and_name_the_other_end(swap_reports, lang):
     assert cpu[c]["swap"] == "out" and cpu[c]["swap_text"] == t("swap_cpu_out", lang, block=g)
     assert cpu_spec["description"] == t("cpu_pool", lang)
     assert any(layer.get("transform") == [{"filter": "datum.swap != ''"}] for layer in cpu_spec["layer"]), "the copies are outlined"
+    assert report.prefix_cache is not None and t("mark_hit", lang) in json.dumps(pool_map_spec(report, 4, lang), ensure_ascii=False)
+    assert t("mark_hit", lang) not in json.dumps(cpu_spec, ensure_ascii=False), "the CPU pool caches nothing: no cache-hit legend"
     rows = event_log_rows(report, lang)
     swap_rows = [r for r in rows if r["kind"] == SWAP_OUT]
     assert len(swap_rows) == len(report.blocks_to_swap_out)

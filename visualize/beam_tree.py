@@ -15,6 +15,7 @@ from __future__ import annotations
 from engine.report import FORK, FREE, StepReport
 from visualize.colors import COW_COLOR, FREE_COLOR, request_color
 from visualize.i18n import t
+from visualize.style import as_svg
 
 
 def beam_tree_rows(reports: list[StepReport], request_id: int) -> tuple[list[dict], list[dict]]:
@@ -73,7 +74,7 @@ def beam_tree_spec(reports: list[StepReport], request_id: int, lang: str = "en")
     ]
     x = {"type": "quantitative", "title": step_title, "axis": {"tickMinStep": 1}}
     y = {"type": "quantitative", "title": beam_title, "scale": {"reverse": True}, "axis": {"tickMinStep": 1}}
-    return {
+    return as_svg({
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "title": t("beam_tree_title", lang),
         "height": 60 + 40 * (1 + max((n["rank"] for n in nodes), default=0)),
@@ -85,4 +86,4 @@ def beam_tree_spec(reports: list[StepReport], request_id: int, lang: str = "en")
              "encoding": {"x": {**x, "field": "step"}, "y": {**y, "field": "rank"},
                           "color": {"field": "color", "type": "nominal", "scale": None}, "tooltip": tooltip}},
         ],
-    }
+    })

@@ -432,6 +432,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l3_contiguous_max": ("contiguous, reservation = max", "连续分配，预留 = max"),
     "system_contiguous": ("contiguous ({reservation})", "连续（{reservation}）"),
     "compare_hint": ("Press “Run both” to compare.", "按“运行两者”开始比较。"),
+    "compare_contiguous_plain": (
+        "The contiguous side runs without prefix caching and preempts by recompute: it has no blocks to share or swap.",
+        "连续分配一侧不启用前缀缓存，抢占时重计算：它没有可共享或换出的块。",
+    ),
     "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),
     # --- issue 15 app: the compare page's latency-against-rate chart (Figure 12) and the vLLM replay side by side
     "latency_rate_header": ("Latency against request rate (the paper's Figure 12)", "延迟与请求速率（论文图 12）"),

@@ -14,7 +14,7 @@ from engine.accounting import CATEGORIES
 from engine.report import StepReport
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
-from visualize.style import use_cjk_font
+from visualize.style import as_svg, use_cjk_font
 
 MIB = 1 << 20
 
@@ -81,14 +81,34 @@ def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", he
     color = alt.Color("label:N", title=None,
                       scale=alt.Scale(domain=[t(c, lang) for c in CATEGORIES], range=[CATEGORY_COLORS[c] for c in CATEGORIES]),
                       legend=alt.Legend(orient="bottom", columns=legend_columns, labelLimit=0))
-    return alt.Chart(long).mark_area(interpolate="step-after").encode(
+    return as_svg(alt.Chart(long).mark_area(interpolate="step-after").encode(
         x=alt.X("step:Q", title=t("step_axis", lang), axis=alt.Axis(format="d", tickMinStep=1)),  # whole steps
         y=alt.Y("amount:Q", stack="zero", title=ylabel),
         color=color,
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("step:Q", title=t("step_axis", lang)), alt.Tooltip("label:N", title=""),
                  alt.Tooltip("amount:Q", title=ylabel, format=".1f")],
-    ).properties(height=height)
+    ).properties(height=height))
+
+
+def series_spec(series: dict[str, tuple], ylabel: str, lang: str = "en") -> dict:
+    """:func:`series_figure` as a Vega-Lite spec for the app (hover a step): a step line of
+    (steps, values) per label, in the order given, the legend below and never cut. A run that ends
+    early stops there (it is not drawn flat to the longest run's end). No height: Streamlit's
+    ``st.vega_lite_chart(..., height=)`` sets it (a height in the spec is squeezed, and the y title
+    was then cut)."""
+    values = [{"step": int(s), "value": float(v), "label": label} for label, (steps, vs) in series.items() for s, v in zip(steps, vs)]
+    return as_svg({
+        "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
+        "data": {"values": values},
+        "mark": {"type": "line", "interpolate": "step-after", "strokeWidth": 2, "tooltip": True},
+        "encoding": {
+            "x": {"field": "step", "type": "quantitative", "title": t("step_axis", lang), "axis": {"format": "d", "tickMinStep": 1}},
+            "y": {"field": "value", "type": "quantitative", "title": ylabel},
+            "color": {"field": "label", "type": "nominal", "title": None, "sort": list(series), "scale": {"scheme": "category10"},
+                      "legend": {"orient": "bottom", "labelLimit": 0}},
+        },
+    })
 
 
 def series_figure(series: dict[str, tuple], ylabel: str, lang: str = "en", title: str | None = None, ax=None):

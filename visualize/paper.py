@@ -22,7 +22,7 @@ from engine.accounting import CATEGORIES
 from engine.paper_experiments import paper_ratio_text
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
-from visualize.style import use_cjk_font
+from visualize.style import as_svg, use_cjk_font
 
 # The app's system labels -> the paper's Figure 2 systems (Kwon et al., SOSP 2023).
 PAPER_SYSTEM_OF = {"paged": "vLLM", "contiguous (max)": "Orca (Max)", "contiguous (pow2)": "Orca (Pow2)",
@@ -53,8 +53,9 @@ def plot_memory_breakdown(rows: list[dict], out: str | None = None, lang: str = 
     handles, labels = axes[0][0].get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="black", linestyle="--"))
     labels.append(t("fig2_paper_mark", lang))
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    one_panel = len(workloads) == 1  # the app's figure: three columns of legend were wider than it
+    fig.legend(handles, labels, loc="lower center", ncol=2 if one_panel else 3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.2 if one_panel else 0.14, 1, 1))
     if out:
         fig.savefig(out, dpi=150)
     return fig
@@ -224,8 +225,8 @@ def latency_rate_spec(rows: list[dict], lang: str = "en", paper_marks: list[dict
             "color": color,
         },
     }
-    return {"title": t("latency_rate_title", lang, workload=workload), "data": {"values": values},
-            "layer": [lines, *_paper_layers(paper_marks or [], lang, rate, color)]}
+    return as_svg({"title": t("latency_rate_title", lang, workload=workload), "data": {"values": values},
+                   "layer": [lines, *_paper_layers(paper_marks or [], lang, rate, color)]})
 
 
 def _paper_layers(marks: list[dict], lang: str, rate: dict, color: dict) -> list[dict]:

@@ -17,7 +17,7 @@ from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FO
 from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import t
 from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
-from visualize.style import use_cjk_font
+from visualize.style import as_svg, use_cjk_font
 
 CELL_W, CELL_H = 0.9, 0.8  # a block's cell inside its 1 x 1 grid square; the gaps separate blocks
 
@@ -186,7 +186,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
          "encoding": {"x": {**x, "field": "cx"}, "y": {**y, "field": "cy"}, "text": {"field": "block", "type": "quantitative"},
                       "tooltip": tooltip}},
     ]
-    return {
+    return as_svg({
         "$schema": "https://vega.github.io/schema/vega-lite/v5.json",
         "data": {"values": records},
         "height": max(60, 34 * rows) + (40 if caching else 0),  # the marks' legend is drawn inside this height
@@ -194,7 +194,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         # the blocks' colours are their own (no scale); the marks' legend has a scale of its own
         "resolve": {"scale": {"color": "independent", "shape": "independent"}},
         "config": {"view": {"strokeWidth": 0}},
-    }
+    })
 
 
 def pool_map_chart(report: StepReport, block_size: int, lang: str = "en", columns: int = 16,
@@ -209,7 +209,8 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
     use_cjk_font()
     df = pool_frame(report, block_size, lang, columns)
     rows = int(df["row"].max()) + 1
-    if ax is None:
+    own_figure = ax is None
+    if own_figure:
         fig, ax = plt.subplots(figsize=(columns * 0.55, rows * 0.5 + 0.6))
     else:
         fig = ax.figure
@@ -231,6 +232,8 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
     if handles:
         ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=2, frameon=False, fontsize=8)
     ax.set_title(f"{t('pool', lang)} — {t('step_summary', lang, step=report.step)}")
+    if own_figure:
+        fig.tight_layout()  # the title stood above the figure's top edge
     return fig
 
 
@@ -248,7 +251,8 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
     use_cjk_font()
     snaps = report.block_tables
     width = max((len(s.block_table) for s in snaps), default=1)
-    if ax is None:
+    own_figure = ax is None
+    if own_figure:
         fig, ax = plt.subplots(figsize=(1.2 + 0.7 * width, 0.6 + 0.6 * max(len(snaps), 1)))
     else:
         fig = ax.figure
@@ -266,6 +270,8 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
     for side in ("left", "right", "bottom", "top"):
         ax.spines[side].set_visible(False)
     ax.set_title(t("block_tables", lang), pad=18)
+    if own_figure:
+        fig.tight_layout()  # the title stood above the figure's top edge
     return fig
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from visualize.style import as_svg
+
 SIDE_COLORS = ("#1f77b4", "#ff7f0e")  # the lab's engine, vLLM
 
 
@@ -12,7 +14,7 @@ def step_series_spec(series: dict[str, list[float]], title: str, y_title: str, x
     Streamlit's ``st.vega_lite_chart(..., height=)`` sets it (a height in the spec is squeezed).
     ``counts``: whole numbers on the y axis (requests, preemptions)."""
     values = [{"step": i + 1, "value": v, "side": label} for label, vs in series.items() for i, v in enumerate(vs)]
-    return {
+    return as_svg({
         "title": title,
         "data": {"values": values},
         "mark": {"type": "line", "interpolate": "step-after", "point": True, "tooltip": True},
@@ -28,4 +30,4 @@ def step_series_spec(series: dict[str, list[float]], title: str, y_title: str, x
             "strokeWidth": {"field": "side", "type": "nominal", "legend": None,
                             "scale": {"domain": list(series), "range": [5, 2][:len(series)]}},
         },
-    }
+    })

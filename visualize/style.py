@@ -1,4 +1,5 @@
-"""Matplotlib settings shared by every figure: a font that can draw Chinese labels."""
+"""Settings shared by every figure and chart: a font that can draw Chinese labels (matplotlib), and
+SVG drawing for the app's Vega-Lite charts (their text is then in the page, where a test can read it)."""
 
 from __future__ import annotations
 
@@ -24,3 +25,22 @@ def use_cjk_font() -> str | None:
             matplotlib.rcParams["font.family"] = ["DejaVu Sans", name]
             return name
     return None
+
+
+SVG_EMBED = {"embedOptions": {"renderer": "svg"}}
+
+
+def as_svg(spec):
+    """``spec`` (a Vega-Lite dict or an Altair chart) drawn as SVG in the app, not on a canvas.
+
+    Streamlit's ``st.vega_lite_chart`` / ``st.altair_chart`` honour the spec's
+    ``usermeta.embedOptions.renderer`` (vega-embed's option); left unset, Streamlit draws a chart with
+    more than 2000 data rows on a canvas. In SVG every title, axis label and legend label is a
+    ``<text>`` element: the browser test reads and measures them (clipped or untranslated text).
+    Returns a new dict / chart; other usermeta entries are kept.
+    """
+    if isinstance(spec, dict):
+        usermeta = dict(spec.get("usermeta") or {})
+        usermeta["embedOptions"] = {**usermeta.get("embedOptions", {}), **SVG_EMBED["embedOptions"]}
+        return {**spec, "usermeta": usermeta}
+    return spec.properties(usermeta=SVG_EMBED)

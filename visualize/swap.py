@@ -41,11 +41,12 @@ def swap_marks(report: StepReport) -> dict[str, dict[int, tuple[str, int]]]:
 
 def cpu_report(report: StepReport) -> StepReport | None:
     """The CPU swap space as a report of its own (its memory, the swapped requests' block tables in
-    CPU block ids, no events), so that the GPU pool's drawing draws it; None without a swap space."""
+    CPU block ids, no events, no prefix cache: the CPU pool caches nothing, so its map has no cache
+    marks or their legend), so that the GPU pool's drawing draws it; None without a swap space."""
     if report.cpu_memory is None:
         return None
     return dataclasses.replace(report, memory=report.cpu_memory, block_tables=report.cpu_block_tables, events=[],
-                               free_queue=[], cached_free={})
+                               free_queue=[], cached_free={}, prefix_cache=None)
 
 
 def cpu_pool_blocks(report: StepReport, block_size: int, columns: int = 16) -> list[dict]:
