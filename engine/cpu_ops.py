@@ -55,6 +55,7 @@ except ImportError:  # Windows: no build lock of our own (torch's lock file only
     fcntl = None
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / "vec_exp.h"]  # included by the sources: part of the fingerprint, not compiled alone
 MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
@@ -140,6 +141,18 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """
     _check_inputs(x, weight)
     return torch.ops.pagedattention_lab.small_batch_linear(x, weight)
+
+
+def small_batch_linears(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``[x @ w.T for w in weights]`` in one call: several ``[N_i, K]`` weights that share ``x`` ``[M, K]``
+    (q, k and v; gate and up), their tiles shared out among the threads in one loop. Each result is
+    exactly :func:`small_batch_linear`'s for that weight.
+
+    Raises:
+        RuntimeError: as :func:`small_batch_linear`, or no weight, or weights of different K or dtype.
+    """
+    _check_inputs(x, *weights)
+    return torch.ops.pagedattention_lab.small_batch_linears(x, weights)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,7 +276,7 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
 
     from engine.model_loader import cache_dir
 
-    sources = [path.read_text() for path in SOURCES]
+    sources = [path.read_text() for path in SOURCES + HEADERS]
     key = "\n".join([*sources, torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     build_dir = (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint

@@ -11,11 +11,7 @@
 // it is one pass and one call: 16 x 1536 (a 16-request decode step's MLP) took 6.0 us against torch's
 // 15.2 us, 1 x 1536 2.4 against 3.3 us (2-core EPYC, throwaway harness alternating the two).
 //
-// exp: std::exp is one scalar call per value, so exp(x) is computed, 16 values at a time with AVX-512,
-// as 2^n * e^r: n = round(x * log2(e)) and r = x - n * ln(2), with ln(2) in two parts (Cody and Waite)
-// so that r stays exact for large |x| (one product x * log2(e) would lose |x| * 2^-24 in the
-// exponent: 3e-6 relative at x = 60); e^r for |r| <= ln(2)/2 from its Taylor polynomial of degree 6
-// (error below 1.3e-7). x = -g is clamped to [-100, 100]: outside, silu is g or 0 to float precision.
+// exp: csrc/vec_exp.h (16 values at a time with AVX-512).
 //
 // Built with the other CPU kernels by engine/cpu_ops.py. Inference only: no autograd.
 
@@ -24,28 +20,15 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <cstdint>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+
+#include "vec_exp.h"
 
 namespace {
 
 constexpr int64_t kGrain = 16384;  // elements per thread at least: a decode step's 16 x 1536 is one or two tasks
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln(2) = hi + lo, hi with few bits
-constexpr float kLimit = 100.0f;
-constexpr float c2 = 1.0f / 2, c3 = 1.0f / 6, c4 = 1.0f / 24, c5 = 1.0f / 120, c6 = 1.0f / 720;  // e^r's Taylor terms
-
-inline float silu_mul_one(float g, float u) {
-  const float x = std::fmin(std::fmax(-g, -kLimit), kLimit);  // exp(-g) = exp(x)
-  const float n = std::nearbyint(x * kLog2e);
-  const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, x));
-  const float p = 1.0f + r * (1.0f + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * c6)))));
-  return g / (1.0f + std::ldexp(p, static_cast<int>(n))) * u;
-}
+inline float silu_mul_one(float g, float u) { return g / (1.0f + vec_exp::exp1(-g)) * u; }
 
 template <typename T>
 void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, int64_t n) {
@@ -53,24 +36,14 @@ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restric
 }
 
 #if defined(__AVX512F__)
-// The same arithmetic, 16 floats at a time (the compiler does not vectorize the loop above:
-// the exponent step is an integer-to-float bit cast). _mm512_scalef_ps(p, n) is p * 2^n.
+// The same arithmetic, 16 floats at a time (the compiler does not vectorize the loop above).
 template <>
 void silu_mul<float>(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, int64_t n) {
-  const __m512 one = _mm512_set1_ps(1.0f), lo = _mm512_set1_ps(-kLimit), hi = _mm512_set1_ps(kLimit);
+  const __m512 one = _mm512_set1_ps(1.0f);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), lo), hi);
-    const __m512 whole = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fnmadd_ps(whole, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(whole, _mm512_set1_ps(kLn2Hi), x));
-    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(c6), _mm512_set1_ps(c5));
-    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c4));
-    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c3));
-    p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c2));
-    p = _mm512_fmadd_ps(r, p, one);
-    p = _mm512_fmadd_ps(r, p, one);
-    const __m512 denominator = _mm512_add_ps(one, _mm512_scalef_ps(p, whole));
+    const __m512 denominator = _mm512_add_ps(one, vec_exp::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
     _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, denominator), _mm512_loadu_ps(up + i)));
   }
   for (; i < n; ++i) out[i] = silu_mul_one(gate[i], up[i]);

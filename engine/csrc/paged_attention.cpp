@@ -35,6 +35,8 @@
 #include <limits>
 #include <vector>
 
+#include "vec_exp.h"
+
 namespace {
 
 constexpr int64_t kTile = 32;  // positions per online-softmax step
@@ -44,27 +46,6 @@ inline const float* as_float(const float* row, int64_t, float*) { return row; }
 inline const float* as_float(const c10::BFloat16* row, int64_t dim, float* buffer) {
   for (int64_t d = 0; d < dim; ++d) buffer[d] = static_cast<float>(row[d]);
   return buffer;
-}
-
-// exp(x) for the x <= 0 of a softmax (logit minus the running maximum), in a loop the compiler
-// vectorizes (std::exp is one scalar call per value): x * log2(e) = n + f with n an integer and
-// |f| <= 1/2; 2^f from its Taylor polynomial of degree 6 (relative error < 2e-7, about one float
-// rounding), 2^n written into the exponent bits. Below 2^-126 (x < -87) the result is 2^-126
-// instead of 0: next to the maximum's weight of 1 that changes no float sum.
-inline void exp_nonpositive(float* __restrict__ x, int64_t n) {
-  constexpr float c1 = 0.6931471805599453f, c2 = 0.2402265069591007f, c3 = 0.05550410866482158f,
-                  c4 = 0.009618129107628477f, c5 = 0.0013333558146428443f, c6 = 0.00015403530393381608f;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float t = x[i] * 1.4426950408889634f;
-    t = t < -126.0f ? -126.0f : t;
-    const float whole = std::floor(t + 0.5f), f = t - whole;
-    const float p = 1.0f + f * (c1 + f * (c2 + f * (c3 + f * (c4 + f * (c5 + f * c6)))));
-    const int32_t bits = (static_cast<int32_t>(whole) + 127) << 23;
-    float two_n;
-    std::memcpy(&two_n, &bits, sizeof two_n);
-    x[i] = p * two_n;
-  }
 }
 
 struct Layout {  // element strides of the caches and the query, and the shapes
@@ -121,7 +102,7 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t*
       denominator[g] *= rescale;
       for (int64_t d = 0; d < D; ++d) acc[g * D + d] *= rescale;
       for (int64_t i = 0; i < n; ++i) lg[i] -= new_max;
-      exp_nonpositive(lg, n);
+      vec_exp::exp_inplace(lg, n);  // csrc/vec_exp.h: 16 at a time
       for (int64_t i = 0; i < n; ++i) denominator[g] += lg[i];
     }
     for (int64_t i = 0; i < n; ++i) {  // each V row read once for the whole group
