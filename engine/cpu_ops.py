@@ -143,18 +143,6 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.pagedattention_lab.small_batch_linear(x, weight)
 
 
-def small_batch_linears(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``[x @ w.T for w in weights]`` in one call: several ``[N_i, K]`` weights that share ``x`` ``[M, K]``
-    (q, k and v; gate and up), their tiles shared out among the threads in one loop. Each result is
-    exactly :func:`small_batch_linear`'s for that weight.
-
-    Raises:
-        RuntimeError: as :func:`small_batch_linear`, or no weight, or weights of different K or dtype.
-    """
-    _check_inputs(x, *weights)
-    return torch.ops.pagedattention_lab.small_batch_linears(x, weights)
-
-
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual connection and the RMSNorm after it, in one pass (vLLM's ``fused_add_rms_norm``).
 

@@ -92,21 +92,6 @@ class Linear(nn.Linear):
         return F.linear(x, self.weight, self.bias)
 
 
-def project(x: torch.Tensor, *linears: Linear) -> list[torch.Tensor]:
-    """``[linear(x) for linear in linears]`` for projections that share their input (q, k and v; gate and
-    up), as one call of :func:`engine.cpu_ops.small_batch_linears` when all of them take the CPU
-    kernel: the threads share out the tiles of all the weights at once, and a decode step makes 60
-    calls from Python fewer. Modules with hooks (the app's Kernel lab captures ``q_proj``'s output)
-    are called one by one, so that their hooks run."""
-    first = linears[0]
-    if (all(lin.cpu_kernel and not (lin._forward_hooks or lin._forward_pre_hooks) for lin in linears)
-            and x.dim() == 2 and 0 < x.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled()
-            and all(lin.weight.dtype == first.weight.dtype for lin in linears)):
-        ys = cpu_ops.small_batch_linears(x, [lin.weight for lin in linears])
-        return [y if lin.bias is None else y.add_(lin.bias) for y, lin in zip(ys, linears)]
-    return [lin(x) for lin in linears]
-
-
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in fp32 (as Llama does), then scaled by a learned weight.
 
@@ -205,10 +190,9 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
         n = x.shape[0]
-        q, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.cpu_kernel and not torch.is_grad_enabled():
@@ -246,7 +230,7 @@ class MLP(nn.Module):
     cpu_kernel: bool = False  # silu(gate) * up through engine.cpu_ops.silu_and_mul, see CausalLM.use_cpu_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = project(x, self.gate_proj, self.up_proj)
+        gate, up = self.gate_proj(x), self.up_proj(x)
         if self.cpu_kernel and not torch.is_grad_enabled():
             return self.down_proj(cpu_ops.silu_and_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch.nn import functional as F
 
 from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
-from engine.model import Linear, RMSNorm, apply_rotary, project
+from engine.model import Linear, RMSNorm, apply_rotary
 
 
 @pytest.fixture(scope="module")
@@ -148,45 +148,6 @@ def test_rotary_embedding_is_exactly_the_torch_rotation(kernel, tokens, heads, k
     q_rot, k_rot = cpu_ops.rotary_embedding(q, k, cos, sin)
     assert torch.equal(q_rot, apply_rotary(q, cos, sin))  # two products and a sum, never fused
     assert torch.equal(k_rot, apply_rotary(k, cos, sin))
-
-
-@settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 70), k=st.integers(1, 700), ns=st.lists(st.integers(1, 300), min_size=1, max_size=4),
-       seed=st.integers(0, 2**31 - 1))
-def test_several_weights_in_one_call_give_each_weights_own_product(kernel, rows, k, ns, seed):
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, k, generator=generator)
-    weights = [torch.randn(n, k, generator=generator) for n in ns]
-    ys = cpu_ops.small_batch_linears(x, weights)
-    assert [tuple(y.shape) for y in ys] == [(rows, n) for n in ns]
-    for y, w in zip(ys, weights):
-        assert torch.equal(y, cpu_ops.small_batch_linear(x, w))  # the same tiles, the same sums
-
-
-@pytest.mark.parametrize(
-    "weights, message",
-    [([], "at least one weight"), ([torch.randn(4, 8), torch.randn(4, 7)], "one K and one dtype"),
-     ([torch.randn(4, 8), torch.randn(4, 8).bfloat16()], "one K and one dtype"), ([torch.randn(4, 6)], r"x is \[M, 8\]")],
-)
-def test_several_weights_refuse_what_does_not_fit(kernel, weights, message):
-    with pytest.raises(RuntimeError, match=message):
-        cpu_ops.small_batch_linears(torch.randn(2, 8), weights)
-
-
-def test_projections_share_one_call_unless_a_hook_watches_one(kernel):
-    q, k = Linear(16, 8, bias=True), Linear(16, 4, bias=False)
-    for lin in (q, k):
-        lin.cpu_kernel = True
-    x = torch.randn(3, 16)
-    with torch.inference_mode():
-        together = project(x, q, k)
-        seen = []
-        q.register_forward_hook(lambda module, args, out: seen.append(out))
-        apart = project(x, q, k)
-    assert len(seen) == 1 and torch.equal(seen[0], apart[0])  # the hook ran: q went through its module
-    for a, b, lin in zip(together, apart, (q, k)):
-        assert torch.equal(a, b)
-        torch.testing.assert_close(a, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)

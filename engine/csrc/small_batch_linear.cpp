@@ -37,7 +37,6 @@
 
 #include <cstring>
 #include <string>
-#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -177,25 +176,6 @@ void multiply(const at::Tensor& xc, const at::Tensor& weight, at::Tensor& y) {
   });
 }
 
-// Several weights that share x (q, k and v; gate and up): their tiles in one parallel loop, so the
-// threads start and meet once instead of once per weight, and each streams one contiguous run of
-// tiles across the weights (q's last tiles, then k's first...).
-template <typename E>
-void multiply_many(const at::Tensor& xc, const std::vector<at::Tensor>& weights, std::vector<at::Tensor>& ys) {
-  const int64_t M = xc.size(0), K = xc.size(1);
-  const E* xp = xc.data_ptr<E>();
-  std::vector<int64_t> first_tile{0};  // global tile index where each weight's tiles start
-  for (const at::Tensor& w : weights) first_tile.push_back(first_tile.back() + (w.size(0) + kCols - 1) / kCols);
-  at::parallel_for(0, first_tile.back(), 1, [&](int64_t t0, int64_t t1) {
-    size_t i = 0;
-    for (int64_t t = t0; t < t1; ++t) {
-      while (t >= first_tile[i + 1]) ++i;
-      const int64_t N = weights[i].size(0), n0 = (t - first_tile[i]) * kCols;
-      column_tile<E>(xp, M, K, weights[i].data_ptr<E>(), n0, N - n0 < kCols ? N - n0 : kCols, ys[i].data_ptr<E>(), N);
-    }
-  });
-}
-
 bool small_batch_linear_bf16() {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   return true;
@@ -228,33 +208,6 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight) {
   return y;
 }
 
-std::vector<at::Tensor> small_batch_linears(const at::Tensor& x, at::TensorList weights) {
-  TORCH_CHECK(!weights.empty(), "small_batch_linears: give at least one weight");
-  for (const at::Tensor& w : weights) {
-    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == weights[0].scalar_type() && w.size(1) == weights[0].size(1),
-                "small_batch_linears: every weight must be [N, K] with one K and one dtype, got ", w.sizes(), " ", w.scalar_type(),
-                " beside ", weights[0].sizes(), " ", weights[0].scalar_type());
-    TORCH_CHECK(w.is_contiguous() && w.device().is_cpu(), "small_batch_linears: weights must be contiguous CPU tensors");
-  }
-  at::Tensor y0 = small_batch_linear(x.narrow(0, 0, 0), weights[0]);  // checks x against the weights, one message
-  const at::Tensor xc = x.contiguous();
-  std::vector<at::Tensor> w(weights.begin(), weights.end()), ys;
-  for (const at::Tensor& wi : w) ys.push_back(at::empty({xc.size(0), wi.size(0)}, xc.options()));
-  if (xc.size(0) == 0) return ys;
-  if (xc.size(1) == 0) {
-    for (at::Tensor& y : ys) y.zero_();
-    return ys;
-  }
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-  if (xc.scalar_type() == at::kBFloat16) {
-    multiply_many<c10::BFloat16>(xc, w, ys);
-    return ys;
-  }
-#endif
-  multiply_many<float>(xc, w, ys);
-  return ys;
-}
-
 std::string small_batch_linear_simd() {
 #if defined(__AVX512F__)
   return "avx512";
@@ -267,12 +220,8 @@ std::string small_batch_linear_simd() {
 
 TORCH_LIBRARY(pagedattention_lab, m) {
   m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
-  m.def("small_batch_linears(Tensor x, Tensor[] weights) -> Tensor[]");
   m.def("small_batch_linear_simd() -> str", &small_batch_linear_simd);  // no tensors: no dispatch key needed
   m.def("small_batch_linear_bf16() -> bool", &small_batch_linear_bf16);
 }
 
-TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) {
-  m.impl("small_batch_linear", &small_batch_linear);
-  m.impl("small_batch_linears", &small_batch_linears);
-}
+TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("small_batch_linear", &small_batch_linear); }
