@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,13 @@ def test_lessons_page_says_goal_once(lang, label):
     goals = [m.value for m in at.markdown if label in m.value]
     assert len(goals) == len(list((Path(APP).parent / "lessons" / "en").glob("*.ipynb")))  # one per lesson
     assert all(g.count(label) == 1 for g in goals), goals
+    # Rendered as CommonMark (as Streamlit's markdown is), the label is bold, with no "**" left over
+    # ("**目标：**看" does not close: a full-width colon before a letter).
+    from markdown_it import MarkdownIt
+
+    for g in goals:
+        html = MarkdownIt("commonmark").render(g)
+        assert re.search(f"<strong>{label}:?</strong>", html) and "**" not in html, html
 
 
 def _lessons_page(lang):

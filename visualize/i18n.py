@@ -684,7 +684,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l6_pass": ("PASS: static {static} steps, continuous {continuous} steps", "PASS：静态批处理 {static} 步，连续批处理 {continuous} 步"),
     "l5_size_normal": ("normal", "正常大小的"),
     "l5_size_100x larger": ("100x larger", "放大 100 倍的"),
-    "goal_line": ("**Goal:** {goal}", "**目标：**{goal}"),
+    "goal_line": ("**Goal:** {goal}", "**目标**：{goal}"),  # "**目标：**x" would not close: a full-width colon before a letter
     "path": ("Path", "路径"),
     # --- lesson 7 (sharing) figure
     "l7_parallel_sampling": ("Parallel sampling, n = {n}", "并行采样，n = {n}"),
