@@ -112,7 +112,10 @@ def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, i
         unit = "blocks"
     if block_mib and state.get("pool_unit_shown", unit) != unit:  # the unit was switched: same pool size
         if unit == "mib":
-            state["pool_mib"] = round(state["num_blocks"] * block_mib, 2)
+            # Rounded up to the box's 0.01 MiB, so that the MiB hold the same whole blocks (7 x 0.70 MiB
+            # = 4.92 would give 6 blocks back); at most the box's maximum.
+            top = math.floor(min(MAX_MIB, MAX_BLOCKS * block_mib) * 100) / 100
+            state["pool_mib"] = min(top, math.ceil(round(state["num_blocks"] * block_mib * 100, 6)) / 100)
         else:
             state["num_blocks"] = int(state.get("pool_mib", 8.0) / block_mib)
     state["pool_unit_shown"] = unit

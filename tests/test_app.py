@@ -187,6 +187,12 @@ def test_pool_unit_switch_keeps_the_pool_and_mib_bounds_fit_the_model(app: AppTe
     app.number_input(key="pool_mib__input").set_value(0.01).run()  # below 2 blocks: the engine would refuse it
     assert "0.01 is outside 0.02–4.00, so 0.02 is used." in [w.value for w in app.sidebar.warning]
     assert not app.error and "2 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
+    # 7 blocks = 0.0547 MiB: shown as 0.06 (rounded up, not to 0.05, which holds 6 blocks), still 7 blocks.
+    app.radio(key="pool_unit__en").set_value("blocks").run()
+    app.number_input(key="num_blocks__input").set_value(7).run()
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    assert app.number_input(key="pool_mib__input").value == 0.06
+    assert "7 blocks × 16" in "".join(c.value for c in app.sidebar.caption)
 
 
 @pytest.mark.parametrize("typed, used", [(1, 2), (-5, 2), (100000, 512)])
