@@ -5,7 +5,8 @@ Each notebook is executed once per language: cells run in order until the check 
 FAIL, the exercise still holding its ``None`` placeholders); then the solution from
 ``lessons/solutions/<name>.py`` runs in the same kernel, the check cell runs again and must print PASS,
 and the remaining cells run. No cell may raise. In the Chinese notebooks, the text of every chart drawn
-(titles, axis and tick labels, legends, annotations) is read back at the end and must not be English.
+(titles, axis and tick labels, legends, annotations) is read back at the end and must not be English,
+nor may the lines its code cells print (their data aside: quoted model text, token ids, block tables).
 
 The kernel runs with ``OMP_NUM_THREADS=1``: on a small shared CI runner, torch's default of one
 thread per core spins against the other jobs and a decode step that takes 0.1 s can take 5 s.
@@ -84,6 +85,17 @@ def _english_chart_texts(texts: list[str]) -> list[str]:
         if words and not re.search(r"[\u4e00-\u9fff]", text):
             found.append(text)
     return found
+
+
+# A printed value quoted as Python writes it (model text, decoded tokens, event kinds in a tuple) is data.
+QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+
+
+def _english_printed(stdout: str) -> list[str]:
+    """Catalogue English in what a Chinese notebook's code cells printed, quoted data left out."""
+    from visualize.i18n import untranslated
+
+    return untranslated(QUOTED.sub("", stdout))
 
 
 def _notebook(lang: str, name: str):
@@ -173,6 +185,7 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
             assert solved.startswith("PASS"), f"{lang}/{name}: with the solution the check printed {solved!r}"
             checked = True
     chart_texts = json.loads(_printed(reader))
+    printed = "".join(_printed(c) for c in nb.cells if c.cell_type == "code" and c is not reader)
     seconds = time.perf_counter() - start
     record_property("seconds", round(seconds, 1))
     print(f"{lang}/{name}: {seconds:.1f} s")
@@ -182,3 +195,6 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
             assert any(re.search(r"[\u4e00-\u9fff]", x) for x in chart_texts), f"zh/{name}: no chart text read back"
         english = _english_chart_texts(chart_texts)
         assert english == [], f"zh/{name}: English text in its charts: {english}"
+    if lang == "zh":
+        english = _english_printed(printed)
+        assert english == [], f"zh/{name}: English in its printed output: {english}"

@@ -98,7 +98,7 @@ for pos in range(T):
     v_cache.append(v_t)
     rows.append(attend(q_t, torch.cat(k_cache), torch.cat(v_cache), causal=False)[0])
 out_cached = torch.cat(rows)
-print(f"max |full - cached| over all {T} tokens: {(out_full - out_cached).abs().max():.2e}")
+print(t("lp2_full_vs_cached", LANG, T=T, diff=(out_full - out_cached).abs().max()))
 
 # %% [markdown]
 # The two agree to float rounding: the cache changes *how much* is computed, not *what*.
@@ -120,7 +120,7 @@ engine_tokens = llm.generate(ids, SamplingParams(max_tokens=16, ignore_eos=True)
 
 diff = [(a - b).abs().max().item() for a, b in zip(no_cache.logits, with_cache.logits)]
 argmax = [int(l[0].argmax()) for l in no_cache.logits]
-print("engine tokens == argmax of the cache-free logits:", engine_tokens == argmax)
+print(t("lp2_engine_tokens", LANG, same=engine_tokens == argmax))
 fig, ax = plt.subplots(figsize=(6, 2.6))
 ax.plot(diff, "o-")
 ax.set_xlabel(t("lc_l2_generated_token", LANG))
@@ -137,10 +137,10 @@ plt.show()
 # `kv_bytes_per_slot` in the engine computes exactly that; the engine's KV pools agree.
 
 # %%
-print("default model, formula:", kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, torch.float32), "B")
+print(t("lp2_formula", LANG, b=kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, torch.float32)))
 pool_bytes = sum(k.nbytes + v.nbytes for k, v in eng.runner.kv_caches)
 slots = eng.num_blocks * eng.config.block_size
-print(f"default model, engine pools: {pool_bytes:,} B / {slots} slots = {pool_bytes // slots:,} B per token")
+print(t("lp2_pools", LANG, pool=pool_bytes, slots=slots, per=pool_bytes // slots))
 
 # %% [markdown]
 # Bigger models need far more. Configurations from the Llama 2 paper (Touvron et al., 2023) and its
@@ -158,7 +158,7 @@ fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
 a1.barh(list(models), [b / 1024 for b in models.values()], color="tab:purple")
 a1.set_xlabel(t("lc_l2_kib_per_token", LANG))
 for name, b in models.items():
-    print(f"{name:20s} {b:>9,} B/token   a 4096-token request: {4096 * b / 2**30:5.2f} GiB")
+    print(t("lp2_model_bytes", LANG, name=name, b=b, gib=4096 * b / 2**30))
 lengths = torch.arange(0, 4097, 256)
 for name, b in models.items():
     a2.plot(lengths, lengths * b / 2**30, label=name)

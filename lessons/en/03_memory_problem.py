@@ -63,7 +63,7 @@ c_reports = []
 contiguous.generate(prompts, params, on_step=c_reports.append)
 pool_map_figure(c_reports[2], 16, lang=LANG, columns=14)
 plt.show()
-print(c_reports[2].memory)
+print(t("lp3_memory", LANG, **vars(c_reports[2].memory)))
 
 # %% [markdown]
 # Three ranges of 64 slots fit; the fourth request waits, although 32 slots are free: they form a gap
@@ -81,7 +81,7 @@ fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3), sharey=True)
 memory_figure(memory_frame(c_reports), lang=LANG, title=t("l3_contiguous_max", LANG), ax=a1)
 memory_figure(memory_frame(p_reports), lang=LANG, title=t("system_paged", LANG), ax=a2)
 plt.show()
-print(f"steps to serve all four: contiguous {len(c_reports)}, paged {len(p_reports)}")
+print(t("lp3_steps", LANG, contiguous=len(c_reports), paged=len(p_reports)))
 
 # %% [markdown]
 # Paged, all four requests run at once and finish sooner; the only waste is part of each request's last
@@ -102,8 +102,8 @@ rows = reproduce_paper(num_requests=2000, workloads=("sharegpt",))
 plot_memory_breakdown(rows, lang=LANG)
 plt.show()
 for r in rows:
-    print(f"{r['system']:14s} token states {r['token_state_fraction']:6.1%} (paper {r['paper_token_state_fraction']:.1%})   "
-          f"requests running {r['mean_concurrent_requests']:5.1f} (paper {r['paper_mean_concurrent_requests']})")
+    print(t("lp3_system", LANG, system=r["system"], share=r["token_state_fraction"], paper_share=r["paper_token_state_fraction"],
+            running=r["mean_concurrent_requests"], paper_running=r["paper_mean_concurrent_requests"]))
 
 # %% [markdown]
 # Our bars are a model-free re-enactment on synthetic lengths, so the shares differ by a few points from
@@ -156,7 +156,7 @@ plt.show()
 for r in rows:
     b = round(r["mean_concurrent_requests"])
     rate = decode_tokens_per_s(b, 16 if r["system"] == "vLLM" else None)
-    print(f"{r['system']:14s} batch {b:4d}   decode step {1e3 * b / rate:5.1f} ms   {rate:7.0f} tokens/s")
+    print(t("lp3_batch", LANG, system=r["system"], b=b, ms=1e3 * b / rate, rate=rate))
 
 # %% [markdown]
 # The curve climbs almost in proportion to the batch while reading the weights dominates the step (its
@@ -192,8 +192,8 @@ for r in rows:
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
 # The ShareGPT requests of the paper's Figure 12 (as engine.paper_experiments draws them): their lengths.
 sharegpt = make_workload("sharegpt", SATURATION_REQUESTS, 0, a100.max_model_len)
-print(f"ShareGPT: mean prompt {sum(r.prompt_len for r in sharegpt) / len(sharegpt):.0f} tokens, "
-      f"mean output {sum(r.output_len for r in sharegpt) / len(sharegpt):.0f} tokens")
+print(t("lp3_sharegpt", LANG, prompt=sum(r.prompt_len for r in sharegpt) / len(sharegpt),
+        output=sum(r.output_len for r in sharegpt) / len(sharegpt)))
 
 # %% tags=["exercise"]
 token_states = None  # TODO(student)

@@ -90,7 +90,7 @@ for name, (ids, reports) in runs.items():
     seconds = sum(r.timings_ms["total"] for r in reports) / 1e3
     finish = {rid: k for k, r in enumerate(reports) for rid in r.finished}
     latency = sum(finish[rid] + 1 for rid in ids) / len(ids)
-    print(f"{name:10s}: {len(reports):3d} steps, {sum(lengths) / seconds:5.1f} tokens/s, mean latency {latency:5.1f} steps")
+    print(t("lp6_batching", LANG, name=t(f"lc_l6_{name}", LANG), steps=len(reports), rate=sum(lengths) / seconds, latency=latency))
 
 # %% [markdown]
 # Continuous batching needs fewer steps for the same tokens, so throughput rises and the mean request
@@ -111,8 +111,8 @@ t_reports = []
 tight_out = tight.generate(questions, params, on_step=t_reports.append)
 roomy_out = llm.generate(questions, params)  # the 512-block pool of section 1
 for o in tight_out:
-    print(f"request {o.request_id}: preempted {o.num_preemptions}x")
-print("same text as with a roomy pool:", [o.text for o in tight_out] == [o.text for o in roomy_out])
+    print(t("lp6_preempted", LANG, rid=o.request_id, n=o.num_preemptions))
+print(t("lp6_same_text", LANG, same=[o.text for o in tight_out] == [o.text for o in roomy_out]))
 
 # %%
 held = [[next((len(s.block_table) for s in r.block_tables if s.request_id == rid), 0) for r in t_reports]
@@ -129,7 +129,7 @@ ax.set_xlabel(t("lc_step", LANG))
 ax.set_ylabel(t("lc_l6_blocks_held", LANG))
 ax.legend(fontsize=8, loc="upper right")
 plt.show()
-print("PREEMPT events:", [(k, e.request_id) for k, r in enumerate(t_reports) for e in r.events if e.kind == PREEMPT])
+print(t("lp6_preempt_events", LANG, events=[(k, e.request_id) for k, r in enumerate(t_reports) for e in r.events if e.kind == PREEMPT]))
 
 # %% [markdown]
 # A preempted request drops to 0 blocks and waits; when blocks free up it is prefilled again from
@@ -197,8 +197,8 @@ for mode in ("recompute", "swap"):
                        copy_ms=sum(r.timings_ms["swap"] for r in reports),
                        same_text=[o.text for o in out] == [o.text for o in roomy_out])
     m = modes[mode]
-    print(f"{mode:9s}: {m['preemptions']} preemption(s), {m['blocks_moved']:2d} blocks moved, {m['tokens_recomputed']:2d} tokens "
-          f"recomputed, {m['copy_ms']:.2f} ms copying; same text as a roomy pool: {m['same_text']}")
+    print(t("lp6_mode", LANG, mode=t(f"l6_{mode}", LANG), preemptions=m["preemptions"], moved=m["blocks_moved"],
+            recomputed=m["tokens_recomputed"], ms=m["copy_ms"], same=m["same_text"]))
 
 # %%
 from visualize.i18n import t  # the new charts' texts, in the notebook's language
@@ -232,7 +232,7 @@ for bs in (1, 2, 4, 8):  # the same 40 slots, cut into blocks of bs tokens
     sweep[bs] = dict(copies=sum(len(r.blocks_to_swap_out) + len(r.blocks_to_swap_in) for r in reports),
                      ms=sum(r.timings_ms["swap"] for r in reports))
 for bs, s in sweep.items():
-    print(f"block size {bs}: {s['copies']:2d} copies of {bs * eng.bytes_per_slot / 1024:4.0f} KiB, {s['ms']:.2f} ms copying")
+    print(t("lp6_copies", LANG, bs=bs, copies=s["copies"], kib=bs * eng.bytes_per_slot / 1024, ms=s["ms"]))
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 2.6))
 a1.plot(list(sweep), [s["copies"] for s in sweep.values()], "o-", color="tab:purple")
 a1.set_ylabel(t("l6_blocks_copied", LANG))
@@ -270,8 +270,8 @@ for budget in (None, 32):  # None: every prompt prefilled whole; 32: chunked pre
         reports.append(mixed.step())
     chunking[budget] = reports
     decoding = [sum(s.phase == "decode" for s in r.scheduled) for r in reports]
-    print(f"budget {budget}: {len(reports)} steps, at most {max(r.num_tokens for r in reports)} tokens and "
-          f"{max(r.timings_ms['total'] for r in reports):.0f} ms in a step; decodes per step {decoding}")
+    print(t("lp6_budget", LANG, budget=budget, steps=len(reports), tokens=max(r.num_tokens for r in reports),
+            ms=max(r.timings_ms["total"] for r in reports), decoding=decoding))
 
 # %%
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3))

@@ -41,6 +41,9 @@ except ImportError:
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.model_loader import load_model
 from engine.report import ALLOCATE, CACHE_HIT, EVICT, FREE
+from visualize.i18n import t
+
+LANG = "en"  # the language of the printed lines and of the check's messages
 
 weights = load_model(None)  # SmolLM2-135M-Instruct, loaded once and reused by every engine below
 
@@ -55,9 +58,9 @@ def show(engine, report):
     for kind in (CACHE_HIT, ALLOCATE, EVICT, FREE):
         blocks = [(e.request_id, e.block_id) for e in report.events if e.kind == kind]
         if blocks:
-            print(f"  {kind:<9} (request, block): {blocks}")
+            print(t("lp8_event_blocks", LANG, kind=t(f"ev_{kind}", LANG), blocks=blocks))
     cached = set(engine.kv.cached_free_blocks())
-    print("  free queue:", " ".join(f"{b}{'*' if b in cached else ''}" for b in engine.kv.free_queue()))
+    print(t("lp8_free_queue", LANG, queue=" ".join(f"{b}{'*' if b in cached else ''}" for b in engine.kv.free_queue())))
 
 
 # %% [markdown]
@@ -72,7 +75,7 @@ eng = new_engine()
 cache = eng.kv.prefix_cache
 r0 = eng.add_request(list(range(100, 115)), SamplingParams(max_tokens=4, ignore_eos=True))
 show(eng, eng.step())
-print("cached blocks:", [b for b in range(10) if cache.block_hash[b]])
+print(t("lp8_cached_blocks", LANG, blocks=[b for b in range(10) if cache.block_hash[b]]))
 assert [b for b in range(10) if cache.block_hash[b]] == [0, 1, 2]
 
 # %% [markdown]
@@ -87,7 +90,7 @@ assert cache.block_hash[3] is not None
 r1 = eng.add_request(list(range(100, 110)) + [200, 201, 202, 203], SamplingParams(max_tokens=3, ignore_eos=True))
 report = eng.step()
 show(eng, report)
-print("tokens computed this step:", {s.request_id: s.num_tokens for s in report.scheduled})
+print(t("lp8_computed", LANG, counts={s.request_id: s.num_tokens for s in report.scheduled}))
 assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1]
 assert {s.request_id: s.num_tokens for s in report.scheduled}[r1] == 14 - 8
 
@@ -117,11 +120,10 @@ show(eng, report)
 assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1, 2]
 assert [e.block_id for e in report.events if e.kind == ALLOCATE] == [7, 8, 9, 4, 3]
 assert [e.block_id for e in report.events if e.kind == EVICT] == [3]
-print("cached tokens per request:", {r: eng.get_output(r).num_cached_tokens for r in (r0, r1, r2)})
+print(t("lp8_cached_tokens", LANG, counts={r: eng.get_output(r).num_cached_tokens for r in (r0, r1, r2)}))
 stats = eng.prefix_cache_stats()
-print(f"hit rate: {stats.hits} of {stats.queries} prompt tokens = {stats.hit_rate:.0%}")
-print("free memory that still holds cached KV:", report.memory.cached_free_slots, "slots =",
-      report.memory.bytes("cached_free_slots") // 1024, "KiB")
+print(t("lp8_hit_rate", LANG, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate))
+print(t("lp8_cached_free", LANG, slots=report.memory.cached_free_slots, kib=report.memory.bytes("cached_free_slots") // 1024))
 
 # %% [markdown]
 # ## 2. The usual confusions
@@ -133,7 +135,7 @@ for _ in range(2):
     out = short.get_output(short.add_request(list(range(100, 110)), SamplingParams(max_tokens=1)))
     while short.has_unfinished_requests():
         short.step()
-    print("10-token prompt, block size 16: cached tokens", short.get_output(out.request_id).num_cached_tokens)
+    print(t("lp8_short_prompt", LANG, n=short.get_output(out.request_id).num_cached_tokens))
 
 # %% [markdown]
 # **The first batch cannot reuse what it is computing.** A block is hashed only after the step that writes its
@@ -146,12 +148,11 @@ for _ in range(2):
 same = new_engine(num_blocks=20)
 ids = [same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1)) for _ in range(2)]
 first = same.step()
-print("same step, identical prompts: hits", [e.block_id for e in first.events if e.kind == CACHE_HIT],
-      "- computed", [s.num_tokens for s in first.scheduled])
+print(t("lp8_same_step", LANG, hits=[e.block_id for e in first.events if e.kind == CACHE_HIT],
+        computed=[s.num_tokens for s in first.scheduled]))
 again = same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1))
 second = same.step()
-print("sent again later: cached", same.get_output(again).num_cached_tokens, "tokens, computed",
-      [s.num_tokens for s in second.scheduled])
+print(t("lp8_sent_again", LANG, cached=same.get_output(again).num_cached_tokens, computed=[s.num_tokens for s in second.scheduled]))
 
 # %% [markdown]
 # **The block size trades fragmentation against prefix granularity.** A small block wastes less of each
@@ -166,7 +167,7 @@ for bs in (2, 4, 8, 16):
         rid = e.add_request(prefix + tail, SamplingParams(max_tokens=1))
         while e.has_unfinished_requests():
             e.step()
-    print(f"block size {bs:>2}: the second request reuses {e.get_output(rid).num_cached_tokens:>2} of its 21 shared tokens")
+    print(t("lp8_block_size", LANG, bs=bs, n=e.get_output(rid).num_cached_tokens))
 
 # %% [markdown]
 # ## 3. Exercise
@@ -181,9 +182,6 @@ predicted_hits = None  # TODO(student): a list of block ids
 predicted_evicted = None  # TODO(student): a block id
 
 # %% tags=["check"]
-LANG = "en"  # the language of the check's messages
-
-
 def check():
     from visualize.i18n import t  # the check's messages, in the notebook's language
     if predicted_hits is None:

@@ -51,7 +51,7 @@ reports = []
 out = llm.generate("The capital of France is", SamplingParams(max_tokens=12), on_step=reports.append)
 print(repr(out[0].text))
 for r in reports[:4]:
-    print(f"step {r.step}: {r.phase:7s} tokens computed = {r.num_tokens:2d}  forward = {r.timings_ms['forward']:6.1f} ms")
+    print(t("lp1_step", LANG, step=r.step, phase=t(f"phase_{r.phase}", LANG), tokens=r.num_tokens, ms=r.timings_ms["forward"]))
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 2.6))
@@ -74,7 +74,7 @@ cfg = eng.hf_config
 n_linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
 n_lm_head = cfg.vocab_size * cfg.hidden_size  # tied to the embedding in SmolLM2, but still a matmul
 L, H, D = model.num_layers, cfg.num_attention_heads, model.head_dim
-print(f"weights in the layers' linear projections: {n_linear / 1e6:.1f} M; LM head: {n_lm_head / 1e6:.1f} M")
+print(t("lp1_weights", LANG, linear=n_linear / 1e6, head=n_lm_head / 1e6))
 
 
 def prefill_flops(n):
@@ -88,7 +88,7 @@ def decode_flops(context):
 
 
 for n in (8, 128, 1024):
-    print(f"prefill of {n:4d} tokens: {prefill_flops(n) / 1e9:7.2f} GFLOP   decode at context {n:4d}: {decode_flops(n) / 1e9:5.3f} GFLOP")
+    print(t("lp1_flops", LANG, n=n, prefill=prefill_flops(n) / 1e9, decode=decode_flops(n) / 1e9))
 
 # %% [markdown]
 # 一个解码步只有几亿次浮点运算，而一次长预填充有上千亿次。可是下面的测量会显示，解码步的耗时远没有按比例变小。
@@ -125,10 +125,9 @@ plt.show()
 # %%
 weight_bytes = (n_linear + n_lm_head) * eng.runner.dtype.itemsize
 for n, ms in zip(prefill_lens, prefill_ms):
-    print(f"prefill {n:4d} tokens: {prefill_flops(n) / (ms / 1e3) / 1e9:6.1f} GFLOP/s")
+    print(t("lp1_prefill_rate", LANG, n=n, rate=prefill_flops(n) / (ms / 1e3) / 1e9))
 for b, ms in zip(decode_batches, decode_ms):
-    print(f"decode  {b:4d} reqs  : {b * decode_flops(16) / (ms / 1e3) / 1e9:6.1f} GFLOP/s, "
-          f"weights streamed at {weight_bytes / (ms / 1e3) / 1e9:5.1f} GB/s")
+    print(t("lp1_decode_rate", LANG, b=b, rate=b * decode_flops(16) / (ms / 1e3) / 1e9, bw=weight_bytes / (ms / 1e3) / 1e9))
 
 # %% [markdown]
 # ## 4. 为什么解码是访存受限的

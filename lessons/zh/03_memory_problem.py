@@ -57,7 +57,7 @@ c_reports = []
 contiguous.generate(prompts, params, on_step=c_reports.append)
 pool_map_figure(c_reports[2], 16, lang=LANG, columns=14)
 plt.show()
-print(c_reports[2].memory)
+print(t("lp3_memory", LANG, **vars(c_reports[2].memory)))
 
 # %% [markdown]
 # 三个 64 槽位的区间放得下；第四个请求只能等待，尽管还有 32 个空闲槽位：它们构成的空隙小于 64（**外部碎片**）。每个区间里只有前 20 个左右的槽位会真正存放 token：其余部分现在是**预留**，最终成为**内部碎片**。
@@ -73,7 +73,7 @@ fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3), sharey=True)
 memory_figure(memory_frame(c_reports), lang=LANG, title=t("l3_contiguous_max", LANG), ax=a1)
 memory_figure(memory_frame(p_reports), lang=LANG, title=t("system_paged", LANG), ax=a2)
 plt.show()
-print(f"steps to serve all four: contiguous {len(c_reports)}, paged {len(p_reports)}")
+print(t("lp3_steps", LANG, contiguous=len(c_reports), paged=len(p_reports)))
 
 # %% [markdown]
 # 使用分页时，四个请求同时运行，也更早结束；唯一的浪费是每个请求最后一个块中的一部分。
@@ -88,8 +88,8 @@ rows = reproduce_paper(num_requests=2000, workloads=("sharegpt",))
 plot_memory_breakdown(rows, lang=LANG)
 plt.show()
 for r in rows:
-    print(f"{r['system']:14s} token states {r['token_state_fraction']:6.1%} (paper {r['paper_token_state_fraction']:.1%})   "
-          f"requests running {r['mean_concurrent_requests']:5.1f} (paper {r['paper_mean_concurrent_requests']})")
+    print(t("lp3_system", LANG, system=r["system"], share=r["token_state_fraction"], paper_share=r["paper_token_state_fraction"],
+            running=r["mean_concurrent_requests"], paper_running=r["paper_mean_concurrent_requests"]))
 
 # %% [markdown]
 # 我们的柱状图是在合成长度上、不含模型的重演，所以各项比例与论文相差几个百分点，但排序和差距的大小与论文一致：连续预留浪费了池中的大部分空间，分页几乎没有浪费——省下的显存变成了更大的批（最后一列；论文图 13）。第 1 课已经说明，解码需要的正是更大的批。
@@ -133,7 +133,7 @@ plt.show()
 for r in rows:
     b = round(r["mean_concurrent_requests"])
     rate = decode_tokens_per_s(b, 16 if r["system"] == "vLLM" else None)
-    print(f"{r['system']:14s} batch {b:4d}   decode step {1e3 * b / rate:5.1f} ms   {rate:7.0f} tokens/s")
+    print(t("lp3_batch", LANG, system=r["system"], b=b, ms=1e3 * b / rate, rate=rate))
 
 # %% [markdown]
 # 在读取权重主导一步耗时的范围内（步时几乎不变），曲线几乎与批大小成正比地上升；之后读取 KV 缓存和每个请求的开销占了上风，曲线变缓。Orca (Max) 停在 7 个请求附近：15,700 个槽位只放得下 7 个 2,048 槽位的预留。vLLM 只保存请求已有的 token，批大了好几倍，在同一张 GPU 上每秒的 token 数也高出好几倍：论文所说“相同延迟下吞吐量提高 2–4 倍”（摘要、§6.2）正源于此。
@@ -156,8 +156,8 @@ for r in rows:
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
 # The ShareGPT requests of the paper's Figure 12 (as engine.paper_experiments draws them): their lengths.
 sharegpt = make_workload("sharegpt", SATURATION_REQUESTS, 0, a100.max_model_len)
-print(f"ShareGPT: mean prompt {sum(r.prompt_len for r in sharegpt) / len(sharegpt):.0f} tokens, "
-      f"mean output {sum(r.output_len for r in sharegpt) / len(sharegpt):.0f} tokens")
+print(t("lp3_sharegpt", LANG, prompt=sum(r.prompt_len for r in sharegpt) / len(sharegpt),
+        output=sum(r.output_len for r in sharegpt) / len(sharegpt)))
 
 # %% tags=["exercise"]
 token_states = None  # TODO(student)

@@ -60,7 +60,7 @@ params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (14, 6, 10)]
 reports = []
 outputs = llm.generate(prompts, params, on_step=reports.append)
 for o in outputs:
-    print(f"request {o.request_id}: {len(o.prompt_token_ids)} prompt + {len(o.token_ids)} generated tokens")
+    print(t("lp4_request_tokens", LANG, rid=o.request_id, prompt=len(o.prompt_token_ids), generated=len(o.token_ids)))
 
 # %% [markdown]
 # 预填充之后，每个请求持有的块刚好够放下它的提示词。每种颜色代表一个请求；块中填充的部分表示 4 个槽位中存有 token 状态的比例；黑色边框标出这一步中被改动过的块。
@@ -72,7 +72,7 @@ plt.show()
 block_tables_figure(first, block_size, lang=LANG)
 plt.show()
 for snap in first.block_tables:
-    print(f"request {snap.request_id}: block table {snap.block_table}, slots filled per block {snap.filled}")
+    print(t("lp4_block_table", LANG, rid=snap.request_id, table=snap.block_table, filled=snap.filled))
 
 # %% [markdown]
 # ## 2. 观察块表的增长
@@ -96,7 +96,7 @@ pool_map_figure(reports[done.step - first.step - 1], block_size, lang=LANG, colu
 pool_map_figure(done, block_size, lang=LANG, columns=12, ax=a2)
 plt.tight_layout()
 plt.show()
-print("freed this step:", [e.block_id for e in done.events if e.kind == FREE])
+print(t("lp4_freed_step", LANG, blocks=[e.block_id for e in done.events if e.kind == FREE]))
 
 # %% [markdown]
 # ## 3. 槽位映射（slot mapping）
@@ -111,8 +111,8 @@ print("freed this step:", [e.block_id for e in done.events if e.kind == FREE])
 # %%
 for e in reports[1].events:
     if e.kind == WRITE:
-        print(f"request {e.request_id}: position {e.position:2d} -> block {e.block_id:2d}, slot {e.slot:3d}")
-print("allocated this step:", [(e.request_id, e.logical_index, e.block_id) for e in reports[1].events if e.kind == ALLOCATE])
+        print(t("lp4_write", LANG, rid=e.request_id, position=e.position, block=e.block_id, slot=e.slot))
+print(t("lp4_allocated_step", LANG, blocks=[(e.request_id, e.logical_index, e.block_id) for e in reports[1].events if e.kind == ALLOCATE]))
 
 # %% [markdown]
 # ## 4. 分配器（allocator）
@@ -121,13 +121,13 @@ print("allocated this step:", [(e.request_id, e.logical_index, e.block_id) for e
 # %%
 pool = BlockAllocator(num_blocks=6)
 a, b, c = pool.allocate(), pool.allocate(), pool.allocate()
-print("took", (a, b, c), "free list now", list(pool.free_blocks))
+print(t("lp4_took", LANG, blocks=(a, b, c), free=list(pool.free_blocks)))
 pool.free(b)
-print("freed", b, "-> free list", list(pool.free_blocks))
+print(t("lp4_freed", LANG, block=b, free=list(pool.free_blocks)))
 pool.incref(a)
-print("block", a, "shared by two owners: refcount", pool.ref_counts[a])
+print(t("lp4_shared", LANG, block=a, ref=pool.ref_counts[a]))
 pool.free(a)
-print("one owner frees it: refcount", pool.ref_counts[a], "- still in use, not on the free list", list(pool.free_blocks))
+print(t("lp4_one_owner_frees", LANG, ref=pool.ref_counts[a], free=list(pool.free_blocks)))
 
 # %% [markdown]
 # ## 5. 浪费了多少？
@@ -143,8 +143,7 @@ ax.set_xlabel(t("lc_step", LANG))
 ax.set_ylabel(t("lc_slots", LANG))
 ax.legend(fontsize=8)
 plt.show()
-print(f"worst step: {max(a - u for a, u in zip(allocated, used))} wasted slots for {len(prompts)} requests "
-      f"(bound: {len(prompts)} × {block_size})")
+print(t("lp4_worst_step", LANG, wasted=max(a - u for a, u in zip(allocated, used)), n=len(prompts), block_size=block_size))
 
 # %% [markdown]
 # ## 练习

@@ -39,7 +39,7 @@ from visualize.style import use_cjk_font
 
 LANG = "zh"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
-print("Triton interpreter (CPU):", kernels.interpreted())
+print(t("lp5_interpreter", LANG, on=kernels.interpreted()))
 
 # %% [markdown]
 # ## 1. 在线 softmax
@@ -59,7 +59,7 @@ for start in range(0, 48, 8):  # tiles of 8 tokens
     acc = acc * alpha + p @ values[start : start + 8]
     m = m_new
     history.append((m.item(), alpha.item()))
-print("max |online - softmax @ V| =", (acc / l - torch.softmax(x, 0) @ values).abs().max().item())
+print(t("lp5_online", LANG, diff=(acc / l - torch.softmax(x, 0) @ values).abs().max().item()))
 
 fig, ax = plt.subplots(figsize=(7, 2.8))
 ax.plot(x, ".", color="gray", label="logits")
@@ -108,7 +108,7 @@ scale = head_dim**-0.5
 want = paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale)
 start = time.perf_counter()
 got = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
-print(f"Triton kernel ({time.perf_counter() - start:.2f} s interpreted): max |kernel - reference| = {(got - want).abs().max():.2e}")
+print(t("lp5_kernel", LANG, s=time.perf_counter() - start, diff=(got - want).abs().max()))
 
 # %% [markdown]
 # 在 GPU 上，每个 Triton **程序**（program）处理一个（序列，KV 头）对：它加载该组的查询，然后遍历上下文，为每个 token 从块表中取出它所在的块号。
@@ -126,7 +126,7 @@ plt.show()
 # %%
 for splits in (1, 2, 4):
     out = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)
-    print(f"num_splits={splits}: max |kernel - reference| = {(out - want).abs().max():.2e}")
+    print(t("lp5_splits", LANG, splits=splits, diff=(out - want).abs().max()))
 program_grid_figure(program_grid([0, 1, 2], context_lens.tolist(), tables, block_size, heads, kv_heads, num_splits=2), lang=LANG)
 plt.show()
 

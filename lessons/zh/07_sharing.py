@@ -55,12 +55,12 @@ eng = llm.engine
 block_size = eng.config.block_size
 prompt = [{"role": "user", "content": "Write a haiku about autumn leaves."}]
 prompt_len = len(eng.encode(prompt))
-print("prompt:", prompt_len, "tokens =", prompt_len // block_size, "full blocks +", prompt_len % block_size, "tokens")
+print(t("lp7_prompt", LANG, n=prompt_len, full=prompt_len // block_size, rest=prompt_len % block_size))
 
 
 def show_tables(report):
     for s in report.block_tables:
-        print(f"  sample {s.index} (seq {s.seq_id}): block table {s.block_table}, refcounts {s.ref_counts}, filled {s.filled}")
+        print(t("lp7_table", LANG, index=s.index, seq=s.seq_id, table=s.block_table, refs=s.ref_counts, filled=s.filled))
 
 
 # %% [markdown]
@@ -69,7 +69,7 @@ def show_tables(report):
 # %%
 request_id = eng.add_request(prompt, SamplingParams(n=2, temperature=0.8, seed=2, max_tokens=3, ignore_eos=True))
 prefill = eng.step()
-print("events:", [(e.kind, e.seq_id, e.parent_seq_id, e.block_id, e.detail) for e in prefill.events if e.kind != "write"])
+print(t("lp7_events", LANG, events=[(e.kind, e.seq_id, e.parent_seq_id, e.block_id, e.detail) for e in prefill.events if e.kind != "write"]))
 show_tables(prefill)
 last = prefill.block_tables[0].block_table[-1]  # the partly filled last prompt block, shared
 held = prefill.block_tables[0].filled[-1]  # its filled slots
@@ -82,21 +82,21 @@ before = [(k[last].clone(), v[last].clone()) for k, v in eng.runner.kv_caches]  
 decode = eng.step()
 cow = [e for e in decode.events if e.kind == COPY_ON_WRITE]
 for e in cow:
-    print(f"COPY_ON_WRITE: seq {e.seq_id}, logical block {e.logical_index}: block {e.block_id} -> new block {e.dst_block_id}")
+    print(t("lp7_cow", LANG, seq=e.seq_id, logical=e.logical_index, src=e.block_id, dst=e.dst_block_id))
 show_tables(decode)
 src, dst = cow[0].block_id, cow[0].dst_block_id
 caches = eng.runner.kv_caches
 unchanged = all(torch.equal(k[src][:held], kb[:held]) and torch.equal(v[src][:held], vb[:held]) for (k, v), (kb, vb) in zip(caches, before))
 copied = all(torch.equal(k[dst][:held], kb[:held]) and torch.equal(v[dst][:held], vb[:held]) for (k, v), (kb, vb) in zip(caches, before))
-print(f"block {src}: its {held} prompt slots unchanged in all {len(caches)} layers: {unchanged}")
-print(f"block {dst}: a full copy of them: {copied}")
+print(t("lp7_unchanged", LANG, block=src, held=held, layers=len(caches), same=unchanged))
+print(t("lp7_copied", LANG, block=dst, same=copied))
 first_tokens = {s.seq_id: eng.tokenizer.decode(s.token_ids[prompt_len]) for s in eng.requests[request_id].seqs}
-print(f"slot {held} (position {prompt_len}) differs between the two blocks:", not torch.equal(caches[0][0][src][held], caches[0][0][dst][held]),
-      "- each sequence's first token:", first_tokens)
+print(t("lp7_differs", LANG, slot=held, position=prompt_len, differs=not torch.equal(caches[0][0][src][held], caches[0][0][dst][held]),
+        first=first_tokens))
 while eng.has_unfinished_requests():
     eng.step()
 for o in eng.get_output(request_id).outputs:
-    print(f"sample {o.index}: {o.text!r}")
+    print(t("lp7_sample", LANG, index=o.index, text=o.text))
 
 # %% [markdown]
 # ## 2. 并行采样，n = 4
@@ -115,11 +115,11 @@ p_live = [r for r in p_reports if r.block_tables]  # the last step finishes the 
 for k, r in enumerate(p_live):
     m = r.memory
     events = sorted({e.kind for e in r.events if e.kind in (FORK, COPY_ON_WRITE)})
-    print(f"step {k}: {m.blocks_with_sharing:2d} physical blocks, {m.blocks_without_sharing:2d} without sharing, "
-          f"saved {m.memory_saved_by_sharing:5.1%}", events or "")
+    print(t("lp7_step", LANG, k=k, with_sharing=m.blocks_with_sharing, without=m.blocks_without_sharing,
+            saved=m.memory_saved_by_sharing, events=events or ""))
 show_tables(p_live[-1])
 for o in parallel[0].outputs:
-    print(f"sample {o.index}: {o.text!r}")
+    print(t("lp7_sample", LANG, index=o.index, text=o.text))
 
 # %% [markdown]
 # 论文测得并行采样（n = 2…6）在 Alpaca 上节省 6.1–9.8 %，在 ShareGPT 上节省 16.2–30.5 %（§6.3，图 15），远少于这里：那里的输出长达数百个 token，每个样本自己的块随输出增长，而共享的部分（满的提示词块）保持不变。38 个 token 的提示词只配 10 个 token 的输出，是最有利的情形。
@@ -135,12 +135,11 @@ for k, r in enumerate(b_reports):
     cows = [f"{e.block_id}->{e.dst_block_id}" for e in r.events if e.kind == COPY_ON_WRITE]
     freed = sorted({e.seq_id for e in r.events if e.kind == FREE})
     returned = [e.block_id for e in r.events if e.kind == FREE and not e.detail]
-    gone = "finished" if r.finished else "pruned"
-    print(f"step {k}: live beams {[s.seq_id for s in r.block_tables]}, forks {forks}, copy-on-write {cows}, "
-          f"{gone} {freed} (blocks back to the free list: {returned}); "
-          f"{r.memory.blocks_with_sharing} blocks, saved {r.memory.memory_saved_by_sharing:.0%}")
+    gone = t("lp7_finished" if r.finished else "lp7_pruned", LANG)
+    print(t("lp7_beam_step", LANG, k=k, beams=[s.seq_id for s in r.block_tables], forks=forks, cows=cows, gone=gone,
+            freed=freed, returned=returned, blocks=r.memory.blocks_with_sharing, saved=r.memory.memory_saved_by_sharing))
 for o in beams[0].sequences:
-    print(f"beam {o.index}: cumulative logprob {o.cumulative_logprob:6.2f}  {o.text!r}")
+    print(t("lp7_beam", LANG, index=o.index, logprob=o.cumulative_logprob, text=o.text))
 
 # %% [markdown]
 # 论文测得束宽 2…6 在 Alpaca 上节省 37.6–55.2 %，在 ShareGPT 上节省 44.3–66.3 %。下面把两次运行并排画出：两条线之间的差距就是共享节省的显存。
