@@ -429,11 +429,27 @@ def test_prefix_caching_in_a_browser(tiny_llama_dir):
 def load_preset(page, name: str, last_request: str) -> None:
     """Open the Workload panel, load the classroom preset ``name``, wait for its ``last_request`` row
     in the request list, and fold the panel away again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
-    page.get_by_role("option", name=name).click()
-    page.get_by_role("button", name="Load preset").click()
-    page.get_by_text(last_request, exact=True).wait_for(timeout=180_000)
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset")
+    for attempt in range(3):  # on a busy machine a click on the opening list can miss: choose again
+        box.click()
+        page.get_by_role("option", name=name).click()
+        try:
+            box.filter(has_text=name).wait_for(timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+    for attempt in range(2):  # a click that lands during a rerun can be dropped by Streamlit: once more
+        page.get_by_role("button", name="Load preset").click()
+        try:
+            page.get_by_text(last_request, exact=True).wait_for(timeout=90_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 1:
+                raise
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
 
 
