@@ -433,15 +433,15 @@ def load_preset(page, name: str, last_request: str) -> None:
 
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
     box = page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset")
-    for attempt in range(3):  # on a busy machine a click on the opening list can miss: choose again
-        box.click()
-        page.get_by_role("option", name=name).click()
+    for attempt in range(4):  # on a busy machine the list may not open at the first click: open it again
         try:
-            box.filter(has_text=name).wait_for(timeout=20_000)
+            box.click()
+            page.get_by_role("option", name=name).click(timeout=20_000)
             break
         except PlaywrightTimeout:
-            if attempt == 2:
+            if attempt == 3:
                 raise
+            page.keyboard.press("Escape")  # close a list that did open
     for attempt in range(2):  # a click that lands during a rerun can be dropped by Streamlit: once more
         page.get_by_role("button", name="Load preset").click()
         try:
