@@ -4,7 +4,7 @@ For each batch size (rows = requests in a decode step) it times what one decode 
 does with them, on the model's real weights:
 
 - ``matmul``: every matrix multiply of a step (each layer's 7 projections and the LM head), through
-  :func:`engine.cpu_ops.small_batch_linear` and through ``F.linear`` (MKL, as transformers does);
+  :func:`engine.cpu_ops.small_batch_linear` (on the weights packed at load) and through ``F.linear`` (MKL, as transformers does);
 - ``norm_rope``: each layer's two residual adds + RMSNorms and its RoPE on q and k, through
   :func:`engine.cpu_ops.add_rms_norm` / :func:`engine.cpu_ops.rotary_embedding` and through the torch
   code of engine/model.py;
@@ -54,6 +54,7 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
         raise RuntimeError("the engine's CPU kernels could not be built here (the warning above says why)")
     head = net.model.embed_tokens if net.tie_word_embeddings else net.lm_head
     weights = [m.weight.detach() for m in net.modules() if isinstance(m, Linear)] + [head.weight.detach()]
+    packed = cpu_ops.pack_weights(weights)  # the engine's own packed copies (shared), as its layers use them
     layer = net.model.layers[0]
     attn, norm = layer.self_attn, layer.input_layernorm
     hidden = net.config.hidden_size
@@ -63,13 +64,15 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
         for r in rows:
             inputs = {k: torch.randn(r, k, generator=generator) for k in {w.shape[1] for w in weights}}
 
-            def matmuls(fn: Callable) -> None:
-                for w in weights:
-                    fn(inputs[w.shape[1]], w)
+            def kernel_matmuls() -> None:
+                for w, p in zip(weights, packed):
+                    cpu_ops.small_batch_linear(inputs[w.shape[1]], w, p)
 
-            matmul_ms[r] = _alternate(
-                {"kernel": lambda: matmuls(cpu_ops.small_batch_linear), "torch": lambda: matmuls(F.linear)}, repeats
-            )
+            def torch_matmuls() -> None:
+                for w in weights:
+                    F.linear(inputs[w.shape[1]], w)
+
+            matmul_ms[r] = _alternate({"kernel": kernel_matmuls, "torch": torch_matmuls}, repeats)
             x, residual = torch.randn(2, r, hidden, generator=generator)
             q = torch.randn(r, attn.num_heads, attn.head_dim, generator=generator)
             k = torch.randn(r, attn.num_kv_heads, attn.head_dim, generator=generator)

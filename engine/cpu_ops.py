@@ -3,12 +3,13 @@
 Five operations of every decode step, written for what a decode step is on a CPU:
 
 - :func:`small_batch_linear`, the matrix multiplies of 1-64 rows (one per running request). With a
-  few rows the step is bound by reading the weights from memory, not by arithmetic, and a general
-  GEMM pays for more than that read: MKL's sgemm copies ("packs") the weight into its own layout on
-  every call. ``csrc/small_batch_linear.cpp`` reads each weight once, straight from ``nn.Linear``'s
-  own ``[N, K]`` layout (nothing is copied or re-laid out at load time), as dot products of x's rows
-  with 4 weight rows at a time, in register tiles of up to 6 rows (see the comment at its top).
-  Above 64 rows (the prefill of longer prompts) MKL is faster again, and ``F.linear`` is used.
+  few rows the step is bound by reading the weights from memory, with 8-64 by arithmetic, and a
+  general GEMM pays for more than either: MKL's sgemm copies ("packs") the weight into its own layout
+  on every call. Here each weight is packed once, at load (:func:`pack_weights`), into panels of 16
+  output columns, and ``csrc/small_batch_linear.cpp`` multiplies up to 16 rows at a time against each
+  panel as it streams past: one vector load of weights feeds 16 fused multiply-adds, and no horizontal
+  sums are needed (see the comment at its top). Above 64 rows (the prefill of longer prompts) MKL is
+  faster again, and ``F.linear`` is used on the original weight.
 - :func:`add_rms_norm` (vLLM's ``fused_add_rms_norm``) and :func:`rotary_embedding` (vLLM's
   ``rotary_embedding``), in ``csrc/fused_ops.cpp``: the residual add with the RMSNorm after it, and
   RoPE on q and k, each one call instead of seven. In a decode step these work on a few rows, so
@@ -44,10 +45,13 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from engine import huge_pages
 
 try:
     import fcntl  # POSIX: a lock that the OS releases when its process dies, however it dies
@@ -130,9 +134,74 @@ def supports(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() == "avx512"
 
 
-def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def packed_shape(weight: torch.Tensor) -> tuple[int, int, int]:
+    """The shape :func:`pack_weight` gives an ``[N, K]`` weight: ``[ceil(N / 16), K, 16]`` in float32,
+    ``[ceil(N / 16), ceil(K / 2), 32]`` in bfloat16 (panels of 16 output columns; see csrc/small_batch_linear.cpp)."""
+    n, k = weight.shape
+    panels = -(-n // 16)
+    return (panels, -(-k // 2), 32) if weight.dtype == torch.bfloat16 else (panels, k, 16)
+
+
+def pack_weight(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``weight`` ``[N, K]`` (float32, or bfloat16 where :func:`matmul_bf16`) re-laid out for
+    :func:`small_batch_linear`: panels of 16 output columns, each one contiguous stretch of K x 16 values
+    (``packed[p, k, j] = weight[16 p + j, k]``; bf16 keeps pairs of k together), the last panel padded with
+    zeros. Done once per weight, at load: the same idea as a GEMM's packing (BLIS, MKL), which a general
+    GEMM repeats on every call.
+
+    Args:
+        out: where to write it (contiguous, :func:`packed_shape`, the weight's dtype); None: a new tensor.
+
+    Raises:
+        RuntimeError: not loaded, or a weight or ``out`` the kernel cannot take (the message says which).
+    """
+    _check_inputs()  # a weight that requires grad is fine: it is read, not differentiated
+    if out is None:
+        out = torch.empty(packed_shape(weight), dtype=weight.dtype)
+    with torch.no_grad():
+        torch.ops.pagedattention_lab.pack_weight_(weight.detach(), out)
+    return out
+
+
+_packed: dict[tuple, tuple[torch.Tensor, weakref.ref]] = {}  # (data_ptr, shape, dtype) -> (weight, ref to packed)
+
+
+def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`pack_weight` for each weight, the new ones together in one 2 MiB-page arena
+    (:func:`engine.huge_pages.arena`), and each weight packed once per process: engines built on the same
+    loaded weights (the app's, a lesson's) share the packed copies, as they share the weights. The packed
+    copy costs as much memory again as the weight (538 MB for SmolLM2-135M in fp32); it is freed with the
+    last model that uses it. Weights must not be changed in place afterwards (the engine never does).
+    """
+    packed: list[torch.Tensor | None] = []
+    for w in weights:
+        hit = _packed.get(_pack_key(w))
+        packed.append(hit[1]() if hit else None)
+    missing = [i for i, p in enumerate(packed) if p is None]
+    fresh = huge_pages.arena([(packed_shape(weights[i]), weights[i].dtype) for i in missing]) if missing else []
+    for i, out in zip(missing, fresh):
+        w, key = weights[i], _pack_key(weights[i])
+        packed[i] = pack_weight(w, out=out)
+
+        def forget(ref: weakref.ref, key: tuple = key) -> None:
+            if key in _packed and _packed[key][1] is ref:
+                del _packed[key]
+
+        _packed[key] = (w.detach(), weakref.ref(packed[i], forget))  # the weight kept: its address cannot be reused
+    return packed  # type: ignore[return-value]
+
+
+def _pack_key(weight: torch.Tensor) -> tuple:
+    return (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()), weight.dtype)
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T`` (``F.linear`` without bias): x ``[M, K]`` (M rows, best 1-64), weight ``[N, K]`` -> ``[M, N]``,
     all float32, or all bfloat16 where :func:`matmul_bf16` (products summed in fp32, the result rounded to bf16).
+
+    Args:
+        packed: ``pack_weight(weight)``, made once (the engine's layers keep theirs); None: packed now,
+            which costs a copy of the whole weight on every call (for tests and one-off use).
 
     Raises:
         RuntimeError: the kernel is not loaded (call :func:`load_kernel` first), the shapes, dtypes,
@@ -140,7 +209,17 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             gradients (the kernels are for inference only).
     """
     _check_inputs(x, weight)
-    return torch.ops.pagedattention_lab.small_batch_linear(x, weight)
+    if x.dim() != 2 or weight.dim() != 2:
+        raise RuntimeError("small_batch_linear: x [M, K] and weight [N, K] must be 2-D")
+    if x.dtype != weight.dtype or x.dtype not in (torch.float32, torch.bfloat16):
+        raise RuntimeError("small_batch_linear: float32 or bfloat16 only (x and weight alike)")
+    if x.shape[1] != weight.shape[1]:
+        raise RuntimeError(f"small_batch_linear: x is [M, {x.shape[1]}] but weight is [N, {weight.shape[1]}]")
+    if not weight.is_contiguous():
+        raise RuntimeError("small_batch_linear: weight must be contiguous")
+    if packed is None:
+        packed = pack_weight(weight)
+    return torch.ops.pagedattention_lab.small_batch_linear(x, packed, weight.shape[0])
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

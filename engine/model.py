@@ -78,16 +78,18 @@ class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same names, same ``[out, in]`` weight) whose decode-sized calls on
     CPU can go through the engine's small-batch kernel (:func:`engine.cpu_ops.small_batch_linear`).
 
-    ``cpu_kernel`` is False until :meth:`CausalLM.use_cpu_kernels` sets it: then inputs
-    ``[M, in]`` with 1 <= M <= 64 rows go through the kernel, when no gradient is being recorded (the
-    engine runs under ``torch.inference_mode()``); everything else goes through ``F.linear``.
+    ``cpu_kernel`` is False until :meth:`CausalLM.use_cpu_kernels` sets it, with ``packed_weight``
+    (the weight in the kernel's panels, :func:`engine.cpu_ops.pack_weight`): then inputs ``[M, in]``
+    with 1 <= M <= 64 rows go through the kernel, when no gradient is being recorded (the engine runs
+    under ``torch.inference_mode()``); everything else (prefill) goes through ``F.linear`` and ``weight``.
     """
 
     cpu_kernel: bool = False
+    packed_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_kernel and x.dim() == 2 and 0 < x.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
-            y = cpu_ops.small_batch_linear(x, self.weight)
+            y = cpu_ops.small_batch_linear(x, self.weight, self.packed_weight)
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
 
@@ -287,6 +289,7 @@ class CausalLM(nn.Module):
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.lm_head_t: torch.Tensor | None = None  # [hidden_size, vocab_size] on CPU, see store_lm_head_transposed
         self.cpu_kernels = False  # the LM head goes through engine.cpu_ops too, see use_cpu_kernels
+        self.lm_head_packed: torch.Tensor | None = None  # the LM head in the kernel's panels, see use_cpu_kernels
 
     def forward(
         self,
@@ -311,7 +314,7 @@ class CausalLM(nn.Module):
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         if self.cpu_kernels and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
-            return cpu_ops.small_batch_linear(hidden, weight).float()
+            return cpu_ops.small_batch_linear(hidden, weight, self.lm_head_packed).float()
         if self.lm_head_t is not None:
             return (hidden @ self.lm_head_t).float()
         return F.linear(hidden, weight).float()
@@ -334,9 +337,10 @@ class CausalLM(nn.Module):
 
     def use_cpu_kernels(self) -> None:
         """Run the engine's C++ CPU kernels (:mod:`engine.cpu_ops`) instead of torch where they apply:
-        matmuls of 1-64 rows in every projection and the LM head (reading the weights in their own
-        ``[out, in]`` layout; only where the kernel was built with AVX-512, see
-        :func:`engine.cpu_ops.supports`), the residual add with RMSNorm, RoPE, and SwiGLU's
+        matmuls of 1-64 rows in every projection and the LM head (each weight packed once into the
+        kernel's panels, :func:`engine.cpu_ops.pack_weights`, shared with other models built on the same
+        weights; only where the kernel was built with AVX-512, see :func:`engine.cpu_ops.supports`), the
+        residual add with RMSNorm, RoPE, and SwiGLU's
         silu-and-multiply. Only while no gradient is recorded: under autograd every module runs its torch code.
 
         Call only on float32 or bfloat16 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
@@ -357,6 +361,12 @@ class CausalLM(nn.Module):
         if not head.weight.is_contiguous():
             head.weight = nn.Parameter(head.weight.detach().contiguous(), requires_grad=False)
         self.cpu_kernels = cpu_ops.supports(head.weight)
+        linears = [m for m in self.modules() if isinstance(m, Linear) and m.cpu_kernel]
+        weights = [m.weight for m in linears] + ([head.weight] if self.cpu_kernels else [])
+        packed = cpu_ops.pack_weights(weights) if weights else []
+        for module, p in zip(linears, packed):
+            module.packed_weight = p
+        self.lm_head_packed = packed[-1] if self.cpu_kernels else None
 
 
 def build_model(

@@ -79,6 +79,57 @@ def test_kernel_reads_strided_inputs_and_model_sized_shapes(kernel):
         assert ours_error <= 4 * torch_error + 1e-4
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_is_panels_of_16_columns(kernel, dtype):
+    # packed[p, k, j] = weight[16 p + j, k] (bf16: packed[p, k // 2, 2 j + k % 2]), zeros where the
+    # last panel has no column and after an odd K: what csrc/small_batch_linear.cpp's loop reads.
+    if dtype == torch.bfloat16 and not cpu_ops.matmul_bf16():
+        pytest.skip("this CPU has no AVX512-BF16")
+    n, k = 37, 5
+    weight = torch.arange(n * k, dtype=torch.float32).view(n, k).to(dtype)
+    packed = cpu_ops.pack_weight(weight)
+    assert tuple(packed.shape) == cpu_ops.packed_shape(weight) == ((3, 3, 32) if dtype == torch.bfloat16 else (3, 5, 16))
+    padded = torch.zeros(48, 6, dtype=dtype)
+    padded[:n, :k] = weight
+    if dtype == torch.bfloat16:
+        expected = padded.view(3, 16, 3, 2).permute(0, 2, 1, 3).reshape(3, 3, 32)
+    else:
+        expected = padded[:, :k].view(3, 16, k).transpose(1, 2)
+    assert torch.equal(packed, expected)
+    with pytest.raises(RuntimeError, match=r"out must be a contiguous .* of shape \[3, "):
+        cpu_ops.pack_weight(weight, out=torch.empty(3, 4, 16, dtype=dtype))
+    with pytest.raises(RuntimeError, match="packed weight .* is not that of an"):
+        torch.ops.pagedattention_lab.small_batch_linear(torch.ones(2, k + 2, dtype=dtype), packed, n)
+
+
+def test_engines_on_the_same_weights_share_one_packed_copy(kernel, tiny_llama_dir):
+    # The app and the lessons build several engines on one loaded model: the weights are shared, and
+    # so are their packed copies, which go when the last model using them does.
+    import gc
+
+    from engine.model_loader import load_model
+
+    loaded = load_model(str(tiny_llama_dir))
+    first = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16), loaded_model=loaded)
+    second = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16), loaded_model=loaded)
+    a, b = first.runner.model.model.layers[0].mlp.down_proj, second.runner.model.model.layers[0].mlp.down_proj
+    assert a is not b and a.weight.data_ptr() == b.weight.data_ptr()
+    assert a.packed_weight is b.packed_weight and a.cpu_kernel
+    assert first.runner.model.lm_head_packed is second.runner.model.lm_head_packed is not None
+    before = len(cpu_ops._packed)
+    del first, second, a, b
+    gc.collect()
+    assert len(cpu_ops._packed) < before  # freed with the models
+    tokens = []
+    for flag in (True, False):  # packed again after the free: the same tokens as torch's matmuls
+        engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16, cpu_kernels=flag), loaded_model=loaded)
+        rid = engine.add_request("The block table maps", SamplingParams(max_tokens=6, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        tokens.append(engine.get_output(rid).token_ids)
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 6
+
+
 def test_kernel_handles_empty_shapes(kernel):
     assert kernel(torch.randn(0, 8), torch.randn(5, 8)).shape == (0, 5)
     assert kernel(torch.randn(3, 8), torch.randn(0, 8)).shape == (3, 0)
@@ -105,7 +156,7 @@ def test_kernel_refuses_what_it_cannot_multiply(kernel, x, weight, message):
 def test_linear_module_uses_the_kernel_only_for_small_batches(kernel):
     torch.manual_seed(0)
     module = Linear(96, 130, bias=True)
-    module.cpu_kernel = True
+    module.cpu_kernel, module.packed_weight = True, cpu_ops.pack_weight(module.weight)
     reference = Linear(96, 130, bias=True)
     reference.load_state_dict(module.state_dict())
     assert set(module.state_dict()) == {"weight", "bias"}  # checkpoints load by the same names
@@ -113,7 +164,10 @@ def test_linear_module_uses_the_kernel_only_for_small_batches(kernel):
         for rows in (1, 7, cpu_ops.MAX_ROWS):
             x = torch.randn(rows, 96)
             torch.testing.assert_close(module(x), reference(x), atol=1e-5, rtol=1e-5)
-            assert not torch.equal(module(x), reference(x))  # really the kernel: another summation order
+        packed = module.packed_weight
+        module.packed_weight = cpu_ops.pack_weight(2 * module.weight)  # really the kernel, on the packed copy
+        torch.testing.assert_close(module(x), F.linear(x, 2 * module.weight, module.bias), atol=1e-5, rtol=1e-5)
+        module.packed_weight = packed
         x = torch.randn(cpu_ops.MAX_ROWS + 1, 96)  # a prefill-sized batch: torch's F.linear, exactly
         assert torch.equal(module(x), F.linear(x, module.weight, module.bias))
 

@@ -1,40 +1,49 @@
-// y = x @ weight.T for decode-sized batches on CPU: x [M, K] fp32 with M small (1-64 rows, one per
-// running request), weight [N, K] fp32 row-major: nn.Linear's own layout, used as it is.
+// y = x @ weight.T for decode-sized batches on CPU: x [M, K] with M small (1-64 rows, one per running
+// request), weight [N, K] (nn.Linear's layout), float32, or bfloat16 on CPUs with AVX512-BF16.
 //
 // Why it exists: in a decode step every weight matrix is read from memory once and used for only a
-// few rows, so the step is bound by memory traffic, not arithmetic. A general GEMM (MKL's sgemm)
-// copies ("packs") the weight into its own layout on every call, which costs that traffic again;
-// on a 2-core Xeon it took 1.4-1.9x the time of this kernel for 4-16 rows (`python -m engine bench-cpu`).
-// This kernel reads each weight once, in the order it lies in memory:
-//   - output column n of y is the dot product of a row of x with weight row n, and weight rows are
-//     contiguous, so a tile of kCols = 4 weight rows is one contiguous stretch of 4 * K floats;
-//     tiles are shared out among threads, so each thread streams its own contiguous part of the
-//     weight from start to end (the hardware prefetchers follow that);
-//   - for a tile, up to kMaxRows = 6 rows of x are multiplied at once: 6 x 4 = 24 vector accumulators
-//     (of AVX-512's 32 registers), each holding 16 partial sums; per 16 terms of K, 4 weight vectors
-//     and 6 x vectors are loaded for 24 fused multiply-adds. Batches of more than 6 rows are cut into
-//     balanced groups (16 rows: 6 + 5 + 5), and the tile stays in L1 cache while each group reads it;
-//   - while the groups work on one tile, the next tile is prefetched into L2, spread over the
-//     groups' loop iterations, so that reading memory overlaps with the arithmetic instead of
-//     alternating with it;
-//   - each accumulator lane sums every 16th term of K; the 16 lanes are then added up in a tree.
-//     Its rounding error is below MKL's sgemm's (tested against the float64 product).
-// In bfloat16 (x and weight both bf16, on CPUs with AVX512-BF16) the same tiles take 32 terms per step
-// with _mm512_dpbf16_ps, summed in fp32 and rounded to bf16 once at the end: half the bytes per weight.
-// llama.cpp's CPU matrix-vector products use the same dot-product form; vLLM's CPU backend delegates
-// its linear layers to oneDNN.
+// few rows, so the step is bound by memory traffic (1-8 rows) or by arithmetic (8-64 rows), and a
+// general GEMM (MKL's sgemm) pays for more than either: it copies ("packs") the weight into its own
+// layout on every call, which costs the whole traffic again; on this project's 2-core machines that
+// took 1.4-4x the time of this kernel for 4-16 rows (`python -m engine bench-cpu`).
+//
+// So the engine packs each weight once, at load (pack_weight), into panels of 16 output columns:
+//     packed[p, k, j] = weight[16 p + j, k]      ([ceil(N / 16), K, 16]; the last panel padded with 0)
+// A panel is one contiguous stretch of K x 64 bytes, and one cache line holds the 16 weights of one k.
+// The multiply is then an outer product per k, in registers:
+//     for each k: w = the panel's 16 weights of k (one vector load);
+//                 for each row m: acc[m] += broadcast(x[m, k]) * w     (one fused multiply-add)
+// - up to kMaxRows = 16 rows at once: 16 vector accumulators of 16 output columns each, so every
+//   weight loaded is used for 16 multiply-adds, and no horizontal sums are needed at the end (each
+//   lane of acc[m] is one output y[m, 16 p + lane]: the accumulators are simply stored). Batches of
+//   more than 16 rows are cut into balanced groups (40 rows: 14 + 13 + 13) that read the same panel,
+//   which stays in L1/L2 cache between them;
+// - x is transposed first ([K, M], a few KB), so that the rows' values of one k lie together;
+// - panels are shared out among threads in contiguous ranges, so each thread streams its part of the
+//   packed weight from start to end, and the line kPrefetch k's ahead is prefetched (into L1) while
+//   the arithmetic runs, so that reading memory overlaps with it;
+// - each y[m, n] is a plain sequential sum over k in fp32 (one chain per output, as in the textbook
+//   definition); its error against the float64 product is within a few times MKL's (tested).
+// This is the layout and loop of a BLIS/GotoBLAS micro-kernel (an MR x NR register tile fed by a packed
+// weight panel), with the packing done once instead of per call: the weights do not change between
+// steps. vLLM's CPU backend gets the same effect from oneDNN's pre-packed weights.
+// In bfloat16 (x and weight both bf16, AVX512-BF16) a panel holds pairs of k:
+//     packed[p, k / 2, 2 j + k % 2] = weight[16 p + j, k]          ([ceil(N / 16), ceil(K / 2), 32])
+// and _mm512_dpbf16_ps adds, in each fp32 lane j, x[m, k] w[j, k] + x[m, k + 1] w[j, k + 1]: half the
+// bytes of fp32 per weight; the fp32 sums are rounded to bf16 once at the end.
 //
 // Built on first use by engine/cpu_ops.py (torch.utils.cpp_extension, -O3 -march=native -fopenmp).
 // Without AVX-512 the same code compiles to GCC vector types of 16 floats: correct, but each becomes
-// two or four registers (AVX2, NEON), 24 accumulators no longer fit in 16 or 32 registers, and it
-// runs 3-5x slower than MKL at 8-16 rows. small_batch_linear_simd() says which was built, and the
-// engine multiplies with F.linear where it is "generic".
+// two or four registers (AVX2, NEON), 16 accumulators no longer fit, and it runs slower than MKL at
+// 8-16 rows. small_batch_linear_simd() says which was built, and the engine multiplies with F.linear
+// where it is "generic".
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -44,17 +53,15 @@
 
 namespace {
 
-constexpr int kCols = 4;         // weight rows (output columns) per tile
-constexpr int kMaxRows = 6;      // rows of x per register tile: 6 x 4 = 24 vector accumulators
-constexpr int64_t kLanes = 16;   // floats per vector
-constexpr int64_t kLine = 64;    // bytes per cache line
+constexpr int64_t kLanes = 16;    // output columns per panel: floats per vector
+constexpr int kMaxRows = 16;      // rows of x per register tile: 16 vector accumulators
+constexpr int64_t kPrefetch = 32; // prefetch the panel's line this many k's (cache lines) ahead
 
 #if defined(__AVX512F__)
 using vec = __m512;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vec vfma(vec a, vec b, vec acc) { return _mm512_fmadd_ps(a, b, acc); }
-inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+inline vec vfma(float a, vec b, vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(a), b, acc); }
 #else
 typedef float vec __attribute__((vector_size(64)));
 inline vec vzero() { return vec{}; }
@@ -63,115 +70,93 @@ inline vec vload(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline vec vfma(vec a, vec b, vec acc) { return acc + a * b; }
-inline float vsum(vec v) {  // the same pairwise tree as the AVX-512 reduction
+inline vec vfma(float a, vec b, vec acc) { return acc + a * b; }
+#endif
+
+// Stores the first `cols` lanes of acc at y (cols = 16 but in the last, padded panel).
+inline void store(float* y, vec acc, int64_t cols) {
+#if defined(__AVX512F__)
+  if (cols == kLanes) return _mm512_storeu_ps(y, acc);
+  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << cols) - 1), acc);
+#else
   float s[kLanes];
-  std::memcpy(s, &v, sizeof s);
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)
-    for (int64_t i = 0; i < width; ++i) s[i] += s[i + width];
-  return s[0];
-}
+  std::memcpy(s, &acc, sizeof s);
+  std::memcpy(y, s, cols * sizeof(float));
 #endif
+}
 
-// What one vector step of the dot products is for an element type E:
-//   float: 16 floats of x times 16 of w, fused multiply-adds into 16 fp32 lanes;
-//   bfloat16 (AVX512-BF16 only): 32 bf16 of x times 32 of w, _mm512_dpbf16_ps: lane l adds the
-//   products of elements 2l and 2l + 1, in fp32. Half the bytes of fp32 per weight: a decode step
-//   that reads every weight once reads half as much.
-template <typename E>
-struct Step;
-template <>
-struct Step<float> {
-  using in = vec;
-  static constexpr int64_t size = kLanes;
-  static in load(const float* p) { return vload(p); }
-  static vec madd(in x, in w, vec acc) { return vfma(x, w, acc); }
-};
+// y[m, 0:cols] = sum over k of xt[k, m] * panel[k, 0:cols], for the MR rows at xt (ldx = M apart per k).
+// Up to 8 rows, even and odd k go to two sets of accumulators (added at the end): with few rows, one
+// chain of dependent multiply-adds per output would wait on each one's latency (4 cycles).
+template <int MR>
+void tile_f32(const float* xt, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols) {
+  constexpr int S = MR <= 8 ? 2 : 1;  // accumulator sets
+  vec acc[S][MR];
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MR; ++m) acc[s][m] = vzero();
+  int64_t k = 0;
+  for (; k + S <= K; k += S) {
+#pragma GCC unroll 2
+    for (int s = 0; s < S; ++s) {
+      __builtin_prefetch(panel + (k + s + kPrefetch) * kLanes, 0, 3);  // a prefetch never faults, even past the end
+      const vec w = vload(panel + (k + s) * kLanes);
+      const float* xk = xt + (k + s) * ldx;
+#pragma GCC unroll 16
+      for (int m = 0; m < MR; ++m) acc[s][m] = vfma(xk[m], w, acc[s][m]);
+    }
+  }
+  for (; k < K; ++k) {  // an odd K's last term
+    const vec w = vload(panel + k * kLanes);
+    for (int m = 0; m < MR; ++m) acc[0][m] = vfma(xt[k * ldx + m], w, acc[0][m]);
+  }
+  for (int m = 0; m < MR; ++m) {
+    vec sum = acc[0][m];
+    for (int s = 1; s < S; ++s) sum = sum + acc[s][m];
+    store(y + m * ldy, sum, cols);
+  }
+}
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-template <>
-struct Step<c10::BFloat16> {
-  using in = __m512bh;
-  static constexpr int64_t size = 2 * kLanes;
-  static in load(const c10::BFloat16* p) { return (__m512bh)_mm512_loadu_si512(p); }
-  static vec madd(in x, in w, vec acc) { return _mm512_dpbf16_ps(acc, x, w); }
-};
+// The same in bf16: xt2[kp, m] holds x[m, 2 kp] and x[m, 2 kp + 1] (one 32-bit pair); panel [Kp, 32] bf16.
+template <int MR>
+void tile_bf16(const int32_t* xt2, int64_t ldx, const c10::BFloat16* panel, int64_t Kp, c10::BFloat16* y, int64_t ldy, int64_t cols) {
+  __m512 acc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < Kp; ++k) {
+    __builtin_prefetch(panel + (k + kPrefetch) * 2 * kLanes, 0, 3);
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + k * 2 * kLanes);
+    const int32_t* xk = xt2 + k * ldx;
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(xk[m]), w);
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
+  for (int m = 0; m < MR; ++m) _mm256_mask_storeu_epi16(y + m * ldy, mask, (__m256i)_mm512_cvtneps_pbh(acc[m]));
+}
 #endif
 
-// y[m, j] = x[m, :] . w[j, :] for MR rows of x (ldx apart) and NC weight rows (K apart, contiguous);
-// y rows ldy apart. Each iteration also prefetches `lines` cache lines at `ahead` into L2.
-template <typename E, int MR, int NC>
-void tile(const E* x, int64_t ldx, const E* w, int64_t K, E* y, int64_t ldy, const char*& ahead, int lines) {
-  using S = Step<E>;
-  vec acc[MR][NC];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NC; ++j) acc[m][j] = vzero();
-  const int64_t k_vec = K - K % S::size;
-  for (int64_t k = 0; k < k_vec; k += S::size) {
-    for (int l = 0; l < lines; ++l) __builtin_prefetch(ahead + kLine * l, 0, 2);  // 2: into L2
-    ahead += kLine * lines;
-    typename S::in wv[NC];
-    for (int j = 0; j < NC; ++j) wv[j] = S::load(w + j * K + k);
-#pragma GCC unroll 8
-    for (int m = 0; m < MR; ++m) {
-      const typename S::in xv = S::load(x + m * ldx + k);
-      for (int j = 0; j < NC; ++j) acc[m][j] = S::madd(xv, wv[j], acc[m][j]);
-    }
-  }
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NC; ++j) {
-      float s = vsum(acc[m][j]);
-      for (int64_t k = k_vec; k < K; ++k) s += static_cast<float>(x[m * ldx + k]) * static_cast<float>(w[j * K + k]);  // the last terms
-      y[m * ldy + j] = static_cast<E>(s);
-    }
-}
+template <typename X, typename W, typename Y>
+using TileFn = void (*)(const X*, int64_t, const W*, int64_t, Y*, int64_t, int64_t);
 
-template <typename E, int NC>
-void tile_rows(int64_t rows, const E* x, int64_t K, const E* w, E* y, int64_t N, const char*& ahead, int lines) {
-  switch (rows) {
-    case 6: tile<E, 6, NC>(x, K, w, K, y, N, ahead, lines); break;
-    case 5: tile<E, 5, NC>(x, K, w, K, y, N, ahead, lines); break;
-    case 4: tile<E, 4, NC>(x, K, w, K, y, N, ahead, lines); break;
-    case 3: tile<E, 3, NC>(x, K, w, K, y, N, ahead, lines); break;
-    case 2: tile<E, 2, NC>(x, K, w, K, y, N, ahead, lines); break;
-    case 1: tile<E, 1, NC>(x, K, w, K, y, N, ahead, lines); break;
-    default: break;
-  }
-}
+// One function per row count (the accumulators are registers only when MR is a constant).
+#define PAGEDATTENTION_LAB_TILES(FN)                                                                  \
+  FN<1>, FN<2>, FN<3>, FN<4>, FN<5>, FN<6>, FN<7>, FN<8>, FN<9>, FN<10>, FN<11>, FN<12>, FN<13>, FN<14>, \
+      FN<15>, FN<16>
 
-// All M rows for weight rows n0 .. n0 + cols - 1 (cols <= kCols), in balanced groups of <= kMaxRows.
-template <typename E>
-void column_tile(const E* x, int64_t M, int64_t K, const E* weight, int64_t n0, int64_t cols, E* y, int64_t N) {
+// All M rows (transposed: xt [K', M]) times every panel, panels shared out among threads.
+template <typename X, typename W, typename Y>
+void multiply(const X* xt, int64_t M, const W* packed, int64_t panels, int64_t K, int64_t panel_elems, Y* y, int64_t N,
+              const TileFn<X, W, Y>* tiles) {
   const int64_t groups = (M + kMaxRows - 1) / kMaxRows;
   const int64_t base = M / groups, extra = M % groups;  // the first `extra` groups take one row more
-  // The next tile (kCols rows of K elements; each vector step covers one line of each row) is
-  // prefetched over the groups' iterations.
-  const int lines = static_cast<int>((kCols + groups - 1) / groups);
-  const char* ahead = reinterpret_cast<const char*>(weight + (n0 + kCols) * K);
-  int64_t m = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t rows = base + (g < extra ? 1 : 0);
-    const E* xm = x + m * K;
-    E* ym = y + m * N + n0;
-    if (cols == kCols) {
-      tile_rows<E, kCols>(rows, xm, K, weight + n0 * K, ym, N, ahead, lines);
-    } else {  // the last N % 4 columns, one at a time
-      for (int64_t j = 0; j < cols; ++j) tile_rows<E, 1>(rows, xm, K, weight + (n0 + j) * K, ym + j, N, ahead, 0);
-    }
-    m += rows;
-  }
-}
-
-template <typename E>
-void multiply(const at::Tensor& xc, const at::Tensor& weight, at::Tensor& y) {
-  const int64_t M = xc.size(0), K = xc.size(1), N = weight.size(0);
-  const E* xp = xc.data_ptr<E>();
-  const E* wp = weight.data_ptr<E>();
-  E* yp = y.data_ptr<E>();
-  const int64_t tiles = (N + kCols - 1) / kCols;
-  at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kCols;
-      column_tile<E>(xp, M, K, wp, n0, N - n0 < kCols ? N - n0 : kCols, yp, N);
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t cols = N - p * kLanes < kLanes ? N - p * kLanes : kLanes;
+      int64_t m = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t rows = base + (g < extra ? 1 : 0);
+        tiles[rows - 1](xt + m, M, packed + p * panel_elems, K, y + m * N + p * kLanes, N, cols);
+        m += rows;
+      }
     }
   });
 }
@@ -184,27 +169,77 @@ bool small_batch_linear_bf16() {
 #endif
 }
 
-at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& weight) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2, "small_batch_linear: x [M, K] and weight [N, K] must be 2-D");
-  const bool bf16 = x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16;
-  TORCH_CHECK((x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat) || (bf16 && small_batch_linear_bf16()),
-              small_batch_linear_bf16() ? "small_batch_linear: float32 or bfloat16 only (x and weight alike)"
-                                        : "small_batch_linear: float32 only (bfloat16 needs a CPU with AVX512-BF16)");
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "small_batch_linear: CPU tensors only");
-  TORCH_CHECK(x.size(1) == weight.size(1), "small_batch_linear: x is [M, ", x.size(1), "] but weight is [N, ", weight.size(1), "]");
-  TORCH_CHECK(weight.is_contiguous(), "small_batch_linear: weight must be contiguous");
-  const at::Tensor xc = x.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1), N = weight.size(0);
-  at::Tensor y = at::empty({M, N}, xc.options());
+// The packed shape of an [N, K] weight: [ceil(N / 16), K, 16] in float32, [ceil(N / 16), ceil(K / 2), 32] in bf16.
+std::vector<int64_t> packed_shape(int64_t N, int64_t K, bool bf16) {
+  const int64_t panels = (N + kLanes - 1) / kLanes;
+  return bf16 ? std::vector<int64_t>{panels, (K + 1) / 2, 2 * kLanes} : std::vector<int64_t>{panels, K, kLanes};
+}
+
+void check_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "pack_weight: weight must be 2-D [N, K], got ", weight.dim(), "-D");
+  TORCH_CHECK(weight.device().is_cpu(), "pack_weight: CPU tensors only");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || (weight.scalar_type() == at::kBFloat16 && small_batch_linear_bf16()),
+              small_batch_linear_bf16() ? "pack_weight: float32 or bfloat16 only"
+                                        : "pack_weight: float32 only (bfloat16 needs a CPU with AVX512-BF16)");
+}
+
+// packed <- weight in panels (see the top of this file); packed must have packed_shape and weight's dtype.
+void pack_weight_into(const at::Tensor& weight, at::Tensor& packed) {
+  check_weight(weight);
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(packed.sizes() == at::IntArrayRef(packed_shape(N, K, bf16)) && packed.is_contiguous() &&
+                  packed.scalar_type() == weight.scalar_type() && packed.device().is_cpu(),
+              "pack_weight: out must be a contiguous ", weight.scalar_type(), " CPU tensor of shape ", at::IntArrayRef(packed_shape(N, K, bf16)),
+              ", got ", packed.sizes());
+  const at::Tensor w = weight.contiguous();
+  const int64_t panels = packed.size(0), rows = packed.size(1), width = packed.size(2);
+  const int64_t pair = bf16 ? 2 : 1;  // k's per packed row
+  const int64_t esize = w.element_size();
+  const char* src = static_cast<const char*>(w.data_ptr());
+  char* dst = static_cast<char*>(packed.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      char* out = dst + p * rows * width * esize;
+      std::memset(out, 0, rows * width * esize);  // the padding: columns past N, the k past an odd K
+      for (int64_t j = 0; j < kLanes && p * kLanes + j < N; ++j) {
+        const char* row = src + (p * kLanes + j) * K * esize;
+        for (int64_t k = 0; k < K; ++k)
+          std::memcpy(out + ((k / pair) * width + j * pair + k % pair) * esize, row + k * esize, esize);
+      }
+    }
+  });
+}
+
+void pack_weight_(const at::Tensor& weight, at::Tensor packed) { pack_weight_into(weight, packed); }
+
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
+  TORCH_CHECK(x.dim() == 2, "small_batch_linear: x must be 2-D [M, K], got ", x.dim(), "-D");
+  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous(), "small_batch_linear: packed must be a contiguous weight from pack_weight");
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "small_batch_linear: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "small_batch_linear: x is ", x.scalar_type(), " but the weight is ", packed.scalar_type());
+  check_weight(x);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(packed.sizes() == at::IntArrayRef(packed_shape(N, K, bf16)),
+              "small_batch_linear: x is [M, ", K, "] but the packed weight ", packed.sizes(), " is not that of an [", N, ", ", K, "] weight");
+  at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
   if (K == 0) return y.zero_();
+  const int64_t panels = packed.size(0), panel_elems = packed.size(1) * packed.size(2);
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   if (bf16) {
-    multiply<c10::BFloat16>(xc, weight, y);
+    at::Tensor xe = K % 2 ? at::constant_pad_nd(x, {0, 1}) : x.contiguous();  // pairs: one 0 after an odd K
+    const at::Tensor xt2 = xe.view(at::kInt).t().contiguous();                 // [ceil(K / 2), M] pairs
+    static const TileFn<int32_t, c10::BFloat16, c10::BFloat16> tiles[] = {PAGEDATTENTION_LAB_TILES(tile_bf16)};
+    multiply(xt2.data_ptr<int32_t>(), M, packed.data_ptr<c10::BFloat16>(), panels, packed.size(1), panel_elems,
+             y.data_ptr<c10::BFloat16>(), N, tiles);
     return y;
   }
 #endif
-  multiply<float>(xc, weight, y);
+  const at::Tensor xt = x.t().contiguous();  // [K, M]
+  static const TileFn<float, float, float> tiles[] = {PAGEDATTENTION_LAB_TILES(tile_f32)};
+  multiply(xt.data_ptr<float>(), M, packed.data_ptr<float>(), panels, K, panel_elems, y.data_ptr<float>(), N, tiles);
   return y;
 }
 
@@ -219,9 +254,13 @@ std::string small_batch_linear_simd() {
 }  // namespace
 
 TORCH_LIBRARY(pagedattention_lab, m) {
-  m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
+  m.def("pack_weight_(Tensor weight, Tensor(a!) packed) -> ()");
+  m.def("small_batch_linear(Tensor x, Tensor packed, int n) -> Tensor");
   m.def("small_batch_linear_simd() -> str", &small_batch_linear_simd);  // no tensors: no dispatch key needed
   m.def("small_batch_linear_bf16() -> bool", &small_batch_linear_bf16);
 }
 
-TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("small_batch_linear", &small_batch_linear); }
+TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) {
+  m.impl("pack_weight_", &pack_weight_);
+  m.impl("small_batch_linear", &small_batch_linear);
+}
