@@ -1,4 +1,4 @@
-"""The engine's own CPU kernels (C++; fp32, and bf16 for the matmul and the decode attention), and how they are built.
+"""The engine's own CPU kernels (C++; fp32 and bf16), and how they are built.
 
 Five operations of every decode step, written for what a decode step is on a CPU:
 
@@ -226,14 +226,16 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     """The residual connection and the RMSNorm after it, in one pass (vLLM's ``fused_add_rms_norm``).
 
     Args:
-        x: ``[num_tokens, hidden]`` float32, a sub-layer's output.
-        residual: ``[num_tokens, hidden]`` float32, the residual stream before it.
-        weight: ``[hidden]`` float32, the norm's learned scale.
+        x: ``[num_tokens, hidden]`` float32 or bfloat16, a sub-layer's output.
+        residual: ``[num_tokens, hidden]``, the residual stream before it (x's dtype, as below).
+        weight: ``[hidden]``, the norm's learned scale.
         eps: added to the mean of squares.
 
     Returns:
         (``weight * rms_normalize(x + residual)``, ``x + residual``), both new ``[num_tokens, hidden]``
-        tensors. The sum is exactly torch's; the norm within float rounding of ``F.rms_norm``'s.
+        tensors. The sum is exactly torch's; the norm within float rounding of ``F.rms_norm``'s. In
+        bfloat16 the mean of squares is taken in fp32 and each result rounded where engine/model.py's
+        torch code rounds it.
 
     Raises:
         RuntimeError: not loaded, shapes/dtypes/device not as above (the message says which), or an
@@ -247,12 +249,14 @@ def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: t
     """RoPE on q and k in one call (vLLM's ``rotary_embedding``, GPT-NeoX layout: element i pairs with i + head_dim/2).
 
     Args:
-        q: ``[num_tokens, num_heads, head_dim]`` float32; k: ``[num_tokens, num_kv_heads, head_dim]`` float32.
-        cos, sin: float32 ``[num_tokens, head_dim]`` or ``[num_tokens, 1, head_dim]`` (as
+        q: ``[num_tokens, num_heads, head_dim]``; k: ``[num_tokens, num_kv_heads, head_dim]``; float32 or
+            bfloat16, all four alike.
+        cos, sin: ``[num_tokens, head_dim]`` or ``[num_tokens, 1, head_dim]`` (as
             :class:`engine.model.RotaryEmbedding` gives them).
 
     Returns:
-        (q, k) rotated, new tensors, exactly equal to :func:`engine.model.apply_rotary` on each.
+        (q, k) rotated, new tensors, exactly equal to :func:`engine.model.apply_rotary` on each (in
+        bfloat16 too: each product and sum rounded as torch's bf16 operators round them).
 
     Raises:
         RuntimeError: not loaded, shapes/dtypes/device not as above (the message says which), or an

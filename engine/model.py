@@ -344,8 +344,7 @@ class CausalLM(nn.Module):
         silu-and-multiply. Only while no gradient is recorded: under autograd every module runs its torch code.
 
         Call only on float32 or bfloat16 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
-        In bfloat16 only the matmuls (where :func:`engine.cpu_ops.matmul_bf16`) and silu-and-multiply: the
-        norm and RoPE kernels are float32 only.
+        In bfloat16 the matmuls only where :func:`engine.cpu_ops.matmul_bf16` (AVX512-BF16).
         A weight that is not contiguous (none is, after a normal load) is made so first.
         """
         for module in self.modules():
@@ -354,7 +353,7 @@ class CausalLM(nn.Module):
                     module.weight = nn.Parameter(module.weight.detach().contiguous(), requires_grad=False)
                 module.cpu_kernel = cpu_ops.supports(module.weight)
             elif isinstance(module, (RMSNorm, Attention)):
-                module.cpu_kernel = self.model.norm.weight.dtype == torch.float32  # these two are float32 only
+                module.cpu_kernel = self.model.norm.weight.dtype in (torch.float32, torch.bfloat16)
             elif isinstance(module, MLP):
                 module.cpu_kernel = module.gate_proj.weight.dtype in (torch.float32, torch.bfloat16)
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head

@@ -55,8 +55,8 @@ def test_tiny_models_in_bf16_match_transformers_in_bf16(tiny_bf16):
     matmul = engine.runner.model.model.layers[0].mlp.up_proj.cpu_kernel
     assert matmul == cpu_ops.matmul_bf16()  # where the CPU has AVX512-BF16
     assert engine.cpu_backend.split(";")[0] == (
-        "engine CPU kernels (matmul, SiLU-and-mul, decode attention), torch RMSNorm, RoPE (float32 only)" if matmul
-        else "engine CPU kernels (SiLU-and-mul, decode attention), torch matmul, RMSNorm, RoPE (no AVX512-BF16)"
+        "engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)" if matmul
+        else "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX512-BF16)"
     )
     prompts = random_prompts(hf.config.vocab_size, [5, 17, 33, 2, 60])
     params = SamplingParams(max_tokens=16, ignore_eos=True)
@@ -95,7 +95,7 @@ def test_bench_in_bf16_reports_the_agreement_with_fp32(tiny_llama_dir):
     result = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
-    assert data["dtype"] == "bfloat16" and "torch RMSNorm, RoPE" in data["engine_cpu_backend"]  # their kernels are float32 only
+    assert data["dtype"] == "bfloat16" and "RMSNorm, RoPE" in data["engine_cpu_backend"]
     agreement = data["fp32_agreement"]
     assert agreement["tokens"] == 2 + 4 + 6 and 0 <= agreement["agreement"] <= 1
     assert len(agreement["divergences"]) == 3 - agreement["identical_requests"]

@@ -205,6 +205,32 @@ def test_rotary_embedding_is_exactly_the_torch_rotation(kernel, tokens, heads, k
 
 
 @settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 80), hidden=st.integers(1, 700), heads=st.integers(1, 9), half=st.integers(1, 64), seed=st.integers(0, 2**31 - 1))
+def test_bf16_add_rms_norm_and_rotary_are_exactly_the_torch_code(kernel, rows, hidden, heads, half, seed):
+    # In bf16 the kernels round where the torch code of engine/model.py rounds (the residual sum, the
+    # normalised value, its product with the weight; RoPE's two products and their sum), and the
+    # mean of squares is fp32 in both: the same bf16 values, bit for bit, on these inputs.
+    generator = torch.Generator().manual_seed(seed)
+    x, residual = (torch.randn(2, rows, hidden, generator=generator) * 4).bfloat16()
+    norm = RMSNorm(hidden, eps=1e-5).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(hidden, generator=generator))
+        normed, new_residual = cpu_ops.add_rms_norm(x, residual, norm.weight, norm.eps)
+        expected_normed, expected_residual = norm(x, residual)
+    assert new_residual.dtype == normed.dtype == torch.bfloat16
+    assert torch.equal(new_residual, expected_residual)
+    # mean of squares summed in another order: at most one bf16 step apart, and rarely
+    assert (normed != expected_normed).float().mean() <= 0.01
+    torch.testing.assert_close(normed, expected_normed, rtol=2 ** -7, atol=1e-30)
+    q = torch.randn(rows, heads, 2 * half, generator=generator).bfloat16()
+    k = torch.randn(rows, 1, 2 * half, generator=generator).bfloat16()
+    angles = torch.rand(rows, 1, 2 * half, generator=generator) * 100
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    q_rot, k_rot = cpu_ops.rotary_embedding(q, k, cos, sin)
+    assert torch.equal(q_rot, apply_rotary(q, cos, sin)) and torch.equal(k_rot, apply_rotary(k, cos, sin))
+
+
+@settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 70), width=st.integers(1, 1600), scale=st.sampled_from([0.1, 1.0, 8.0, 40.0]), seed=st.integers(0, 2**31 - 1))
 def test_silu_and_mul_matches_torch(kernel, rows, width, scale, seed):
     generator = torch.Generator().manual_seed(seed)
@@ -240,6 +266,8 @@ def test_silu_and_mul_at_the_ends_of_the_range_and_in_bf16(kernel):
         (lambda: cpu_ops.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.ones(8), 1e-6), "x and residual"),
         (lambda: cpu_ops.add_rms_norm(torch.randn(2, 8), torch.randn(2, 8), torch.ones(7), 1e-6), r"weight must be \[hidden\]"),
         (lambda: cpu_ops.add_rms_norm(*torch.randn(2, 2, 8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), 1e-6), "float32"),
+        (lambda: cpu_ops.add_rms_norm(*torch.randn(2, 2, 8), torch.ones(8).bfloat16(), 1e-6), "all inputs alike"),
+        (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8).bfloat16(), torch.randn(2, 1, 8), torch.ones(2, 1, 8), torch.ones(2, 1, 8)), "all inputs alike"),
         (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(3, 1, 8), torch.ones(2, 1, 8), torch.ones(2, 1, 8)), "q is"),
         (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 7), torch.randn(2, 1, 7), torch.ones(2, 1, 7), torch.ones(2, 1, 7)), "even"),
         (lambda: cpu_ops.rotary_embedding(torch.randn(2, 4, 8), torch.randn(2, 1, 8), torch.ones(1, 1, 8), torch.ones(2, 1, 8)), "cos and sin"),

@@ -1,4 +1,4 @@
-// Two of the small operations of every decoder layer, each fused into one call on CPU (fp32):
+// Two of the small operations of every decoder layer, each fused into one call on CPU (fp32 or bf16):
 //
 //   add_rms_norm(x, residual, weight, eps) -> (normed, new_residual)
 //       new_residual = x + residual;  normed = weight * (new_residual * rsqrt(mean(new_residual^2) + eps))
@@ -20,10 +20,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 // a * b + c must stay two roundings (as in torch), never one fused multiply-add.
 #if defined(__clang__)
@@ -48,46 +52,72 @@ float sum_of_squares(const float* __restrict__ v, int64_t n) {
   return part[0];
 }
 
+// One row of add_rms_norm. In bf16, each step rounds where the torch code of engine/model.py rounds
+// (the sum to bf16, the normalised value to bf16, then weight x it to bf16); the mean of squares is in fp32.
+template <typename T>
+void add_rms_norm_row(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ w, int64_t hidden, float eps,
+                      T* __restrict__ s, T* __restrict__ out, float* __restrict__ buffer) {
+  for (int64_t i = 0; i < hidden; ++i) s[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+  const float* sf = reinterpret_cast<const float*>(s);
+  if constexpr (!std::is_same_v<T, float>) {
+    for (int64_t i = 0; i < hidden; ++i) buffer[i] = static_cast<float>(s[i]);
+    sf = buffer;
+  }
+  const float inv = 1.0f / std::sqrt(sum_of_squares(sf, hidden) / static_cast<float>(hidden) + eps);
+  for (int64_t i = 0; i < hidden; ++i)
+    out[i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(static_cast<T>(sf[i] * inv)));
+}
+
+void check_dtypes(const char* op, std::initializer_list<const at::Tensor*> tensors) {
+  const at::ScalarType dtype = (*tensors.begin())->scalar_type();
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->scalar_type() == dtype && (dtype == at::kFloat || dtype == at::kBFloat16), op,
+                ": float32 or bfloat16 only, all inputs alike, got ", t->scalar_type(), " and ", dtype);
+    TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors only");
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && residual.sizes() == x.sizes(), "add_rms_norm: x and residual must both be [num_tokens, hidden], got ",
               x.sizes(), " and ", residual.sizes());
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "add_rms_norm: weight must be [hidden] = [", x.size(1), "], got ", weight.sizes());
-  TORCH_CHECK(x.scalar_type() == at::kFloat && residual.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
-              "add_rms_norm: float32 only");
-  TORCH_CHECK(x.device().is_cpu() && residual.device().is_cpu() && weight.device().is_cpu(), "add_rms_norm: CPU tensors only");
+  check_dtypes("add_rms_norm", {&x, &residual, &weight});
   const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
   const int64_t rows = xc.size(0), hidden = xc.size(1);
   at::Tensor sum = at::empty_like(xc), normed = at::empty_like(xc);
-  const float *xp = xc.data_ptr<float>(), *rp = rc.data_ptr<float>(), *wp = wc.data_ptr<float>();
-  float *sp = sum.data_ptr<float>(), *np = normed.data_ptr<float>();
   const float epsf = static_cast<float>(eps);
-  at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {  // decode-sized batches stay on one thread
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* __restrict__ a = xp + r * hidden;
-      const float* __restrict__ b = rp + r * hidden;
-      float* __restrict__ s = sp + r * hidden;
-      float* __restrict__ out = np + r * hidden;
-      for (int64_t i = 0; i < hidden; ++i) s[i] = a[i] + b[i];
-      const float inv = 1.0f / std::sqrt(sum_of_squares(s, hidden) / static_cast<float>(hidden) + epsf);
-      for (int64_t i = 0; i < hidden; ++i) out[i] = wp[i] * (s[i] * inv);
-    }
-  });
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *xp = xc.data_ptr<T>(), *rp = rc.data_ptr<T>(), *wp = wc.data_ptr<T>();
+    T *sp = sum.data_ptr<T>(), *np = normed.data_ptr<T>();
+    at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {  // decode-sized batches stay on one thread
+      std::vector<float> buffer(std::is_same_v<T, float> ? 0 : hidden);
+      for (int64_t r = r0; r < r1; ++r)
+        add_rms_norm_row<T>(xp + r * hidden, rp + r * hidden, wp, hidden, epsf, sp + r * hidden, np + r * hidden, buffer.data());
+    });
+  };
+  if (xc.scalar_type() == at::kFloat)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<c10::BFloat16*>(nullptr));
   return {normed, sum};
 }
 
-// out[h, :] = x[h, :] * cos + rotate_half(x[h, :]) * sin for the heads of one token.
-void rotate_heads(const float* __restrict__ x, int64_t heads, int64_t dim, const float* __restrict__ cos, const float* __restrict__ sin,
-                  float* __restrict__ out) {
+// out[h, :] = x[h, :] * cos + rotate_half(x[h, :]) * sin for the heads of one token. In bf16 every
+// product and the sum are rounded to bf16, as torch's bf16 operators in engine/model.py round them.
+template <typename T>
+void rotate_heads(const T* __restrict__ x, int64_t heads, int64_t dim, const T* __restrict__ cos, const T* __restrict__ sin,
+                  T* __restrict__ out) {
   const int64_t half = dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    const float* __restrict__ xh = x + h * dim;
-    float* __restrict__ oh = out + h * dim;
+    const T* __restrict__ xh = x + h * dim;
+    T* __restrict__ oh = out + h * dim;
     for (int64_t i = 0; i < half; ++i) {
-      const float a = xh[i] * cos[i], b = (-xh[i + half]) * sin[i];
+      const T a = xh[i] * cos[i], b = (-xh[i + half]) * sin[i];
       oh[i] = a + b;
     }
     for (int64_t i = half; i < dim; ++i) {
-      const float a = xh[i] * cos[i], b = xh[i - half] * sin[i];
+      const T a = xh[i] * cos[i], b = xh[i - half] * sin[i];
       oh[i] = a + b;
     }
   }
@@ -102,21 +132,25 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const a
     TORCH_CHECK(t->dim() >= 2 && t->size(0) == n && t->size(-1) == dim && t->numel() == n * dim,
                 "rotary_embedding: cos and sin must be [num_tokens, head_dim] or [num_tokens, 1, head_dim] with num_tokens = ", n,
                 " and head_dim = ", dim, ", got ", cos.sizes(), " and ", sin.sizes());
-  for (const at::Tensor* t : {&q, &k, &cos, &sin}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat, "rotary_embedding: float32 only");
-    TORCH_CHECK(t->device().is_cpu(), "rotary_embedding: CPU tensors only");
-  }
+  check_dtypes("rotary_embedding", {&q, &k, &cos, &sin});
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), cc = cos.contiguous(), sc = sin.contiguous();
   at::Tensor q_out = at::empty_like(qc), k_out = at::empty_like(kc);
   const int64_t hq = qc.size(1), hk = kc.size(1);
-  const float *qp = qc.data_ptr<float>(), *kp = kc.data_ptr<float>(), *cp = cc.data_ptr<float>(), *sp = sc.data_ptr<float>();
-  float *qo = q_out.data_ptr<float>(), *ko = k_out.data_ptr<float>();
-  at::parallel_for(0, n, 64, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      rotate_heads(qp + t * hq * dim, hq, dim, cp + t * dim, sp + t * dim, qo + t * hq * dim);
-      rotate_heads(kp + t * hk * dim, hk, dim, cp + t * dim, sp + t * dim, ko + t * hk * dim);
-    }
-  });
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T *qp = qc.data_ptr<T>(), *kp = kc.data_ptr<T>(), *cp = cc.data_ptr<T>(), *sp = sc.data_ptr<T>();
+    T *qo = q_out.data_ptr<T>(), *ko = k_out.data_ptr<T>();
+    at::parallel_for(0, n, 64, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        rotate_heads<T>(qp + t * hq * dim, hq, dim, cp + t * dim, sp + t * dim, qo + t * hq * dim);
+        rotate_heads<T>(kp + t * hk * dim, hk, dim, cp + t * dim, sp + t * dim, ko + t * hk * dim);
+      }
+    });
+  };
+  if (qc.scalar_type() == at::kFloat)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<c10::BFloat16*>(nullptr));
   return {q_out, k_out};
 }
 

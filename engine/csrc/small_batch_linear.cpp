@@ -18,7 +18,7 @@
 //   lane of acc[m] is one output y[m, 16 p + lane]: the accumulators are simply stored). Batches of
 //   more than 16 rows are cut into balanced groups (40 rows: 14 + 13 + 13) that read the same panel,
 //   which stays in L1/L2 cache between them;
-// - x is transposed first ([K, M], a few KB), so that the rows' values of one k lie together;
+// - x is read in place: for each k, one value of each row (16 rows: 16 cache lines, each used for 16 k's);
 // - panels are shared out among threads in contiguous ranges, so each thread streams its part of the
 //   packed weight from start to end, and the line kPrefetch k's ahead is prefetched (into L1) while
 //   the arithmetic runs, so that reading memory overlaps with it;
@@ -85,11 +85,11 @@ inline void store(float* y, vec acc, int64_t cols) {
 #endif
 }
 
-// y[m, 0:cols] = sum over k of xt[k, m] * panel[k, 0:cols], for the MR rows at xt (ldx = M apart per k).
+// y[m, 0:cols] = sum over k of x[m, k] * panel[k, 0:cols], for the MR rows of x at `x` (ldx apart).
 // Up to 8 rows, even and odd k go to two sets of accumulators (added at the end): with few rows, one
 // chain of dependent multiply-adds per output would wait on each one's latency (4 cycles).
 template <int MR>
-void tile_f32(const float* xt, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols) {
+void tile_f32(const float* x, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols) {
   constexpr int S = MR <= 8 ? 2 : 1;  // accumulator sets
   vec acc[S][MR];
   for (int s = 0; s < S; ++s)
@@ -100,14 +100,13 @@ void tile_f32(const float* xt, int64_t ldx, const float* panel, int64_t K, float
     for (int s = 0; s < S; ++s) {
       __builtin_prefetch(panel + (k + s + kPrefetch) * kLanes, 0, 3);  // a prefetch never faults, even past the end
       const vec w = vload(panel + (k + s) * kLanes);
-      const float* xk = xt + (k + s) * ldx;
 #pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) acc[s][m] = vfma(xk[m], w, acc[s][m]);
+      for (int m = 0; m < MR; ++m) acc[s][m] = vfma(x[m * ldx + k + s], w, acc[s][m]);
     }
   }
   for (; k < K; ++k) {  // an odd K's last term
     const vec w = vload(panel + k * kLanes);
-    for (int m = 0; m < MR; ++m) acc[0][m] = vfma(xt[k * ldx + m], w, acc[0][m]);
+    for (int m = 0; m < MR; ++m) acc[0][m] = vfma(x[m * ldx + k], w, acc[0][m]);
   }
   for (int m = 0; m < MR; ++m) {
     vec sum = acc[0][m];
@@ -117,20 +116,33 @@ void tile_f32(const float* xt, int64_t ldx, const float* panel, int64_t K, float
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-// The same in bf16: xt2[kp, m] holds x[m, 2 kp] and x[m, 2 kp + 1] (one 32-bit pair); panel [Kp, 32] bf16.
+// The same in bf16: x2[m, kp] holds x[m, 2 kp] and x[m, 2 kp + 1] (one 32-bit pair); panel [Kp, 32] bf16.
 template <int MR>
-void tile_bf16(const int32_t* xt2, int64_t ldx, const c10::BFloat16* panel, int64_t Kp, c10::BFloat16* y, int64_t ldy, int64_t cols) {
-  __m512 acc[MR];
-  for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < Kp; ++k) {
-    __builtin_prefetch(panel + (k + kPrefetch) * 2 * kLanes, 0, 3);
-    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + k * 2 * kLanes);
-    const int32_t* xk = xt2 + k * ldx;
+void tile_bf16(const int32_t* x2, int64_t ldx, const c10::BFloat16* panel, int64_t Kp, c10::BFloat16* y, int64_t ldy, int64_t cols) {
+  constexpr int S = MR <= 8 ? 2 : 1;  // accumulator sets, as in tile_f32
+  __m512 acc[S][MR];
+  for (int s = 0; s < S; ++s)
+    for (int m = 0; m < MR; ++m) acc[s][m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + S <= Kp; k += S) {
+#pragma GCC unroll 2
+    for (int s = 0; s < S; ++s) {
+      __builtin_prefetch(panel + (k + s + kPrefetch) * 2 * kLanes, 0, 3);
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + (k + s) * 2 * kLanes);
 #pragma GCC unroll 16
-    for (int m = 0; m < MR; ++m) acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_set1_epi32(xk[m]), w);
+      for (int m = 0; m < MR; ++m) acc[s][m] = _mm512_dpbf16_ps(acc[s][m], (__m512bh)_mm512_set1_epi32(x2[m * ldx + k + s]), w);
+    }
+  }
+  for (; k < Kp; ++k) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + k * 2 * kLanes);
+    for (int m = 0; m < MR; ++m) acc[0][m] = _mm512_dpbf16_ps(acc[0][m], (__m512bh)_mm512_set1_epi32(x2[m * ldx + k]), w);
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
-  for (int m = 0; m < MR; ++m) _mm256_mask_storeu_epi16(y + m * ldy, mask, (__m256i)_mm512_cvtneps_pbh(acc[m]));
+  for (int m = 0; m < MR; ++m) {
+    __m512 sum = acc[0][m];
+    for (int s = 1; s < S; ++s) sum = _mm512_add_ps(sum, acc[s][m]);
+    _mm256_mask_storeu_epi16(y + m * ldy, mask, (__m256i)_mm512_cvtneps_pbh(sum));
+  }
 }
 #endif
 
@@ -142,9 +154,9 @@ using TileFn = void (*)(const X*, int64_t, const W*, int64_t, Y*, int64_t, int64
   FN<1>, FN<2>, FN<3>, FN<4>, FN<5>, FN<6>, FN<7>, FN<8>, FN<9>, FN<10>, FN<11>, FN<12>, FN<13>, FN<14>, \
       FN<15>, FN<16>
 
-// All M rows (transposed: xt [K', M]) times every panel, panels shared out among threads.
+// All M rows of x ([M, K'] row-major) times every panel, panels shared out among threads.
 template <typename X, typename W, typename Y>
-void multiply(const X* xt, int64_t M, const W* packed, int64_t panels, int64_t K, int64_t panel_elems, Y* y, int64_t N,
+void multiply(const X* x, int64_t M, const W* packed, int64_t panels, int64_t K, int64_t panel_elems, Y* y, int64_t N,
               const TileFn<X, W, Y>* tiles) {
   const int64_t groups = (M + kMaxRows - 1) / kMaxRows;
   const int64_t base = M / groups, extra = M % groups;  // the first `extra` groups take one row more
@@ -154,7 +166,7 @@ void multiply(const X* xt, int64_t M, const W* packed, int64_t panels, int64_t K
       int64_t m = 0;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t rows = base + (g < extra ? 1 : 0);
-        tiles[rows - 1](xt + m, M, packed + p * panel_elems, K, y + m * N + p * kLanes, N, cols);
+        tiles[rows - 1](x + m * K, K, packed + p * panel_elems, K, y + m * N + p * kLanes, N, cols);
         m += rows;
       }
     }
@@ -229,17 +241,16 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int
   const int64_t panels = packed.size(0), panel_elems = packed.size(1) * packed.size(2);
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   if (bf16) {
-    at::Tensor xe = K % 2 ? at::constant_pad_nd(x, {0, 1}) : x.contiguous();  // pairs: one 0 after an odd K
-    const at::Tensor xt2 = xe.view(at::kInt).t().contiguous();                 // [ceil(K / 2), M] pairs
+    const at::Tensor x2 = (K % 2 ? at::constant_pad_nd(x, {0, 1}) : x.contiguous()).view(at::kInt);  // [M, ceil(K / 2)] pairs
     static const TileFn<int32_t, c10::BFloat16, c10::BFloat16> tiles[] = {PAGEDATTENTION_LAB_TILES(tile_bf16)};
-    multiply(xt2.data_ptr<int32_t>(), M, packed.data_ptr<c10::BFloat16>(), panels, packed.size(1), panel_elems,
+    multiply(x2.data_ptr<int32_t>(), M, packed.data_ptr<c10::BFloat16>(), panels, packed.size(1), panel_elems,
              y.data_ptr<c10::BFloat16>(), N, tiles);
     return y;
   }
 #endif
-  const at::Tensor xt = x.t().contiguous();  // [K, M]
+  const at::Tensor xc = x.contiguous();
   static const TileFn<float, float, float> tiles[] = {PAGEDATTENTION_LAB_TILES(tile_f32)};
-  multiply(xt.data_ptr<float>(), M, packed.data_ptr<float>(), panels, K, panel_elems, y.data_ptr<float>(), N, tiles);
+  multiply(xc.data_ptr<float>(), M, packed.data_ptr<float>(), panels, K, panel_elems, y.data_ptr<float>(), N, tiles);
   return y;
 }
 
