@@ -461,8 +461,6 @@ def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
     why = ""
     if "matmul" in rest:
         why = " (no AVX-512)" if dtype == torch.float32 else " (no AVX512-BF16)"
-    elif rest:
-        why = " (float32 only)"
     text = f"engine CPU kernels ({', '.join(parts)})" + (f", torch {', '.join(rest)}{why}" if rest else "")
     return f"{text}; {pages}"
 

@@ -244,6 +244,17 @@ void attend_avx512(const T* q, const T* key_cache, const T* value_cache, const i
 }
 #endif
 
+// head_dim 64 or 128: the AVX-512 version where it was built, the portable one elsewhere.
+template <typename T, int D>
+void attend_fast(const T* q, const T* key_cache, const T* value_cache, const int32_t* table, int64_t context, int64_t kv,
+                 const Layout& L, float scale, T* out) {
+#if defined(__AVX512F__)
+  attend_avx512<T, D>(q, key_cache, value_cache, table, context, kv, L, scale, out);
+#else
+  attend<T, D>(q, key_cache, value_cache, table, context, kv, L, scale, out);
+#endif
+}
+
 // Every (sequence, KV head) of the batch, shared out among threads.
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const int32_t* tables,
@@ -257,21 +268,12 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
       const T* qs = qp + s * L.q_seq;
       const int32_t* table = tables + s * L.table_seq;
       T* os = op + s * num_heads * L.dim;
-#if defined(__AVX512F__)
       if (L.dim == 64)
-        attend_avx512<T, 64>(qs, kp, vp, table, lens[s], kv, L, scale, os);
+        attend_fast<T, 64>(qs, kp, vp, table, lens[s], kv, L, scale, os);
       else if (L.dim == 128)
-        attend_avx512<T, 128>(qs, kp, vp, table, lens[s], kv, L, scale, os);
+        attend_fast<T, 128>(qs, kp, vp, table, lens[s], kv, L, scale, os);
       else
         attend<T, 0>(qs, kp, vp, table, lens[s], kv, L, scale, os);
-#else
-      if (L.dim == 64)
-        attend<T, 64>(qs, kp, vp, table, lens[s], kv, L, scale, os);
-      else if (L.dim == 128)
-        attend<T, 128>(qs, kp, vp, table, lens[s], kv, L, scale, os);
-      else
-        attend<T, 0>(qs, kp, vp, table, lens[s], kv, L, scale, os);
-#endif
     }
   });
 }
