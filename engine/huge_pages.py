@@ -1,5 +1,10 @@
 """Weights and KV pools in 2 MiB pages on Linux CPUs (transparent huge pages, ``madvise``).
 
+What: the packed copies of the weights that the CPU decode matmuls read (:func:`engine.cpu_ops.pack_weights`)
+and each engine's KV pool (engine/model_runner.py). The weights as loaded stay ordinary tensors: only
+prefill and the torch fallback read them, and a first touch of huge pages costs ~1.3 s per GB here
+(the kernel compacts memory to find them), which every engine load would pay twice.
+
 Why: a decode step streams every weight once (538 MB for SmolLM2-135M in fp32). In 4 KiB pages that
 is ~131,000 pages a step, far more than the TLB holds, so the matmul kernel's reads keep waiting for
 page-table walks and the hardware prefetchers stop at every page boundary. In 2 MiB pages the same
@@ -47,10 +52,11 @@ def why_not_available() -> str | None:
     return None
 
 
-def status() -> str:
-    """What :func:`arena` gives on this machine, for the bench and the engine's backend line."""
+def status(subject: str = "KV cache") -> str:
+    """What :func:`arena` gives on this machine, for the bench and the engine's backend line:
+    ``"<subject> in 2 MiB pages"``, or ``"4 KiB pages (why)"``."""
     reason = why_not_available()
-    return "weights and KV cache in 2 MiB pages" if reason is None else f"4 KiB pages ({reason})"
+    return f"{subject} in 2 MiB pages" if reason is None else f"4 KiB pages ({reason})"
 
 
 def arena(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:

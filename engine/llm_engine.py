@@ -454,7 +454,8 @@ def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
     parts = [name for name, on in (("matmul", model.cpu_kernels), ("RMSNorm", layer.input_layernorm.cpu_kernel),
                                     ("RoPE", layer.self_attn.cpu_kernel), ("SiLU-and-mul", layer.mlp.cpu_kernel),
                                     ("decode attention", backend is CPU_KERNEL_BACKEND)) if on]
-    pages = huge_pages.status() if next(model.parameters()).device.type == "cpu" else ""
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    pages = huge_pages.status("packed weights and KV cache" if model.cpu_kernels else "KV cache") if on_cpu else ""
     if not parts:
         return f"torch; {pages}" if pages else "torch"
     rest = [name for name in ("matmul", "RMSNorm", "RoPE", "SiLU-and-mul", "decode attention") if name not in parts]

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from engine import cpu_ops, huge_pages
+from engine import cpu_ops
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -395,11 +395,7 @@ def build_model(
     if model.tie_word_embeddings:
         state_dict.pop("lm_head.weight", None)  # some checkpoints store the tied copy too
     _check_tensors(model, state_dict)
-    moved = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
-    if device.type == "cpu":  # tensors cast to another dtype are new ones: into 2 MiB pages too (engine/huge_pages.py)
-        copied = huge_pages.place({name: t for name, t in moved.items() if t is not state_dict[name]})
-        moved.update(copied)
-    state_dict = moved
+    state_dict = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
     if device.type == "cpu":

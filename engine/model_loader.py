@@ -45,7 +45,6 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from engine import huge_pages
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -367,8 +366,9 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
 
 
 def _load_state_dict(path: Path, dtype: torch.dtype, progress: ProgressCallback | None) -> dict[str, torch.Tensor]:
-    """Read every ``*.safetensors`` shard in ``path``; floating-point tensors are cast to ``dtype``, and
-    all of them are placed in 2 MiB pages where Linux gives them (:func:`engine.huge_pages.place`)."""
+    """Read every ``*.safetensors`` shard in ``path``; floating-point tensors are cast to ``dtype``.
+    (What a CPU decode step streams, the packed copies of the weights, goes into 2 MiB pages later, in
+    :func:`engine.cpu_ops.pack_weights`; these originals are read by prefill and the torch paths.)"""
     shards = sorted(path.glob("*.safetensors"))
     state_dict: dict[str, torch.Tensor] = {}
     with _stage(progress, f"Loading weights from {len(shards)} safetensors file(s)", len(shards), "file") as advance:
@@ -376,7 +376,7 @@ def _load_state_dict(path: Path, dtype: torch.dtype, progress: ProgressCallback 
             for name, tensor in safetensors.torch.load_file(shard).items():
                 state_dict[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
             advance(1)
-    return huge_pages.place(state_dict)  # one mapping in 2 MiB pages: see engine/huge_pages.py
+    return state_dict
 
 
 def load_model(

@@ -1,4 +1,4 @@
-"""Weights and KV pools in 2 MiB pages (engine/huge_pages.py): the tensors are what torch would give,
+"""Packed weights and KV pools in 2 MiB pages (engine/huge_pages.py): the tensors are what torch would give,
 and on a Linux machine with transparent huge pages they really are backed by huge pages."""
 
 from __future__ import annotations
@@ -54,22 +54,29 @@ def test_without_huge_pages_everything_is_plain_torch(monkeypatch):
 
 
 @THP
-def test_the_engine_keeps_weights_and_kv_cache_in_huge_pages_and_its_tokens(tiny_llama_dir, monkeypatch):
+def test_the_engine_keeps_packed_weights_and_kv_cache_in_huge_pages_and_its_tokens(tiny_llama_dir, monkeypatch):
+    # What a decode step streams: the matmul kernel's packed weights and the KV pool. The weights as
+    # loaded are ordinary tensors (read by prefill and the torch paths only).
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
     model = engine.runner.model
-    assert huge_pages.huge_page_share(model.model.layers[0].mlp.up_proj.weight) > 0.5
-    if model.model.layers[0].mlp.up_proj.cpu_kernel:  # the copy the decode matmuls read: packed in its own arena
-        assert huge_pages.huge_page_share(model.model.layers[0].mlp.up_proj.packed_weight) > 0.5
+    up = model.model.layers[0].mlp.up_proj
     engine.add_request("Paged attention", params)
     while engine.has_unfinished_requests():
         engine.step()
     assert huge_pages.huge_page_share(engine.runner.kv_caches[0][0]) > 0.5
-    assert engine.cpu_backend.endswith("weights and KV cache in 2 MiB pages")
+    if up.cpu_kernel:  # AVX-512: the packed copies, one arena for the model
+        assert huge_pages.huge_page_share(up.packed_weight) > 0.5
+        assert engine.cpu_backend.endswith("; packed weights and KV cache in 2 MiB pages")
+    else:
+        assert engine.cpu_backend.endswith("; KV cache in 2 MiB pages")
     with_huge_pages = engine.get_output(0).token_ids
     monkeypatch.setattr(huge_pages, "why_not_available", lambda: "switched off for this test")
     plain = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
-    assert huge_pages.huge_page_share(plain.runner.model.model.layers[0].mlp.up_proj.weight) < 0.5
+    assert huge_pages.huge_page_share(plain.runner.kv_caches[0][0]) < 0.5
+    if up.cpu_kernel:
+        assert huge_pages.huge_page_share(plain.runner.model.model.layers[0].mlp.up_proj.packed_weight) < 0.5
+    assert plain.cpu_backend.endswith("; 4 KiB pages (switched off for this test)")
     plain.add_request("Paged attention", params)
     while plain.has_unfinished_requests():
         plain.step()

@@ -195,6 +195,25 @@ void check_weight(const at::Tensor& weight) {
                                         : "pack_weight: float32 only (bfloat16 needs a CPU with AVX512-BF16)");
 }
 
+// The copy itself, on the elements' bits: `pair` k's per packed row (1 in fp32, 2 in bf16); the output
+// is written in order, each of a panel's 16 weight rows read front to back.
+template <typename E>
+void pack_panels(const E* src, int64_t N, int64_t K, int64_t pair, E* dst) {
+  const int64_t panels = (N + kLanes - 1) / kLanes, rows = (K + pair - 1) / pair, width = kLanes * pair;
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t cols = N - p * kLanes < kLanes ? N - p * kLanes : kLanes;
+      E* out = dst + p * rows * width;
+      for (int64_t r = 0; r < rows; ++r, out += width)
+        for (int64_t j = 0; j < kLanes; ++j)
+          for (int64_t i = 0; i < pair; ++i) {
+            const int64_t k = r * pair + i;
+            out[j * pair + i] = j < cols && k < K ? src[(p * kLanes + j) * K + k] : E{0};  // 0: the padding
+          }
+    }
+  });
+}
+
 // packed <- weight in panels (see the top of this file); packed must have packed_shape and weight's dtype.
 void pack_weight_into(const at::Tensor& weight, at::Tensor& packed) {
   check_weight(weight);
@@ -205,22 +224,10 @@ void pack_weight_into(const at::Tensor& weight, at::Tensor& packed) {
               "pack_weight: out must be a contiguous ", weight.scalar_type(), " CPU tensor of shape ", at::IntArrayRef(packed_shape(N, K, bf16)),
               ", got ", packed.sizes());
   const at::Tensor w = weight.contiguous();
-  const int64_t panels = packed.size(0), rows = packed.size(1), width = packed.size(2);
-  const int64_t pair = bf16 ? 2 : 1;  // k's per packed row
-  const int64_t esize = w.element_size();
-  const char* src = static_cast<const char*>(w.data_ptr());
-  char* dst = static_cast<char*>(packed.data_ptr());
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      char* out = dst + p * rows * width * esize;
-      std::memset(out, 0, rows * width * esize);  // the padding: columns past N, the k past an odd K
-      for (int64_t j = 0; j < kLanes && p * kLanes + j < N; ++j) {
-        const char* row = src + (p * kLanes + j) * K * esize;
-        for (int64_t k = 0; k < K; ++k)
-          std::memcpy(out + ((k / pair) * width + j * pair + k % pair) * esize, row + k * esize, esize);
-      }
-    }
-  });
+  if (bf16)
+    pack_panels(reinterpret_cast<const uint16_t*>(w.data_ptr()), N, K, 2, reinterpret_cast<uint16_t*>(packed.data_ptr()));
+  else
+    pack_panels(reinterpret_cast<const uint32_t*>(w.data_ptr()), N, K, 1, reinterpret_cast<uint32_t*>(packed.data_ptr()));
 }
 
 void pack_weight_(const at::Tensor& weight, at::Tensor packed) { pack_weight_into(weight, packed); }
