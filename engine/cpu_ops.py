@@ -163,7 +163,7 @@ def pack_weight(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return out
 
 
-_packed: dict[tuple, tuple[torch.Tensor, weakref.ref]] = {}  # (data_ptr, shape, dtype) -> (weight, ref to packed)
+_packed: dict[tuple, tuple[torch.Tensor, weakref.ref]] = {}  # _pack_key(weight) -> (weight, ref to its packed copy)
 
 
 def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -172,6 +172,10 @@ def pack_weights(weights: list[torch.Tensor]) -> list[torch.Tensor]:
     loaded weights (the app's, a lesson's) share the packed copies, as they share the weights. The packed
     copy costs as much memory again as the weight (538 MB for SmolLM2-135M in fp32); it is freed with the
     last model that uses it. Weights must not be changed in place afterwards (the engine never does).
+
+    Raises:
+        RuntimeError: as :func:`pack_weight`.
+        MemoryError: the arena cannot be mapped.
     """
     packed: list[torch.Tensor | None] = []
     for w in weights:
