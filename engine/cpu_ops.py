@@ -58,8 +58,9 @@ try:
 except ImportError:  # Windows: no build lock of our own (torch's lock file only)
     fcntl = None
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / "vec_exp.h"]  # included by the sources: part of the fingerprint, not compiled alone
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_exp.h", "ops.h")]  # included by the sources: part of the fingerprint, not compiled alone
 MAX_ROWS = 64  # up to this many rows (tokens) go through the kernel; more go to F.linear
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
@@ -324,6 +325,54 @@ def paged_attention_decode(
     _check_inputs(query, key_cache, value_cache)
     return torch.ops.pagedattention_lab.paged_attention_decode(
         query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale)
+    )
+
+
+def decode_layer(
+    hidden: torch.Tensor,
+    residual: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    sizes: list[int],
+    scale: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer of a decode step as one C++ call (``csrc/decode_layer.cpp``): exactly what
+    :class:`engine.model.DecoderLayer` does when every token is a decode token, with the kernels above in
+    the same order (the same bits), minus ~15 operator calls from Python per layer. The CPU counterpart
+    of the CUDA graphs vLLM replays for decode steps on a GPU: the same kernels, launched at once.
+
+    Args:
+        hidden: ``[num_tokens, hidden_size]`` float32 or bfloat16, one token per decoding request.
+        residual: the residual stream, hidden's shape and dtype; None in the first layer (it starts as ``hidden``).
+        cos, sin: ``[num_tokens, 1, head_dim]`` (:class:`engine.model.RotaryEmbedding`).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, contiguous, hidden's
+            dtype; this step's K and V are written into them at ``slot_mapping``.
+        slot_mapping: ``[num_tokens]`` int64 (-1: not written).
+        block_tables: ``[num_tokens, max_blocks]`` int32; context_lens: ``[num_tokens]`` int32, tokens
+            after this step's write.
+        weights: input_layernorm, q/k/v/o_proj, post_attention_layernorm, gate/up/down_proj (the
+            projections packed, :func:`pack_weight`), then q_norm and k_norm for Qwen3 (9 or 11).
+        biases: the 7 projections' biases in that order (None: none).
+        sizes: ``[num_heads, num_kv_heads, head_dim, intermediate_size]``.
+        scale, eps: attention's softmax scale; the RMSNorms' epsilon.
+
+    Returns:
+        (the layer's output ``[num_tokens, hidden_size]``, the residual stream after it), as
+        ``DecoderLayer.forward`` returns them.
+
+    Raises:
+        RuntimeError: not loaded, or inputs the kernels refuse (each kernel's message, as above).
+    """
+    return torch.ops.pagedattention_lab.decode_layer(
+        hidden, residual, cos, sin, key_cache, value_cache, slot_mapping, block_tables, context_lens, weights, biases, sizes, scale, eps
     )
 
 

@@ -449,7 +449,8 @@ class _LiveBeam:
 
 def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
     """What runs each part of a CPU step, for the bench and the app: the engine's C++ kernels
-    (engine/cpu_ops.py) or torch, and in which pages the weights and KV cache live."""
+    (engine/cpu_ops.py) or torch, whether a decode step runs each layer as one C++ call
+    (engine.model.DecoderLayer.decode), and in which pages the weights and KV cache live."""
     layer = model.model.layers[0]
     parts = [name for name, on in (("matmul", model.cpu_kernels), ("RMSNorm", layer.input_layernorm.cpu_kernel),
                                     ("RoPE", layer.self_attn.cpu_kernel), ("SiLU-and-mul", layer.mlp.cpu_kernel),
@@ -463,6 +464,8 @@ def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
     if "matmul" in rest:
         why = " (no AVX-512)" if dtype == torch.float32 else " (no AVX512-BF16)"
     text = f"engine CPU kernels ({', '.join(parts)})" + (f", torch {', '.join(rest)}{why}" if rest else "")
+    if model.decode_layers and backend.cpu_decode_layer:
+        text += "; decode steps: one C++ call per decoder layer"
     return f"{text}; {pages}"
 
 

@@ -46,6 +46,9 @@ class AttentionBackend:
     decode: Callable  # (query, key_cache, value_cache, block_tables, context_lens, scale[, plan])
     plan: Callable | None = None  # (slot_mapping, decode_block_tables, decode_context_lens, block_size) -> plan
     copy_blocks: Callable | None = None  # (key_caches, value_caches, block_mapping [num_pairs, 2] int64)
+    # write_kv is a plain copy into the pools and decode the engine's C++ kernel, so a decode step's
+    # layers may each run as one C++ call that does both (engine.cpu_ops.decode_layer).
+    cpu_decode_layer: bool = False
 
 
 @dataclass
@@ -251,6 +254,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
+    decode_weights: tuple | None = None  # (weights, biases, sizes, scale, eps) for engine.cpu_ops.decode_layer, see CausalLM.use_cpu_kernels
+
     def forward(self, hidden, residual, cos, sin, kv_cache, meta):
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
@@ -259,6 +264,29 @@ class DecoderLayer(nn.Module):
         hidden = self.self_attn(hidden, cos, sin, kv_cache, meta)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def decode(self, hidden, residual, cos, sin, kv_cache, meta):
+        """:meth:`forward` for a step of decode tokens only, as one C++ call (:func:`engine.cpu_ops.decode_layer`;
+        the same kernels in the same order, so the same results). Only once ``decode_weights`` is set."""
+        weights, biases, sizes, scale, eps = self.decode_weights
+        return cpu_ops.decode_layer(hidden, residual, cos, sin, *kv_cache, meta.slot_mapping, meta.decode_block_tables,
+                                    meta.decode_context_lens, weights, biases, sizes, scale, eps)
+
+    def store_decode_weights(self) -> None:
+        """Collect what :meth:`decode` passes to C++: the norms' weights, the projections' packed weights
+        and biases, the head sizes. Call once every projection has its ``packed_weight``."""
+        attn, mlp = self.self_attn, self.mlp
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        packed = [p.packed_weight for p in projections]
+        weights = [self.input_layernorm.weight, *packed[:4], self.post_attention_layernorm.weight, *packed[4:]]
+        norms = [self.input_layernorm, self.post_attention_layernorm]
+        if hasattr(attn, "q_norm"):
+            weights += [attn.q_norm.weight, attn.k_norm.weight]
+            norms += [attn.q_norm, attn.k_norm]
+        if len({n.eps for n in norms}) != 1:
+            raise ValueError("decode_layer takes one eps for all of a layer's RMSNorms; this layer's differ")
+        sizes = [attn.num_heads, attn.num_kv_heads, attn.head_dim, mlp.gate_proj.out_features]
+        self.decode_weights = (weights, [p.bias for p in projections], sizes, attn.scale, norms[0].eps)
 
 
 class Backbone(nn.Module):
@@ -290,6 +318,7 @@ class CausalLM(nn.Module):
         self.lm_head_t: torch.Tensor | None = None  # [hidden_size, vocab_size] on CPU, see store_lm_head_transposed
         self.cpu_kernels = False  # the LM head goes through engine.cpu_ops too, see use_cpu_kernels
         self.lm_head_packed: torch.Tensor | None = None  # the LM head in the kernel's panels, see use_cpu_kernels
+        self.decode_layers = False  # decode steps run each layer as one C++ call (DecoderLayer.decode), see use_cpu_kernels
 
     def forward(
         self,
@@ -306,8 +335,10 @@ class CausalLM(nn.Module):
         hidden = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, hidden.dtype)
         residual = None
+        one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
+                    and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled())
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
+            hidden, residual = (layer.decode if one_call else layer)(hidden, residual, cos, sin, kv_cache, meta)
         return self.model.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -341,7 +372,10 @@ class CausalLM(nn.Module):
         kernel's panels, :func:`engine.cpu_ops.pack_weights`, shared with other models built on the same
         weights; only where the kernel was built with AVX-512, see :func:`engine.cpu_ops.supports`), the
         residual add with RMSNorm, RoPE, and SwiGLU's
-        silu-and-multiply. Only while no gradient is recorded: under autograd every module runs its torch code.
+        silu-and-multiply. When every projection takes the kernel, a step of decode tokens only runs each
+        decoder layer as one C++ call (:meth:`DecoderLayer.decode`, :func:`engine.cpu_ops.decode_layer`),
+        with a backend that allows it (``cpu_decode_layer``). Only while no gradient is recorded: under
+        autograd every module runs its torch code.
 
         Call only on float32 or bfloat16 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
         In bfloat16 the matmuls only where :func:`engine.cpu_ops.matmul_bf16` (AVX512-BF16).
@@ -366,6 +400,10 @@ class CausalLM(nn.Module):
         for module, p in zip(linears, packed):
             module.packed_weight = p
         self.lm_head_packed = packed[-1] if self.cpu_kernels else None
+        layers = self.model.layers
+        self.decode_layers = all(m.cpu_kernel for layer in layers for m in layer.modules() if isinstance(m, (Linear, RMSNorm, Attention, MLP)))
+        for layer in layers if self.decode_layers else []:
+            layer.store_decode_weights()
 
 
 def build_model(

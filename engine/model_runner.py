@@ -22,7 +22,8 @@ TORCH_BACKEND = AttentionBackend(
 )
 # The torch backend with decode attention read in place by the engine's C++ kernel (engine/cpu_ops.py).
 CPU_KERNEL_BACKEND = AttentionBackend(
-    "torch", write_kv_cache, paged_prefill_reference, cpu_ops.paged_attention_decode, plan_writes, copy_blocks_reference
+    "torch", write_kv_cache, paged_prefill_reference, cpu_ops.paged_attention_decode, plan_writes, copy_blocks_reference,
+    cpu_decode_layer=True,
 )
 
 

@@ -20,6 +20,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cstdint>
 
 #include "vec_exp.h"
@@ -72,6 +74,11 @@ void silu_mul<c10::BFloat16>(const c10::BFloat16* __restrict__ gate, const c10::
 #endif  // __AVX512BF16__
 #endif
 
+}  // namespace
+
+// The entry points, declared in ops.h (decode_layer.cpp calls them without the dispatcher).
+namespace pagedattention_lab {
+
 at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.sizes() == up.sizes(), "silu_and_mul: gate and up must have one shape, got ", gate.sizes(), " and ", up.sizes());
   TORCH_CHECK(gate.scalar_type() == up.scalar_type() && (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16),
@@ -93,8 +100,8 @@ at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up) {
   return out;
 }
 
-}  // namespace
+}  // namespace pagedattention_lab
 
 TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) { m.def("silu_and_mul(Tensor gate, Tensor up) -> Tensor"); }
 
-TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("silu_and_mul", &silu_and_mul); }
+TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("silu_and_mul", &pagedattention_lab::silu_and_mul); }

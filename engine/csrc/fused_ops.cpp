@@ -23,6 +23,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cmath>
 #include <initializer_list>
 #include <tuple>
@@ -76,6 +78,11 @@ void check_dtypes(const char* op, std::initializer_list<const at::Tensor*> tenso
     TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors only");
   }
 }
+
+}  // namespace
+
+// The entry points, declared in ops.h (decode_layer.cpp calls them without the dispatcher).
+namespace pagedattention_lab {
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && residual.sizes() == x.sizes(), "add_rms_norm: x and residual must both be [num_tokens, hidden], got ",
@@ -154,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const a
   return {q_out, k_out};
 }
 
-}  // namespace
+}  // namespace pagedattention_lab
 
 TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
@@ -162,6 +169,6 @@ TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
 }
 
 TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) {
-  m.impl("add_rms_norm", &add_rms_norm);
-  m.impl("rotary_embedding", &rotary_embedding);
+  m.impl("add_rms_norm", &pagedattention_lab::add_rms_norm);
+  m.impl("rotary_embedding", &pagedattention_lab::rotary_embedding);
 }

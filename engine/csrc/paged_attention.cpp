@@ -34,6 +34,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -278,6 +280,11 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
   });
 }
 
+}  // namespace
+
+// The entry points, declared in ops.h (decode_layer.cpp calls them without the dispatcher).
+namespace pagedattention_lab {
+
 at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                   const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
   TORCH_CHECK(query.dim() == 3, "paged_attention_decode: query must be [num_seqs, num_heads, head_dim], got ", query.sizes());
@@ -328,10 +335,10 @@ at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key
   return out;
 }
 
-}  // namespace
+}  // namespace pagedattention_lab
 
 TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
   m.def("paged_attention_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("paged_attention_decode", &paged_attention_decode); }
+TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("paged_attention_decode", &pagedattention_lab::paged_attention_decode); }

@@ -43,6 +43,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "ops.h"
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -230,6 +232,11 @@ void pack_weight_into(const at::Tensor& weight, at::Tensor& packed) {
     pack_panels(reinterpret_cast<const uint32_t*>(w.data_ptr()), N, K, 1, reinterpret_cast<uint32_t*>(packed.data_ptr()));
 }
 
+}  // namespace
+
+// The entry points, declared in ops.h (decode_layer.cpp calls them without the dispatcher).
+namespace pagedattention_lab {
+
 void pack_weight_(const at::Tensor& weight, at::Tensor packed) { pack_weight_into(weight, packed); }
 
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
@@ -269,16 +276,16 @@ std::string small_batch_linear_simd() {
 #endif
 }
 
-}  // namespace
+}  // namespace pagedattention_lab
 
 TORCH_LIBRARY(pagedattention_lab, m) {
   m.def("pack_weight_(Tensor weight, Tensor(a!) packed) -> ()");
   m.def("small_batch_linear(Tensor x, Tensor packed, int n) -> Tensor");
-  m.def("small_batch_linear_simd() -> str", &small_batch_linear_simd);  // no tensors: no dispatch key needed
+  m.def("small_batch_linear_simd() -> str", &pagedattention_lab::small_batch_linear_simd);  // no tensors: no dispatch key needed
   m.def("small_batch_linear_bf16() -> bool", &small_batch_linear_bf16);
 }
 
 TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) {
-  m.impl("pack_weight_", &pack_weight_);
-  m.impl("small_batch_linear", &small_batch_linear);
+  m.impl("pack_weight_", &pagedattention_lab::pack_weight_);
+  m.impl("small_batch_linear", &pagedattention_lab::small_batch_linear);
 }

@@ -1,0 +1,137 @@
+// One decoder layer of a decode step in one call, on CPU (fp32 or bf16):
+//
+//   decode_layer(hidden, residual, cos, sin, key_cache, value_cache, slot_mapping, block_tables, context_lens,
+//                weights, biases, sizes, scale, eps) -> (hidden, residual)
+//
+// It does what DecoderLayer.forward in engine/model.py does when every token of the step is a decode
+// token, with the same kernels in the same order, so its results are the module path's bit for bit:
+//
+//   x, residual = add_rms_norm(hidden, residual, input_layernorm)   (the first layer: residual = hidden, x = RMSNorm(hidden))
+//   q, k, v     = small_batch_linear(x, q/k/v_proj) (+ bias)        (Qwen3: RMSNorm over head_dim on q and k)
+//   q, k        = rotary_embedding(q, k, cos, sin)
+//   key_cache[slot_mapping], value_cache[slot_mapping] = k, v       (vLLM's reshape_and_cache; slot -1 is not written)
+//   attn        = paged_attention_decode(q, key_cache, value_cache, block_tables, context_lens, scale)
+//   x, residual = add_rms_norm(o_proj(attn), residual, post_attention_layernorm)
+//   hidden      = down_proj(silu_and_mul(gate_proj(x), up_proj(x)))
+//
+// Why: the work of a decode step is the same either way, but from Python each of a layer's ~15
+// operators costs a module call, argument checks and a trip through torch's dispatcher (a few
+// microseconds each), paid 30 times per step for SmolLM2-135M. Here the layer is one operator call,
+// and the kernels call each other directly (ops.h). It is the CPU counterpart of what CUDA graphs do
+// for vLLM's decode steps on a GPU: launch a step's fixed sequence of kernels at once instead of one by one.
+//
+// weights: [input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj, up_proj,
+//           down_proj] (the projections as packed by pack_weight_, the norms as [hidden] vectors), then
+//           [q_norm, k_norm] for Qwen3 (11 in all).
+// biases:   the 7 projections' biases in that order (None where a projection has none).
+// sizes:    [num_heads, num_kv_heads, head_dim, intermediate_size].
+//
+// Built with the other kernels by engine/cpu_ops.py. Inference only: no autograd.
+
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+#include <cstring>
+#include <optional>
+#include <tuple>
+
+namespace {
+
+using pagedattention_lab::add_rms_norm;
+using pagedattention_lab::paged_attention_decode;
+using pagedattention_lab::rotary_embedding;
+using pagedattention_lab::silu_and_mul;
+using pagedattention_lab::small_batch_linear;
+
+// engine/model.py's RMSNorm without a residual: weight * F.rms_norm(x.float(), (dim,), eps).to(x.dtype),
+// the same ATen operators, so the same bits.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return weight * at::rms_norm(x.to(at::kFloat), {x.size(-1)}, std::nullopt, eps).to(x.scalar_type());
+}
+
+// engine/model.py's Linear on the kernel path: small_batch_linear, then the bias added in place.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, const std::optional<at::Tensor>& bias) {
+  at::Tensor y = small_batch_linear(x, packed, n);
+  if (bias.has_value() && bias->defined()) y.add_(*bias);
+  return y;
+}
+
+// The step's K and V rows into their slots: key_cache viewed as [num_blocks * block_size, num_kv_heads,
+// head_dim] (the view engine/attention.py's write_kv_cache copies into), one row per token.
+void write_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& key_cache, at::Tensor& value_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(key_cache.is_contiguous() && value_cache.is_contiguous() && key_cache.sizes() == value_cache.sizes(),
+              "decode_layer: key_cache and value_cache must be contiguous [num_blocks, block_size, num_kv_heads, head_dim] alike");
+  TORCH_CHECK(key_cache.size(2) == k.size(1) && key_cache.size(3) == k.size(2), "decode_layer: the caches are ", key_cache.sizes(),
+              " but k is ", k.sizes());
+  TORCH_CHECK(key_cache.scalar_type() == k.scalar_type(), "decode_layer: the caches are ", key_cache.scalar_type(), " but the model ",
+              k.scalar_type());
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == k.size(0) && slot_mapping.scalar_type() == at::kLong,
+              "decode_layer: slot_mapping must be [num_tokens] int64 with num_tokens = ", k.size(0));
+  const at::Tensor kc = k.contiguous(), vc = v.contiguous(), slots = slot_mapping.contiguous();
+  const int64_t num_slots = key_cache.size(0) * key_cache.size(1), row = kc.size(1) * kc.size(2) * kc.element_size();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  auto *kd = static_cast<char*>(key_cache.data_ptr()), *vd = static_cast<char*>(value_cache.data_ptr());
+  const auto *ks = static_cast<const char*>(kc.data_ptr()), *vs = static_cast<const char*>(vc.data_ptr());
+  for (int64_t i = 0; i < kc.size(0); ++i)  // all checked before anything is written
+    TORCH_CHECK(sp[i] < num_slots, "decode_layer: slot_mapping[", i, "] = ", sp[i], " is not a slot of the pool (", num_slots, " slots)");
+  for (int64_t i = 0; i < kc.size(0); ++i) {
+    if (sp[i] < 0) continue;  // padding: never written
+    std::memcpy(kd + sp[i] * row, ks + i * row, row);
+    std::memcpy(vd + sp[i] * row, vs + i * row, row);
+  }
+}
+
+}  // namespace
+
+namespace pagedattention_lab {
+
+std::tuple<at::Tensor, at::Tensor> decode_layer(const at::Tensor& hidden, const std::optional<at::Tensor>& residual, const at::Tensor& cos,
+                                                const at::Tensor& sin, at::Tensor key_cache, at::Tensor value_cache, const at::Tensor& slot_mapping,
+                                                const at::Tensor& block_tables, const at::Tensor& context_lens, at::TensorList weights,
+                                                const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef sizes, double scale,
+                                                double eps) {
+  TORCH_CHECK(weights.size() == 9 || weights.size() == 11, "decode_layer: weights must be the 9 of a layer (11 with q_norm and k_norm), got ",
+              weights.size());
+  TORCH_CHECK(biases.size() == 7, "decode_layer: biases must be 7 (one per projection, None for none), got ", biases.size());
+  TORCH_CHECK(sizes.size() == 4, "decode_layer: sizes must be [num_heads, num_kv_heads, head_dim, intermediate_size], got ", sizes);
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(0) > 0, "decode_layer: hidden must be [num_tokens, hidden_size] with num_tokens >= 1, got ",
+              hidden.sizes());
+  const int64_t n = hidden.size(0), hidden_size = hidden.size(1);
+  const int64_t heads = sizes[0], kv_heads = sizes[1], dim = sizes[2], intermediate = sizes[3];
+  auto bias = [&](int i) { return biases.get(i); };
+
+  at::Tensor x, res;
+  if (residual.has_value() && residual->defined()) {
+    std::tie(x, res) = add_rms_norm(hidden, *residual, weights[0], eps);
+  } else {  // the first layer: the residual stream starts as the embeddings
+    res = hidden;
+    x = rms_norm(hidden, weights[0], eps);
+  }
+  at::Tensor q = linear(x, weights[1], heads * dim, bias(0)).view({n, heads, dim});
+  at::Tensor k = linear(x, weights[2], kv_heads * dim, bias(1)).view({n, kv_heads, dim});
+  const at::Tensor v = linear(x, weights[3], kv_heads * dim, bias(2)).view({n, kv_heads, dim});
+  if (weights.size() == 11) {  // Qwen3
+    q = rms_norm(q, weights[9], eps);
+    k = rms_norm(k, weights[10], eps);
+  }
+  std::tie(q, k) = rotary_embedding(q, k, cos, sin);
+  write_kv(k, v, key_cache, value_cache, slot_mapping);  // first, so attention reads this step's token too
+  const at::Tensor attn = paged_attention_decode(q, key_cache, value_cache, block_tables, context_lens, scale);
+  std::tie(x, res) = add_rms_norm(linear(attn.view({n, heads * dim}), weights[4], hidden_size, bias(3)), res, weights[5], eps);
+  const at::Tensor gate = linear(x, weights[6], intermediate, bias(4)), up = linear(x, weights[7], intermediate, bias(5));
+  return {linear(silu_and_mul(gate, up), weights[8], hidden_size, bias(6)), res};
+}
+
+}  // namespace pagedattention_lab
+
+TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
+  m.def(
+      "decode_layer(Tensor hidden, Tensor? residual, Tensor cos, Tensor sin, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor slot_mapping, Tensor block_tables, Tensor context_lens, Tensor[] weights, Tensor?[] biases, int[] sizes, float scale, "
+      "float eps) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("decode_layer", &pagedattention_lab::decode_layer); }

@@ -1,0 +1,134 @@
+"""A decode step's decoder layer as one C++ call (engine.cpu_ops.decode_layer, engine/csrc/decode_layer.cpp):
+bit for bit what the modules of engine/model.py compute, on the same paged KV caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.profiler import ProfilerActivity, profile
+
+from conftest import make_tiny_model
+from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
+from engine.model import AttentionMetadata
+from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
+from engine.attention import plan_writes
+from paged_cases import make_paged_kv
+
+MODEL_TYPES = ["llama", "qwen2", "qwen3"]  # qwen2: biases on q, k, v; qwen3: RMSNorm on q and k
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, default_model_dir):
+    """(model type, dtype) -> the engine's model, with its CPU kernels."""
+    assert cpu_ops.load_kernel(), cpu_ops.kernel_error()
+    dtypes = ["float32"] + (["bfloat16"] if cpu_ops.matmul_bf16() else [])
+    out = {}
+    for model_type in MODEL_TYPES:
+        directory = make_tiny_model(tmp_path_factory.mktemp(model_type), model_type, default_model_dir, seed=3, initializer_range=0.1)
+        for dtype in dtypes:
+            model = LLMEngine(EngineConfig(model=str(directory), dtype=dtype, num_gpu_blocks=16)).runner.model
+            assert model.decode_layers, (model_type, dtype)
+            with torch.no_grad():  # transformers initialises biases to zero, which would hide a bias left out
+                for m in model.modules():
+                    if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                        m.bias.copy_(torch.randn(m.bias.shape, generator=torch.Generator().manual_seed(m.bias.numel())) * 0.1)
+            out[model_type, dtype] = model
+    return out
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bits as integers: NaN == NaN, and -0.0 != 0.0."""
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+def _step(model, ctx_lens, block_size, dtype, seed, first):
+    """Inputs of one decode step for one layer: hidden (and residual), RoPE angles, paged caches, metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden_size = model.config.hidden_size
+    key_cache, value_cache, tables, lens = make_paged_kv(ctx_lens, block_size, model.num_kv_heads, model.head_dim, dtype, seed=seed, device="cpu")
+    last = torch.tensor(ctx_lens) - 1  # this step's token: the last position of each context
+    slots = tables.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
+    n = len(ctx_lens)
+    hidden = torch.randn(n, hidden_size, generator=gen).to(dtype)
+    residual = None if first else torch.randn(n, hidden_size, generator=gen).to(dtype)
+    cos, sin = model.rotary_emb(last, dtype)
+    empty = torch.zeros(0, dtype=torch.int32)
+    meta = AttentionMetadata(slots, 0, torch.zeros(1, dtype=torch.int32), empty, empty.reshape(0, 1), lens, tables,
+                             CPU_KERNEL_BACKEND, plan_writes(slots, tables, lens, block_size))
+    return hidden, residual, cos, sin, key_cache, value_cache, meta
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    model_type=st.sampled_from(MODEL_TYPES),
+    bf16=st.booleans(),
+    ctx_lens=st.lists(st.integers(1, 70), min_size=1, max_size=20),
+    block_size=st.sampled_from([1, 16, 48]),
+    first=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+@torch.inference_mode()
+def test_decode_layer_is_the_module_path_bit_for_bit(models, model_type, bf16, ctx_lens, block_size, first, seed):
+    dtype = "bfloat16" if bf16 and (model_type, "bfloat16") in models else "float32"
+    model = models[model_type, dtype]
+    layer = model.model.layers[1]
+    hidden, residual, cos, sin, key_cache, value_cache, meta = _step(model, ctx_lens, block_size, getattr(torch, dtype), seed, first)
+    caches = [(key_cache.clone(), value_cache.clone()) for _ in range(2)]
+    modules = layer(hidden, residual, cos, sin, caches[0], meta)
+    one_call = layer.decode(hidden, residual, cos, sin, caches[1], meta)
+    for a, b in zip(modules, one_call):
+        assert a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+    for a, b in zip(caches[0], caches[1]):  # the same slots written with the same K and V; NaN elsewhere untouched
+        assert torch.equal(_bits(a), _bits(b))
+    assert not torch.equal(_bits(caches[1][0]), _bits(key_cache))  # this step's K was written
+
+
+@torch.inference_mode()
+def test_decode_layer_refuses_bad_inputs_before_writing_and_stays_usable(models):
+    model = models["llama", "float32"]
+    layer = model.model.layers[0]
+    hidden, residual, cos, sin, key_cache, value_cache, meta = _step(model, [5, 17], 16, torch.float32, 0, False)
+    before = key_cache.clone()
+    weights, biases, sizes, scale, eps = layer.decode_weights
+    args = [hidden, residual, cos, sin, key_cache, value_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens]
+    with pytest.raises(RuntimeError, match="weights must be the 9 of a layer"):
+        cpu_ops.decode_layer(*args, weights[:8], biases, sizes, scale, eps)
+    with pytest.raises(RuntimeError, match="sizes must be"):
+        cpu_ops.decode_layer(*args, weights, biases, sizes[:3], scale, eps)
+    wrong = meta.slot_mapping.clone()
+    wrong[1] = key_cache.shape[0] * key_cache.shape[1]  # one past the pool
+    with pytest.raises(RuntimeError, match=r"slot_mapping\[1\] = 96 is not a slot of the pool \(96 slots\)"):
+        cpu_ops.decode_layer(*args[:6], wrong, *args[7:], weights, biases, sizes, scale, eps)
+    assert torch.equal(_bits(key_cache), _bits(before))  # nothing written, not even the good row
+    out, new_residual = cpu_ops.decode_layer(*args, weights, biases, sizes, scale, eps)
+    assert out.shape == new_residual.shape == hidden.shape and not torch.equal(_bits(key_cache), _bits(before))
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_engine_decode_steps_run_one_call_per_layer_with_the_same_tokens(models, model_type, tmp_path, default_model_dir):
+    directory = make_tiny_model(tmp_path, model_type, default_model_dir, seed=3, initializer_range=0.1)
+    engine = LLMEngine(EngineConfig(model=str(directory), num_gpu_blocks=64, block_size=16, shuffle_blocks=True))
+    assert "; decode steps: one C++ call per decoder layer;" in engine.cpu_backend
+    prompts = ["The block table maps", [{"role": "user", "content": "Hi!"}], "Paged attention " * 12]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    outputs = {}
+    for one_call in (True, False):
+        engine.runner.model.decode_layers = one_call
+        ids = [engine.add_request(p, params) for p in prompts]
+        engine.step()  # the prefill
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            engine.step()  # a decode step
+        calls = sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layer")
+        assert calls == (engine.runner.model.num_layers if one_call else 0)
+        while engine.has_unfinished_requests():
+            engine.step()
+        outputs[one_call] = [engine.get_output(i).token_ids for i in ids]
+    assert outputs[True] == outputs[False]
+    engine.runner.backend = TORCH_BACKEND  # decode attention through the torch oracle: the module path, same tokens
+    engine.runner.model.decode_layers = True
+    ids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [engine.get_output(i).token_ids for i in ids] == outputs[True]
