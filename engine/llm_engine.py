@@ -223,7 +223,8 @@ class LLMEngine:
                 logits = self.runner.execute(batch, self.kv, events)
                 t2 = time.perf_counter()
                 plain = [i for i in sampling if not self._group(seqs[i]).is_group]
-                tokens = sample_batch(logits[plain], [seqs[i].sampling_params for i in plain],
+                plain_logits = logits if len(plain) == len(logits) else logits[plain]  # no copy when every row is plain
+                tokens = sample_batch(plain_logits, [seqs[i].sampling_params for i in plain],
                                       [self.generators[seqs[i].seq_id] for i in plain]) if plain else []
             except Exception:
                 # Leave the engine as if the step had never been scheduled: no request is lost.

@@ -135,7 +135,8 @@ class ModelRunner:
             self.copy_blocks(batch.blocks_to_copy, kv.attention_block_size)
         ids, pos, meta, last = self.prepare(batch, kv, events)
         hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
-        return self.model.compute_logits(hidden[last])
+        # Decode tokens only: one row per sequence, in order, so every row is a last one (no copy).
+        return self.model.compute_logits(hidden if meta.num_prefill_tokens == 0 else hidden[last])
 
     def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
         """Run a step's swap copies: ``(gpu, cpu)`` pairs out to the CPU pool first, then ``(cpu, gpu)``

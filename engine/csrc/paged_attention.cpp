@@ -138,7 +138,9 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t*
 //   - V: each V row is loaded once, and the GC heads' running sums (GC x D / 16 vectors) stay in
 //     registers, one multiply-add per vector;
 //   - K and V rows of the next tile are prefetched while this one is computed (through the block
-//     table: rows are 768 bytes apart within a block and blocks lie anywhere in the pool).
+//     table: rows are 768 bytes apart within a block and blocks lie anywhere in the pool), and the
+//     first KV head's task brings whole slots into L2 for the others (16 sequences x 85 tokens, 30
+//     layers on their own pools: 4.0-6.0 -> 3.4-5.0 ms, 15-18% less in each of 7 alternations).
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {  // a bf16 is the top half of a float
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
@@ -158,8 +160,11 @@ inline __m512 sum16(const __m512* v) {
 }
 
 // Query heads h0 .. h0 + GC - 1 of one (sequence, KV head); rows[p]: element offset of position p's K/V row.
+// slot_lines > 0: also bring that many cache lines from each row's start (every KV head's row of the slot)
+// into L2, two tiles ahead.
 template <typename T, int D, int GC>
-void attend_chunk(const float* qf, const T* key_cache, const T* value_cache, const int64_t* rows, int64_t context, float* out) {
+void attend_chunk(const float* qf, const T* key_cache, const T* value_cache, const int64_t* rows, int64_t context, float* out,
+                  int64_t slot_lines) {
   constexpr int V = D / 16;  // vectors per row
   constexpr int64_t kLines = D * static_cast<int64_t>(sizeof(T)) / 64;
   __m512 q[GC][V], acc[GC][V];
@@ -172,6 +177,11 @@ void attend_chunk(const float* qf, const T* key_cache, const T* value_cache, con
   for (int64_t p0 = 0; p0 < context; p0 += 16) {
     const int n = static_cast<int>(context - p0 < 16 ? context - p0 : 16);
     for (int i = 0; i < n; ++i) {
+      if (slot_lines && p0 + 32 + i < context) {
+        const char* kn = reinterpret_cast<const char*>(key_cache + rows[p0 + 32 + i]);
+        const char* vn = reinterpret_cast<const char*>(value_cache + rows[p0 + 32 + i]);
+        for (int64_t l = 0; l < slot_lines; ++l) __builtin_prefetch(kn + 64 * l, 0, 2), __builtin_prefetch(vn + 64 * l, 0, 2);
+      }
       if (p0 + 16 + i < context) {  // the next tile's rows, into L1
         const char* kn = reinterpret_cast<const char*>(key_cache + rows[p0 + 16 + i]);
         const char* vn = reinterpret_cast<const char*>(value_cache + rows[p0 + 16 + i]);
@@ -228,6 +238,10 @@ void attend_avx512(const T* q, const T* key_cache, const T* value_cache, const i
   for (int64_t p = 0; p < context; ++p)
     rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot + kv * L.cache_head;
   std::vector<float> qf(kChunk * D), result(kChunk * D);
+  // The first KV head's task also prefetches the other KV heads' rows of each slot (one contiguous
+  // stretch per slot) into L2, where the tasks of this sequence's next KV heads, next on the same thread
+  // as a rule, find them: memory is then read in whole slots, not in 1-of-3 pieces 768 bytes apart.
+  const int64_t lines = kv == 0 ? (L.cache_slot * static_cast<int64_t>(sizeof(T)) + 63) / 64 : 0;
   for (int64_t h0 = 0; h0 < G; h0 += kChunk) {
     const int gc = static_cast<int>(G - h0 < kChunk ? G - h0 : kChunk);
     for (int g = 0; g < gc; ++g) {
@@ -235,10 +249,10 @@ void attend_avx512(const T* q, const T* key_cache, const T* value_cache, const i
       for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(qh[d]) * scale;
     }
     switch (gc) {
-      case 1: attend_chunk<T, D, 1>(qf.data(), key_cache, value_cache, rows.data(), context, result.data()); break;
-      case 2: attend_chunk<T, D, (kChunk >= 2 ? 2 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data()); break;
-      case 3: attend_chunk<T, D, (kChunk >= 3 ? 3 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data()); break;
-      default: attend_chunk<T, D, (kChunk >= 4 ? 4 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data()); break;
+      case 1: attend_chunk<T, D, 1>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines); break;
+      case 2: attend_chunk<T, D, (kChunk >= 2 ? 2 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines); break;
+      case 3: attend_chunk<T, D, (kChunk >= 3 ? 3 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines); break;
+      default: attend_chunk<T, D, (kChunk >= 4 ? 4 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines); break;
     }
     T* o = out + (kv * G + h0) * D;
     for (int64_t i = 0; i < gc * D; ++i) o[i] = static_cast<T>(result[i]);
