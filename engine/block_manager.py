@@ -591,7 +591,10 @@ class PagedBlockManager(KVCacheManager):
 
     def cached_free_blocks(self) -> list[int]:
         """Free blocks that still hold a cached block's KV (cached and evictable), head first."""
-        return [b for b in self.allocator.free_blocks if self._is_cached(b)]
+        if self.prefix_cache is None:
+            return []
+        hashes = self.prefix_cache.block_hash  # read once: this runs over the whole free queue every step
+        return [b for b in self.allocator.free_blocks if hashes[b] is not None]
 
     def cached_free_hashes(self) -> dict[int, str]:
         if self.prefix_cache is None:
