@@ -68,9 +68,10 @@ def run_bench(
     ran), hf_ms_per_step (transformers' median seconds over its max_tokens steps, prefill included, in ms;
     every one of its steps runs the whole batch), engine_cpu_backend (what ran the engine's decode-sized
     batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py), roofline
-    (the last engine run's decode steps against this machine's roofline, measured first and last, the
-    better of the two kept:
-    :func:`engine.roofline.decode_report`), fp32_agreement (not float32 only: the engine's tokens
+    (the fastest engine run's decode steps against this machine's roofline, measured first and last, the
+    better of the two kept: :func:`engine.roofline.decode_report`, plus ``run``, its index, and
+    ``mean_share_by_run``, every run's mean share: best against best, as STREAM and the matmul peak
+    keep their best runs, with all runs shown), fp32_agreement (not float32 only: the engine's tokens
     against a float32 engine's, :func:`engine.precision.fp32_agreement`).
 
     ``against_vllm``: real vLLM as a third side in the same alternation (engine, transformers,
@@ -105,15 +106,15 @@ def run_bench(
         vllm.warm_up()
     engine_runs, hf_runs = [], []
     decode_ms: dict[int, list[float]] = {}  # decode batch size -> each such step's wall time
-    decode_steps: list[tuple[float, list[int]]] = []  # the last run's (ms, context lengths), for the roofline
+    run_steps: list[list[tuple[float, list[int]]]] = []  # per engine run: each decode step's (ms, context lengths)
 
     def record(report) -> None:
         if report.phase == "decode":
             decode_ms.setdefault(len(report.scheduled), []).append(report.timings_ms["total"])
-            decode_steps.append((report.timings_ms["total"], [s.context_len for s in report.scheduled]))
+            run_steps[-1].append((report.timings_ms["total"], [s.context_len for s in report.scheduled]))
 
     for _ in range(repeats):
-        decode_steps.clear()
+        run_steps.append([])
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
@@ -149,7 +150,10 @@ def run_bench(
         margin = lambda i, pos: precision.top2_margin(hf, prompt_ids[i] + outputs[i].token_ids[:pos])  # noqa: E731
         result.update(vllm.figures(tokens, engine_runs, [o.token_ids for o in outputs], margin), block_size=block_size)
         vllm.close()
-    result["roofline"] = roofline.decode_report(engine.runner.model, decode_steps, _best(peaks, roofline.measure_machine()))
+    peaks = _best(peaks, roofline.measure_machine())
+    fastest = min(range(repeats), key=engine_runs.__getitem__)
+    reports = [roofline.decode_report(engine.runner.model, steps, peaks) for steps in run_steps]
+    result["roofline"] = reports[fastest] | {"run": fastest, "mean_share_by_run": [r["mean_share"] for r in reports]}
     return result
 
 
@@ -206,6 +210,10 @@ def format_result(r: dict) -> str:
     if "fp32_agreement" in r:
         lines.append(precision.format_agreement(r["fp32_agreement"], r["dtype"]))
     lines.append(roofline.format_report(r["roofline"]))
+    shares = r["roofline"]["mean_share_by_run"]
+    if len(shares) > 1 and None not in shares:
+        each = ", ".join(f"{100 * x:.0f}%" for x in shares)
+        lines.append(f"  (the steps above: engine run {r['roofline']['run'] + 1} of {len(shares)}, the fastest; mean share in each run: {each})")
     if "vllm_tokens_per_s" in r:
         from engine.vllm_compare import format_vllm_column
 

@@ -295,12 +295,15 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     # Continuous batching: the engine's decode batch shrinks from 4 requests to 1 as they finish.
     assert set(data["engine_decode_step_ms_by_batch"]) == {"4", "3", "2", "1"}
     assert data["engine_cpu_backend"].split(";")[0] == "engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)"
-    # The roofline: every decode step of the last engine run against the machine's measured limits (the
+    # The roofline: every decode step of the fastest engine run against the machine's measured limits (the
     # prefill gives each request its first token; max_tokens 2, 4, 7, 9 then take 1 step at batch 4, 2 at 3...).
     steps = data["roofline"]["steps"]
     assert [s["batch"] for s in steps] == [4, 3, 3, 2, 2, 2, 1, 1]
     assert all(0 < s["roofline_ms"] and 0 < s["share"] == pytest.approx(s["roofline_ms"] / s["ms"]) for s in steps)
     assert data["roofline"]["peaks"]["bandwidth_gb_s"] > 0 and data["roofline"]["mean_share"] > 0
+    assert data["roofline"]["run"] == min(range(2), key=data["engine_runs_s"].__getitem__)
+    assert data["roofline"]["mean_share_by_run"][data["roofline"]["run"]] == data["roofline"]["mean_share"]
+    assert len(data["roofline"]["mean_share_by_run"]) == 2
     plain = subprocess.run(cmd + ["--no-cpu-kernels", "--repeats", "1"], capture_output=True, text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout)["engine_cpu_backend"].split(";")[0] == "torch"
