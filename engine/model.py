@@ -319,6 +319,7 @@ class CausalLM(nn.Module):
         self.cpu_kernels = False  # the LM head goes through engine.cpu_ops too, see use_cpu_kernels
         self.lm_head_packed: torch.Tensor | None = None  # the LM head in the kernel's panels, see use_cpu_kernels
         self.decode_layers = False  # decode steps run each layer as one C++ call (DecoderLayer.decode), see use_cpu_kernels
+        self._layer_modules: list[nn.Module] = []  # every module inside the layers, see _watched
 
     def forward(
         self,
@@ -336,10 +337,20 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary_emb(positions, hidden.dtype)
         residual = None
         one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
-                    and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled())
+                    and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled() and not self._watched())
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             hidden, residual = (layer.decode if one_call else layer)(hidden, residual, cos, sin, kv_cache, meta)
         return self.model.norm(hidden, residual)[0]
+
+    def _watched(self) -> bool:
+        """A forward hook is registered on a module inside the layers (the app's Kernel lab keeps each
+        q_proj's output), or globally: then decode steps run the modules, so that the hooks see them.
+        ~400 dictionary checks per step for the default model (tens of microseconds)."""
+        from torch.nn.modules import module as nn_module
+
+        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
+            return True
+        return any(m._forward_hooks or m._forward_pre_hooks for m in self._layer_modules)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
@@ -374,8 +385,9 @@ class CausalLM(nn.Module):
         residual add with RMSNorm, RoPE, and SwiGLU's
         silu-and-multiply. When every projection takes the kernel, a step of decode tokens only runs each
         decoder layer as one C++ call (:meth:`DecoderLayer.decode`, :func:`engine.cpu_ops.decode_layer`),
-        with a backend that allows it (``cpu_decode_layer``). Only while no gradient is recorded: under
-        autograd every module runs its torch code.
+        with a backend that allows it (``cpu_decode_layer``) and no forward hook inside the layers (then
+        the modules run, so that the hooks see them). Only while no gradient is recorded: under autograd
+        every module runs its torch code.
 
         Call only on float32 or bfloat16 CPU weights, after :func:`engine.cpu_ops.load_kernel` returned True.
         In bfloat16 the matmuls only where :func:`engine.cpu_ops.matmul_bf16` (AVX512-BF16).
@@ -404,6 +416,7 @@ class CausalLM(nn.Module):
         self.decode_layers = all(m.cpu_kernel for layer in layers for m in layer.modules() if isinstance(m, (Linear, RMSNorm, Attention, MLP)))
         for layer in layers if self.decode_layers else []:
             layer.store_decode_weights()
+        self._layer_modules = [m for layer in layers for m in layer.modules()]  # for _watched
 
 
 def build_model(

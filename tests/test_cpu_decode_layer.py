@@ -132,3 +132,24 @@ def test_engine_decode_steps_run_one_call_per_layer_with_the_same_tokens(models,
     while engine.has_unfinished_requests():
         engine.step()
     assert [engine.get_output(i).token_ids for i in ids] == outputs[True]
+
+
+def test_a_forward_hook_inside_the_layers_makes_decode_steps_run_the_modules(tiny_llama_dir):
+    # The app's Kernel lab keeps each q_proj's output with a forward hook: it must see every step.
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
+    model = engine.runner.model
+    assert model.decode_layers
+    seen = []
+    handle = model.model.layers[1].self_attn.q_proj.register_forward_hook(lambda m, i, out: seen.append(out.shape[0]))
+    engine.add_request("The block table maps", SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request("Paged attention", SamplingParams(max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(seen) == 4 and seen[1:] == [2, 2, 2]  # the prefill, then three decode steps of both requests
+    handle.remove()
+    engine.add_request("Paged attention", SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.step()
+    assert sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layer") == model.num_layers
+    assert len(seen) == 4
