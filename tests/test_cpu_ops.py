@@ -219,9 +219,11 @@ def test_bf16_add_rms_norm_and_rotary_are_exactly_the_torch_code(kernel, rows, h
         expected_normed, expected_residual = norm(x, residual)
     assert new_residual.dtype == normed.dtype == torch.bfloat16
     assert torch.equal(new_residual, expected_residual)
-    # mean of squares summed in another order: at most one bf16 step apart, and rarely
+    # mean of squares summed in another order: the normalised value at most one bf16 step apart, and
+    # rarely; times the weight and rounded again, that step can become two (relative 2^-7 each: rows=74,
+    # hidden=601, seed=3624 gives 0.48828 against 0.49219 at [3, 271])
     assert (normed != expected_normed).float().mean() <= 0.01
-    torch.testing.assert_close(normed, expected_normed, rtol=2 ** -7, atol=1e-30)
+    torch.testing.assert_close(normed, expected_normed, rtol=2 ** -6, atol=1e-30)
     q = torch.randn(rows, heads, 2 * half, generator=generator).bfloat16()
     k = torch.randn(rows, 1, 2 * half, generator=generator).bfloat16()
     angles = torch.rand(rows, 1, 2 * half, generator=generator) * 100
