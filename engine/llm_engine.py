@@ -466,7 +466,7 @@ def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
         why = " (no AVX-512)" if dtype == torch.float32 else " (no AVX512-BF16)"
     text = f"engine CPU kernels ({', '.join(parts)})" + (f", torch {', '.join(rest)}{why}" if rest else "")
     if model.decode_layers and backend.cpu_decode_layer:
-        text += "; decode steps: one C++ call per decoder layer"
+        text += "; decode steps: " + ("all decoder layers in one C++ call" if model.layers_decode_weights is not None else "one C++ call per decoder layer")
     return f"{text}; {pages}"
 
 

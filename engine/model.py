@@ -319,6 +319,7 @@ class CausalLM(nn.Module):
         self.cpu_kernels = False  # the LM head goes through engine.cpu_ops too, see use_cpu_kernels
         self.lm_head_packed: torch.Tensor | None = None  # the LM head in the kernel's panels, see use_cpu_kernels
         self.decode_layers = False  # decode steps run each layer as one C++ call (DecoderLayer.decode), see use_cpu_kernels
+        self.layers_decode_weights: tuple | None = None  # all layers' decode_weights for cpu_ops.decode_layers, see use_cpu_kernels
         self._layer_modules: list[nn.Module] = []  # every module inside the layers, see _watched
 
     def forward(
@@ -338,9 +339,24 @@ class CausalLM(nn.Module):
         residual = None
         one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
                     and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled() and not self._watched())
+        if one_call and self.layers_decode_weights is not None:  # all layers and the final norm in one C++ call
+            weights, biases, sizes, scale, eps = self.layers_decode_weights
+            norm = self.model.norm
+            return cpu_ops.decode_layers(hidden, cos, sin, kv_caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                                         weights, biases, sizes, scale, eps, norm.weight, norm.eps)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             hidden, residual = (layer.decode if one_call else layer)(hidden, residual, cos, sin, kv_cache, meta)
         return self.model.norm(hidden, residual)[0]
+
+    def _all_decode_weights(self) -> tuple | None:
+        """Every layer's ``decode_weights`` as one (weights, biases, sizes, scale, eps) for
+        :func:`engine.cpu_ops.decode_layers`: the lists one layer after another. None where the layers'
+        sizes, scales or epsilons differ (then each layer is its own call)."""
+        per_layer = [layer.decode_weights for layer in self.model.layers]
+        if len({(tuple(sizes), scale, eps) for _, _, sizes, scale, eps in per_layer}) != 1:
+            return None
+        _, _, sizes, scale, eps = per_layer[0]
+        return [w for p in per_layer for w in p[0]], [b for p in per_layer for b in p[1]], sizes, scale, eps
 
     def _watched(self) -> bool:
         """A forward hook is registered on a module inside the layers (the app's Kernel lab keeps each
@@ -416,6 +432,7 @@ class CausalLM(nn.Module):
         self.decode_layers = all(m.cpu_kernel for layer in layers for m in layer.modules() if isinstance(m, (Linear, RMSNorm, Attention, MLP)))
         for layer in layers if self.decode_layers else []:
             layer.store_decode_weights()
+        self.layers_decode_weights = self._all_decode_weights() if self.decode_layers else None
         self._layer_modules = [m for layer in layers for m in layer.modules()]  # for _watched
 
 

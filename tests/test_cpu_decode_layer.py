@@ -60,15 +60,12 @@ def _step(model, ctx_lens, block_size, dtype, seed, first):
     return hidden, residual, cos, sin, key_cache, value_cache, meta
 
 
+# A decode step's inputs: model, dtype, block size and seed (the contexts are drawn by each test).
+STEP = dict(model_type=st.sampled_from(MODEL_TYPES), bf16=st.booleans(), block_size=st.sampled_from([1, 16, 48]), seed=st.integers(0, 2**31 - 1))
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    model_type=st.sampled_from(MODEL_TYPES),
-    bf16=st.booleans(),
-    ctx_lens=st.lists(st.integers(1, 70), min_size=1, max_size=20),
-    block_size=st.sampled_from([1, 16, 48]),
-    first=st.booleans(),
-    seed=st.integers(0, 2**31 - 1),
-)
+@given(**STEP, ctx_lens=st.lists(st.integers(1, 70), min_size=1, max_size=20), first=st.booleans())
 @torch.inference_mode()
 def test_decode_layer_is_the_module_path_bit_for_bit(models, model_type, bf16, ctx_lens, block_size, first, seed):
     dtype = "bfloat16" if bf16 and (model_type, "bfloat16") in models else "float32"
@@ -83,6 +80,67 @@ def test_decode_layer_is_the_module_path_bit_for_bit(models, model_type, bf16, c
     for a, b in zip(caches[0], caches[1]):  # the same slots written with the same K and V; NaN elsewhere untouched
         assert torch.equal(_bits(a), _bits(b))
     assert not torch.equal(_bits(caches[1][0]), _bits(key_cache))  # this step's K was written
+
+
+def _all_layers(model, ctx_lens, block_size, dtype, seed):
+    """A whole decode step's inputs: input_ids, positions, every layer's own paged caches, metadata."""
+    _, _, _, _, key_cache, value_cache, meta = _step(model, ctx_lens, block_size, dtype, seed, False)
+    caches = [(key_cache.clone(), value_cache.clone()) for _ in range(model.num_layers)]  # NaN in every unused slot, as there
+    gen = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, model.config.vocab_size, (len(ctx_lens),), generator=gen)
+    return input_ids, torch.tensor(ctx_lens) - 1, caches, meta
+
+
+@settings(max_examples=20, deadline=None)
+@given(**STEP, ctx_lens=st.lists(st.integers(1, 70), min_size=1, max_size=16))
+@torch.inference_mode()
+def test_all_layers_in_one_call_are_the_per_layer_calls_and_the_modules_bit_for_bit(models, model_type, bf16, ctx_lens, block_size, seed):
+    dtype = "bfloat16" if bf16 and (model_type, "bfloat16") in models else "float32"
+    model = models[model_type, dtype]
+    assert model.layers_decode_weights is not None and model.num_layers > 1
+    input_ids, positions, caches, meta = _all_layers(model, ctx_lens, block_size, getattr(torch, dtype), seed)
+    saved = model.layers_decode_weights
+    results = []
+    try:
+        for all_layers, per_layer in ((True, True), (False, True), (False, False)):  # one call; a call per layer; the modules
+            model.layers_decode_weights = saved if all_layers else None
+            model.decode_layers = per_layer
+            step_caches = [(k.clone(), v.clone()) for k, v in caches]
+            results.append((model(input_ids, positions, step_caches, meta), step_caches))
+    finally:
+        model.layers_decode_weights, model.decode_layers = saved, True
+    for out, step_caches in results[1:]:
+        assert torch.equal(_bits(out), _bits(results[0][0]))
+        for (k, v), (k0, v0) in zip(step_caches, results[0][1]):
+            assert torch.equal(_bits(k), _bits(k0)) and torch.equal(_bits(v), _bits(v0))
+
+
+@torch.inference_mode()
+def test_all_layers_call_refuses_bad_lists_before_writing_and_stays_usable(models):
+    model = models["llama", "float32"]
+    input_ids, positions, caches, meta = _all_layers(model, [5, 17], 16, torch.float32, 0)
+    weights, biases, sizes, scale, eps = model.layers_decode_weights
+    hidden = model.model.embed_tokens(input_ids)
+    cos, sin = model.rotary_emb(positions, hidden.dtype)
+    before = [k.clone() for k, _ in caches]
+    norm = model.model.norm
+    args = [meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens]
+
+    def call(kv=caches, w=weights, b=biases):
+        return cpu_ops.decode_layers(hidden, cos, sin, kv, *args, w, b, sizes, scale, eps, norm.weight, norm.eps)
+
+    with pytest.raises(RuntimeError, match="weights must be 9 .* per layer"):
+        call(w=weights[:-1])
+    with pytest.raises(RuntimeError, match="biases must be 7 per layer"):
+        call(b=biases[:-1])
+    with pytest.raises(RuntimeError, match="one per layer"):
+        cpu_ops.decode_layers(hidden, cos, sin, [], *args, weights, biases, sizes, scale, eps, norm.weight, norm.eps)
+    smaller = [caches[0], (caches[1][0][:-1], caches[1][1][:-1])]  # layer 1's pools one block short
+    with pytest.raises(RuntimeError, match="layer 1's key_cache and value_cache must have layer 0's shape"):
+        call(kv=smaller)
+    assert all(torch.equal(_bits(k), _bits(b)) for (k, _), b in zip(caches, before))  # nothing written, not even layer 0
+    out = call()
+    assert out.shape == hidden.shape and not torch.equal(_bits(caches[0][0]), _bits(before[0]))
 
 
 @torch.inference_mode()
@@ -110,7 +168,7 @@ def test_decode_layer_refuses_bad_inputs_before_writing_and_stays_usable(models)
 def test_engine_decode_steps_run_one_call_per_layer_with_the_same_tokens(models, model_type, tmp_path, default_model_dir):
     directory = make_tiny_model(tmp_path, model_type, default_model_dir, seed=3, initializer_range=0.1)
     engine = LLMEngine(EngineConfig(model=str(directory), num_gpu_blocks=64, block_size=16, shuffle_blocks=True))
-    assert "; decode steps: one C++ call per decoder layer;" in engine.cpu_backend
+    assert "; decode steps: all decoder layers in one C++ call;" in engine.cpu_backend
     prompts = ["The block table maps", [{"role": "user", "content": "Hi!"}], "Paged attention " * 12]
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     outputs = {}
@@ -120,8 +178,9 @@ def test_engine_decode_steps_run_one_call_per_layer_with_the_same_tokens(models,
         engine.step()  # the prefill
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             engine.step()  # a decode step
-        calls = sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layer")
-        assert calls == (engine.runner.model.num_layers if one_call else 0)
+        calls = {e.key: e.count for e in prof.key_averages()}
+        assert calls.get("pagedattention_lab::decode_layers", 0) == (1 if one_call else 0)  # the layers inside it: no dispatcher
+        assert calls.get("pagedattention_lab::decode_layer", 0) == 0
         while engine.has_unfinished_requests():
             engine.step()
         outputs[one_call] = [engine.get_output(i).token_ids for i in ids]
@@ -151,5 +210,5 @@ def test_a_forward_hook_inside_the_layers_makes_decode_steps_run_the_modules(tin
     engine.step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.step()
-    assert sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layer") == model.num_layers
+    assert sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layers") == 1
     assert len(seen) == 4
