@@ -45,6 +45,9 @@ CASES = [
     (48, 3, 2, 64, [1, 0, 200]),
     (16, 5, 2, 24, [15, 16, 17, 1, 0]),
     (16, 1, 1, 128, [31, 32, 33, 64, 65]),
+    # More sequences than threads, some longer than what a thread brings in ahead for the next one
+    # (kAheadBytes: 170 positions at this shape), thread ranges starting at any KV head.
+    (16, 3, 3, 64, [300, 0, 171, 5, 250, 1, 40]),
 ]
 
 
@@ -64,6 +67,24 @@ def test_decode_matches_reference(kernel, block_size, group, num_kv_heads, head_
 )
 def test_decode_matches_reference_for_any_shape(kernel, ctx_lens, block_size, group, num_kv_heads, head_dim, seed):
     check(kernel, ctx_lens, block_size, group, num_kv_heads, head_dim, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_gives_the_same_bits_on_any_number_of_threads(kernel, dtype):
+    # How the (sequence, KV head) tasks are shared out, and what each thread brings into L2 ahead for
+    # its next sequence, must change no result.
+    kc, vc, bt, cl = make_paged_kv([300, 0, 171, 5, 250, 1, 40, 17], 16, 3, 64, dtype, device="cpu")
+    q = packed_query(8, 9, 3, 64, dtype, device="cpu")
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2, 3, 5):
+            torch.set_num_threads(n)
+            outs.append(kernel(q, kc, vc, bt, cl, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
 
 
 def test_decode_reads_contiguous_inputs_and_one_sequence(kernel):
