@@ -62,8 +62,9 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         try:
-            if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/huge_pages.py)
-                flat = huge_pages.arena([(shape, self.dtype)] * (2 * model.num_layers))
+            if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/huge_pages.py),
+                # its memory given now: not in the decode step that first writes a block of each page
+                flat = huge_pages.arena([(shape, self.dtype)] * (2 * model.num_layers), populate=True)
             else:
                 flat = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * model.num_layers)]
             self.kv_caches = list(zip(flat[0::2], flat[1::2]))

@@ -44,6 +44,18 @@ def test_an_arena_is_backed_by_huge_pages_once_written():
     assert huge_pages.huge_page_share(torch.ones(4 << 20)) < 0.5  # torch's own allocation: 4 KiB pages here
 
 
+@THP
+def test_a_populated_arena_has_its_memory_before_any_write(tiny_llama_dir):
+    # A page's memory found at its first write can take a compaction of memory (up to 0.4 s here):
+    # the KV pool is given its memory when the engine is built, not in the decode step that first
+    # writes a block in that page.
+    lazy, (populated,) = huge_pages.arena([((4 << 20,), torch.float32)]), huge_pages.arena([((4 << 20,), torch.float32)], populate=True)
+    assert huge_pages.huge_page_share(lazy[0]) < 0.5 < huge_pages.huge_page_share(populated)
+    assert not populated.any()  # still zero-filled
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
+    assert all(huge_pages.huge_page_share(t) > 0.5 for pair in engine.runner.kv_caches for t in pair)  # before any step
+
+
 def test_without_huge_pages_everything_is_plain_torch(monkeypatch):
     monkeypatch.setattr(huge_pages, "why_not_available", lambda: "switched off for this test")
     tensors = {"w": torch.randn(8, 8)}
