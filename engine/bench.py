@@ -22,6 +22,10 @@ from engine.llm import LLM
 from engine.model_loader import resolve_model
 from engine.sampling_params import SamplingParams
 
+# Seconds of rest before each side's run, so that none starts while the previous one's process is still
+# winding down: right after vLLM's run, a 20 ms matmul probe here took 109 ms once, then 30-37 ms.
+SETTLE_S = 0.5
+
 TOPICS = [
     "the water cycle", "how a CPU cache works", "the French revolution", "photosynthesis",
     "why the sky is blue", "a recipe for pancakes", "black holes", "the history of the bicycle",
@@ -59,7 +63,7 @@ def run_bench(
 
     The two sides alternate ``repeats`` times (engine, transformers, engine, ...) after one warm-up
     each, and the medians are reported: on a shared 2-core machine one run can be 20% off, and
-    alternating exposes both sides to the same disturbances.
+    alternating exposes both sides to the same disturbances. Each run starts after ``SETTLE_S`` of rest.
 
     Keys: engine_tokens_per_s, hf_tokens_per_s, ratio (median transformers seconds / median engine
     seconds), ratios (per repeat), outputs_identical, mismatches (request, first differing position,
@@ -115,13 +119,16 @@ def run_bench(
 
     for _ in range(repeats):
         run_steps.append([])
+        time.sleep(SETTLE_S)
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
+        time.sleep(SETTLE_S)
         t0 = time.perf_counter()
         hf_outputs = _hf_generate(hf, hf_inputs, max(lengths))
         hf_runs.append(time.perf_counter() - t0)
         if vllm:
+            time.sleep(SETTLE_S)
             vllm.run()
     mismatches = []
     for i, (out, n) in enumerate(zip(outputs, lengths)):
