@@ -16,6 +16,7 @@ import torch
 
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.config import EngineConfig
+from engine.detokenizer import Detokenizer
 from engine import cpu_ops, huge_pages
 from engine.model import build_model
 from engine.model_loader import LoadedModel, load_model
@@ -86,7 +87,8 @@ class LLMEngine:
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
         self.requests: dict[int, Sequence | SequenceGroup] = {}
         self.generators: dict[int, torch.Generator] = {}  # per seq_id
-        self.texts: dict[int, str] = {}  # per seq_id
+        self.detokenizer = Detokenizer(self.tokenizer)  # incremental where exact (engine/detokenizer.py)
+        self.texts: dict[int, str] = self.detokenizer.texts  # per seq_id
         self.step_index = 0
         self._next_request_id = 0
         self._next_seq_id = 0
@@ -151,7 +153,7 @@ class LLMEngine:
         seed = stopping.seed if stopping.seed is not None else self.config.seed * 1_000_003 + request_id
         self.generators[seq.seq_id] = torch.Generator().manual_seed(seed)
         self.requests[request_id] = request
-        self.texts[seq.seq_id] = ""
+        self.detokenizer.add(seq.seq_id)
         self.scheduler.add(request)
         return request_id
 
@@ -303,6 +305,7 @@ class LLMEngine:
         reason = self._finish_reason(seq, token)
         if not reason:
             return
+        self.detokenizer.forget(seq.seq_id)
         request = self._group(seq)
         if request.is_group and len(request.unfinished_seqs()) > 1:
             self.scheduler.finish_seq(seq, reason)
@@ -345,7 +348,7 @@ class LLMEngine:
         child = parent.fork(self._next_seq_id, index)
         self._next_seq_id += 1
         self.scheduler.fork(parent, child)
-        self.texts[child.seq_id] = self.texts[parent.seq_id]
+        self.detokenizer.add(child.seq_id, like=parent.seq_id)
         return child
 
     def _beam_step(self, group: SequenceGroup, beams: list[Sequence], logprobs: torch.Tensor, finished) -> None:
@@ -381,14 +384,15 @@ class LLMEngine:
     # ---- helpers ----------------------------------------------------------------------------
 
     def _update_text(self, seq: Sequence) -> str:
-        full = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        previous = self.texts[seq.seq_id]
+        full = self.detokenizer.update(seq.seq_id, seq.output_token_ids)
         for stop in seq.sampling_params.stop:
             cut = full.find(stop)
             if cut != -1:
                 full = full[:cut]
                 seq.finish_reason = "stop"  # confirmed by _finish_reason
-        previous = self.texts[seq.seq_id]
-        self.texts[seq.seq_id] = full
+        if len(full) < len(self.texts[seq.seq_id]):
+            self.detokenizer.cut(seq.seq_id, len(full))
         return full[len(previous) :] if full.startswith(previous) else full
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:

@@ -1,0 +1,107 @@
+"""Incremental detokenization (engine/detokenizer.py): after every token, the text is exactly what
+decoding the whole output gives, including outputs that split a character's bytes over tokens,
+special tokens, forks and stop strings; tokenizers whose decoding is not concatenation decode whole."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models
+
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.detokenizer import Detokenizer, concatenative
+
+# Characters of 2-4 UTF-8 bytes, which byte-level BPE often cuts between tokens.
+AWKWARD = "é中文字符😀🚀ĳ€ﬁ𝔘ñ日本語"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    return transformers.AutoTokenizer.from_pretrained(default_model_dir)
+
+
+def test_the_default_tokenizer_is_concatenative(tokenizer):
+    assert concatenative(tokenizer) and Detokenizer(tokenizer).incremental
+
+
+def token_ids(tokenizer):
+    """Any token id, biased towards pieces of multi-byte characters and special tokens."""
+    pieces = sorted({i for ch in AWKWARD for i in tokenizer(ch, add_special_tokens=False).input_ids})
+    byte_tokens = [i for i in range(len(tokenizer)) if len(tokenizer.convert_ids_to_tokens(i)) == 1][:300]
+    special = tokenizer.all_special_ids
+    return st.one_of(st.integers(0, len(tokenizer) - 1), st.sampled_from(pieces), st.sampled_from(byte_tokens), st.sampled_from(special))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_every_step_equals_decoding_the_whole_output(tokenizer, data):
+    ids = data.draw(st.lists(token_ids(tokenizer), min_size=1, max_size=40))
+    steps = data.draw(st.lists(st.integers(1, 3), min_size=len(ids), max_size=len(ids)))
+    detok = Detokenizer(tokenizer, incremental=True)
+    detok.add(7)
+    n = 0
+    for k in steps:
+        n = min(n + k, len(ids))
+        assert detok.update(7, ids[:n]) == tokenizer.decode(ids[:n], skip_special_tokens=True)
+        if n == len(ids):
+            break
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_fork_continues_from_its_parents_text(tokenizer, data):
+    prefix = data.draw(st.lists(token_ids(tokenizer), min_size=1, max_size=15))
+    a = data.draw(st.lists(token_ids(tokenizer), min_size=1, max_size=10))
+    b = data.draw(st.lists(token_ids(tokenizer), min_size=1, max_size=10))
+    detok = Detokenizer(tokenizer, incremental=True)
+    detok.add(0)
+    for n in range(1, len(prefix) + 1):
+        detok.update(0, prefix[:n])
+    detok.add(1, like=0)
+    for n in range(1, max(len(a), len(b)) + 1):
+        for seq_id, tail in ((0, a), (1, b)):
+            ids = prefix + tail[:n]
+            assert detok.update(seq_id, ids) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_a_split_character_shows_as_a_replacement_until_complete(tokenizer):
+    ids = tokenizer("a 😀 b", add_special_tokens=False).input_ids
+    detok = Detokenizer(tokenizer, incremental=True)
+    detok.add(0)
+    texts = [detok.update(0, ids[:n]) for n in range(1, len(ids) + 1)]
+    assert texts == [tokenizer.decode(ids[:n]) for n in range(1, len(ids) + 1)]
+    assert texts[-1] == "a 😀 b"
+
+
+def test_other_decoders_decode_the_whole_output():
+    vocab = {"[UNK]": 0, "play": 1, "##ing": 2, "run": 3}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.decoder = decoders.WordPiece()  # "##" joins a piece to the previous one: not concatenation
+    wordpiece = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    assert not concatenative(wordpiece)
+    detok = Detokenizer(wordpiece)
+    assert not detok.incremental
+    detok.add(0)
+    assert [detok.update(0, [1, 2, 3][:n]) for n in (1, 2, 3)] == ["play", "playing", "playing run"]
+    backend.decoder = decoders.Metaspace()  # drops the first token's leading space
+    assert not concatenative(transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]"))
+
+
+def test_the_engine_streams_the_same_text_and_cuts_at_a_stop_string(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
+    assert engine.detokenizer.incremental
+    free = engine.add_request("Paged attention", SamplingParams(max_tokens=24, ignore_eos=True))
+    streamed = ""
+    while engine.has_unfinished_requests():
+        streamed += engine.step().new_text.get(free, "")
+    out = engine.get_output(free)
+    assert streamed == out.text == engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    stop = out.text[len(out.text) // 2 :][:3]
+    assert stop.strip()
+    cut = engine.add_request("Paged attention", SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop]))
+    while engine.has_unfinished_requests():
+        engine.step()
+    stopped = engine.get_output(cut)
+    assert stopped.finish_reason == "stop" and stopped.text == out.text[: out.text.find(stop)]
