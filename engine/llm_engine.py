@@ -69,7 +69,8 @@ class LLMEngine:
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
         if kernels and backend is TORCH_BACKEND:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
-        self.cpu_backend = _describe_cpu_backend(model, backend, self.dtype)
+        self.greedy_kernel = bool(kernels)  # greedy rows' argmax in one C++ call (engine/csrc/sampling.cpp)
+        self.cpu_backend = _describe_cpu_backend(model, backend, self.dtype, self.greedy_kernel)
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
         self.num_cpu_blocks = self._num_cpu_blocks()
@@ -227,7 +228,7 @@ class LLMEngine:
                 plain = [i for i in sampling if not self._group(seqs[i]).is_group]
                 plain_logits = logits if len(plain) == len(logits) else logits[plain]  # no copy when every row is plain
                 tokens = sample_batch(plain_logits, [seqs[i].sampling_params for i in plain],
-                                      [self.generators[seqs[i].seq_id] for i in plain]) if plain else []
+                                      [self.generators[seqs[i].seq_id] for i in plain], self.greedy_kernel) if plain else []
             except Exception:
                 # Leave the engine as if the step had never been scheduled: no request is lost.
                 self.scheduler.requeue(batch)
@@ -452,10 +453,11 @@ class _LiveBeam:
     cumulative_logprob: float
 
 
-def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
+def _describe_cpu_backend(model, backend, dtype: torch.dtype, greedy_kernel: bool = False) -> str:
     """What runs each part of a CPU step, for the bench and the app: the engine's C++ kernels
     (engine/cpu_ops.py) or torch, whether a decode step runs each layer as one C++ call
-    (engine.model.DecoderLayer.decode), and in which pages the weights and KV cache live."""
+    (engine.model.DecoderLayer.decode), greedy sampling's argmax, and in which pages the weights and
+    KV cache live."""
     layer = model.model.layers[0]
     parts = [name for name, on in (("matmul", model.cpu_kernels), ("RMSNorm", layer.input_layernorm.cpu_kernel),
                                     ("RoPE", layer.self_attn.cpu_kernel), ("SiLU-and-mul", layer.mlp.cpu_kernel),
@@ -471,6 +473,8 @@ def _describe_cpu_backend(model, backend, dtype: torch.dtype) -> str:
     text = f"engine CPU kernels ({', '.join(parts)})" + (f", torch {', '.join(rest)}{why}" if rest else "")
     if model.decode_layers and backend.cpu_decode_layer:
         text += "; decode steps: " + ("all decoder layers in one C++ call" if model.layers_decode_weights is not None else "one C++ call per decoder layer")
+    if greedy_kernel:
+        text += "; greedy sampling: one C++ call"
     return f"{text}; {pages}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from engine import cpu_ops
 from engine.sampling_params import SamplingParams
 
 
@@ -36,9 +37,12 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return torch.where(later, tail_best, best)
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> list[int]:
-    """One token per row of ``logits`` ``[num_seqs, vocab_size]``; greedy rows share one :func:`greedy_tokens`."""
-    greedy = greedy_tokens(logits).tolist()
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], kernel: bool = False) -> list[int]:
+    """One token per row of ``logits`` ``[num_seqs, vocab_size]``; greedy rows share one :func:`greedy_tokens`,
+    or with ``kernel`` (the engine's CPU kernels loaded, CPU float32 logits) one call of
+    :func:`engine.cpu_ops.greedy_tokens`: the same answer."""
+    use_kernel = kernel and logits.device.type == "cpu" and logits.dtype == torch.float32
+    greedy = (cpu_ops.greedy_tokens(logits) if use_kernel else greedy_tokens(logits)).tolist()
     return [greedy[i] if p.greedy else sample(logits[i], p, g) for i, (p, g) in enumerate(zip(params, generators))]
 
 
