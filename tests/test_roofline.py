@@ -38,6 +38,12 @@ def test_roofline_is_the_larger_of_the_two_times(tiny_model):
     assert first["roofline_ms"] == pytest.approx(1e3 * (cost.weight_bytes + 5 * cost.kv_bytes_per_context_token) / 10e9)
     assert report["mean_share"] == pytest.approx((first["roofline_ms"] / 2.0 + second["roofline_ms"] / 4.0) / 2)
     assert report["total_share"] == pytest.approx((first["roofline_ms"] + second["roofline_ms"]) / 6.0)
+    assert report["mean_share_by_bound"] == {"memory": pytest.approx(report["mean_share"])}  # no compute-bound step
+    mixed = decode_report(tiny_model, [(2.0, [5]), (3e4, [5] * 3000)], peaks)  # 3,000 rows: compute-bound
+    assert [s["bound"] for s in mixed["steps"]] == ["memory", "compute"]
+    assert mixed["mean_share_by_bound"] == {"memory": pytest.approx(mixed["steps"][0]["share"]),
+                                            "compute": pytest.approx(mixed["steps"][1]["share"])}
+    assert "1 compute-bound at " in format_report(mixed) and "1 memory-bound at " in format_report(mixed)
     text = format_report(report)
     cell = f"1: 2.0/{first['roofline_ms']:.1f} ({100 * first['roofline_ms'] / 2.0:.0f}%)"
     assert "10.0 GB/s" in text and cell in text and "over 2 decode steps" in text
