@@ -9,6 +9,7 @@ that request's max_tokens. Both count only the tokens asked for, so tokens/s com
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -22,9 +23,16 @@ from engine.llm import LLM
 from engine.model_loader import resolve_model
 from engine.sampling_params import SamplingParams
 
-# Seconds of rest before each side's run, so that none starts while the previous one's process is still
-# winding down: right after vLLM's run, a 20 ms matmul probe here took 109 ms once, then 30-37 ms.
+# Rest before each side's run, so that none starts while the previous one's process is still winding
+# down: right after vLLM's run a 20 ms matmul probe here took 109 ms once, then 30-37 ms, and one engine
+# run's first 12 decode steps took 40-57 ms against ~30 ms for the rest. At least SETTLE_S seconds, then
+# until the machine's CPUs were busy less than QUIET_CORES cores' worth over QUIET_WINDOW_S (Linux's
+# /proc/stat), for at most SETTLE_MAX_S seconds.
 SETTLE_S = 0.5
+QUIET_CORES = 0.2
+QUIET_WINDOW_S = 0.1
+SETTLE_MAX_S = 5.0
+PROC_STAT = "/proc/stat"
 
 TOPICS = [
     "the water cycle", "how a CPU cache works", "the French revolution", "photosynthesis",
@@ -63,7 +71,7 @@ def run_bench(
 
     The two sides alternate ``repeats`` times (engine, transformers, engine, ...) after one warm-up
     each, and the medians are reported: on a shared 2-core machine one run can be 20% off, and
-    alternating exposes both sides to the same disturbances. Each run starts after ``SETTLE_S`` of rest.
+    alternating exposes both sides to the same disturbances. Each run starts once the machine is quiet (:func:`settle`).
 
     Keys: engine_tokens_per_s, hf_tokens_per_s, ratio (median transformers seconds / median engine
     seconds), ratios (per repeat), outputs_identical, mismatches (request, first differing position,
@@ -119,16 +127,16 @@ def run_bench(
 
     for _ in range(repeats):
         run_steps.append([])
-        time.sleep(SETTLE_S)
+        settle()
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
-        time.sleep(SETTLE_S)
+        settle()
         t0 = time.perf_counter()
         hf_outputs = _hf_generate(hf, hf_inputs, max(lengths))
         hf_runs.append(time.perf_counter() - t0)
         if vllm:
-            time.sleep(SETTLE_S)
+            settle()
             vllm.run()
     mismatches = []
     for i, (out, n) in enumerate(zip(outputs, lengths)):
@@ -162,6 +170,34 @@ def run_bench(
     reports = [roofline.decode_report(engine.runner.model, steps, peaks) for steps in run_steps]
     result["roofline"] = reports[fastest] | {"run": fastest, "mean_share_by_run": [r["mean_share"] for r in reports]}
     return result
+
+
+def settle() -> float:
+    """Wait until the machine is quiet before a side's run (see ``SETTLE_S``); returns the seconds waited.
+    Where /proc/stat cannot be read (not Linux), only ``SETTLE_S``."""
+    t0 = time.perf_counter()
+    time.sleep(SETTLE_S)
+    before = _cpu_busy_s()
+    while before is not None and time.perf_counter() - t0 < SETTLE_MAX_S:
+        time.sleep(QUIET_WINDOW_S)
+        now = _cpu_busy_s()
+        if now is None or now - before < QUIET_CORES * QUIET_WINDOW_S:
+            break
+        before = now
+    return time.perf_counter() - t0
+
+
+def _cpu_busy_s() -> float | None:
+    """Seconds all CPUs together have spent busy (not idle, not waiting for I/O) since boot; None: unknown."""
+    try:
+        with open(PROC_STAT) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size):

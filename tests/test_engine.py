@@ -376,3 +376,32 @@ def test_cli_reports_missing_files_without_a_traceback(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2 and "error:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_bench_waits_for_a_quiet_machine_before_each_run(monkeypatch, tmp_path):
+    import threading
+    import time
+
+    from engine import bench
+
+    monkeypatch.setattr(bench, "SETTLE_S", 0.05)
+    assert 0.05 <= bench.settle() < bench.SETTLE_MAX_S  # nothing else running: little more than SETTLE_S
+    stop = time.perf_counter() + 0.6
+
+    def busy():  # one core's worth of work for 0.6 s
+        while time.perf_counter() < stop:
+            pass
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    waited = bench.settle()
+    worker.join()
+    assert waited >= 0.45  # until the busy thread ended (0.6 s after it started)
+    monkeypatch.setattr(bench, "SETTLE_MAX_S", 0.2)
+    stop = time.perf_counter() + 1.0
+    worker = threading.Thread(target=busy)
+    worker.start()
+    assert bench.settle() < 0.5  # never longer than SETTLE_MAX_S (and a window)
+    worker.join()
+    monkeypatch.setattr(bench, "PROC_STAT", str(tmp_path / "absent"))  # not Linux: SETTLE_S only
+    assert bench._cpu_busy_s() is None and bench.settle() < 0.2
