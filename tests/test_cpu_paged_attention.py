@@ -45,8 +45,8 @@ CASES = [
     (48, 3, 2, 64, [1, 0, 200]),
     (16, 5, 2, 24, [15, 16, 17, 1, 0]),
     (16, 1, 1, 128, [31, 32, 33, 64, 65]),
-    # More sequences than threads, some longer than what a thread brings in ahead for the next one
-    # (kAheadBytes: 170 positions at this shape), thread ranges starting at any KV head.
+    # More sequences than threads, contexts of several spans (kSpan = 64 positions) and less than one,
+    # thread ranges starting and ending at any KV head.
     (16, 3, 3, 64, [300, 0, 171, 5, 250, 1, 40]),
 ]
 
@@ -71,8 +71,8 @@ def test_decode_matches_reference_for_any_shape(kernel, ctx_lens, block_size, gr
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_gives_the_same_bits_on_any_number_of_threads(kernel, dtype):
-    # How the (sequence, KV head) tasks are shared out, and what each thread brings into L2 ahead for
-    # its next sequence, must change no result.
+    # How the (sequence, KV head) tasks are shared out, and what each thread brings into L2 ahead (the
+    # next span of its sequence, or its next sequence's first), must change no result.
     kc, vc, bt, cl = make_paged_kv([300, 0, 171, 5, 250, 1, 40, 17], 16, 3, 64, dtype, device="cpu")
     q = packed_query(8, 9, 3, 64, dtype, device="cpu")
     threads = torch.get_num_threads()

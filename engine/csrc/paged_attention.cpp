@@ -22,17 +22,22 @@
 //     V rows rescaled when the maximum grows. Everything is accumulated in fp32, whatever the dtype;
 //   - tasks are shared out among threads with at::parallel_for (16 sequences x 3 KV heads = 48 tasks
 //     for the default model), each writing its own output rows;
-//   - with AVX-512 and head_dim 64 or 128, attend_avx512 below does the same in registers, 16 positions
+//   - with AVX-512 and head_dim 64 or 128, attend_span below does the same in registers, 16 positions
 //     at a time (8 sequences of 128 tokens, 30 layers, each on its own pool: 4.15 -> 2.99 ms; hot in
 //     cache 1.96 -> 0.93 ms; throwaway harness alternating the two on the 2-core EPYC); attend() is
 //     the portable version, for other head sizes and CPUs without AVX-512;
-//   - a thread runs its tasks in order, a sequence's KV heads one after another: the first KV head's
-//     task reads whole slots from memory and the others find them in L2. While a thread runs one
-//     sequence's tasks, each also brings a share of the *next* sequence's slots (up to kAheadBytes)
-//     into L2, spread over its positions, so that reading memory overlaps with the arithmetic instead
-//     of coming all at once in the next first task (16 sequences x 100 tokens, 30 layers on their own
-//     pools: 5.96 -> 5.03 ms, 8 x 100: 3.14 -> 2.72 ms, 4 x 150: 2.25 -> 2.17 ms; throwaway harness,
-//     alternating the two). Prefetches only: the same results, bit for bit.
+//   - a thread walks its tasks span by span (run_spans): kSpan positions of a sequence for every KV
+//     head it runs there, then the next span. The KV heads of a slot lie side by side, so a span's
+//     slots are one stretch of memory per slot; while one span is computed, the next one's slots (the
+//     rest of this sequence, or the first span of the next sequence the thread runs) are brought into
+//     L2, spread evenly over the span's work. Memory is then read at an even pace while the arithmetic
+//     runs. Before (eleventh session), a thread ran a sequence's KV heads one after another over the
+//     whole context: the first read every slot from memory and the others found them in L2, and only
+//     256 KB of the next sequence came in ahead, so long contexts were read in bursts (30 layers on
+//     their own pools in 2 MiB pages, the two builds alternating, throwaway harness: 8 sequences x
+//     ~490 tokens 10.64 -> 8.66 ms, 4 x ~290: 4.03 -> 3.11 ms, 1 x 1000: 3.70 -> 3.02 ms, 16 x ~150:
+//     7.22 -> 6.87 ms, 16 x ~50: 3.83 -> 3.68 ms). The same tiles in the same order, with the softmax
+//     state carried from span to span: the same results, bit for bit.
 //
 // Built with the other CPU kernels by engine/cpu_ops.py. Inference only: no autograd.
 
@@ -53,12 +58,7 @@
 namespace {
 
 constexpr int64_t kTile = 32;  // positions per online-softmax step
-constexpr int64_t kAheadBytes = 256 * 1024;  // K and V of the next sequence brought into L2 ahead (of L2's 1-2 MB)
-#if defined(__AVX512F__)
-constexpr bool kAhead = true;  // attend_avx512 brings them in; the portable attend does not
-#else
-constexpr bool kAhead = false;
-#endif
+constexpr int64_t kSpan = 64;  // positions per span (a multiple of 16): K and V of a span's slots are brought into L2 one span ahead
 
 // A K or V row as fp32: fp32 rows are used in place, bf16 rows are widened into `buffer`.
 inline const float* as_float(const float* row, int64_t, float*) { return row; }
@@ -72,14 +72,6 @@ struct Layout {  // element strides of the caches and the query, and the shapes
   int64_t cache_block, cache_slot, cache_head;  // key_cache and value_cache share them (checked)
   int64_t q_seq, q_head;
   int64_t table_seq, table_block;
-};
-
-// Slots of the sequence a thread runs next, to bring into L2 while it runs the current one's later KV
-// heads (see run): rows[i] is the element offset of a slot (KV head 0) in the caches, `lines` the cache
-// lines of one slot's K (and as many of its V).
-struct Ahead {
-  const int64_t* rows = nullptr;
-  int64_t count = 0, lines = 0;
 };
 
 // One (sequence, KV head): out[h] for the `group` query heads h of KV head `kv`. kDim > 0: head_dim
@@ -180,36 +172,48 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));  // lane 4c + r: v[4r + c]
 }
 
-// Query heads h0 .. h0 + GC - 1 of one (sequence, KV head); rows[p]: element offset of position p's K/V row.
-// slot_lines > 0: also bring that many cache lines from each row's start (every KV head's row of the slot)
-// into L2, two tiles ahead.
+// Lines to bring into L2 while a span is computed: `count` slots, each from byte `from` of its row
+// start (rows[i], element offsets in the caches) for `lines` cache lines, of K and of V.
+struct Prefetch {
+  const int64_t* rows = nullptr;
+  int64_t count = 0, from = 0, lines = 0;
+};
+
+inline void prefetch_slot(const char* k, const char* v, const Prefetch& pf) {
+  for (int64_t l = 0; l < pf.lines; ++l) __builtin_prefetch(k + 64 * l, 0, 2), __builtin_prefetch(v + 64 * l, 0, 2);
+}
+
+// Query heads h0 .. h0 + GC - 1 of one (sequence, KV head), over positions [begin, end) of its context:
+// the online softmax carried on from `acc`, `running_max` and `denominator` (GC x D, GC, GC) and left
+// there for the next span; rows[p]: element offset of position p's K/V row; `context` bounds the L1
+// prefetch of the next tile. While it runs it also brings pf's slots into L2, spread evenly over its
+// positions, and, where `own_lines` > 0 (a span nothing brought in ahead), this span's own slots 32
+// positions ahead (lines from byte `own_from` of each rows[p]).
 template <typename T, int D, int GC>
-void attend_chunk(const float* qf, const T* key_cache, const T* value_cache, const int64_t* rows, int64_t context, float* out,
-                  int64_t slot_lines, int64_t own_from, const Ahead& ahead) {
+void attend_span(const float* qf, const T* key_cache, const T* value_cache, const int64_t* rows, int64_t begin, int64_t end,
+                 int64_t context, float* acc_state, float* running_max, float* denominator, const Prefetch& pf, int64_t own_from,
+                 int64_t own_lines) {
   constexpr int V = D / 16;  // vectors per row
   constexpr int64_t kLines = D * static_cast<int64_t>(sizeof(T)) / 64;
   __m512 q[GC][V], acc[GC][V];
   for (int g = 0; g < GC; ++g)
-    for (int c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qf + g * D + 16 * c), acc[g][c] = _mm512_setzero_ps();
-  float running_max[GC], denominator[GC] = {};
-  for (int g = 0; g < GC; ++g) running_max[g] = -std::numeric_limits<float>::infinity();
+    for (int c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qf + g * D + 16 * c), acc[g][c] = _mm512_loadu_ps(acc_state + g * D + 16 * c);
   alignas(64) float partial[GC][16][16];
   alignas(64) float weight[GC][16];
-  int64_t ahead_done = 0;
-  for (int64_t p0 = 0; p0 < context; p0 += 16) {
-    const int n = static_cast<int>(context - p0 < 16 ? context - p0 : 16);
+  const int64_t span = end - begin;
+  int64_t pf_done = 0;
+  for (int64_t p0 = begin; p0 < end; p0 += 16) {
+    const int n = static_cast<int>(end - p0 < 16 ? end - p0 : 16);
     for (int i = 0; i < n; ++i) {
-      if (ahead.count) {  // the next sequence's slots, spread evenly over this task's positions
-        for (const int64_t until = (p0 + i + 1) * ahead.count / context; ahead_done < until; ++ahead_done) {
-          const char* kn = reinterpret_cast<const char*>(key_cache + ahead.rows[ahead_done]);
-          const char* vn = reinterpret_cast<const char*>(value_cache + ahead.rows[ahead_done]);
-          for (int64_t l = 0; l < ahead.lines; ++l) __builtin_prefetch(kn + 64 * l, 0, 2), __builtin_prefetch(vn + 64 * l, 0, 2);
-        }
+      for (const int64_t until = (p0 - begin + i + 1) * pf.count / span; pf_done < until; ++pf_done) {
+        const int64_t at = pf.rows[pf_done];
+        prefetch_slot(reinterpret_cast<const char*>(key_cache + at) + pf.from, reinterpret_cast<const char*>(value_cache + at) + pf.from, pf);
       }
-      if (slot_lines && p0 + 32 + i < context && p0 + 32 + i >= own_from) {
-        const char* kn = reinterpret_cast<const char*>(key_cache + rows[p0 + 32 + i]);
-        const char* vn = reinterpret_cast<const char*>(value_cache + rows[p0 + 32 + i]);
-        for (int64_t l = 0; l < slot_lines; ++l) __builtin_prefetch(kn + 64 * l, 0, 2), __builtin_prefetch(vn + 64 * l, 0, 2);
+      if (own_lines && p0 + 32 + i < end) {
+        const int64_t at = rows[p0 + 32 + i];
+        const char* kn = reinterpret_cast<const char*>(key_cache + at) + own_from;
+        const char* vn = reinterpret_cast<const char*>(value_cache + at) + own_from;
+        for (int64_t l = 0; l < own_lines; ++l) __builtin_prefetch(kn + 64 * l, 0, 2), __builtin_prefetch(vn + 64 * l, 0, 2);
       }
       if (p0 + 16 + i < context) {  // the next tile's rows, into L1
         const char* kn = reinterpret_cast<const char*>(key_cache + rows[p0 + 16 + i]);
@@ -250,96 +254,118 @@ void attend_chunk(const float* qf, const T* key_cache, const T* value_cache, con
       }
     }
   }
-  for (int g = 0; g < GC; ++g) {
-    const __m512 inv = _mm512_set1_ps(context > 0 ? 1.0f / denominator[g] : 0.0f);  // an empty context gives zeros
-    for (int c = 0; c < V; ++c) _mm512_storeu_ps(out + g * D + 16 * c, _mm512_mul_ps(acc[g][c], inv));
+  for (; pf_done < pf.count; ++pf_done) {  // a span shorter than 16 x its share: the rest now
+    const int64_t at = pf.rows[pf_done];
+    prefetch_slot(reinterpret_cast<const char*>(key_cache + at) + pf.from, reinterpret_cast<const char*>(value_cache + at) + pf.from, pf);
   }
+  for (int g = 0; g < GC; ++g)
+    for (int c = 0; c < V; ++c) _mm512_storeu_ps(acc_state + g * D + 16 * c, acc[g][c]);
 }
 
-// One (sequence, KV head) with attend_chunk: the group's heads in chunks of at most 256 / D heads
-// (4 at head_dim 64, 2 at 128: 16 accumulator vectors, and as many for the queries).
 template <typename T, int D>
-void attend_avx512(const T* q, const T* key_cache, const T* value_cache, const int32_t* table, int64_t context, int64_t kv,
-                   const Layout& L, float scale, T* out, int64_t own_from, const Ahead& ahead) {
-  constexpr int kChunk = 256 / D;
-  const int64_t G = L.group;
-  std::vector<int64_t> rows(context);
+using SpanFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float*, float*, float*,
+                        const Prefetch&, int64_t, int64_t);
+
+// KV heads [kv_a, kv_b) of sequence s: element offsets of its positions' slots (KV head 0).
+inline void slot_rows(const int32_t* table, int64_t context, const Layout& L, std::vector<int64_t>& rows) {
+  rows.resize(context);
   for (int64_t p = 0; p < context; ++p)
-    rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot + kv * L.cache_head;
-  std::vector<float> qf(kChunk * D), result(kChunk * D);
-  // The first KV head's task also prefetches the other KV heads' rows of each slot (one contiguous
-  // stretch per slot) into L2, where the tasks of this sequence's next KV heads, next on the same thread
-  // as a rule, find them: memory is then read in whole slots, not in 1-of-3 pieces 768 bytes apart.
-  const int64_t lines = kv == 0 ? (L.cache_slot * static_cast<int64_t>(sizeof(T)) + 63) / 64 : 0;
-  for (int64_t h0 = 0; h0 < G; h0 += kChunk) {
-    const int gc = static_cast<int>(G - h0 < kChunk ? G - h0 : kChunk);
-    const Ahead first = h0 == 0 ? ahead : Ahead{};  // brought in once, during the first chunk of heads
-    for (int g = 0; g < gc; ++g) {
-      const T* qh = q + (kv * G + h0 + g) * L.q_head;
-      for (int64_t d = 0; d < D; ++d) qf[g * D + d] = static_cast<float>(qh[d]) * scale;
+    rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
+}
+
+// A thread's tasks t0 .. t1 - 1 (task t = sequence t / num_kv_heads, KV head t % num_kv_heads) with
+// AVX-512, head_dim 64 or 128, span by span: for each span of kSpan positions of a sequence, every KV
+// head (and chunk of query heads) the thread runs for it, before the next span. While one span is
+// computed, the next one's slots (this sequence's next span, or the first span of the next sequence the
+// thread runs) are brought into L2, spread over the span's work: memory is then read at an even pace,
+// in whole slots (the KV heads of a slot lie side by side), while the arithmetic runs.
+template <typename T, int D>
+void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, const int32_t* lens, const Layout& L, float scale,
+               T* op, int64_t num_kv_heads, int64_t t0, int64_t t1) {
+  constexpr int kChunk = 256 / D;  // query heads per attend_span call: 16 accumulator vectors, as many for the queries
+  const int64_t G = L.group, chunks = (G + kChunk - 1) / kChunk;
+  static const SpanFn<T, D> spans[] = {attend_span<T, D, 1>, attend_span<T, D, (kChunk >= 2 ? 2 : 1)>,
+                                       attend_span<T, D, (kChunk >= 3 ? 3 : 1)>, attend_span<T, D, (kChunk >= 4 ? 4 : 1)>};
+  std::vector<int64_t> rows, next_rows, kv_rows;
+  std::vector<float> qf, acc, running_max, denominator;
+  int64_t prefetched_seq = -1;  // the sequence whose first span was brought in ahead
+  for (int64_t t = t0; t < t1;) {
+    const int64_t s = t / num_kv_heads, kv_a = t % num_kv_heads;
+    const int64_t kv_b = t1 - s * num_kv_heads < num_kv_heads ? t1 - s * num_kv_heads : num_kv_heads;
+    const int64_t heads = (kv_b - kv_a) * G, context = lens[s];
+    slot_rows(tables + s * L.table_seq, context, L, rows);
+    qf.assign(heads * D, 0.0f), acc.assign(heads * D, 0.0f), denominator.assign(heads, 0.0f);
+    running_max.assign(heads, -std::numeric_limits<float>::infinity());
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* qh = qp + s * L.q_seq + (kv_a * G + h) * L.q_head;
+      for (int64_t d = 0; d < D; ++d) qf[h * D + d] = static_cast<float>(qh[d]) * scale;
     }
-    switch (gc) {
-      case 1: attend_chunk<T, D, 1>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines, own_from, first); break;
-      case 2: attend_chunk<T, D, (kChunk >= 2 ? 2 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines, own_from, first); break;
-      case 3: attend_chunk<T, D, (kChunk >= 3 ? 3 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines, own_from, first); break;
-      default: attend_chunk<T, D, (kChunk >= 4 ? 4 : 1)>(qf.data(), key_cache, value_cache, rows.data(), context, result.data(), lines, own_from, first); break;
+    const int64_t own_from = kv_a * D * static_cast<int64_t>(sizeof(T));
+    const int64_t own_lines = ((kv_b - kv_a) * D * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+    kv_rows.resize(context);
+    for (int64_t b = 0; b < context; b += kSpan) {
+      const int64_t e = context - b < kSpan ? context : b + kSpan;
+      // What comes next on this thread: the rest of this sequence, else the next sequence's first span.
+      Prefetch next;
+      if (e < context) {
+        next = Prefetch{rows.data() + e, (context - e < kSpan ? context - e : kSpan), own_from, own_lines};
+      } else if ((s + 1) * num_kv_heads < t1 && lens[s + 1] > 0) {
+        const int64_t n = lens[s + 1] < kSpan ? lens[s + 1] : kSpan;
+        const int64_t kv_end = t1 - (s + 1) * num_kv_heads < num_kv_heads ? t1 - (s + 1) * num_kv_heads : num_kv_heads;
+        next_rows.resize(n);
+        const int32_t* table = tables + (s + 1) * L.table_seq;
+        for (int64_t p = 0; p < n; ++p)
+          next_rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
+        next = Prefetch{next_rows.data(), n, 0, (kv_end * D * static_cast<int64_t>(sizeof(T)) + 63) / 64};
+        prefetched_seq = s + 1;
+      }
+      const bool cold = b == 0 && prefetched_seq != s;  // nothing brought this span in: the first KV head fetches it
+      const int64_t units = (kv_b - kv_a) * chunks;
+      int64_t unit = 0;
+      for (int64_t kv = kv_a; kv < kv_b; ++kv) {
+        for (int64_t p = b; p < (e + 16 < context ? e + 16 : context); ++p) kv_rows[p] = rows[p] + kv * L.cache_head;  // and the next tile's
+        for (int64_t h0 = 0; h0 < G; h0 += kChunk, ++unit) {
+          const int gc = static_cast<int>(G - h0 < kChunk ? G - h0 : kChunk);
+          const int64_t h = (kv - kv_a) * G + h0;
+          const int64_t a = unit * next.count / units, z = (unit + 1) * next.count / units;  // this unit's share of the next span
+          const Prefetch share{next.rows + a, z - a, next.from, next.lines};
+          spans[gc - 1](qf.data() + h * D, kp, vp, kv_rows.data(), b, e, context, acc.data() + h * D, running_max.data() + h,
+                        denominator.data() + h, share, 0, cold && unit == 0 ? own_lines : 0);  // kv_rows start at KV head kv_a
+        }
+      }
     }
-    T* o = out + (kv * G + h0) * D;
-    for (int64_t i = 0; i < gc * D; ++i) o[i] = static_cast<T>(result[i]);
+    for (int64_t h = 0; h < heads; ++h) {
+      const float inv = context > 0 ? 1.0f / denominator[h] : 0.0f;  // an empty context gives zeros
+      T* o = op + s * (L.group * num_kv_heads) * D + (kv_a * G + h) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[h * D + d] * inv);
+    }
+    t = s * num_kv_heads + kv_b;
   }
 }
 #endif
 
-// head_dim 64 or 128: the AVX-512 version where it was built, the portable one elsewhere.
-template <typename T, int D>
-void attend_fast(const T* q, const T* key_cache, const T* value_cache, const int32_t* table, int64_t context, int64_t kv,
-                 const Layout& L, float scale, T* out, int64_t own_from, const Ahead& ahead) {
-#if defined(__AVX512F__)
-  attend_avx512<T, D>(q, key_cache, value_cache, table, context, kv, L, scale, out, own_from, ahead);
-#else
-  (void)own_from, (void)ahead;
-  attend<T, D>(q, key_cache, value_cache, table, context, kv, L, scale, out);
-#endif
-}
-
-// Every (sequence, KV head) of the batch, shared out among threads.
+// Every (sequence, KV head) of the batch, shared out among threads in contiguous ranges of tasks.
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const int32_t* tables,
          const int32_t* lens, const Layout& L, float scale, at::Tensor& out) {
   const int64_t num_kv_heads = key_cache.size(2), num_heads = q.size(1);
   const T *qp = q.data_ptr<T>(), *kp = key_cache.data_ptr<T>(), *vp = value_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
-  const int64_t slot_lines = (L.cache_slot * static_cast<int64_t>(sizeof(T)) + 63) / 64;
-  const int64_t ahead_cap = kAheadBytes / (2 * 64 * slot_lines);  // positions of the next sequence brought in ahead
   at::parallel_for(0, q.size(0) * num_kv_heads, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<int64_t> next;          // slots of the next sequence this thread runs
-    int64_t next_seq = -1, covered_seq = -1, covered = 0;  // that many of covered_seq's first positions are in L2 already
+#if defined(__AVX512F__)
+    if (L.dim == 64) return run_spans<T, 64>(qp, kp, vp, tables, lens, L, scale, op, num_kv_heads, t0, t1);
+    if (L.dim == 128) return run_spans<T, 128>(qp, kp, vp, tables, lens, L, scale, op, num_kv_heads, t0, t1);
+#endif
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t s = t / num_kv_heads, kv = t % num_kv_heads;
       const T* qs = qp + s * L.q_seq;
-      const int32_t* table = tables + s * L.table_seq;
       T* os = op + s * num_heads * L.dim;
-      Ahead ahead;
-      if (kAhead && (L.dim == 64 || L.dim == 128) && (s + 1) * num_kv_heads < t1) {  // this thread runs sequence s + 1 next
-        const int64_t count = lens[s + 1] < ahead_cap ? lens[s + 1] : ahead_cap;
-        if (next_seq != s + 1) {  // the first of these tasks on this thread (a range may start at any KV head)
-          next_seq = s + 1;
-          const int32_t* next_table = tables + (s + 1) * L.table_seq;
-          next.resize(count);
-          for (int64_t p = 0; p < count; ++p)
-            next[p] = next_table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
-        }
-        const int64_t a = kv * count / num_kv_heads, b = (kv + 1) * count / num_kv_heads;  // 1 / num_kv_heads of them per task
-        ahead = Ahead{next.data() + a, b - a, slot_lines};
-        if (kv == num_kv_heads - 1 && s * num_kv_heads >= t0) covered_seq = s + 1, covered = count;  // all its parts brought in
-      }
-      const int64_t own_from = s == covered_seq ? covered : 0;
       if (L.dim == 64)
-        attend_fast<T, 64>(qs, kp, vp, table, lens[s], kv, L, scale, os, own_from, ahead);
+        attend<T, 64>(qs, kp, vp, tables + s * L.table_seq, lens[s], kv, L, scale, os);
       else if (L.dim == 128)
-        attend_fast<T, 128>(qs, kp, vp, table, lens[s], kv, L, scale, os, own_from, ahead);
+        attend<T, 128>(qs, kp, vp, tables + s * L.table_seq, lens[s], kv, L, scale, os);
       else
-        attend<T, 0>(qs, kp, vp, table, lens[s], kv, L, scale, os);
+        attend<T, 0>(qs, kp, vp, tables + s * L.table_seq, lens[s], kv, L, scale, os);
     }
   });
 }
