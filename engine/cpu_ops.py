@@ -460,7 +460,16 @@ def _tail(text: str, limit: int) -> str:
 
 
 def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
-    from torch.utils import cpp_extension  # imported here: it is slow to import and only needed once
+    # Imported here: it is slow to import and only needed once. Where a CUDA toolkit is installed but
+    # torch is a CPU build (or no GPU is there), its import warns "No CUDA runtime is found, using
+    # CUDA_HOME=...": nothing to do with these CPU kernels, so not shown.
+    cpp_logger = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_logger.level
+    cpp_logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        cpp_logger.setLevel(level)
 
     from engine.model_loader import cache_dir
 
