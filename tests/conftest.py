@@ -26,6 +26,19 @@ TINY_SIZES = dict(
 
 
 @pytest.fixture(scope="session")
+def cpu_kernels_built() -> bool:
+    """The engine's CPU kernels, built (or found built) once, before a test that times an app run.
+
+    A fresh machine's first build takes 10-60 s, more on a busy one, and a checkout whose sources sit
+    at another path rebuilds them (ninja sees new source paths); counted inside AppTest's timeout, that
+    build failed the first app test. Returns whether they loaded (the app then says which path runs).
+    """
+    from engine import cpu_ops
+
+    return cpu_ops.load_kernel()
+
+
+@pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The default model (SmolLM2-135M-Instruct), fetched and converted once per machine."""
     return resolve_model(None)

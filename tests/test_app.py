@@ -16,7 +16,7 @@ from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
 
 
 @pytest.fixture
-def app(tiny_llama_dir, monkeypatch) -> AppTest:
+def app(tiny_llama_dir, cpu_kernels_built, monkeypatch) -> AppTest:
     monkeypatch.setenv(MODEL_ENV, str(tiny_llama_dir))
     at = AppTest.from_file(APP, default_timeout=60)
     at.run()
