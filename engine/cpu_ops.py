@@ -474,7 +474,9 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     from engine.model_loader import cache_dir
 
     sources = [path.read_text() for path in SOURCES + HEADERS]
-    key = "\n".join([*sources, torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
+    # The sources' directory too: torch's ninja file names the sources by path, and a second checkout
+    # (another clone, a CI copy) sharing the cache would make ninja rebuild the other's library each time.
+    key = "\n".join([*sources, str(SOURCES[0].parent.resolve()), torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     build_dir = (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
     build_dir.mkdir(parents=True, exist_ok=True)
