@@ -266,10 +266,10 @@ template <typename T, int D>
 using SpanFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float*, float*, float*,
                         const Prefetch&, int64_t, int64_t);
 
-// KV heads [kv_a, kv_b) of sequence s: element offsets of its positions' slots (KV head 0).
-inline void slot_rows(const int32_t* table, int64_t context, const Layout& L, std::vector<int64_t>& rows) {
-  rows.resize(context);
-  for (int64_t p = 0; p < context; ++p)
+// rows[p] for the first `count` positions of a sequence: the element offset of position p's slot (KV head 0).
+inline void slot_rows(const int32_t* table, int64_t count, const Layout& L, std::vector<int64_t>& rows) {
+  rows.resize(count);
+  for (int64_t p = 0; p < count; ++p)
     rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
 }
 
@@ -312,10 +312,7 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
       } else if ((s + 1) * num_kv_heads < t1 && lens[s + 1] > 0) {
         const int64_t n = lens[s + 1] < kSpan ? lens[s + 1] : kSpan;
         const int64_t kv_end = t1 - (s + 1) * num_kv_heads < num_kv_heads ? t1 - (s + 1) * num_kv_heads : num_kv_heads;
-        next_rows.resize(n);
-        const int32_t* table = tables + (s + 1) * L.table_seq;
-        for (int64_t p = 0; p < n; ++p)
-          next_rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
+        slot_rows(tables + (s + 1) * L.table_seq, n, L, next_rows);
         next = Prefetch{next_rows.data(), n, 0, (kv_end * D * static_cast<int64_t>(sizeof(T)) + 63) / 64};
         prefetched_seq = s + 1;
       }
