@@ -463,13 +463,8 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     # Imported here: it is slow to import and only needed once. Where a CUDA toolkit is installed but
     # torch is a CPU build (or no GPU is there), its import warns "No CUDA runtime is found, using
     # CUDA_HOME=...": nothing to do with these CPU kernels, so not shown.
-    cpp_logger = logging.getLogger("torch.utils.cpp_extension")
-    level = cpp_logger.level
-    cpp_logger.setLevel(logging.ERROR)
-    try:
+    with _cpp_extension_quiet():
         from torch.utils import cpp_extension
-    finally:
-        cpp_logger.setLevel(level)
 
     from engine.model_loader import cache_dir
 
@@ -503,18 +498,28 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
         _say(f"Building the engine's CPU kernels for this machine (10-60 s; kept once built) in {build_dir}", progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
     # (on failure) says what matters.
-    cpp_logger = logging.getLogger(cpp_extension.__name__)
-    level = cpp_logger.level
-    cpp_logger.setLevel(logging.ERROR)
     _building.set()
     atexit.register(_exit_quietly_if_building)
     try:
-        _load(cpp_extension, name, build_dir)
+        with _cpp_extension_quiet():
+            _load(cpp_extension, name, build_dir)
     finally:
-        cpp_logger.setLevel(level)
         _building.clear()
         atexit.unregister(_exit_quietly_if_building)
     loaded_once.touch()
+
+
+@contextlib.contextmanager
+def _cpp_extension_quiet():
+    """torch.utils.cpp_extension's logger at ERROR only, for the duration (its warnings and banners here
+    are about CUDA or the compiler's version, not about these kernels)."""
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _exit_quietly_if_building() -> None:
