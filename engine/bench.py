@@ -82,7 +82,7 @@ def run_bench(
     batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py), roofline
     (the fastest engine run's decode steps against this machine's roofline, measured first and last, the
     better of the two kept: :func:`engine.roofline.decode_report`, plus ``run``, its index, and
-    ``mean_share_by_run`` and ``mean_read_share_by_run``, every run's mean shares: best against best,
+    ``mean_share_by_run`` and ``mean_tight_share_by_run``, every run's mean shares: best against best,
     as STREAM and the matmul peak keep their best runs, with all runs shown), fp32_agreement (not float32 only: the engine's tokens
     against a float32 engine's, :func:`engine.precision.fp32_agreement`).
 
@@ -169,7 +169,7 @@ def run_bench(
     fastest = min(range(repeats), key=engine_runs.__getitem__)
     reports = [roofline.decode_report(engine.runner.model, steps, peaks) for steps in run_steps]
     result["roofline"] = reports[fastest] | {"run": fastest, "mean_share_by_run": [r["mean_share"] for r in reports],
-                                             "mean_read_share_by_run": [r["mean_read_share"] for r in reports]}
+                                             "mean_tight_share_by_run": [r["mean_tight_share"] for r in reports]}
     return result
 
 
@@ -257,8 +257,8 @@ def format_result(r: dict) -> str:
     shares = r["roofline"]["mean_share_by_run"]
     if len(shares) > 1 and None not in shares:
         each = ", ".join(f"{100 * x:.0f}%" for x in shares)
-        reads = r["roofline"].get("mean_read_share_by_run", [None])
-        tighter = "; of the tighter roofline: " + ", ".join(f"{100 * x:.0f}%" for x in reads) if None not in reads else ""
+        tight = r["roofline"].get("mean_tight_share_by_run", [None])
+        tighter = "; of the tighter roofline: " + ", ".join(f"{100 * x:.0f}%" for x in tight) if None not in tight else ""
         lines.append(f"  (the steps above: engine run {r['roofline']['run'] + 1} of {len(shares)}, the fastest; mean share in each run: {each}{tighter})")
     if "vllm_tokens_per_s" in r:
         from engine.vllm_compare import format_vllm_column
@@ -268,7 +268,9 @@ def format_result(r: dict) -> str:
 
 
 def _best(a: roofline.MachinePeaks, b: roofline.MachinePeaks) -> roofline.MachinePeaks:
-    """The higher bandwidths and the higher matmul peak of two measurements of the same machine."""
-    reads = [x.read_gb_s for x in (a, b) if x.read_gb_s is not None]
+    """The higher of each figure of two measurements of the same machine."""
+    def higher(x: float | None, y: float | None) -> float | None:
+        return None if x is None and y is None else max(v for v in (x, y) if v is not None)
+
     return roofline.MachinePeaks(max(a.bandwidth_gb_s, b.bandwidth_gb_s), max(a.matmul_gflop_s, b.matmul_gflop_s), a.threads,
-                                 max(reads) if reads else None)
+                                 higher(a.read_gb_s, b.read_gb_s), higher(a.onednn_gflop_s, b.onednn_gflop_s))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import EngineConfig, LLMEngine
 from engine.roofline import MachinePeaks, decode_report, decode_step_cost, format_report, measure_machine, model_cost, roofline_ms
@@ -48,28 +49,36 @@ def test_roofline_is_the_larger_of_the_two_times(tiny_model):
     cell = f"1: 2.0/{first['roofline_ms']:.1f} ({100 * first['roofline_ms'] / 2.0:.0f}%)"
     assert "10.0 GB/s" in text and cell in text and "over 2 decode steps" in text
     assert "no decode steps" in format_report(decode_report(tiny_model, [], peaks))
-    assert report["mean_read_share"] is None and all(s["read_share"] == s["share"] for s in report["steps"])  # not measured
-    assert "read-only" not in text
+    assert report["mean_tight_share"] is None and all(s["tight_share"] == s["share"] for s in report["steps"])  # not measured
+    assert "read-only" not in text and "oneDNN" not in text and "tighter" not in text
 
 
-def test_the_tighter_roofline_takes_the_faster_of_the_copy_and_the_read_stream(tiny_model):
+def test_the_tighter_roofline_takes_the_faster_of_each_pair_of_measurements(tiny_model):
     steps = [(2.0, [5]), (3e4, [5] * 3000)]  # memory-bound, compute-bound
-    faster = decode_report(tiny_model, steps, MachinePeaks(10.0, 100.0, 2, read_gb_s=40.0))
+    copy_mm = MachinePeaks(10.0, 100.0, 2)
+    faster = decode_report(tiny_model, steps, MachinePeaks(10.0, 100.0, 2, read_gb_s=40.0, onednn_gflop_s=200.0))
     memory, compute = faster["steps"]
-    assert memory["read_share"] == pytest.approx(memory["share"] / 4)  # 4x the bandwidth: a quarter of the time
-    assert memory["roofline_ms"] == pytest.approx(roofline_ms(*decode_step_cost(model_cost(tiny_model), [5]), MachinePeaks(10.0, 100.0, 2)))
-    assert compute["read_share"] == pytest.approx(compute["share"])  # the arithmetic bounds it either way
-    assert faster["mean_read_share"] == pytest.approx((memory["read_share"] + compute["read_share"]) / 2)
+    assert memory["roofline_ms"] == pytest.approx(roofline_ms(*decode_step_cost(model_cost(tiny_model), [5]), copy_mm))  # the headline: as before
+    assert memory["tight_share"] == pytest.approx(memory["share"] / 4)  # 4x the bandwidth: a quarter of the time
+    assert compute["tight_share"] == pytest.approx(compute["share"] / 2)  # 2x the peak: half
+    assert faster["mean_tight_share"] == pytest.approx((memory["tight_share"] + compute["tight_share"]) / 2)
     text = format_report(faster)
-    assert "40.0 GB/s read-only" in text and f"({40.0:.1f} GB/s; a decode step only reads): mean share {100 * faster['mean_read_share']:.0f}%" in text
-    slower = decode_report(tiny_model, steps, MachinePeaks(10.0, 100.0, 2, read_gb_s=5.0))  # the copy is faster: it is the bound
-    assert [s["read_share"] for s in slower["steps"]] == pytest.approx([s["share"] for s in slower["steps"]])
-    assert "(10.0 GB/s; a decode step only reads)" in format_report(slower)
+    assert "40.0 GB/s read-only" in text and "200 through oneDNN" in text
+    assert f"(40.0 GB/s, 200 GFLOP/s): mean share {100 * faster['mean_tight_share']:.0f}%" in text
+    # Each second measurement slower than the first: the first bounds (the tighter roofline is the same).
+    slower = decode_report(tiny_model, steps, MachinePeaks(10.0, 100.0, 2, read_gb_s=5.0, onednn_gflop_s=50.0))
+    assert [s["tight_share"] for s in slower["steps"]] == pytest.approx([s["share"] for s in slower["steps"]])
+    assert "(10.0 GB/s, 100 GFLOP/s)" in format_report(slower)
+    only_read = decode_report(tiny_model, steps, MachinePeaks(10.0, 100.0, 2, read_gb_s=40.0))  # no oneDNN here
+    assert only_read["steps"][1]["tight_share"] == pytest.approx(only_read["steps"][1]["share"])
+    assert "oneDNN" not in format_report(only_read) and "(40.0 GB/s, 100 GFLOP/s)" in format_report(only_read)
 
 
 def test_machine_measurement_gives_plausible_limits():
     peaks = measure_machine(copy_mb=32, matmul_n=256, repeats=2)
     assert 0.1 < peaks.bandwidth_gb_s < 10_000 and 0.1 < peaks.matmul_gflop_s < 1e6 and peaks.threads >= 1
     assert 0.1 < peaks.read_gb_s < 10_000
+    assert peaks.onednn_gflop_s is None or 0.1 < peaks.onednn_gflop_s < 1e6
+    assert (peaks.onednn_gflop_s is None) == (not torch.backends.mkldnn.is_available())
     with pytest.raises(ValueError, match="repeats"):
         measure_machine(repeats=0)
