@@ -97,14 +97,16 @@ def run_bench(
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
-    # The machine's own limits, before anything else runs and again at the end (vLLM's process is gone by
-    # then); the better of the two, as STREAM keeps its best run: on a shared machine one measurement
-    # can be 25% low (23.5 against 29.1 GB/s in two quiet runs here), which would flatter every step's share.
-    peaks = roofline.measure_machine()
     torch.manual_seed(seed)
     settings = dict(block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
     llm = LLM(model, dtype=dtype, **settings)
     engine = llm.engine
+    # The machine's own limits, the matmul peak in the model's dtype: before vLLM and transformers run, and
+    # again at the end (vLLM's process is gone by then); the better of the two, as STREAM keeps its best
+    # run: on a shared machine one measurement can be 25% low (23.5 against 29.1 GB/s in two quiet runs
+    # here), which would flatter every step's share. On its own random stream: the seeded one is the workload's.
+    with torch.random.fork_rng():
+        peaks = roofline.measure_machine(dtype=engine.dtype)
     prompt_ids = [engine.encode(p) for p in prompts]
     vllm = _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size) if against_vllm else None
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
@@ -165,7 +167,8 @@ def run_bench(
         margin = lambda i, pos: precision.top2_margin(hf, prompt_ids[i] + outputs[i].token_ids[:pos])  # noqa: E731
         result.update(vllm.figures(tokens, engine_runs, [o.token_ids for o in outputs], margin), block_size=block_size)
         vllm.close()
-    peaks = _best(peaks, roofline.measure_machine())
+    with torch.random.fork_rng():
+        peaks = _best(peaks, roofline.measure_machine(dtype=engine.dtype))
     fastest = min(range(repeats), key=engine_runs.__getitem__)
     reports = [roofline.decode_report(engine.runner.model, steps, peaks) for steps in run_steps]
     result["roofline"] = reports[fastest] | {"run": fastest, "mean_share_by_run": [r["mean_share"] for r in reports],
@@ -273,4 +276,4 @@ def _best(a: roofline.MachinePeaks, b: roofline.MachinePeaks) -> roofline.Machin
         return None if x is None and y is None else max(v for v in (x, y) if v is not None)
 
     return roofline.MachinePeaks(max(a.bandwidth_gb_s, b.bandwidth_gb_s), max(a.matmul_gflop_s, b.matmul_gflop_s), a.threads,
-                                 higher(a.read_gb_s, b.read_gb_s), higher(a.onednn_gflop_s, b.onednn_gflop_s))
+                                 higher(a.read_gb_s, b.read_gb_s), higher(a.onednn_gflop_s, b.onednn_gflop_s), a.dtype)

@@ -24,7 +24,9 @@ of it in a fast hour here):
 So both are measured a second way too (torch's sum over the copy's source; the matmul through
 ``F.linear`` on tensors in oneDNN's layout), and the report also gives each step's share of the
 tighter roofline, with the faster bandwidth and the faster peak (``tight_share``). The first stays
-the headline figure, as issue 18 defined it.
+the headline figure, as issue 18 defined it. The matmul peak is measured in the model's dtype: a bf16
+model's arithmetic runs at bf16's rate (AVX512-BF16 does twice fp32's multiply-adds per instruction),
+so a float32 peak would be no bound for it.
 
 ``share = roofline / measured step time``: 100% would be a step that does nothing but what it must.
 ``python -m engine bench`` prints it for each decode step of the workload. The bound assumes the weights
@@ -48,12 +50,16 @@ class MachinePeaks:
 
     Attributes:
         bandwidth_gb_s: STREAM "copy": (bytes read + bytes written) / s, in GB/s (1e9 bytes), the best of the runs.
-        matmul_gflop_s: one ``n x n`` float32 matmul: 2 n^3 / s, in GFLOP/s, the best of the runs.
+        matmul_gflop_s: one ``n x n`` matmul in ``dtype``: 2 n^3 / s, in GFLOP/s, the best of the runs.
         threads: torch's intra-op threads when measured (the engine's).
         read_gb_s: a read-only stream over the copy's source (torch's sum): bytes read / s, in GB/s, the
             best of the runs; None: not measured.
         onednn_gflop_s: the same matmul through oneDNN (``F.linear`` on ``Tensor.to_mkldnn()`` copies), in GFLOP/s, the best of
             the runs; None: not measured, or torch has no oneDNN here.
+        dtype: the matmuls' dtype ("float32", "bfloat16"): that of the model the peaks bound, whose
+            arithmetic runs at its dtype's rate (bf16's ``_mm512_dpbf16_ps`` does twice fp32's
+            multiply-adds per instruction: 391 against 149 GFLOP/s for ``torch.mm`` on this project's
+            Zen 4 VM).
     """
 
     bandwidth_gb_s: float
@@ -61,28 +67,33 @@ class MachinePeaks:
     threads: int
     read_gb_s: float | None = None
     onednn_gflop_s: float | None = None
+    dtype: str = "float32"
 
 
-def measure_machine(copy_mb: int = 256, matmul_n: int = 2048, repeats: int = 5) -> MachinePeaks:
+def measure_machine(copy_mb: int = 256, matmul_n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> MachinePeaks:
     """Measure memory bandwidth and matmul peak with torch's own operators, on its current threads; each
     also a second way (see the top of this module).
 
     Args:
         copy_mb: size of the copied buffer in MB (1e6 bytes); far above the last-level cache.
-        matmul_n: the matmul is ``[n, n] @ [n, n]`` float32 (``torch.mm``: MKL on x86; and through oneDNN).
+        matmul_n: the matmul is ``[n, n] @ [n, n]`` (``torch.mm``: MKL on x86 in float32; and through oneDNN).
         repeats: runs of each, after one warm-up; the best is kept (STREAM's convention: the machine
             can do at least that).
+        dtype: the matmuls' dtype, the model's (float32 or bfloat16); the bandwidth is measured in float32
+            (bytes are bytes).
 
     Raises:
-        ValueError: a size or repeats below 1.
+        ValueError: a size or repeats below 1, or a dtype other than float32 and bfloat16.
     """
     if copy_mb < 1 or matmul_n < 1 or repeats < 1:
         raise ValueError(f"copy_mb, matmul_n and repeats must be >= 1, got {copy_mb}, {matmul_n}, {repeats}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"dtype must be torch.float32 or torch.bfloat16, got {dtype}")
     src = torch.ones(copy_mb * 10**6 // 4)
     dst = torch.empty_like(src)
     copy_s = _best_time(lambda: dst.copy_(src), repeats)
     read_s = _best_time(src.sum, repeats)
-    a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
+    a, b = torch.randn(matmul_n, matmul_n, dtype=dtype), torch.randn(matmul_n, matmul_n, dtype=dtype)
     matmul_s = _best_time(lambda: torch.mm(a, b), repeats)
     onednn_s = None
     if torch.backends.mkldnn.is_available():  # the same matmul on tensors in oneDNN's layout: F.linear runs oneDNN's
@@ -90,7 +101,7 @@ def measure_machine(copy_mb: int = 256, matmul_n: int = 2048, repeats: int = 5) 
         onednn_s = _best_time(lambda: F.linear(a_onednn, b_onednn), repeats)
     flops = 2 * matmul_n**3
     return MachinePeaks(2 * src.nbytes / copy_s / 1e9, flops / matmul_s / 1e9, torch.get_num_threads(), src.nbytes / read_s / 1e9,
-                        flops / onednn_s / 1e9 if onednn_s else None)
+                        flops / onednn_s / 1e9 if onednn_s else None, str(dtype).replace("torch.", ""))
 
 
 def _best_time(run, repeats: int) -> float:
@@ -175,7 +186,15 @@ def decode_report(model: nn.Module, steps: list[tuple[float, list[int]]], peaks:
         see the top of this module), mean_tight_share their mean (None: no steps, or neither second
         measurement made). A compute-bound share above 100% says that the step beat the measured matmul
         peak (one large MKL matmul), not the machine.
+
+    Raises:
+        ValueError: the peaks were measured in another dtype than the model's parameters (a float32 peak
+            is no bound for bfloat16 arithmetic).
     """
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+    if dtype != peaks.dtype:
+        raise ValueError(f"the matmul peak was measured in {peaks.dtype} but the model computes in {dtype}: "
+                         f"measure_machine(dtype=torch.{dtype})")
     cost = model_cost(model)
     rows = []
     for ms, lens in steps:
@@ -201,7 +220,7 @@ def format_report(report: dict, per_line: int = 6) -> str:
     onednn = f", {p['onednn_gflop_s']:.0f} through oneDNN" if p.get("onednn_gflop_s") else ""
     lines = [
         f"roofline: memory {p['bandwidth_gb_s']:.1f} GB/s (STREAM copy){read}, matmul {p['matmul_gflop_s']:.0f} GFLOP/s "
-        f"(torch.mm{onednn}; fp32, {p['threads']} threads), {report['weight_mb']:.0f} MB of weights read per step",
+        f"(torch.mm{onednn}; {p.get('dtype', 'float32')}, {p['threads']} threads), {report['weight_mb']:.0f} MB of weights read per step",
     ]
     if report["mean_share"] is None:
         return lines[0] + "; no decode steps"

@@ -99,5 +99,7 @@ def test_bench_in_bf16_reports_the_agreement_with_fp32(tiny_llama_dir):
     agreement = data["fp32_agreement"]
     assert agreement["tokens"] == 2 + 4 + 6 and 0 <= agreement["agreement"] <= 1
     assert len(agreement["divergences"]) == 3 - agreement["identical_requests"]
+    assert data["roofline"]["peaks"]["dtype"] == "bfloat16"  # the matmul peak in the model's dtype, not fp32's
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert text.returncode == 0 and "bfloat16 vs float32 greedy tokens" in text.stdout and "mean share of the roofline" in text.stdout
+    assert "; bfloat16, " in text.stdout  # the roofline line names the peak's dtype

@@ -301,6 +301,7 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     assert [s["batch"] for s in steps] == [4, 3, 3, 2, 2, 2, 1, 1]
     assert all(0 < s["roofline_ms"] and 0 < s["share"] == pytest.approx(s["roofline_ms"] / s["ms"]) for s in steps)
     assert data["roofline"]["peaks"]["bandwidth_gb_s"] > 0 and data["roofline"]["mean_share"] > 0
+    assert data["roofline"]["peaks"]["dtype"] == "float32"
     assert data["roofline"]["peaks"]["read_gb_s"] > 0 and 0 < data["roofline"]["mean_tight_share"] <= data["roofline"]["mean_share"] + 1e-9
     assert data["roofline"]["run"] == min(range(2), key=data["engine_runs_s"].__getitem__)
     assert data["roofline"]["mean_share_by_run"][data["roofline"]["run"]] == data["roofline"]["mean_share"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -80,5 +82,23 @@ def test_machine_measurement_gives_plausible_limits():
     assert 0.1 < peaks.read_gb_s < 10_000
     assert peaks.onednn_gflop_s is None or 0.1 < peaks.onednn_gflop_s < 1e6
     assert (peaks.onednn_gflop_s is None) == (not torch.backends.mkldnn.is_available())
+    assert peaks.dtype == "float32"
     with pytest.raises(ValueError, match="repeats"):
         measure_machine(repeats=0)
+    with pytest.raises(ValueError, match="dtype"):
+        measure_machine(copy_mb=1, matmul_n=8, repeats=1, dtype=torch.float16)
+
+
+def test_the_matmul_peak_is_measured_in_the_models_dtype(tiny_model):
+    bf16 = measure_machine(copy_mb=8, matmul_n=128, repeats=1, dtype=torch.bfloat16)
+    assert bf16.dtype == "bfloat16" and 0.1 < bf16.matmul_gflop_s < 1e6
+    steps = [(2.0, [5])]
+    # A float32 peak is no bound for bf16 arithmetic (AVX512-BF16 does twice fp32's multiply-adds), nor the reverse.
+    with pytest.raises(ValueError, match="measured in bfloat16 but the model computes in float32"):
+        decode_report(tiny_model, steps, bf16)
+    model16 = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"measured in float32 but the model computes in bfloat16: measure_machine\(dtype=torch.bfloat16\)"):
+        decode_report(model16, steps, MachinePeaks(10.0, 100.0, 2))
+    report = decode_report(model16, steps, MachinePeaks(10.0, 100.0, 2, dtype="bfloat16"))
+    assert "(torch.mm; bfloat16, 2 threads)" in format_report(report)
+    assert "(torch.mm; float32, 2 threads)" in format_report(decode_report(tiny_model, steps, MachinePeaks(10.0, 100.0, 2)))
