@@ -320,7 +320,7 @@ class CausalLM(nn.Module):
         self.lm_head_packed: torch.Tensor | None = None  # the LM head in the kernel's panels, see use_cpu_kernels
         self.decode_layers = False  # decode steps run each layer as one C++ call (DecoderLayer.decode), see use_cpu_kernels
         self.layers_decode_weights: tuple | None = None  # all layers' decode_weights for cpu_ops.decode_layers, see use_cpu_kernels
-        self._layer_modules: list[nn.Module] = []  # every module inside the layers, see _watched
+        self._hook_dicts: list[dict] = []  # the forward (pre-)hook dicts of every module inside the layers, see _watched
 
     def forward(
         self,
@@ -361,12 +361,15 @@ class CausalLM(nn.Module):
     def _watched(self) -> bool:
         """A forward hook is registered on a module inside the layers (the app's Kernel lab keeps each
         q_proj's output), or globally: then decode steps run the modules, so that the hooks see them.
-        ~400 dictionary checks per step for the default model (tens of microseconds)."""
+
+        The modules' hook dictionaries are listed once (:meth:`use_cpu_kernels`; registering or removing
+        a hook changes a dictionary in place, never replaces it), and ``any`` tests them in one C loop:
+        ~800 for the default model. Asked for each module by attribute, as before, the same test took
+        0.34 ms of a 15 ms decode step here, its data cold after the step had streamed the weights.
+        """
         from torch.nn.modules import module as nn_module
 
-        if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
-            return True
-        return any(m._forward_hooks or m._forward_pre_hooks for m in self._layer_modules)
+        return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks) or any(self._hook_dicts)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
@@ -433,7 +436,7 @@ class CausalLM(nn.Module):
         for layer in layers if self.decode_layers else []:
             layer.store_decode_weights()
         self.layers_decode_weights = self._all_decode_weights() if self.decode_layers else None
-        self._layer_modules = [m for layer in layers for m in layer.modules()]  # for _watched
+        self._hook_dicts = [d for layer in layers for m in layer.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
 
 
 def build_model(

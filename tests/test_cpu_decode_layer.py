@@ -212,3 +212,30 @@ def test_a_forward_hook_inside_the_layers_makes_decode_steps_run_the_modules(tin
         engine.step()
     assert sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layers") == 1
     assert len(seen) == 4
+
+
+@pytest.mark.parametrize("where", ["pre-hook inside the layers", "global hook"])
+def test_a_pre_hook_or_a_global_hook_makes_decode_steps_run_the_modules(tiny_llama_dir, where):
+    # The app's Kernel lab also reads o_proj's input with a pre-hook; a global hook sees every module.
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
+    model = engine.runner.model
+    seen = []
+    o_proj = model.model.layers[0].self_attn.o_proj
+    if where == "global hook":
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, out: seen.append(out.shape[0]) if m is o_proj else None)
+    else:
+        handle = o_proj.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    engine.add_request("The block table maps", SamplingParams(max_tokens=3, ignore_eos=True))
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        handle.remove()
+    assert seen[1:] == [1, 1]  # after the prefill, both decode steps ran o_proj as a module
+    engine.add_request("Paged attention", SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.step()  # hooks gone: one C++ call again
+    assert sum(e.count for e in prof.key_averages() if e.key == "pagedattention_lab::decode_layers") == 1
+    assert len(seen) == 3
