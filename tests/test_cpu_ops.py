@@ -130,6 +130,39 @@ def test_engines_on_the_same_weights_share_one_packed_copy(kernel, tiny_llama_di
     assert tokens[0] == tokens[1] and len(tokens[0]) == 6
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 70),
+    k=st.integers(1, 700),
+    ns=st.lists(st.integers(0, 300), min_size=1, max_size=4),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_several_weights_in_one_call_are_each_weight_bit_for_bit(kernel, rows, k, ns, bf16, seed):
+    # decode_layer multiplies q, k and v (and gate and up) in one parallel region: a thread's share of
+    # the panels runs on from one weight into the next. Each output must be that weight's own product.
+    if bf16 and not cpu_ops.matmul_bf16():
+        pytest.skip("this CPU has no AVX512-BF16")
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator).to(dtype)
+    weights = [torch.randn(n, k, generator=generator).to(dtype) for n in ns]
+    packed = [cpu_ops.pack_weight(w) for w in weights]
+    outs = torch.ops.pagedattention_lab.small_batch_linears(x, packed, ns)
+    assert [tuple(o.shape) for o in outs] == [(rows, n) for n in ns]
+    for out, w, p in zip(outs, weights, packed):
+        assert torch.equal(out, kernel(x, w, p))
+
+
+def test_several_weights_in_one_call_refuse_what_they_cannot_multiply(kernel):
+    x, a, b = torch.randn(2, 8), cpu_ops.pack_weight(torch.randn(32, 8)), cpu_ops.pack_weight(torch.randn(16, 9))
+    with pytest.raises(RuntimeError, match=r"x is \[M, 8\] but the packed weight .* is not that of an \[16, 8\] weight"):
+        torch.ops.pagedattention_lab.small_batch_linears(x, [a, b], [32, 16])
+    with pytest.raises(RuntimeError, match="one N per packed weight"):
+        torch.ops.pagedattention_lab.small_batch_linears(x, [a], [32, 16])
+    assert torch.equal(torch.ops.pagedattention_lab.small_batch_linears(x, [a], [32])[0], kernel(x, torch.empty(32, 8), a))
+
+
 def test_kernel_handles_empty_shapes(kernel):
     assert kernel(torch.randn(0, 8), torch.randn(5, 8)).shape == (0, 5)
     assert kernel(torch.randn(3, 8), torch.randn(0, 8)).shape == (3, 0)

@@ -7,12 +7,12 @@
 // token, with the same kernels in the same order, so its results are the module path's bit for bit:
 //
 //   x, residual = add_rms_norm(hidden, residual, input_layernorm)   (the first layer: residual = hidden, x = RMSNorm(hidden))
-//   q, k, v     = small_batch_linear(x, q/k/v_proj) (+ bias)        (Qwen3: RMSNorm over head_dim on q and k)
+//   q, k, v     = small_batch_linears(x, q/k/v_proj) (+ bias)       (one parallel region; Qwen3: RMSNorm over head_dim on q and k)
 //   q, k        = rotary_embedding(q, k, cos, sin)
 //   key_cache[slot_mapping], value_cache[slot_mapping] = k, v       (vLLM's reshape_and_cache; slot -1 is not written)
 //   attn        = paged_attention_decode(q, key_cache, value_cache, block_tables, context_lens, scale)
 //   x, residual = add_rms_norm(o_proj(attn), residual, post_attention_layernorm)
-//   hidden      = down_proj(silu_and_mul(gate_proj(x), up_proj(x)))
+//   hidden      = down_proj(silu_and_mul(gate_proj(x), up_proj(x)))  (gate and up in one parallel region)
 //
 // Why: the work of a decode step is the same either way, but from Python each of a layer's ~15
 // operators costs a module call, argument checks and a trip through torch's dispatcher (a few
@@ -36,7 +36,9 @@
 
 #include <cstring>
 #include <optional>
+#include <initializer_list>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -45,6 +47,7 @@ using pagedattention_lab::paged_attention_decode;
 using pagedattention_lab::rotary_embedding;
 using pagedattention_lab::silu_and_mul;
 using pagedattention_lab::small_batch_linear;
+using pagedattention_lab::small_batch_linears;
 
 // engine/model.py's RMSNorm without a residual: weight * F.rms_norm(x.float(), (dim,), eps).to(x.dtype),
 // the same ATen operators, so the same bits.
@@ -57,6 +60,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t n, cons
   at::Tensor y = small_batch_linear(x, packed, n);
   if (bias.has_value() && bias->defined()) y.add_(*bias);
   return y;
+}
+
+// Several Linears on the same x (q, k and v; gate and up) in one parallel region: each thread's share
+// of the weights' panels runs on from one weight into the next instead of every weight starting and
+// joining its own threads (small_batch_linears). The same tiles, so the same bits as one call each.
+std::vector<at::Tensor> linears(const at::Tensor& x, at::TensorList packed, at::IntArrayRef ns, std::initializer_list<std::optional<at::Tensor>> biases) {
+  std::vector<at::Tensor> ys = small_batch_linears(x, packed, ns);
+  size_t i = 0;
+  for (const auto& bias : biases) {
+    if (bias.has_value() && bias->defined()) ys[i].add_(*bias);
+    ++i;
+  }
+  return ys;
 }
 
 // The step's K and V rows into their slots: key_cache viewed as [num_blocks * block_size, num_kv_heads,
@@ -110,9 +126,9 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(const at::Tensor& hidden, const 
     res = hidden;
     x = rms_norm(hidden, weights[0], eps);
   }
-  at::Tensor q = linear(x, weights[1], heads * dim, bias(0)).view({n, heads, dim});
-  at::Tensor k = linear(x, weights[2], kv_heads * dim, bias(1)).view({n, kv_heads, dim});
-  const at::Tensor v = linear(x, weights[3], kv_heads * dim, bias(2)).view({n, kv_heads, dim});
+  const std::vector<at::Tensor> qkv = linears(x, weights.slice(1, 3), {heads * dim, kv_heads * dim, kv_heads * dim}, {bias(0), bias(1), bias(2)});
+  at::Tensor q = qkv[0].view({n, heads, dim}), k = qkv[1].view({n, kv_heads, dim});
+  const at::Tensor v = qkv[2].view({n, kv_heads, dim});
   if (weights.size() == 11) {  // Qwen3
     q = rms_norm(q, weights[9], eps);
     k = rms_norm(k, weights[10], eps);
@@ -121,8 +137,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(const at::Tensor& hidden, const 
   write_kv(k, v, key_cache, value_cache, slot_mapping);  // first, so attention reads this step's token too
   const at::Tensor attn = paged_attention_decode(q, key_cache, value_cache, block_tables, context_lens, scale);
   std::tie(x, res) = add_rms_norm(linear(attn.view({n, heads * dim}), weights[4], hidden_size, bias(3)), res, weights[5], eps);
-  const at::Tensor gate = linear(x, weights[6], intermediate, bias(4)), up = linear(x, weights[7], intermediate, bias(5));
-  return {linear(silu_and_mul(gate, up), weights[8], hidden_size, bias(6)), res};
+  const std::vector<at::Tensor> gate_up = linears(x, weights.slice(6, 2), {intermediate, intermediate}, {bias(4), bias(5)});
+  return {linear(silu_and_mul(gate_up[0], gate_up[1]), weights[8], hidden_size, bias(6)), res};
 }
 
 // Every decoder layer of a decode step, then the final RMSNorm, in one call: decode_layer for layer

@@ -7,11 +7,14 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace pagedattention_lab {
 
 // small_batch_linear.cpp: x [M, K] times an [N, K] weight packed by pack_weight_ -> [M, N].
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N);
+// The same for several weights of the same K (q, k and v; gate and up) in one parallel region -> one [M, N_i] each.
+std::vector<at::Tensor> small_batch_linears(const at::Tensor& x, at::TensorList packed, at::IntArrayRef ns);
 void pack_weight_(const at::Tensor& weight, at::Tensor packed);
 std::string small_batch_linear_simd();
 

@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -166,19 +167,35 @@ using TileFn = void (*)(const X*, int64_t, const W*, int64_t, Y*, int64_t, int64
   FN<1>, FN<2>, FN<3>, FN<4>, FN<5>, FN<6>, FN<7>, FN<8>, FN<9>, FN<10>, FN<11>, FN<12>, FN<13>, FN<14>, \
       FN<15>, FN<16>
 
-// All M rows of x ([M, K'] row-major) times every panel, panels shared out among threads.
+// One weight of a multiply: its packed panels and its output y [M, N].
+template <typename W, typename Y>
+struct Part {
+  const W* packed;
+  int64_t panels, N;
+  Y* y;
+};
+
+// All M rows of x ([M, K'] row-major) times every panel of every part (weights of the same K, read by
+// the same x), the parts' panels shared out among threads as one range: a thread's contiguous share
+// runs on from one weight into the next, with no join between them (q, k and v; gate and up).
 template <typename X, typename W, typename Y>
-void multiply(const X* x, int64_t M, const W* packed, int64_t panels, int64_t K, int64_t panel_elems, Y* y, int64_t N,
-              const TileFn<X, W, Y>* tiles) {
+void multiply(const X* x, int64_t M, const std::vector<Part<W, Y>>& parts, int64_t K, int64_t panel_elems, const TileFn<X, W, Y>* tiles) {
   const int64_t groups = (M + kMaxRows - 1) / kMaxRows;
   const int64_t base = M / groups, extra = M % groups;  // the first `extra` groups take one row more
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
+  int64_t total = 0;
+  for (const auto& part : parts) total += part.panels;
+  at::parallel_for(0, total, 1, [&](int64_t p0, int64_t p1) {
+    size_t i = 0;
+    int64_t first = 0;  // the global index of parts[i]'s first panel
+    for (int64_t q = p0; q < p1; ++q) {
+      while (q - first >= parts[i].panels) first += parts[i++].panels;
+      const Part<W, Y>& part = parts[i];
+      const int64_t p = q - first, N = part.N;
       const int64_t cols = N - p * kLanes < kLanes ? N - p * kLanes : kLanes;
       int64_t m = 0;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t rows = base + (g < extra ? 1 : 0);
-        tiles[rows - 1](x + m * K, K, packed + p * panel_elems, K, y + m * N + p * kLanes, N, cols);
+        tiles[rows - 1](x + m * K, K, part.packed + p * panel_elems, K, part.y + m * N + p * kLanes, N, cols);
         m += rows;
       }
     }
@@ -249,33 +266,50 @@ namespace pagedattention_lab {
 
 void pack_weight_(const at::Tensor& weight, at::Tensor packed) { pack_weight_into(weight, packed); }
 
-at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
+std::vector<at::Tensor> small_batch_linears(const at::Tensor& x, at::TensorList packed, at::IntArrayRef ns) {
   TORCH_CHECK(x.dim() == 2, "small_batch_linear: x must be 2-D [M, K], got ", x.dim(), "-D");
-  TORCH_CHECK(packed.dim() == 3 && packed.is_contiguous(), "small_batch_linear: packed must be a contiguous weight from pack_weight");
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "small_batch_linear: CPU tensors only");
-  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "small_batch_linear: x is ", x.scalar_type(), " but the weight is ", packed.scalar_type());
-  check_weight(x);
+  TORCH_CHECK(packed.size() == ns.size() && !packed.empty(), "small_batch_linear: one N per packed weight, at least one; got ", packed.size(),
+              " weights and ", ns.size(), " Ns");
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(packed.sizes() == at::IntArrayRef(packed_shape(N, K, bf16)),
-              "small_batch_linear: x is [M, ", K, "] but the packed weight ", packed.sizes(), " is not that of an [", N, ", ", K, "] weight");
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0 || N == 0) return y;
-  if (K == 0) return y.zero_();
-  const int64_t panels = packed.size(0), panel_elems = packed.size(1) * packed.size(2);
+  for (size_t i = 0; i < packed.size(); ++i) {
+    const at::Tensor& w = packed[i];
+    TORCH_CHECK(w.dim() == 3 && w.is_contiguous(), "small_batch_linear: packed must be a contiguous weight from pack_weight");
+    TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "small_batch_linear: CPU tensors only");
+    TORCH_CHECK(x.scalar_type() == w.scalar_type(), "small_batch_linear: x is ", x.scalar_type(), " but the weight is ", w.scalar_type());
+    check_weight(x);
+    TORCH_CHECK(w.sizes() == at::IntArrayRef(packed_shape(ns[i], K, bf16)),
+                "small_batch_linear: x is [M, ", K, "] but the packed weight ", w.sizes(), " is not that of an [", ns[i], ", ", K, "] weight");
+  }
+  std::vector<at::Tensor> ys;
+  for (const int64_t n : ns) ys.push_back(at::empty({M, n}, x.options()));
+  if (M == 0) return ys;
+  if (K == 0) {
+    for (auto& y : ys) y.zero_();
+    return ys;
+  }
+  const int64_t panel_elems = packed[0].size(1) * packed[0].size(2);
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
   if (bf16) {
     const at::Tensor x2 = (K % 2 ? at::constant_pad_nd(x, {0, 1}) : x.contiguous()).view(at::kInt);  // [M, ceil(K / 2)] pairs
     static const TileFn<int32_t, c10::BFloat16, c10::BFloat16> tiles[] = {PAGEDATTENTION_LAB_TILES(tile_bf16)};
-    multiply(x2.data_ptr<int32_t>(), M, packed.data_ptr<c10::BFloat16>(), panels, packed.size(1), panel_elems,
-             y.data_ptr<c10::BFloat16>(), N, tiles);
-    return y;
+    std::vector<Part<c10::BFloat16, c10::BFloat16>> parts;
+    for (size_t i = 0; i < packed.size(); ++i)
+      parts.push_back({packed[i].data_ptr<c10::BFloat16>(), packed[i].size(0), ns[i], ys[i].data_ptr<c10::BFloat16>()});
+    multiply(x2.data_ptr<int32_t>(), M, parts, packed[0].size(1), panel_elems, tiles);
+    return ys;
   }
 #endif
   const at::Tensor xc = x.contiguous();
   static const TileFn<float, float, float> tiles[] = {PAGEDATTENTION_LAB_TILES(tile_f32)};
-  multiply(xc.data_ptr<float>(), M, packed.data_ptr<float>(), panels, K, panel_elems, y.data_ptr<float>(), N, tiles);
-  return y;
+  std::vector<Part<float, float>> parts;
+  for (size_t i = 0; i < packed.size(); ++i) parts.push_back({packed[i].data_ptr<float>(), packed[i].size(0), ns[i], ys[i].data_ptr<float>()});
+  multiply(xc.data_ptr<float>(), M, parts, K, panel_elems, tiles);
+  return ys;
+}
+
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
+  return small_batch_linears(x, {packed}, {N})[0];
 }
 
 std::string small_batch_linear_simd() {
@@ -291,6 +325,7 @@ std::string small_batch_linear_simd() {
 TORCH_LIBRARY(pagedattention_lab, m) {
   m.def("pack_weight_(Tensor weight, Tensor(a!) packed) -> ()");
   m.def("small_batch_linear(Tensor x, Tensor packed, int n) -> Tensor");
+  m.def("small_batch_linears(Tensor x, Tensor[] packed, int[] ns) -> Tensor[]");
   m.def("small_batch_linear_simd() -> str", &pagedattention_lab::small_batch_linear_simd);  // no tensors: no dispatch key needed
   m.def("small_batch_linear_bf16() -> bool", &small_batch_linear_bf16);
 }
@@ -298,4 +333,5 @@ TORCH_LIBRARY(pagedattention_lab, m) {
 TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) {
   m.impl("pack_weight_", &pagedattention_lab::pack_weight_);
   m.impl("small_batch_linear", &pagedattention_lab::small_batch_linear);
+  m.impl("small_batch_linears", &pagedattention_lab::small_batch_linears);
 }
