@@ -9,6 +9,8 @@ that request's max_tokens. Both count only the tokens asked for, so tokens/s com
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import statistics
 import time
@@ -80,10 +82,11 @@ def run_bench(
     ran), hf_ms_per_step (transformers' median seconds over its max_tokens steps, prefill included, in ms;
     every one of its steps runs the whole batch), engine_cpu_backend (what ran the engine's decode-sized
     batches: its CPU kernels or torch's F.linear, see ``cpu_kernels`` and engine/cpu_ops.py), roofline
-    (the fastest engine run's decode steps against this machine's roofline, measured first and last, the
-    better of the two kept: :func:`engine.roofline.decode_report`, plus ``run``, its index, and
-    ``mean_share_by_run`` and ``mean_tight_share_by_run``, every run's mean shares: best against best,
-    as STREAM and the matmul peak keep their best runs, with all runs shown), fp32_agreement (not float32 only: the engine's tokens
+    (the fastest engine run's decode steps against this machine's roofline, measured first, after each
+    engine run and last, the best of each figure kept: :func:`engine.roofline.decode_report`, plus ``run``,
+    its index, ``mean_share_by_run`` and ``mean_tight_share_by_run``, every run's mean shares: best against
+    best, as STREAM and the matmul peak keep their best runs, with all runs shown, and ``peak_samples``,
+    every measurement of the machine as a :class:`~engine.roofline.MachinePeaks` dict), fp32_agreement (not float32 only: the engine's tokens
     against a float32 engine's, :func:`engine.precision.fp32_agreement`).
 
     ``against_vllm``: real vLLM as a third side in the same alternation (engine, transformers,
@@ -101,12 +104,13 @@ def run_bench(
     settings = dict(block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
     llm = LLM(model, dtype=dtype, **settings)
     engine = llm.engine
-    # The machine's own limits, the matmul peak in the model's dtype: before vLLM and transformers run, and
-    # again at the end (vLLM's process is gone by then); the better of the two, as STREAM keeps its best
-    # run: on a shared machine one measurement can be 25% low (23.5 against 29.1 GB/s in two quiet runs
-    # here), which would flatter every step's share. On its own random stream: the seeded one is the workload's.
-    with torch.random.fork_rng():
-        peaks = roofline.measure_machine(dtype=engine.dtype)
+    # The machine's own limits, the matmul peak in the model's dtype: before vLLM and transformers run,
+    # right after each engine run, and at the end (vLLM's process is gone by then); the best of each
+    # figure, as STREAM keeps its best run. On a shared machine one measurement can be far low (23.5
+    # against 29.1 GB/s in two quiet runs on one VM; 41.0 against 58.4 GB/s in two benches of one hour on
+    # another), which would flatter every step's share: two samples were too few to find the machine's
+    # best. On its own random stream: the seeded one is the workload's.
+    samples = [_measure(engine.dtype)]
     prompt_ids = [engine.encode(p) for p in prompts]
     vllm = _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size) if against_vllm else None
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
@@ -133,6 +137,7 @@ def run_bench(
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
         engine_runs.append(time.perf_counter() - t0)
+        samples.append(_measure(engine.dtype))  # what the machine gave at the time of this run
         settle()
         t0 = time.perf_counter()
         hf_outputs = _hf_generate(hf, hf_inputs, max(lengths))
@@ -167,13 +172,20 @@ def run_bench(
         margin = lambda i, pos: precision.top2_margin(hf, prompt_ids[i] + outputs[i].token_ids[:pos])  # noqa: E731
         result.update(vllm.figures(tokens, engine_runs, [o.token_ids for o in outputs], margin), block_size=block_size)
         vllm.close()
-    with torch.random.fork_rng():
-        peaks = _best(peaks, roofline.measure_machine(dtype=engine.dtype))
+    samples.append(_measure(engine.dtype))
+    peaks = functools.reduce(_best, samples)
     fastest = min(range(repeats), key=engine_runs.__getitem__)
     reports = [roofline.decode_report(engine.runner.model, steps, peaks) for steps in run_steps]
     result["roofline"] = reports[fastest] | {"run": fastest, "mean_share_by_run": [r["mean_share"] for r in reports],
-                                             "mean_tight_share_by_run": [r["mean_tight_share"] for r in reports]}
+                                             "mean_tight_share_by_run": [r["mean_tight_share"] for r in reports],
+                                             "peak_samples": [dataclasses.asdict(s) for s in samples]}
     return result
+
+
+def _measure(dtype: torch.dtype) -> roofline.MachinePeaks:
+    """:func:`engine.roofline.measure_machine` in ``dtype``, on its own random stream (the workload's stays untouched)."""
+    with torch.random.fork_rng():
+        return roofline.measure_machine(dtype=dtype)
 
 
 def settle() -> float:
@@ -263,6 +275,11 @@ def format_result(r: dict) -> str:
         tight = r["roofline"].get("mean_tight_share_by_run", [None])
         tighter = "; of the tighter roofline: " + ", ".join(f"{100 * x:.0f}%" for x in tight) if None not in tight else ""
         lines.append(f"  (the steps above: engine run {r['roofline']['run'] + 1} of {len(shares)}, the fastest; mean share in each run: {each}{tighter})")
+    samples = r["roofline"].get("peak_samples", [])
+    if len(samples) > 1:
+        copy, mm = [s["bandwidth_gb_s"] for s in samples], [s["matmul_gflop_s"] for s in samples]
+        lines.append(f"  (the machine measured {len(samples)} times, at the start, after each engine run and at the end: copy "
+                     f"{min(copy):.1f}-{max(copy):.1f} GB/s, torch.mm {min(mm):.0f}-{max(mm):.0f} GFLOP/s; the roofline takes the best of each)")
     if "vllm_tokens_per_s" in r:
         from engine.vllm_compare import format_vllm_column
 

@@ -12,6 +12,7 @@ import transformers
 
 from conftest import make_tiny_model
 from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.bench import format_result
 from engine.model_loader import ModelLoadError
 
 CHAT_PROMPTS = [
@@ -306,6 +307,14 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     assert data["roofline"]["run"] == min(range(2), key=data["engine_runs_s"].__getitem__)
     assert data["roofline"]["mean_share_by_run"][data["roofline"]["run"]] == data["roofline"]["mean_share"]
     assert len(data["roofline"]["mean_share_by_run"]) == len(data["roofline"]["mean_tight_share_by_run"]) == 2
+    # The machine measured at the start, after each of the 2 engine runs and at the end; the roofline's peaks
+    # are the best of each figure.
+    samples = data["roofline"]["peak_samples"]
+    assert len(samples) == 4
+    for key in ("bandwidth_gb_s", "matmul_gflop_s", "read_gb_s"):
+        assert data["roofline"]["peaks"][key] == max(s[key] for s in samples)
+    low, high = min(s["bandwidth_gb_s"] for s in samples), max(s["bandwidth_gb_s"] for s in samples)
+    assert f"the machine measured 4 times, at the start, after each engine run and at the end: copy {low:.1f}-{high:.1f} GB/s" in format_result(data)
     plain = subprocess.run(cmd + ["--no-cpu-kernels", "--repeats", "1"], capture_output=True, text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout)["engine_cpu_backend"].split(";")[0] == "torch"
