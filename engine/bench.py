@@ -68,6 +68,7 @@ def run_bench(
     model: str | None = None, num_prompts: int = 16, min_tokens: int = 8, max_tokens: int = 128,
     block_size: int = 16, seed: int = 0, repeats: int = 3, cpu_kernels: bool = True, dtype: str = "auto",
     against_vllm: bool = False, vllm_python: str | None = None, vllm_block_size: int | None = None,
+    prefix_caching: bool = False,
 ) -> dict:
     """Run the workload through both, in ``dtype`` (auto: fp32 on CPU, bf16 on CUDA); returns the figures as a dict.
 
@@ -89,6 +90,14 @@ def run_bench(
     every measurement of the machine as a :class:`~engine.roofline.MachinePeaks` dict), fp32_agreement (not float32 only: the engine's tokens
     against a float32 engine's, :func:`engine.precision.fp32_agreement`).
 
+    ``prefix_caching``: automatic prefix caching on the engine and on vLLM alike (transformers has
+    none); off by default on both. The workload repeats the same prompts (a warm-up, then every run),
+    so with it on every full block of every prompt is a hit from the warm-up on: 512 of the 596 prompt
+    tokens were read from the cache in each run, and the prefill computed 84. Before the fifteenth
+    session the engine's side ran with its default (on) while vLLM's ran with it off. Keys:
+    prefix_caching (the setting), engine_prefix_cache_hits (prompt tokens the engine found cached, all
+    measured runs together; 0 with it off).
+
     ``against_vllm``: real vLLM as a third side in the same alternation (engine, transformers,
     vLLM, ...; engine/vllm_compare.py), at ``vllm_block_size`` (default 32, the smallest its CPU
     attention takes); adds the keys of :meth:`~engine.vllm_compare.VLLMBenchSide.figures`.
@@ -101,7 +110,7 @@ def run_bench(
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
     prompts, lengths = mixed_workload(num_prompts, min_tokens, max_tokens)
     torch.manual_seed(seed)
-    settings = dict(block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels)
+    settings = dict(block_size=block_size, seed=seed, max_num_seqs=num_prompts, cpu_kernels=cpu_kernels, enable_prefix_caching=prefix_caching)
     llm = LLM(model, dtype=dtype, **settings)
     engine = llm.engine
     # The machine's own limits, the matmul peak in the model's dtype: before vLLM and transformers run,
@@ -112,7 +121,7 @@ def run_bench(
     # best. On its own random stream: the seeded one is the workload's.
     samples = [_measure(engine.dtype)]
     prompt_ids = [engine.encode(p) for p in prompts]
-    vllm = _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size) if against_vllm else None
+    vllm = _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size, prefix_caching) if against_vllm else None
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
     hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=engine.dtype).to(engine.device).eval()
     hf_inputs = _hf_inputs(engine.tokenizer, prompt_ids, engine.device)
@@ -123,6 +132,7 @@ def run_bench(
     if vllm:
         vllm.warm_up()
     engine_runs, hf_runs = [], []
+    hits_before = _prefix_cache_hits(engine)
     decode_ms: dict[int, list[float]] = {}  # decode batch size -> each such step's wall time
     run_steps: list[list[tuple[float, list[int]]]] = []  # per engine run: each decode step's (ms, context lengths)
 
@@ -167,6 +177,7 @@ def run_bench(
         "outputs_identical": not mismatches, "mismatches": mismatches,
         "engine_decode_step_ms_by_batch": {b: statistics.median(v) for b, v in sorted(decode_ms.items(), reverse=True)},
         "hf_ms_per_step": 1e3 * hf_s / max(lengths),
+        "prefix_caching": prefix_caching, "engine_prefix_cache_hits": _prefix_cache_hits(engine) - hits_before,
     }
     if vllm:
         margin = lambda i, pos: precision.top2_margin(hf, prompt_ids[i] + outputs[i].token_ids[:pos])  # noqa: E731
@@ -216,7 +227,12 @@ def _cpu_busy_s() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size):
+def _prefix_cache_hits(engine) -> int:
+    stats = engine.prefix_cache_stats()
+    return stats.hits if stats else 0
+
+
+def _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size, prefix_caching):
     from engine.vllm_compare import VLLM_BENCH_BLOCK_SIZE, VLLM_BLOCK_MULTIPLE, VLLMBenchSide
     from engine.vllm_env import resolve_python
 
@@ -228,6 +244,7 @@ def _vllm_side(llm, model, prompt_ids, lengths, vllm_python, vllm_block_size):
         resolve_python(vllm_python), resolve_model(model), prompt_ids, lengths, block_size,
         engine.num_blocks * engine.config.block_size, engine.scheduler.max_num_seqs,
         engine.scheduler.max_num_batched_tokens, engine.max_model_len, str(engine.dtype).replace("torch.", ""),
+        enable_prefix_caching=prefix_caching,
     )
 
 
@@ -256,6 +273,10 @@ def format_result(r: dict) -> str:
         f"transformers generate (static batch):   {r['hf_seconds']:.2f} s  {r['hf_tokens_per_s']:.1f} tokens/s",
         f"engine speed-up (transformers seconds / engine seconds): {r['ratio']:.2f}x   outputs identical: {r['outputs_identical']}",
     ]
+    if "prefix_caching" in r:
+        lines.append(f"prefix caching: on for the engine and vLLM alike (transformers has none); the engine found "
+                     f"{r['engine_prefix_cache_hits']} prompt tokens cached over the runs" if r["prefix_caching"] else
+                     "prefix caching: off on every side (--prefix-caching turns it on for the engine and vLLM alike)")
     if r["repeats"] > 1:
         runs = ", ".join(f"{x:.2f}x" for x in r["ratios"])
         lines[1:1] = [f"(times are medians of {r['repeats']} alternating runs, the speed-up their ratio; per-run speed-ups: {runs})"]

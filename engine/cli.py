@@ -125,6 +125,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; medians are reported (default: 3)")
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
                    help="auto: float32 on CPU, bfloat16 on CUDA; not float32: also the agreement with float32's tokens")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="automatic prefix caching on the engine and vLLM alike (default: off on both; transformers has none)")
     _add_cpu_kernels(p)
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
@@ -148,7 +150,7 @@ def _bench(args) -> None:
         model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
         max_tokens=args.max_tokens, block_size=args.block_size or 16, seed=args.seed, repeats=args.repeats,
         cpu_kernels=args.cpu_kernels, dtype=args.dtype, against_vllm=args.against == "vllm", vllm_python=args.vllm_python,
-        vllm_block_size=args.block_size,
+        vllm_block_size=args.block_size, prefix_caching=args.prefix_caching,
     )
     print(json.dumps(result) if args.json else format_result(result))
 

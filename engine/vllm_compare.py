@@ -141,11 +141,13 @@ class VLLMBenchSide:
         block_size: vLLM's block size (a multiple of 32 on CPU).
         num_slots: KV pool in token slots, the engine's; vLLM gets as many plus its null block.
         max_num_seqs, max_num_batched_tokens, max_model_len, dtype: the engine's.
+        enable_prefix_caching: vLLM's automatic prefix caching, as the engine's side has it (the bench's ``prefix_caching``).
 
     vLLM starts loading at once (in its own process), so the engine and transformers load meanwhile.
     """
 
-    def __init__(self, python, model_dir, prompt_ids, lengths, block_size, num_slots, max_num_seqs, max_num_batched_tokens, max_model_len, dtype="float32"):
+    def __init__(self, python, model_dir, prompt_ids, lengths, block_size, num_slots, max_num_seqs, max_num_batched_tokens, max_model_len, dtype="float32",
+                 enable_prefix_caching=False):
         from engine.vllm_process import VLLMProcess
 
         requests = [{"prompt_token_ids": p, "max_tokens": n, "ignore_eos": True} for p, n in zip(prompt_ids, lengths)]
@@ -154,7 +156,7 @@ class VLLMBenchSide:
             "model": str(model_dir), "dtype": dtype, "block_size": block_size,
             "num_gpu_blocks": math.ceil(num_slots / block_size) + 1, "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": max_num_batched_tokens, "max_model_len": max_model_len,
-            "enable_prefix_caching": False, "requests": requests,
+            "enable_prefix_caching": enable_prefix_caching, "requests": requests,
         }, KV_CACHE_GIB)
         self.runs_s: list[float] = []
         self.token_ids: list[list[int]] = []

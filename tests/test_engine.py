@@ -315,9 +315,16 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
         assert data["roofline"]["peaks"][key] == max(s[key] for s in samples)
     low, high = min(s["bandwidth_gb_s"] for s in samples), max(s["bandwidth_gb_s"] for s in samples)
     assert f"the machine measured 4 times, at the start, after each engine run and at the end: copy {low:.1f}-{high:.1f} GB/s" in format_result(data)
-    plain = subprocess.run(cmd + ["--no-cpu-kernels", "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    # Prefix caching off on every side by default (vLLM's bench side has it off too): the workload repeats
+    # its prompts, so with it on the engine alone would skip most of each run's prefill.
+    assert data["prefix_caching"] is False and data["engine_prefix_cache_hits"] == 0
+    assert "prefix caching: off on every side" in format_result(data)
+    plain = subprocess.run(cmd + ["--no-cpu-kernels", "--repeats", "1", "--prefix-caching"], capture_output=True, text=True, timeout=600)
     assert plain.returncode == 0, plain.stderr
-    assert json.loads(plain.stdout)["engine_cpu_backend"].split(";")[0] == "torch"
+    plain_data = json.loads(plain.stdout)
+    assert plain_data["engine_cpu_backend"].split(";")[0] == "torch"
+    assert plain_data["prefix_caching"] is True and plain_data["engine_prefix_cache_hits"] > 0  # every full prompt block, after the warm-up
+    assert plain_data["outputs_identical"], plain_data["mismatches"]
     bad = subprocess.run(cmd[:-1] + ["--repeats", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "repeats" in bad.stderr
     bad = subprocess.run(cmd[:-1] + ["--min-tokens", "20"], capture_output=True, text=True, timeout=600)
