@@ -40,14 +40,13 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
         times are medians in ms per decode step; attention: ``context`` tokens per row, every layer on its own pool.
 
     Raises:
-        ValueError: a row count outside 1..64 (the kernel's range), or repeats < 1.
+        ValueError: a row count below 1, or repeats < 1.
         RuntimeError: the kernels cannot be built on this machine (a warning gives the compiler's error).
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
-    bad = [r for r in rows if not 1 <= r <= cpu_ops.MAX_ROWS]
-    if bad or not rows:
-        raise ValueError(f"--rows must be between 1 and {cpu_ops.MAX_ROWS}, got {list(rows)}")
+    if not rows or min(rows) < 1:
+        raise ValueError(f"--rows must be at least 1, got {list(rows)}")
     llm = LLM(model, cpu_kernels=True, num_gpu_blocks=16)
     net = llm.engine.runner.model
     if not cpu_ops.load_kernel():

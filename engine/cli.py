@@ -158,7 +158,7 @@ def _bench(args) -> None:
 def _add_bench_cpu(sub) -> None:
     p = sub.add_parser("bench-cpu", help="the engine's CPU kernels vs the torch code they replace, per decode step")
     p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64], help="batch sizes (requests per step), 1-64")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64], help="batch sizes (requests per step), at least 1")
     p.add_argument("--repeats", type=int, default=7, help="alternating passes of each side; medians are reported (default: 7)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench_cpu)

@@ -41,7 +41,7 @@ class EngineConfig:
             map logical blocks anywhere in the pool.
         seed: seeds block shuffling and requests that give no seed of their own.
         cpu_kernels: float32 on CPU: the engine's C++ kernels (engine/cpu_ops.py, built on first use)
-            do the matmuls of 1-64 rows, the residual add with RMSNorm, RoPE and the decode attention
+            do the matmuls (decode steps and prefills), the residual add with RMSNorm, RoPE and the decode attention
             (reading K and V in place through the block tables); bfloat16 on CPU: the decode attention
             only. Where they cannot be built, a warning and torch. False: torch for everything
             (``F.linear`` as in transformers, attention as in engine/attention.py).

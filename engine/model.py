@@ -82,16 +82,16 @@ class Linear(nn.Linear):
     CPU can go through the engine's small-batch kernel (:func:`engine.cpu_ops.small_batch_linear`).
 
     ``cpu_kernel`` is False until :meth:`CausalLM.use_cpu_kernels` sets it, with ``packed_weight``
-    (the weight in the kernel's panels, :func:`engine.cpu_ops.pack_weight`): then inputs ``[M, in]``
-    with 1 <= M <= 64 rows go through the kernel, when no gradient is being recorded (the engine runs
-    under ``torch.inference_mode()``); everything else (prefill) goes through ``F.linear`` and ``weight``.
+    (the weight in the kernel's panels, :func:`engine.cpu_ops.pack_weight`): then every input ``[M, in]``
+    with M >= 1 rows goes through the kernel, decode steps and prefills alike, when no gradient is being
+    recorded (the engine runs under ``torch.inference_mode()``); anything else goes through ``F.linear``.
     """
 
     cpu_kernel: bool = False
     packed_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_kernel and x.dim() == 2 and 0 < x.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
+        if self.cpu_kernel and x.dim() == 2 and x.shape[0] > 0 and not torch.is_grad_enabled():
             y = cpu_ops.small_batch_linear(x, self.weight, self.packed_weight)
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -338,7 +338,7 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary_emb(positions, hidden.dtype)
         residual = None
         one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
-                    and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled() and not self._watched())
+                    and hidden.shape[0] > 0 and not torch.is_grad_enabled() and not self._watched())
         if one_call and self.layers_decode_weights is not None:  # all layers and the final norm in one C++ call
             weights, biases, sizes, scale, eps = self.layers_decode_weights
             norm = self.model.norm
@@ -374,7 +374,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        if self.cpu_kernels and 0 < hidden.shape[0] <= cpu_ops.MAX_ROWS and not torch.is_grad_enabled():
+        if self.cpu_kernels and hidden.shape[0] > 0 and not torch.is_grad_enabled():
             return cpu_ops.small_batch_linear(hidden, weight, self.lm_head_packed).float()
         if self.lm_head_t is not None:
             return (hidden @ self.lm_head_t).float()
@@ -398,7 +398,7 @@ class CausalLM(nn.Module):
 
     def use_cpu_kernels(self) -> None:
         """Run the engine's C++ CPU kernels (:mod:`engine.cpu_ops`) instead of torch where they apply:
-        matmuls of 1-64 rows in every projection and the LM head (each weight packed once into the
+        matmuls of every row count in every projection and the LM head (each weight packed once into the
         kernel's panels, :func:`engine.cpu_ops.pack_weights`, shared with other models built on the same
         weights; only where the kernel was built with AVX-512, see :func:`engine.cpu_ops.supports`), the
         residual add with RMSNorm, RoPE, and SwiGLU's

@@ -186,7 +186,7 @@ def test_kernel_refuses_what_it_cannot_multiply(kernel, x, weight, message):
     assert torch.equal(ok, torch.full((2, 64), 8.0))
 
 
-def test_linear_module_uses_the_kernel_only_for_small_batches(kernel):
+def test_linear_module_uses_the_kernel_for_every_batch_and_torch_under_autograd(kernel):
     torch.manual_seed(0)
     module = Linear(96, 130, bias=True)
     module.cpu_kernel, module.packed_weight = True, cpu_ops.pack_weight(module.weight)
@@ -194,15 +194,17 @@ def test_linear_module_uses_the_kernel_only_for_small_batches(kernel):
     reference.load_state_dict(module.state_dict())
     assert set(module.state_dict()) == {"weight", "bias"}  # checkpoints load by the same names
     with torch.inference_mode():
-        for rows in (1, 7, cpu_ops.MAX_ROWS):
+        for rows in (1, 7, 64, 65, 300):  # decode steps and prefills
             x = torch.randn(rows, 96)
             torch.testing.assert_close(module(x), reference(x), atol=1e-5, rtol=1e-5)
         packed = module.packed_weight
         module.packed_weight = cpu_ops.pack_weight(2 * module.weight)  # really the kernel, on the packed copy
         torch.testing.assert_close(module(x), F.linear(x, 2 * module.weight, module.bias), atol=1e-5, rtol=1e-5)
         module.packed_weight = packed
-        x = torch.randn(cpu_ops.MAX_ROWS + 1, 96)  # a prefill-sized batch: torch's F.linear, exactly
-        assert torch.equal(module(x), F.linear(x, module.weight, module.bias))
+        x = torch.randn(300, 96)  # a prefill-sized batch: the kernel, exactly
+        assert torch.equal(module(x), cpu_ops.small_batch_linear(x, module.weight, packed).add_(module.bias))
+    x = torch.randn(300, 96)
+    assert torch.equal(module(x), F.linear(x, module.weight, module.bias))  # gradients recorded: torch's F.linear
 
 
 @settings(max_examples=30, deadline=None)
@@ -453,7 +455,7 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert text.returncode == 0 and "speed-up" in text.stdout
     bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
-    assert bad.returncode == 2 and "--rows must be between 1 and 64" in bad.stderr
+    assert bad.returncode == 2 and "--rows must be at least 1" in bad.stderr
 
 
 def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, tiny_llama_dir):

@@ -1,5 +1,7 @@
-// y = x @ weight.T for decode-sized batches on CPU: x [M, K] with M small (1-64 rows, one per running
-// request), weight [N, K] (nn.Linear's layout), float32, or bfloat16 on CPUs with AVX512-BF16.
+// y = x @ weight.T on CPU, written for decode-sized batches: x [M, K] with M small (one row per running
+// request), weight [N, K] (nn.Linear's layout), float32, or bfloat16 on CPUs with AVX512-BF16. Prefills
+// (hundreds of rows) go through it too: the same loop, every panel read by all row groups in turn, was
+// 1.5-1.7x faster than MKL's sgemm at 128-2,000 rows on an AMD Zen 5 (MKL takes a slower path on AMD CPUs).
 //
 // Why it exists: in a decode step every weight matrix is read from memory once and used for only a
 // few rows, so the step is bound by memory traffic (1-8 rows) or by arithmetic (8-64 rows), and a
