@@ -8,9 +8,11 @@ Screenshots go to artifacts/screenshots/.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -65,11 +67,7 @@ def test_app_in_a_browser(default_model_dir):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PAGEDATTENTION_LAB_MODEL"}  # the default model
     started = time.perf_counter()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    server = start_server(port, env)
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM)
@@ -176,11 +174,20 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
 
 
 def start_server(port: int, env: dict) -> subprocess.Popen:
+    """``streamlit run app.py`` on ``port``; on Linux it is stopped when this test process dies, however it
+    dies (a killed pytest had left its server running: the tests' own teardown never ran)."""
     return subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
          "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None,
     )
+
+
+def _stop_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGKILL when the parent (pytest) dies (prctl PR_SET_PDEATHSIG).
+    Not SIGTERM: Streamlit's own SIGTERM handler was seen to leave the server running."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
 
 
 def open_app(page, sync_api, port: int, server) -> None:
@@ -578,3 +585,37 @@ def beside_vllm(page, sync_api, port, server) -> None:
     wait_for_charts(page, 3)
     no_exception_box(page)
     assert chart_text_problems(page, "zh") == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_test_process_takes_its_app_server_with_it():
+    # A pytest killed mid-run (a CI time-out, Ctrl-\\) runs no teardown: its Streamlit server must not live on.
+    port = free_port()
+    script = ("import os, sys, time; sys.path.insert(0, 'tests'); from test_app_browser import start_server; "
+              f"server = start_server({port}, dict(os.environ)); print(server.pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    server_pid = int(parent.stdout.readline())
+    deadline = time.time() + 120
+    while time.time() < deadline:  # up and serving: it has printed its start-up lines and goes quiet
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    assert _alive(server_pid)
+    time.sleep(1)
+    parent.kill()
+    parent.wait(timeout=30)
+    deadline = time.time() + 30
+    while _alive(server_pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server_pid), "the app server outlived the killed test process"
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
