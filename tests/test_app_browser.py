@@ -119,8 +119,13 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     step_title(page, "Step 0")
     step.click()
     step_title(page, "Step 1")
+    # The heading comes first in the page; the requests' texts are written a moment later (a CI run
+    # read them before they were): wait for them as a reader would, up to 30 s.
     texts = page.locator('[data-testid="request-text"]')
-    assert any(texts.nth(i).inner_text().strip() for i in range(texts.count())), "no generated text visible"
+    deadline = time.time() + 30
+    while not any(texts.nth(i).inner_text().strip() for i in range(texts.count())):
+        assert time.time() < deadline, "no generated text visible"
+        page.wait_for_timeout(200)
     page.locator('[data-testid="stVegaLiteChart"]').nth(1).wait_for(timeout=30_000)  # pool map + memory, drawn after the text
     assert page.get_by_text("Request 0", exact=False).count() > 0
     no_exception_box(page)
