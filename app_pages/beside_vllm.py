@@ -1,6 +1,6 @@
 """Beside real vLLM: a replay file (``python -m engine replay --against vllm W.json --json``, or one
 recorded in tests/data) and the lab's engine on the same workload, step by step: running requests,
-KV cache usage and preemptions of both runs side by side (engine/replay.py gives the data)."""
+KV cache usage and preemptions of both runs side by side (engine/vllm_bridge/replay.py gives the data)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from engine.replay import load_replay, replay_lab_run, run_metrics
+from engine.vllm_bridge.replay import load_replay, replay_lab_run, run_metrics
 from engine.runfile import load_workload
-from engine.vllm_compare import compare_outputs
+from engine.vllm_bridge.compare import compare_outputs
 from visualize.i18n import t
 from visualize.side_by_side import step_series_spec
 

@@ -1,8 +1,8 @@
 """Paged vs contiguous: one workload through both allocators, side by side.
 
 Small workloads run the real engine (the sidebar's model and workload); large ones run the
-model-free simulator (engine/simulator.py: the same scheduler and allocators on lengths only),
-with the paper's Figure 12 below (latency against request rate, engine/paper_experiments.py on a
+model-free simulator (engine/sim/simulator.py: the same scheduler and allocators on lengths only),
+with the paper's Figure 12 below (latency against request rate, engine/experiments/figures.py on a
 small workload). A third source sets a recorded real-vLLM replay beside the lab's engine
 (app_pages/beside_vllm.py).
 """
@@ -15,8 +15,8 @@ import streamlit as st
 from app_pages.common import category_help, png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
-from engine.accounting import CATEGORIES
-from engine.simulator import PAPER_TOKEN_STATES
+from engine.core.accounting import CATEGORIES
+from engine.sim.simulator import PAPER_TOKEN_STATES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, series_spec, simulation_memory_frame
 from visualize.paper import PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown
@@ -153,7 +153,7 @@ def paper_bars(rows: list[dict], lang: str) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _simulate(workload: str, num_requests: int, kv_slots: int, block_size: int, allocator: str, reservation: str, seed: int):
-    from engine.simulator import simulate
+    from engine.sim.simulator import simulate
 
     # Contiguous = the paper's Orca, which places ranges in buddy chunks (as reproduce-paper's PAPER_SYSTEMS).
     placement = "buddy" if allocator == "contiguous" else "first-fit"
@@ -201,7 +201,7 @@ def simulator_comparison(lang: str) -> None:
 def _latency_sweep(workload: str, num_requests: int, seed: int, setup: str, calibrated_at: int) -> list[dict]:
     """The sweep, cached; ``calibrated_at`` (this machine's calibration file's mtime, ns) is only part of
     the cache key, so a new ``python -m engine calibrate`` is not answered with the old fit's sweep."""
-    from engine.paper_experiments import latency_sweep
+    from engine.experiments.figures import latency_sweep
 
     # The preset's own pool and longest request (kv_slots/max_model_len None), at rates that suit it.
     return latency_sweep((workload,), num_requests=num_requests, seed=seed, setup=setup, kv_slots=None, max_model_len=None)
@@ -209,13 +209,13 @@ def _latency_sweep(workload: str, num_requests: int, seed: int, setup: str, cali
 
 def latency_presets() -> tuple[str, ...]:
     """The step-time presets offered: the GPU ones, and this machine's once it is calibrated."""
-    from engine.cost_model import SETUPS, THIS_MACHINE, calibration_path
+    from engine.sim.cost_model import SETUPS, THIS_MACHINE, calibration_path
 
     return tuple(s for s in SETUPS if s != THIS_MACHINE or calibration_path().exists())
 
 
 def _preset_text(key: str, lang: str) -> str:
-    from engine.cost_model import get_setup
+    from engine.sim.cost_model import get_setup
 
     return t(f"preset_{key}", lang, slots=f"{get_setup(key).kv_slots:,}")
 
@@ -223,8 +223,8 @@ def _preset_text(key: str, lang: str) -> str:
 def latency_against_rate(workload: str, seed: int, lang: str) -> None:
     """The paper's Figure 12 for the chosen workload and step-time preset: normalized latency against
     request rate per system, the paper's ratios drawn beside it, and a table of the rates."""
-    from engine.cost_model import THIS_MACHINE, calibration_path, get_setup
-    from engine.paper_experiments import (FIGURE_12_SYSTEMS, SETUP, THRESHOLD, paper_rate_marks, rate_table,
+    from engine.sim.cost_model import THIS_MACHINE, calibration_path, get_setup
+    from engine.experiments.figures import (FIGURE_12_SYSTEMS, SETUP, THRESHOLD, paper_rate_marks, rate_table,
                                           steady_requests, sweep_rates, vllm_capacity)
 
     st.subheader(t("latency_rate_header", lang))
@@ -265,7 +265,7 @@ def latency_against_rate(workload: str, seed: int, lang: str) -> None:
 
 def rate_summary(table: list[dict], workload: str, setup: str, lang: str) -> None:
     """Beside the chart: each system's sustainable rate here, vLLM's ratio over it, and the paper's."""
-    from engine.paper_experiments import THRESHOLD
+    from engine.experiments.figures import THRESHOLD
     from visualize.paper import paper_ratio_label
 
     def here(r) -> str:

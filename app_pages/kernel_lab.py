@@ -17,8 +17,8 @@ import streamlit as st
 import torch
 
 from app_pages.common import png_download
-from engine.attention import paged_attention_reference
-from engine.model import apply_rotary
+from engine.model_executor.attention import paged_attention_reference
+from engine.model_executor.model import apply_rotary
 from visualize.i18n import t
 from visualize.kernel import program_grid, program_grid_figure
 

@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages.state import MAX_BLOCKS, Settings
-from engine.model_loader import DEFAULT_MODEL
+from engine.model_executor.model_loader import DEFAULT_MODEL
 from engine.runfile import Run, RunFileError, Workload, WorkloadRequest, load_any, run_json, workload_json
 from visualize.i18n import t
 

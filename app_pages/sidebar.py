@@ -8,7 +8,7 @@ import streamlit as st
 
 from app_pages.state import MAX_BLOCKS, MAX_MIB, SHARING, Settings, default_model, kv_slot_bytes
 from app_pages.widgets import bounded_number, localized_choice
-from engine.model_loader import DEFAULT_MODEL
+from engine.model_executor.model_loader import DEFAULT_MODEL
 from visualize.i18n import LANGUAGE_NAMES, LANGUAGES, t
 
 MIB = 1 << 20

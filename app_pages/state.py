@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from engine import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
-from engine.model_loader import DEFAULT_MODEL, load_model, resolve_model
+from engine.model_executor.model_loader import DEFAULT_MODEL, load_model, resolve_model
 
 MODEL_ENV = "PAGEDATTENTION_LAB_MODEL"  # tests point the app at a tiny model with this
 
@@ -219,7 +219,7 @@ def kv_slot_bytes(model: str) -> int | None:
     bfloat16 on CUDA); None when the model cannot be read (the page shows why)."""
     import torch
 
-    from engine.model_runner import kv_bytes_per_slot
+    from engine.model_executor.model_runner import kv_bytes_per_slot
 
     try:
         config = cached_model(model).config

@@ -14,16 +14,16 @@ import torch as _torch
 if not _torch.cuda.is_available() and "TRITON_INTERPRET" not in _os.environ:
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from engine.accounting import MemoryUsage  # noqa: E402
-from engine.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache  # noqa: E402
+from engine.core.accounting import MemoryUsage  # noqa: E402
+from engine.model_executor.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.llm import LLM  # noqa: E402
 from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.model_runner import kv_bytes_per_slot  # noqa: E402
+from engine.model_executor.model_runner import kv_bytes_per_slot  # noqa: E402
 from engine.report import CompletionOutput, RequestOutput, StepReport  # noqa: E402
 from engine.sampling_params import BeamSearchParams, SamplingParams  # noqa: E402
-from engine.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate  # noqa: E402
-from engine.workloads import Request, make_workload  # noqa: E402
+from engine.sim.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate  # noqa: E402
+from engine.sim.workloads import Request, make_workload  # noqa: E402
 
 __all__ = [
     "LLM",

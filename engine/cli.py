@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # Ctrl-C: one line; the model download and the kernel build clean up after themselves
         parser.exit(130, "interrupted\n")
     except RuntimeError as error:
-        from engine.vllm_env import VLLMUnavailable
+        from engine.vllm_bridge.env import VLLMUnavailable
 
         if not isinstance(error, VLLMUnavailable):
             raise
@@ -141,7 +141,7 @@ def _add_cpu_kernels(p) -> None:
 
 
 def _bench(args) -> None:
-    from engine.bench import format_result, run_bench
+    from engine.tools.bench import format_result, run_bench
 
     if args.against == "vllm":
         print("vLLM loads in its own process while the engine and transformers load; it compiles the model at "
@@ -165,7 +165,7 @@ def _add_bench_cpu(sub) -> None:
 
 
 def _bench_cpu(args) -> None:
-    from engine.bench_cpu import format_cpu_bench, run_cpu_bench
+    from engine.tools.bench_cpu import format_cpu_bench, run_cpu_bench
 
     try:
         result = run_cpu_bench(model=args.model, rows=tuple(args.rows), repeats=args.repeats)
@@ -176,7 +176,7 @@ def _bench_cpu(args) -> None:
 
 
 def _add_simulator(sub) -> None:
-    from engine.simulator import register_cli  # adds "simulate" and "reproduce-paper"
+    from engine.sim.simulator import register_cli  # adds "simulate" and "reproduce-paper"
 
     register_cli(sub)
 
@@ -199,13 +199,13 @@ def _add_vllm(sub) -> None:
 
 
 def _vllm(args) -> None:
-    from engine.vllm_env import setup
+    from engine.vllm_bridge.env import setup
 
     setup(progress=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _replay(args) -> None:
-    from engine.replay import format_replay, run_replay
+    from engine.vllm_bridge.replay import format_replay, run_replay
 
     result = run_replay(
         args.workload, vllm_python=args.vllm_python, progress=lambda line: print(line, file=sys.stderr, flush=True), block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -226,7 +226,7 @@ def _add_calibrate(sub) -> None:
 
 
 def _calibrate(args) -> None:
-    from engine.calibrate import calibrate, format_calibration
+    from engine.sim.calibrate import calibrate, format_calibration
 
     result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads,
                        progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))

@@ -35,17 +35,17 @@ class EngineConfig:
             engine's C++ kernel, reading the blocks in place), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
         allocator: "paged" (PagedAttention) or "contiguous" (one reserved range per request, as before vLLM).
         reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (paper §3 and §6.1,
-            Orca baselines; see ``engine/contiguous.py``).
+            Orca baselines; see ``engine/baselines/contiguous.py``).
         placement: contiguous only: "first-fit", "best-fit" or "buddy" (the paper's assumption).
         shuffle_blocks: hand out physical blocks in a seeded random order, so that block tables visibly
             map logical blocks anywhere in the pool.
         seed: seeds block shuffling and requests that give no seed of their own.
-        cpu_kernels: float32 on CPU: the engine's C++ kernels (engine/cpu_ops.py, built on first use)
+        cpu_kernels: float32 on CPU: the engine's C++ kernels (engine/cpu/ops.py, built on first use)
             do the matmuls (decode steps and prefills), the residual add with RMSNorm, RoPE and the decode attention
             (reading K and V in place through the block tables); bfloat16 on CPU: the decode attention
             only. Where they cannot be built, a warning and torch. False: torch for everything
-            (``F.linear`` as in transformers, attention as in engine/attention.py).
-        enable_prefix_caching: automatic prefix caching (vLLM's name; ``engine/prefix_cache.py``):
+            (``F.linear`` as in transformers, attention as in engine/model_executor/attention.py).
+        enable_prefix_caching: automatic prefix caching (vLLM's name; ``engine/core/prefix_cache.py``):
             prompts reuse the KV of full blocks already computed. None (default) = on with the paged
             allocator, as in vLLM v1, and off with the contiguous one, which has no blocks to share.
         preemption_mode: how a request gives its memory up when the pool runs out (paper §4.5):
@@ -55,7 +55,7 @@ class EngineConfig:
             a second block pool of the same layout; pinned memory when the KV lives on a GPU. None =
             as many blocks as the GPU pool. Used with preemption_mode="swap".
         enable_chunked_prefill: cut prompts into chunks that fit the step's token budget, decodes
-            first (vLLM's name; ``engine/scheduler.py``).
+            first (vLLM's name; ``engine/core/scheduler.py``).
         reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
             placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable
             ones. Off by default; turn it on to run beside vLLM with the same ``num_gpu_blocks``.

@@ -14,20 +14,20 @@ from typing import Callable
 
 import torch
 
-from engine.block_manager import KVCacheManager, PagedBlockManager
+from engine.core.block_manager import KVCacheManager, PagedBlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
-from engine import cpu_ops, huge_pages
-from engine.model import build_model
-from engine.model_loader import LoadedModel, load_model
-from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
-from engine.beam_search import beam_search_step
-from engine.prefix_cache import PrefixCacheStats
+from engine.cpu import huge_pages, ops as cpu_ops
+from engine.model_executor.model import build_model
+from engine.model_executor.model_loader import LoadedModel, load_model
+from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
+from engine.core.beam_search import beam_search_step
+from engine.core.prefix_cache import PrefixCacheStats
 from engine.report import FINISH, WRITE, CompletionOutput, Event, RequestOutput, ScheduledRequest, StepReport
-from engine.sampler import sample, sample_batch
+from engine.model_executor.sampler import sample, sample_batch
 from engine.sampling_params import BeamSearchParams, SamplingParams, sample_seed
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 DEFAULT_NUM_BLOCKS = 512
 DEFAULT_CHUNKED_BUDGET = 512  # vLLM v0's max_num_batched_tokens with chunked prefill ("best balance between ITL and TTFT on A100")
@@ -42,13 +42,13 @@ class LLMEngine:
     Args:
         config: :class:`~engine.EngineConfig`.
         progress: optional ``(stage, fraction)`` callback while the model is fetched and converted.
-        loaded_model: weights already loaded by :func:`engine.model_loader.load_model` for ``config.model``
+        loaded_model: weights already loaded by :func:`engine.model_executor.model_loader.load_model` for ``config.model``
             (an app reuses them across engines instead of reading them again).
 
     Raises:
         ValueError: a bad setting (names it), a KV budget smaller than one block, or a triton backend
             asked for where it cannot run.
-        engine.model_loader.ModelLoadError: the model cannot be found, fetched or read.
+        engine.model_executor.model_loader.ModelLoadError: the model cannot be found, fetched or read.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class LLMEngine:
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
         if kernels and backend is TORCH_BACKEND:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
-        self.greedy_kernel = bool(kernels)  # greedy rows' argmax in one C++ call (engine/csrc/sampling.cpp)
+        self.greedy_kernel = bool(kernels)  # greedy rows' argmax in one C++ call (engine/cpu/csrc/sampling.cpp)
         self.cpu_backend = _describe_cpu_backend(model, backend, self.dtype, self.greedy_kernel)
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
         self.num_blocks = self._num_blocks()
@@ -124,8 +124,8 @@ class LLMEngine:
         """Queue a request; returns its request_id.
 
         ``SamplingParams(n=k)`` asks for k parallel samples and :class:`~engine.BeamSearchParams` for
-        beam search: the request is then a :class:`~engine.sequence.SequenceGroup` whose sequences
-        share the prompt's blocks (paper §4.4). Otherwise it is one :class:`~engine.sequence.Sequence`.
+        beam search: the request is then a :class:`~engine.core.sequence.SequenceGroup` whose sequences
+        share the prompt's blocks (paper §4.4). Otherwise it is one :class:`~engine.core.sequence.Sequence`.
 
         Raises:
             ValueError: a bad prompt, or a request that can never fit: its prompt + 1 token is longer
@@ -286,7 +286,7 @@ class LLMEngine:
         return None if cache is None else dataclasses.replace(cache.stats)
 
     def memory_usage(self):
-        """The pool now, in the paper's categories (:class:`~engine.accounting.MemoryUsage`)."""
+        """The pool now, in the paper's categories (:class:`~engine.core.accounting.MemoryUsage`)."""
         waiting = self.scheduler.waiting
         return self.kv.usage(self.scheduler.running, waiting[0] if waiting else None, self.bytes_per_slot)
 
@@ -353,7 +353,7 @@ class LLMEngine:
         return child
 
     def _beam_step(self, group: SequenceGroup, beams: list[Sequence], logprobs: torch.Tensor, finished) -> None:
-        """One beam-search step (``engine/beam_search.py`` decides): survivors fork their parents,
+        """One beam-search step (``engine/core/beam_search.py`` decides): survivors fork their parents,
         parents left without a survivor free their blocks at once (pruned), and the group finishes
         when the search is done."""
         step = beam_search_step(beams, logprobs, group.beam_search, group.finished_beams, self.eos_token_ids, self.max_model_len)
@@ -442,7 +442,7 @@ class LLMEngine:
         if cfg.allocator == "paged":
             return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed, enable_caching=cfg.enable_prefix_caching,
                                      num_cpu_blocks=self.num_cpu_blocks, null_block=cfg.reserve_null_block)
-        from engine.contiguous import ContiguousAllocator
+        from engine.baselines.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement, max_model_len=self.max_model_len)
 
@@ -455,8 +455,8 @@ class _LiveBeam:
 
 def _describe_cpu_backend(model, backend, dtype: torch.dtype, greedy_kernel: bool = False) -> str:
     """What runs each part of a CPU step, for the bench and the app: the engine's C++ kernels
-    (engine/cpu_ops.py) or torch, whether a decode step runs each layer as one C++ call
-    (engine.model.DecoderLayer.decode), greedy sampling's argmax, and in which pages the weights and
+    (engine/cpu/ops.py) or torch, whether a decode step runs each layer as one C++ call
+    (engine.model_executor.model.DecoderLayer.decode), greedy sampling's argmax, and in which pages the weights and
     KV cache live."""
     layer = model.model.layers[0]
     parts = [name for name, on in (("matmul", model.cpu_kernels), ("RMSNorm", layer.input_layernorm.cpu_kernel),

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.accounting import MemoryUsage
-from engine.prefix_cache import PrefixCacheStats
+from engine.core.accounting import MemoryUsage
+from engine.core.prefix_cache import PrefixCacheStats
 
 # Event kinds, in the order they can happen to a request.
 ALLOCATE = "allocate"  # a physical block given to a request's logical block
@@ -122,7 +122,7 @@ class StepReport:
             swapped ones).
         events: ordered event log (see :class:`Event`).
         block_tables: snapshot of every live request's block table after the step.
-        memory: the pool after the step (:class:`~engine.accounting.MemoryUsage`).
+        memory: the pool after the step (:class:`~engine.core.accounting.MemoryUsage`).
         timings_ms: wall time per phase in ms ("schedule", "swap": the swap copies, "forward",
             "sample", "report", "total").
         prefix_cache: the engine-wide prefix-cache counters after the step (None when it is off).

@@ -54,7 +54,7 @@ WORKLOAD_FORMAT = "pagedattention-lab/workload"
 RUN_FORMAT = "pagedattention-lab/run"
 VERSION = 1
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # engine.model_loader.DEFAULT_MODEL (not imported: no torch here)
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # engine.model_executor.model_loader.DEFAULT_MODEL (not imported: no torch here)
 SETTINGS_DEFAULTS: dict = {
     "model": DEFAULT_MODEL,
     "block_size": 16,

@@ -11,7 +11,7 @@ Four public functions, each in its own file so it can be read on its own:
 * :func:`copy_blocks` (``copy_blocks.py``) copies whole blocks of K and V in every layer, the copy
   half of copy-on-write.
 
-Each one computes the same thing as the torch oracle in :mod:`engine.attention`.
+Each one computes the same thing as the torch oracle in :mod:`engine.model_executor.attention`.
 
 Why this file may set ``TRITON_INTERPRET``: Triton compiles kernels for a GPU. Without one we
 still want the kernels to run (tests on a laptop, CI, lessons), and Triton ships an interpreter

@@ -8,7 +8,7 @@ known GPU the fraction of its peak HBM bandwidth (H100 3.35 TB/s, H200 4.8 TB/s)
 * ``triton-splitk``: the same with split-K (automatic choice, at least 2 partitions; vLLM v2 /
   FlashDecoding);
 * ``torch-sdpa``: ``scaled_dot_product_attention`` on a *contiguous* cache, a no-paging baseline;
-* ``torch-gather``: :func:`engine.attention.paged_attention_reference` (gathers blocks, then einsum);
+* ``torch-gather``: :func:`engine.model_executor.attention.paged_attention_reference` (gathers blocks, then einsum);
 * ``flash-attn``: ``flash_attn_with_kvcache`` with a block table, if flash-attn is installed.
 
 All paged providers use a randomly permuted block table. Without a GPU the kernels run in
@@ -30,7 +30,7 @@ import time
 import torch
 
 import kernels
-from engine.attention import paged_attention_reference
+from engine.model_executor.attention import paged_attention_reference
 
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -102,7 +102,7 @@ def _check_layers(key_caches: list[torch.Tensor], value_caches: list[torch.Tenso
 def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copy K and V of block ``src`` into block ``dst`` for every pair, in every layer, in place.
 
-    Same result as ``engine.attention.copy_blocks_reference``. The copy half of copy-on-write
+    Same result as ``engine.model_executor.attention.copy_blocks_reference``. The copy half of copy-on-write
     (PagedAttention paper §4.4; vLLM ``copy_blocks`` with the scheduler's ``blocks_to_copy``).
 
     Args:

@@ -177,7 +177,7 @@ def paged_attention_decode(
     scale: float,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention through block tables; same result as ``engine.attention.paged_attention_reference``.
+    """Decode attention through block tables; same result as ``engine.model_executor.attention.paged_attention_reference``.
 
     Args:
         query: ``[num_seqs, num_heads, head_dim]`` fp32/fp16/bf16, any strides (e.g. a slice of a

@@ -122,7 +122,7 @@ def paged_attention_prefill(
     query_start_loc: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Causal prefill attention through block tables; same result as ``engine.attention.paged_prefill_reference``.
+    """Causal prefill attention through block tables; same result as ``engine.model_executor.attention.paged_prefill_reference``.
 
     The new tokens' K and V must already be in the cache (:func:`kernels.reshape_and_cache`).
 

@@ -63,7 +63,7 @@ def reshape_and_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Copy new K and V into the paged pools, in place. Same result as ``engine.attention.write_kv_cache``.
+    """Copy new K and V into the paged pools, in place. Same result as ``engine.model_executor.attention.write_kv_cache``.
 
     Args:
         key, value: ``[num_tokens, num_kv_heads, head_dim]``, same dtype as the caches (fp32, fp16,

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from engine.model_loader import resolve_model
+from engine.model_executor.model_loader import resolve_model
 
 TINY_SIZES = dict(
     hidden_size=64,
@@ -33,7 +33,7 @@ def cpu_kernels_built() -> bool:
     at another path rebuilds them (ninja sees new source paths); counted inside AppTest's timeout, that
     build failed the first app test. Returns whether they loaded (the app then says which path runs).
     """
-    from engine import cpu_ops
+    from engine.cpu import ops as cpu_ops
 
     return cpu_ops.load_kernel()
 

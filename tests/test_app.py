@@ -96,7 +96,7 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
 def test_kernel_inputs_match_the_engine(tiny_llama_dir):
     """The Kernel lab's query (captured q_proj + RoPE) reproduces the engine's own attention output."""
     from app_pages.kernel_lab import kernel_inputs
-    from engine.attention import paged_attention_reference
+    from engine.model_executor.attention import paged_attention_reference
 
     llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
     add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.0, seed=0)
@@ -379,8 +379,8 @@ def _vega_specs(at: AppTest) -> dict:
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_compare_page_draws_latency_against_request_rate(lang):
     """The paper's Figure 12 on the simulator page: each system's normalized latency at each rate is
-    what engine.paper_experiments gives for the same small workload, labelled in the page's language."""
-    from engine.paper_experiments import FIGURE_12_SYSTEMS, SWEEP_RATES, latency_sweep
+    what engine.experiments.figures gives for the same small workload, labelled in the page's language."""
+    from engine.experiments.figures import FIGURE_12_SYSTEMS, SWEEP_RATES, latency_sweep
     from visualize.i18n import t, untranslated
     from visualize.paper import paper_system_label
 
@@ -426,8 +426,8 @@ def _paper_marks(spec: dict) -> dict:
 def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_it(lang):
     """Choosing the H100 preset re-runs the sweep with its cost model, pool and rates; the paper's
     bands are its ratios applied to the vLLM rate the table shows; ShareGPT only; in the page's language."""
-    from engine.cost_model import calibration_path, get_setup
-    from engine.paper_experiments import PAPER_RATE_RATIOS, latency_sweep, rate_table, sweep_rates
+    from engine.sim.cost_model import calibration_path, get_setup
+    from engine.experiments.figures import PAPER_RATE_RATIOS, latency_sweep, rate_table, sweep_rates
     from visualize.i18n import t, untranslated
     from visualize.paper import paper_system_label
 
@@ -521,7 +521,7 @@ def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
 
 
 def test_a_file_that_is_not_a_replay_is_a_clear_error():
-    from engine.replay import load_replay
+    from engine.vllm_bridge.replay import load_replay
 
     with pytest.raises(ValueError, match="x.json is not JSON"):
         load_replay(b"{", "x.json")
@@ -536,9 +536,9 @@ def test_a_file_that_is_not_a_replay_is_a_clear_error():
 def test_this_machines_preset_is_offered_once_calibrated(tmp_path, monkeypatch):
     """Before `python -m engine calibrate` the box has no this-machine entry and says how to get one;
     with a calibration file (the format calibrate writes) it has, and the sweep runs on its fit and pool."""
-    from engine.cost_model import CALIBRATION_FILE, CostModel
-    from engine.model_loader import CACHE_ENV_VAR
-    from engine.paper_experiments import latency_sweep, sweep_rates
+    from engine.sim.cost_model import CALIBRATION_FILE, CostModel
+    from engine.model_executor.model_loader import CACHE_ENV_VAR
+    from engine.experiments.figures import latency_sweep, sweep_rates
     from visualize.i18n import t
 
     monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path))

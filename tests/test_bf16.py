@@ -16,8 +16,9 @@ import torch
 import transformers
 
 from conftest import make_tiny_model
-from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
-from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cpu import ops as cpu_ops
+from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
 from test_engine import hf_greedy, random_prompts, run_engine
 
 
@@ -70,7 +71,7 @@ def test_tiny_models_in_bf16_match_transformers_in_bf16(tiny_bf16):
 
 def test_fp32_agreement_counts_tokens_up_to_the_first_difference(tiny_llama_dir):
     from engine.llm import LLM
-    from engine.precision import fp32_agreement
+    from engine.tools.precision import fp32_agreement
 
     prompts = random_prompts(49152, [4, 9], seed=2)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 8)]

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockAllocator, NoFreeBlocksError, PagedBlockManager
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.block_manager import BlockAllocator, NoFreeBlocksError, PagedBlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceStatus
 
 
 def check_invariants(kv: PagedBlockManager, scheduler: Scheduler) -> None:

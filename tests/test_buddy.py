@@ -1,4 +1,4 @@
-"""Buddy placement (engine/buddy.py, ContiguousAllocator(placement="buddy")), worked by hand.
+"""Buddy placement (engine/baselines/buddy.py, ContiguousAllocator(placement="buddy")), worked by hand.
 
 Drawings show a 16-slot arena slot by slot: a letter is a request's slot, r its chunk's rounding
 (allocated, never usable), . a free slot; [ ] brackets one chunk, free or allocated.
@@ -7,9 +7,9 @@ Drawings show a 16-slot arena slot by slot: a letter is a request's slot, r its 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.buddy import BuddyArena, chunk_size
-from engine.contiguous import ContiguousAllocator
-from engine.sequence import Sequence
+from engine.baselines.buddy import BuddyArena, chunk_size
+from engine.baselines.contiguous import ContiguousAllocator
+from engine.core.sequence import Sequence
 
 
 def seq(request_id, prompt, max_len, computed=0):

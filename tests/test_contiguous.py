@@ -1,4 +1,4 @@
-"""The contiguous allocator (engine/contiguous.py) and the accounting of both allocators, worked by hand.
+"""The contiguous allocator (engine/baselines/contiguous.py) and the accounting of both allocators, worked by hand.
 
 Drawings show the arena slot by slot: T = token state, R = reserved, I = internal fragmentation,
 E = external fragmentation, . = free; | separates blocks (block_size 4).
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import PagedBlockManager
-from engine.buddy import BuddyArena
-from engine.contiguous import ContiguousAllocator
+from engine.core.block_manager import PagedBlockManager
+from engine.baselines.buddy import BuddyArena
+from engine.baselines.contiguous import ContiguousAllocator
 from engine.report import ALLOCATE, FREE
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
 
 
 def seq(request_id, prompt, max_len, computed=0):

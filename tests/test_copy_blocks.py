@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kernels
-from engine.attention import copy_blocks_reference
+from engine.model_executor.attention import copy_blocks_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 and >2**31-element pools need a CUDA GPU")

@@ -1,4 +1,4 @@
-"""The step-time model (engine/cost_model.py), its fit (engine/calibrate.py) and the simulator's clock."""
+"""The step-time model (engine/sim/cost_model.py), its fit (engine/sim/calibrate.py) and the simulator's clock."""
 
 import math
 
@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.calibrate import GRID, GRID_DECODE_STEPS, fit_cost_model, prediction_error
-from engine.cost_model import (A100_40GB, OPT_13B, SETUPS, CostModel, PicosecondCost, StepShape, get_setup,
+from engine.sim.calibrate import GRID, GRID_DECODE_STEPS, fit_cost_model, prediction_error
+from engine.sim.cost_model import (A100_40GB, OPT_13B, SETUPS, CostModel, PicosecondCost, StepShape, get_setup,
                                prefill_pairs)
-from engine.simulator import SimulationConfig, simulate
-from engine.workloads import make_workload
+from engine.sim.simulator import SimulationConfig, simulate
+from engine.sim.workloads import make_workload
 
 A100 = get_setup("a100-opt-13b").cost_model
 

@@ -1,5 +1,5 @@
-"""A decode step's decoder layer as one C++ call (engine.cpu_ops.decode_layer, engine/csrc/decode_layer.cpp):
-bit for bit what the modules of engine/model.py compute, on the same paged KV caches."""
+"""A decode step's decoder layer as one C++ call (engine.cpu.ops.decode_layer, engine/cpu/csrc/decode_layer.cpp):
+bit for bit what the modules of engine/model_executor/model.py compute, on the same paged KV caches."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile
 
 from conftest import make_tiny_model
-from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
-from engine.model import AttentionMetadata
-from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
-from engine.attention import plan_writes
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cpu import ops as cpu_ops
+from engine.model_executor.model import AttentionMetadata
+from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
+from engine.model_executor.attention import plan_writes
 from paged_cases import make_paged_kv
 
 MODEL_TYPES = ["llama", "qwen2", "qwen3"]  # qwen2: biases on q, k, v; qwen3: RMSNorm on q and k

@@ -1,4 +1,4 @@
-"""The engine's CPU kernels (engine/csrc/: the small-batch matmul, add + RMSNorm, RoPE, SiLU-and-mul), built for real."""
+"""The engine's CPU kernels (engine/cpu/csrc/: the small-batch matmul, add + RMSNorm, RoPE, SiLU-and-mul), built for real."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F
 
-from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
-from engine.model import Linear, RMSNorm, apply_rotary
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cpu import ops as cpu_ops
+from engine.model_executor.model import Linear, RMSNorm, apply_rotary
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_engines_on_the_same_weights_share_one_packed_copy(kernel, tiny_llama_di
     # so are their packed copies, which go when the last model using them does.
     import gc
 
-    from engine.model_loader import load_model
+    from engine.model_executor.model_loader import load_model
 
     loaded = load_model(str(tiny_llama_dir))
     first = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16), loaded_model=loaded)
@@ -242,7 +243,7 @@ def test_rotary_embedding_is_exactly_the_torch_rotation(kernel, tokens, heads, k
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 80), hidden=st.integers(1, 700), heads=st.integers(1, 9), half=st.integers(1, 64), seed=st.integers(0, 2**31 - 1))
 def test_bf16_add_rms_norm_and_rotary_are_exactly_the_torch_code(kernel, rows, hidden, heads, half, seed):
-    # In bf16 the kernels round where the torch code of engine/model.py rounds (the residual sum, the
+    # In bf16 the kernels round where the torch code of engine/model_executor/model.py rounds (the residual sum, the
     # normalised value, its product with the weight; RoPE's two products and their sum), and the
     # mean of squares is fp32 in both: the same bf16 values, bit for bit, on these inputs.
     generator = torch.Generator().manual_seed(seed)
@@ -349,7 +350,8 @@ def test_a_failed_build_warns_and_falls_back_to_torch(tmp_path, tiny_llama_dir):
     script = textwrap.dedent(
         f"""
         import warnings
-        from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
+        from engine import EngineConfig, LLMEngine, SamplingParams
+        from engine.cpu import ops as cpu_ops
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert cpu_ops.load_kernel({str(tmp_path / "build")!r}) is False
@@ -377,7 +379,7 @@ def test_a_build_killed_midway_never_hangs_the_next_start(tmp_path):
     next start used to wait for it silently, up to 10 minutes). A start that finds the build lock held by
     a live process says which process it waits for, and goes on as soon as that process is gone."""
     root = str(tmp_path)
-    build = f"from engine import cpu_ops\nassert cpu_ops.load_kernel({root!r}), cpu_ops.kernel_error()\nprint('built')"
+    build = f"from engine.cpu import ops as cpu_ops\nassert cpu_ops.load_kernel({root!r}), cpu_ops.kernel_error()\nprint('built')"
     first = subprocess.Popen([sys.executable, "-c", build], stderr=subprocess.PIPE, text=True)
     assert "Building the engine's CPU kernels" in first.stderr.readline()
     time.sleep(3)  # the compiler is running now
@@ -391,7 +393,7 @@ def test_a_build_killed_midway_never_hangs_the_next_start(tmp_path):
         f"""
         import time
         from pathlib import Path
-        from engine import cpu_ops
+        from engine.cpu import ops as cpu_ops
         with cpu_ops.build_lock(Path({str(build_dir)!r})):
             print("holding", flush=True)
             time.sleep(600)
@@ -421,7 +423,7 @@ def test_ctrl_c_during_a_build_in_a_worker_thread_says_one_line(tmp_path):
     script = textwrap.dedent(
         f"""
         import threading, time
-        from engine import cpu_ops
+        from engine.cpu import ops as cpu_ops
         worker = threading.Thread(target=cpu_ops.load_kernel, args=({str(tmp_path)!r},), daemon=True)
         worker.start()  # as Streamlit's script thread
         try:
@@ -439,7 +441,7 @@ def test_ctrl_c_during_a_build_in_a_worker_thread_says_one_line(tmp_path):
     proc.wait(timeout=60)
     assert err.strip().splitlines() == [cpu_ops.INTERRUPTED], err[-2000:]
     assert proc.returncode == 130
-    build = f"from engine import cpu_ops\nassert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()"
+    build = f"from engine.cpu import ops as cpu_ops\nassert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()"
     again = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
 
@@ -465,8 +467,8 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, 
         f"""
         import torch
         from torch.nn import functional as F
-        from engine import cpu_ops
-        from engine.model import apply_rotary
+        from engine.cpu import ops as cpu_ops
+        from engine.model_executor.model import apply_rotary
         cpu_ops.CFLAGS = cpu_ops.CFLAGS + ["-mno-avx512f"]
         assert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()
         assert cpu_ops.matmul_simd() == "generic" and not cpu_ops.supports(torch.ones(4, 4))
@@ -488,7 +490,7 @@ def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, 
         assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
         gate, up = torch.randn(2, 5, 1536, generator=g) * 6
         torch.testing.assert_close(cpu_ops.silu_and_mul(gate, up), F.silu(gate) * up, rtol=2e-6, atol=1e-30)
-        from engine.attention import paged_attention_reference
+        from engine.model_executor.attention import paged_attention_reference
         kc, vc = torch.randn(2, 6, 16, 8, 64, generator=g)
         tables, lens = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32), torch.tensor([20, 9], dtype=torch.int32)
         q = torch.randn(2, 24, 64, generator=g)
@@ -526,7 +528,7 @@ def test_a_half_written_library_is_rebuilt_not_loaded(tmp_path):
     script = textwrap.dedent(
         f"""
         import torch
-        from engine import cpu_ops
+        from engine.cpu import ops as cpu_ops
         assert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()
         assert torch.equal(cpu_ops.small_batch_linear(torch.ones(2, 8), torch.ones(3, 8)), torch.full((2, 3), 8.0))
         print("loaded")

@@ -1,4 +1,4 @@
-"""The engine's CPU decode-attention kernel (engine/csrc/paged_attention.cpp) against the torch oracle.
+"""The engine's CPU decode-attention kernel (engine/cpu/csrc/paged_attention.cpp) against the torch oracle.
 
 The same correctness matrix as the Triton kernels (tests/test_kernels.py, cases from tests/paged_cases.py):
 every cache slot outside a live context holds NaN, block tables are permuted and passed as views into
@@ -12,9 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import EngineConfig, LLMEngine, SamplingParams, cpu_ops
-from engine.attention import paged_attention_reference
-from engine.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cpu import ops as cpu_ops
+from engine.model_executor.attention import paged_attention_reference
+from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
 from paged_cases import assert_decode_output, make_paged_kv, packed_query
 
 

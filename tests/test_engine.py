@@ -12,8 +12,8 @@ import transformers
 
 from conftest import make_tiny_model
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.bench import format_result
-from engine.model_loader import ModelLoadError
+from engine.tools.bench import format_result
+from engine.model_executor.model_loader import ModelLoadError
 
 CHAT_PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -400,7 +400,7 @@ def test_the_bench_waits_for_a_quiet_machine_before_each_run(monkeypatch, tmp_pa
     import threading
     import time
 
-    from engine import bench
+    from engine.tools import bench
 
     monkeypatch.setattr(bench, "SETTLE_S", 0.05)
     assert 0.05 <= bench.settle() < bench.SETTLE_MAX_S  # nothing else running: little more than SETTLE_S

@@ -1,4 +1,4 @@
-"""Packed weights and KV pools in 2 MiB pages (engine/huge_pages.py): the tensors are what torch would give,
+"""Packed weights and KV pools in 2 MiB pages (engine/cpu/huge_pages.py): the tensors are what torch would give,
 and on a Linux machine with transparent huge pages they really are backed by huge pages."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, SamplingParams, huge_pages
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cpu import huge_pages
 
 THP = pytest.mark.skipif(huge_pages.why_not_available() is not None, reason=f"no huge pages here: {huge_pages.why_not_available()}")
 

@@ -1,4 +1,4 @@
-"""Triton kernels against the torch oracle in engine.attention.
+"""Triton kernels against the torch oracle in engine.model_executor.attention.
 
 Without a GPU these run under Triton's interpreter (``import kernels`` sets TRITON_INTERPRET=1
 when no CUDA device exists), so the matrix is a covering set, not a cross product: every listed
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import kernels
-from engine.attention import paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
+from engine.model_executor.attention import paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
 from paged_cases import DEVICE, TOL, assert_decode_output, make_paged_kv, packed_query
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 and >2**31-element pools need a CUDA GPU")

@@ -1,4 +1,4 @@
-"""Tests for engine.model_loader: the default model, local HF directories, and every refusal.
+"""Tests for engine.model_executor.model_loader: the default model, local HF directories, and every refusal.
 
 The first run converts SmolLM2-135M-Instruct from GGUF (about a minute, once per cache);
 later runs read the cached safetensors in about a second.
@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from engine.model_loader import (
+from engine.model_executor.model_loader import (
     DEFAULT_GGUF_SHA256,
     DEFAULT_MODEL,
     LoadedModel,

@@ -1,4 +1,4 @@
-"""The paper's experiments on the simulator (engine/paper_experiments.py) and their command line."""
+"""The paper's experiments on the simulator (engine/experiments/figures.py) and their command line."""
 
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from engine.cli import main
-from engine.paper_experiments import figure_2, figure_12, figure_13, latency_sweep, reproduce_figure, sustainable_rate
+from engine.experiments.figures import figure_2, figure_12, figure_13, latency_sweep, reproduce_figure, sustainable_rate
 
 
 def test_sustainable_rate_is_the_interpolated_crossing_of_twice_the_lowest_rate_latency():
@@ -70,8 +70,8 @@ def test_cli_prints_json_and_draws_the_chart(tmp_path, capsys):
 def test_the_engine_never_imports_matplotlib():
     """The simulator, the experiments and the command line import no chart library; only drawing
     a chart (--out) does, in the command-line layer."""
-    code = ("import sys, engine, engine.simulator, engine.paper_experiments, engine.cost_model, engine.sim_clock, "
-            "engine.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
+    code = ("import sys, engine, engine.sim.simulator, engine.experiments.figures, engine.sim.cost_model, engine.sim.clock, "
+            "engine.sim.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
             "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -94,7 +94,7 @@ def test_the_figure_12_chart_shows_the_simulated_curves_and_the_papers_ratio():
 def test_sweep_rates_keep_the_papers_and_scale_with_the_presets_capacity():
     """The paper's preset sweeps the paper's rates, as before; an H100 with Llama-3-8B serves far
     more (its rates scale with vLLM's estimated capacity), and a faster clock never lowers the rates."""
-    from engine.paper_experiments import SETUP, STATIC_LOW_RATES, SWEEP_RATES, steady_requests, sweep_rates, vllm_capacity
+    from engine.experiments.figures import SETUP, STATIC_LOW_RATES, SWEEP_RATES, steady_requests, sweep_rates, vllm_capacity
 
     for w in ("sharegpt", "alpaca"):
         assert sweep_rates(w, SETUP) == (SWEEP_RATES[w], STATIC_LOW_RATES[w])
@@ -112,7 +112,7 @@ def test_sweep_rates_keep_the_papers_and_scale_with_the_presets_capacity():
 def test_a_sweep_can_run_in_the_presets_own_pool():
     """kv_slots / max_model_len None = the preset's: the H100's 426K slots run Orca (Max) with 52
     reservations of 8,192, far more than the paper pool's 7, and the latency differs."""
-    from engine.cost_model import get_setup
+    from engine.sim.cost_model import get_setup
 
     h100 = get_setup("h100-llama-3-8b")
     kw = dict(systems=("Orca (Max)",), num_requests=200, setup="h100-llama-3-8b")
@@ -128,7 +128,7 @@ def test_a_sweep_can_run_in_the_presets_own_pool():
 def test_a_system_saturated_at_the_lowest_rate_is_shown_below_the_sweep():
     """Alpaca at 5 req/s: Orca (Max) (7 requests at once) already queues, its normalized latency many
     times vLLM's; the table gives its rate as under 5 req/s, not the crossing of 2x a loaded value."""
-    from engine.paper_experiments import rate_table
+    from engine.experiments.figures import rate_table
 
     rows = latency_sweep(("alpaca",), {"alpaca": (5.0, 10.0, 20.0)}, systems=("Orca (Max)", "Orca (Oracle)", "vLLM"), num_requests=300)
     table = {r["system"]: r for r in rate_table(rows)}

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import to_hex
 
-from engine.accounting import CATEGORIES
+from engine.core.accounting import CATEGORIES
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t, untranslated
 from visualize.paper import figure_texts, plot_memory_breakdown
@@ -90,7 +90,7 @@ def test_latency_rate_spec_draws_the_papers_bands_at_its_ratios_of_the_vllm_rate
     """vLLM sustains 2.0 req/s here: the paper's 2.7-8x puts Orca (Max) between 2/8 = 0.25 and
     2/2.7 = 0.74 req/s, 1.7-2.7x puts Orca (Oracle) between 0.74 and 1.18, "up to 22x" puts
     FasterTransformer's rule at 2/22 = 0.091; each band in its system's colour, labelled "paper"."""
-    from engine.paper_experiments import paper_rate_marks
+    from engine.experiments.figures import paper_rate_marks
     from visualize.paper import SYSTEM_COLORS, latency_rate_spec, paper_system_label
 
     marks = paper_rate_marks("sharegpt", 2.0)

@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.block_manager import PagedBlockManager
-from engine.prefix_cache import hash_block_tokens
+from engine.core.block_manager import PagedBlockManager
+from engine.core.prefix_cache import hash_block_tokens
 from engine.report import ALLOCATE, CACHE_HIT, EVICT
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceGroup
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 
@@ -328,8 +328,8 @@ def test_prefix_caching_with_the_contiguous_allocator_is_refused():
 # ---- the simulator: shared-prefix workloads (Figure 16's memory side) -----------------------------
 
 def test_simulator_shared_prefix_is_held_once_and_a_sub_block_prefix_never_hits():
-    from engine.simulator import SimulationConfig, simulate
-    from engine.workloads import make_workload
+    from engine.sim.simulator import SimulationConfig, simulate
+    from engine.sim.workloads import make_workload
 
     requests = make_workload("translation", 200, seed=1, max_model_len=1024)
     small = dict(requests=requests, kv_slots=3000, max_model_len=1024, max_num_seqs=64)
@@ -343,7 +343,7 @@ def test_simulator_shared_prefix_is_held_once_and_a_sub_block_prefix_never_hits(
 
 
 def test_reproduce_figure16_orders_like_the_paper():
-    from engine.simulator import format_figure16_table, reproduce_figure16
+    from engine.sim.simulator import format_figure16_table, reproduce_figure16
 
     rows = reproduce_figure16(num_requests=300, kv_slots=6000, throughput_requests=150, rates=(2.0, 8.0, 16.0, 32.0))
     ratios = {r["prefix"]: r["batch_ratio_over_orca_oracle"] for r in rows if r["system"] == "vLLM"}

@@ -1,4 +1,4 @@
-"""The roofline report (engine/roofline.py): the bytes and FLOPs of a decode step, the machine's limits."""
+"""The roofline report (engine/tools/roofline.py): the bytes and FLOPs of a decode step, the machine's limits."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine
-from engine.roofline import MachinePeaks, decode_report, decode_step_cost, format_report, measure_machine, model_cost, roofline_ms
+from engine.tools.roofline import MachinePeaks, decode_report, decode_step_cost, format_report, measure_machine, model_cost, roofline_ms
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine import runfile
-from engine.model_loader import DEFAULT_MODEL
+from engine.model_executor.model_loader import DEFAULT_MODEL
 from engine.runfile import RunFileError, Workload, WorkloadRequest, load_workload, workload_json
 
 

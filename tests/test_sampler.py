@@ -1,4 +1,4 @@
-"""Greedy sampling's argmax (engine.sampler.greedy_tokens, and the C++ one, engine.cpu_ops.greedy_tokens):
+"""Greedy sampling's argmax (engine.model_executor.sampler.greedy_tokens, and the C++ one, engine.cpu.ops.greedy_tokens):
 torch.argmax's answer, ties and NaN included."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import cpu_ops, sampler
+from engine.cpu import ops as cpu_ops
+from engine.model_executor import sampler
 
 
 @pytest.fixture(scope="module")

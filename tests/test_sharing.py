@@ -20,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import LLM, BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
-from engine.block_manager import PagedBlockManager
+from engine.core.block_manager import PagedBlockManager
 from engine.report import COPY_ON_WRITE, FORK, FREE
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from tests.conftest import make_tiny_model
 
 STORY = [{"role": "user", "content": "Tell me a short story about a cat."}]

@@ -1,4 +1,4 @@
-"""The model-free simulator (engine/simulator.py, engine/workloads.py)."""
+"""The model-free simulator (engine/sim/simulator.py, engine/sim/workloads.py)."""
 
 import json
 
@@ -7,13 +7,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from engine.accounting import CATEGORIES
-from engine.block_manager import PagedBlockManager
-from engine.contiguous import ContiguousAllocator
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
-from engine.simulator import LockstepScheduler, SimulationConfig, main, reproduce_paper, simulate
-from engine.workloads import WORKLOADS, Request, load_trace, make_workload
+from engine.core.accounting import CATEGORIES
+from engine.core.block_manager import PagedBlockManager
+from engine.baselines.contiguous import ContiguousAllocator
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence
+from engine.sim.simulator import LockstepScheduler, SimulationConfig, main, reproduce_paper, simulate
+from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
 SMALL = dict(kv_slots=3000, max_model_len=1024, max_num_seqs=32)
 SYSTEMS = [dict(allocator="paged"), dict(allocator="contiguous", reservation="max"),

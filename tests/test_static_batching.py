@@ -1,12 +1,12 @@
-"""Static batching (engine/static_batching.py), the FasterTransformer baseline of Figure 12, on workloads worked by hand."""
+"""Static batching (engine/baselines/static_batching.py), the FasterTransformer baseline of Figure 12, on workloads worked by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.paper_experiments import figure_12, format_figure
-from engine.simulator import simulate
-from engine.workloads import Request
+from engine.experiments.figures import figure_12, format_figure
+from engine.sim.simulator import simulate
+from engine.sim.workloads import Request
 
 # Three requests at t = 0, prompt 4 tokens each, outputs A 4, B 1, C 2 tokens. A pool of 16 slots
 # with max_model_len 8 and Orca (Max)'s reservation holds two requests. One step = 1 s.
@@ -75,7 +75,7 @@ def test_figure_12_has_the_fastertransformer_line_and_ratio():
 def test_the_fast_path_gives_the_single_step_result(workload, rate):
     """Static batching on the lock-step fast path (a batch runs from one finish to the next at once)
     equals stepping one by one through schedule(), to the picosecond."""
-    from engine.workloads import make_workload
+    from engine.sim.workloads import make_workload
 
     requests = make_workload(workload, 150, 0, 2048, rate)
     kwargs = dict(requests=requests, kv_slots=15_700, block_size=16, allocator="contiguous", reservation="max",

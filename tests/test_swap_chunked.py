@@ -20,14 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.attention import swap_blocks
-from engine.block_manager import PagedBlockManager
-from engine.cost_model import PicosecondCost, StepShape, get_setup
-from engine.model_loader import load_model
+from engine.model_executor.attention import swap_blocks
+from engine.core.block_manager import PagedBlockManager
+from engine.sim.cost_model import PicosecondCost, StepShape, get_setup
+from engine.model_executor.model_loader import load_model
 from engine.report import PREEMPT, RECOMPUTE_CPU_POOL_FULL, SWAP_IN, SWAP_OUT
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from engine.swap_experiments import figure_19, format_figure_19
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.experiments.swap import figure_19, format_figure_19
 from tests.test_engine import random_prompts, run_engine, tiny_model, tiny_reference  # noqa: F401 (fixtures: the 3 tiny models; 5 prompts' greedy outputs)
 
 

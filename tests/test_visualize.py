@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.accounting import CATEGORIES
+from engine.core.accounting import CATEGORIES
 from engine.report import ALLOCATE, WRITE
 from visualize import i18n
 from visualize.kernel import program_grid, program_grid_figure
@@ -226,7 +226,7 @@ def test_program_grid_matches_the_block_tables(paged, tmp_path):
 
 
 def test_simulation_memory_frame():
-    from engine.simulator import simulate
+    from engine.sim.simulator import simulate
 
     res = simulate(workload="alpaca", num_requests=50, kv_slots=4096, allocator="contiguous", reservation="pow2")
     frame = simulation_memory_frame(res)

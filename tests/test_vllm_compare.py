@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from engine import EngineConfig, LLMEngine
-from engine.replay import compare_replay, make_engine, replay_settings, run_engine, sampling, vllm_job
+from engine.vllm_bridge.replay import compare_replay, make_engine, replay_settings, run_engine, sampling, vllm_job
 from engine.runfile import load_workload
-from engine.vllm_compare import KNOWN_DIFFERENCES, compare_outputs, first_difference
-from engine.vllm_env import why_not_supported
+from engine.vllm_bridge.compare import KNOWN_DIFFERENCES, compare_outputs, first_difference
+from engine.vllm_bridge.env import why_not_supported
 
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
@@ -155,7 +155,7 @@ def test_replay_against_real_vllm():
     reason = why_not_supported()
     if reason:
         pytest.skip(reason)
-    from engine.vllm_env import setup
+    from engine.vllm_bridge.env import setup
 
     setup(progress=lambda line: None)
     done = subprocess.run(

@@ -1,11 +1,11 @@
-"""vLLM's environment: the set-up's choice of package indexes (engine/vllm_env.py)."""
+"""vLLM's environment: the set-up's choice of package indexes (engine/vllm_bridge/env.py)."""
 
 import http.server
 import socket
 import threading
 import time
 
-from engine.vllm_env import index_reachable
+from engine.vllm_bridge.env import index_reachable
 
 
 def _serve_once(status: int):

@@ -19,7 +19,7 @@ HIT_COLOR = "#00695c"  # prefix caching: the dot on a block a prompt found cache
 EVICT_COLOR = "#b71c1c"  # prefix caching: the cross on a cached block evicted this step
 COW_COLOR = "#c2185b"  # sharing: the refcount badge and a copy-on-write's source and copy
 
-# Figure 2 categories (engine/accounting.py): useful memory green, waste in warm colours, free grey.
+# Figure 2 categories (engine/core/accounting.py): useful memory green, waste in warm colours, free grey.
 CATEGORY_COLORS = {
     "token_states": "#2ca02c",
     "reserved": "#1f77b4",

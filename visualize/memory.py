@@ -10,7 +10,7 @@ import altair as alt
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from engine.accounting import CATEGORIES
+from engine.core.accounting import CATEGORIES
 from engine.report import StepReport
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t

@@ -1,10 +1,10 @@
 """The PagedAttention paper's figures, redrawn from the engine's plain results.
 
 Figures 12, 13 and 18b (``save_paper_figure``, ``python -m engine reproduce-paper --figure N --out``)
-come from ``engine.paper_experiments`` results, the paper's numbers marked beside ours. Figure 2
+come from ``engine.experiments.figures`` results, the paper's numbers marked beside ours. Figure 2
 (``plot_memory_breakdown``) from ``reproduce_paper`` rows (or the app's runs):
 
-One stacked bar per system, each segment a share of the KV pool (engine/accounting.py): token
+One stacked bar per system, each segment a share of the KV pool (engine/core/accounting.py): token
 states, reserved, internal fragmentation, external fragmentation, and free (grey; the paper's bars
 are taken with a full pool, where nothing is free). The paper's own token-state share is drawn as a
 black dashed mark with its value wherever a row carries ``paper_token_state_fraction``.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from engine.accounting import CATEGORIES
-from engine.paper_experiments import paper_ratio_text
+from engine.core.accounting import CATEGORIES
+from engine.experiments.figures import paper_ratio_text
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
 from visualize.style import as_svg, use_cjk_font
@@ -33,8 +33,8 @@ def plot_memory_breakdown(rows: list[dict], out: str | None = None, lang: str = 
     """Stacked bars of each (workload, system) row's memory shares, one panel per workload.
 
     Args:
-        rows: ``engine.simulator.reproduce_paper`` rows: ``workload``, ``system`` (its bar label),
-            ``fragmentation`` (share per category of engine.accounting.CATEGORIES, 0..1),
+        rows: ``engine.sim.simulator.reproduce_paper`` rows: ``workload``, ``system`` (its bar label),
+            ``fragmentation`` (share per category of engine.core.accounting.CATEGORIES, 0..1),
             ``token_state_fraction`` and optionally ``paper_token_state_fraction`` (0..1 or None).
         out: save the figure to this path (PNG) when given.
         lang: "en" or "zh" for every text of the figure.
@@ -201,9 +201,9 @@ def paper_system_label(system: str, lang: str = "en") -> str:
 
 def latency_rate_spec(rows: list[dict], lang: str = "en", paper_marks: list[dict] | None = None) -> dict:
     """Figure 12 in the app: a Vega-Lite spec of normalized latency (s/token, log scale) against
-    request rate (req/s), one line per system; ``rows`` are ``engine.paper_experiments.latency_sweep``'s
+    request rate (req/s), one line per system; ``rows`` are ``engine.experiments.figures.latency_sweep``'s
     for one workload. The lines' data are the top-level ``data.values`` rows (rate, latency, system
-    label). ``paper_marks`` (``engine.paper_experiments.paper_rate_marks``): per baseline, a band in
+    label). ``paper_marks`` (``engine.experiments.figures.paper_rate_marks``): per baseline, a band in
     its colour from ``low_rate`` to ``high_rate`` (a dashed rule at ``low_rate`` where the paper gives
     only "up to"), labelled "paper", each in its own layer's ``data.values``. No height:
     Streamlit's ``st.vega_lite_chart(..., height=)`` sets it (a height in the spec is squeezed)."""

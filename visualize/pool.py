@@ -275,7 +275,7 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
     return fig
 
 
-# PREEMPT's detail (engine/scheduler.py) -> its text: swapped out, or recomputed and why.
+# PREEMPT's detail (engine/core/scheduler.py) -> its text: swapped out, or recomputed and why.
 _PREEMPT_DETAIL = {PREEMPTED_BY_SWAP: "ev_preempt_swap_detail", RECOMPUTE_PARTIAL_PREFILL: "ev_preempt_partial_prefill",
                    RECOMPUTE_CPU_POOL_FULL: "ev_preempt_cpu_full"}
 

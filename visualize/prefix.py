@@ -2,7 +2,7 @@
 
 Plain data from the engine's step reports (and, for the chain, ``PrefixCache.entries()``): a block
 hash names the block's tokens and, through its parent's hash, everything before them
-(``engine/prefix_cache.py``; vLLM's automatic prefix caching).
+(``engine/core/prefix_cache.py``; vLLM's automatic prefix caching).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two runs of the same workload, step by step: the lab's engine beside real vLLM (engine/replay.py's series)."""
+"""Two runs of the same workload, step by step: the lab's engine beside real vLLM (engine/vllm_bridge/replay.py's series)."""
 
 from __future__ import annotations
 

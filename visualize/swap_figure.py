@@ -1,4 +1,4 @@
-"""Figure 19 (PagedAttention paper §7.3), redrawn from ``engine.swap_experiments.figure_19``'s result:
+"""Figure 19 (PagedAttention paper §7.3), redrawn from ``engine.experiments.swap.figure_19``'s result:
 (a) the cost of one preemption by swap (in + out) and by recompute against block size; (b) the
 normalized latency of serving ShareGPT with each, against block size."""
 

@@ -29,9 +29,9 @@ import torch
 import transformers
 
 from engine import LLM, SamplingParams
-from engine.model import apply_rotary
-from engine.model_loader import resolve_model
-from engine.model_runner import kv_bytes_per_slot
+from engine.model_executor.model import apply_rotary
+from engine.model_executor.model_loader import resolve_model
+from engine.model_executor.model_runner import kv_bytes_per_slot
 from visualize.i18n import t
 from visualize.style import use_cjk_font
 

@@ -117,15 +117,15 @@ for r in rows:
 # bounded by the KV pool: every running request's K and V must be in it. Memory a system wastes is batch
 # it cannot run, and batch is throughput.
 #
-# The step-time model of the paper's set-up (`engine/cost_model.py`, preset `a100-opt-13b-achieved`:
+# The step-time model of the paper's set-up (`engine/sim/cost_model.py`, preset `a100-opt-13b-achieved`:
 # OPT-13B on one A100-40GB, the GPU's roofline plus the host's work per step and per request) gives a
 # decode step's time for a batch of requests of 500 tokens each. The curve is tokens per second against
 # batch size; each system's mark sits at the batch its memory let it run in section 3.
 
 # %%
-from engine.cost_model import StepShape, get_setup
-from engine.paper_experiments import latency_sweep, sustainable_rate
-from engine.workloads import make_workload
+from engine.sim.cost_model import StepShape, get_setup
+from engine.experiments.figures import latency_sweep, sustainable_rate
+from engine.sim.workloads import make_workload
 from visualize.style import use_cjk_font
 
 a100 = get_setup("a100-opt-13b-achieved")  # the paper's set-up: OPT-13B on one A100-40GB, 15,700 KV slots
@@ -190,7 +190,7 @@ for r in rows:
 
 # %%
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
-# The ShareGPT requests of the paper's Figure 12 (as engine.paper_experiments draws them): their lengths.
+# The ShareGPT requests of the paper's Figure 12 (as engine.experiments.figures draws them): their lengths.
 sharegpt = make_workload("sharegpt", SATURATION_REQUESTS, 0, a100.max_model_len)
 print(t("lp3_sharegpt", LANG, prompt=sum(r.prompt_len for r in sharegpt) / len(sharegpt),
         output=sum(r.output_len for r in sharegpt) / len(sharegpt)))

@@ -25,7 +25,7 @@
 # - A freed block **keeps its hash**: it is free, but *cached and evictable*. The **free queue** hands out
 #   blocks from its head (least recently used); taking a cached block there **evicts** it (its hash is dropped).
 #
-# Our engine follows vLLM's names: `engine/prefix_cache.py` (hashes, the map), `engine/block_manager.py`
+# Our engine follows vLLM's names: `engine/core/prefix_cache.py` (hashes, the map), `engine/core/block_manager.py`
 # (`FreeBlockQueue`, `touch`, eviction), like vLLM's `kv_cache_manager.py` and `block_pool.py`.
 
 # %%
@@ -39,7 +39,7 @@ except ImportError:
     sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.model_loader import load_model
+from engine.model_executor.model_loader import load_model
 from engine.report import ALLOCATE, CACHE_HIT, EVICT, FREE
 from visualize.i18n import t
 

@@ -97,12 +97,12 @@ for r in rows:
 # ## 4. 为什么显存就是吞吐量
 # 解码步受内存带宽限制（第 1 课）：无论批有多大，它都把每个权重读取一次，所以 30 个请求的一步只比 1 个请求的一步稍慢，却生成 30 个 token 而不是 1 个。批的大小受 KV 池限制：每个运行中请求的 K 和 V 都必须放在池里。一个系统浪费的显存，就是它跑不了的批；而批就是吞吐量。
 #
-# 论文实验配置的步时模型（`engine/cost_model.py`，预设 `a100-opt-13b-achieved`：OPT-13B 在一张 A100-40GB 上，GPU 的屋脊线模型加上主机每步、每个请求的开销）给出一批各有 500 个 token 的请求做一次解码所需的时间。曲线是每秒 token 数随批大小的变化；每个系统的标记位于第 3 节中它的显存所允许的批大小处。
+# 论文实验配置的步时模型（`engine/sim/cost_model.py`，预设 `a100-opt-13b-achieved`：OPT-13B 在一张 A100-40GB 上，GPU 的屋脊线模型加上主机每步、每个请求的开销）给出一批各有 500 个 token 的请求做一次解码所需的时间。曲线是每秒 token 数随批大小的变化；每个系统的标记位于第 3 节中它的显存所允许的批大小处。
 
 # %%
-from engine.cost_model import StepShape, get_setup
-from engine.paper_experiments import latency_sweep, sustainable_rate
-from engine.workloads import make_workload
+from engine.sim.cost_model import StepShape, get_setup
+from engine.experiments.figures import latency_sweep, sustainable_rate
+from engine.sim.workloads import make_workload
 from visualize.style import use_cjk_font
 
 a100 = get_setup("a100-opt-13b-achieved")  # the paper's set-up: OPT-13B on one A100-40GB, 15,700 KV slots
@@ -154,7 +154,7 @@ for r in rows:
 
 # %%
 mix = [Request(arrival=0.0, prompt_len=p, output_len=o) for p, o in [(40, 10), (100, 60), (16, 200), (30, 30)]]
-# The ShareGPT requests of the paper's Figure 12 (as engine.paper_experiments draws them): their lengths.
+# The ShareGPT requests of the paper's Figure 12 (as engine.experiments.figures draws them): their lengths.
 sharegpt = make_workload("sharegpt", SATURATION_REQUESTS, 0, a100.max_model_len)
 print(t("lp3_sharegpt", LANG, prompt=sum(r.prompt_len for r in sharegpt) / len(sharegpt),
         output=sum(r.output_len for r in sharegpt) / len(sharegpt)))

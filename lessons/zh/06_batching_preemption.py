@@ -147,7 +147,7 @@ plt.show()
 
 # %%
 from engine import EngineConfig, LLMEngine
-from engine.model_loader import load_model
+from engine.model_executor.model_loader import load_model
 
 weights = load_model(None)  # the default model, read once for the fresh engines below
 

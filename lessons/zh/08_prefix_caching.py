@@ -24,7 +24,7 @@
 # - 被释放的块**保留它的哈希**：它是空闲的，但*已缓存、可驱逐*（cached and evictable）。**空闲队列**从队头
 #   （最久未使用）分配块；在那里取走一个已缓存的块就会**驱逐**它（丢弃它的哈希）。
 #
-# 本引擎沿用 vLLM 的命名：`engine/prefix_cache.py`（哈希与映射表）、`engine/block_manager.py`
+# 本引擎沿用 vLLM 的命名：`engine/core/prefix_cache.py`（哈希与映射表）、`engine/core/block_manager.py`
 # （`FreeBlockQueue`、`touch`、驱逐），对应 vLLM 的 `kv_cache_manager.py` 与 `block_pool.py`。
 
 # %%
@@ -38,7 +38,7 @@ except ImportError:
     sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
 
 from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.model_loader import load_model
+from engine.model_executor.model_loader import load_model
 from engine.report import ALLOCATE, CACHE_HIT, EVICT, FREE
 from visualize.i18n import t
 

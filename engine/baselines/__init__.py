@@ -1,0 +1,1 @@
+"""The pre-vLLM baselines the PagedAttention paper measures against (§3, §6): a contiguous allocator with Orca's Max / Pow2 / Oracle reservations, buddy placement, and static batching (FasterTransformer). Torch-free."""

@@ -1,0 +1,802 @@
+"""The paged KV allocator: physical blocks, a free list, reference counts and per-request block tables.
+
+A request's tokens are grouped into *logical blocks* of ``block_size`` tokens; its block table maps
+each logical block to a *physical block* anywhere in the pool, so a request needs no contiguous
+memory and wastes at most one partly filled block (PagedAttention paper §4.2-4.3).
+
+``KVCacheManager`` is the interface the scheduler talks to. Two allocators implement it: the paged
+one here and the contiguous one of the systems before vLLM (``engine/baselines/contiguous.py``), so the same
+scheduler — in the engine and in the model-free simulator — runs on either.
+
+With prefix caching on (``engine/core/prefix_cache.py``), the paged allocator is also vLLM v1's block
+pool: full blocks keep a hash, a freed block stays cached and evictable on the free queue, and a
+prompt's leading blocks are looked up before its prefill.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+
+from engine.core.accounting import MemoryUsage
+from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, SWAP_IN, SWAP_OUT, BlockTableSnapshot, Event
+from engine.core.sequence import Sequence, SequenceGroup
+
+# What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
+Group = Sequence | SequenceGroup
+
+
+class NoFreeBlocksError(RuntimeError):
+    """Raised when a block is asked for and the free list is empty (the scheduler checks first)."""
+
+
+class FreeBlockQueue:
+    """Free block ids in eviction order, head first (vLLM's ``FreeKVCacheBlockQueue``).
+
+    ``popleft`` takes the head, ``append`` puts a block at the tail, and ``remove`` takes a block
+    from anywhere (a cached block hit while free), all O(1): vLLM links its blocks into a doubly
+    linked list for this; an insertion-ordered dict does the same here.
+    """
+
+    def __init__(self, block_ids: list[int]):
+        self._blocks: dict[int, None] = dict.fromkeys(block_ids)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __iter__(self):
+        return iter(self._blocks)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._blocks
+
+    def popleft(self) -> int:
+        block_id = next(iter(self._blocks))
+        del self._blocks[block_id]
+        return block_id
+
+    def append(self, block_id: int) -> None:
+        assert block_id not in self._blocks, f"block {block_id} is free already"
+        self._blocks[block_id] = None
+
+    def remove(self, block_id: int) -> None:
+        del self._blocks[block_id]
+
+
+class BlockAllocator:
+    """A free queue of physical block ids with a reference count per block.
+
+    Invariants: a block is either on the free queue (refcount 0) or referenced (refcount >= 1),
+    never both. Blocks are handed out from the head of the queue and freed blocks go to the
+    tail, so a block freed now is reused last (least recently used first: with prefix caching
+    the head is the cached block evicted next; vLLM's ``FreeKVCacheBlockQueue``). The queue is
+    a :class:`FreeBlockQueue`, so a cached block hit while free leaves it from the middle in O(1).
+
+    Args:
+        num_blocks: physical blocks in the pool.
+        shuffle_seed: when given, the initial free list is shuffled with this seed, so that block
+            tables visibly point anywhere in the pool.
+        null_block: keep block 0 out of the free queue for good (vLLM v1's ``BlockPool.null_block``,
+            a placeholder block table entries can point at): ``num_blocks - 1`` blocks are usable.
+    """
+
+    def __init__(self, num_blocks: int, shuffle_seed: int | None = None, null_block: bool = False):
+        order = list(range(1 if null_block else 0, num_blocks))
+        if shuffle_seed is not None:
+            random.Random(shuffle_seed).shuffle(order)
+        self.num_blocks = num_blocks
+        self.free_blocks = FreeBlockQueue(order)
+        self.ref_counts = [0] * num_blocks
+        self.shared: set[int] = set()  # blocks with refcount > 1 (kept so that usage() need not scan)
+        self.num_usable = len(order)  # num_blocks, less the null block
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_blocks)
+
+    def allocate(self) -> int:
+        """Take one block from the free list with refcount 1. Raises NoFreeBlocksError when empty."""
+        if not self.free_blocks:
+            raise NoFreeBlocksError("no free KV blocks")
+        block_id = self.free_blocks.popleft()
+        assert self.ref_counts[block_id] == 0
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def incref(self, block_id: int) -> None:
+        """Share a referenced block (copy-on-write forks and prefix caching share blocks this way)."""
+        assert self.ref_counts[block_id] >= 1, f"block {block_id} is free"
+        self.ref_counts[block_id] += 1
+        self.shared.add(block_id)
+
+    def touch(self, block_id: int) -> None:
+        """Take one more reference to a cached block, free or not (vLLM's ``BlockPool.touch``): a
+        free one leaves the free queue first, so no allocation can evict it now."""
+        if self.ref_counts[block_id] == 0:
+            self.free_blocks.remove(block_id)
+        self.ref_counts[block_id] += 1
+        if self.ref_counts[block_id] > 1:
+            self.shared.add(block_id)
+
+    def free(self, block_id: int) -> bool:
+        """Drop one reference; the block returns to the free list at refcount 0. Returns True then."""
+        assert self.ref_counts[block_id] >= 1, f"block {block_id} freed twice"
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 1:
+            self.shared.discard(block_id)
+        if self.ref_counts[block_id] == 0:
+            self.free_blocks.append(block_id)
+            return True
+        return False
+
+
+class KVCacheManager(ABC):
+    """What the scheduler asks of a KV allocator (vLLM's block space manager).
+
+    Attributes every implementation sets:
+        block_size: slots per block, as the pool is shown and stored.
+        num_blocks: blocks in the pool; capacity is ``num_blocks * block_size`` slots.
+        attention_block_size: block size of the block tables handed to attention
+            (paged: block_size; contiguous: 1, a range is a run of consecutive 1-slot blocks).
+        events: ALLOCATE / FREE events since the engine last drained them.
+    """
+
+    block_size: int
+    num_blocks: int
+    attention_block_size: int
+    events: list[Event]
+    # The model-free simulator turns per-block events off: on 100,000 requests they would be
+    # millions of objects nobody reads. The engine keeps them on (the event log of every step).
+    record_events: bool = True
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @abstractmethod
+    def fits_ever(self, seq: Group) -> bool:
+        """Could ``seq`` (a request, or a sequence group) be admitted to an empty pool and run to
+        the end? (False: reject it, it would wait forever.)"""
+
+    @abstractmethod
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+        """Is there room now to admit ``seq`` with its ``num_tokens`` tokens (a group: all its
+        unfinished sequences; ``num_new_tokens``: see :meth:`allocate`)?"""
+
+    @abstractmethod
+    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+        """Give ``seq`` room for its ``num_tokens`` tokens (prefill, or recompute after preemption);
+        with ``num_new_tokens`` (chunked prefill, one-sequence requests), room only for the tokens
+        found cached and the first ``num_new_tokens`` of the rest."""
+
+    def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens, after its
+        ``num_computed_tokens``? (vLLM v1's ``allocate_slots`` answering None when it cannot.)"""
+        raise NotImplementedError(f"{type(self).__name__} cannot chunk prefills")
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens (check first)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot chunk prefills")
+
+    @abstractmethod
+    def can_append_slot(self, seq: Sequence) -> bool:
+        """Is there room for the token at position ``seq.num_tokens - 1``?"""
+
+    @abstractmethod
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make room for the token at position ``seq.num_tokens - 1`` (decode). Returns the
+        copy-on-write pair ``(src, dst)`` (in attention blocks) when that slot lay in a shared
+        block, which must be copied before the step's forward pass; else None."""
+
+    @abstractmethod
+    def free(self, seq: Sequence) -> None:
+        """Release everything ``seq`` holds (finish, abort or preemption)."""
+
+    def can_append_slots(self, group: Group) -> bool:
+        """Room for every unfinished sequence of ``group`` to decode one token this step?"""
+        return all(self.can_append_slot(s) for s in group.unfinished_seqs())
+
+    def num_prefill_tokens(self, group: Group) -> int:
+        """Tokens a (re)prefill of ``group`` computes (a shared prompt counted once where shared)."""
+        return group.num_new_tokens
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1;
+        contiguous: a range of its own, with the parent's KV queued in ``pending_copies``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fork sequences")
+
+    def cache_blocks(self, seqs: list[Sequence]) -> None:
+        """After a step's forward pass (every ``seq.num_computed_tokens`` up to date): cache the
+        blocks it filled (prefix caching; nothing without it)."""
+
+    def free_group(self, group: Group) -> None:
+        """Release what ``group`` holds beyond its sequences' own memory (contiguous: ranges kept
+        for its forks); called when the group finishes or is preempted."""
+
+    def free_queue(self) -> list[int]:
+        """Free blocks in the order they will be handed out (paged only; a contiguous arena has gaps)."""
+        return []
+
+    def cached_free_hashes(self) -> dict[int, str]:
+        """Free blocks that still hold cached KV -> their block hash (hex); prefix caching only."""
+        return {}
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Copies (in attention blocks) that forks queued since the last step, to run before the
+        next forward pass; the paged allocator shares instead and queues none."""
+        return []
+
+    @abstractmethod
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Physical slot of each token position in ``[start, end)`` of ``seq``."""
+
+    @abstractmethod
+    def attention_block_table(self, seq: Sequence) -> list[int]:
+        """Block ids, in units of ``attention_block_size``, that attention reads for ``seq``."""
+
+    @abstractmethod
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
+        """The pool in the paper's categories (see ``engine/core/accounting.py``)."""
+
+    @abstractmethod
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
+        """Every live sequence's block table with the filled slots of each block, grouped by request."""
+
+    # --- Lock-step mode (the model-free simulator's fast path) -----------------------------------
+    # In the simulator every running request gains exactly one token per step and ``max_len`` is its
+    # final length, so nothing about a request has to be looked at between the steps in which it is
+    # admitted, needs a new block, is preempted or finishes. In lock-step mode the scheduler keeps a
+    # step clock and calls these methods only at such events; the allocator keeps what decides
+    # admission and preemption (free memory, who needs memory when) as counters updated per event,
+    # so a step costs the same whatever the pool size. Decisions are the same as with the
+    # per-request methods above (tests/test_simulator.py compares whole runs step by step).
+    # ``clock`` is the number of steps done; "step clock + 1" is the next one.
+
+    @abstractmethod
+    def start_lockstep(self) -> None:
+        """Switch an empty pool to lock-step mode (for good)."""
+
+    @abstractmethod
+    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
+        """:meth:`allocate` for ``seq`` prefilled with its ``num_tokens`` tokens in step ``clock + 1``."""
+
+    @abstractmethod
+    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
+        """:meth:`free` for a running ``seq`` that now has ``num_tokens`` tokens, all but the newest cached."""
+
+    @abstractmethod
+    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
+        """Running requests that need new memory to decode in step ``clock + 1`` (any order)."""
+
+    @abstractmethod
+    def lockstep_take_block(self, seq: Sequence) -> bool:
+        """Give ``seq`` the memory it needs this step; False (and nothing taken) when none is free."""
+
+    @abstractmethod
+    def lockstep_free_steps(self, clock: int, limit: int) -> int:
+        """Most decode steps from step ``clock + 1`` on (<= ``limit``) in which every running
+        request gets the memory it needs without a preemption."""
+
+    @abstractmethod
+    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """The memory categories now (slots), given the running requests' ``token_states``."""
+
+    @abstractmethod
+    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """Give every running request the memory of decode steps ``clock + 1 .. clock + k`` and
+        return each memory category summed over those steps (slot-steps, measured after each
+        step); ``token_states`` is the running requests' token states summed over the same steps.
+        Requires ``k <= lockstep_free_steps(clock, k)``."""
+
+
+class PagedBlockManager(KVCacheManager):
+    """The paged allocator of PagedAttention (paper §4.2-4.3, vLLM's ``BlockSpaceManager``).
+
+    A request's block table lives on ``seq.block_table``. A request takes a new block only when its
+    last block is full; it never reserves ahead, so its only waste is the unfilled tail of its last
+    block (internal fragmentation < block_size slots per request) and there is no external
+    fragmentation: any free block serves any request.
+
+    Admission keeps a *watermark* of free blocks, as vLLM does (v0 ``BlockSpaceManagerV1.can_allocate``,
+    vllm/core/block_manager_v1.py, ``watermark=0.01``: admit only if free - required >= watermark
+    blocks, "to avoid frequent cache eviction"): the running requests' next blocks come out of
+    that headroom instead of out of a request just admitted, which would be preempted again. One
+    difference: vLLM rejects a request that needs more than all blocks but the watermark; here a
+    request that fits the empty pool is admitted when nothing else holds memory.
+
+    Prefix caching (``enable_caching``, vLLM v1's automatic prefix caching): a request's leading
+    full blocks found in the cache are *touched* (shared, refcount + 1, CACHE_HIT events) instead
+    of computed; at most ``num_tokens - 1`` tokens hit, so a prefill always computes its last token.
+    Blocks are hashed in :meth:`cache_blocks`, after the step that wrote their KV, so a request
+    admitted in the same step cannot hit them. Freed blocks keep their hash on the free queue;
+    handing one out again evicts it (EVICT event).
+
+    Args:
+        num_blocks: physical blocks in the pool.
+        block_size: token slots per block.
+        shuffle_seed: shuffle the initial free list (see :class:`BlockAllocator`).
+        watermark: share of the blocks (0..1) admission leaves free; ``int(watermark * num_blocks)``
+            blocks, as in vLLM (0.01: 9 of 981 blocks; 0 of fewer than 100 blocks).
+        enable_caching: automatic prefix caching (needs the sequences' ``token_ids``).
+        hash_fn: the block hash (tests pass a weakened one; see ``engine/core/prefix_cache.py``).
+        num_cpu_blocks: blocks of the CPU swap space (paper §4.5; vLLM v0's ``swap_space``): a
+            second pool of the same layout that swap preemption moves whole requests to; 0 = none.
+        null_block: keep block 0 out of the pool as vLLM v1 does (see :class:`BlockAllocator`), so
+            that a run beside vLLM can use the same number of usable blocks.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
+                 enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
+                 null_block: bool = False):
+        if not 0 <= watermark < 1:
+            raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
+        if null_block and num_blocks < 2:
+            raise ValueError("a pool with a null block needs at least 2 blocks")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.attention_block_size = block_size
+        self.allocator = BlockAllocator(num_blocks, shuffle_seed, null_block=null_block)
+        self.num_null_blocks = int(null_block)
+        self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
+        self.events: list[Event] = []
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.lockstep = False  # see start_lockstep
+        self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
+        self.num_cached_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks: the free list's length, or the lock-step count (which hands out no ids)."""
+        return self.lockstep_free if self.lockstep else self.allocator.num_free
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """Blocks requests can hold: the pool less the null block."""
+        return self.num_blocks - self.num_null_blocks
+
+    def fits_ever(self, seq: Group) -> bool:
+        if not seq.is_group:
+            return self.blocks_needed(seq.num_tokens + 1) <= self.num_usable_blocks
+        # A group must be able to finish alone, or preempting it would loop forever: at worst every
+        # sequence reaches max_len holding its own copy of all but the shared full prompt blocks.
+        shared = seq.num_prompt_tokens // self.block_size
+        own = self.blocks_needed(seq.seqs[0].max_len) - shared
+        return shared + seq.num_samples * own <= self.num_usable_blocks
+
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens))
+
+    def _fits_admission(self, needed: int) -> bool:
+        free = self.num_free_blocks
+        if free == self.num_usable_blocks:  # nothing runs: the watermark must not keep out a request that fits
+            return needed <= free
+        return free - needed >= self.watermark_blocks
+
+    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+        first, *others = seq.unfinished_seqs()
+        assert not first.block_table, f"request {first.request_id} already holds blocks"
+        self._touch_computed_blocks(seq, first)
+        for _ in range(self.blocks_needed(self._prefill_end(first, num_new_tokens)) - len(first.block_table)):
+            self._take_block(first)
+        shared = self._shared_prompt_blocks(seq)
+        for other in others:  # re-prefill of a group: the full prompt blocks once, each tail its own
+            assert not other.block_table and other.num_computed_tokens == 0
+            for block_id in first.block_table[:shared]:
+                self.allocator.incref(block_id)
+            other.block_table = first.block_table[:shared]
+            other.num_computed_tokens = shared * self.block_size  # computed this step by `first`
+            for _ in range(self.blocks_needed(other.num_tokens) - shared):
+                self._take_block(other)
+
+    def num_prefill_tokens(self, group: Group) -> int:
+        # After the cache lookup, not before (nano-vllm #211): hit tokens are not computed.
+        first, *others = group.unfinished_seqs()
+        num_hit = len(self._computed_blocks(first))
+        return group.num_new_tokens - (len(others) * self._shared_prompt_blocks(group) + num_hit) * self.block_size
+
+    def _computed_blocks(self, seq: Sequence) -> list[int]:
+        """Cached blocks for ``seq``'s leading full blocks (vLLM's ``get_computed_blocks``), at most
+        ``(num_tokens - 1) // block_size`` of them: the last token is always computed, since its
+        logits choose the next token (vLLM #11186, nano-vllm #144). Only blocks whose token ids the
+        sequence carries are looked up (the simulator carries its prompts' ids, not its outputs')."""
+        if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
+            return []
+        num_blocks = min(seq.num_tokens - 1, len(seq.token_ids)) // self.block_size
+        hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
+        return self.prefix_cache.lookup(seq.token_ids, hashes)
+
+    def _touch_computed_blocks(self, group: Group, seq: Sequence) -> None:
+        """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
+        allocation cannot evict them; count them in the statistics."""
+        if self.prefix_cache is None:
+            return
+        hits = self._computed_blocks(seq)
+        for logical_index, block_id in enumerate(hits):
+            self.allocator.touch(block_id)
+            seq.block_table.append(block_id)
+            if self.record_events:
+                block_hash = self.prefix_cache.block_hash[block_id].hex()
+                self.events.append(Event(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index,
+                                         seq_id=seq.seq_id, block_hash=block_hash))
+        num_hit = len(hits) * self.block_size
+        seq.num_computed_tokens = num_hit
+        self.num_cached_blocks[seq.seq_id] = len(hits)
+        stats = self.prefix_cache.stats
+        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vLLM #25780)
+            stats.preempted_queries += seq.num_tokens
+            stats.preempted_hits += num_hit
+        else:
+            stats.queries += seq.num_tokens
+            stats.hits += num_hit
+            seq.num_cached_tokens = num_hit
+
+    def cache_blocks(self, seqs: list[Sequence]) -> None:
+        cache = self.prefix_cache
+        if cache is None:
+            return
+        for seq in seqs:
+            num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
+            start = self.num_cached_blocks.get(seq.seq_id, 0)
+            if num_full <= start:
+                continue
+            hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
+            bs = self.block_size
+            for i in range(start, num_full):
+                cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
+            self.num_cached_blocks[seq.seq_id] = num_full
+
+    @staticmethod
+    def _prefill_end(seq: Sequence, num_new_tokens: int | None) -> int:
+        """The tokens ``seq`` holds once this step's prefill (or chunk of it) is computed."""
+        return seq.num_tokens if num_new_tokens is None else seq.num_computed_tokens + num_new_tokens
+
+    def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        for _ in range(self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
+            self._take_block(seq)
+
+    def can_append_slot(self, seq: Sequence) -> bool:
+        return self._blocks_to_append([seq]) <= self.allocator.num_free
+
+    def can_append_slots(self, group: Group) -> bool:
+        return self._blocks_to_append(group.unfinished_seqs()) <= self.allocator.num_free
+
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        table, pos = seq.block_table, seq.num_tokens - 1
+        if pos >= len(table) * self.block_size:
+            self._take_block(seq)
+            return None
+        logical_index = pos // self.block_size
+        src = table[logical_index]
+        if self.allocator.ref_counts[src] == 1:
+            return None  # its own block (or the last holder of a shared one): write in place
+        dst = self._allocate_block(seq)
+        self.allocator.free(src)
+        table[logical_index] = dst
+        if self.record_events:
+            self.events.append(Event(COPY_ON_WRITE, seq.request_id, block_id=src, dst_block_id=dst,
+                                     logical_index=logical_index, seq_id=seq.seq_id))
+        return src, dst
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        for block_id in parent.block_table:
+            self.allocator.incref(block_id)
+        child.block_table = list(parent.block_table)
+        if parent.seq_id in self.num_cached_blocks:
+            self.num_cached_blocks[child.seq_id] = self.num_cached_blocks[parent.seq_id]
+        if self.record_events:
+            self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
+                                     detail=f"{len(parent.block_table)} blocks shared"))
+
+    def free(self, seq: Sequence) -> None:
+        # Freed in reverse, so the request's first block goes back last (as vLLM does).
+        for logical_index in reversed(range(len(seq.block_table))):
+            block_id = seq.block_table[logical_index]
+            returned = self.allocator.free(block_id)
+            if self.record_events:
+                detail = "" if returned else f"still shared, refcount {self.allocator.ref_counts[block_id]}"
+                if returned and self._is_cached(block_id):
+                    detail = "cached, evictable"
+                self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index,
+                                         seq_id=seq.seq_id, detail=detail))
+        seq.block_table = []
+        self.num_cached_blocks.pop(seq.seq_id, None)
+
+    # --- Swap (paper §4.5; vLLM v0's ``BlockSpaceManager.swap_out`` / ``swap_in``) ---------------
+    # A swapped-out request's block tables hold CPU block ids while it waits in the scheduler's
+    # ``swapped`` queue. A block its sequences share (refcount > 1 within the group) is copied once
+    # and shared again on the other side, with the same refcount.
+
+    def _distinct_blocks(self, group: Group) -> dict[int, None]:
+        """Every block ``group``'s unfinished sequences hold, each once, in table order."""
+        return dict.fromkeys(b for seq in group.unfinished_seqs() for b in seq.block_table)
+
+    def can_swap_out(self, group: Group) -> bool:
+        """Room in the CPU pool for every block ``group`` holds (shared ones once)?"""
+        return self.cpu_allocator is not None and len(self._distinct_blocks(group)) <= self.cpu_allocator.num_free
+
+    def swap_out(self, group: Group) -> list[tuple[int, int]]:
+        """Move ``group``'s blocks to the CPU pool; returns the ``(gpu_block, cpu_block)`` copies to
+        run before this step's forward pass (vLLM's ``blocks_to_swap_out``). The GPU blocks are
+        released (a block another request still holds, a prefix-cache hit, stays)."""
+        return self._move(group, self.allocator, self.cpu_allocator, SWAP_OUT, lambda seq: self.cpu_allocator.allocate())
+
+    def can_swap_in(self, group: Group) -> bool:
+        """Room on the GPU for ``group``'s blocks and for the token each sequence decodes next,
+        within the admission watermark?"""
+        seqs = group.unfinished_seqs()
+        return self._fits_admission(len(self._distinct_blocks(group)) + self._blocks_to_append(seqs, self.cpu_allocator))
+
+    def swap_in(self, group: Group) -> list[tuple[int, int]]:
+        """Bring a swapped-out ``group`` back; returns the ``(cpu_block, gpu_block)`` copies
+        (``blocks_to_swap_in``). The group then decodes on without recomputing anything."""
+        return self._move(group, self.cpu_allocator, self.allocator, SWAP_IN, self._allocate_block)
+
+    def _move(self, group: Group, src: BlockAllocator, dst: BlockAllocator, kind: str, take) -> list[tuple[int, int]]:
+        mapping: dict[int, int] = {}
+        for seq in group.unfinished_seqs():
+            table = []
+            for logical_index, block_id in enumerate(seq.block_table):
+                if block_id in mapping:
+                    dst.incref(mapping[block_id])
+                else:
+                    mapping[block_id] = take(seq)
+                    if self.record_events:
+                        self.events.append(Event(kind, seq.request_id, block_id=block_id, dst_block_id=mapping[block_id],
+                                                 logical_index=logical_index, seq_id=seq.seq_id))
+                table.append(mapping[block_id])
+            for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
+                src.free(block_id)
+            seq.block_table = table
+            self.num_cached_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
+        return list(mapping.items())
+
+    def free_swapped(self, group: Group) -> None:
+        """Release a swapped-out group's CPU blocks (it is aborted, or recomputed after a failed step)."""
+        for seq in group.unfinished_seqs():
+            for block_id in reversed(seq.block_table):
+                self.cpu_allocator.free(block_id)
+            seq.block_table = []
+
+    def cpu_usage(self, swapped: list[Group]) -> MemoryUsage | None:
+        """The CPU swap space in the same categories (None without one): token states of the
+        swapped requests (a shared block once), the unfilled slots of their blocks, and free."""
+        if self.cpu_allocator is None:
+            return None
+        bs, fill = self.block_size, {}
+        for seq in (s for g in swapped for s in g.unfinished_seqs()):
+            for i, block_id in enumerate(seq.block_table):
+                fill[block_id] = max(fill.get(block_id, 0), min(bs, max(0, seq.num_computed_tokens - i * bs)))
+        total = self.cpu_allocator.num_blocks * bs
+        allocated = (self.cpu_allocator.num_blocks - self.cpu_allocator.num_free) * bs
+        token_states = sum(fill.values())
+        return MemoryUsage(total, token_states, 0, allocated - token_states, 0, total - allocated)
+
+    def cpu_snapshot(self, swapped: list[Group]) -> list[BlockTableSnapshot]:
+        """The swapped requests' block tables, in CPU block ids (the CPU pool lane of the app)."""
+        return self._snapshot(swapped, self.cpu_allocator.ref_counts) if self.cpu_allocator else []
+
+    def _is_cached(self, block_id: int) -> bool:
+        return self.prefix_cache is not None and self.prefix_cache.block_hash[block_id] is not None
+
+    def free_queue(self) -> list[int]:
+        """The free queue, head (evicted next, least recently used) first."""
+        return list(self.allocator.free_blocks)
+
+    def cached_free_blocks(self) -> list[int]:
+        """Free blocks that still hold a cached block's KV (cached and evictable), head first."""
+        if self.prefix_cache is None:
+            return []
+        hashes = self.prefix_cache.block_hash  # read once: this runs over the whole free queue every step
+        return [b for b in self.allocator.free_blocks if hashes[b] is not None]
+
+    def cached_free_hashes(self) -> dict[int, str]:
+        if self.prefix_cache is None:
+            return {}
+        return {b: self.prefix_cache.block_hash[b].hex() for b in self.cached_free_blocks()}
+
+    def _shared_prompt_blocks(self, group: Group) -> int:
+        """Full prompt blocks that a group's (re)prefill shares among its sequences."""
+        return group.num_prompt_tokens // self.block_size if group.is_group else 0
+
+    def _blocks_to_admit(self, group: Group, num_new_tokens: int | None = None) -> int:
+        """Free blocks an admission takes: new blocks, and the cache hits now on the free queue
+        (touching takes them off it). ``num_new_tokens``: a first chunk, after the hits."""
+        seqs = group.unfinished_seqs()
+        shared = self._shared_prompt_blocks(group)
+        hits = self._computed_blocks(seqs[0])
+        free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
+        if num_new_tokens is not None:
+            return self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits) + free_hits
+        return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared - len(hits) + free_hits
+
+    def _blocks_to_append(self, seqs: list[Sequence], allocator: BlockAllocator | None = None) -> int:
+        """New blocks that decoding one token for each of ``seqs`` takes: one per sequence whose
+        last block is full, and one per copy-on-write: every writer of a shared block copies it,
+        except the last holder when all holders write (it sees refcount 1 and writes in place).
+        ``allocator``: whose refcounts the block tables refer to (a swapped group's: the CPU pool's)."""
+        ref_counts = (allocator or self.allocator).ref_counts
+        needed, writers = 0, {}
+        for seq in seqs:
+            pos = seq.num_tokens - 1
+            if pos >= len(seq.block_table) * self.block_size:
+                needed += 1
+            else:
+                block_id = seq.block_table[pos // self.block_size]
+                writers[block_id] = writers.get(block_id, 0) + 1
+        for block_id, count in writers.items():
+            refs = ref_counts[block_id]
+            if refs > 1:
+                needed += count - (count == refs)
+        return needed
+
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        bs, table = self.block_size, seq.block_table
+        return [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
+
+    def attention_block_table(self, seq: Sequence) -> list[int]:
+        return seq.block_table
+
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
+        """The GPU pool (the null block, when kept, is left out: ``num_usable_blocks`` make the total)."""
+        num_slots = self.num_usable_blocks * self.block_size
+        allocated = (self.num_usable_blocks - self.allocator.num_free) * self.block_size
+        cached_free = len(self.cached_free_blocks()) * self.block_size if self.prefix_cache else 0
+        if self.prefix_cache is None and not any(g.is_group for g in running):  # every block has one holder
+            token_states = sum(seq.num_computed_tokens for seq in running)
+            held = sum(len(seq.block_table) for seq in running)
+            return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
+                               bytes_per_slot, 0, held, held)
+        # Each physical slot once. The holders of a shared block wrote the same tokens into it, so
+        # summing every sequence's tokens counts a block with refcount r (r - 1) times too often.
+        # A shared block is full unless it is the partly filled last block of its holders.
+        bs, refs = self.block_size, self.allocator.ref_counts
+        seqs = [s for g in running for s in g.unfinished_seqs()]
+        partial = {s.block_table[s.num_computed_tokens // bs]: s.num_computed_tokens % bs
+                   for s in seqs if s.num_computed_tokens % bs}
+        shared_fill = {b: partial.get(b, bs) for b in self.allocator.shared}
+        token_states = sum(s.num_computed_tokens for s in seqs) - sum((refs[b] - 1) * n for b, n in shared_fill.items())
+        held = sum(len(s.block_table) for s in seqs)
+        return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
+                           bytes_per_slot, sum(shared_fill.values()), held, self.num_usable_blocks - self.allocator.num_free,
+                           cached_free)
+
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
+        return self._snapshot(running, self.allocator.ref_counts)
+
+    def _snapshot(self, groups: list[Group], refs: list[int]) -> list[BlockTableSnapshot]:
+        bs = self.block_size
+        return [
+            BlockTableSnapshot(
+                request_id=seq.request_id,
+                block_table=list(seq.block_table),
+                filled=[min(bs, max(0, seq.num_computed_tokens - i * bs)) for i in range(len(seq.block_table))],
+                seq_id=seq.seq_id,
+                index=seq.index,
+                ref_counts=[refs[b] for b in seq.block_table],
+            )
+            for group in groups
+            for seq in group.unfinished_seqs()
+        ]
+
+    def _allocate_block(self, seq: Sequence) -> int:
+        """A block from the head of the free queue; a cached one is evicted (its hash dropped)."""
+        block_id = self.allocator.allocate()
+        if self.prefix_cache is not None:
+            block_hash = self.prefix_cache.evict(block_id)
+            if block_hash is not None and self.record_events:
+                self.events.append(Event(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex()))
+        return block_id
+
+    def _take_block(self, seq: Sequence) -> None:
+        block_id = self._allocate_block(seq)
+        if self.record_events:
+            self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table),
+                                     seq_id=seq.seq_id))
+        seq.block_table.append(block_id)
+
+    # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
+    # Block ids are not handed out in lock-step mode: only the number of free blocks decides
+    # admissions and preemptions, so that is all it keeps (``seq.block_table`` stays empty). After
+    # every step a running request with n tokens holds ceil((n - 1) / block_size) blocks (all but
+    # the newest token are cached), and it needs a new block in the next step exactly when
+    # n - 1 is a multiple of block_size: once every block_size steps, at clocks of one residue
+    # modulo block_size. ``due[r]`` holds the running requests whose blocks fill at clocks ≡ r.
+
+    def start_lockstep(self) -> None:
+        assert self.allocator.num_free == self.num_blocks, "lock-step mode starts on an empty pool"
+        self.lockstep = True
+        self.lockstep_free = self.num_blocks
+        self.due: list[dict[Sequence, None]] = [{} for _ in range(self.block_size)]  # ordered sets
+        self.due_residue: dict[Sequence, int] = {}
+        self.due_counts = [0] * self.block_size  # len(due[r]), kept for the per-step arithmetic
+
+    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
+        # Prefilled in step clock + 1: after it, seq has n + 1 tokens at clock + 1, so at clock t it
+        # has n + t - clock and needs a block in step t + 1 when (n + t - clock - 1) % block_size == 0.
+        n = seq.num_tokens
+        self.lockstep_free -= self.blocks_needed(n)
+        assert self.lockstep_free >= 0, "admitted without room (the scheduler checks can_allocate first)"
+        residue = (clock + 1 - n) % self.block_size
+        self.due[residue][seq] = None
+        self.due_residue[seq] = residue
+        self.due_counts[residue] += 1
+
+    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
+        self.lockstep_free += self.blocks_needed(num_tokens - 1)
+        residue = self.due_residue.pop(seq)
+        del self.due[residue][seq]
+        self.due_counts[residue] -= 1
+
+    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
+        return list(self.due[clock % self.block_size])
+
+    def lockstep_take_block(self, seq: Sequence) -> bool:
+        if self.lockstep_free == 0:
+            return False
+        self.lockstep_free -= 1
+        return True
+
+    def lockstep_free_steps(self, clock: int, limit: int) -> int:
+        # Every block_size steps each of the R running requests takes one block, so the free blocks
+        # last free // R whole rounds; within the next round, walk the residues in step order.
+        counts, running = self.due_counts, len(self.due_residue)
+        if running == 0:
+            return limit
+        rounds, left = divmod(self.lockstep_free, running)
+        steps = rounds * self.block_size
+        if steps >= limit:
+            return limit
+        for i in range(self.block_size):  # stops early: left < running = sum(counts)
+            needed = counts[(clock + i) % self.block_size]
+            if needed > left:
+                break
+            left -= needed
+            steps += 1
+        return min(limit, steps)
+
+    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        allocated = (self.num_blocks - self.lockstep_free) * self.block_size
+        return self._categories(allocated, token_states, 1)
+
+    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        taken, held_block_steps = self._lockstep_blocks(clock, k)
+        assert taken <= self.lockstep_free, "decoded past a preemption (see lockstep_free_steps)"
+        self.lockstep_free -= taken
+        return self._categories(held_block_steps * self.block_size, token_states, k)
+
+    def lockstep_block_steps(self, clock: int, k: int) -> int:
+        """Blocks held after each of the next k decode steps, summed (changes nothing)."""
+        return self._lockstep_blocks(clock, k)[1]
+
+    def _lockstep_blocks(self, clock: int, k: int) -> tuple[int, int]:
+        """(blocks taken, held block-steps) over the next k decode steps."""
+        # The requests of the residue of step clock + 1 + i (i from 0) take one block each in that
+        # step and every block_size steps after it: `times` blocks, the first held after k - i of
+        # the k steps, each next one block_size steps fewer.
+        bs, counts = self.block_size, self.due_counts
+        held_block_steps = k * (self.num_blocks - self.lockstep_free)
+        taken = 0
+        for i in range(min(k, bs)):
+            count = counts[(clock + i) % bs]
+            if count:
+                times = (k - 1 - i) // bs + 1
+                taken += count * times
+                held_block_steps += count * (times * (k - i) - bs * times * (times - 1) // 2)
+        return taken, held_block_steps
+
+    def _categories(self, allocated: int, token_states: int, k: int) -> dict[str, int]:
+        """Paged categories (summed over k steps): no reservation and no external fragmentation."""
+        return {
+            "token_states": token_states,
+            "reserved": 0,
+            "internal_fragmentation": allocated - token_states,
+            "external_fragmentation": 0,
+            "free": k * self.num_slots - allocated,
+        }

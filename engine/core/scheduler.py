@@ -1,0 +1,366 @@
+"""Iteration-level scheduling: which requests run in the next step, and who is preempted.
+
+Continuous batching (Orca's iteration-level scheduling, vLLM's scheduler): every step, each running
+request decodes one token and, if no one had to be preempted, waiting requests are admitted first
+come, first served, with their whole prompt as a prefill in the same batch. When the pool cannot
+give a running request its next slot, the most recently admitted request is preempted (PagedAttention
+paper §4.5), in one of two ways:
+
+- *recompute* (the default): its blocks are freed and it goes back to the front of the waiting
+  queue, to be prefilled again later with its prompt and the tokens it had produced;
+- *swap*: its blocks are copied to the CPU swap space and it waits in the ``swapped`` queue. While
+  any request is swapped out no new request is admitted, and swapped requests come back (their
+  blocks copied in again) before waiting ones; when the CPU pool is full it falls back to recompute.
+
+With *chunked prefill* (vLLM's ``enable_chunked_prefill``) each step spends one token budget,
+``max_num_batched_tokens``: running decodes first, then the prompt that did not fit last step (a
+partial prefill), then new requests, whose prompts may be cut into chunks. A long prompt then
+spans several steps and no longer stalls every decode.
+
+The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/core/sequence.py``):
+a group's sequences decode together, a preemption frees or swaps all of them, and it is finished as
+a whole. A one-sequence request is its own group.
+
+The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
+simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
+requests under recompute without chunking, is a subclass in ``engine/sim/simulator.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.core.block_manager import Group, KVCacheManager
+from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
+                           Event)
+from engine.core.sequence import Sequence, SequenceStatus
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's batch: prefills (whole prompts, or chunks of them) then decodes (one token each).
+
+    Attributes:
+        prefill_seqs: sequences prefilling this step; each computes ``num_tokens_of(seq)`` tokens.
+        decode_seqs: running sequences computing their one newest token.
+        preempted: requests (groups) preempted this step, by recompute or swap, in order.
+        blocks_to_copy: copy-on-write ``(src, dst)`` block pairs (attention blocks) to copy before
+            the forward pass, in order (vLLM's ``blocks_to_copy``).
+        num_scheduled_tokens: seq_id -> tokens a prefill computes this step (vLLM v1's name): its
+            whole remaining prompt, or a chunk with chunked prefill.
+        swapped_out, swapped_in: requests swapped out to / back in from the CPU pool this step.
+        blocks_to_swap_out: ``(gpu_block, cpu_block)`` copies to run first, before any other copy
+            or write of the step; blocks_to_swap_in: ``(cpu_block, gpu_block)`` copies, next.
+    """
+
+    prefill_seqs: list[Sequence] = field(default_factory=list)
+    decode_seqs: list[Sequence] = field(default_factory=list)
+    preempted: list[Group] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    num_scheduled_tokens: dict[int, int] = field(default_factory=dict)
+    swapped_out: list[Group] = field(default_factory=list)
+    swapped_in: list[Group] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill_seqs and not self.decode_seqs
+
+    @property
+    def phase(self) -> str:
+        if self.prefill_seqs and self.decode_seqs:
+            return "mixed"
+        return "prefill" if self.prefill_seqs else "decode" if self.decode_seqs else "idle"
+
+    def num_tokens_of(self, seq: Sequence) -> int:
+        """Tokens ``seq`` computes this step (before :meth:`Scheduler.update_from_output`)."""
+        return self.num_scheduled_tokens.get(seq.seq_id, seq.num_new_tokens)
+
+
+class Scheduler:
+    """First come, first served continuous batching over a :class:`KVCacheManager`.
+
+    Args:
+        kv_manager: the paged or contiguous allocator.
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: most tokens per step (prefill tokens + one per decode).
+        preemption_mode: "recompute" or "swap" (paper §4.5; swap needs the paged allocator with a
+            CPU pool, ``PagedBlockManager(num_cpu_blocks=...)``).
+        enable_chunked_prefill: cut prompts to fit the token budget (vLLM's name).
+
+    Invariants: ``running`` is in admission order (oldest first); a request (a sequence group, or
+    a one-sequence request) is in exactly one of ``waiting``, ``running``, ``swapped``, or none
+    (finished). ``swapped`` is in arrival order. With chunked prefill at most one running request
+    is a partial prefill, the newest.
+
+    Raises:
+        ValueError: an unknown preemption_mode; swap without a CPU pool.
+    """
+
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption_mode: str = "recompute", enable_chunked_prefill: bool = False):
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
+        if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:
+            raise ValueError("preemption_mode='swap' needs a CPU swap space: the paged allocator with num_cpu_blocks > 0")
+        self.kv = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Group] = deque()
+        self.running: list[Group] = []
+        self.swapped: list[Group] = []
+        self.num_swap_fallbacks = 0  # swap preemptions that had to recompute: the CPU pool was full
+        self.events = kv_manager.events  # one ordered log: the allocator's and the scheduler's events
+
+    def add(self, seq: Group) -> None:
+        seq.status = SequenceStatus.WAITING
+        for s in seq.unfinished_seqs():
+            s.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick the next step's batch, allocating KV room for every token it will compute."""
+        out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
+        admit = not self.swapped  # nothing new is admitted while any request is swapped out (§4.5)
+        budget = self._schedule_running(out)
+        if not out.preempted:
+            budget = self._schedule_swapped(out, budget)  # swapped requests come back first
+        if not out.preempted and admit:
+            self._schedule_prefills(out, budget)
+        return out
+
+    def update_from_output(self, out: SchedulerOutput) -> list[Sequence]:
+        """After the step's forward pass: advance every scheduled sequence's ``num_computed_tokens``
+        by what it computed and cache the blocks it filled. Returns the sequences whose tokens are
+        now all computed, in batch order: they sample a token (a partial prefill does not)."""
+        seqs = out.prefill_seqs + out.decode_seqs
+        ready = []
+        for seq in seqs:
+            seq.num_computed_tokens += out.num_tokens_of(seq)
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.is_prefill = False
+                ready.append(seq)
+        self.kv.cache_blocks(seqs)  # their KV is written now: hashed before anyone frees them
+        return ready
+
+    def finish(self, seq: Group, reason: str) -> None:
+        """Take a request out of the running set (or a queue) and free its KV cache (every
+        unfinished sequence of a group; a swapped-out one's CPU blocks)."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.swapped:
+            self.swapped.remove(seq)
+            self.kv.free_swapped(seq)
+        for s in seq.unfinished_seqs():
+            s.status = SequenceStatus.FINISHED
+            s.finish_reason = s.finish_reason or reason
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def finish_seq(self, seq: Sequence, reason: str) -> None:
+        """One sequence of a running group is done (a sample hit EOS, a beam was pruned or
+        finished): free its blocks now; the group runs on with the others."""
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Make ``child`` share ``parent``'s blocks (vLLM's ``Scheduler.fork_seq``)."""
+        self.kv.fork(parent, child)
+        child.status = parent.status
+
+    def requeue(self, batch: SchedulerOutput) -> None:
+        """Undo a step that failed before its tokens were produced: its requests go back to the head
+        of the queue, in first-come-first-served order, with their KV freed (they will be recomputed).
+        Requests it swapped out are recomputed too: their copies may not have run."""
+        groups = list(dict.fromkeys(self._group_of(s) for s in batch.decode_seqs + batch.prefill_seqs))
+        for group in batch.swapped_out:
+            if group in self.swapped:
+                self.swapped.remove(group)
+                self.kv.free_swapped(group)
+                groups.append(group)
+        groups.sort(key=_arrival)
+        for group in reversed(groups):
+            if group in self.running:
+                self.running.remove(group)
+                self._release(group)
+            self._reset(group)
+            self.waiting.appendleft(group)
+
+    # --- The step's three parts ----------------------------------------------------------------
+
+    def _schedule_running(self, out: SchedulerOutput) -> int:
+        """Running requests: decodes first, then a partial prefill's next chunk (chunked prefill).
+        Preempts the newest request while one cannot get its memory. Returns the budget left."""
+        budget = self.max_num_batched_tokens
+        queue = deque(sorted(self.running, key=self._is_prefilling))  # stable: admission order within each part
+        preempted: set[int] = set()
+        while queue:
+            group = queue.popleft()
+            chunk = min(group.num_new_tokens, budget) if self._is_prefilling(group) else 0
+            if self._is_prefilling(group) and chunk == 0:
+                continue  # the budget is spent: it goes on next step
+            while not self._has_room(group, chunk):
+                victim = queue.pop() if queue else group
+                self._preempt(victim, out)
+                preempted.add(id(victim))
+                if victim is group:
+                    break
+            else:
+                budget -= self._run(group, out, chunk)
+        self.running = [g for g in self.running if id(g) not in preempted]
+        return budget
+
+    def _has_room(self, group: Group, chunk: int) -> bool:
+        """Can the pool give a running group this step's memory: ``chunk`` more prompt tokens, or
+        (0) one decode slot per sequence?"""
+        if chunk:
+            return self.kv.can_allocate_slots(group.unfinished_seqs()[0], chunk)
+        return self.kv.can_append_slots(group)
+
+    def _run(self, group: Group, out: SchedulerOutput, chunk: int) -> int:
+        """Put a running group in the batch: ``chunk`` tokens of its prompt, or (0) one decode per
+        sequence. Returns the tokens it computes."""
+        if chunk:
+            seq = group.unfinished_seqs()[0]  # a partial prefill is one sequence's
+            self.kv.allocate_slots(seq, chunk)
+            out.prefill_seqs.append(seq)
+            out.num_scheduled_tokens[seq.seq_id] = chunk
+            return chunk
+        for seq in group.unfinished_seqs():
+            copy = self.kv.append_slot(seq)
+            if copy is not None:
+                out.blocks_to_copy.append(copy)
+            out.decode_seqs.append(seq)
+        return len(group.unfinished_seqs())
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        """Swap requests back in, oldest first, while their blocks and next tokens fit."""
+        while self.swapped and len(self.running) < self.max_num_seqs:
+            group = self.swapped[0]
+            if len(group.unfinished_seqs()) > budget or not self.kv.can_swap_in(group):
+                break
+            self.swapped.pop(0)
+            out.blocks_to_swap_in += self.kv.swap_in(group)
+            out.swapped_in.append(group)
+            self._set_status(group, SequenceStatus.RUNNING)
+            self.running.append(group)
+            budget -= self._run(group, out, 0)
+        return budget
+
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            group = self.waiting[0]
+            num_tokens = self.kv.num_prefill_tokens(group)
+            # A group re-prefilling several sequences is never chunked (they share its prompt
+            # blocks in one pass); a one-sequence prompt is, to what is left of the budget.
+            chunk = min(num_tokens, budget) if self.enable_chunked_prefill and len(group.unfinished_seqs()) == 1 else None
+            if chunk == 0:
+                break
+            # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
+            # A group re-prefilling more than the budget still runs when it would run alone.
+            alone = not self.running and not out.prefill_seqs
+            too_long = chunk is None and num_tokens > budget and not (group.is_group and alone)
+            if too_long or not self.kv.can_allocate(group, chunk):
+                break
+            self.waiting.popleft()
+            self._admit(group, chunk)
+            self._set_status(group, SequenceStatus.RUNNING)
+            self.running.append(group)
+            for seq in group.unfinished_seqs():
+                out.prefill_seqs.append(seq)
+                if chunk is not None:
+                    out.num_scheduled_tokens[seq.seq_id] = chunk
+            budget -= num_tokens if chunk is None else chunk
+
+    def _admit(self, group: Group, chunk: int | None = None) -> None:
+        self.kv.allocate(group, chunk)
+
+    # --- Preemption (§4.5) ---------------------------------------------------------------------
+
+    def _preempt(self, group: Group, out: SchedulerOutput) -> None:
+        group.num_preemptions += 1
+        if group.is_group:
+            for seq in group.unfinished_seqs():
+                seq.num_preemptions += 1
+        out.preempted.append(group)
+        detail = PREEMPTED_BY_RECOMPUTE
+        if self.preemption_mode == "swap":
+            if self._is_prefilling(group):
+                detail = RECOMPUTE_PARTIAL_PREFILL
+            elif self.kv.can_swap_out(group):
+                self._swap_out(group, out)
+                return
+            else:
+                detail = RECOMPUTE_CPU_POOL_FULL
+                self.num_swap_fallbacks += 1
+        self.events.append(Event(PREEMPT, group.request_id, detail=detail))
+        self._release(group)
+        self._reset(group)
+        self.waiting.appendleft(group)
+
+    def _swap_out(self, group: Group, out: SchedulerOutput) -> None:
+        self.events.append(Event(PREEMPT, group.request_id, detail=PREEMPTED_BY_SWAP))
+        out.blocks_to_swap_out += self.kv.swap_out(group)
+        out.swapped_out.append(group)
+        self._set_status(group, SequenceStatus.SWAPPED)
+        bisect.insort(self.swapped, group, key=_arrival)
+
+    def _reset(self, group: Group) -> None:
+        """Back to waiting with nothing cached: recompute prefills every token again."""
+        group.status = SequenceStatus.WAITING
+        for seq in group.unfinished_seqs():
+            seq.num_computed_tokens = 0
+            seq.is_prefill = True
+            seq.status = SequenceStatus.WAITING
+
+    def _release(self, group: Group) -> None:
+        """Free a running request's memory (it has just left ``running``)."""
+        for seq in group.unfinished_seqs():
+            self.kv.free(seq)
+        if group.is_group:
+            self.kv.free_group(group)
+
+    # --- Helpers -------------------------------------------------------------------------------
+
+    def _is_prefilling(self, group: Group) -> bool:
+        """A running request whose prompt is not all computed yet (chunked prefill only: without
+        it every running request decodes)."""
+        return self.enable_chunked_prefill and group.unfinished_seqs()[0].is_prefill
+
+    @staticmethod
+    def _set_status(group: Group, status: SequenceStatus) -> None:
+        group.status = status
+        for seq in group.unfinished_seqs():
+            seq.status = status
+
+    def _group_of(self, seq: Sequence) -> Group:
+        for group in self.running:
+            if seq in group.seqs:
+                return group
+        return seq
+
+    def _could_admit(self) -> bool:
+        """Would the head of the queue be admitted if the next step had no preemption?"""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        budget = self.max_num_batched_tokens - len(self.running)
+        return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
+
+
+def _arrival(group: Group) -> tuple[float, int]:
+    return group.arrival_time, group.request_id

@@ -1,0 +1,1 @@
+"""Model execution: the model, its attention backends (the torch oracle), the sampler, the model loader and the runner that turns a scheduled batch into logits (vLLM: ``vllm/model_executor``, ``vllm/v1/worker``)."""

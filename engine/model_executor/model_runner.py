@@ -1,0 +1,172 @@
+"""Runs the model on one scheduled batch: builds the flat input tensors, owns the KV pools.
+
+KV pools, one (key_cache, value_cache) pair per layer, each
+``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model dtype: block-major, so one block
+of one layer is a contiguous ``block_size * num_kv_heads * head_dim`` run of memory.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.cpu import huge_pages, ops as cpu_ops
+from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
+                              write_kv_cache)
+from engine.core.block_manager import KVCacheManager
+from engine.model_executor.model import AttentionBackend, AttentionMetadata, CausalLM
+from engine.report import WRITE, Event
+from engine.core.scheduler import SchedulerOutput
+
+TORCH_BACKEND = AttentionBackend(
+    "torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step, copy_blocks_reference
+)
+# The torch backend with decode attention read in place by the engine's C++ kernel (engine/cpu/ops.py).
+CPU_KERNEL_BACKEND = AttentionBackend(
+    "torch", write_kv_cache, paged_prefill_reference, cpu_ops.paged_attention_decode, plan_writes, copy_blocks_reference,
+    cpu_decode_layer=True,
+)
+
+
+def triton_backend() -> AttentionBackend:
+    import kernels  # imported only when chosen: it may switch Triton to its CPU interpreter
+
+    return AttentionBackend(
+        "triton", kernels.reshape_and_cache, kernels.paged_attention_prefill, kernels.paged_attention_decode,
+        copy_blocks=kernels.copy_blocks,
+    )
+
+
+def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one token's K and V over all layers: 2 * layers * kv_heads * head_dim * element size."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class ModelRunner:
+    """Owns the model and its KV pools; turns a :class:`SchedulerOutput` into logits.
+
+    Args:
+        model: the loaded :class:`~engine.model_executor.model.CausalLM`.
+        num_blocks, block_size: pool shape in blocks and slots per block.
+        backend: the attention implementation.
+        num_cpu_blocks: blocks of the CPU swap space (same layout; pinned when the pool is on a GPU); 0 = none.
+
+    Raises:
+        ValueError: a pool (or swap space) too large to allocate.
+    """
+
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend, num_cpu_blocks: int = 0):
+        self.model = model
+        self.backend = backend
+        self.block_size = block_size
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        try:
+            if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/cpu/huge_pages.py),
+                # its memory given now: not in the decode step that first writes a block of each page
+                flat = huge_pages.arena([(shape, self.dtype)] * (2 * model.num_layers), populate=True)
+            else:
+                flat = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * model.num_layers)]
+            self.kv_caches = list(zip(flat[0::2], flat[1::2]))
+        except (RuntimeError, MemoryError) as error:  # torch reports a failed allocation as RuntimeError
+            gib = 2 * model.num_layers * torch.Size(shape).numel() * param.element_size() / 2**30
+            raise ValueError(f"cannot allocate a KV pool of {num_blocks} blocks x {block_size} slots ({gib:.1f} GiB): use fewer or smaller blocks") from error
+        cpu_shape = (num_cpu_blocks, *shape[1:])
+        pin = self.device.type == "cuda"
+        try:
+            self.cpu_kv_caches = [
+                (torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin), torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin))
+                for _ in range(model.num_layers)
+            ] if num_cpu_blocks else []
+        except (RuntimeError, MemoryError) as error:
+            gib = 2 * model.num_layers * torch.Size(cpu_shape).numel() * param.element_size() / 2**30
+            raise ValueError(f"cannot allocate a CPU swap space of {num_cpu_blocks} blocks ({gib:.1f} GiB): give a smaller swap_space") from error
+
+    def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The pools viewed with the allocator's block size (contiguous: 1-slot blocks); no copy."""
+        if attention_block_size == self.block_size:
+            return self.kv_caches
+        return [(k.view(-1, attention_block_size, *k.shape[2:]), v.view(-1, attention_block_size, *v.shape[2:])) for k, v in self.kv_caches]
+
+    def prepare(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]):
+        """Flat inputs for the batch, prefills first. Appends a WRITE event per token to ``events``.
+
+        Returns:
+            (input_ids ``[num_tokens]`` int64, positions ``[num_tokens]`` int64, AttentionMetadata,
+            last_token_index ``[num_seqs]`` int64: the row whose logits choose each request's next token)
+        """
+        input_ids, positions, slots = [], [], []
+        for seq in batch.prefill_seqs + batch.decode_seqs:
+            start = seq.num_computed_tokens
+            end = start + batch.num_tokens_of(seq)  # a chunk of a prompt ends before num_tokens
+            seq_slots = kv.slot_mapping(seq, start, end)
+            input_ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += seq_slots
+            for pos, slot in zip(range(start, end), seq_slots):
+                block_id = slot // kv.block_size
+                events.append(Event(WRITE, seq.request_id, block_id=block_id, slot=slot, position=pos))
+        lens = [batch.num_tokens_of(seq) for seq in batch.prefill_seqs]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_prefill_tokens=sum(lens),
+            prefill_query_start_loc=torch.tensor([0] + _cumsum(lens), dtype=torch.int32, device=dev),
+            prefill_context_lens=torch.tensor([s.num_computed_tokens + n for s, n in zip(batch.prefill_seqs, lens)],
+                                              dtype=torch.int32, device=dev),
+            prefill_block_tables=self._block_tables(batch.prefill_seqs, kv),
+            decode_context_lens=self._context_lens(batch.decode_seqs),
+            decode_block_tables=self._block_tables(batch.decode_seqs, kv),
+            backend=self.backend,
+        )
+        if self.backend.plan is not None:
+            block_size = kv.attention_block_size
+            meta.plan = self.backend.plan(meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, block_size)
+        ends = _cumsum(lens + [1] * len(batch.decode_seqs))
+        last = torch.tensor([e - 1 for e in ends], dtype=torch.int64, device=dev)
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        return ids, pos, meta, last
+
+    @torch.inference_mode()
+    def execute(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]) -> torch.Tensor:
+        """Run the model on the batch; returns next-token logits ``[num_seqs, vocab_size]`` fp32.
+        The step's copy-on-write block copies (``batch.blocks_to_copy``) run first, in every layer."""
+        if batch.blocks_to_copy:
+            self.copy_blocks(batch.blocks_to_copy, kv.attention_block_size)
+        ids, pos, meta, last = self.prepare(batch, kv, events)
+        hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
+        # Decode tokens only: one row per sequence, in order, so every row is a last one (no copy).
+        return self.model.compute_logits(hidden if meta.num_prefill_tokens == 0 else hidden[last])
+
+    def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
+        """Run a step's swap copies: ``(gpu, cpu)`` pairs out to the CPU pool first, then ``(cpu, gpu)``
+        pairs in (``engine.model_executor.attention.swap_blocks``, every layer's K and V)."""
+        gpu = [c for kv in self.kv_caches for c in kv]
+        cpu = [c for kv in self.cpu_kv_caches for c in kv]
+        for pairs, src, dst in ((blocks_to_swap_out, gpu, cpu), (blocks_to_swap_in, cpu, gpu)):
+            if pairs:
+                swap_blocks(src, dst, torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2))
+
+    def copy_blocks(self, pairs: list[tuple[int, int]], attention_block_size: int) -> None:
+        """Copy K and V of each ``(src, dst)`` block (units of ``attention_block_size``) in every layer."""
+        caches = self.caches_for(attention_block_size)
+        mapping = torch.tensor(pairs, dtype=torch.int64, device=self.device).reshape(-1, 2)
+        self.backend.copy_blocks([k for k, _ in caches], [v for _, v in caches], mapping)
+
+    def _context_lens(self, seqs) -> torch.Tensor:
+        return torch.tensor([seq.num_tokens for seq in seqs], dtype=torch.int32, device=self.device)
+
+    def _block_tables(self, seqs, kv: KVCacheManager) -> torch.Tensor:
+        tables = [kv.attention_block_table(seq) for seq in seqs]
+        width = max((len(t) for t in tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(seqs), width)
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out

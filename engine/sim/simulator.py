@@ -1,0 +1,1043 @@
+"""A model-free serving simulator: the engine's own scheduler and KV allocators on lengths alone.
+
+A request is (arrival time, prompt length, output length). One simulated step is one scheduler
+iteration: ``Scheduler.schedule()`` picks the batch and allocates KV room exactly as in the engine,
+then every scheduled request computes its new tokens (``Scheduler.update_from_output``) and, once
+all its tokens are computed (a chunked prompt's last chunk), samples one token; a request finishes
+when it reaches prompt + output tokens. Swap preemption moves block ids between the GPU pool and
+the CPU pool exactly as in the engine; only the copies are not made. Nothing else is
+modelled, so the simulator answers the paper's memory questions — how much of the KV pool holds
+token states, how many requests run at once — for 100,000 requests in seconds.
+
+Time (``engine/sim/clock.py``): with ``cost_model`` a step lasts what the step-time model
+(``engine/sim/cost_model.py``) predicts from what it computes, so Poisson arrivals interleave with steps
+and each request gets its latency, normalized latency, TTFT and TPOT; without one, every step lasts
+``step_ms`` and a stretch with nothing to run counts as idle steps. Arrivals are admitted at the
+first step that starts at or after their arrival time. With all requests at time 0 (saturation,
+the default) time plays no part in the memory figures.
+
+Fast-forward (one-sequence requests, recompute, no chunking, no prefix caching; the simulator
+picks the path itself): the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
+request's length follows a step clock, its finish step and the steps in which it needs a new block
+are known ahead, so a step costs only what happens in it (an admission, a preemption, a request
+needing a block, a finish) and a stretch of k steps with none of these — nor an arrival — is applied
+at once with closed-form sums of each memory category (``Scheduler.steps_until_event`` /
+``lockstep_decode``). The results are identical to stepping one by one
+through ``Scheduler.schedule()`` (``fast_forward=False``; tests/test_simulator.py checks it).
+
+Memory is measured during each step, after its tokens are computed and before finished requests
+free their memory; categories as in ``engine/core/accounting.py`` (PagedAttention paper Figure 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import heapq
+import json
+import random
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+from tqdm import tqdm
+
+from engine.core.accounting import CATEGORIES
+from engine.core.block_manager import KVCacheManager, PagedBlockManager
+from engine.baselines.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
+from engine.sim.cost_model import SETUPS, CostModel, get_setup
+from engine.sampling_params import BeamSearchParams, SamplingParams
+from engine.core.scheduler import PREEMPTION_MODES, Scheduler, SchedulerOutput
+from engine.sim.clock import SimClock, resolve_cost_model
+from engine.baselines.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
+
+ALLOCATORS = ("paged", "contiguous")
+PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b", "19")  # engine/experiments/figures.py (19: engine/experiments/swap.py)
+
+
+@dataclass
+class SimulationConfig:
+    """What to simulate.
+
+    Attributes:
+        workload: "sharegpt" or "alpaca" (ignored when ``requests`` or ``trace`` is given).
+        num_requests: requests drawn from the workload.
+        request_rate: Poisson arrivals in requests/s; None = all at time 0 (saturation).
+        trace: path of a JSONL trace (arrival, prompt_len, output_len) instead of a workload.
+        requests: the requests themselves instead of a workload (Python API).
+        kv_slots: token slots of the KV pool (rounded down to whole blocks).
+        block_size: slots per block.
+        watermark: paged only: share of the blocks admission leaves free (vLLM's default 0.01; see
+            ``PagedBlockManager``).
+        allocator: "paged" or "contiguous".
+        reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (engine/baselines/contiguous.py).
+        placement: contiguous only: "first-fit", "best-fit" or "buddy".
+        policy: "continuous" (iteration-level scheduling, the engine's scheduler) or "static"
+            (a batch runs until its longest request finishes, nothing joins it meanwhile:
+            ``engine/baselines/static_batching.py``, the paper's FasterTransformer baseline; one-sequence
+            requests only).
+        max_num_seqs: most running requests (vLLM's default 256).
+        max_num_batched_tokens: most tokens per step; None = max(2048, max_model_len).
+        max_model_len: longest request in tokens (prompt + output).
+        step_ms: simulated duration of one step in milliseconds (when ``cost_model`` is None).
+        cost_model: how long a step takes: None = ``step_ms`` each; a preset key of
+            ``engine.sim.cost_model.SETUPS`` ("a100-opt-13b", ...) or a ``CostModel``: the step's
+            roofline time from what it computes (``engine/sim/clock.py``).
+        seed: seeds the workload.
+        fast_forward: apply lock-step decode stretches at once (same results, much faster). Used
+            only where the policy has that path: one-sequence requests (``n == 1``); otherwise every
+            step goes through ``Scheduler.schedule()`` whatever this says.
+        progress: show a tqdm progress bar of finished requests.
+        n: parallel sampling: sequences per request (paper §6.3, Figure 15). The prompt is prefilled
+            once and forked; every sample has the request's output length (a stated model: the
+            paper's traces give one output length per request).
+        beam_width: beam search with this many beams per request (one of ``BEAM_PARENTS``' widths).
+            The model: after the prefill the prompt forks into beam_width beams; in each decode step
+            the survivors come from k distinct parents, k drawn from ``BEAM_PARENTS[beam_width]``
+            (measured on the real engine's beam search, ``engine/sim/beam_calibration.py``): the k best
+            beams go on, the others are pruned (their blocks freed), and the best beam forks the
+            beam_width - k extra survivors. All beams have the request's output length.
+        preemption_mode: "recompute" or "swap" (paper §4.5): swap moves a preempted request's blocks to
+            a CPU pool of ``swap_slots`` token slots and back.
+        swap_slots: token slots of the CPU swap space (rounded down to whole blocks); None = as many
+            as ``kv_slots``.
+        enable_chunked_prefill: prompts are cut to fit ``max_num_batched_tokens`` (default 512 then,
+            vLLM v0's), decodes first.
+        shared_prefix: tokens of a prefix every prompt begins with (a system prompt, few-shot
+            examples; paper §4.4 and §6.4), before the workload's own prompt lengths; 0 = none. The
+            simulator then carries token ids for the prompts: the prefix has the same ids in every
+            request, the rest unique ids (outputs carry none, so they never hit). With the paged
+            allocator prefix caching is on (``engine/core/prefix_cache.py``, the engine's own code) and
+            every step goes through ``Scheduler.schedule()``; the contiguous allocator stores the
+            prefix in every request's range.
+    """
+
+    workload: str = "sharegpt"
+    num_requests: int = 1000
+    request_rate: float | None = None
+    trace: str | None = None
+    requests: list[Request] | None = field(default=None, repr=False)
+    kv_slots: int = 15_700
+    block_size: int = 16
+    watermark: float = 0.01
+    allocator: str = "paged"
+    reservation: str = "max"
+    placement: str = "first-fit"
+    policy: str = "continuous"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int = 2048
+    step_ms: float = 50.0
+    cost_model: str | CostModel | None = None
+    seed: int = 0
+    fast_forward: bool = True
+    progress: bool = False
+    n: int = 1
+    beam_width: int = 1
+    shared_prefix: int = 0
+    preemption_mode: str = "recompute"
+    swap_slots: int | None = None
+    enable_chunked_prefill: bool = False
+
+    def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {self.preemption_mode!r}")
+        if self.preemption_mode == "swap" and self.allocator != "paged":
+            raise ValueError("preemption_mode='swap' needs allocator='paged' (the paper swaps KV blocks)")
+        if self.swap_slots is not None and self.swap_slots < self.block_size:
+            raise ValueError(f"swap_slots ({self.swap_slots}) must hold at least one block of {self.block_size} slots")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})")
+        if (self.max_num_batched_tokens is not None and not self.enable_chunked_prefill
+                and self.max_num_batched_tokens < self.max_model_len):
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                             f"({self.max_model_len}) without chunked prefill")
+        if self.beam_width != 1 and self.beam_width not in BEAM_PARENTS:
+            raise ValueError(f"beam_width must be 1 or one of the calibrated widths {sorted(BEAM_PARENTS)}, got {self.beam_width!r}")
+        if self.beam_width > 1 and self.n > 1:
+            raise ValueError("give either n (parallel sampling) or beam_width (beam search), not both")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        if self.policy == "static" and (self.n > 1 or self.beam_width > 1 or self.shared_prefix
+                                        or self.preemption_mode != "recompute" or self.enable_chunked_prefill):
+            raise ValueError("static batching is simulated for one-sequence requests without a shared prefix, "
+                             "with recompute preemption and whole prompts only")
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {self.allocator!r}")
+        for name in ("num_requests", "block_size", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_slots < self.block_size:
+            raise ValueError(f"the KV pool ({self.kv_slots} slots) is smaller than one block ({self.block_size} slots)")
+        if self.max_model_len > self.kv_slots // self.block_size * self.block_size:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the KV pool ({self.kv_slots} slots)")
+        if not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {self.watermark}")
+        if not self.step_ms > 0:
+            raise ValueError(f"step_ms must be > 0 ms, got {self.step_ms}")
+        if isinstance(self.shared_prefix, bool) or not isinstance(self.shared_prefix, int) or not 0 <= self.shared_prefix < self.max_model_len:
+            raise ValueError(f"shared_prefix must be a number of tokens in [0, max_model_len), got {self.shared_prefix!r}")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
+        resolve_cost_model(self.cost_model, self.step_ms)  # an unknown preset fails here, by name
+
+
+@dataclass
+class SimulationResult:
+    """Summary and time series of one simulation.
+
+    Summary (time averages are over all steps, idle ones included):
+        token_state_fraction: share of the pool holding token states, 0..1.
+        fragmentation: share of the pool in each category of ``engine.core.accounting.CATEGORIES``.
+        mean_concurrent_requests, max_concurrent_requests: requests running per step.
+        preemptions: preemptions, by recompute or swap. completed: finished requests. rejected: requests that
+            could never fit the pool. steps: scheduler iterations. simulated_seconds: the clock at
+            the end (``engine/sim/clock.py``). wall_seconds: real time the simulation took.
+        normalized_latency_s (s/token, the paper's metric), mean_latency_s, mean_ttft_s, mean_tpot_s:
+            over completed requests; throughput_requests_per_s, throughput_tokens_per_s (output
+            tokens): over the simulated time. request_latency_s: per request (NaN if not completed).
+        memory_saved_by_sharing: paper §6.3 over the run: 1 - (physical blocks held) / (blocks the
+            sequences' tables would hold unshared), both summed over steps; 0 without sharing.
+        swap_outs, swap_ins: requests swapped out / in. blocks_swapped_out, blocks_swapped_in: blocks
+            copied each way. swap_fallbacks: swap preemptions that recomputed (CPU pool full).
+        tokens_recomputed: tokens whose KV a recompute preemption threw away (computed again later).
+
+    Series (run-length encoded: row i covers ``series_num_steps[i]`` steps from ``series_step[i]``,
+    during which nothing but lock-step decode happened; one row per step without fast-forward):
+        series_step, series_num_steps, series_running, series_waiting: numpy int arrays.
+        series_end_s: the simulated clock at the end of each row (s).
+        series_memory: category -> numpy float array, mean slots per step over the row.
+    """
+
+    config: SimulationConfig
+    token_state_fraction: float
+    fragmentation: dict[str, float]
+    mean_concurrent_requests: float
+    max_concurrent_requests: int
+    preemptions: int
+    completed: int
+    rejected: int
+    steps: int
+    simulated_seconds: float
+    wall_seconds: float
+    memory_saved_by_sharing: float
+    swap_outs: int
+    swap_ins: int
+    blocks_swapped_out: int
+    blocks_swapped_in: int
+    swap_fallbacks: int
+    tokens_recomputed: int
+    normalized_latency_s: float
+    mean_latency_s: float
+    mean_ttft_s: float
+    mean_tpot_s: float
+    throughput_requests_per_s: float
+    throughput_tokens_per_s: float
+    request_latency_s: np.ndarray
+    series_step: np.ndarray
+    series_num_steps: np.ndarray
+    series_running: np.ndarray
+    series_waiting: np.ndarray
+    series_end_s: np.ndarray
+    series_memory: dict[str, np.ndarray]
+
+    def saturated(self) -> tuple[dict[str, float], float]:
+        """(share per category, mean running requests) over the steps in which requests were
+        waiting: the pool under sustained load, without the ramp-down at the end of a finite batch
+        (when the queue is empty the pool drains, which no serving system under load sees)."""
+        mask = self.series_waiting > 0
+        if not mask.any():
+            return dict(self.fragmentation), self.mean_concurrent_requests
+        weights = self.series_num_steps[mask]
+        total = weights.sum()
+        capacity = sum(float(self.series_memory[c][0]) for c in CATEGORIES)
+        shares = {c: float((self.series_memory[c][mask] * weights).sum() / (total * capacity)) for c in CATEGORIES}
+        return shares, float((self.series_running[mask] * weights).sum() / total)
+
+    def mean_running_until(self, seconds: float) -> float:
+        """Mean running requests per step over the steps that end by ``seconds`` (e.g. the last
+        arrival: the load the arrivals sustain, without the final drain of a finite trace)."""
+        mask = self.series_end_s <= seconds
+        if not mask.any():
+            return self.mean_concurrent_requests
+        weights = self.series_num_steps[mask]
+        return float((self.series_running[mask] * weights).sum() / weights.sum())
+
+    def summary(self) -> dict:
+        """The summary fields and the config (without the requests), JSON-ready."""
+        config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
+        if isinstance(config["cost_model"], CostModel):
+            config["cost_model"] = config["cost_model"].name
+        keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
+                "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
+                "memory_saved_by_sharing", "swap_outs", "swap_ins", "blocks_swapped_out", "blocks_swapped_in",
+                "swap_fallbacks", "tokens_recomputed", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
+                "throughput_requests_per_s", "throughput_tokens_per_s")
+        return {"config": config, **{k: getattr(self, k) for k in keys}}
+
+    def write_trace(self, path: str) -> None:
+        """Write the series as CSV: step, num_steps, running, waiting, then mean slots per category."""
+        header = "step,num_steps,running,waiting," + ",".join(CATEGORIES)
+        cols = [self.series_step, self.series_num_steps, self.series_running, self.series_waiting]
+        table = np.column_stack(cols + [self.series_memory[c] for c in CATEGORIES])
+        fmt = ["%d"] * 4 + ["%.2f"] * len(CATEGORIES)
+        np.savetxt(path, table, fmt=fmt, delimiter=",", header=header, comments="")
+
+
+def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
+    """The allocator the config names, over ``kv_slots // block_size`` blocks."""
+    num_blocks = cfg.kv_slots // cfg.block_size
+    if cfg.allocator == "paged":
+        num_cpu_blocks = (cfg.kv_slots if cfg.swap_slots is None else cfg.swap_slots) // cfg.block_size if cfg.preemption_mode == "swap" else 0
+        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.shared_prefix > 0,
+                                 num_cpu_blocks=num_cpu_blocks)
+    return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
+
+
+class LockstepScheduler(Scheduler):
+    """The engine's :class:`~engine.core.scheduler.Scheduler` with the simulator's fast path, for
+    one-sequence requests (groups run through the single-step path; ``simulate`` chooses).
+
+    The simulator runs no model: in each step every scheduled request computes its new tokens and
+    samples exactly one, and ``max_len`` is its final length. So a running request's length is a
+    function of a step clock (num_tokens = offset + clock), its finish step is known when it is
+    admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
+    methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
+    request needing a block, a finish — instead of a pass over all running requests, and a
+    stretch of k steps without any of these costs O(block_size). The policy is the one of
+    ``Scheduler.schedule()``: FCFS admission with head-of-line blocking, recompute preemption of
+    the newest (the admission code is the parent's own). While a request runs, its num_tokens /
+    num_computed_tokens are only brought up to date when it leaves ``running`` (finish or preemption).
+    """
+
+    def add(self, seq: Sequence) -> None:
+        assert not seq.is_group, "lock-step mode serves one-sequence requests only"
+        super().add(seq)
+
+    def _admit(self, seq: Sequence, chunk: int | None = None) -> None:
+        assert chunk is None, "lock-step mode does not chunk prefills"
+        self._lockstep_admit(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        self._lockstep_release(seq)
+    # The simulator runs no model: in each step every scheduled request computes its new tokens and
+    # samples exactly one, and ``max_len`` is its final length. So a running request's length is a
+    # function of a step clock (num_tokens = offset + clock), its finish step is known when it is
+    # admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
+    # methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
+    # request needing a block, a finish — instead of a pass over all running requests, and a
+    # stretch of k steps without any of these costs O(block_size). The policy is the one of
+    # schedule(): FCFS admission with head-of-line blocking, recompute preemption of the newest.
+    # While a request runs, its num_tokens / num_computed_tokens are only brought up to date when
+    # it leaves ``running`` (finish or preemption).
+
+    def start_lockstep(self) -> None:
+        """Switch to lock-step mode (for good); call it before anything has run."""
+        assert not self.running, "lock-step mode starts with nothing running"
+        self.clock = 0  # steps done
+        self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
+        self.offset_sum = 0
+        self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
+        self.admissions = 0
+        self.finish_heap: list[tuple[int, int, Sequence]] = []  # (clock it finishes at, admission number, request)
+        self.kv.start_lockstep()
+
+    def lockstep_step(self) -> SchedulerOutput:
+        """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
+        every request in ``running`` that was not admitted this step decoded one token."""
+        out = SchedulerOutput()
+        self._lockstep_decodes(out)
+        if not out.preempted:
+            self._schedule_prefills(out, self.max_num_batched_tokens - len(self.running))
+        self.clock += 1
+        return out
+
+    def steps_until_event(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are pure decode: no admission, no
+        preemption, and no request reaching its ``max_len`` before the last of them (the step in
+        which the first one does is included: it finishes after it).
+
+        0 means "take a normal step" (:meth:`lockstep_step`): nothing runs, or the head of the queue
+        could be admitted now. Free memory only shrinks during decode, so a head that does not fit
+        now will not fit before the next finish or preemption.
+        """
+        if not self.running or self._could_admit():
+            return 0
+        k = min(limit, self._next_finish_clock() - self.clock)
+        return self.kv.lockstep_free_steps(self.clock, k)
+
+    def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """Run ``k`` pure decode steps and return each memory category summed over them
+        (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
+        sums = self.kv.lockstep_decode(self.clock, k, self.lockstep_token_state_steps(k), next_waiting)
+        self.clock += k
+        return sums
+
+    def lockstep_token_state_steps(self, k: int) -> int:
+        """Token states after each of the next k decode steps, summed (changes nothing)."""
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
+        return k * self._token_states(self.clock) + len(self.running) * k * (k + 1) // 2
+
+    def lockstep_finished(self) -> list[Sequence]:
+        """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
+        done = []
+        while self.finish_heap and self.finish_heap[0][0] <= self.clock:
+            _, number, seq = heapq.heappop(self.finish_heap)
+            if self.admission_number.get(seq) == number:  # else it was preempted since
+                self._sync(seq)
+                done.append(seq)
+        return done
+
+    def lockstep_usage(self, next_waiting: Sequence | None) -> dict[str, int]:
+        """The memory categories now (slots)."""
+        return self.kv.lockstep_usage(self._token_states(self.clock), next_waiting)
+
+    def _token_states(self, clock: int) -> int:
+        """Cached tokens of the running requests at ``clock``: all but each one's newest."""
+        return self.offset_sum + len(self.running) * (clock - 1)
+
+    def _lockstep_decodes(self, out: SchedulerOutput) -> None:
+        # As _schedule_running, visiting only the requests that need a block this step, in running
+        # order; the victim is the newest running request not yet visited (or the request itself).
+        needing = self.kv.lockstep_needing_block(self.clock)
+        if len(needing) > 1:
+            needing.sort(key=self.admission_number.__getitem__)
+        for seq in needing:
+            if seq not in self.admission_number:
+                continue  # preempted earlier in this step
+            while not self.kv.lockstep_take_block(seq):
+                victim = self.running.pop()
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+
+    def _lockstep_admit(self, seq: Sequence) -> None:
+        # Prefilled in step clock + 1: num_tokens + 1 tokens at clock + 1.
+        self.kv.lockstep_admit(seq, self.clock)
+        offset = seq.num_tokens - self.clock
+        self.offsets[seq] = offset
+        self.offset_sum += offset
+        self.admissions += 1
+        self.admission_number[seq] = self.admissions
+        heapq.heappush(self.finish_heap, (seq.max_len - offset, self.admissions, seq))
+
+    def _lockstep_release(self, seq: Sequence) -> None:
+        self._sync(seq)
+        self.kv.lockstep_release(seq, seq.num_tokens)
+        self.offset_sum -= self.offsets.pop(seq)
+        del self.admission_number[seq]
+
+    def _sync(self, seq: Sequence) -> None:
+        """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
+        seq.num_tokens = self.offsets[seq] + self.clock
+        seq.num_computed_tokens = seq.num_tokens - 1
+
+    def _next_finish_clock(self) -> int:
+        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
+            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
+        return self.finish_heap[0][0]
+
+
+class StaticLockstepScheduler(StaticBatching, LockstepScheduler):
+    """Static batching (engine/baselines/static_batching.py) on the lock-step fast path: between a batch's
+    finishes nothing can happen (no admission), so a stretch runs to the next finish at once."""
+
+
+# How beams branch, measured on the real engine's beam search (default model, 4 chat prompts, 32 tokens,
+# ignore_eos): per beam width, the share of decode steps whose survivors come from k distinct parents.
+# Command: python -m engine.sim.beam_calibration --num-prompts 4 --max-tokens 32
+BEAM_PARENTS: dict[int, dict[int, float]] = {
+    2: {1: 0.267, 2: 0.733},
+    4: {1: 0.025, 2: 0.15, 3: 0.475, 4: 0.35},
+    6: {1: 0.008, 2: 0.042, 3: 0.1, 4: 0.25, 5: 0.433, 6: 0.167},
+}
+
+_NO_SAMPLING = SamplingParams()  # one shared, unused object: no model samples in the simulator
+
+
+class _Run:
+    """The state of one simulation: the scheduler, the arrival queue and the running totals."""
+
+    def __init__(self, cfg: SimulationConfig, requests: list[Request]):
+        self.cfg = cfg
+        self.kv = make_kv_manager(cfg)
+        self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
+        default_budget = max(512, cfg.max_num_seqs) if cfg.enable_chunked_prefill else max(2048, cfg.max_model_len)
+        max_batched = cfg.max_num_batched_tokens or default_budget
+        # The simulator picks the path itself: the lock-step fast path exists for one policy only:
+        # one-sequence requests, recompute, whole prompts, no prefix caching.
+        self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
+                         and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill)
+        self.requests = sorted(requests, key=lambda r: r.arrival)
+        self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
+        if cfg.policy == "static":  # recompute, whole prompts (SimulationConfig checks it)
+            static = StaticLockstepScheduler if self.lockstep else StaticBatchScheduler
+            self.sched = static(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
+        elif self.lockstep:
+            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched)
+        else:
+            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill)
+        self.sampling = SamplingParams(n=cfg.n)
+        self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
+        self.rng = random.Random(cfg.seed)
+        self.next_seq_id = 0
+        self.blocks_with_sharing = self.blocks_without_sharing = 0
+        self.next_request = 0
+        self.step = 0
+        self.preemptions = self.completed = self.rejected = 0
+        self.swap_outs = self.swap_ins = self.blocks_swapped_out = self.blocks_swapped_in = self.tokens_recomputed = 0
+        self.rows: list[tuple] = []
+        self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
+        self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
+
+    def run(self) -> None:
+        if not self.lockstep:
+            self._run_single_steps()
+            return
+        sched = self.sched
+        sched.start_lockstep()
+        while self.next_request < len(self.requests) or sched.running or sched.waiting:
+            self._arrive()
+            if not (sched.running or sched.waiting):
+                self._idle_until_next_arrival()
+                continue
+            k = sched.steps_until_event(sys.maxsize)
+            if k > 0:
+                self._fast_forward(self.clock.decode_steps_before_next_arrival(sched, k, self.next_request))
+            else:
+                self._lockstep_step()
+        self.bar.close()
+
+    def _run_single_steps(self) -> None:
+        """The reference: every step through ``schedule()``."""
+        while self.next_request < len(self.requests) or self.sched.has_unfinished():
+            self._arrive()
+            if self.sched.has_unfinished():
+                self._single_step()
+            else:
+                self._idle_until_next_arrival()
+        self.bar.close()
+
+    def _arrive(self) -> None:
+        """Queue every request that has arrived by the start of this step."""
+        if self.next_request == len(self.requests):
+            return
+        while self.next_request < len(self.requests) and self.clock.has_arrived(self.next_request):
+            r = self.requests[self.next_request]
+            seq = self._sequence(r)
+            if self.cfg.n > 1 or self.beam is not None:
+                seq = SequenceGroup(self.next_request, [seq], self.sampling, beam_search=self.beam, arrival_time=r.arrival)
+            self.next_request += 1
+            if seq.seqs[0].max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
+                self.rejected += 1  # it could never run (the engine rejects it too)
+                self.bar.update(1)
+            else:
+                self.sched.add(seq)
+
+    def _sequence(self, r: Request) -> Sequence:
+        """A request's sequence; with a shared prefix, its prompt's token ids (prefix ids 0..P-1,
+        then ids no other request has)."""
+        prefix = self.cfg.shared_prefix
+        num_prompt = prefix + r.prompt_len
+        seq = Sequence(self.next_request, num_prompt, num_prompt + r.output_len, arrival_time=r.arrival,
+                       sampling_params=_NO_SAMPLING, seq_id=self._seq_id())
+        if prefix and self.cfg.allocator == "paged":
+            start = prefix + self.next_request * self.cfg.max_model_len
+            seq.token_ids = list(range(prefix)) + list(range(start, start + r.prompt_len))
+        return seq
+
+    def _idle_until_next_arrival(self) -> None:
+        k = self.clock.idle_until(self.next_request)
+        if k:  # the fixed clock counts idle steps; a cost model's clock jumps (idle is not a step)
+            sums = dict.fromkeys(CATEGORIES, 0)
+            sums["free"] = k * self.kv.num_slots
+            self._record(k, sums, running=0)
+
+    def _single_step(self) -> None:
+        """One step through the engine's ``schedule()``, every request touched (the reference)."""
+        out = self.sched.schedule()
+        if out.is_empty:
+            raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
+        shape = self.clock.shape_of(out)
+        self._count_preemptions(out)
+        self.sched.events.clear()  # preemption events: not needed here, and they would pile up
+        ready = {id(s) for s in self.sched.update_from_output(out)}  # a partial prefill samples nothing
+        self.clock.run_step(shape, [s for s in out.prefill_seqs if id(s) in ready])
+        decoded = {id(s) for s in out.decode_seqs}
+        for group in self.sched.running:
+            if id(group.seqs[0]) not in ready:
+                continue
+            if group.is_group and len(group.seqs) < group.num_samples:  # after the prompt's one prefill
+                self._fork_samples(group)
+            elif group.is_group and group.beam_search is not None and id(group.seqs[0]) in decoded:
+                self._branch_beams(group)
+            for seq in group.unfinished_seqs():
+                seq.append_token()
+        usage = self.kv.usage(self.sched.running, self._next_waiting())
+        self.blocks_with_sharing += usage.blocks_with_sharing
+        self.blocks_without_sharing += usage.blocks_without_sharing
+        self._record(1, {c: getattr(usage, c) for c in CATEGORIES}, len(self.sched.running))
+        # Every sample has the request's length, so a group's sequences finish together.
+        self._finish([g for g in self.sched.running if g.seqs[0].num_tokens >= g.seqs[0].max_len])
+
+    def _count_preemptions(self, out: SchedulerOutput) -> None:
+        self.preemptions += len(out.preempted)
+        swapped = {id(g) for g in out.swapped_out}
+        self.tokens_recomputed += sum(s.num_tokens for g in out.preempted if id(g) not in swapped for s in g.unfinished_seqs())
+        self.swap_outs += len(out.swapped_out)
+        self.swap_ins += len(out.swapped_in)
+        self.blocks_swapped_out += len(out.blocks_to_swap_out)
+        self.blocks_swapped_in += len(out.blocks_to_swap_in)
+
+    def _fork_samples(self, group: SequenceGroup) -> None:
+        parent = group.seqs[0]
+        for index in range(1, group.num_samples):
+            child = parent.fork(self._seq_id(), index)
+            self.sched.fork(parent, child)
+            group.seqs.append(child)
+
+    def _branch_beams(self, group: SequenceGroup) -> None:
+        """One beam-search step of the model in ``SimulationConfig.beam_width``'s docstring."""
+        beams = group.unfinished_seqs()
+        shares = BEAM_PARENTS[len(beams)] if len(beams) in BEAM_PARENTS else {len(beams): 1.0}
+        k = self.rng.choices(list(shares), weights=list(shares.values()))[0]
+        for pruned in beams[k:]:
+            self.sched.finish_seq(pruned, "pruned")
+        group.seqs = beams[:k]
+        for index in range(k, len(beams)):
+            child = beams[0].fork(self._seq_id(), index)
+            self.sched.fork(beams[0], child)
+            group.seqs.append(child)
+
+    def _seq_id(self) -> int:
+        self.next_seq_id += 1
+        return self.next_seq_id - 1
+
+    def _lockstep_step(self) -> None:
+        """The same step in lock-step mode: only the requests something happens to are touched."""
+        out = self.sched.lockstep_step()
+        if not self.sched.running:
+            raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
+        if out.preempted:
+            self._count_preemptions(out)
+            self.sched.events.clear()  # preemption events: not needed here, and they would pile up
+        sums = self.sched.lockstep_usage(self._next_waiting())
+        self.clock.run_step(self.clock.lockstep_shape(out, sums, len(self.sched.running)), out.prefill_seqs)
+        self._record(1, sums, len(self.sched.running))
+        self._finish(self.sched.lockstep_finished())
+
+    def _fast_forward(self, k: int) -> None:
+        sums = self.sched.lockstep_decode(k, self._next_waiting())
+        self.clock.run_decode_steps(k, len(self.sched.running), sums)
+        self._record(k, sums, len(self.sched.running))
+        self._finish(self.sched.lockstep_finished())
+
+    def _next_waiting(self) -> Sequence | None:
+        return self.sched.waiting[0] if self.sched.waiting else None
+
+    def _finish(self, done: list[Sequence]) -> None:
+        if not done:
+            return
+        for seq in done:
+            self.sched.finish(seq, "length")
+            self.clock.finished(seq.request_id)
+        self.completed += len(done)
+        self.bar.update(len(done))
+
+    def _record(self, k: int, sums: dict[str, int], running: int) -> None:
+        """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
+        (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
+        self.rows.append((self.step, k, running, len(self.sched.waiting), *sums.values()))
+        self.row_end_times.append(self.clock.now)
+        self.step += k
+
+    def result(self, wall_seconds: float) -> SimulationResult:
+        steps = max(self.step, 1)
+        slot_steps = steps * self.kv.num_slots
+        rows = np.array(self.rows, dtype=np.int64).reshape(-1, 4 + len(CATEGORIES))
+        num_steps, running = rows[:, 1], rows[:, 2]
+        totals = {c: int(rows[:, 4 + i].sum()) for i, c in enumerate(CATEGORIES)}  # exact integer sums
+        return SimulationResult(
+            config=self.cfg,
+            token_state_fraction=totals["token_states"] / slot_steps,
+            fragmentation={c: totals[c] / slot_steps for c in CATEGORIES},
+            mean_concurrent_requests=int((num_steps * running).sum()) / steps,
+            max_concurrent_requests=int(running.max(initial=0)),
+            preemptions=self.preemptions,
+            completed=self.completed,
+            rejected=self.rejected,
+            steps=self.step,
+            simulated_seconds=self.clock.seconds,
+            wall_seconds=wall_seconds,
+            memory_saved_by_sharing=1 - self.blocks_with_sharing / self.blocks_without_sharing if self.blocks_without_sharing else 0.0,
+            swap_outs=self.swap_outs, swap_ins=self.swap_ins, blocks_swapped_out=self.blocks_swapped_out,
+            blocks_swapped_in=self.blocks_swapped_in, swap_fallbacks=getattr(self.sched, "num_swap_fallbacks", 0),
+            tokens_recomputed=self.tokens_recomputed,
+            **self.clock.latency_metrics(),
+            series_step=rows[:, 0],
+            series_num_steps=num_steps,
+            series_running=running,
+            series_waiting=rows[:, 3],
+            series_end_s=np.array(self.row_end_times, dtype=np.float64) / 1e12,
+            series_memory={c: rows[:, 4 + i] / np.maximum(num_steps, 1) for i, c in enumerate(CATEGORIES)},
+        )
+
+
+def simulate(config: SimulationConfig | None = None, **kwargs) -> SimulationResult:
+    """Run one simulation.
+
+    Args:
+        config: a :class:`SimulationConfig`; keyword arguments override its fields (or build one).
+
+    Returns:
+        A :class:`SimulationResult`.
+
+    Raises:
+        ValueError: on a bad configuration, workload or trace (the message says which).
+    """
+    cfg = replace(config, **kwargs) if config is not None else SimulationConfig(**kwargs)
+    start = time.perf_counter()
+    if cfg.requests is not None:
+        requests = list(cfg.requests)
+    elif cfg.trace is not None:
+        requests = load_trace(cfg.trace)
+    else:
+        requests = make_workload(cfg.workload, cfg.num_requests, cfg.seed, cfg.max_model_len, cfg.request_rate)
+    if not requests:
+        raise ValueError("no requests to simulate")
+    run = _Run(cfg, requests)
+    with _cyclic_gc_paused():
+        run.run()
+    return run.result(time.perf_counter() - start)
+
+
+@contextmanager
+def _cyclic_gc_paused():
+    """Pause Python's cycle collector during a run: the run keeps ~100,000 live Sequences and makes
+    millions of short-lived tuples, and every full collection walks all of them (~20% of the run
+    time). Nothing here makes reference cycles, so reference counting alone frees it all."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+# --- Reproducing the paper ---------------------------------------------------------------------------
+
+# Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
+# stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
+PAPER_SYSTEMS = {
+    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy"),
+    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy"),
+    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy"),
+    "vLLM": dict(allocator="paged"),
+}
+PAPER_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM": 0.963}
+PAPER_FRAGMENTATION = {  # Figure 2's other bar segments, as read off the figure
+    "Orca (Max)": {"reserved": 0.133, "internal_fragmentation": 0.573, "external_fragmentation": 0.089},
+    "Orca (Pow2)": {"reserved": 0.179, "internal_fragmentation": 0.136, "external_fragmentation": 0.416},
+    "Orca (Oracle)": {"reserved": 0.252, "internal_fragmentation": 0.0, "external_fragmentation": 0.366},
+    "vLLM": {},
+}
+PAPER_CONCURRENCY = {
+    "sharegpt": {"Orca (Max)": 7.00, "Orca (Pow2)": 9.81, "Orca (Oracle)": 13.62, "vLLM": 30.42},
+    "alpaca": {"Orca (Max)": 7.00, "Orca (Pow2)": 43.24, "Orca (Oracle)": 72.75, "vLLM": 132.44},
+}
+
+
+def reproduce_paper(
+    num_requests: int = 5000,
+    workloads: tuple[str, ...] = ("sharegpt", "alpaca"),
+    seed: int = 0,
+    kv_slots: int = 15_700,
+    block_size: int = 16,
+    max_model_len: int = 2048,
+    max_num_seqs: int = 256,
+    watermark: float = 0.01,
+    progress: bool = False,
+) -> list[dict]:
+    """The paper's memory experiment: OPT-13B on one A100-40GB (15.7K token slots, Table 1), block
+    size 16, max length 2048, all requests at once; vLLM (paged, with vLLM's admission watermark of
+    ``watermark`` = 1% of the blocks) against Orca Max / Pow2 / Oracle.
+
+    Shares and concurrency are measured while requests wait (:meth:`SimulationResult.saturated`),
+    i.e. under load as in the paper's serving experiments; the ``*_all_steps`` fields include the
+    final drain of the batch.
+
+    Returns:
+        One row per (workload, system): ``workload``, ``system``, ``token_state_fraction``,
+        ``fragmentation`` (share per category), ``mean_concurrent_requests``, the same two over all
+        steps (``token_state_fraction_all_steps``, ``mean_concurrent_requests_all_steps``), ``preemptions``,
+        ``paper_token_state_fraction`` (Figure 2, given for the ShareGPT rows only),
+        ``paper_fragmentation`` and ``paper_mean_concurrent_requests`` (Figure 13).
+    """
+    rows = []
+    for workload in workloads:
+        requests = make_workload(workload, num_requests, seed, max_model_len)
+        for system, overrides in PAPER_SYSTEMS.items():
+            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
+                           max_num_seqs=max_num_seqs, watermark=watermark, progress=progress, **overrides)
+            shares, concurrency = res.saturated()
+            on_fig2 = workload == "sharegpt"
+            rows.append({
+                "workload": workload,
+                "system": system,
+                "token_state_fraction": shares["token_states"],
+                "fragmentation": shares,
+                "mean_concurrent_requests": concurrency,
+                "token_state_fraction_all_steps": res.token_state_fraction,
+                "mean_concurrent_requests_all_steps": res.mean_concurrent_requests,
+                "preemptions": res.preemptions,
+                "paper_token_state_fraction": PAPER_TOKEN_STATES[system] if on_fig2 else None,
+                "paper_fragmentation": PAPER_FRAGMENTATION[system] if on_fig2 else None,
+                "paper_mean_concurrent_requests": PAPER_CONCURRENCY[workload][system],
+            })
+    return rows
+
+
+# Figure 16 (§6.4): LLaMA-13B translating WMT16 En-De with a shared few-shot prefix; vLLM's
+# throughput over Orca (Oracle) at the same latency.
+PAPER_PREFIX_SPEEDUP = {"1-shot": (80, 1.67), "5-shot": (341, 3.58)}
+FIGURE16_RATES = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # req/s, for the throughput side
+
+
+def reproduce_figure16(
+    num_requests: int = 2000,
+    seed: int = 0,
+    kv_slots: int = 15_700,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    progress: bool = False,
+    throughput_requests: int = 500,
+    rates: tuple[float, ...] = FIGURE16_RATES,
+) -> list[dict]:
+    """Figure 16: every prompt begins with the same 1-shot (80 tokens) or 5-shot
+    (341 tokens) prefix, then a translation workload (``engine/sim/workloads.py``, our length model).
+    vLLM holds the prefix's full blocks once (prefix caching); Orca (Oracle) stores it in every
+    request's range. LLaMA-13B has OPT-13B's KV size (40 layers x 40 heads x 128, fp16), so the pool is
+    Table 1's 15.7K slots. All requests at time 0; shares and batch sizes while requests wait.
+
+    The paper's ratios are *throughput* at equal latency. The throughput side serves
+    ``throughput_requests`` of the same workload at each of ``rates`` (Poisson arrivals) with the
+    step-time model ``a100-opt-13b-achieved`` (cached prefix tokens are not computed), and takes each
+    system's sustainable rate as Figure 12 does (``engine.experiments.figures.sustainable_rate``).
+
+    Returns:
+        One row per (prefix, system): ``prefix``, ``prefix_tokens``, ``system``,
+        ``mean_concurrent_requests``, ``token_state_fraction``, ``memory_saved_by_sharing``,
+        ``preemptions``, ``sustainable_rate`` (req/s) and ``rate_reached`` (False: the sweep's top
+        rate, a lower bound), and on the vLLM rows ``batch_ratio_over_orca_oracle``,
+        ``throughput_ratio_over_orca_oracle`` and ``paper_throughput_ratio``.
+    """
+    from engine.experiments.figures import sustainable_rate  # it imports this module
+
+    rows = []
+    for name, (prefix, paper_ratio) in PAPER_PREFIX_SPEEDUP.items():
+        requests = make_workload("translation", num_requests, seed, 2048 - prefix)
+        by_system = {}
+        for system in ("Orca (Oracle)", "vLLM"):
+            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs,
+                           shared_prefix=prefix, progress=progress, **PAPER_SYSTEMS[system])
+            shares, concurrency = res.saturated()
+            latencies = [simulate(requests=make_workload("translation", throughput_requests, seed, 2048 - prefix, request_rate=rate),
+                                  kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs, shared_prefix=prefix,
+                                  cost_model="a100-opt-13b-achieved", **PAPER_SYSTEMS[system]).normalized_latency_s for rate in rates]
+            rate, reached = sustainable_rate(list(rates), latencies)
+            by_system[system] = row = {
+                "prefix": name, "prefix_tokens": prefix, "system": system, "mean_concurrent_requests": concurrency,
+                "token_state_fraction": shares["token_states"], "memory_saved_by_sharing": res.memory_saved_by_sharing,
+                "preemptions": res.preemptions, "sustainable_rate": rate, "rate_reached": reached,
+            }
+            rows.append(row)
+        orca = by_system["Orca (Oracle)"]["mean_concurrent_requests"]
+        by_system["vLLM"]["batch_ratio_over_orca_oracle"] = by_system["vLLM"]["mean_concurrent_requests"] / orca
+        by_system["vLLM"]["throughput_ratio_over_orca_oracle"] = by_system["vLLM"]["sustainable_rate"] / by_system["Orca (Oracle)"]["sustainable_rate"]
+        by_system["vLLM"]["paper_throughput_ratio"] = paper_ratio
+    return rows
+
+
+def format_figure16_table(rows: list[dict]) -> str:
+    """Figure 16 rows as a plain-text table: batch size, memory and throughput, the paper's ratio beside."""
+    lines = [f"{'prefix':<7} {'system':<14} {'concurrent':>10} {'ratio':>6} {'saved by sharing':>16} "
+             f"{'sustainable req/s':>17} {'ratio':>7} {'paper (throughput)':>18}"]
+    for r in rows:
+        ratio = f"{r['batch_ratio_over_orca_oracle']:.2f}x" if "batch_ratio_over_orca_oracle" in r else "1.00x"
+        paper = f"{r['paper_throughput_ratio']:.2f}x" if "paper_throughput_ratio" in r else "1.00x"
+        rate = f"{'>=' if not r['rate_reached'] else ''}{r['sustainable_rate']:.1f}"
+        tput = f"{r['throughput_ratio_over_orca_oracle']:.2f}x" if "throughput_ratio_over_orca_oracle" in r else "1.00x"
+        lines.append(f"{r['prefix']:<7} {r['system']:<14} {r['mean_concurrent_requests']:>10.2f} {ratio:>6} "
+                     f"{r['memory_saved_by_sharing']:>16.1%} {rate:>17} {tput:>7} {paper:>18}")
+    lines.append("concurrent and saved: all requests at once, while requests wait; sustainable rate: where normalized latency "
+                 "crosses 2x its lowest-rate value (a100-opt-13b-achieved time model, as Figure 12; >= : a lower bound).")
+    return "\n".join(lines)
+
+
+def format_paper_table(rows: list[dict]) -> str:
+    """The rows as a plain-text table, ours beside the paper's."""
+    lines = [f"{'workload':<9} {'system':<14} {'token states':>12} {'paper':>7} {'concurrent':>10} {'paper':>7}"]
+    for r in rows:
+        paper_ts = f"{r['paper_token_state_fraction']:.1%}" if r["paper_token_state_fraction"] is not None else "-"
+        lines.append(f"{r['workload']:<9} {r['system']:<14} {r['token_state_fraction']:>12.1%} {paper_ts:>7} "
+                     f"{r['mean_concurrent_requests']:>10.2f} {r['paper_mean_concurrent_requests']:>7.2f}")
+    return "\n".join(lines)
+
+
+# --- Command line --------------------------------------------------------------------------------------
+
+
+def _kv_slots(args: argparse.Namespace) -> int:
+    """Slots from --kv-slots, or --kv-bytes over the bytes of one token's K and V in all layers."""
+    if args.kv_bytes is None:
+        if args.kv_slots is not None:
+            return args.kv_slots
+        return get_setup(args.cost_model).kv_slots if args.cost_model else 15_700
+    bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
+    if bytes_per_slot < 1:
+        raise ValueError("model dimensions must be positive to turn --kv-bytes into slots")
+    return args.kv_bytes // bytes_per_slot
+
+
+def _swap_slots(args: argparse.Namespace) -> int | None:
+    """Slots of the CPU swap space from --swap-space GiB (with the model dimensions), or None."""
+    if args.swap_space is None:
+        return None
+    if args.swap_space <= 0:
+        raise ValueError(f"--swap-space must be > 0 GiB, got {args.swap_space}")
+    bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
+    return int(args.swap_space * 2**30) // bytes_per_slot
+
+
+def _cmd_simulate(args: argparse.Namespace) -> None:
+    result = simulate(
+        workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
+        kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
+        reservation=args.reservation, placement=args.placement, policy=args.policy, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len, step_ms=args.step_ms, cost_model=args.cost_model, seed=args.seed,
+        fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
+        shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
+        enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    if args.trace_out:
+        result.write_trace(args.trace_out)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return
+    for key, value in summary.items():
+        if key == "fragmentation":
+            value = ", ".join(f"{c} {v:.1%}" for c, v in value.items())
+        print(f"{key:>26}: {value}")
+
+
+def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
+    if args.figure:
+        from engine.experiments.figures import format_figure, reproduce_figure
+
+        result = reproduce_figure(args.figure, num_requests=args.num_requests, seed=args.seed, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_figure(args.figure, result))
+        _save_chart(args, args.figure, result)
+        return
+    rows = reproduce_paper(num_requests=args.num_requests or 5000, seed=args.seed, watermark=args.watermark,
+                           progress=not args.json)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_paper_table(rows))
+    _save_chart(args, "memory", rows)
+
+
+def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
+    """Charts are drawn by the command-line layer (engine/cli.py hands in ``save_chart``), never here."""
+    if not args.out:
+        return
+    save_chart = getattr(args, "save_chart", None)
+    if save_chart is None:
+        raise ValueError("--out draws a chart: run it as `python -m engine reproduce-paper ... --out FILE`")
+    save_chart(figure, result, args.out)
+    if not args.json:
+        print(f"figure written to {args.out}")
+
+
+def register_cli(subparsers) -> None:
+    """Add the ``simulate`` and ``reproduce-paper`` subcommands to an argparse subparsers object."""
+    p = subparsers.add_parser("simulate", help="simulate serving a workload on the scheduler and KV allocator alone")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
+    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
+    p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
+    p.add_argument("--kv-slots", type=int, default=None,
+                   help="token slots in the KV pool (default: the --cost-model preset's, else 15,700)")
+    p.add_argument("--kv-bytes", type=int, default=None, help="KV pool in bytes (with the model dimensions below)")
+    p.add_argument("--num-layers", type=int, default=40)
+    p.add_argument("--num-kv-heads", type=int, default=40)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype-bytes", type=int, default=2)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--watermark", type=float, default=0.01,
+                   help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
+    p.add_argument("--reservation", choices=RESERVATIONS, default="max",
+                   help="contiguous: Orca Max / Pow2 (prompt + output rounded to a power of two) / Oracle; pow2-total rounds prompt + output")
+    p.add_argument("--placement", choices=PLACEMENTS, default="first-fit",
+                   help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
+    p.add_argument("--policy", choices=POLICIES, default="continuous",
+                   help="static = a batch runs until its longest request finishes (FasterTransformer)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms (without --cost-model)")
+    p.add_argument("--cost-model", choices=SETUPS, default=None,
+                   help="time each step with this step-time preset (engine/sim/cost_model.py); this-machine needs `calibrate`")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
+    p.add_argument("--n", type=int, default=1,
+                   help="parallel sampling: sequences per request, sharing the prompt's blocks (runs step by step)")
+    p.add_argument("--beam-width", type=int, default=1,
+                   help="beam search with this many beams per request (calibrated widths: 2, 4, 6; runs step by step)")
+    p.add_argument("--shared-prefix", type=int, default=0, metavar="TOKENS",
+                   help="every prompt begins with the same TOKENS tokens (paged: prefix caching on; runs step by step)")
+    p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
+                   help="how a preempted request gives up its blocks (paper §4.5; swap runs step by step)")
+    p.add_argument("--swap-space", type=float, default=None, metavar="GIB",
+                   help="CPU swap space in GiB, with the model dimensions above (default: as large as the KV pool)")
+    p.add_argument("--enable-chunked-prefill", action="store_true",
+                   help="cut prompts to fit --max-num-batched-tokens, decodes first (runs step by step)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
+    p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
+    p.set_defaults(func=_cmd_simulate)
+
+    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13, 15, 16, 18b and 19 on the simulator")
+    p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
+                   help="one figure with time (engine/experiments/figures.py); default: the memory table at saturation")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per run (default: 5000 for the saturation table, each figure's own otherwise)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--watermark", type=float, default=0.01,
+                   help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--out", default=None, help="save the figure's chart to this PNG")
+    p.set_defaults(func=_cmd_reproduce_paper)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine.sim.simulator", description=__doc__.split("\n")[0])
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+if __name__ == "__main__":
+    main()
