@@ -2,47 +2,52 @@
 
     from engine import LLM, SamplingParams
     LLM().generate("Why is the sky blue?", SamplingParams(max_tokens=32))
+
+The names below are imported on first use (PEP 562), so ``from engine import simulate`` loads the
+model-free simulator alone, without torch or transformers. The layers, lowest first: ``core``
+(scheduler and KV management) and ``baselines``, ``cpu`` and ``model_executor`` (torch), the
+engine itself (``llm_engine``, ``llm``), ``sim`` (the simulator), and on top ``experiments``,
+``vllm_bridge`` and ``tools``; ``.importlinter`` states the rules and CI checks them.
 """
 
-import os as _os
+from __future__ import annotations
 
-import torch as _torch
+import importlib
 
-# Triton runs on a CPU only through its interpreter, which must be chosen before Triton is first
-# imported — and torch imports it on its own during a model run. So the engine, the usual entry
-# point, chooses it as soon as it is imported (the same rule as kernels/__init__.py).
-if not _torch.cuda.is_available() and "TRITON_INTERPRET" not in _os.environ:
-    _os.environ["TRITON_INTERPRET"] = "1"
+# public name -> the module that defines it
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "LLMEngine": "engine.llm_engine",
+    "EngineConfig": "engine.config",
+    "SamplingParams": "engine.sampling_params",
+    "BeamSearchParams": "engine.sampling_params",
+    "StepReport": "engine.report",
+    "RequestOutput": "engine.report",
+    "CompletionOutput": "engine.report",
+    "MemoryUsage": "engine.core.accounting",
+    "kv_bytes_per_slot": "engine.model_executor.model_runner",
+    "simulate": "engine.sim.simulator",
+    "SimulationConfig": "engine.sim.simulator",
+    "SimulationResult": "engine.sim.simulator",
+    "reproduce_paper": "engine.sim.simulator",
+    "make_workload": "engine.sim.workloads",
+    "Request": "engine.sim.workloads",
+    "paged_attention_reference": "engine.model_executor.attention",
+    "paged_prefill_reference": "engine.model_executor.attention",
+    "write_kv_cache": "engine.model_executor.attention",
+}
 
-from engine.core.accounting import MemoryUsage  # noqa: E402
-from engine.model_executor.attention import paged_attention_reference, paged_prefill_reference, write_kv_cache  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm import LLM  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.model_executor.model_runner import kv_bytes_per_slot  # noqa: E402
-from engine.report import CompletionOutput, RequestOutput, StepReport  # noqa: E402
-from engine.sampling_params import BeamSearchParams, SamplingParams  # noqa: E402
-from engine.sim.simulator import SimulationConfig, SimulationResult, reproduce_paper, simulate  # noqa: E402
-from engine.sim.workloads import Request, make_workload  # noqa: E402
+__all__ = list(_EXPORTS)
 
-__all__ = [
-    "LLM",
-    "LLMEngine",
-    "EngineConfig",
-    "SamplingParams",
-    "BeamSearchParams",
-    "StepReport",
-    "RequestOutput",
-    "CompletionOutput",
-    "MemoryUsage",
-    "kv_bytes_per_slot",
-    "simulate",
-    "SimulationConfig",
-    "SimulationResult",
-    "reproduce_paper",
-    "make_workload",
-    "Request",
-    "paged_attention_reference",
-    "paged_prefill_reference",
-    "write_kv_cache",
-]
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -505,7 +505,7 @@ def _resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
     if device.type == "cpu" and not kernels.interpreter_ready():
         raise ValueError(
             "the triton backend cannot run here: Triton was imported before TRITON_INTERPRET=1 was set "
-            "(import engine before running torch models, or set TRITON_INTERPRET=1 in the environment)"
+            "(import kernels before anything imports Triton, or set TRITON_INTERPRET=1 in the environment)"
         )
     return backend
 

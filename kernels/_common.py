@@ -54,8 +54,8 @@ def check_runnable(device: torch.device) -> None:
     if device.type == "cpu" and not interpreter_ready():
         raise RuntimeError(
             "Triton was imported before TRITON_INTERPRET=1 was set, so its library is compiled for a GPU and "
-            "cannot run on the CPU; set TRITON_INTERPRET=1 in the environment, or import engine or kernels "
-            "before running any torch model"
+            "cannot run on the CPU; set TRITON_INTERPRET=1 in the environment, or import kernels "
+            "before anything imports Triton"
         )
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device}; expected cuda (or cpu under TRITON_INTERPRET=1)")
