@@ -16,7 +16,7 @@ from app_pages.common import category_help, png_download, progress_bar, workload
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
 from engine.core.accounting import CATEGORIES
-from engine.sim.simulator import PAPER_TOKEN_STATES
+from engine.experiments.paper_data import PAPER_TOKEN_STATES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, series_spec, simulation_memory_frame
 from visualize.paper import PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown

@@ -29,7 +29,7 @@ _EXPORTS = {
     "simulate": "engine.sim.simulator",
     "SimulationConfig": "engine.sim.simulator",
     "SimulationResult": "engine.sim.simulator",
-    "reproduce_paper": "engine.sim.simulator",
+    "reproduce_paper": "engine.experiments.memory",
     "make_workload": "engine.sim.workloads",
     "Request": "engine.sim.workloads",
     "paged_attention_reference": "engine.model_executor.attention",

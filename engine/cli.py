@@ -18,7 +18,6 @@ def main(argv: list[str] | None = None) -> None:
     _add_simulator(sub)
     _add_vllm(sub)
     _add_calibrate(sub)
-    parser.set_defaults(save_chart=_save_chart)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -54,7 +53,9 @@ def _add_generate(sub) -> None:
 
 
 def _generate(args) -> None:
-    from engine import LLMEngine, EngineConfig, SamplingParams
+    from engine.llm_engine import LLMEngine
+    from engine.config import EngineConfig
+    from engine.sampling_params import SamplingParams
 
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
@@ -176,9 +177,11 @@ def _bench_cpu(args) -> None:
 
 
 def _add_simulator(sub) -> None:
-    from engine.sim.simulator import register_cli  # adds "simulate" and "reproduce-paper"
+    from engine.experiments.cli import register_cli as add_reproduce_paper
+    from engine.sim.simulator import register_cli as add_simulate
 
-    register_cli(sub)
+    add_simulate(sub)
+    add_reproduce_paper(sub)
 
 
 def _add_vllm(sub) -> None:
@@ -231,11 +234,3 @@ def _calibrate(args) -> None:
     result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads,
                        progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))
     print(json.dumps(result, indent=2) if args.json else format_calibration(result))
-
-
-def _save_chart(figure: str, result, out: str) -> None:
-    """Draw a reproduce-paper result (plain rows from the engine) with visualize/: only here, where
-    a chart is asked for, is matplotlib imported; the engine itself never imports it."""
-    from visualize.paper import save_paper_figure
-
-    save_paper_figure(figure, result, out)

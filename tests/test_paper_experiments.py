@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from engine.cli import main
 from engine.experiments.figures import figure_2, figure_12, figure_13, latency_sweep, reproduce_figure, sustainable_rate
 
 
@@ -60,16 +59,18 @@ def test_bad_input_is_a_clear_error():
 
 
 def test_cli_prints_json_and_draws_the_chart(tmp_path, capsys):
+    from visualize.cli import main as visualize_main  # charts: matplotlib, outside the engine
+
     out = tmp_path / "fig13.png"
-    main(["reproduce-paper", "--figure", "13", "--num-requests", "200", "--json", "--out", str(out)])
+    visualize_main(["reproduce-paper", "--figure", "13", "--num-requests", "200", "--json", "--out", str(out)])
     rows = json.loads(capsys.readouterr().out)
     assert {r["workload"] for r in rows} == {"sharegpt", "alpaca"} and len(rows) == 8
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_engine_never_imports_matplotlib():
-    """The simulator, the experiments and the command line import no chart library; only drawing
-    a chart (--out) does, in the command-line layer."""
+    """The simulator, the experiments and the command line import no chart library; a chart (--out)
+    is drawn by `python -m visualize reproduce-paper`, and the engine's command refuses --out before it runs."""
     code = ("import sys, engine, engine.sim.simulator, engine.experiments.figures, engine.sim.cost_model, engine.sim.clock, "
             "engine.sim.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
             "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")

@@ -343,7 +343,7 @@ def test_simulator_shared_prefix_is_held_once_and_a_sub_block_prefix_never_hits(
 
 
 def test_reproduce_figure16_orders_like_the_paper():
-    from engine.sim.simulator import format_figure16_table, reproduce_figure16
+    from engine.experiments.figures import format_figure16_table, reproduce_figure16
 
     rows = reproduce_figure16(num_requests=300, kv_slots=6000, throughput_requests=150, rates=(2.0, 8.0, 16.0, 32.0))
     ratios = {r["prefix"]: r["batch_ratio_over_orca_oracle"] for r in rows if r["system"] == "vLLM"}

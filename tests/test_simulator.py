@@ -12,7 +12,8 @@ from engine.core.block_manager import PagedBlockManager
 from engine.baselines.contiguous import ContiguousAllocator
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
-from engine.sim.simulator import LockstepScheduler, SimulationConfig, main, reproduce_paper, simulate
+from engine.sim.simulator import LockstepScheduler, SimulationConfig, main, simulate
+from engine.experiments.memory import reproduce_paper
 from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
 SMALL = dict(kv_slots=3000, max_model_len=1024, max_num_seqs=32)
@@ -253,7 +254,9 @@ def test_beam_search_model_prunes_and_forks_and_frees_everything():
 
 
 def test_reproduce_figure_15_prints_each_setting_beside_the_paper(capsys):
-    main(["reproduce-paper", "--figure", "15", "--num-requests", "30", "--json"])
+    from engine.cli import main as engine_main  # reproduce-paper: engine/experiments/cli.py
+
+    engine_main(["reproduce-paper", "--figure", "15", "--num-requests", "30", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert {(r["workload"], r["mode"], r["k"]) for r in rows} == {
         (w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for k in (2, 4, 6)}

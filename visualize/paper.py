@@ -1,6 +1,6 @@
 """The PagedAttention paper's figures, redrawn from the engine's plain results.
 
-Figures 12, 13 and 18b (``save_paper_figure``, ``python -m engine reproduce-paper --figure N --out``)
+Figures 12, 13 and 18b (``save_paper_figure``, ``python -m visualize reproduce-paper --figure N --out``)
 come from ``engine.experiments.figures`` results, the paper's numbers marked beside ours. Figure 2
 (``plot_memory_breakdown``) from ``reproduce_paper`` rows (or the app's runs):
 
@@ -22,7 +22,7 @@ from engine.core.accounting import CATEGORIES
 from engine.experiments.figures import paper_ratio_text
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
-from visualize.style import as_svg, use_cjk_font
+from visualize.style import as_svg, finish, use_cjk_font
 
 # The app's system labels -> the paper's Figure 2 systems (Kwon et al., SOSP 2023).
 PAPER_SYSTEM_OF = {"paged": "vLLM", "contiguous (max)": "Orca (Max)", "contiguous (pow2)": "Orca (Pow2)",
@@ -33,7 +33,7 @@ def plot_memory_breakdown(rows: list[dict], out: str | None = None, lang: str = 
     """Stacked bars of each (workload, system) row's memory shares, one panel per workload.
 
     Args:
-        rows: ``engine.sim.simulator.reproduce_paper`` rows: ``workload``, ``system`` (its bar label),
+        rows: ``engine.experiments.memory.reproduce_paper`` rows: ``workload``, ``system`` (its bar label),
             ``fragmentation`` (share per category of engine.core.accounting.CATEGORIES, 0..1),
             ``token_state_fraction`` and optionally ``paper_token_state_fraction`` (0..1 or None).
         out: save the figure to this path (PNG) when given.
@@ -109,7 +109,7 @@ def plot_latency_vs_rate(result: dict, out: str | None = None):
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_yscale("log")
-    return _finish(fig, axes, out)
+    return finish(fig, axes, out)
 
 
 def plot_batched_requests(rows: list[dict], out: str | None = None):
@@ -126,7 +126,7 @@ def plot_batched_requests(rows: list[dict], out: str | None = None):
         ax.set_xticks(list(x), [r["system"] for r in mine], rotation=20, fontsize=8)
         ax.set_title(f"{workload} at {mine[0]['request_rate']:g} req/s")
         ax.set_ylabel("mean batched requests")
-    return _finish(fig, axes, out)
+    return finish(fig, axes, out)
 
 
 def plot_block_size(result: dict, out: str | None = None):
@@ -143,19 +143,11 @@ def plot_block_size(result: dict, out: str | None = None):
         ax.set_title(f"{workload} at {rate:g} req/s")
         ax.set_xlabel("block size (tokens)")
         ax.set_ylabel("normalized latency (s/token)")
-    return _finish(fig, axes, out)
+    return finish(fig, axes, out)
 
 
 def _panels(n: int, width: float = 4.4):
     return plt.subplots(1, n, figsize=(width * n, 3.8), squeeze=False)
-
-
-def _finish(fig, axes, out: str | None):
-    axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    if out:
-        fig.savefig(out, dpi=150)
-    return fig
 
 
 def plot_sharing(rows: list[dict], out: str | None = None):

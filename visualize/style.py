@@ -44,3 +44,13 @@ def as_svg(spec):
         usermeta["embedOptions"] = {**usermeta.get("embedOptions", {}), **SVG_EMBED["embedOptions"]}
         return {**spec, "usermeta": usermeta}
     return spec.properties(usermeta=SVG_EMBED)
+
+
+def finish(fig, axes, out: str | None):
+    """A paper figure's last touches: the first panel's legend, a tight layout, saved to ``out`` (PNG,
+    150 dpi) when given. Returns the figure."""
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    if out:
+        fig.savefig(out, dpi=150)
+    return fig

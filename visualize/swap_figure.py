@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from visualize.paper import _finish
+from visualize.style import finish
 
 SWAP_COLOR, RECOMPUTE_COLOR = "#d62728", "#1f77b4"
 
@@ -28,4 +28,4 @@ def plot_swap_vs_recompute(result: dict, out: str | None = None):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("block size (tokens)")
     b.legend(fontsize=8)
-    return _finish(fig, [[a, b]], out)  # a's legend, layout, saved to out
+    return finish(fig, [[a, b]], out)  # a's legend, layout, saved to out

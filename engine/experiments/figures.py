@@ -2,7 +2,7 @@
 
 Kwon et al., SOSP 2023. Set-up (§6.1): OPT-13B on one A100-40GB, 15.7K KV token slots (Table 1),
 max length 2048, block size 16, Poisson arrivals; vLLM (paged, vLLM's 1% admission watermark)
-against Orca Max / Pow2 / Oracle (contiguous, buddy placement: ``engine.sim.simulator.PAPER_SYSTEMS``).
+against Orca Max / Pow2 / Oracle (contiguous, buddy placement: ``engine.experiments.paper_data.PAPER_SYSTEMS``).
 Time comes from the step-time model preset ``a100-opt-13b-achieved`` (engine/sim/cost_model.py).
 
 - Figure 2: the KV memory breakdown on ShareGPT at one stated request rate (an operating point
@@ -16,7 +16,7 @@ Time comes from the step-time model preset ``a100-opt-13b-achieved`` (engine/sim
   crossing; a system that never crosses is reported as ">= the highest rate").
 - Figure 13: mean batched requests (requests running per step) at ShareGPT 2 req/s and Alpaca 30 req/s.
 - Figure 15: memory saved by sharing (§6.3) for parallel sampling and beam search, no time needed.
-- Figure 16: a shared prefix (prefix caching): batch size, memory and throughput (``engine.sim.simulator.reproduce_figure16``).
+- Figure 16: a shared prefix (prefix caching): batch size, memory and throughput (``engine.experiments.figures.reproduce_figure16``).
 - Figure 18b: vLLM's normalized latency against block size.
 
 Every function returns plain rows (dicts); ``format_figure`` prints them, ``visualize/paper.py``
@@ -31,8 +31,9 @@ from typing import NamedTuple
 from tqdm import tqdm
 
 from engine.sim.cost_model import StepShape, get_setup, prefill_pairs
-from engine.sim.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
-                              format_figure16_table, reproduce_figure16, simulate)
+from engine.experiments.paper_data import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_PREFIX_SPEEDUP, PAPER_SYSTEMS,
+                                           PAPER_TOKEN_STATES)
+from engine.sim.simulator import simulate
 from engine.sim.workloads import make_workload
 
 SETUP = "a100-opt-13b-achieved"
@@ -360,6 +361,80 @@ def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] =
                                  preemptions=res.preemptions, wall_seconds=res.wall_seconds,
                                  paper=PAPER_SHARING[(workload, mode)].get(k)))
     return rows
+
+
+# Figure 16 (§6.4): LLaMA-13B translating WMT16 En-De with a shared few-shot prefix; vLLM's
+# throughput over Orca (Oracle) at the same latency.
+FIGURE16_RATES = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # req/s, for the throughput side
+
+
+def reproduce_figure16(
+    num_requests: int = 2000,
+    seed: int = 0,
+    kv_slots: int = 15_700,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    progress: bool = False,
+    throughput_requests: int = 500,
+    rates: tuple[float, ...] = FIGURE16_RATES,
+) -> list[dict]:
+    """Figure 16: every prompt begins with the same 1-shot (80 tokens) or 5-shot
+    (341 tokens) prefix, then a translation workload (``engine/sim/workloads.py``, our length model).
+    vLLM holds the prefix's full blocks once (prefix caching); Orca (Oracle) stores it in every
+    request's range. LLaMA-13B has OPT-13B's KV size (40 layers x 40 heads x 128, fp16), so the pool is
+    Table 1's 15.7K slots. All requests at time 0; shares and batch sizes while requests wait.
+
+    The paper's ratios are *throughput* at equal latency. The throughput side serves
+    ``throughput_requests`` of the same workload at each of ``rates`` (Poisson arrivals) with the
+    step-time model ``a100-opt-13b-achieved`` (cached prefix tokens are not computed), and takes each
+    system's sustainable rate as Figure 12 does (``engine.experiments.figures.sustainable_rate``).
+
+    Returns:
+        One row per (prefix, system): ``prefix``, ``prefix_tokens``, ``system``,
+        ``mean_concurrent_requests``, ``token_state_fraction``, ``memory_saved_by_sharing``,
+        ``preemptions``, ``sustainable_rate`` (req/s) and ``rate_reached`` (False: the sweep's top
+        rate, a lower bound), and on the vLLM rows ``batch_ratio_over_orca_oracle``,
+        ``throughput_ratio_over_orca_oracle`` and ``paper_throughput_ratio``.
+    """
+    rows = []
+    for name, (prefix, paper_ratio) in PAPER_PREFIX_SPEEDUP.items():
+        requests = make_workload("translation", num_requests, seed, 2048 - prefix)
+        by_system = {}
+        for system in ("Orca (Oracle)", "vLLM"):
+            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs,
+                           shared_prefix=prefix, progress=progress, **PAPER_SYSTEMS[system])
+            shares, concurrency = res.saturated()
+            latencies = [simulate(requests=make_workload("translation", throughput_requests, seed, 2048 - prefix, request_rate=rate),
+                                  kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs, shared_prefix=prefix,
+                                  cost_model="a100-opt-13b-achieved", **PAPER_SYSTEMS[system]).normalized_latency_s for rate in rates]
+            rate, reached = sustainable_rate(list(rates), latencies)
+            by_system[system] = row = {
+                "prefix": name, "prefix_tokens": prefix, "system": system, "mean_concurrent_requests": concurrency,
+                "token_state_fraction": shares["token_states"], "memory_saved_by_sharing": res.memory_saved_by_sharing,
+                "preemptions": res.preemptions, "sustainable_rate": rate, "rate_reached": reached,
+            }
+            rows.append(row)
+        orca = by_system["Orca (Oracle)"]["mean_concurrent_requests"]
+        by_system["vLLM"]["batch_ratio_over_orca_oracle"] = by_system["vLLM"]["mean_concurrent_requests"] / orca
+        by_system["vLLM"]["throughput_ratio_over_orca_oracle"] = by_system["vLLM"]["sustainable_rate"] / by_system["Orca (Oracle)"]["sustainable_rate"]
+        by_system["vLLM"]["paper_throughput_ratio"] = paper_ratio
+    return rows
+
+
+def format_figure16_table(rows: list[dict]) -> str:
+    """Figure 16 rows as a plain-text table: batch size, memory and throughput, the paper's ratio beside."""
+    lines = [f"{'prefix':<7} {'system':<14} {'concurrent':>10} {'ratio':>6} {'saved by sharing':>16} "
+             f"{'sustainable req/s':>17} {'ratio':>7} {'paper (throughput)':>18}"]
+    for r in rows:
+        ratio = f"{r['batch_ratio_over_orca_oracle']:.2f}x" if "batch_ratio_over_orca_oracle" in r else "1.00x"
+        paper = f"{r['paper_throughput_ratio']:.2f}x" if "paper_throughput_ratio" in r else "1.00x"
+        rate = f"{'>=' if not r['rate_reached'] else ''}{r['sustainable_rate']:.1f}"
+        tput = f"{r['throughput_ratio_over_orca_oracle']:.2f}x" if "throughput_ratio_over_orca_oracle" in r else "1.00x"
+        lines.append(f"{r['prefix']:<7} {r['system']:<14} {r['mean_concurrent_requests']:>10.2f} {ratio:>6} "
+                     f"{r['memory_saved_by_sharing']:>16.1%} {rate:>17} {tput:>7} {paper:>18}")
+    lines.append("concurrent and saved: all requests at once, while requests wait; sustainable rate: where normalized latency "
+                 "crosses 2x its lowest-rate value (a100-opt-13b-achieved time model, as Figure 12; >= : a lower bound).")
+    return "\n".join(lines)
 
 
 # Requests per run: 1,000 for the sweeps; Figure 13 measures a batch that is still growing at

@@ -78,7 +78,7 @@ def figure_19(num_requests: int = 1000, seed: int = 0, progress: bool = False, r
 
 def token_states_by_policy(num_requests: int = 3000, seed: int = 0, progress: bool = False) -> list[dict]:
     """The paged pool's token-state share while requests wait, in the paper's memory set-up (15.7K
-    slots, block 16, all requests at once; ``engine.sim.simulator.reproduce_paper``'s), per policy."""
+    slots, block 16, all requests at once; ``engine.experiments.memory.reproduce_paper``'s), per policy."""
     rows = []
     for workload in ("sharegpt", "alpaca"):
         requests = make_workload(workload, num_requests, seed, 2048)

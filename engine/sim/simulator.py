@@ -56,7 +56,6 @@ from engine.core.sequence import Sequence, SequenceGroup
 from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
 ALLOCATORS = ("paged", "contiguous")
-PAPER_FIGURES = ("2", "12", "13", "15", "16", "18b", "19")  # engine/experiments/figures.py (19: engine/experiments/swap.py)
 
 
 @dataclass
@@ -731,166 +730,6 @@ def _cyclic_gc_paused():
             gc.enable()
 
 
-# --- Reproducing the paper ---------------------------------------------------------------------------
-
-# Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
-# stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
-PAPER_SYSTEMS = {
-    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy"),
-    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy"),
-    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy"),
-    "vLLM": dict(allocator="paged"),
-}
-PAPER_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM": 0.963}
-PAPER_FRAGMENTATION = {  # Figure 2's other bar segments, as read off the figure
-    "Orca (Max)": {"reserved": 0.133, "internal_fragmentation": 0.573, "external_fragmentation": 0.089},
-    "Orca (Pow2)": {"reserved": 0.179, "internal_fragmentation": 0.136, "external_fragmentation": 0.416},
-    "Orca (Oracle)": {"reserved": 0.252, "internal_fragmentation": 0.0, "external_fragmentation": 0.366},
-    "vLLM": {},
-}
-PAPER_CONCURRENCY = {
-    "sharegpt": {"Orca (Max)": 7.00, "Orca (Pow2)": 9.81, "Orca (Oracle)": 13.62, "vLLM": 30.42},
-    "alpaca": {"Orca (Max)": 7.00, "Orca (Pow2)": 43.24, "Orca (Oracle)": 72.75, "vLLM": 132.44},
-}
-
-
-def reproduce_paper(
-    num_requests: int = 5000,
-    workloads: tuple[str, ...] = ("sharegpt", "alpaca"),
-    seed: int = 0,
-    kv_slots: int = 15_700,
-    block_size: int = 16,
-    max_model_len: int = 2048,
-    max_num_seqs: int = 256,
-    watermark: float = 0.01,
-    progress: bool = False,
-) -> list[dict]:
-    """The paper's memory experiment: OPT-13B on one A100-40GB (15.7K token slots, Table 1), block
-    size 16, max length 2048, all requests at once; vLLM (paged, with vLLM's admission watermark of
-    ``watermark`` = 1% of the blocks) against Orca Max / Pow2 / Oracle.
-
-    Shares and concurrency are measured while requests wait (:meth:`SimulationResult.saturated`),
-    i.e. under load as in the paper's serving experiments; the ``*_all_steps`` fields include the
-    final drain of the batch.
-
-    Returns:
-        One row per (workload, system): ``workload``, ``system``, ``token_state_fraction``,
-        ``fragmentation`` (share per category), ``mean_concurrent_requests``, the same two over all
-        steps (``token_state_fraction_all_steps``, ``mean_concurrent_requests_all_steps``), ``preemptions``,
-        ``paper_token_state_fraction`` (Figure 2, given for the ShareGPT rows only),
-        ``paper_fragmentation`` and ``paper_mean_concurrent_requests`` (Figure 13).
-    """
-    rows = []
-    for workload in workloads:
-        requests = make_workload(workload, num_requests, seed, max_model_len)
-        for system, overrides in PAPER_SYSTEMS.items():
-            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
-                           max_num_seqs=max_num_seqs, watermark=watermark, progress=progress, **overrides)
-            shares, concurrency = res.saturated()
-            on_fig2 = workload == "sharegpt"
-            rows.append({
-                "workload": workload,
-                "system": system,
-                "token_state_fraction": shares["token_states"],
-                "fragmentation": shares,
-                "mean_concurrent_requests": concurrency,
-                "token_state_fraction_all_steps": res.token_state_fraction,
-                "mean_concurrent_requests_all_steps": res.mean_concurrent_requests,
-                "preemptions": res.preemptions,
-                "paper_token_state_fraction": PAPER_TOKEN_STATES[system] if on_fig2 else None,
-                "paper_fragmentation": PAPER_FRAGMENTATION[system] if on_fig2 else None,
-                "paper_mean_concurrent_requests": PAPER_CONCURRENCY[workload][system],
-            })
-    return rows
-
-
-# Figure 16 (§6.4): LLaMA-13B translating WMT16 En-De with a shared few-shot prefix; vLLM's
-# throughput over Orca (Oracle) at the same latency.
-PAPER_PREFIX_SPEEDUP = {"1-shot": (80, 1.67), "5-shot": (341, 3.58)}
-FIGURE16_RATES = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # req/s, for the throughput side
-
-
-def reproduce_figure16(
-    num_requests: int = 2000,
-    seed: int = 0,
-    kv_slots: int = 15_700,
-    block_size: int = 16,
-    max_num_seqs: int = 256,
-    progress: bool = False,
-    throughput_requests: int = 500,
-    rates: tuple[float, ...] = FIGURE16_RATES,
-) -> list[dict]:
-    """Figure 16: every prompt begins with the same 1-shot (80 tokens) or 5-shot
-    (341 tokens) prefix, then a translation workload (``engine/sim/workloads.py``, our length model).
-    vLLM holds the prefix's full blocks once (prefix caching); Orca (Oracle) stores it in every
-    request's range. LLaMA-13B has OPT-13B's KV size (40 layers x 40 heads x 128, fp16), so the pool is
-    Table 1's 15.7K slots. All requests at time 0; shares and batch sizes while requests wait.
-
-    The paper's ratios are *throughput* at equal latency. The throughput side serves
-    ``throughput_requests`` of the same workload at each of ``rates`` (Poisson arrivals) with the
-    step-time model ``a100-opt-13b-achieved`` (cached prefix tokens are not computed), and takes each
-    system's sustainable rate as Figure 12 does (``engine.experiments.figures.sustainable_rate``).
-
-    Returns:
-        One row per (prefix, system): ``prefix``, ``prefix_tokens``, ``system``,
-        ``mean_concurrent_requests``, ``token_state_fraction``, ``memory_saved_by_sharing``,
-        ``preemptions``, ``sustainable_rate`` (req/s) and ``rate_reached`` (False: the sweep's top
-        rate, a lower bound), and on the vLLM rows ``batch_ratio_over_orca_oracle``,
-        ``throughput_ratio_over_orca_oracle`` and ``paper_throughput_ratio``.
-    """
-    from engine.experiments.figures import sustainable_rate  # it imports this module
-
-    rows = []
-    for name, (prefix, paper_ratio) in PAPER_PREFIX_SPEEDUP.items():
-        requests = make_workload("translation", num_requests, seed, 2048 - prefix)
-        by_system = {}
-        for system in ("Orca (Oracle)", "vLLM"):
-            res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs,
-                           shared_prefix=prefix, progress=progress, **PAPER_SYSTEMS[system])
-            shares, concurrency = res.saturated()
-            latencies = [simulate(requests=make_workload("translation", throughput_requests, seed, 2048 - prefix, request_rate=rate),
-                                  kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs, shared_prefix=prefix,
-                                  cost_model="a100-opt-13b-achieved", **PAPER_SYSTEMS[system]).normalized_latency_s for rate in rates]
-            rate, reached = sustainable_rate(list(rates), latencies)
-            by_system[system] = row = {
-                "prefix": name, "prefix_tokens": prefix, "system": system, "mean_concurrent_requests": concurrency,
-                "token_state_fraction": shares["token_states"], "memory_saved_by_sharing": res.memory_saved_by_sharing,
-                "preemptions": res.preemptions, "sustainable_rate": rate, "rate_reached": reached,
-            }
-            rows.append(row)
-        orca = by_system["Orca (Oracle)"]["mean_concurrent_requests"]
-        by_system["vLLM"]["batch_ratio_over_orca_oracle"] = by_system["vLLM"]["mean_concurrent_requests"] / orca
-        by_system["vLLM"]["throughput_ratio_over_orca_oracle"] = by_system["vLLM"]["sustainable_rate"] / by_system["Orca (Oracle)"]["sustainable_rate"]
-        by_system["vLLM"]["paper_throughput_ratio"] = paper_ratio
-    return rows
-
-
-def format_figure16_table(rows: list[dict]) -> str:
-    """Figure 16 rows as a plain-text table: batch size, memory and throughput, the paper's ratio beside."""
-    lines = [f"{'prefix':<7} {'system':<14} {'concurrent':>10} {'ratio':>6} {'saved by sharing':>16} "
-             f"{'sustainable req/s':>17} {'ratio':>7} {'paper (throughput)':>18}"]
-    for r in rows:
-        ratio = f"{r['batch_ratio_over_orca_oracle']:.2f}x" if "batch_ratio_over_orca_oracle" in r else "1.00x"
-        paper = f"{r['paper_throughput_ratio']:.2f}x" if "paper_throughput_ratio" in r else "1.00x"
-        rate = f"{'>=' if not r['rate_reached'] else ''}{r['sustainable_rate']:.1f}"
-        tput = f"{r['throughput_ratio_over_orca_oracle']:.2f}x" if "throughput_ratio_over_orca_oracle" in r else "1.00x"
-        lines.append(f"{r['prefix']:<7} {r['system']:<14} {r['mean_concurrent_requests']:>10.2f} {ratio:>6} "
-                     f"{r['memory_saved_by_sharing']:>16.1%} {rate:>17} {tput:>7} {paper:>18}")
-    lines.append("concurrent and saved: all requests at once, while requests wait; sustainable rate: where normalized latency "
-                 "crosses 2x its lowest-rate value (a100-opt-13b-achieved time model, as Figure 12; >= : a lower bound).")
-    return "\n".join(lines)
-
-
-def format_paper_table(rows: list[dict]) -> str:
-    """The rows as a plain-text table, ours beside the paper's."""
-    lines = [f"{'workload':<9} {'system':<14} {'token states':>12} {'paper':>7} {'concurrent':>10} {'paper':>7}"]
-    for r in rows:
-        paper_ts = f"{r['paper_token_state_fraction']:.1%}" if r["paper_token_state_fraction"] is not None else "-"
-        lines.append(f"{r['workload']:<9} {r['system']:<14} {r['token_state_fraction']:>12.1%} {paper_ts:>7} "
-                     f"{r['mean_concurrent_requests']:>10.2f} {r['paper_mean_concurrent_requests']:>7.2f}")
-    return "\n".join(lines)
-
-
 # --- Command line --------------------------------------------------------------------------------------
 
 
@@ -938,37 +777,8 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         print(f"{key:>26}: {value}")
 
 
-def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
-    if args.figure:
-        from engine.experiments.figures import format_figure, reproduce_figure
-
-        result = reproduce_figure(args.figure, num_requests=args.num_requests, seed=args.seed, progress=not args.json)
-        print(json.dumps(result, indent=2) if args.json else format_figure(args.figure, result))
-        _save_chart(args, args.figure, result)
-        return
-    rows = reproduce_paper(num_requests=args.num_requests or 5000, seed=args.seed, watermark=args.watermark,
-                           progress=not args.json)
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print(format_paper_table(rows))
-    _save_chart(args, "memory", rows)
-
-
-def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
-    """Charts are drawn by the command-line layer (engine/cli.py hands in ``save_chart``), never here."""
-    if not args.out:
-        return
-    save_chart = getattr(args, "save_chart", None)
-    if save_chart is None:
-        raise ValueError("--out draws a chart: run it as `python -m engine reproduce-paper ... --out FILE`")
-    save_chart(figure, result, args.out)
-    if not args.json:
-        print(f"figure written to {args.out}")
-
-
 def register_cli(subparsers) -> None:
-    """Add the ``simulate`` and ``reproduce-paper`` subcommands to an argparse subparsers object."""
+    """Add the ``simulate`` subcommand to an argparse subparsers object (``reproduce-paper``: engine/experiments/cli.py)."""
     p = subparsers.add_parser("simulate", help="simulate serving a workload on the scheduler and KV allocator alone")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
     p.add_argument("--num-requests", type=int, default=1000)
@@ -1015,18 +825,6 @@ def register_cli(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.set_defaults(func=_cmd_simulate)
-
-    p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13, 15, 16, 18b and 19 on the simulator")
-    p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
-                   help="one figure with time (engine/experiments/figures.py); default: the memory table at saturation")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per run (default: 5000 for the saturation table, each figure's own otherwise)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--watermark", type=float, default=0.01,
-                   help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--out", default=None, help="save the figure's chart to this PNG")
-    p.set_defaults(func=_cmd_reproduce_paper)
 
 
 def main(argv: list[str] | None = None) -> None:

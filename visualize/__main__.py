@@ -1,0 +1,3 @@
+from visualize.cli import main
+
+main()
