@@ -229,7 +229,7 @@ def _add_calibrate(sub) -> None:
 
 
 def _calibrate(args) -> None:
-    from engine.sim.calibrate import calibrate, format_calibration
+    from engine.tools.calibrate import calibrate, format_calibration
 
     result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads,
                        progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))

@@ -537,7 +537,7 @@ def test_this_machines_preset_is_offered_once_calibrated(tmp_path, monkeypatch):
     """Before `python -m engine calibrate` the box has no this-machine entry and says how to get one;
     with a calibration file (the format calibrate writes) it has, and the sweep runs on its fit and pool."""
     from engine.sim.cost_model import CALIBRATION_FILE, CostModel
-    from engine.model_executor.model_loader import CACHE_ENV_VAR
+    from engine.user_cache import CACHE_ENV_VAR
     from engine.experiments.figures import latency_sweep, sweep_rates
     from visualize.i18n import t
 

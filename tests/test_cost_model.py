@@ -1,4 +1,4 @@
-"""The step-time model (engine/sim/cost_model.py), its fit (engine/sim/calibrate.py) and the simulator's clock."""
+"""The step-time model (engine/sim/cost_model.py), its fit (engine/tools/calibrate.py) and the simulator's clock."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.sim.calibrate import GRID, GRID_DECODE_STEPS, fit_cost_model, prediction_error
+from engine.tools.calibrate import GRID, GRID_DECODE_STEPS, fit_cost_model, prediction_error
 from engine.sim.cost_model import (A100_40GB, OPT_13B, SETUPS, CostModel, PicosecondCost, StepShape, get_setup,
                                prefill_pairs)
 from engine.sim.simulator import SimulationConfig, simulate

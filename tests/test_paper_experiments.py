@@ -72,7 +72,7 @@ def test_the_engine_never_imports_matplotlib():
     """The simulator, the experiments and the command line import no chart library; a chart (--out)
     is drawn by `python -m visualize reproduce-paper`, and the engine's command refuses --out before it runs."""
     code = ("import sys, engine, engine.sim.simulator, engine.experiments.figures, engine.sim.cost_model, engine.sim.clock, "
-            "engine.sim.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
+            "engine.tools.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
             "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

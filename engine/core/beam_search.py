@@ -20,11 +20,13 @@ This module decides only; it holds no blocks and runs no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import BeamSearchParams
 from engine.core.sequence import Sequence
+
+if TYPE_CHECKING:  # the core imports no torch: the step works through the tensor's own methods
+    import torch
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,9 @@ def beam_search_step(
     width = params.beam_width
     eos = set() if params.ignore_eos else eos_token_ids
     vocab = logprobs.shape[1]
-    scores = logprobs + torch.tensor([b.cumulative_logprob for b in beams], dtype=logprobs.dtype)[:, None]
+    scores = logprobs + logprobs.new_tensor([b.cumulative_logprob for b in beams])[:, None]
     k = min(max(2, 1 + len(eos)) * width, scores.numel())
-    top_scores, top_index = torch.topk(scores.flatten(), k)
+    top_scores, top_index = scores.flatten().topk(k)
     out_len = beams[0].num_output_tokens + 1  # output length of every candidate
     at_limit = out_len >= params.max_tokens or beams[0].num_tokens + 1 >= max_model_len
     survivors, new_finished, all_stop = [], list(finished), True

@@ -33,7 +33,7 @@ the README. ``python -m engine bench`` shows what they do to a whole workload.
 
 The kernels are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler with
 OpenMP, and ``ninja``), for this machine's CPU (``-march=native``), into
-``<cache>/cpu_kernels/<fingerprint>/`` (see :func:`engine.model_executor.model_loader.cache_dir`); later
+``<cache>/cpu_kernels/<fingerprint>/`` (see :func:`engine.user_cache.cache_dir`); later
 processes load the built library in well under a second. Where they cannot be built, the engine
 warns once and uses torch everywhere (``F.linear``, ``F.rms_norm``, the rotary in engine/model_executor/model.py):
 slower, the same results within float rounding.
@@ -467,7 +467,7 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     with _cpp_extension_quiet():
         from torch.utils import cpp_extension
 
-    from engine.model_executor.model_loader import cache_dir
+    from engine.user_cache import cache_dir
 
     sources = [path.read_text() for path in SOURCES + HEADERS]
     # The sources' directory too: torch's ninja file names the sources by path, and a second checkout

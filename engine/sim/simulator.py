@@ -97,7 +97,7 @@ class SimulationConfig:
         beam_width: beam search with this many beams per request (one of ``BEAM_PARENTS``' widths).
             The model: after the prefill the prompt forks into beam_width beams; in each decode step
             the survivors come from k distinct parents, k drawn from ``BEAM_PARENTS[beam_width]``
-            (measured on the real engine's beam search, ``engine/sim/beam_calibration.py``): the k best
+            (measured on the real engine's beam search, ``engine/tools/beam_calibration.py``): the k best
             beams go on, the others are pruned (their blocks freed), and the best beam forks the
             beam_width - k extra survivors. All beams have the request's output length.
         preemption_mode: "recompute" or "swap" (paper §4.5): swap moves a preempted request's blocks to
@@ -450,7 +450,7 @@ class StaticLockstepScheduler(StaticBatching, LockstepScheduler):
 
 # How beams branch, measured on the real engine's beam search (default model, 4 chat prompts, 32 tokens,
 # ignore_eos): per beam width, the share of decode steps whose survivors come from k distinct parents.
-# Command: python -m engine.sim.beam_calibration --num-prompts 4 --max-tokens 32
+# Command: python -m engine.tools.beam_calibration --num-prompts 4 --max-tokens 32
 BEAM_PARENTS: dict[int, dict[int, float]] = {
     2: {1: 0.267, 2: 0.733},
     4: {1: 0.025, 2: 0.15, 3: 0.475, 4: 0.35},

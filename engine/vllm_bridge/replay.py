@@ -70,7 +70,8 @@ def replay_settings(
 
 def make_engine(settings: dict):
     """The lab's engine for these replay settings (paged, float32 as vLLM's side, on CUDA too)."""
-    from engine import EngineConfig, LLMEngine
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
     from engine.runfile import DEFAULT_MODEL
 
     model = None if settings["model"] in (None, DEFAULT_MODEL) else settings["model"]
@@ -281,11 +282,11 @@ def _margin_fn(model_dir, prompt_ids, token_ids):
         import torch
         import transformers
 
-        from engine.tools.bench import _top2_margin
+        from engine.tools.precision import top2_margin
 
         if "hf" not in cache:
             cache["hf"] = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        return _top2_margin(cache["hf"], prompt_ids[request] + token_ids[request][:pos], torch.device("cpu"))
+        return top2_margin(cache["hf"], prompt_ids[request] + token_ids[request][:pos])
 
     return margin
 

@@ -116,7 +116,8 @@ def calibrate(model: str | None = None, validate: bool = True, save: bool = True
 
     import torch
 
-    from engine import EngineConfig, LLMEngine
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
     from engine.tools.bench import mixed_workload
 
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 2) // 2))

@@ -7,8 +7,8 @@ beams: all from one parent (the best beam branches, the others are pruned), or o
 model, reads the forks out of the step reports, and prints that distribution; the simulator
 keeps the measured table (``engine.sim.simulator.BEAM_PARENTS``)::
 
-    python -m engine.sim.beam_calibration            # widths 2, 4 and 6, 8 chat prompts, 48 tokens
-    python -m engine.sim.beam_calibration --num-prompts 4 --max-tokens 32   # what the table below was measured with
+    python -m engine.tools.beam_calibration            # widths 2, 4 and 6, 8 chat prompts, 48 tokens
+    python -m engine.tools.beam_calibration --num-prompts 4 --max-tokens 32   # what the table below was measured with
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def survivor_parents(reports: list[StepReport], request_id: int) -> list[int]:
 def measure(beam_widths=(2, 4, 6), max_tokens: int = 48, prompts=PROMPTS) -> dict[int, dict[int, float]]:
     """Run beam search on the default model; returns, per width, the share of decode steps whose
     survivors come from k distinct parents (k = 1..width)."""
-    from engine import LLMEngine, BeamSearchParams, EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.sampling_params import BeamSearchParams
+    from engine.config import EngineConfig
 
     engine = LLMEngine(EngineConfig(block_size=16, num_gpu_blocks=1024, max_num_seqs=64))
     table = {}
@@ -69,7 +71,7 @@ def measure(beam_widths=(2, 4, 6), max_tokens: int = 48, prompts=PROMPTS) -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m engine.sim.beam_calibration", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m engine.tools.beam_calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--num-prompts", type=int, default=len(PROMPTS), choices=range(1, len(PROMPTS) + 1))
