@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from engine.core.block_manager import KVCacheManager, PagedBlockManager
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.block_manager import PagedBlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
 from engine.cpu import huge_pages, ops as cpu_ops

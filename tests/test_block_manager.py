@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.block_manager import BlockAllocator, NoFreeBlocksError, PagedBlockManager
+from engine.core.block_pool import BlockAllocator, NoFreeBlocksError
+from engine.core.block_manager import PagedBlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceStatus
 

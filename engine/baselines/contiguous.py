@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 
 from engine.core.accounting import MemoryUsage
-from engine.core.block_manager import Group, KVCacheManager
+from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.baselines.buddy import BuddyArena, chunk_size
 from engine.report import ALLOCATE, FORK, FREE, BlockTableSnapshot, Event
 from engine.core.sequence import Sequence

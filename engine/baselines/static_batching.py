@@ -8,7 +8,7 @@ batch does. The paper's Figure 12 FasterTransformer has no fine-grained scheduli
 memory as Orca (Max) does (§6.2), so Figure 12's static line (engine/experiments/figures.py) runs this
 policy on Orca (Max)'s allocator: the one difference from Orca (Max) is request-level scheduling.
 
-:class:`StaticBatchScheduler` is that policy over the same :class:`~engine.core.block_manager.KVCacheManager`
+:class:`StaticBatchScheduler` is that policy over the same :class:`~engine.core.kv_cache_manager.KVCacheManager`
 interface as the engine's scheduler (it is the engine's :class:`~engine.core.scheduler.Scheduler` with
 admission only into an empty batch, :class:`StaticBatching`): a batch is the head of the queue, first
 come, first served, while the pool gives each request its room and the token budget lasts. The
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engine.core.block_manager import Group, KVCacheManager
+from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.scheduler import Scheduler, SchedulerOutput
 
 POLICIES = ("continuous", "static")

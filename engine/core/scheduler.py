@@ -32,7 +32,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.core.block_manager import Group, KVCacheManager
+from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
                            Event)
 from engine.core.sequence import Sequence, SequenceStatus

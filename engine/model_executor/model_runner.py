@@ -12,7 +12,7 @@ import torch
 from engine.cpu import huge_pages, ops as cpu_ops
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               write_kv_cache)
-from engine.core.block_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.model_executor.model import AttentionBackend, AttentionMetadata, CausalLM
 from engine.report import WRITE, Event
 from engine.core.scheduler import SchedulerOutput

@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from engine.core.block_manager import KVCacheManager, PagedBlockManager
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.block_manager import PagedBlockManager
 from engine.sim.cost_model import PS_PER_S, CostModel, PicosecondCost, StepShape, get_setup
 from engine.core.scheduler import SchedulerOutput
 from engine.core.sequence import Sequence

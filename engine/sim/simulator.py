@@ -45,7 +45,8 @@ import numpy as np
 from tqdm import tqdm
 
 from engine.core.accounting import CATEGORIES
-from engine.core.block_manager import KVCacheManager, PagedBlockManager
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.block_manager import PagedBlockManager
 from engine.baselines.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams

@@ -40,7 +40,7 @@ except ImportError:
 import matplotlib.pyplot as plt
 
 from engine import LLM, SamplingParams
-from engine.core.block_manager import BlockAllocator
+from engine.core.block_pool import BlockAllocator
 from engine.report import ALLOCATE, FREE, WRITE
 from visualize import block_tables_figure, pool_map_figure
 

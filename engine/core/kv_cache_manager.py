@@ -1,0 +1,174 @@
+"""What the scheduler asks of a KV allocator: the ``KVCacheManager`` interface (vLLM's block space
+manager). Two allocators implement it: the paged one (``engine/core/block_manager.py``) and the
+contiguous one of the systems before vLLM (``engine/baselines/contiguous.py``), so the same scheduler,
+in the engine and in the model-free simulator, runs on either."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from engine.core.accounting import MemoryUsage
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.report import BlockTableSnapshot, Event
+
+# What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
+Group = Sequence | SequenceGroup
+
+
+class KVCacheManager(ABC):
+    """What the scheduler asks of a KV allocator (vLLM's block space manager).
+
+    Attributes every implementation sets:
+        block_size: slots per block, as the pool is shown and stored.
+        num_blocks: blocks in the pool; capacity is ``num_blocks * block_size`` slots.
+        attention_block_size: block size of the block tables handed to attention
+            (paged: block_size; contiguous: 1, a range is a run of consecutive 1-slot blocks).
+        events: ALLOCATE / FREE events since the engine last drained them.
+    """
+
+    block_size: int
+    num_blocks: int
+    attention_block_size: int
+    events: list[Event]
+    # The model-free simulator turns per-block events off: on 100,000 requests they would be
+    # millions of objects nobody reads. The engine keeps them on (the event log of every step).
+    record_events: bool = True
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @abstractmethod
+    def fits_ever(self, seq: Group) -> bool:
+        """Could ``seq`` (a request, or a sequence group) be admitted to an empty pool and run to
+        the end? (False: reject it, it would wait forever.)"""
+
+    @abstractmethod
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+        """Is there room now to admit ``seq`` with its ``num_tokens`` tokens (a group: all its
+        unfinished sequences; ``num_new_tokens``: see :meth:`allocate`)?"""
+
+    @abstractmethod
+    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+        """Give ``seq`` room for its ``num_tokens`` tokens (prefill, or recompute after preemption);
+        with ``num_new_tokens`` (chunked prefill, one-sequence requests), room only for the tokens
+        found cached and the first ``num_new_tokens`` of the rest."""
+
+    def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens, after its
+        ``num_computed_tokens``? (vLLM v1's ``allocate_slots`` answering None when it cannot.)"""
+        raise NotImplementedError(f"{type(self).__name__} cannot chunk prefills")
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens (check first)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot chunk prefills")
+
+    @abstractmethod
+    def can_append_slot(self, seq: Sequence) -> bool:
+        """Is there room for the token at position ``seq.num_tokens - 1``?"""
+
+    @abstractmethod
+    def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make room for the token at position ``seq.num_tokens - 1`` (decode). Returns the
+        copy-on-write pair ``(src, dst)`` (in attention blocks) when that slot lay in a shared
+        block, which must be copied before the step's forward pass; else None."""
+
+    @abstractmethod
+    def free(self, seq: Sequence) -> None:
+        """Release everything ``seq`` holds (finish, abort or preemption)."""
+
+    def can_append_slots(self, group: Group) -> bool:
+        """Room for every unfinished sequence of ``group`` to decode one token this step?"""
+        return all(self.can_append_slot(s) for s in group.unfinished_seqs())
+
+    def num_prefill_tokens(self, group: Group) -> int:
+        """Tokens a (re)prefill of ``group`` computes (a shared prompt counted once where shared)."""
+        return group.num_new_tokens
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give ``child`` what ``parent`` holds (paged: the same blocks, refcounts + 1;
+        contiguous: a range of its own, with the parent's KV queued in ``pending_copies``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fork sequences")
+
+    def cache_blocks(self, seqs: list[Sequence]) -> None:
+        """After a step's forward pass (every ``seq.num_computed_tokens`` up to date): cache the
+        blocks it filled (prefix caching; nothing without it)."""
+
+    def free_group(self, group: Group) -> None:
+        """Release what ``group`` holds beyond its sequences' own memory (contiguous: ranges kept
+        for its forks); called when the group finishes or is preempted."""
+
+    def free_queue(self) -> list[int]:
+        """Free blocks in the order they will be handed out (paged only; a contiguous arena has gaps)."""
+        return []
+
+    def cached_free_hashes(self) -> dict[int, str]:
+        """Free blocks that still hold cached KV -> their block hash (hex); prefix caching only."""
+        return {}
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """Copies (in attention blocks) that forks queued since the last step, to run before the
+        next forward pass; the paged allocator shares instead and queues none."""
+        return []
+
+    @abstractmethod
+    def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """Physical slot of each token position in ``[start, end)`` of ``seq``."""
+
+    @abstractmethod
+    def attention_block_table(self, seq: Sequence) -> list[int]:
+        """Block ids, in units of ``attention_block_size``, that attention reads for ``seq``."""
+
+    @abstractmethod
+    def usage(self, running: list[Group], next_waiting: Group | None, bytes_per_slot: int = 0) -> MemoryUsage:
+        """The pool in the paper's categories (see ``engine/core/accounting.py``)."""
+
+    @abstractmethod
+    def snapshot(self, running: list[Group]) -> list[BlockTableSnapshot]:
+        """Every live sequence's block table with the filled slots of each block, grouped by request."""
+
+    # --- Lock-step mode (the model-free simulator's fast path) -----------------------------------
+    # In the simulator every running request gains exactly one token per step and ``max_len`` is its
+    # final length, so nothing about a request has to be looked at between the steps in which it is
+    # admitted, needs a new block, is preempted or finishes. In lock-step mode the scheduler keeps a
+    # step clock and calls these methods only at such events; the allocator keeps what decides
+    # admission and preemption (free memory, who needs memory when) as counters updated per event,
+    # so a step costs the same whatever the pool size. Decisions are the same as with the
+    # per-request methods above (tests/test_simulator.py compares whole runs step by step).
+    # ``clock`` is the number of steps done; "step clock + 1" is the next one.
+
+    @abstractmethod
+    def start_lockstep(self) -> None:
+        """Switch an empty pool to lock-step mode (for good)."""
+
+    @abstractmethod
+    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
+        """:meth:`allocate` for ``seq`` prefilled with its ``num_tokens`` tokens in step ``clock + 1``."""
+
+    @abstractmethod
+    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
+        """:meth:`free` for a running ``seq`` that now has ``num_tokens`` tokens, all but the newest cached."""
+
+    @abstractmethod
+    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
+        """Running requests that need new memory to decode in step ``clock + 1`` (any order)."""
+
+    @abstractmethod
+    def lockstep_take_block(self, seq: Sequence) -> bool:
+        """Give ``seq`` the memory it needs this step; False (and nothing taken) when none is free."""
+
+    @abstractmethod
+    def lockstep_free_steps(self, clock: int, limit: int) -> int:
+        """Most decode steps from step ``clock + 1`` on (<= ``limit``) in which every running
+        request gets the memory it needs without a preemption."""
+
+    @abstractmethod
+    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """The memory categories now (slots), given the running requests' ``token_states``."""
+
+    @abstractmethod
+    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
+        """Give every running request the memory of decode steps ``clock + 1 .. clock + k`` and
+        return each memory category summed over those steps (slot-steps, measured after each
+        step); ``token_states`` is the running requests' token states summed over the same steps.
+        Requires ``k <= lockstep_free_steps(clock, k)``."""
