@@ -62,7 +62,7 @@ PRESETS = {
         rows=[("Tell me a short story about a cat.", 24)],
         num_blocks=64, sharing="beam", sharing_width=4,
     ),
-    # issue 14: swap preemption (paper §4.5) and chunked prefill (vLLM's enable_chunked_prefill).
+    # Swap preemption (paper §4.5) and chunked prefill (vLLM's enable_chunked_prefill).
     # Six stories of different lengths in a pool of 18 blocks: at step 12 two requests are swapped out to the
     # CPU pool, at step 16 (a short one finished) the first comes back in; nothing is recomputed.
     "preset_swap": dict(
@@ -76,7 +76,7 @@ PRESETS = {
         num_blocks=64, chunked_prefill=True, token_budget=48,
     ),
 }
-# Prefix caching (issue 13): later requests begin with tokens an earlier one computed. A block is cached
+# Prefix caching: later requests begin with tokens an earlier one computed. A block is cached
 # only once its KV is written, so these presets limit the batch: requests admitted in one step cannot hit
 # each other (see the "_note" texts in visualize/i18n.py).
 SYSTEM_PROMPT = ("You are a patient tutor for a class on large language model inference. Answer in one or two short "

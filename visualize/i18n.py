@@ -163,7 +163,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "timing_sample": ("sample", "采样"),
     "timing_report": ("report", "报告"),
     "timing_prepare": ("prepare", "准备输入"),
-    # issue 14 app: swap preemption and chunked prefill (sidebar, presets, CPU pool lane, progress, events, lesson 6)
+    # swap preemption and chunked prefill (sidebar, presets, CPU pool lane, progress, events, lesson 6)
     "timing_swap": ("swap", "交换（swap）"),
     "scheduler": ("Scheduler", "调度器"),
     "preemption_mode": ("Preemption mode", "抢占方式"),
@@ -437,7 +437,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "连续分配一侧不启用前缀缓存，抢占时重计算：它没有可共享或换出的块。",
     ),
     "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),
-    # --- issue 15 app: the compare page's latency-against-rate chart (Figure 12) and the vLLM replay side by side
+    # --- the compare page's latency-against-rate chart (Figure 12) and the vLLM replay side by side
     "latency_rate_header": ("Latency against request rate (the paper's Figure 12)", "延迟与请求速率（论文图 12）"),
     "latency_rate_intro": (
         "Each point is one simulated run: {n} requests of the workload arriving as a Poisson process at that rate, the same "
@@ -613,7 +613,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "（归一化延迟低于低负载时的 2 倍），过载时最多每秒完成 {ceiling} 个请求：延迟在队列无限增长之前就已翻倍，"
         "而你的预测正是队列开始无限增长的那个速率。",
     ),
-    # --- end issue 15 app
+    # --- end of the compare page's latency chart and vLLM replay
     # --- kernel lab
     "kernel_intro": (
         "Runs the Triton PagedAttention decode kernel on the real state of the last step: for every request "
@@ -695,7 +695,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l7_beam_search": ("Beam search, width {width}", "束搜索，宽度 {width}"),
     "l7_blocks_without_sharing": ("blocks needed without sharing", "不共享时需要的块"),
     "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
-    # issue 13 app: prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
+    # prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
     "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示（前缀缓存）"),
     "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),
     "preset_shared_system_prompt_note": (
@@ -732,7 +732,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "前缀缓存：青色格子是仍保存着已缓存 KV 的空闲块（可驱逐）。圆点标出本步被提示命中的块，叉号标出本步被驱逐"
         "（丢弃哈希）的已缓存块。鼠标悬停在已缓存块上可查看它的哈希及其之前各块的哈希。",
     ),
-    # issue 13 app (issue 16 leftover): lessons 7 and 8 check messages
+    # lessons 7 and 8 check messages
     "l7_fail_none": ("FAIL: blocks_saved and memory_saved are still None", "FAIL：blocks_saved 和 memory_saved 仍是 None"),
     "l7_fail_blocks": ("FAIL: blocks_saved = {value}, but the engine saved another number; which blocks stay shared after the first write?",
                        "FAIL：blocks_saved = {value}，但引擎节省的块数不同；第一次写入之后，哪些块仍然共享？"),
@@ -745,7 +745,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l8_fail_evicted": ("FAIL: predicted eviction of {value}, but the engine evicted something else",
                         "FAIL：预测驱逐 {value}，但引擎驱逐的是别的块"),
     "l8_pass": ("PASS: hits {hits}, evicted {evicted}", "PASS：命中 {hits}，驱逐 {evicted}"),
-    # issue 13 app (issue 16 leftover): chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
+    # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -788,7 +788,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l6_internal_share": ("internal fragmentation (% of pool)", "内部碎片（占池的 %）"),
     "lc_l6_running": ("requests running at once", "同时运行的请求数"),
     "lc_l6_block_size": ("block size (tokens)", "块大小（token 数）"),
-    # issue 16 leftover: the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
+    # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
                  "第 {step} 步：{phase:3s} 计算的 token 数 = {tokens:2d}  前向计算 = {ms:6.1f} ms"),
