@@ -66,12 +66,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "reservation": ("Reservation policy", "预留策略"),
     "reservation_help": (
         "max: reserve max_model_len; pow2: the next power of two of the final length; oracle: exactly the final length.",
-        "max：预留 max_model_len；pow2：最终长度向上取 2 的幂；oracle：恰好预留最终长度。",
+        "`max`：预留 `max_model_len`；`pow2`：最终长度向上取 2 的幂；`oracle`：恰好预留最终长度。",
     ),
     "backend": ("Attention backend", "注意力后端"),
     "backend_help": (
         "torch: gather + softmax (fast on CPU). triton: the PagedAttention kernels (interpreted on CPU, slow).",
-        "torch：gather + softmax（CPU 上快）。triton：PagedAttention 内核（CPU 上解释执行，较慢）。",
+        "`torch`：`gather` + softmax（CPU 上快）。`triton`：PagedAttention 内核（CPU 上解释执行，较慢）。",
     ),
     "max_batch": ("Max batch (requests per step)", "最大批大小（每步请求数）"),
     "sampling": ("Sampling", "采样"),
@@ -802,7 +802,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
                  "第 {step} 步：{phase:3s} 计算的 token 数 = {tokens:2d}  前向计算 = {ms:6.1f} ms"),
     "lp1_weights": ("weights in the layers' linear projections: {linear:.1f} M; LM head: {head:.1f} M",
-                    "各层线性投影的权重：{linear:.1f} M；LM head：{head:.1f} M"),
+                    "各层线性投影的权重：{linear:.1f} M；语言模型头（LM head）：{head:.1f} M"),
     "lp1_flops": ("prefill of {n:4d} tokens: {prefill:7.2f} GFLOP   decode at context {n:4d}: {decode:5.3f} GFLOP",
                   "预填充 {n:4d} 个 token：{prefill:7.2f} GFLOP   上下文为 {n:4d} 时解码一步：{decode:5.3f} GFLOP"),
     "lp1_prefill_rate": ("prefill {n:4d} tokens: {rate:6.1f} GFLOP/s", "预填充 {n:4d} 个 token：{rate:6.1f} GFLOP/s"),
@@ -901,6 +901,95 @@ def t(key: str, lang: str = "en", **values) -> str:
         raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
     text = CATALOGUE[key][LANGUAGES.index(lang)]
     return text.format(**values) if values else text
+
+
+# --- Chinese terms: one rendering per English term of the field (vLLM's and the PagedAttention paper's).
+# An English gloss in full-width parentheses, "预填充（prefill）", must follow its glossary rendering; the
+# variants below are renderings once used for the same term and must not come back (tests/test_i18n.py
+# and tests/test_lessons.py check the catalogue and the Chinese lessons). The KV pool and KV cache are 显存
+# (the lab models a GPU's memory, even on a CPU); the CPU swap space and the machine's own measurements are
+# 内存; "memory-bound" is 访存受限, which names neither.
+GLOSSARY: dict[str, str] = {
+    "allocator": "分配器", "arithmetic intensity": "算术强度", "attention": "注意力", "autoregressive": "自回归",
+    "automatic prefix caching": "自动前缀缓存", "batch": "批大小", "block": "块", "block hash": "块哈希",
+    "block table": "块表", "buddy allocator": "伙伴分配器", "cached and evictable": "已缓存、可驱逐",
+    "causal attention": "因果注意力", "chunk": "分块", "continuous batching": "连续批处理",
+    "copy-on-write": "写时复制", "decode": "解码", "evict": "驱逐", "external fragmentation": "外部碎片",
+    "first come, first served": "先来先服务", "fork": "派生", "forward": "前向计算", "free": "空闲",
+    "free list": "空闲列表", "grouped-query attention": "分组查询注意力", "head_dim": "每头维数",
+    "internal fragmentation": "内部碎片", "interpreter": "解释器", "iteration-level scheduling": "迭代级调度",
+    "kernel": "内核", "key": "键", "kv head": "KV 头", "kv pool": "KV 池", "latency": "延迟",
+    "lm head": "语言模型头", "logical block": "逻辑块", "memory-bound": "访存受限", "online softmax": "在线 softmax",
+    "page": "页", "page table": "页表", "partition": "分区", "physical block": "物理块", "prefill": "预填充",
+    "prefix caching": "前缀缓存", "preempt": "抢占", "program": "程序", "prompt": "提示词", "query": "查询",
+    "recompute": "重计算", "reduce": "归约", "reference count": "引用计数", "refcount": "引用计数",
+    "reservation": "预留", "reserved": "预留", "ridge point": "屋脊点", "running max": "当前最大值",
+    "scheduler": "调度器", "sequence group": "序列组", "simulator": "模拟器", "slot": "槽位",
+    "slot mapping": "槽位映射", "static batching": "静态批处理", "step": "步", "swap": "交换",
+    "swap in": "换入", "swap out": "换出", "swap space": "交换空间", "throughput": "吞吐量", "tile": "段",
+    "token states": "token 状态", "value": "值", "weights": "权重", "chunked prefill": "分块预填充",
+    "cumulative log-prob": "累积对数概率", "time per token": "token 间延迟",
+}
+# Chinese term -> patterns of the other renderings it replaced.
+FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
+    "空闲列表": ("空闲链表",),
+    "提示词": (r"提示(?![词：])",),  # 提示： is "hint"
+    "分块": (r"切成块", r"提示词的下一块", r"(?<!一)这一块通过", r"分块后的运行最大值"),
+    "访存受限": ("受内存带宽限制", "内存带宽受限", "内存受限"),
+    "显存": ("内存池", "GPU 内存", "内存流量", "只用内存的算术", r"对内存意味着"),
+    "当前最大值": ("运行最大值", "累积最大值", "累计最大值"),
+    "累积对数概率": ("累计对数概率",),
+    "重计算": (r"(?<![计权])重算",),
+    "注意力计算": ("注意到已缓存", r"关注（attend）", r"关注(?=它前面)"),
+    "token 间延迟": ("每个 token 的等待时间",),
+    "Roofline 模型": ("屋脊线模型",),
+}
+# English words a Chinese text may keep: the field's loan words, names, units and the lab's own words. Beside
+# these, a word with a digit, an underscore or a capital inside (SmolLM2, max_model_len, vLLM, ShareGPT), an
+# all-capitals word (KV, GPU, PASS, FREE) and a single letter (a variable) are kept; so are `code`, $math$,
+# {placeholders}, links and glosses from GLOSSARY.
+ALLOWED_ENGLISH = frozenset("""
+    token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
+    Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
+    Split-K split-K Roofline vs ms id None
+    slot
+""".split())
+
+
+def english_words(text: str) -> list[str]:
+    """English words in a Chinese ``text`` that a Chinese reader should not meet: beside the kept ones
+    (``ALLOWED_ENGLISH``, names, identifiers, code, math and glossary glosses), each word of Latin letters."""
+    text = re.sub(r"\w*\{[^}]*\}\w*|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|https?://\S+", " ", text, flags=re.S)
+    text = re.sub(r"[\w.-]*\w(?:/|\.(?=[a-z]))[\w./-]*|(?<![\w.])\.[a-z]{2,5}\b|python -m [\w.]+(?: [a-z]+)*", " ", text)  # paths, commands
+    text = re.sub(r"“[A-Za-z][^”]*（[^）]*[\u4e00-\u9fff][^）]*）”", " ", text)  # an English name quoted with its Chinese
+    terms = "|".join(sorted(map(re.escape, GLOSSARY), key=len, reverse=True))
+    while True:  # innermost parentheses first: a gloss may sit inside a longer parenthesis
+        inner = re.sub(r"（([^（）]*)）", lambda m: "〔" + re.sub(rf"(?<![A-Za-z])(?:{terms})(?![A-Za-z])", " ", m.group(1), flags=re.I) + "〕", text)
+        if inner == text:
+            break
+        text = inner
+    found = []
+    for word in re.findall(r"[A-Za-z][A-Za-z0-9_'\-]*", text):
+        word = word.strip("-'")
+        if (len(word) <= 1 or word in ALLOWED_ENGLISH or re.search(r"[0-9_]|.[A-Z]", word) or word.isupper()):
+            continue
+        found.append(word)
+    return found
+
+
+def gloss_mismatches(text: str) -> list[str]:
+    """Glosses "中文（english）" whose Chinese is not the glossary's rendering of the English term, and
+    forbidden variants of a glossary term (``FORBIDDEN_VARIANTS``) found in ``text``."""
+    plain = re.sub(r"[*_]", "", text)
+    found = []
+    for m in re.finditer(r"([\u4e00-\u9fff、 A-Za-z]{1,12})（([A-Za-z][A-Za-z \-,]*)(?=[），、；])", plain):
+        before, term = m.group(1).rstrip(), m.group(2).strip().lower()
+        if term in GLOSSARY and not before.endswith(GLOSSARY[term]) and re.search(r"[\u4e00-\u9fff]$", before):
+            found.append(f"{before}（{m.group(2)}） (glossary: {GLOSSARY[term]})")
+    for term, variants in FORBIDDEN_VARIANTS.items():
+        for variant in variants:
+            found += [f"{x.group(0)} (glossary: {term})" for x in re.finditer(variant, text)]
+    return found
 
 
 def finish_reason_text(reason: str | None, lang: str = "en") -> str:

@@ -99,7 +99,7 @@ print(t("lp2_full_vs_cached", LANG, T=T, diff=(out_full - out_cached).abs().max(
 # 两者的差别只在浮点舍入误差的量级：缓存改变的是计算*多少*，而不是计算*什么*。
 #
 # ## 2. 整个模型：有缓存与无缓存的 logits
-# 现在换成完整的 30 层模型，通过 Hugging Face transformers 加载，使用的正是引擎所用的那份权重。不用缓存（`use_cache=False`）时，每一步都要把整个序列重算一遍；用缓存时，每一步只算一个 token。我们比较每个生成位置的 logits，并检查引擎自己生成的 token（它从分页的 KV 缓存中解码）是否等于无缓存 logits 的 argmax。
+# 现在换成完整的 30 层模型，通过 Hugging Face transformers 加载，使用的正是引擎所用的那份权重。不用缓存（`use_cache=False`）时，每一步都要把整个序列重新计算一遍；用缓存时，每一步只算一个 token。我们比较每个生成位置的 logits，并检查引擎自己生成的 token（它从分页的 KV 缓存中解码）是否等于无缓存 logits 的 argmax。
 
 # %%
 hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()

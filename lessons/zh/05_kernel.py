@@ -13,7 +13,7 @@
 #
 # **目标**：理解引擎的 Triton 解码内核（kernel）里的三个想法——在线 softmax（online softmax）、分组的 KV 头、split-K——亲手运行这个内核，并写一个读取分页缓存的简化版本。
 #
-# 在一个解码步中，每个序列的每个头只有一个查询。内核要在该序列的整个上下文上计算 softmax(**q** Kᵀ · scale) V，而这些 K 和 V 分散在池中各处的块里。内核从不构造完整的一行 logits：它一次处理上下文中的一小段（tile）。
+# 在一个解码步中，每个序列的每个头只有一个查询。内核要在该序列的整个上下文上计算 softmax(**q** Kᵀ · `scale`) V，而这些 K 和 V 分散在池中各处的块里。内核从不构造完整的一行 logits：它一次处理上下文中的一小段（tile）。
 
 # %%
 # Make `engine` and `kernels` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -43,7 +43,7 @@ print(t("lp5_interpreter", LANG, on=t("yes" if kernels.interpreted() else "no", 
 
 # %% [markdown]
 # ## 1. 在线 softmax
-# softmax(x)ᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m)，其中 m = max x，保证指数不会溢出。按段读取 x 时，我们维护三个累积量：当前最大值（running max，即到目前为止见过的最大值）**m**、exp(x − m) 之和 **l**，以及值向量的加权和 **acc**。当某一段把最大值从 m 提高到 m′ 时，之前累积的一切都要乘以缩放因子 α = exp(m − m′)（Milakov & Gimelshein 2018；FlashAttention）。
+# softmax(x)ᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m)，其中 m = max x，保证指数不会溢出。按段读取 x 时，我们维护三个累积量：当前最大值（running max，即到目前为止见过的最大值）**m**、exp(x − m) 之和 **l**，以及值向量的加权和 **`acc`**。当某一段把最大值从 m 提高到 m′ 时，之前累积的一切都要乘以缩放因子 α = exp(m − m′)（Milakov & Gimelshein 2018；FlashAttention）。
 
 # %%
 torch.manual_seed(0)

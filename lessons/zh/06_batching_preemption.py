@@ -14,7 +14,7 @@
 # **目标**：在同一组请求上比较静态批处理与迭代级（连续）批处理；观察 KV 池耗尽时引擎怎么做（通过重计算进行抢占）；用模拟器测量块大小的取舍；改用交换（swap）代替重计算进行抢占；并看分块预填充如何在长提示词预填充期间让正在进行的解码照常推进。
 #
 # - **静态批处理**（static batching）：取一批请求，一直运行到这批里*每个*请求都结束，再取下一批。已经结束的请求留下的位置会一直空着，直到最长的那个请求跑完。
-# - **连续批处理**（continuous batching，即 Orca 的迭代级调度 iteration-level scheduling，vLLM 也采用它）：调度器（scheduler）**每一步**都重新决定这一批；结束的请求立即离开，等待中的请求马上补上它的位置。
+# - **连续批处理**（continuous batching，即 Orca 的迭代级调度（iteration-level scheduling），vLLM 也采用它）：调度器（scheduler）**每一步**都重新决定这一批；结束的请求立即离开，等待中的请求马上补上它的位置。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
