@@ -266,14 +266,15 @@ def step_summary(report, views, lang: str) -> None:
     c[4].metric(t("preemptions", lang), len(report.preempted))
     c[5].metric(t("memory_saved_by_sharing", lang), f"{getattr(report.memory, 'memory_saved_by_sharing', 0.0):.1%}",
                 help=t("memory_saved_help", lang))
-    timings = ", ".join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
+    colon = t("sep_colon", lang)  # the separators too are the reader's language: "：" and "、" in Chinese
+    timings = t("sep_list", lang).join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
     count = {s: sum(1 for v in views if v.status == s) for s in ("running", "swapped", "finished")}
     waiting = len(views) - sum(count.values())
     if count["swapped"] or getattr(report, "cpu_memory", None) is not None:  # swap preemption: the third queue too
-        queues = f"{t('running_waiting_swapped', lang)}: {count['running']} / {waiting} / {count['swapped']} / {count['finished']}"
+        queues = f"{t('running_waiting_swapped', lang)}{colon}{count['running']} / {waiting} / {count['swapped']} / {count['finished']}"
     else:
-        queues = f"{t('running_waiting', lang)}: {count['running']} / {waiting} / {count['finished']}"
-    st.caption(f"{t('time_per_phase', lang)}: {timings} · {queues}")
+        queues = f"{t('running_waiting', lang)}{colon}{count['running']} / {waiting} / {count['finished']}"
+    st.caption(f"{t('time_per_phase', lang)}{colon}{timings} · {queues}")
 
 
 def _timing_name(key: str, lang: str) -> str:
@@ -336,11 +337,12 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False) -
             f'<sup>{i}</sup>{b}{f"<sub>×{r}</sub>" if r > 1 else ""}</span>'
             for i, (b, f, r) in enumerate(zip(snap.block_table, snap.filled, refs))
         )
-        extra = f' <small>({t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1])})</small>' if snap.slot_range else ""
+        extra = (f' <small>{t("paren", lang, text=t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1]))}</small>'
+                 if snap.slot_range else "")
         who = f"{t('request', lang)} {snap.request_id}"
         if several[snap.request_id] > 1:  # a sequence group: one row per sequence
             who += f" · {t('sequence_index', lang, index=snap.index, seq=snap.seq_id)}"
-        rows.append(f'<div><b style="color:{color}">{who}</b>{extra}: {cells}</div>')
+        rows.append(f'<div><b style="color:{color}">{who}</b>{extra}{t("sep_colon", lang)}{cells}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
 

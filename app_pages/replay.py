@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from visualize.i18n import t
+from visualize.i18n import finish_reason_text, t
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def request_views(prompts: dict[int, str], reports: list, upto: int) -> list[Req
 
 def status_text(view: RequestView, lang: str) -> str:
     if view.status == "finished":
-        return t("status_finished", lang, reason=view.finish_reason)
+        return t("status_finished", lang, reason=finish_reason_text(view.finish_reason, lang))
     return t(f"status_{view.status}", lang)
 
 

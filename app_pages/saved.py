@@ -86,7 +86,7 @@ def apply_workload(workload: Workload) -> None:
     if s["temperature"] > 0:
         state["temperature"] = min(max(round(s["temperature"], 1), 0.1), 1.5)
     state["seed"] = s["seed"]
-    state["preemption_mode"] = s.get("preemption_mode", "recompute")  # workload files from before issue 14 have none
+    state["preemption_mode"] = s.get("preemption_mode", "recompute")  # version-1 files may lack it
     state["chunked_prefill"] = bool(s.get("enable_chunked_prefill", False))
     if s.get("enable_prefix_caching") is not None:  # None: the sidebar keeps the engine's default
         state["prefix_caching"] = s["enable_prefix_caching"]

@@ -62,7 +62,7 @@ PRESETS = {
         rows=[("Tell me a short story about a cat.", 24)],
         num_blocks=64, sharing="beam", sharing_width=4,
     ),
-    # issue 14: swap preemption (paper §4.5) and chunked prefill (vLLM's enable_chunked_prefill).
+    # Swap preemption (paper §4.5) and chunked prefill (vLLM's enable_chunked_prefill).
     # Six stories of different lengths in a pool of 18 blocks: at step 12 two requests are swapped out to the
     # CPU pool, at step 16 (a short one finished) the first comes back in; nothing is recomputed.
     "preset_swap": dict(
@@ -76,7 +76,7 @@ PRESETS = {
         num_blocks=64, chunked_prefill=True, token_budget=48,
     ),
 }
-# Prefix caching (issue 13): later requests begin with tokens an earlier one computed. A block is cached
+# Prefix caching: later requests begin with tokens an earlier one computed. A block is cached
 # only once its KV is written, so these presets limit the batch: requests admitted in one step cannot hit
 # each other (see the "_note" texts in visualize/i18n.py).
 SYSTEM_PROMPT = ("You are a patient tutor for a class on large language model inference. Answer in one or two short "
@@ -90,10 +90,10 @@ QUESTIONS = (("What is a token?", "什么是 token？"), ("What is attention?", 
 # are written here, not the model's (a preset is a fixed workload): the history's tokens are the same.
 CHAT = (("We are talking about the KV cache. What does it store?", "我们在聊 KV 缓存。它存的是什么？",
          "The key and value vectors of every earlier token, so that they are not computed again.",
-         "每个之前 token 的键向量和值向量，这样就不必再次计算它们。"),
+         "之前每个 token 的键向量和值向量，这样就不必再计算它们。"),
         ("Why does it grow during a conversation?", "为什么它在对话中不断变大？",
          "Every new token adds its own keys and values, in every layer.", "每个新 token 都在每一层加入自己的键和值。"),
-        ("What does vLLM do when the cache is full?", "缓存满了时 vLLM 会怎么做？", "", ""))
+        ("What does vLLM do when the cache is full?", "缓存满了，vLLM 会怎么做？", "", ""))
 
 
 def chat_turns(zh: bool = False) -> list[str]:
@@ -118,7 +118,7 @@ SHARING = ("none", "parallel", "beam")  # every request: one sequence, n samples
 PROMPT_TRANSLATIONS = {
     "What is the capital of France?": "法国的首都是哪里？",
     "Say hello in three languages.": "用三种语言打招呼。",
-    "Name a primary colour.": "说出一种三原色。",
+    "Name a primary colour.": "说出一种原色。",
     "What is 2 + 2?": "2 + 2 等于几？",
     "Write a long story about a robot who learns to paint.": "写一个关于学画画的机器人的长故事。",
     "Tell me a short story about a cat.": "给我讲一个关于猫的短故事。",

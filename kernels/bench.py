@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats on CPU (GPU uses do_bench)")
     parser.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
     parser.add_argument("--engine-step", action="store_true",
-                        help="time one 30-layer decode step of the default model (the interpreter-speed goal)")
+                        help="time one 30-layer decode step of the default model (the Triton interpreter's speed on CPU)")
     args = parser.parse_args(argv)
 
     if args.engine_step:

@@ -72,7 +72,7 @@ def test_swap_preset_swaps_and_both_maps_show_the_copies(app: AppTest, lang: str
     assert any(t("cpu_pool_caption", lang, out=len(report.blocks_to_swap_out), inn=0, ms=0)[:20] in x for x in captions(app))
     # the step summary counts the third queue, and the request list says who is swapped out
     summary = next(x for x in captions(app) if t("running_waiting_swapped", lang) in x)
-    assert summary.split(": ")[-1].split(" / ")[2] == str(len(report.swapped))
+    assert summary.split(t("sep_colon", lang))[-1].split(" / ")[2] == str(len(report.swapped))
     page = " ".join(m.value for m in app.markdown)
     assert page.count(t("status_swapped", lang)) >= len(report.swapped)
     events = app.dataframe[-1].value

@@ -1,5 +1,8 @@
 """The lesson notebooks: every one exists in English and Chinese with the same code, runs top to bottom,
 and ends in an exercise whose check prints FAIL as handed out and PASS with the kept-apart solution.
+The Chinese text itself (Markdown cells, checked without running) keeps no English words beside the field's
+loan words, names and code (``visualize.i18n.english_words``), renders each term as the glossary says
+(``visualize.i18n.GLOSSARY``: 提示词, 分块, 空闲列表, 访存受限...) and puts each paragraph on one line.
 
 Each notebook is executed once per language: cells run in order until the check cell (which must print
 FAIL, the exercise still holding its ``None`` placeholders); then the solution from
@@ -92,10 +95,13 @@ QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
 
 def _english_printed(stdout: str) -> list[str]:
-    """Catalogue English in what a Chinese notebook's code cells printed, quoted data left out."""
-    from visualize.i18n import untranslated
+    """Catalogue English in what a Chinese notebook's code cells printed, and English words inside its
+    Chinese lines (``max |full - cached|``), quoted data left out (a line without Chinese is data)."""
+    from visualize.i18n import english_words, untranslated
 
-    return untranslated(QUOTED.sub("", stdout))
+    stdout = QUOTED.sub("", stdout)
+    words = [w for line in stdout.splitlines() if re.search(r"[\u4e00-\u9fff]", line) for w in english_words(line)]
+    return untranslated(stdout) + sorted(set(words))
 
 
 def _notebook(lang: str, name: str):
@@ -136,6 +142,38 @@ def test_notebook_matches_its_source_and_carries_no_outputs(lang, name):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert not cell.outputs and cell.execution_count is None, f"{lang}/{name}: committed with outputs"
+
+
+def _markdown(lang: str, name: str) -> list[str]:
+    return [c.source for c in jupytext.read(LESSONS / lang / f"{name}.py").cells if c.cell_type == "markdown"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_chinese_text_has_no_english_words_and_keeps_the_glossary(name):
+    from visualize.i18n import english_words, gloss_mismatches
+
+    for cell in _markdown("zh", name):
+        assert english_words(cell) == [], f"zh/{name}: English words {english_words(cell)} in {cell[:80]!r}"
+        assert gloss_mismatches(cell) == [], f"zh/{name}: terms off the glossary {gloss_mismatches(cell)}"
+
+
+def test_the_chinese_readme_keeps_the_glossary():
+    from visualize.i18n import gloss_mismatches
+
+    chinese = (LESSONS / "README.md").read_text().split("# 课程（中文说明）", 1)[1]
+    assert gloss_mismatches(chinese) == []
+
+
+# A line break inside a Markdown paragraph renders as a space, a stray one inside a Chinese sentence.
+@pytest.mark.parametrize("name", NAMES)
+def test_chinese_paragraphs_are_single_lines(name):
+    for cell in _markdown("zh", name):
+        for paragraph in re.split(r"\n\s*\n", cell):
+            lines = paragraph.split("\n")
+            breaks = [f"{a[-20:]!r} / {b[:20]!r}" for a, b in zip(lines, lines[1:])
+                      if not a.startswith(("#", "|", "$$")) and re.search(r"[\u4e00-\u9fff]", a + b)
+                      and not re.match(r"\s*(?:[-*+] |\d+\. |\||\$\$)", b)]
+            assert breaks == [], f"zh/{name}: a Chinese paragraph broken over lines at {breaks}"
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -41,7 +41,7 @@ def test_pool_map_shows_refcounts_holders_and_the_copy_on_write(engine, lang):
     src, dst = cow[0].block_id, cow[0].dst_block_id
     assert df.loc[df["block"] == src, "cow"].item() == "src" and df.loc[df["block"] == dst, "cow"].item() == "dst"
     assert df.loc[df["block"] == dst, "cow_text"].item() == t("cow_dst", lang, src=src)
-    dsts = ", ".join(str(e.dst_block_id) for e in cow)
+    dsts = t("sep_list", lang).join(str(e.dst_block_id) for e in cow)
     assert df.loc[df["block"] == src, "cow_text"].item() == t("cow_src", lang, dst=dsts), "2 writers copied it, the 3rd wrote in place"
     spec = pool_map_spec(copied, 4, lang)
     titles = [f["title"] for f in spec["layer"][0]["encoding"]["tooltip"]]

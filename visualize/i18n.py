@@ -66,12 +66,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "reservation": ("Reservation policy", "预留策略"),
     "reservation_help": (
         "max: reserve max_model_len; pow2: the next power of two of the final length; oracle: exactly the final length.",
-        "max：预留 max_model_len；pow2：最终长度向上取 2 的幂；oracle：恰好预留最终长度。",
+        "`max`：预留 `max_model_len`；`pow2`：最终长度向上取 2 的幂；`oracle`：恰好预留最终长度。",
     ),
     "backend": ("Attention backend", "注意力后端"),
     "backend_help": (
         "torch: gather + softmax (fast on CPU). triton: the PagedAttention kernels (interpreted on CPU, slow).",
-        "torch：gather + softmax（CPU 上快）。triton：PagedAttention 内核（CPU 上解释执行，较慢）。",
+        "`torch`：`gather` + softmax（CPU 上快）。`triton`：PagedAttention 内核（CPU 上解释执行，较慢）。",
     ),
     "max_batch": ("Max batch (requests per step)", "最大批大小（每步请求数）"),
     "sampling": ("Sampling", "采样"),
@@ -103,8 +103,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_preemption": ("Mix that forces preemption", "会触发抢占的混合负载"),
     "load_preset": ("Load preset", "载入预设"),
     "save_workload": ("Download workload + settings (JSON)", "下载工作负载和设置（JSON）"),
-    "save_run": ("Download the whole run (JSON)", "下载整次运行（JSON）"),
-    "open_file": ("Open a saved workload or run", "打开保存的工作负载或运行"),
+    "save_run": ("Download the whole run (JSON)", "下载完整运行记录（JSON）"),
+    "open_file": ("Open a saved workload or run", "打开保存的工作负载或运行记录"),
     "open_file_help": (
         "A workload file fills the editor and the sidebar; a run file replays its steps here without the model. "
         "The format is described in engine/runfile.py and the README.",
@@ -113,9 +113,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "open_failed": ("This file cannot be opened: {error}", "无法打开此文件：{error}"),
     "saved_run_banner": (
         "Replaying the saved run **{name}** ({steps} steps, {model}); the model is not needed. Close it to return to the live engine.",
-        "正在回放保存的运行 **{name}**（{steps} 步，{model}），无需模型。关闭后回到实时引擎。",
+        "正在回放保存的运行记录 **{name}**（{steps} 步，{model}），无需模型。关闭后回到实时引擎。",
     ),
-    "close_run": ("Close the saved run", "关闭保存的运行"),
+    "close_run": ("Close the saved run", "关闭保存的运行记录"),
     "prompt": ("Prompt", "提示词"),
     "max_tokens": ("Max tokens", "最大生成 token 数"),
     "too_many_requests": ("At most {n} requests; the rest are ignored.", "最多 {n} 个请求，其余忽略。"),
@@ -154,16 +154,20 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "phase_mixed": ("mixed", "混合"),
     "phase_idle": ("idle", "空闲"),
     "scheduled": ("Requests scheduled", "已调度请求数"),
-    "tokens_processed": ("Tokens processed", "处理的 token"),
+    "tokens_processed": ("Tokens processed", "处理的 token 数"),
     "step_time": ("Step time", "步耗时"),
-    "preemptions": ("Preemptions", "抢占"),
+    "preemptions": ("Preemptions", "抢占次数"),
     "time_per_phase": ("Time per phase (ms)", "各阶段耗时（毫秒）"),
+    # separators the pages put between catalogue strings (Chinese text takes full-width punctuation)
+    "sep_colon": (": ", "："),
+    "sep_list": (", ", "、"),
+    "paren": ("({text})", "（{text}）"),
     "timing_schedule": ("schedule", "调度"),
     "timing_forward": ("forward", "前向计算"),
     "timing_sample": ("sample", "采样"),
     "timing_report": ("report", "报告"),
     "timing_prepare": ("prepare", "准备输入"),
-    # issue 14 app: swap preemption and chunked prefill (sidebar, presets, CPU pool lane, progress, events, lesson 6)
+    # swap preemption and chunked prefill (sidebar, presets, CPU pool lane, progress, events, lesson 6)
     "timing_swap": ("swap", "交换（swap）"),
     "scheduler": ("Scheduler", "调度器"),
     "preemption_mode": ("Preemption mode", "抢占方式"),
@@ -174,8 +178,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "and tokens are prefilled again later. Swap: its blocks are copied to a CPU swap space as large as the pool "
         "and copied back before it decodes on; nothing is recomputed, and no new request is admitted while one is "
         "swapped out. Swap needs the paged allocator.",
-        "内存池用尽时，请求如何让出显存（论文 §4.5）。重计算：释放它的块，之后把提示词和已生成的 token 重新预填充。"
-        "交换：把它的块复制到与内存池同样大小的 CPU 交换空间，继续解码前再复制回来；不重算任何东西，"
+        "KV 池（显存）用尽时，请求如何让出显存（论文 §4.5）。重计算：释放它的块，之后把提示词和已生成的 token 重新预填充。"
+        "交换：把它的块复制到与 KV 池同样大小的 CPU 内存交换空间，继续解码前再复制回来；不重新计算任何东西，"
         "且有请求被换出期间不接纳新请求。交换需要分页分配器。",
     ),
     "preemption_contiguous_note": ("The contiguous allocator preempts by recompute only: a reserved range cannot be swapped block by block.",
@@ -186,7 +190,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "of a prompt that did not fit, then new prompts, cut into chunks. A long prompt then spans several steps "
         "instead of making one step long, and decodes run every step.",
         "vLLM 的 enable_chunked_prefill：每一步花同一份 token 预算——先给正在运行的解码，再给上一步没放下的提示词余下部分，"
-        "最后给新的提示词，切成块。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
+        "最后给新的提示词，按预算切成若干分块（chunk）。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
     ),
     "token_budget": ("Token budget per step (max_num_batched_tokens)", "每步 token 预算（max_num_batched_tokens）"),
     "token_budget_help": (
@@ -194,14 +198,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "request decodes one token per step.",
         "一步中最多计算的 token 数（提示词分块 + 解码）。至少等于最大批大小，因为每个运行中的请求每步解码一个 token。",
     ),
-    "preset_swap": ("Small pool, swap preemption", "小内存池，交换式抢占"),
+    "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
         "The swapped-out requests' blocks, in CPU block ids, drawn like the GPU pool. Outlined: copied this step — "
         "purple dashed, swapped out (GPU → CPU); teal, swapped in (CPU → GPU), on both maps. "
         "This step: {out} block(s) out, {inn} in, {ms:.1f} ms copying.",
-        "被换出请求的块（CPU 块号），画法与 GPU 内存池相同。带边框的块本步被复制：紫色虚线为换出（GPU → CPU），"
+        "被换出请求的块（CPU 块号），画法与 GPU 上的 KV 块池相同。带边框的块本步被复制：紫色虚线为换出（GPU → CPU），"
         "青色为换入（CPU → GPU），两张图上都标出。本步：换出 {out} 块，换入 {inn} 块，复制耗时 {ms:.1f} 毫秒。",
     ),
     "swap_tooltip": ("Swapped this step", "本步交换"),
@@ -236,7 +240,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l6_copy_ms": ("time copying (ms)", "复制耗时（毫秒）"),
     "l6_recompute": ("recompute", "重计算"),
     "l6_swap": ("swap", "交换（swap）"),
-    "l6_tokens_recomputed": ("tokens recomputed", "重算的 token 数"),
+    "l6_tokens_recomputed": ("tokens recomputed", "重计算的 token 数"),
     "l6_blocks_moved": ("blocks moved", "移动的块数"),
     "tok_count": ("{n} tok", "{n} 个 token"),
     "running_waiting": ("Running / waiting / finished", "运行 / 等待 / 完成"),
@@ -247,6 +251,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "status_waiting": ("waiting", "等待中"),
     "status_running": ("running", "运行中"),
     "status_finished": ("finished ({reason})", "已完成（{reason}）"),
+    # the engine's finish_reason values (engine/llm_engine.py, engine/core/scheduler.py), shown inside status_finished
+    "finish_stop": ("stop", "遇到结束符或停止词"),
+    "finish_length": ("length", "达到长度上限"),
+    "finish_abort": ("abort", "已中止"),
+    "finish_pruned": ("pruned", "被剪枝"),
     "status_preempted": ("preempted", "被抢占"),
     "status_swapped": ("swapped out to the CPU", "已换出到 CPU"),
     "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
@@ -272,12 +281,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "prefix_caching_help": (
         "vLLM's automatic prefix caching: full blocks are hashed once written; a prompt that begins with cached "
         "blocks reuses their KV instead of computing it. Freed cached blocks stay on the free queue (teal) until evicted.",
-        "vLLM 的自动前缀缓存：满块写入后计算块哈希；以已缓存块开头的提示直接复用它们的 KV，不再计算。"
+        "vLLM 的自动前缀缓存：满块写入后计算块哈希；以已缓存块开头的提示词直接复用它们的 KV，不再计算。"
         "释放的已缓存块留在空闲队列中（青色），直到被驱逐。",
     ),
     "prefix_cache_caption": ("Prefix cache: {hits} of {queries} prompt tokens found cached ({rate:.0%}); "
                              "re-prefills after preemption: {phits} of {pqueries}; {evictions} evictions.",
-                             "前缀缓存：{queries} 个提示 token 中 {hits} 个命中（{rate:.0%}）；抢占后重新预填充：{pqueries} 个中 {phits} 个；"
+                             "前缀缓存：{queries} 个提示词 token 中 {hits} 个命中（{rate:.0%}）；抢占后重新预填充：{pqueries} 个提示词 token 中命中 {phits} 个；"
                              "驱逐 {evictions} 次。"),
     "holders": ("Held by", "持有者"),
     "seq_of_request": ("seq {seq} (request {request})", "序列 {seq}（请求 {request}）"),
@@ -302,7 +311,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "sharing_help": (
         "Parallel sampling: n samples of each prompt share its blocks (paper §4.4, Figure 8). Beam search: beams fork "
         "their parents' block tables and pruned beams free theirs (Figure 9).",
-        "并行采样：每个提示的 n 个样本共享它的块（论文 §4.4，图 8）。束搜索：束派生父束的块表，被剪枝的束释放自己的块（图 9）。",
+        "并行采样：每个提示词的 n 个样本共享它的块（论文 §4.4，图 8）。束搜索：束从父束派生时复制其块表，被剪枝的束释放自己的块（图 9）。",
     ),
     "sharing_none": ("None (one sequence per request)", "无（每个请求一个序列）"),
     "sharing_parallel": ("Parallel sampling", "并行采样"),
@@ -367,7 +376,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ev_copy_on_write_detail": ("seq {seq} writes into shared block {src} (logical {logical}): copied to block {dst} first",
                                 "序列 {seq} 要写入共享块 {src}（逻辑块 {logical}）：先复制到块 {dst}"),
     "ev_free_shared_detail": ("seq {seq} lets go of block {block} (logical {logical}); still held by others",
-                              "序列 {seq} 放开块 {block}（逻辑块 {logical}）；其他序列仍持有"),
+                              "序列 {seq} 释放对块 {block} 的引用（逻辑块 {logical}）；其他序列仍持有"),
     "no_events": ("No events this step.", "本步没有事件。"),
     "save_png": ("Download PNG", "下载 PNG"),
     # --- compare page
@@ -437,7 +446,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "连续分配一侧不启用前缀缓存，抢占时重计算：它没有可共享或换出的块。",
     ),
     "running_compare": ("Running {allocator}…", "正在运行 {allocator}……"),
-    # --- issue 15 app: the compare page's latency-against-rate chart (Figure 12) and the vLLM replay side by side
+    # --- the compare page's latency-against-rate chart (Figure 12) and the vLLM replay side by side
     "latency_rate_header": ("Latency against request rate (the paper's Figure 12)", "延迟与请求速率（论文图 12）"),
     "latency_rate_intro": (
         "Each point is one simulated run: {n} requests of the workload arriving as a Poisson process at that rate, the same "
@@ -601,7 +610,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "FAIL: orca_max_saturation_rate = {value} req/s is more than {tolerance} below the rate the simulator's Orca (Max) "
         "sustains. Hint: all orca_max_batch requests decode in the same step, each making one token, and a step of that "
         "batch lasts little longer than a step of one: rate = batch ÷ (mean output tokens × step time of the whole batch).",
-        "FAIL：orca_max_saturation_rate = {value} 请求/秒，比模拟器中 Orca (Max) 的可持续速率低出 {tolerance} 以上。"
+        "FAIL：orca_max_saturation_rate = {value} 请求/秒，比模拟器中 Orca (Max) 的可持续速率低了 {tolerance} 以上。"
         "提示：orca_max_batch 个请求在同一个解码步里一起解码，各生成一个 token，而这个批的一步只比单个请求的一步稍长："
         "速率 = 批大小 ÷（平均输出 token 数 × 整个批的每步时间）。",
     ),
@@ -613,7 +622,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "（归一化延迟低于低负载时的 2 倍），过载时最多每秒完成 {ceiling} 个请求：延迟在队列无限增长之前就已翻倍，"
         "而你的预测正是队列开始无限增长的那个速率。",
     ),
-    # --- end issue 15 app
+    # --- end of the compare page's latency chart and vLLM replay
     # --- kernel lab
     "kernel_intro": (
         "Runs the Triton PagedAttention decode kernel on the real state of the last step: for every request "
@@ -695,8 +704,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l7_beam_search": ("Beam search, width {width}", "束搜索，宽度 {width}"),
     "l7_blocks_without_sharing": ("blocks needed without sharing", "不共享时需要的块"),
     "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
-    # issue 13 app: prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
-    "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示（前缀缓存）"),
+    # prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
+    "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示词（前缀缓存）"),
     "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),
     "preset_shared_system_prompt_note": (
         "Four questions after one long instruction, two at a time (max batch 2). The first two compute the "
@@ -715,13 +724,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "cached_computed_help": (
         "Cached: prompt tokens whose KV was found in cached blocks (not computed). Computed: tokens the steps "
         "computed for this request (prefill, recompute after preemption, decode).",
-        "已缓存：在已缓存块中找到 KV 的提示 token（不再计算）。已计算：各步为此请求计算的 token（预填充、抢占后的重计算、解码）。",
+        "已缓存：在已缓存块中找到 KV 的提示词 token（不再计算）。已计算：各步为此请求计算的 token（预填充、抢占后的重计算、解码）。",
     ),
     "block_hash": ("Block hash", "块哈希"),
     "parent_chain": ("Parent chain", "父块哈希链"),
     "hash_parent": ("block {block} · {hash}", "块 {block} · {hash}"),
     "hash_parent_evicted": ("{hash} (evicted)", "{hash}（已驱逐）"),
-    "hash_chain_start": ("start of the prompt", "提示开头"),
+    "hash_chain_start": ("start of the prompt", "提示词开头"),
     "hash_chain_more": ("… earlier blocks", "……更早的块"),
     "mark_hit": ("cache hit this step", "本步缓存命中"),
     "mark_evict": ("evicted this step", "本步被驱逐"),
@@ -729,23 +738,23 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Prefix caching: teal cells are free blocks that still hold cached KV (evictable). A dot marks a block a prompt "
         "found cached this step, a cross a cached block evicted this step (its hash dropped). Hover a cached block for its "
         "hash and the hashes of the blocks before it.",
-        "前缀缓存：青色格子是仍保存着已缓存 KV 的空闲块（可驱逐）。圆点标出本步被提示命中的块，叉号标出本步被驱逐"
+        "前缀缓存：青色格子是仍保存着已缓存 KV 的空闲块（可驱逐）。圆点标出本步被提示词命中的块，叉号标出本步被驱逐"
         "（丢弃哈希）的已缓存块。鼠标悬停在已缓存块上可查看它的哈希及其之前各块的哈希。",
     ),
-    # issue 13 app (issue 16 leftover): lessons 7 and 8 check messages
+    # lessons 7 and 8 check messages
     "l7_fail_none": ("FAIL: blocks_saved and memory_saved are still None", "FAIL：blocks_saved 和 memory_saved 仍是 None"),
     "l7_fail_blocks": ("FAIL: blocks_saved = {value}, but the engine saved another number; which blocks stay shared after the first write?",
                        "FAIL：blocks_saved = {value}，但引擎节省的块数不同；第一次写入之后，哪些块仍然共享？"),
     "l7_fail_share": ("FAIL: memory_saved = {value}, but the engine reports another share; how many blocks would 4 separate samples hold?",
                       "FAIL：memory_saved = {value}，但引擎报告的比例不同；4 个互不共享的样本一共要持有多少块？"),
     "l7_pass": ("PASS: {saved} blocks saved of {without}: memory saved by sharing {share}, as the engine reports",
-                "PASS：不共享时需要 {without} 块，共享节省了 {saved} 块，共享节省的显存 {share}，与引擎报告一致"),
+                "PASS：不共享时需要 {without} 个块，共享省下其中 {saved} 个，共享节省的显存为 {share}，与引擎报告一致"),
     "l8_fail_none": ("FAIL: predicted_hits is still None", "FAIL：predicted_hits 仍是 None"),
     "l8_fail_hits": ("FAIL: predicted hits {value}, but the engine hit other blocks", "FAIL：预测命中 {value}，但引擎命中的是别的块"),
     "l8_fail_evicted": ("FAIL: predicted eviction of {value}, but the engine evicted something else",
                         "FAIL：预测驱逐 {value}，但引擎驱逐的是别的块"),
     "l8_pass": ("PASS: hits {hits}, evicted {evicted}", "PASS：命中 {hits}，驱逐 {evicted}"),
-    # issue 13 app (issue 16 leftover): chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
+    # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -755,10 +764,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_tokens_computed": ("tokens computed", "计算的 token 数"),
     "lc_l1_steps_title": ("one prefill step (orange), then one decode step per new token (blue)",
                           "一步预填充（橙色），之后每个新 token 一步解码（蓝色）"),
-    "lc_l1_prefill_n": ("prefill of n prompt tokens", "预填充 n 个提示 token"),
+    "lc_l1_prefill_n": ("prefill of n prompt tokens", "预填充 n 个提示词 token"),
     "lc_l1_decode_n": ("decode step of n requests", "n 个请求的一步解码"),
     "lc_l1_tokens_in_step": ("tokens computed in the step (n)", "本步计算的 token 数 (n)"),
-    "lc_l1_forward_ms": ("forward time (ms)", "前向计算时间（ms）"),
+    "lc_l1_forward_ms": ("forward time (ms)", "前向计算时间（毫秒）"),
     "lc_l1_ridge": ("H200 ridge ≈ 206 FLOP/byte", "H200 屋脊点 ≈ 206 FLOP/字节"),
     "lc_l1_batch": ("requests decoded together (batch)", "一起解码的请求数（批大小）"),
     "lc_l1_intensity": ("FLOP per byte of weights (bf16)", "每字节权重的 FLOP 数（bf16）"),
@@ -768,14 +777,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l2_generated_token": ("generated token", "生成的 token"),
     "lc_l2_max_logit_diff": ("max |Δ logit|", "最大 |Δ logit|"),
     "lc_l2_cache_diff_title": ("with vs without KV cache: differences at float rounding (logits are ~10)",
-                               "有无 KV 缓存对比：差异只在浮点舍入量级（logits 约为 10）"),
-    "lc_l2_kib_per_token": ("KiB per token", "每个 token 的 KiB"),
+                               "有无 KV 缓存对比：差异只在浮点舍入量级（logits 的量级约为 10）"),
+    "lc_l2_kib_per_token": ("KiB per token", "每个 token 的 KV 大小（KiB）"),
     "lc_l2_tokens_in_request": ("tokens in the request", "请求中的 token 数"),
     "lc_l2_kv_gib": ("KV cache (GiB)", "KV 缓存（GiB）"),
     "lc_l2_allocated": ("allocated ({size}-token blocks)", "已分配（每块 {size} 个 token）"),
-    "lc_l2_step_of_request": ("step of this request", "此请求的步"),
+    "lc_l2_step_of_request": ("step of this request", "该请求的第几步"),
     "lc_l2_kv_kib": ("KV cache (KiB)", "KV 缓存（KiB）"),
-    "lc_l5_running_max": ("running max m after the tile", "处理完该分块后的运行最大值 m"),
+    "lc_l5_running_max": ("running max m after the tile", "处理完该段（tile）后的当前最大值 m"),
     "lc_l5_context_token": ("context token", "上下文 token"),
     "lc_l5_kv_head": ("KV head {kv}", "KV 头 {kv}"),
     "lc_l6_batching_title": ("{name}: {n} steps", "{name}：{n} 步"),
@@ -788,18 +797,18 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l6_internal_share": ("internal fragmentation (% of pool)", "内部碎片（占池的 %）"),
     "lc_l6_running": ("requests running at once", "同时运行的请求数"),
     "lc_l6_block_size": ("block size (tokens)", "块大小（token 数）"),
-    # issue 16 leftover: the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
+    # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
                  "第 {step} 步：{phase:3s} 计算的 token 数 = {tokens:2d}  前向计算 = {ms:6.1f} ms"),
     "lp1_weights": ("weights in the layers' linear projections: {linear:.1f} M; LM head: {head:.1f} M",
-                    "各层线性投影的权重：{linear:.1f} M；LM head：{head:.1f} M"),
+                    "各层线性投影的权重：{linear:.1f} M；语言模型头（LM head）：{head:.1f} M"),
     "lp1_flops": ("prefill of {n:4d} tokens: {prefill:7.2f} GFLOP   decode at context {n:4d}: {decode:5.3f} GFLOP",
                   "预填充 {n:4d} 个 token：{prefill:7.2f} GFLOP   上下文为 {n:4d} 时解码一步：{decode:5.3f} GFLOP"),
     "lp1_prefill_rate": ("prefill {n:4d} tokens: {rate:6.1f} GFLOP/s", "预填充 {n:4d} 个 token：{rate:6.1f} GFLOP/s"),
     "lp1_decode_rate": ("decode  {b:4d} reqs  : {rate:6.1f} GFLOP/s, weights streamed at {bw:5.1f} GB/s",
                         "解码 {b:4d} 个请求：{rate:6.1f} GFLOP/s，权重读取速度 {bw:5.1f} GB/s"),
-    "lp2_full_vs_cached": ("max |full - cached| over all {T} tokens: {diff:.2e}", "全部 {T} 个 token 上的最大 |full - cached|：{diff:.2e}"),
+    "lp2_full_vs_cached": ("max |full - cached| over all {T} tokens: {diff:.2e}", "全部 {T} 个 token 上的最大 |无缓存 − 有缓存|：{diff:.2e}"),
     "lp2_engine_tokens": ("engine tokens == argmax of the cache-free logits: {same}", "引擎生成的 token == 不用缓存时 logits 的 argmax：{same}"),
     "lp2_formula": ("default model, formula: {b} B", "默认模型，按公式：{b} B"),
     "lp2_pools": ("default model, engine pools: {pool:,} B / {slots} slots = {per:,} B per token",
@@ -817,7 +826,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                   "{system:14s} 批大小 {b:4d}   一步解码 {ms:5.1f} ms   每秒 {rate:7.0f} 个 token"),
     "lp3_sharegpt": ("ShareGPT: mean prompt {prompt:.0f} tokens, mean output {output:.0f} tokens",
                      "ShareGPT：提示词平均 {prompt:.0f} 个 token，输出平均 {output:.0f} 个 token"),
-    "lp4_request_tokens": ("{prompt} prompt + {generated} generated tokens in request {rid}", "请求 {rid}：{prompt} 个提示 token + {generated} 个生成的 token"),
+    "lp4_request_tokens": ("{prompt} prompt + {generated} generated tokens in request {rid}", "请求 {rid}：{prompt} 个提示词 token + {generated} 个生成的 token"),
     "lp4_block_table": ("block table of request {rid}: {table}, slots filled per block {filled}", "请求 {rid} 的块表：{table}，每块已填的槽位 {filled}"),
     "lp4_freed_step": ("freed this step: {blocks}", "本步释放的块：{blocks}"),
     "lp4_write": ("write: request {rid}, position {position:2d} -> block {block:2d}, slot {slot:3d}",
@@ -843,7 +852,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp6_preempt_events": ("PREEMPT events (step, request): {events}", "PREEMPT 事件（步, 请求）：{events}"),
     "lp6_mode": ("{mode:9s}: {preemptions} preemption(s), {moved:2d} blocks moved, {recomputed:2d} tokens recomputed, "
                  "{ms:.2f} ms copying; same text as a roomy pool: {same}",
-                 "{mode}：抢占 {preemptions} 次，移动 {moved:2d} 个块，重算 {recomputed:2d} 个 token，复制耗时 {ms:.2f} ms；"
+                 "{mode}：抢占 {preemptions} 次，移动 {moved:2d} 个块，重计算 {recomputed:2d} 个 token，复制耗时 {ms:.2f} ms；"
                  "与宽裕的池文本相同：{same}"),
     "lp6_copies": ("block size {bs}: {copies:2d} copies of {kib:4.0f} KiB, {ms:.2f} ms copying",
                    "块大小 {bs}：复制 {copies:2d} 次，每次 {kib:4.0f} KiB，复制耗时 {ms:.2f} ms"),
@@ -869,13 +878,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "(blocks back to the free list: {returned}); {blocks} blocks, saved {saved:.0%}",
                       "第 {k} 步：存活的束 {beams}，派生 {forks}，写时复制 {cows}，{gone} {freed}"
                       "（回到空闲列表的块：{returned}）；{blocks} 个块，节省 {saved:.0%}"),
-    "lp7_beam": ("beam {index}: cumulative logprob {logprob:6.2f}  {text!r}", "束 {index}：累计对数概率 {logprob:6.2f}  {text!r}"),
+    "lp7_beam": ("beam {index}: cumulative logprob {logprob:6.2f}  {text!r}", "束 {index}：累积对数概率 {logprob:6.2f}  {text!r}"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),
     "lp8_free_queue": ("  free queue: {queue}", "  空闲队列：{queue}"),
     "lp8_cached_blocks": ("cached blocks: {blocks}", "已缓存的块：{blocks}"),
     "lp8_computed": ("tokens computed this step (request: tokens): {counts}", "本步计算的 token 数（请求: token 数）：{counts}"),
     "lp8_cached_tokens": ("cached tokens per request: {counts}", "每个请求命中缓存的 token 数：{counts}"),
-    "lp8_hit_rate": ("hit rate: {hits} of {queries} prompt tokens = {rate:.0%}", "命中率：{queries} 个提示 token 中命中 {hits} 个 = {rate:.0%}"),
+    "lp8_hit_rate": ("hit rate: {hits} of {queries} prompt tokens = {rate:.0%}", "命中率：{queries} 个提示词 token 中命中 {hits} 个 = {rate:.0%}"),
     "lp8_cached_free": ("free memory that still holds cached KV: {slots} slots = {kib} KiB",
                         "仍存有已缓存 KV 的空闲显存：{slots} 个槽位 = {kib} KiB"),
     "lp8_short_prompt": ("10-token prompt, block size 16: cached tokens {n}", "10 个 token 的提示词，块大小 16：命中缓存的 token 数 {n}"),
@@ -892,6 +901,101 @@ def t(key: str, lang: str = "en", **values) -> str:
         raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
     text = CATALOGUE[key][LANGUAGES.index(lang)]
     return text.format(**values) if values else text
+
+
+# --- Chinese terms: one rendering per English term of the field (vLLM's and the PagedAttention paper's).
+# An English gloss in full-width parentheses, "预填充（prefill）", must follow its glossary rendering; the
+# variants below are renderings once used for the same term and must not come back (tests/test_i18n.py
+# and tests/test_lessons.py check the catalogue and the Chinese lessons). The KV pool and KV cache are 显存
+# (the lab models a GPU's memory, even on a CPU); the CPU swap space and the machine's own measurements are
+# 内存; "memory-bound" is 访存受限, which names neither.
+GLOSSARY: dict[str, str] = {
+    "allocator": "分配器", "arithmetic intensity": "算术强度", "attention": "注意力", "autoregressive": "自回归",
+    "automatic prefix caching": "自动前缀缓存", "batch": "批大小", "block": "块", "block hash": "块哈希",
+    "block table": "块表", "buddy allocator": "伙伴分配器", "cached and evictable": "已缓存、可驱逐",
+    "causal attention": "因果注意力", "chunk": "分块", "continuous batching": "连续批处理",
+    "copy-on-write": "写时复制", "decode": "解码", "evict": "驱逐", "external fragmentation": "外部碎片",
+    "first come, first served": "先来先服务", "fork": "派生", "forward": "前向计算", "free": "空闲",
+    "free list": "空闲列表", "grouped-query attention": "分组查询注意力", "head_dim": "每头维数",
+    "internal fragmentation": "内部碎片", "interpreter": "解释器", "iteration-level scheduling": "迭代级调度",
+    "kernel": "内核", "key": "键", "kv head": "KV 头", "kv pool": "KV 池", "latency": "延迟",
+    "lm head": "语言模型头", "logical block": "逻辑块", "memory-bound": "访存受限", "online softmax": "在线 softmax",
+    "page": "页", "page table": "页表", "partition": "分区", "physical block": "物理块", "prefill": "预填充",
+    "prefix caching": "前缀缓存", "preempt": "抢占", "program": "程序", "prompt": "提示词", "query": "查询",
+    "recompute": "重计算", "reduce": "归约", "reference count": "引用计数", "refcount": "引用计数",
+    "reservation": "预留", "reserved": "预留", "ridge point": "屋脊点", "running max": "当前最大值",
+    "scheduler": "调度器", "sequence group": "序列组", "simulator": "模拟器", "slot": "槽位",
+    "slot mapping": "槽位映射", "static batching": "静态批处理", "step": "步", "swap": "交换",
+    "swap in": "换入", "swap out": "换出", "swap space": "交换空间", "throughput": "吞吐量", "tile": "段",
+    "token states": "token 状态", "value": "值", "weights": "权重", "chunked prefill": "分块预填充",
+    "cumulative log-prob": "累积对数概率", "time per token": "token 间延迟",
+}
+# Chinese term -> patterns of the other renderings it replaced.
+FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
+    "空闲列表": ("空闲链表",),
+    "提示词": (r"提示(?![词：])",),  # 提示： is "hint"
+    "分块": (r"切成块", r"提示词的下一块", r"(?<!一)这一块通过", r"分块后的运行最大值"),
+    "访存受限": ("受内存带宽限制", "内存带宽受限", "内存受限"),
+    "显存": ("内存池", "GPU 内存", "内存流量", "只用内存的算术", r"对内存意味着"),
+    "当前最大值": ("运行最大值", "累积最大值", "累计最大值"),
+    "累积对数概率": ("累计对数概率",),
+    "重计算": (r"(?<![计权])重算",),
+    "注意力计算": ("注意到已缓存", r"关注（attend）", r"关注(?=它前面)"),
+    "token 间延迟": ("每个 token 的等待时间",),
+    "Roofline 模型": ("屋脊线模型",),
+}
+# English words a Chinese text may keep: the field's loan words, names, units and the lab's own words. Beside
+# these, a word with a digit, an underscore or a capital inside (SmolLM2, max_model_len, vLLM, ShareGPT), an
+# all-capitals word (KV, GPU, PASS, FREE) and a single letter (a variable) are kept; so are `code`, $math$,
+# {placeholders}, links and glosses from GLOSSARY.
+ALLOWED_ENGLISH = frozenset("""
+    token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
+    Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
+    Split-K split-K Roofline vs ms id None slot
+""".split())  # slot: lesson 4's exercise variable, which its check message names
+
+
+def english_words(text: str) -> list[str]:
+    """English words in a Chinese ``text`` that a Chinese reader should not meet: beside the kept ones
+    (``ALLOWED_ENGLISH``, names, identifiers, code, math and glossary glosses), each word of Latin letters."""
+    text = re.sub(r"\w*\{[^}]*\}\w*|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|https?://\S+", " ", text, flags=re.S)
+    text = re.sub(r"[\w.-]*\w(?:/|\.(?=[a-z]))[\w./-]*|(?<![\w.])\.[a-z]{2,5}\b|python -m [\w.]+(?: [a-z]+)*", " ", text)  # paths, commands
+    text = re.sub(r"“[A-Za-z][^”]*（[^）]*[\u4e00-\u9fff][^）]*）”", " ", text)  # an English name quoted with its Chinese
+    terms = "|".join(sorted(map(re.escape, GLOSSARY), key=len, reverse=True))
+    while True:  # innermost parentheses first: a gloss may sit inside a longer parenthesis
+        inner = re.sub(r"（([^（）]*)）", lambda m: "〔" + re.sub(rf"(?<![A-Za-z])(?:{terms})(?![A-Za-z])", " ", m.group(1), flags=re.I) + "〕", text)
+        if inner == text:
+            break
+        text = inner
+    found = []
+    for word in re.findall(r"[A-Za-z][A-Za-z0-9_'\-]*", text):
+        word = word.strip("-'")
+        if (len(word) <= 1 or word in ALLOWED_ENGLISH or re.search(r"[0-9_]|.[A-Z]", word) or word.isupper()):
+            continue
+        found.append(word)
+    return found
+
+
+def gloss_mismatches(text: str) -> list[str]:
+    """Glosses "中文（english）" whose Chinese is not the glossary's rendering of the English term, and
+    forbidden variants of a glossary term (``FORBIDDEN_VARIANTS``) found in ``text``."""
+    plain = re.sub(r"[*_]", "", text)
+    found = []
+    for m in re.finditer(r"([\u4e00-\u9fff、 A-Za-z]{1,12})（([A-Za-z][A-Za-z \-,]*)(?=[），、；])", plain):
+        before, term = m.group(1).rstrip(), m.group(2).strip().lower()
+        if term in GLOSSARY and not before.endswith(GLOSSARY[term]) and re.search(r"[\u4e00-\u9fff]$", before):
+            found.append(f"{before}（{m.group(2)}） (glossary: {GLOSSARY[term]})")
+    for term, variants in FORBIDDEN_VARIANTS.items():
+        for variant in variants:
+            found += [f"{x.group(0)} (glossary: {term})" for x in re.finditer(variant, text)]
+    return found
+
+
+def finish_reason_text(reason: str | None, lang: str = "en") -> str:
+    """The engine's ``finish_reason`` ("stop", "length", "abort"; "pruned" for a beam) in ``lang``, from the
+    ``finish_*`` keys. A reason the catalogue does not know (a run saved by another version) is shown as it is."""
+    key = f"finish_{reason}"
+    return t(key, lang) if key in CATALOGUE else str(reason)
 
 
 def untranslated(text: str) -> list[str]:

@@ -15,7 +15,7 @@ from matplotlib.patches import Rectangle
 from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, PREEMPTED_BY_SWAP,
                            RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SWAP_IN, SWAP_OUT, WRITE, StepReport)
 from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, TOUCHED_COLOR, request_color
-from visualize.i18n import t
+from visualize.i18n import finish_reason_text, t
 from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
 from visualize.style import as_svg, use_cjk_font
 
@@ -95,12 +95,13 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
     df["y"], df["y2"] = df["row"], df["row"] + CELL_H
     # Computed from the plain rows: pandas turns a column of ints and Nones into floats.
     df["color"] = [CACHED_COLOR if b["cached_hash"] and b["owner"] is None else request_color(b["owner"]) for b in blocks]
-    df["owner_text"] = [", ".join(f"{t('request', lang)} {o}" for o in b["owners"])
+    df["owner_text"] = [t("sep_list", lang).join(f"{t('request', lang)} {o}" for o in b["owners"])
                         or (t("cached_free", lang, hash=b["cached_hash"][:8]) if b["cached_hash"] else t("free", lang)) for b in blocks]
     df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
     df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
     df["touched_text"] = ["✓" if b["touched"] else "" for b in blocks]
-    df["holders_text"] = [", ".join(t("seq_of_request", lang, seq=sq, request=r) for r, sq in b["holders"]) or "–" for b in blocks]
+    df["holders_text"] = [t("sep_list", lang).join(t("seq_of_request", lang, seq=sq, request=r) for r, sq in b["holders"]) or "–"
+                          for b in blocks]
     df["ref_text"] = [str(b["ref_count"]) for b in blocks]
     df["badge"] = [f"×{b['ref_count']}" if b["ref_count"] > 1 else "" for b in blocks]
     copies: dict[int, list[int]] = {}  # one source may be copied for several writers
@@ -108,7 +109,7 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
     for src, dst, _ in copy_on_write_pairs(report):
         copies.setdefault(src, []).append(dst)
         cow_text[dst] = t("cow_dst", lang, src=src)
-    cow_text.update({src: t("cow_src", lang, dst=", ".join(map(str, dsts))) for src, dsts in copies.items()})
+    cow_text.update({src: t("cow_src", lang, dst=t("sep_list", lang).join(map(str, dsts))) for src, dsts in copies.items()})
     df["cow"] = [b["cow"] or "" for b in blocks]
     df["cow_text"] = [cow_text.get(b["block"], "") for b in blocks]
     df["hash_text"] = [short_hash(b["block_hash"]) or "–" for b in blocks]
@@ -315,7 +316,7 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
         elif e.kind == PREEMPT:
             detail = t(_PREEMPT_DETAIL.get(e.detail, "ev_preempt_detail"), lang)
         elif e.kind == FINISH:
-            detail = e.detail
+            detail = finish_reason_text(e.detail, lang)
         else:
             detail = e.detail
         rows.append(dict(request_id=e.request_id, kind=e.kind, detail=detail))

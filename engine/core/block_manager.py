@@ -127,7 +127,7 @@ class PagedBlockManager(KVCacheManager):
                 self._take_block(other)
 
     def num_prefill_tokens(self, group: Group) -> int:
-        # After the cache lookup, not before (nano-vllm #211): hit tokens are not computed.
+        # After the cache lookup, not before (GeeeekExplorer/nano-vllm#211): hit tokens are not computed.
         first, *others = group.unfinished_seqs()
         num_hit = len(self._computed_blocks(first))
         return group.num_new_tokens - (len(others) * self._shared_prompt_blocks(group) + num_hit) * self.block_size
@@ -135,7 +135,8 @@ class PagedBlockManager(KVCacheManager):
     def _computed_blocks(self, seq: Sequence) -> list[int]:
         """Cached blocks for ``seq``'s leading full blocks (vLLM's ``get_computed_blocks``), at most
         ``(num_tokens - 1) // block_size`` of them: the last token is always computed, since its
-        logits choose the next token (vLLM #11186, nano-vllm #144). Only blocks whose token ids the
+        logits choose the next token (vllm-project/vllm#11186,
+        GeeeekExplorer/nano-vllm#144). Only blocks whose token ids the
         sequence carries are looked up (the simulator carries its prompts' ids, not its outputs')."""
         if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
             return []
@@ -160,7 +161,7 @@ class PagedBlockManager(KVCacheManager):
         seq.num_computed_tokens = num_hit
         self.num_cached_blocks[seq.seq_id] = len(hits)
         stats = self.prefix_cache.stats
-        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vLLM #25780)
+        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vllm-project/vllm#25780)
             stats.preempted_queries += seq.num_tokens
             stats.preempted_hits += num_hit
         else:

@@ -56,7 +56,7 @@ class PrefixCacheStats:
 
     A request is counted when it is admitted: its tokens are *queried*, those found cached are *hits*.
     Re-prefills after a preemption are counted apart (``preempted_*``): they hit their own blocks and
-    would inflate the rate (vLLM #25780).
+    would inflate the rate (vllm-project/vllm#25780).
 
     Attributes:
         queries, hits: tokens looked up and found, first prefills.

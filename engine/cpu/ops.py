@@ -9,7 +9,7 @@ Five operations of every decode step, written for what a decode step is on a CPU
   output columns, and ``csrc/small_batch_linear.cpp`` multiplies up to 16 rows at a time against each
   panel as it streams past: one vector load of weights feeds 16 fused multiply-adds, and no horizontal
   sums are needed (see the comment at its top). Prefills go through it too, at any number of rows
-  (tokens): on the fifteenth session's AMD Zen 5 it took 9.1 ms for a layer's four matmul shapes at
+  (tokens): on an AMD Zen 5 (EPYC) it took 9.1 ms for a layer's four matmul shapes at
   596 rows against 14.2 ms for ``F.linear`` (MKL, which takes a slower path on AMD CPUs), and 26.8
   against 46.1 ms at 2,000 rows.
 - :func:`add_rms_norm` (vLLM's ``fused_add_rms_norm``) and :func:`rotary_embedding` (vLLM's

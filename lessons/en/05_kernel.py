@@ -42,7 +42,7 @@ from visualize.style import use_cjk_font
 
 LANG = "en"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
-print(t("lp5_interpreter", LANG, on=kernels.interpreted()))
+print(t("lp5_interpreter", LANG, on=t("yes" if kernels.interpreted() else "no", LANG)))
 
 # %% [markdown]
 # ## 1. Online softmax

@@ -112,7 +112,7 @@ tight_out = tight.generate(questions, params, on_step=t_reports.append)
 roomy_out = llm.generate(questions, params)  # the 512-block pool of section 1
 for o in tight_out:
     print(t("lp6_preempted", LANG, rid=o.request_id, n=o.num_preemptions))
-print(t("lp6_same_text", LANG, same=[o.text for o in tight_out] == [o.text for o in roomy_out]))
+print(t("lp6_same_text", LANG, same=t("yes" if [o.text for o in tight_out] == [o.text for o in roomy_out] else "no", LANG)))
 
 # %%
 held = [[next((len(s.block_table) for s in r.block_tables if s.request_id == rid), 0) for r in t_reports]
@@ -198,7 +198,7 @@ for mode in ("recompute", "swap"):
                        same_text=[o.text for o in out] == [o.text for o in roomy_out])
     m = modes[mode]
     print(t("lp6_mode", LANG, mode=t(f"l6_{mode}", LANG), preemptions=m["preemptions"], moved=m["blocks_moved"],
-            recomputed=m["tokens_recomputed"], ms=m["copy_ms"], same=m["same_text"]))
+            recomputed=m["tokens_recomputed"], ms=m["copy_ms"], same=t("yes" if m["same_text"] else "no", LANG)))
 
 # %%
 from visualize.i18n import t  # the new charts' texts, in the notebook's language

@@ -103,10 +103,10 @@ src, dst = cow[0].block_id, cow[0].dst_block_id
 caches = eng.runner.kv_caches
 unchanged = all(torch.equal(k[src][:held], kb[:held]) and torch.equal(v[src][:held], vb[:held]) for (k, v), (kb, vb) in zip(caches, before))
 copied = all(torch.equal(k[dst][:held], kb[:held]) and torch.equal(v[dst][:held], vb[:held]) for (k, v), (kb, vb) in zip(caches, before))
-print(t("lp7_unchanged", LANG, block=src, held=held, layers=len(caches), same=unchanged))
-print(t("lp7_copied", LANG, block=dst, same=copied))
+print(t("lp7_unchanged", LANG, block=src, held=held, layers=len(caches), same=t("yes" if unchanged else "no", LANG)))
+print(t("lp7_copied", LANG, block=dst, same=t("yes" if copied else "no", LANG)))
 first_tokens = {s.seq_id: eng.tokenizer.decode(s.token_ids[prompt_len]) for s in eng.requests[request_id].seqs}
-print(t("lp7_differs", LANG, slot=held, position=prompt_len, differs=not torch.equal(caches[0][0][src][held], caches[0][0][dst][held]),
+print(t("lp7_differs", LANG, slot=held, position=prompt_len, differs=t("no" if torch.equal(caches[0][0][src][held], caches[0][0][dst][held]) else "yes", LANG),
         first=first_tokens))
 while eng.has_unfinished_requests():
     eng.step()

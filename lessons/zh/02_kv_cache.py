@@ -9,9 +9,9 @@
 # ---
 
 # %% [markdown]
-# # 第 2 课 KV 缓存
+# # 第 2 课　KV 缓存
 #
-# **目标：** 弄明白为什么只保存每个 token 的键和值（而不保存查询）就能让解码既精确又省算力，算出每个 token 要为此付出多少字节，并观察缓存在一次生成中如何增长。
+# **目标**：弄明白为什么只保存每个 token 的键和值（而不保存查询）就能让解码既精确又省算力，算出每个 token 要为此付出多少字节，并观察缓存在一次生成中如何增长。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -39,7 +39,7 @@ use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
 # %% [markdown]
 # ## 1. 解码步需要过去的什么
-# 在因果注意力（causal attention）中，第 *t* 个 token 产生一个查询（query）**q**ₜ，并与键（key）**k**₀…**k**ₜ、值（value）**v**₀…**v**ₜ 做注意力。我们取真实模型的第一层，在一段短提示词上计算它的注意力。
+# 在因果注意力（causal attention）中，第 *t* 个 token 产生一个查询（query）**q**ₜ，并对键（key）**k**₀…**k**ₜ 和值（value）**v**₀…**v**ₜ 做注意力计算。我们取真实模型的第一层，在一段短提示词上计算它的注意力。
 
 # %%
 llm = LLM()
@@ -83,7 +83,7 @@ ax.set_title(t("lc_l2_attention_title", LANG))
 plt.show()
 
 # %% [markdown]
-# 最新 token 的输出（红框那一行）需要的是**它自己的查询**和**之前所有的键和值**。更早的查询再也用不到了：每个查询只服务于它自己那一行，而那一行早已算完。因此解码步可以把过去的 K 和 V 保存在**缓存**里，只为新 token 计算 q、k、v，再做注意力。下面我们用这种方式逐个 token 地算出同一层的输出，并与一次性计算的结果对比。
+# 最新 token 的输出（红框那一行）需要的是**它自己的查询**和**之前所有的键和值**。更早的查询再也用不到了：每个查询只服务于它自己那一行，而那一行早已算完。因此解码步可以把过去的 K 和 V 保存在**缓存**里，只为新 token 计算 q、k、v，再做注意力计算。下面我们用这种方式逐个 token 地算出同一层的输出，并与一次性计算的结果对比。
 
 # %%
 k_cache, v_cache, rows = [], [], []
@@ -99,7 +99,7 @@ print(t("lp2_full_vs_cached", LANG, T=T, diff=(out_full - out_cached).abs().max(
 # 两者的差别只在浮点舍入误差的量级：缓存改变的是计算*多少*，而不是计算*什么*。
 #
 # ## 2. 整个模型：有缓存与无缓存的 logits
-# 现在换成完整的 30 层模型，通过 Hugging Face transformers 加载，使用的正是引擎所用的那份权重。不用缓存（`use_cache=False`）时，每一步都要把整个序列重算一遍；用缓存时，每一步只算一个 token。我们比较每个生成位置的 logits，并检查引擎自己生成的 token（它从分页的 KV 缓存中解码）是否等于无缓存 logits 的 argmax。
+# 现在换成完整的 30 层模型，通过 Hugging Face transformers 加载，使用的正是引擎所用的那份权重。不用缓存（`use_cache=False`）时，每一步都要把整个序列重新计算一遍；用缓存时，每一步只算一个 token。我们比较每个生成位置的 logits，并检查引擎自己生成的 token（它从分页的 KV 缓存中解码）是否等于无缓存 logits 的 argmax。
 
 # %%
 hf = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
@@ -112,7 +112,7 @@ engine_tokens = llm.generate(ids, SamplingParams(max_tokens=16, ignore_eos=True)
 
 diff = [(a - b).abs().max().item() for a, b in zip(no_cache.logits, with_cache.logits)]
 argmax = [int(l[0].argmax()) for l in no_cache.logits]
-print(t("lp2_engine_tokens", LANG, same=engine_tokens == argmax))
+print(t("lp2_engine_tokens", LANG, same=t("yes" if engine_tokens == argmax else "no", LANG)))
 fig, ax = plt.subplots(figsize=(6, 2.6))
 ax.plot(diff, "o-")
 ax.set_xlabel(t("lc_l2_generated_token", LANG))
@@ -124,7 +124,7 @@ plt.show()
 # ## 3. 缓存的代价：每个 token 的字节数
 # 每一层都要为每个 token、每个 KV 头（KV head）保存一个键向量和一个值向量：
 #
-# **每个 token 的 KV 字节数 = 2 × 层数 × KV 头数 × head_dim × 每个元素的字节数**
+# **每个 token 的 KV 字节数 = 2 × 层数 × KV 头数 × 每头维数（head_dim）× 每个元素的字节数**
 #
 # 引擎里的 `kv_bytes_per_slot` 正是按这个公式计算的；引擎实际分配的 KV 池（KV pool）也与之吻合。
 
@@ -135,7 +135,7 @@ slots = eng.num_blocks * eng.config.block_size
 print(t("lp2_pools", LANG, pool=pool_bytes, slots=slots, per=pool_bytes // slots))
 
 # %% [markdown]
-# 更大的模型需要多得多的缓存。以下配置来自 Llama 2 论文（Touvron et al., 2023）及其发布的配置文件：Llama-2-7B 有 32 层、32 个 KV 头、每头 128 维；Llama-2-70B 有 80 层，但只有 8 个 KV 头（分组查询注意力，grouped-query attention，GQA），每头 128 维。两者都以 fp16（2 字节）部署。
+# 更大的模型需要多得多的缓存。以下配置来自 Llama 2 论文（Touvron et al., 2023）及其发布的配置文件：Llama-2-7B 有 32 层、32 个 KV 头、每头 128 维；Llama-2-70B 有 80 层，但只有 8 个 KV 头（分组查询注意力，grouped-query attention, GQA），每头 128 维。两者都以 fp16（2 字节）部署。
 
 # %%
 models = {
@@ -159,7 +159,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# 正因为分组查询注意力，大 10 倍的 70B 模型每个 token 需要的缓存反而*比* 7B 少：它只有 8 个 KV 头，而不是 32 个。每个 token 0.5 MiB，意味着一个 4096 token 的 Llama-2-7B 请求就要占 2 GiB。
+# 正因为分组查询注意力，大 10 倍的 70B 模型每个 token 需要的缓存反而比 7B *少*：它只有 8 个 KV 头，而不是 32 个。每个 token 0.5 MiB，意味着一个 4096 token 的 Llama-2-7B 请求就要占 2 GiB。
 #
 # ## 4. 缓存在生成过程中增长
 # 我们让一个请求生成 40 个 token，同时观察引擎的 KV 池。`StepReport.memory` 统计**token 状态**（token states，存放某个 token 的 K 和 V 的槽位）以及分配给这个请求的槽位。
@@ -178,7 +178,9 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# 每一步恰好增加一个 token 的量（fp32 下 45 KiB）；显存按块（block）分配，请求结束的那一步全部释放。缓存最终有多大取决于请求会生成多少 token，而这事先没人知道：第 3 课会讲这对内存意味着什么。
+# 每一步恰好增加一个 token 的量（fp32 下 45 KiB）；显存按块（block）分配，请求结束的那一步全部释放。缓存最终有多大取决于请求会生成多少 token，而这事先没人知道：第 3 课会讲这对显存意味着什么。
+#
+# 关于用词：本实验在 CPU 上运行，KV 池实际放在内存里；但它模拟的是 GPU 上的 KV 缓存，所以课程中称为“显存”。涉及本机测量时（第 1 课的计时、第 6 课的复制耗时），说的是真实的内存；换出时接收块的 CPU 交换空间也在内存中。“访存受限”里的“访存”泛指从存储器读写数据，GPU 上指显存，CPU 上指内存，不必二选一。
 #
 # ## 练习
 # PagedAttention 论文（表 1）在一张 A100-40GB 上部署 OPT-13B，留给 KV 缓存约 **12 GB**，可容纳 **15.7K** 个 token。OPT-13B（Zhang et al., 2022）有 40 层、40 个注意力头（每个都是一个 KV 头）、每头 128 维，使用 fp16。请计算：

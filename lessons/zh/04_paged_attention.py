@@ -9,9 +9,9 @@
 # ---
 
 # %% [markdown]
-# # 第 4 课 PagedAttention：块、块表与槽位
+# # 第 4 课　PagedAttention：块、块表与槽位
 #
-# **目标：** 跟踪引擎如何把每个请求的 KV 缓存存放在固定大小的块里，这些块分散在同一个共享池中；并学会从请求的块表里读出某个 token 的物理位置。
+# **目标**：跟踪引擎如何把每个请求的 KV 缓存存放在固定大小的块里，这些块分散在同一个共享池中；并学会从请求的块表里读出某个 token 的物理位置。
 #
 # 这个想法来自操作系统的虚拟内存（PagedAttention 论文 §4.1–4.3）：
 #
@@ -76,7 +76,7 @@ for snap in first.block_tables:
 
 # %% [markdown]
 # ## 2. 观察块表的增长
-# 解码时请求每步增加一个 token；每增加 `block_size` 个 token 就需要一个新块。请求结束时，它的所有块都回到空闲链表（free list），可以分给任何请求。
+# 解码时请求每步增加一个 token；每增加 `block_size` 个 token 就需要一个新块。请求结束时，它的所有块都回到空闲列表（free list），可以分给任何请求。
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3))
@@ -100,7 +100,7 @@ print(t("lp4_freed_step", LANG, blocks=[e.block_id for e in done.events if e.kin
 
 # %% [markdown]
 # ## 3. 槽位映射（slot mapping）
-# KV 池可以看成一个很长的**槽位**（slot）数组，每个块有 `block_size` 个槽位。请求中第 *p* 个位置的 token 存放在：
+# KV 池可以看成一个很长的**槽位**（slot）数组，每个块有 `block_size` 个槽位。请求中位置 *p*（从 0 起算）上的 token 存放在：
 #
 # - 逻辑块 `p // block_size`，块内偏移 `p % block_size`；
 # - 物理块 `block_table[p // block_size]`；
@@ -116,7 +116,7 @@ print(t("lp4_allocated_step", LANG, blocks=[(e.request_id, e.logical_index, e.bl
 
 # %% [markdown]
 # ## 4. 分配器（allocator）
-# 块表之下是一个普通的空闲链表，每个块带一个引用计数（reference count）：这就是 `BlockAllocator`。`allocate` 从链表头取块，`free` 把块放回链表尾。引用计数大于 1 表示块被多个请求共享（写时复制 copy-on-write、前缀缓存 prefix caching；论文 §4.4）。
+# 块表之下是一个普通的空闲列表，每个块带一个引用计数（reference count）：这就是 `BlockAllocator`。`allocate` 从列表头部取块，`free` 把块放回列表尾部。引用计数大于 1 表示块被多个请求共享（写时复制（copy-on-write）、前缀缓存（prefix caching）；论文 §4.4）。
 
 # %%
 pool = BlockAllocator(num_blocks=6)

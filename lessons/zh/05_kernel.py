@@ -9,11 +9,11 @@
 # ---
 
 # %% [markdown]
-# # 第 5 课 PagedAttention 解码内核
+# # 第 5 课　PagedAttention 解码内核
 #
-# **目标：** 理解引擎的 Triton 解码内核（kernel）里的三个想法——在线 softmax（online softmax）、分组的 KV 头、split-K——亲手运行这个内核，并写一个读取分页缓存的简化版本。
+# **目标**：理解引擎的 Triton 解码内核（kernel）里的三个想法——在线 softmax（online softmax）、分组的 KV 头、split-K——亲手运行这个内核，并写一个读取分页缓存的简化版本。
 #
-# 在一个解码步中，每个序列的每个头只有一个查询。内核要在该序列的整个上下文上计算 softmax(**q** Kᵀ · scale) V，而这些 K 和 V 分散在池中各处的块里。内核从不构造完整的一行 logits：它一次处理上下文中的一小段（tile）。
+# 在一个解码步中，每个序列的每个头只有一个查询。内核要在该序列的整个上下文上计算 softmax(**q** Kᵀ · `scale`) V，而这些 K 和 V 分散在池中各处的块里。内核从不构造完整的一行 logits：它一次处理上下文中的一小段（tile）。
 
 # %%
 # Make `engine` and `kernels` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -39,11 +39,11 @@ from visualize.style import use_cjk_font
 
 LANG = "zh"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
-print(t("lp5_interpreter", LANG, on=kernels.interpreted()))
+print(t("lp5_interpreter", LANG, on=t("yes" if kernels.interpreted() else "no", LANG)))
 
 # %% [markdown]
 # ## 1. 在线 softmax
-# softmax(x)ᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m)，其中 m = max x，保证指数不会溢出。按段读取 x 时，我们维护三个累积量：到目前为止的最大值 **m**、exp(x − m) 之和 **l**，以及值向量的加权和 **acc**。当某一段把最大值从 m 提高到 m′ 时，之前累积的一切都要乘以缩放因子 α = exp(m − m′)（Milakov & Gimelshein 2018；FlashAttention）。
+# softmax(x)ᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m)，其中 m = max x，保证指数不会溢出。按段读取 x 时，我们维护三个累积量：当前最大值（running max，即到目前为止见过的最大值）**m**、exp(x − m) 之和 **l**，以及值向量的加权和 **`acc`**。当某一段把最大值从 m 提高到 m′ 时，之前累积的一切都要乘以缩放因子 α = exp(m − m′)（Milakov & Gimelshein 2018；FlashAttention）。
 
 # %%
 torch.manual_seed(0)
@@ -76,7 +76,7 @@ plt.show()
 # 某一段没有抬高最大值时 α 为 1；第一段的 α 为 0（m 从 −∞ 开始）。结果是精确的：在线 softmax 只是重新安排了运算顺序，并不是近似。
 #
 # ## 2. 分组查询注意力：一个 KV 头服务一组查询头
-# SmolLM2 有 9 个查询头、3 个 KV 头：第 *h* 个查询头读取第 *h* // 3 个 KV 头。内核为整组只加载**一次**该 KV 头的键和值，内存流量因此除以组的大小。
+# SmolLM2 有 9 个查询头、3 个 KV 头：第 *h* 个查询头读取第 *h* // 3 个 KV 头。内核为整组只加载**一次**该 KV 头的键和值，显存访问量因此降为原来的 1/组大小（此处为 1/3）。
 
 # %%
 num_heads, num_kv_heads = 9, 3
@@ -111,7 +111,7 @@ got = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables
 print(t("lp5_kernel", LANG, s=time.perf_counter() - start, diff=(got - want).abs().max()))
 
 # %% [markdown]
-# 在 GPU 上，每个 Triton **程序**（program）处理一个（序列，KV 头）对：它加载该组的查询，然后遍历上下文，为每个 token 从块表中取出它所在的块号。
+# 在 GPU 上，每个 Triton **程序**（program）处理一个（序列、KV 头）对：它加载该组的查询，然后遍历上下文，为每个 token 从块表中取出它所在的块号。
 
 # %%
 tables = [row[: -(-int(n) // block_size)].tolist() for row, n in zip(block_tables, context_lens)]
@@ -132,7 +132,13 @@ plt.show()
 
 # %% [markdown]
 # ## 练习
-# 补全 `decode_one`：单个序列的解码注意力，用在线 softmax **一次一个块**地读取它的分页缓存（也就是内核的循环，用 torch 写）。把三个 `None` 填上。检查单元会在上面三个序列上把它与 `paged_attention_reference` 比较，然后再用放大一百倍的 logits 比较一次——不减去累积最大值的 softmax 在那时会溢出。
+# 补全 `decode_one`：单个序列的解码注意力，用在线 softmax **一次一个块**地读取它的分页缓存（也就是内核的循环，用 torch 写）。把三个 `None` 填上：
+#
+# - `alpha`：把 `l` 和 `acc` 从旧的当前最大值换算到新最大值 `m_new` 的缩放因子；
+# - `p`：本块 logits 在新最大值下的 exp，形状 [num_heads, n]；
+# - 返回值：归一化后的输出，形状 [num_heads, head_dim]。
+#
+# 检查单元会在上面三个序列上把它与 `paged_attention_reference` 比较，然后再用放大一百倍的 logits 比较一次——不减去当前最大值的 softmax 在那时会溢出。
 
 # %% tags=["exercise"]
 def decode_one(q, key_cache, value_cache, block_table, context_len, scale):

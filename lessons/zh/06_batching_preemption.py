@@ -9,12 +9,12 @@
 # ---
 
 # %% [markdown]
-# # 第 6 课 连续批处理与抢占
+# # 第 6 课　连续批处理与抢占
 #
-# **目标：** 在同一组请求上比较静态批处理与迭代级（连续）批处理；观察 KV 池耗尽时引擎怎么做（通过重计算进行抢占）；用模拟器测量块大小的取舍；改用交换（swap）代替重计算进行抢占；并看分块预填充如何让解码在长提示词旁边照常运行。
+# **目标**：在同一组请求上比较静态批处理与迭代级（连续）批处理；观察 KV 池耗尽时引擎怎么做（通过重计算进行抢占）；用模拟器测量块大小的取舍；改用交换（swap）代替重计算进行抢占；并看分块预填充如何在长提示词预填充期间让正在进行的解码照常推进。
 #
 # - **静态批处理**（static batching）：取一批请求，一直运行到这批里*每个*请求都结束，再取下一批。已经结束的请求留下的位置会一直空着，直到最长的那个请求跑完。
-# - **连续批处理**（continuous batching，即 Orca 的迭代级调度 iteration-level scheduling，vLLM 也采用它）：调度器（scheduler）**每一步**都重新决定这一批；结束的请求立即离开，等待中的请求马上补上它的位置。
+# - **连续批处理**（continuous batching，即 Orca 的迭代级调度（iteration-level scheduling），vLLM 也采用它）：调度器（scheduler）**每一步**都重新决定这一批；结束的请求立即离开，等待中的请求马上补上它的位置。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -39,7 +39,7 @@ use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
 # %% [markdown]
 # ## 1. 同一组请求：静态批处理 vs 连续批处理
-# 八个请求同时到达，要求生成的 token 数差别很大；最多同时运行 4 个。这里手动驱动引擎来做静态批处理：接纳 4 个，一步步运行直到这 4 个都结束，再接纳下 4 个。
+# 八个请求同时到达，要求生成的 token 数差别很大；最多同时运行 4 个。这里手动驱动引擎来做静态批处理：接纳 4 个，一步步运行直到这 4 个都结束，再接纳下 4 个。下面的 `run(lengths, batch_size)` 按给定的输出长度运行一组请求：`batch_size=None` 表示连续批处理（全部请求一次排队，调度器每一步补位）；取整数时表示静态批处理，每批这么多个请求，每批都运行到底。它返回请求 id 和各步的步报告。
 
 # %%
 llm = LLM(max_num_seqs=4)
@@ -75,7 +75,7 @@ axes[0].set_yticks(range(len(lengths)), [t("lc_l6_n_tokens", LANG, n=n) for n in
 plt.show()
 
 # %% [markdown]
-# 每一条代表一个请求；每一步的那一列显示这一步有哪些请求在运行。在静态批处理中，4 个 token 的请求结束后，它的位置一直空闲，直到同批里 24 个 token 的请求完成。下面看具体数字：吞吐量（throughput，每秒引擎时间生成的 token 数）和延迟（latency，从到达——第 0 步——到最后一个 token 的步数）。
+# 每一条代表一个请求；每一步的那一列显示这一步有哪些请求在运行。在静态批处理中，4 个 token 的请求结束后，它的位置一直空闲，直到同批里 24 个 token 的请求完成。下面看具体数字：吞吐量（throughput，引擎每运行一秒生成的 token 数）和延迟（latency，从到达——第 0 步——到最后一个 token 的步数）。
 
 # %%
 for name, (ids, reports) in runs.items():
@@ -99,7 +99,7 @@ tight_out = tight.generate(questions, params, on_step=t_reports.append)
 roomy_out = llm.generate(questions, params)  # the 512-block pool of section 1
 for o in tight_out:
     print(t("lp6_preempted", LANG, rid=o.request_id, n=o.num_preemptions))
-print(t("lp6_same_text", LANG, same=[o.text for o in tight_out] == [o.text for o in roomy_out]))
+print(t("lp6_same_text", LANG, same=t("yes" if [o.text for o in tight_out] == [o.text for o in roomy_out] else "no", LANG)))
 
 # %%
 held = [[next((len(s.block_table) for s in r.block_tables if s.request_id == rid), 0) for r in t_reports]
@@ -143,7 +143,7 @@ plt.show()
 # 每块几十个 token 以内，浪费都很小，批也很大；超过 128 之后，每个请求最后一个块浪费的空间多到足以让批变小。
 #
 # ## 4. 用交换代替重计算（论文 §4.5、§7.3）
-# 设置 `preemption_mode="swap"` 后，引擎在 CPU 内存中另建一个块布局相同的块池，即**交换空间**（swap space）。被抢占请求的块被复制过去（`blocks_to_swap_out`：GPU 块与 CPU 块的配对），在它继续解码之前再复制回来（`blocks_to_swap_in`）：不重算任何东西。只要有请求被换出，就不接纳新请求；被换出的请求先于等待中的请求回来。下面把第 2 节的负载用两种方式各跑一遍，每次都用同一份权重新建引擎：比较移动的块数、被重算的 token 数，以及步报告记下的复制耗时（`timings_ms["swap"]`）。
+# 设置 `preemption_mode="swap"` 后，引擎在 CPU 内存中另建一个块布局相同的块池，即**交换空间**（swap space）。被抢占请求的块被复制过去（`blocks_to_swap_out`：GPU 块与 CPU 块的配对），在它继续解码之前再复制回来（`blocks_to_swap_in`）：不重新计算任何东西。只要有请求被换出，就不接纳新请求；被换出的请求先于等待中的请求回来。下面把第 2 节的负载用两种方式各跑一遍，每次都用同一份权重新建引擎：比较移动的块数、被重计算的 token 数，以及步报告记下的复制耗时（`timings_ms["swap"]`）。
 
 # %%
 from engine import EngineConfig, LLMEngine
@@ -173,7 +173,7 @@ for mode in ("recompute", "swap"):
                        same_text=[o.text for o in out] == [o.text for o in roomy_out])
     m = modes[mode]
     print(t("lp6_mode", LANG, mode=t(f"l6_{mode}", LANG), preemptions=m["preemptions"], moved=m["blocks_moved"],
-            recomputed=m["tokens_recomputed"], ms=m["copy_ms"], same=m["same_text"]))
+            recomputed=m["tokens_recomputed"], ms=m["copy_ms"], same=t("yes" if m["same_text"] else "no", LANG)))
 
 # %%
 from visualize.i18n import t  # the new charts' texts, in the notebook's language
@@ -217,7 +217,7 @@ plt.show()
 # 块大小减半，复制次数就翻倍。（在这台 CPU 上复制只发生在内存之内，耗时只有几毫秒，在共享的机器上波动也大；能推广到 GPU 的是复制次数。）
 #
 # ## 5. 分块预填充：长提示词不再拖住解码
-# 两个短请求正在解码时，来了一个约 260 个 token 的提示词。如果整段预填充，这个提示词会让某一步变得很长，两个正在运行的请求要等这一步结束才拿到下一个 token。启用分块预填充（vLLM 的 `enable_chunked_prefill`）后，每一步花同一份 token 预算（`max_num_batched_tokens`）：先给正在运行的解码，再给提示词的下一块；这一块通过块表关注（attend）它前面已经算好的块。
+# 两个短请求正在解码时，来了一个约 260 个 token 的提示词。如果整段预填充，这个提示词会让某一步变得很长，两个正在运行的请求要等这一步结束才拿到下一个 token。启用分块预填充（vLLM 的 `enable_chunked_prefill`）后，每一步花同一份 token 预算（`max_num_batched_tokens`）：先给正在运行的解码，再给提示词的下一个**分块**（chunk）；这个分块通过块表读取前面各分块已写入的 K、V，参与注意力计算。
 
 # %%
 long_prompt = " ".join(["The lighthouse keeper wrote down the weather, the ships and the birds every evening."] * 16)
@@ -254,7 +254,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# 不分块时，有一步要计算整段提示词，耗时是解码步的许多倍：这一步里的解码只能等着。预算为 32 时，没有哪一步计算超过 32 个 token，两个解码每一步都在运行，它们每个 token 的等待时间有上限。代价是：长提示词的第一个 token 要晚几步才出来；在这台 CPU 上总时间也略有增加，因为每一步都有固定开销（在 GPU 上，几十个 token 的一步只比解码步贵一点，因为解码受内存带宽限制：见第 1 课）。
+# 不分块时，有一步要计算整段提示词，耗时是解码步的许多倍：这一步里的解码只能等着。预算为 32 时，没有哪一步计算超过 32 个 token，两个解码每一步都在运行，所以它们生成每个 token 的时间（token 间延迟）有上限。代价是：长提示词的第一个 token 要晚几步才出来；在这台 CPU 上总时间也略有增加，因为每一步都有固定开销（在 GPU 上，几十个 token 的一步只比解码步贵一点，因为解码是访存受限的：见第 1 课）。
 #
 # ## 练习
 # 六个请求同时到达，分别要求生成 3、9、5、12、2、7 个 token，最多同时运行 4 个。要求 *n* 个 token 的请求运行 *n* 步（它的预填充步产生第一个 token）。在连续批处理中，请求结束后它的位置在下一步就会被补上。不运行任何代码：两种策略各需要多少步？

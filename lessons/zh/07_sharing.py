@@ -9,9 +9,9 @@
 # ---
 
 # %% [markdown]
-# # 第 7 课 — 共享显存：派生（fork）、写时复制、并行采样与束搜索
+# # 第 7 课　共享显存：派生（fork）、写时复制、并行采样与束搜索
 #
-# **目标：** 观察同一个请求的多个序列如何通过各自的块表共享 KV 块；看到共享块在第一次被写入时被复制；并测量并行采样和束搜索节省了多少显存。
+# **目标**：观察同一个请求的多个序列如何通过各自的块表共享 KV 块；看到共享块在第一次被写入时被复制；并测量并行采样和束搜索节省了多少显存。
 #
 # 块表的作用不只是消除碎片（第 3、4 课）：两个块表可以指向*同一个*物理块。PagedAttention 论文（§4.4）借用了操作系统思想的另一半：
 #
@@ -88,10 +88,10 @@ src, dst = cow[0].block_id, cow[0].dst_block_id
 caches = eng.runner.kv_caches
 unchanged = all(torch.equal(k[src][:held], kb[:held]) and torch.equal(v[src][:held], vb[:held]) for (k, v), (kb, vb) in zip(caches, before))
 copied = all(torch.equal(k[dst][:held], kb[:held]) and torch.equal(v[dst][:held], vb[:held]) for (k, v), (kb, vb) in zip(caches, before))
-print(t("lp7_unchanged", LANG, block=src, held=held, layers=len(caches), same=unchanged))
-print(t("lp7_copied", LANG, block=dst, same=copied))
+print(t("lp7_unchanged", LANG, block=src, held=held, layers=len(caches), same=t("yes" if unchanged else "no", LANG)))
+print(t("lp7_copied", LANG, block=dst, same=t("yes" if copied else "no", LANG)))
 first_tokens = {s.seq_id: eng.tokenizer.decode(s.token_ids[prompt_len]) for s in eng.requests[request_id].seqs}
-print(t("lp7_differs", LANG, slot=held, position=prompt_len, differs=not torch.equal(caches[0][0][src][held], caches[0][0][dst][held]),
+print(t("lp7_differs", LANG, slot=held, position=prompt_len, differs=t("no" if torch.equal(caches[0][0][src][held], caches[0][0][dst][held]) else "yes", LANG),
         first=first_tokens))
 while eng.has_unfinished_requests():
     eng.step()
@@ -122,10 +122,10 @@ for o in parallel[0].outputs:
     print(t("lp7_sample", LANG, index=o.index, text=o.text))
 
 # %% [markdown]
-# 论文测得并行采样（n = 2…6）在 Alpaca 上节省 6.1–9.8 %，在 ShareGPT 上节省 16.2–30.5 %（§6.3，图 15），远少于这里：那里的输出长达数百个 token，每个样本自己的块随输出增长，而共享的部分（满的提示词块）保持不变。38 个 token 的提示词只配 10 个 token 的输出，是最有利的情形。
+# 论文测得并行采样（n = 2…6）在 Alpaca 上节省 6.1%–9.8%，在 ShareGPT 上节省 16.2%–30.5%（§6.3，图 15），远少于这里：那里的输出长达数百个 token，每个样本自己的块随输出增长，而共享的部分（满的提示词块）保持不变。38 个 token 的提示词只配 10 个 token 的输出，是最有利的情形。
 #
 # ## 3. 束搜索，宽度 4
-# 束搜索保留 `beam_width` 个最好的序列（按累积对数概率）。每一步，每个存活的束提出候选；最好的 4 个存活下来。存活的候选从它的父束**派生**（复制块表，引用计数 + 1；父束本身作为它的第一个存活者继续）。没有任何候选存活的束被**剪枝**：它的块表立刻被释放。如果没有别人持有，它的块回到空闲链表（`FREE`，detail 为空）；仍被共享的块只是少了一个引用（"still shared"）。束之间共享的远比样本多：整个公共前缀，而不只是提示词（论文图 9）。
+# 束搜索保留 `beam_width` 个最好的序列（按累积对数概率）。每一步，每个存活的束提出候选；最好的 4 个存活下来。存活的候选从它的父束**派生**（复制块表，引用计数 + 1；父束自身则作为第一个存活的候选继续下去）。没有任何候选存活的束被**剪枝**：它的块表立刻被释放。如果没有别人持有，它的块回到空闲列表（`FREE` 事件，详情为空）；仍被共享的块只是少了一个引用（事件详情为 `still shared, refcount N`，中文界面显示为“其他序列仍持有”）。束之间共享的远比样本多：整个公共前缀，而不只是提示词（论文图 9）。
 
 # %%
 b_reports = []
@@ -142,7 +142,7 @@ for o in beams[0].sequences:
     print(t("lp7_beam", LANG, index=o.index, logprob=o.cumulative_logprob, text=o.text))
 
 # %% [markdown]
-# 论文测得束宽 2…6 在 Alpaca 上节省 37.6–55.2 %，在 ShareGPT 上节省 44.3–66.3 %。下面把两次运行并排画出：两条线之间的差距就是共享节省的显存。
+# 论文测得束宽 2…6 在 Alpaca 上节省 37.6%–55.2%，在 ShareGPT 上节省 44.3%–66.3%。下面把两次运行并排画出：两条线之间的差距就是共享节省的显存。
 
 # %%
 use_cjk_font()  # before the axes exist: their title and axis labels take the font they are made with
@@ -157,7 +157,7 @@ plt.show()
 
 # %% [markdown]
 # ## 4. 序列组的抢占
-# 显存不够时，调度器抢占整个序列组（最新的先被抢占），而不会只抢占其中一个序列（论文 §4.5）：组内的序列依赖彼此共享的块。这个引擎用**重计算**（recompute）来抢占：每个序列的块都被释放，之后整个组作为"提示词 + 每个序列自己已生成的 token"重新预填充，满的提示词块再次共享。vLLM 还可以把一个组的块**换出**（swap out）到 CPU 内存，之后再**换入**（swap in）。
+# 显存不够时，调度器抢占整个序列组（最新的先被抢占），而不会只抢占其中一个序列（论文 §4.5）：组内的序列依赖彼此共享的块。这个引擎用**重计算**（recompute）来抢占：每个序列的块都被释放，之后整个组作为“提示词 + 每个序列自己已生成的 token”重新预填充，满的提示词块再次共享。vLLM 还可以把一个组的块**换出**（swap out）到 CPU 内存，之后再**换入**（swap in）。
 #
 # ## 练习
 # 一个新请求对下面的提示词要求 `n = 4` 个样本。看这样一步：每个样本在 KV 缓存中持有 `prompt_len + output_len` 个 token 状态（它的提示词和前 `output_len` 个生成的 token）。不看引擎的报告，计算：

@@ -31,9 +31,9 @@
 //     slots are one stretch of memory per slot; while one span is computed, the next one's slots (the
 //     rest of this sequence, or the first span of the next sequence the thread runs) are brought into
 //     L2, spread evenly over the span's work. Memory is then read at an even pace while the arithmetic
-//     runs. Before (eleventh session), a thread ran a sequence's KV heads one after another over the
-//     whole context: the first read every slot from memory and the others found them in L2, and only
-//     256 KB of the next sequence came in ahead, so long contexts were read in bursts (30 layers on
+//     runs. Running a sequence's KV heads one after another over the whole context instead (the
+//     first reads every slot from memory, the others find them in L2, and only 256 KB of the next
+//     sequence comes in ahead) reads long contexts in bursts; against it, span by span (30 layers on
 //     their own pools in 2 MiB pages, the two builds alternating, throwaway harness: 8 sequences x
 //     ~490 tokens 10.64 -> 8.66 ms, 4 x ~290: 4.03 -> 3.11 ms, 1 x 1000: 3.70 -> 3.02 ms, 16 x ~150:
 //     7.22 -> 6.87 ms, 16 x ~50: 3.83 -> 3.68 ms). The same tiles in the same order, with the softmax
