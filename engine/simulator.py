@@ -49,7 +49,7 @@ from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.scheduler import PREEMPTION_MODES, Scheduler, SchedulerOutput
+from engine.scheduler import PREEMPTION_MODES, SCHEDULE_FIRST, Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim_clock import SimClock, resolve_cost_model
 from engine.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
 from engine.sequence import Sequence, SequenceGroup
@@ -107,6 +107,11 @@ class SimulationConfig:
             as ``kv_slots``.
         enable_chunked_prefill: prompts are cut to fit ``max_num_batched_tokens`` (default 512 then,
             vLLM v0's), decodes first.
+        schedule_first: which part of a step the scheduler fills first (``engine/scheduler.py``):
+            "prefills" (vLLM v0's scheduler, the one the paper measured: waiting prompts first with
+            the whole token budget; a step that admits any runs no decodes) or "decodes" (vLLM v1's:
+            running decodes first, prompts get the budget left). None (default) = "prefills" with
+            whole prompts, "decodes" with chunked prefill; :attr:`scheduler_rule` gives the one used.
         shared_prefix: tokens of a prefix every prompt begins with (a system prompt, few-shot
             examples; paper §4.4 and §6.4), before the workload's own prompt lengths; 0 = none. The
             simulator then carries token ids for the prompts: the prefix has the same ids in every
@@ -142,8 +147,18 @@ class SimulationConfig:
     preemption_mode: str = "recompute"
     swap_slots: int | None = None
     enable_chunked_prefill: bool = False
+    schedule_first: str | None = None
+
+    @property
+    def scheduler_rule(self) -> str:
+        """The ``schedule_first`` rule this run uses ("prefills" or "decodes"), None resolved."""
+        if self.schedule_first is not None:
+            return self.schedule_first
+        return "decodes" if self.enable_chunked_prefill else "prefills"
 
     def __post_init__(self) -> None:
+        if self.schedule_first is not None:
+            check_schedule_first(self.schedule_first, self.enable_chunked_prefill)
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {self.preemption_mode!r}")
         if self.preemption_mode == "swap" and self.allocator != "paged":
@@ -340,7 +355,10 @@ class LockstepScheduler(Scheduler):
     def start_lockstep(self) -> None:
         """Switch to lock-step mode (for good); call it before anything has run."""
         assert not self.running, "lock-step mode starts with nothing running"
-        self.clock = 0  # steps done
+        # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
+        # where it is, since no running request grew; its admissions are dated one step earlier.
+        self.clock = 0  # decode steps done
+        self.admit_clock = 0  # the clock admissions are dated from (prefilled in step admit_clock + 1)
         self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
         self.offset_sum = 0
         self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
@@ -352,11 +370,22 @@ class LockstepScheduler(Scheduler):
         """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
         every request in ``running`` that was not admitted this step decoded one token."""
         out = SchedulerOutput()
+        if self.schedule_first == "prefills":
+            self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
+            self._schedule_prefills(out, self.max_num_batched_tokens)
+            self.admit_clock = self.clock
+            if out.prefill_seqs:
+                return out  # vLLM v0: a prefill step; the running requests decode in the next one
         self._lockstep_decodes(out)
-        if not out.preempted:
+        if not out.preempted and self.schedule_first == "decodes":
             self._schedule_prefills(out, self.max_num_batched_tokens - len(self.running))
         self.clock += 1
+        self.admit_clock = self.clock
         return out
+
+    def last_step_decoded(self, out: SchedulerOutput) -> bool:
+        """Did the running requests decode in the step :meth:`lockstep_step` returned ``out`` for?"""
+        return not (self.schedule_first == "prefills" and out.prefill_seqs)
 
     def steps_until_event(self, limit: int) -> int:
         """How many of the next steps (at most ``limit``) are pure decode: no admission, no
@@ -377,6 +406,7 @@ class LockstepScheduler(Scheduler):
         (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
         sums = self.kv.lockstep_decode(self.clock, k, self.lockstep_token_state_steps(k), next_waiting)
         self.clock += k
+        self.admit_clock = self.clock
         return sums
 
     def lockstep_token_state_steps(self, k: int) -> int:
@@ -418,9 +448,9 @@ class LockstepScheduler(Scheduler):
                     break
 
     def _lockstep_admit(self, seq: Sequence) -> None:
-        # Prefilled in step clock + 1: num_tokens + 1 tokens at clock + 1.
-        self.kv.lockstep_admit(seq, self.clock)
-        offset = seq.num_tokens - self.clock
+        # Prefilled in step admit_clock + 1: num_tokens + 1 tokens at admit_clock + 1.
+        self.kv.lockstep_admit(seq, self.admit_clock)
+        offset = seq.num_tokens - self.admit_clock
         self.offsets[seq] = offset
         self.offset_sum += offset
         self.admissions += 1
@@ -480,9 +510,10 @@ class _Run:
             static = StaticLockstepScheduler if self.lockstep else StaticBatchScheduler
             self.sched = static(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
         elif self.lockstep:
-            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched)
+            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched, schedule_first=cfg.scheduler_rule)
         else:
-            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill)
+            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill,
+                                   cfg.scheduler_rule)
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
@@ -628,7 +659,8 @@ class _Run:
             self._count_preemptions(out)
             self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         sums = self.sched.lockstep_usage(self._next_waiting())
-        self.clock.run_step(self.clock.lockstep_shape(out, sums, len(self.sched.running)), out.prefill_seqs)
+        shape = self.clock.lockstep_shape(out, sums, len(self.sched.running), self.sched.last_step_decoded(out))
+        self.clock.run_step(shape, out.prefill_seqs)
         self._record(1, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
 
