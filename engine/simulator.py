@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 from tqdm import tqdm
 
-from engine.accounting import CATEGORIES
+from engine.accounting import CATEGORIES, in_use_shares
 from engine.block_manager import KVCacheManager, PagedBlockManager
 from engine.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.cost_model import SETUPS, CostModel, get_setup
@@ -275,6 +275,12 @@ class SimulationResult:
         shares = {c: float((self.series_memory[c][mask] * weights).sum() / (total * capacity)) for c in CATEGORIES}
         return shares, float((self.series_running[mask] * weights).sum() / total)
 
+    @property
+    def token_state_share_of_in_use(self) -> float:
+        """Token states as a share of the memory in use (all steps; the pool less its free slots,
+        ``engine.accounting.in_use_shares``): the measure of the paper's Figure 2."""
+        return in_use_shares(self.fragmentation)["token_states"]
+
     def mean_running_until(self, seconds: float) -> float:
         """Mean running requests per step over the steps that end by ``seconds`` (e.g. the last
         arrival: the load the arrivals sustain, without the final drain of a finite trace)."""
@@ -289,7 +295,8 @@ class SimulationResult:
         config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
         if isinstance(config["cost_model"], CostModel):
             config["cost_model"] = config["cost_model"].name
-        keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
+        config["scheduler_rule"] = self.config.scheduler_rule  # schedule_first with None resolved
+        keys = ("token_state_fraction", "token_state_share_of_in_use", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
                 "memory_saved_by_sharing", "swap_outs", "swap_ins", "blocks_swapped_out", "blocks_swapped_in",
                 "swap_fallbacks", "tokens_recomputed", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
@@ -767,11 +774,20 @@ def _cyclic_gc_paused():
 
 # Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
 # stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
+# Every system runs vLLM v0's prefill-first scheduler, the one the paper measured (engine/scheduler.py).
 PAPER_SYSTEMS = {
-    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy"),
-    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy"),
-    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy"),
-    "vLLM": dict(allocator="paged"),
+    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy", schedule_first="prefills"),
+    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy", schedule_first="prefills"),
+    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy", schedule_first="prefills"),
+    "vLLM": dict(allocator="paged", schedule_first="prefills"),
+}
+# The scheduler rules the app offers (app_pages/compare.py): vLLM v0's (the paper's), vLLM v1's with
+# chunked prefill (a 2,048-token budget), and v1's decodes-first rule on whole prompts, where a long
+# prompt at the head of the queue waits for the budget the running decodes leave.
+SCHEDULER_RULES = {
+    "prefills": dict(schedule_first="prefills"),
+    "chunked": dict(schedule_first="decodes", enable_chunked_prefill=True, max_num_batched_tokens=2048),
+    "decodes": dict(schedule_first="decodes"),
 }
 PAPER_TOKEN_STATES = {"Orca (Max)": 0.204, "Orca (Pow2)": 0.268, "Orca (Oracle)": 0.382, "vLLM": 0.963}
 PAPER_FRAGMENTATION = {  # Figure 2's other bar segments, as read off the figure
@@ -806,24 +822,28 @@ def reproduce_paper(
     final drain of the batch.
 
     Returns:
-        One row per (workload, system): ``workload``, ``system``, ``token_state_fraction``,
+        One row per (workload, system): ``workload``, ``system``, ``token_state_fraction`` (share of
+        the pool), ``token_state_share_of_in_use`` (of the memory in use, the paper's measure),
         ``fragmentation`` (share per category), ``mean_concurrent_requests``, the same two over all
         steps (``token_state_fraction_all_steps``, ``mean_concurrent_requests_all_steps``), ``preemptions``,
         ``paper_token_state_fraction`` (Figure 2, given for the ShareGPT rows only),
         ``paper_fragmentation`` and ``paper_mean_concurrent_requests`` (Figure 13).
     """
     rows = []
+    bar = tqdm(total=len(workloads) * len(PAPER_SYSTEMS), disable=not progress, unit="run", desc="memory table")
     for workload in workloads:
         requests = make_workload(workload, num_requests, seed, max_model_len)
         for system, overrides in PAPER_SYSTEMS.items():
             res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
-                           max_num_seqs=max_num_seqs, watermark=watermark, progress=progress, **overrides)
+                           max_num_seqs=max_num_seqs, watermark=watermark, **overrides)
+            bar.update(1)
             shares, concurrency = res.saturated()
             on_fig2 = workload == "sharegpt"
             rows.append({
                 "workload": workload,
                 "system": system,
                 "token_state_fraction": shares["token_states"],
+                "token_state_share_of_in_use": in_use_shares(shares)["token_states"],
                 "fragmentation": shares,
                 "mean_concurrent_requests": concurrency,
                 "token_state_fraction_all_steps": res.token_state_fraction,
@@ -833,6 +853,7 @@ def reproduce_paper(
                 "paper_fragmentation": PAPER_FRAGMENTATION[system] if on_fig2 else None,
                 "paper_mean_concurrent_requests": PAPER_CONCURRENCY[workload][system],
             })
+    bar.close()
     return rows
 
 
@@ -873,16 +894,19 @@ def reproduce_figure16(
     from engine.paper_experiments import sustainable_rate  # it imports this module
 
     rows = []
+    bar = tqdm(total=len(PAPER_PREFIX_SPEEDUP) * 2 * (1 + len(rates)), disable=not progress, unit="run", desc="figure 16")
     for name, (prefix, paper_ratio) in PAPER_PREFIX_SPEEDUP.items():
         requests = make_workload("translation", num_requests, seed, 2048 - prefix)
         by_system = {}
         for system in ("Orca (Oracle)", "vLLM"):
             res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs,
-                           shared_prefix=prefix, progress=progress, **PAPER_SYSTEMS[system])
+                           shared_prefix=prefix, **PAPER_SYSTEMS[system])
+            bar.update(1)
             shares, concurrency = res.saturated()
             latencies = [simulate(requests=make_workload("translation", throughput_requests, seed, 2048 - prefix, request_rate=rate),
                                   kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs, shared_prefix=prefix,
                                   cost_model="a100-opt-13b-achieved", **PAPER_SYSTEMS[system]).normalized_latency_s for rate in rates]
+            bar.update(len(rates))
             rate, reached = sustainable_rate(list(rates), latencies)
             by_system[system] = row = {
                 "prefix": name, "prefix_tokens": prefix, "system": system, "mean_concurrent_requests": concurrency,
@@ -894,6 +918,7 @@ def reproduce_figure16(
         by_system["vLLM"]["batch_ratio_over_orca_oracle"] = by_system["vLLM"]["mean_concurrent_requests"] / orca
         by_system["vLLM"]["throughput_ratio_over_orca_oracle"] = by_system["vLLM"]["sustainable_rate"] / by_system["Orca (Oracle)"]["sustainable_rate"]
         by_system["vLLM"]["paper_throughput_ratio"] = paper_ratio
+    bar.close()
     return rows
 
 
@@ -957,6 +982,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
         shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
+        schedule_first=args.schedule_first,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -967,7 +993,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     for key, value in summary.items():
         if key == "fragmentation":
             value = ", ".join(f"{c} {v:.1%}" for c, v in value.items())
-        print(f"{key:>26}: {value}")
+        print(f"{key:>28}: {value}")
 
 
 def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
@@ -1002,33 +1028,41 @@ def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
 def register_cli(subparsers) -> None:
     """Add the ``simulate`` and ``reproduce-paper`` subcommands to an argparse subparsers object."""
     p = subparsers.add_parser("simulate", help="simulate serving a workload on the scheduler and KV allocator alone")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
-    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt",
+                   help="the requests' length distribution (engine/workloads.py; default: sharegpt)")
+    p.add_argument("--num-requests", type=int, default=1000, help="requests drawn from the workload (default: 1000)")
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
     p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
     p.add_argument("--kv-slots", type=int, default=None,
                    help="token slots in the KV pool (default: the --cost-model preset's, else 15,700)")
-    p.add_argument("--kv-bytes", type=int, default=None, help="KV pool in bytes (with the model dimensions below)")
-    p.add_argument("--num-layers", type=int, default=40)
-    p.add_argument("--num-kv-heads", type=int, default=40)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype-bytes", type=int, default=2)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-bytes", type=int, default=None,
+                   help="KV pool in bytes instead of --kv-slots, turned into slots with the four model dimensions below")
+    p.add_argument("--num-layers", type=int, default=40, help="model dimension for --kv-bytes/--swap-space: layers (default: OPT-13B's 40)")
+    p.add_argument("--num-kv-heads", type=int, default=40, help="model dimension: K/V heads per layer (default: OPT-13B's 40)")
+    p.add_argument("--head-dim", type=int, default=128, help="model dimension: size of one head (default: OPT-13B's 128)")
+    p.add_argument("--dtype-bytes", type=int, default=2, help="model dimension: bytes per K/V element (default: 2, fp16)")
+    p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: vLLM's 16)")
     p.add_argument("--watermark", type=float, default=0.01,
                    help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
-    p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="paged",
+                   help="paged = PagedAttention's blocks; contiguous = one reserved range per request (the paper's Orca)")
     p.add_argument("--reservation", choices=RESERVATIONS, default="max",
-                   help="contiguous: Orca Max / Pow2 (prompt + output rounded to a power of two) / Oracle; pow2-total rounds prompt + output")
+                   help="contiguous: the range reserved per request (engine/contiguous.py). max = --max-model-len slots "
+                        "(Orca (Max)); pow2 = the prompt, plus its output length rounded up to a power of two (Orca (Pow2)); "
+                        "pow2-total = the whole length, prompt and output together, rounded up to a power of two (the lab's "
+                        "variant: it over-reserves the prompt too); oracle = exactly prompt + output (Orca (Oracle))")
     p.add_argument("--placement", choices=PLACEMENTS, default="first-fit",
                    help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
     p.add_argument("--policy", choices=POLICIES, default="continuous",
                    help="static = a batch runs until its longest request finishes (FasterTransformer)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running in one step (default: vLLM's 256)")
+    p.add_argument("--max-model-len", type=int, default=2048,
+                   help="longest request, prompt + output tokens: workload lengths are capped to it, longer trace requests "
+                        "rejected (default: 2048)")
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms (without --cost-model)")
     p.add_argument("--cost-model", choices=SETUPS, default=None,
                    help="time each step with this step-time preset (engine/cost_model.py); this-machine needs `calibrate`")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the workload's lengths and arrivals (default: 0)")
     p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
     p.add_argument("--n", type=int, default=1,
                    help="parallel sampling: sequences per request, sharing the prompt's blocks (runs step by step)")
@@ -1042,6 +1076,10 @@ def register_cli(subparsers) -> None:
                    help="CPU swap space in GiB, with the model dimensions above (default: as large as the KV pool)")
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="cut prompts to fit --max-num-batched-tokens, decodes first (runs step by step)")
+    p.add_argument("--schedule-first", choices=SCHEDULE_FIRST, default=None,
+                   help="prefills = vLLM v0's scheduler, the paper's: waiting prompts first with the whole token budget, "
+                        "a step that admits any runs no decodes; decodes = vLLM v1's: running decodes first, prompts get "
+                        "the budget left (default: prefills with whole prompts, decodes with --enable-chunked-prefill)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
@@ -1053,7 +1091,7 @@ def register_cli(subparsers) -> None:
                    help="one figure with time (engine/paper_experiments.py); default: the memory table at saturation")
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests per run (default: 5000 for the saturation table, each figure's own otherwise)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the workloads (default: 0)")
     p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")

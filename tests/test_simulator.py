@@ -338,3 +338,27 @@ def test_reproduce_figure_15_prints_each_setting_beside_the_paper(capsys):
         (w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for k in (2, 4, 6)}
     assert all(0 < r["memory_saved_by_sharing"] < 1 for r in rows)
     assert next(r for r in rows if r["workload"] == "alpaca" and r["mode"] == "beam" and r["k"] == 4)["paper"] == 0.5313
+
+
+def test_reproduce_figure_15_shows_one_progress_bar(capsys):
+    """Without --json the figure's twelve runs share one progress bar, then the table."""
+    main(["reproduce-paper", "--figure", "15", "--num-requests", "20"])
+    captured = capsys.readouterr()
+    bars = [line for line in captured.err.split("\n") if "run" in line or "req" in line]  # one line per bar (\r between updates)
+    assert len(bars) == 1 and "figure 15" in bars[0] and "12/12" in bars[0]
+    assert captured.out.startswith("Figure 15")
+
+
+def test_every_simulate_option_has_its_own_help():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    from engine.simulator import register_cli
+
+    register_cli(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["simulate"]
+    helps = {a.dest: a.help for a in sub._actions if a.dest != "help"}
+    assert all(helps.values()), [d for d, h in helps.items() if not h]
+    assert len(set(helps.values())) == len(helps)  # no two options say the same
+    reservation = helps["reservation"]
+    assert "pow2 = the prompt, plus its output length" in reservation and "pow2-total = the whole length" in reservation
