@@ -219,3 +219,16 @@ def test_simulator_view_shows_the_scheduler_rule_and_both_shares(lang):
         res = simulate(workload="sharegpt", num_requests=500, kv_slots=15_700, block_size=16, seed=0, **SCHEDULER_RULES[rule])
         assert metrics == share_metrics(res.fragmentation, lang)
     assert metrics[0][1] == "75.4%"  # decodes first on whole prompts: the run that idles with a full queue
+
+
+def test_latency_chart_ticks_are_regular_and_few():
+    """Log ticks at 1, 2 and 5 times the powers of ten (not 0.01, 0.03, 0.2, 1, 3), a handful of rate labels."""
+    from visualize.paper import latency_rate_spec, log_ticks
+
+    assert log_ticks(0.013, 3.2) == [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+    assert log_ticks(0.04, 0.06) == [0.02, 0.05, 0.1]
+    assert log_ticks(0.001, 50) == [0.001, 0.01, 0.1, 1.0, 10.0, 100.0]  # a wide range: decades only
+    spec = latency_rate_spec(_sweep_rows(), "en")
+    encoding = spec["layer"][0]["encoding"]
+    assert encoding["y"]["axis"]["values"] == [0.05, 0.1, 0.2, 0.5]  # the rows span 0.05..0.5 s/token
+    assert encoding["x"]["axis"]["tickCount"] <= 8

@@ -240,18 +240,33 @@ def latency_rate_spec(rows: list[dict], lang: str = "en", paper_marks: list[dict
     color = {"field": "system", "type": "nominal", "title": t("system_axis", lang),
              "scale": {"domain": [paper_system_label(s, lang) for s in systems], "range": [SYSTEM_COLORS[s] for s in systems]},
              "legend": {"labelLimit": 0}}
-    rate = {"type": "quantitative", "title": t("rate_axis", lang)}
+    rate = {"type": "quantitative", "title": t("rate_axis", lang), "axis": {"tickCount": 6}}
+    latencies = [v["normalized_latency_s"] for v in values]
     lines = {
         "mark": {"type": "line", "point": True, "tooltip": True},
         "encoding": {
             "x": {"field": "request_rate", **rate},
             "y": {"field": "normalized_latency_s", "type": "quantitative", "title": t("norm_latency_axis", lang),
-                  "scale": {"type": "log"}},
+                  "scale": {"type": "log"}, "axis": {"values": log_ticks(min(latencies), max(latencies)) if latencies else []}},
             "color": color,
         },
     }
     return as_svg({"title": t("latency_rate_title", lang, workload=workload), "data": {"values": values},
                    "layer": [lines, *_paper_layers(paper_marks or [], lang, rate, color)]})
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Tick values for a log axis over [low, high] (> 0): 1, 2 and 5 times each power of ten, from the
+    one at or below ``low`` to the one at or above ``high``; only the powers of ten where that
+    gives more than ten ticks."""
+    import math
+
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    steps = (1, 2, 5) if last - first <= 3 else (1,)
+    ticks = [round(m * 10.0 ** e, 12) for e in range(first, last + 1) for m in steps]
+    below = max([x for x in ticks if x <= low], default=ticks[0])
+    above = min([x for x in ticks if x >= high], default=ticks[-1])
+    return [x for x in ticks if below <= x <= above]
 
 
 def _paper_layers(marks: list[dict], lang: str, rate: dict, color: dict) -> list[dict]:
