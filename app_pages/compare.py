@@ -156,7 +156,7 @@ def paper_bars(rows: list[dict], lang: str) -> None:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _simulate(workload: str, num_requests: int, kv_slots: int, block_size: int, allocator: str, reservation: str, seed: int,
-              rule: str = "prefills"):
+              rule: str = "paper"):
     from engine.simulator import SCHEDULER_RULES, simulate
 
     # Contiguous = the paper's Orca, which places ranges in buddy chunks (as reproduce-paper's PAPER_SYSTEMS).

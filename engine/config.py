@@ -11,7 +11,7 @@ ALLOCATORS = ("paged", "contiguous")
 RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
 PLACEMENTS = ("first-fit", "best-fit", "buddy")
 PREEMPTION_MODES = ("recompute", "swap")
-SCHEDULE_FIRST = ("prefills", "decodes")  # engine/scheduler.py: vLLM v0's scheduler (the paper's), vLLM v1's
+SCHEDULE_FIRST = ("prefills", "decodes")  # engine/scheduler.py: vLLM v0's default (0.2 on), vLLM v1's
 
 
 @dataclass
@@ -59,8 +59,8 @@ class EngineConfig:
             first (vLLM's name; ``engine/scheduler.py``).
         schedule_first: which part of a step's batch the scheduler fills first (``engine/scheduler.py``):
             "decodes" (default; vLLM v1's scheduler: running requests decode first, waiting prompts get
-            the token budget left) or "prefills" (vLLM v0's, the PagedAttention paper's: waiting prompts
-            first with the whole budget, and a step that admits any runs no decodes). "prefills" needs
+            the token budget left) or "prefills" (vLLM v0's default from 0.2 on: waiting prompts first
+            with the whole budget, and a step that admits any runs no decodes). "prefills" needs
             whole prompts (enable_chunked_prefill=False).
         reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
             placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable

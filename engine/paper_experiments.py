@@ -31,7 +31,7 @@ from typing import NamedTuple
 from tqdm import tqdm
 
 from engine.cost_model import StepShape, get_setup, prefill_pairs
-from engine.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
+from engine.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SCHEDULER, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
                               format_figure16_table, reproduce_figure16, simulate)
 from engine.workloads import make_workload
 
@@ -80,8 +80,11 @@ def _run(workload: str, rate: float, system: str, num_requests: int, seed: int, 
         kv_slots = preset.kv_slots if kv_slots is None else kv_slots
         max_model_len = preset.max_model_len if max_model_len is None else max_model_len
     requests = make_workload(workload, num_requests, seed, max_model_len, rate)
+    overrides = dict(FIGURE_12_SYSTEMS[system])
+    if "max_num_batched_tokens" in overrides:  # the paper's 2,560 is 512 above its longest request: so for longer ones
+        overrides["max_num_batched_tokens"] = max(overrides["max_num_batched_tokens"], max_model_len + 512)
     return simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
-                    cost_model=setup, **FIGURE_12_SYSTEMS[system])
+                    cost_model=setup, **overrides)
 
 
 def _latency_row(workload: str, system: str, rate: float, res) -> dict:
@@ -295,7 +298,7 @@ def figure_2(num_requests: int = 1000, seed: int = 0, rate: float = FIGURE_2_RAT
     """The KV memory breakdown on ShareGPT at ``rate`` req/s, averaged over the run's steps: each
     category's share of the pool (``fragmentation``, with free memory) and token states' share of
     the memory in use (``token_state_share_of_in_use``, the paper's measure). Every system runs
-    vLLM v0's prefill-first scheduler, as in the paper."""
+    the paper's scheduler (``engine.simulator.PAPER_SCHEDULER``)."""
     _check_rates([rate])
     rows = []
     for system in tqdm(PAPER_SYSTEMS, disable=not progress, unit="run", desc="figure 2"):
@@ -344,7 +347,7 @@ PAPER_SHARING = {
 
 def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] = (2, 4, 6), progress: bool = False) -> list[dict]:
     """The paper's sharing experiment (§6.3, Figure 15) in the paper's set-up (OPT-13B on one
-    A100-40GB: 15.7K slots, block size 16, vLLM v0's prefill-first scheduler): memory saved by sharing for parallel sampling
+    A100-40GB: 15.7K slots, block size 16, the paper's scheduler ``PAPER_SCHEDULER``): memory saved by sharing for parallel sampling
     (``n``) and beam search (``beam_width``) on Alpaca and ShareGPT, all requests at once.
 
     Returns:
@@ -360,7 +363,7 @@ def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] =
             for mode in ("parallel", "beam"):
                 for k in widths:
                     sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
-                    res = simulate(requests=requests, seed=seed, schedule_first="prefills", **sharing)
+                    res = simulate(requests=requests, seed=seed, **PAPER_SCHEDULER, **sharing)
                     rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
                                      preemptions=res.preemptions, wall_seconds=res.wall_seconds,
                                      paper=PAPER_SHARING[(workload, mode)].get(k)))

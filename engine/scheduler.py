@@ -19,14 +19,18 @@ spans several steps and no longer stalls every decode.
 
 Which part of the batch comes first is ``schedule_first``, the one place where vLLM's two schedulers differ:
 
-- ``"decodes"`` (vLLM v1's scheduler, and v0's with chunked prefill): running requests decode first
-  and waiting prompts get the token budget those decodes leave. Without chunked prefill a long
-  prompt at the head of the queue then waits until enough running requests have finished for its
-  whole prompt to fit beside their decodes (head-of-line blocking), however much memory is free.
-- ``"prefills"`` (vLLM v0's scheduler, the one the PagedAttention paper measured): while no request
-  is swapped out, waiting prompts are admitted first with the whole token budget, and a step that
-  admits any runs prefills only; the running requests decode in the next step without one. Whole
-  prompts only: vLLM v0's chunked prefill put decodes first.
+- ``"decodes"``: running requests decode first and waiting prompts join the same step within the
+  token budget those decodes leave. This is vLLM v1's scheduler, v0's with chunked prefill, and
+  also the scheduler of the paper's own prototype and of vLLM 0.1 (2023: decodes reserved their
+  slots first, then prompts were admitted while ``running + prompt tokens <= max_num_batched_tokens``,
+  2,560 by default). Without chunked prefill, and with a budget under ``max_model_len +
+  max_num_seqs``, a long prompt at the head of the queue can wait until enough running requests
+  have finished for it to fit beside their decodes (head-of-line blocking), however much memory
+  is free.
+- ``"prefills"`` (vLLM v0's default scheduler from 0.2 on, without chunked prefill): while no
+  request is swapped out, waiting prompts are admitted first with the whole token budget, and a
+  step that admits any runs prefills only; the running requests decode in the next step without
+  one. Whole prompts only: vLLM v0's chunked prefill put decodes first.
 
 The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/sequence.py``):
 a group's sequences decode together, a preemption frees or swaps all of them, and it is finished as
@@ -49,7 +53,7 @@ from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, R
 from engine.sequence import Sequence, SequenceStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
-SCHEDULE_FIRST = ("prefills", "decodes")  # vLLM v0's scheduler (the paper's), vLLM v1's
+SCHEDULE_FIRST = ("prefills", "decodes")  # vLLM v0's default (0.2 on), vLLM v1's (and the paper prototype's)
 
 
 @dataclass
@@ -105,7 +109,7 @@ class Scheduler:
             CPU pool, ``PagedBlockManager(num_cpu_blocks=...)``).
         enable_chunked_prefill: cut prompts to fit the token budget (vLLM's name).
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
-            "prefills" (vLLM v0, the paper's: waiting prompts first with the whole budget, a step that
+            "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
 
     Invariants: ``running`` is in admission order (oldest first); a request (a sequence group, or

@@ -108,9 +108,9 @@ class SimulationConfig:
         enable_chunked_prefill: prompts are cut to fit ``max_num_batched_tokens`` (default 512 then,
             vLLM v0's), decodes first.
         schedule_first: which part of a step the scheduler fills first (``engine/scheduler.py``):
-            "prefills" (vLLM v0's scheduler, the one the paper measured: waiting prompts first with
-            the whole token budget; a step that admits any runs no decodes) or "decodes" (vLLM v1's:
-            running decodes first, prompts get the budget left). None (default) = "prefills" with
+            "prefills" (vLLM v0's default from 0.2 on: waiting prompts first with the whole token
+            budget; a step that admits any runs no decodes) or "decodes" (vLLM v1's, and the paper
+            prototype's: running decodes first, prompts get the budget left). None (default) = "prefills" with
             whole prompts, "decodes" with chunked prefill; :attr:`scheduler_rule` gives the one used.
         shared_prefix: tokens of a prefix every prompt begins with (a system prompt, few-shot
             examples; paper §4.4 and §6.4), before the workload's own prompt lengths; 0 = none. The
@@ -774,17 +774,23 @@ def _cyclic_gc_paused():
 
 # Kwon et al., SOSP 2023. Figure 2: share of the KV space holding token states (the §6.2 experiment,
 # stated in the text for the Orca baselines). Figure 13: mean batched requests, OPT-13B.
-# Every system runs vLLM v0's prefill-first scheduler, the one the paper measured (engine/scheduler.py).
+# The scheduler of the paper's experiments: its prototype's, as released in vLLM 0.1 (2023). Running
+# requests decode first and waiting prompts join the same step while running + prompt tokens fit
+# max_num_batched_tokens, vLLM 0.1's default of 2,560: a 2,048-token prompt beside 256 decodes
+# always fits, so no prompt waits for budget while memory is free (engine/scheduler.py).
+PAPER_SCHEDULER = dict(schedule_first="decodes", max_num_batched_tokens=2560)
 PAPER_SYSTEMS = {
-    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy", schedule_first="prefills"),
-    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy", schedule_first="prefills"),
-    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy", schedule_first="prefills"),
-    "vLLM": dict(allocator="paged", schedule_first="prefills"),
+    "Orca (Max)": dict(allocator="contiguous", reservation="max", placement="buddy", **PAPER_SCHEDULER),
+    "Orca (Pow2)": dict(allocator="contiguous", reservation="pow2", placement="buddy", **PAPER_SCHEDULER),
+    "Orca (Oracle)": dict(allocator="contiguous", reservation="oracle", placement="buddy", **PAPER_SCHEDULER),
+    "vLLM": dict(allocator="paged", **PAPER_SCHEDULER),
 }
-# The scheduler rules the app offers (app_pages/compare.py): vLLM v0's (the paper's), vLLM v1's with
-# chunked prefill (a 2,048-token budget), and v1's decodes-first rule on whole prompts, where a long
-# prompt at the head of the queue waits for the budget the running decodes leave.
+# The scheduler rules the app offers (app_pages/compare.py): the paper's (above), vLLM v0's
+# prefill-first default, vLLM v1's with chunked prefill (a 2,048-token budget), and the decodes-first
+# rule on whole prompts with a 2,048-token budget, where a ~2K-token prompt at the head of the queue
+# waits for the budget the running decodes leave.
 SCHEDULER_RULES = {
+    "paper": PAPER_SCHEDULER,
     "prefills": dict(schedule_first="prefills"),
     "chunked": dict(schedule_first="decodes", enable_chunked_prefill=True, max_num_batched_tokens=2048),
     "decodes": dict(schedule_first="decodes"),
@@ -1079,9 +1085,10 @@ def register_cli(subparsers) -> None:
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="cut prompts to fit --max-num-batched-tokens, decodes first (runs step by step)")
     p.add_argument("--schedule-first", choices=SCHEDULE_FIRST, default=None,
-                   help="prefills = vLLM v0's scheduler, the paper's: waiting prompts first with the whole token budget, "
-                        "a step that admits any runs no decodes; decodes = vLLM v1's: running decodes first, prompts get "
-                        "the budget left (default: prefills with whole prompts, decodes with --enable-chunked-prefill)")
+help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first with the whole token budget, "
+                        "a step that admits any runs no decodes; decodes = vLLM v1's (and the paper prototype's): running "
+                        "decodes first, prompts get the budget left (default: prefills with whole prompts, decodes with "
+                        "--enable-chunked-prefill; reproduce-paper runs decodes with a 2,560-token budget, vLLM 0.1's)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")

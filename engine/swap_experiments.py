@@ -22,17 +22,17 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from engine.cost_model import OPT_13B, get_setup
-from engine.simulator import simulate
+from engine.simulator import PAPER_SCHEDULER, simulate
 from engine.workloads import make_workload
 
 SETUP = "a100-opt-13b-achieved"  # OPT-13B (OPT_13B: its KV bytes per token) on one A100-40GB
 BLOCK_SIZES_A = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCK_SIZES_B = (8, 16, 32, 64, 128, 256)
 FIGURE19_RATE = 2.0  # req/s on ShareGPT: near vLLM's knee on OPT-13B (Figure 12a), where preemptions happen
-# Whole prompts run vLLM v0's prefill-first scheduler (the paper's), chunked prefill v1's decodes-first one.
+# Whole prompts run the paper's scheduler (engine.simulator.PAPER_SCHEDULER), chunked prefill v1's.
 POLICIES = {
-    "recompute": dict(schedule_first="prefills"),
-    "swap": dict(preemption_mode="swap", schedule_first="prefills"),
+    "recompute": dict(PAPER_SCHEDULER),
+    "swap": dict(preemption_mode="swap", **PAPER_SCHEDULER),
     "chunked prefill (recompute)": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048),
     "chunked prefill + swap": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048, preemption_mode="swap"),
 }
@@ -54,7 +54,7 @@ def figure_19(num_requests: int = 1000, seed: int = 0, progress: bool = False, r
     setup = get_setup(SETUP)
     model = setup.cost_model
     requests = make_workload("sharegpt", num_requests, seed, setup.max_model_len, request_rate=request_rate)
-    common = dict(kv_slots=setup.kv_slots, max_model_len=setup.max_model_len, cost_model=model, schedule_first="prefills")
+    common = dict(kv_slots=setup.kv_slots, max_model_len=setup.max_model_len, cost_model=model, **PAPER_SCHEDULER)
     rows_b, per_preemption = [], None
     bar = tqdm(total=2 * len(BLOCK_SIZES_B), disable=not progress, unit="run", desc="figure 19b")
     for block_size in BLOCK_SIZES_B:

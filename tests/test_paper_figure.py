@@ -195,7 +195,7 @@ def _compare_page():
 def test_simulator_view_shows_the_scheduler_rule_and_both_shares(lang):
     """Paged vs contiguous → simulator: the run's scheduler rule is named, and each side shows token
     states as a share of the pool and of the memory in use, and the part not in use, as the
-    simulator computes them; choosing v1's decodes-first rule on whole prompts reruns with it."""
+    simulator computes them (the paper's scheduler first); choosing another rule reruns with it."""
     from streamlit.testing.v1 import AppTest
 
     from engine.simulator import SCHEDULER_RULES, simulate
@@ -211,8 +211,8 @@ def test_simulator_view_shows_the_scheduler_rule_and_both_shares(lang):
         metrics = [(m.label, m.value) for m in at.main.metric][:3]  # the paged side's first row
         return captions, metrics
 
-    for rule in ("prefills", "decodes"):
-        if rule != "prefills":
+    for rule in ("paper", "prefills", "decodes"):
+        if rule != "paper":
             at.selectbox(key=f"sim_rule__{lang}").set_value(rule).run()
         captions, metrics = shown()
         assert t("sched_rule_run", lang, rule=t(f"sched_rule_{rule}", lang)) in captions

@@ -410,19 +410,23 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "的比例——这是论文的口径（论文图 2 的柱子没有空闲部分）。空闲显存不是浪费，只是未被使用（队列已排空，或受 max_num_seqs 上限所限）。",
     ),
     "sched_rule": ("Scheduler", "调度规则"),
-    "sched_rule_prefills": ("prefills first (vLLM v0, the paper's)", "预填充优先（vLLM v0，论文所用）"),
+    "sched_rule_paper": ("decodes first, 2,560-token budget (the paper's, vLLM 0.1)", "解码优先，预算 2,560 个 token（论文所用，vLLM 0.1）"),
+    "sched_rule_prefills": ("prefills first (vLLM v0, 0.2 on)", "预填充优先（vLLM v0，0.2 起）"),
     "sched_rule_chunked": ("decodes first, chunked prefill (vLLM v1)", "解码优先，分块（chunk）预填充（vLLM v1）"),
-    "sched_rule_decodes": ("decodes first, whole prompts (vLLM v1, chunking off)", "解码优先，整段提示词（vLLM v1，不分块）"),
+    "sched_rule_decodes": ("decodes first, whole prompts, 2,048-token budget", "解码优先，整段提示词，预算 2,048 个 token"),
     "sched_rule_help": (
-        "Which part of a step the scheduler fills first. Prefills first (vLLM v0, the scheduler the paper measured): "
-        "waiting prompts are admitted first with the whole token budget, and a step that admits any runs no decodes. "
-        "Decodes first (vLLM v1): running requests decode first and prompts get the budget they leave; with chunked "
-        "prefill (a 2,048-token budget here) a long prompt is cut into chunks, without it a long prompt at the head "
-        "of the queue waits until enough running requests finish, while most of the pool may be free.",
-        "调度器在一步里先安排哪一部分。预填充优先（vLLM v0，论文所测的调度器）：先用整份 token 预算接纳等待中的提示词，"
-        "接纳了提示词的那一步不做解码。解码优先（vLLM v1）：先让运行中的请求解码，提示词只能用剩下的预算；开启分块（chunk）预填充时"
-        "（这里预算为 2,048 个 token）长提示词被切成分块（chunk），不开启时队首的长提示词要等到足够多运行中的请求结束才能进入，"
-        "即使此时大部分显存空闲。",
+        "Which part of a step the scheduler fills first. Decodes first: running requests decode first and waiting "
+        "prompts join the same step within the token budget they leave — the paper's prototype and vLLM 0.1 did so "
+        "with 2,560 tokens, enough for a 2,048-token prompt beside 256 decodes; vLLM v1 cuts long prompts into chunks "
+        "(chunked prefill, a 2,048-token budget here). With whole prompts and a 2,048-token budget a long prompt at "
+        "the head of the queue waits until enough running requests finish, while most of the pool may be free. "
+        "Prefills first (vLLM v0 from 0.2 on): waiting prompts are admitted first with the whole budget, and a step "
+        "that admits any runs no decodes.",
+        "调度器在一步里先安排哪一部分。解码优先：先让运行中的请求解码，等待中的提示词在剩下的 token 预算内加入同一步——论文的原型"
+        "和 vLLM 0.1 的预算是 2,560 个 token，足够在 256 个解码之外再放下一个 2,048 token 的提示词；vLLM v1 把长提示词切成"
+        "分块（chunk）（分块预填充，这里预算为 2,048 个 token）。用整段提示词且预算只有 2,048 个 token 时，队首的长提示词要等到"
+        "足够多运行中的请求结束才能进入，即使此时大部分显存空闲。预填充优先（vLLM v0，0.2 起）：先用整份预算接纳等待中的提示词，"
+        "接纳了提示词的那一步不做解码。",
     ),
     "sched_rule_run": ("This run's scheduler: {rule}.", "本次运行的调度规则：{rule}。"),
     "steps_taken": ("steps", "步数"),
