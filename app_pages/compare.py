@@ -77,7 +77,7 @@ def engine_comparison(lang: str) -> None:
     limit = int(c[1].number_input(t("max_steps", lang), 10, 1000, 300, key="compare_limit"))
     if settings.enable_prefix_caching is not False or settings.preemption_mode == "swap":
         st.caption(t("compare_contiguous_plain", lang))
-    rule = "chunked" if settings.enable_chunked_prefill else getattr(settings, "schedule_first", "decodes")
+    rule = "chunked" if settings.enable_chunked_prefill else {"decodes": "whole"}.get(getattr(settings, "schedule_first", "decodes"), "prefills")
     st.caption(t("sched_rule_run", lang, rule=t(f"sched_rule_{rule}", lang)), help=t("sched_rule_help", lang))
     if c[2].button(t("run_compare", lang), type="primary", key="btn_compare"):
         runs = {}

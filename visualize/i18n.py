@@ -414,6 +414,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "sched_rule_prefills": ("prefills first (vLLM v0, 0.2 on)", "预填充优先（vLLM v0，0.2 起）"),
     "sched_rule_chunked": ("decodes first, chunked prefill (vLLM v1)", "解码优先，分块（chunk）预填充（vLLM v1）"),
     "sched_rule_decodes": ("decodes first, whole prompts, 2,048-token budget", "解码优先，整段提示词，预算 2,048 个 token"),
+    "sched_rule_whole": ("decodes first, whole prompts (vLLM v1, chunking off)", "解码优先，整段提示词（vLLM v1，不分块）"),
     "sched_rule_help": (
         "Which part of a step the scheduler fills first. Decodes first: running requests decode first and waiting "
         "prompts join the same step within the token budget they leave — the paper's prototype and vLLM 0.1 did so "
