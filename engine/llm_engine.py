@@ -84,7 +84,8 @@ class LLMEngine:
                                  "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks)
         self.kv = self._make_kv_manager()
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
+                                   config.schedule_first)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
         self.requests: dict[int, Sequence | SequenceGroup] = {}
         self.generators: dict[int, torch.Generator] = {}  # per seq_id

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from tqdm import tqdm
 
 from engine.cost_model import StepShape, get_setup, prefill_pairs
-from engine.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
+from engine.simulator import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SCHEDULER, PAPER_SYSTEMS, PAPER_TOKEN_STATES,
                               format_figure16_table, reproduce_figure16, simulate)
 from engine.workloads import make_workload
 
@@ -80,8 +80,11 @@ def _run(workload: str, rate: float, system: str, num_requests: int, seed: int, 
         kv_slots = preset.kv_slots if kv_slots is None else kv_slots
         max_model_len = preset.max_model_len if max_model_len is None else max_model_len
     requests = make_workload(workload, num_requests, seed, max_model_len, rate)
+    overrides = dict(FIGURE_12_SYSTEMS[system])
+    if "max_num_batched_tokens" in overrides:  # the paper's 2,560 is 512 above its longest request: so for longer ones
+        overrides["max_num_batched_tokens"] = max(overrides["max_num_batched_tokens"], max_model_len + 512)
     return simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
-                    cost_model=setup, **FIGURE_12_SYSTEMS[system])
+                    cost_model=setup, **overrides)
 
 
 def _latency_row(workload: str, system: str, rate: float, res) -> dict:
@@ -292,7 +295,10 @@ def figure_13(num_requests: int = 1000, seed: int = 0, progress: bool = False, s
 
 def figure_2(num_requests: int = 1000, seed: int = 0, rate: float = FIGURE_2_RATE, progress: bool = False,
              setup: str = SETUP) -> list[dict]:
-    """The KV memory breakdown on ShareGPT at ``rate`` req/s, averaged over the run's steps."""
+    """The KV memory breakdown on ShareGPT at ``rate`` req/s, averaged over the run's steps: each
+    category's share of the pool (``fragmentation``, with free memory) and token states' share of
+    the memory in use (``token_state_share_of_in_use``, the paper's measure). Every system runs
+    the paper's scheduler (``engine.simulator.PAPER_SCHEDULER``)."""
     _check_rates([rate])
     rows = []
     for system in tqdm(PAPER_SYSTEMS, disable=not progress, unit="run", desc="figure 2"):
@@ -300,7 +306,7 @@ def figure_2(num_requests: int = 1000, seed: int = 0, rate: float = FIGURE_2_RAT
         rows.append({
             "workload": "sharegpt", "system": system, "request_rate": rate,
             "token_state_fraction": res.token_state_fraction, "fragmentation": res.fragmentation,
-            "token_share_of_allocated": res.token_state_fraction / (1 - res.fragmentation["free"] - res.fragmentation["external_fragmentation"]),
+            "token_state_share_of_in_use": res.token_state_share_of_in_use,
             "mean_concurrent_requests": res.mean_concurrent_requests,
             "paper_token_state_fraction": PAPER_TOKEN_STATES[system], "paper_fragmentation": PAPER_FRAGMENTATION[system],
         })
@@ -341,7 +347,7 @@ PAPER_SHARING = {
 
 def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] = (2, 4, 6), progress: bool = False) -> list[dict]:
     """The paper's sharing experiment (§6.3, Figure 15) in the paper's set-up (OPT-13B on one
-    A100-40GB: 15.7K slots, block size 16): memory saved by sharing for parallel sampling
+    A100-40GB: 15.7K slots, block size 16, the paper's scheduler ``PAPER_SCHEDULER``): memory saved by sharing for parallel sampling
     (``n``) and beam search (``beam_width``) on Alpaca and ShareGPT, all requests at once.
 
     Returns:
@@ -350,15 +356,18 @@ def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] =
         the paper gives no number for that k).
     """
     rows = []
-    for workload in ("alpaca", "sharegpt"):
-        requests = make_workload(workload, num_requests, seed, 2048)
-        for mode in ("parallel", "beam"):
-            for k in widths:
-                sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
-                res = simulate(requests=requests, seed=seed, progress=progress, **sharing)
-                rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
-                                 preemptions=res.preemptions, wall_seconds=res.wall_seconds,
-                                 paper=PAPER_SHARING[(workload, mode)].get(k)))
+    workloads = ("alpaca", "sharegpt")
+    with tqdm(total=len(workloads) * 2 * len(widths), disable=not progress, unit="run", desc="figure 15") as bar:
+        for workload in workloads:
+            requests = make_workload(workload, num_requests, seed, 2048)
+            for mode in ("parallel", "beam"):
+                for k in widths:
+                    sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
+                    res = simulate(requests=requests, seed=seed, **PAPER_SCHEDULER, **sharing)
+                    rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
+                                     preemptions=res.preemptions, wall_seconds=res.wall_seconds,
+                                     paper=PAPER_SHARING[(workload, mode)].get(k)))
+                    bar.update(1)
     return rows
 
 
@@ -409,9 +418,10 @@ def _format_2(rows) -> str:
         lines.append(f"{r['system']:<14} {r['token_state_fraction']:>6.1%} ({r['paper_token_state_fraction']:.1%}) "
                      f"{cell('reserved', f['reserved']):>14} {cell('internal_fragmentation', f['internal_fragmentation']):>14} "
                      f"{cell('external_fragmentation', f['external_fragmentation'] + f['free']):>16}")
-    vllm = next(r for r in rows if r["system"] == "vLLM")
-    lines.append(f"vLLM's pool is not full at this rate (free memory is no waste): token states are "
-                 f"{vllm['token_share_of_allocated']:.1%} of the memory it allocated (paper: 96.3%)")
+    lines.append("token states, share of the memory in use (the pool less its free part; the paper's measure):")
+    for r in rows:
+        lines.append(f"{r['system']:<14} {r['token_state_share_of_in_use']:>6.1%} ({r['paper_token_state_fraction']:.1%})")
+    lines.append("free memory is not in use, not waste: the pool is not full at this rate")
     return "\n".join(lines)
 
 

@@ -407,10 +407,46 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
     "token_state_share": ("token states share", "token 状态占比"),
+    "token_share_pool": ("token states, share of the pool", "token 状态占 KV 池"),
+    "token_share_in_use": ("token states, share of memory in use", "token 状态占已用显存"),
+    "not_in_use": ("not in use (free)", "未使用（空闲）"),
+    "token_share_help": (
+        "Averaged over the run's steps. Share of the pool: token states over the whole KV pool, free memory included. "
+        "Share of memory in use: token states over the pool less its free part — the paper's measure (its Figure 2 "
+        "bars have no free part). Free memory is not waste: it is not in use (a queue that has drained, or the "
+        "max_num_seqs cap).",
+        "按本次运行的各步平均。占 KV 池：token 状态占整个 KV 池（含空闲显存）的比例。占已用显存：token 状态占 KV 池去掉空闲部分后"
+        "的比例——这是论文的口径（论文图 2 的柱子没有空闲部分）。空闲显存不是浪费，只是未被使用（队列已排空，或受 max_num_seqs 上限所限）。",
+    ),
+    "sched_rule": ("Scheduler", "调度规则"),
+    "sched_rule_paper": ("decodes first, 2,560-token budget (the paper's, vLLM 0.1)", "解码优先，预算 2,560 个 token（论文所用，vLLM 0.1）"),
+    "sched_rule_prefills": ("prefills first (vLLM v0, 0.2 on)", "预填充优先（vLLM v0，0.2 起）"),
+    "sched_rule_chunked": ("decodes first, chunked prefill (vLLM v1)", "解码优先，分块（chunk）预填充（vLLM v1）"),
+    "sched_rule_decodes": ("decodes first, whole prompts, 2,048-token budget", "解码优先，整段提示词，预算 2,048 个 token"),
+    "sched_rule_whole": ("decodes first, whole prompts (vLLM v1, chunking off)", "解码优先，整段提示词（vLLM v1，不分块）"),
+    "sched_rule_help": (
+        "Which part of a step the scheduler fills first. Decodes first: running requests decode first and waiting "
+        "prompts join the same step within the token budget they leave — the paper's prototype and vLLM 0.1 did so "
+        "with 2,560 tokens, enough for a 2,048-token prompt beside 256 decodes; vLLM v1 cuts long prompts into chunks "
+        "(chunked prefill, a 2,048-token budget here). With whole prompts and a 2,048-token budget a long prompt at "
+        "the head of the queue waits until enough running requests finish, while most of the pool may be free. "
+        "Prefills first (vLLM v0 from 0.2 on): waiting prompts are admitted first with the whole budget, and a step "
+        "that admits any runs no decodes.",
+        "调度器在一步里先安排哪一部分。解码优先：先让运行中的请求解码，等待中的提示词在剩下的 token 预算内加入同一步——论文的原型"
+        "和 vLLM 0.1 的预算是 2,560 个 token，足够在 256 个解码之外再放下一个 2,048 token 的提示词；vLLM v1 把长提示词切成"
+        "分块（chunk）（分块预填充，这里预算为 2,048 个 token）。用整段提示词且预算只有 2,048 个 token 时，队首的长提示词要等到"
+        "足够多运行中的请求结束才能进入，即使此时大部分显存空闲。预填充优先（vLLM v0，0.2 起）：先用整份预算接纳等待中的提示词，"
+        "接纳了提示词的那一步不做解码。",
+    ),
+    "sched_rule_run": ("This run's scheduler: {rule}.", "本次运行的调度规则：{rule}。"),
     "steps_taken": ("steps", "步数"),
     "paper_bars": ("KV memory waste, paper style (Figure 2)", "KV 显存浪费（论文图 2 风格）"),
     "fig2_title": ("{workload}: KV cache usage", "{workload}：KV 缓存使用情况"),
     "fig2_axis": ("share of the KV pool (%)", "占 KV 池的比例（%）"),
+    "fig2_axis_in_use": ("share of the memory in use (%)", "占已用显存的比例（%）"),
+    "fig2_of_pool": ("share of the whole pool", "占整个 KV 池"),
+    "fig2_of_in_use": ("share of the memory in use (the paper's measure)", "占已用显存（论文的口径）"),
+    "fig2_free": ("free (not in use)", "空闲（未使用）"),
     "fig2_paper_mark": ("paper, Figure 2: token states", "论文图 2：token 状态"),
     "fig2_paper_value": ("paper {value}", "论文 {value}"),
     "fig2_workload_engine": ("sidebar workload", "侧边栏工作负载"),
