@@ -287,15 +287,18 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "beam_tree_title": ("Beam tree", "束搜索树"),
     "beam_tree_step": ("step", "步"),
     "beam_tree_beam": ("beam", "束"),
-    "beam_pruned": ("pruned: its blocks went back to the free list", "被剪枝：其块已归还空闲列表"),
+    "beam_pruned": ("its last step: pruned in step {step}, its blocks went back to the free list",
+                    "它的最后一步：在第 {step} 步被剪枝，其块已归还空闲列表"),
     "beam_live": ("live beam", "存活的束"),
     "memory_saved_by_sharing": ("Saved by sharing", "共享节省的显存"),
     "beam_tree_caption": (
         "Each dot is a live beam after that step (rank from the top); a coloured line joins a beam to the one it continues, "
-        "a pink one to the beam it was forked from (its block table copied, refcounts + 1). Grey dots are pruned beams: "
-        "their blocks went back to the free list unless another beam still holds them.",
+        "a pink one to the beam it was forked from (its block table copied, refcounts + 1). A grey dot is a beam's last "
+        "step: in the next step none of its candidates was among the best, so it was pruned (no line leaves it) and its "
+        "blocks went back to the free list unless another beam still holds them.",
         "每个点是该步之后一个存活的束（自上而下按排名）；彩色线连接一个束与它延续的束，粉色线连接它派生（fork）自的束"
-        "（复制块表，引用计数 + 1）。灰点是被剪枝的束：除非仍有别的束持有，它们的块已归还空闲列表。",
+        "（复制块表，引用计数 + 1）。灰点是一个束的最后一步：下一步它的候选都没有进入最优之列，于是被剪枝（没有线从它出发），"
+        "除非仍有别的束持有，它的块已归还空闲列表。",
     ),
     "sequence_index": ("sample {index} (seq {seq})", "样本 {index}（序列 {seq}）"),
     "sharing": ("Memory sharing", "显存共享"),
