@@ -15,7 +15,7 @@ from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
 from app_pages.saved import close_run, save_and_open, save_run_button
 from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
-                             prefix_cache_entries, preset_workload, record)
+                             prefix_cache_entries, preset_settings, preset_workload, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, request_color
@@ -50,22 +50,15 @@ def page() -> None:
 
 
 def _load_preset() -> None:
-    """Button callback (runs before the script, so it may set the sidebar's pool size)."""
-    name = st.session_state["preset"]
-    st.session_state["workload_df"] = preset_workload(name)
-    st.session_state["num_blocks"] = PRESETS[name]["num_blocks"]
-    st.session_state["pool_unit"] = "blocks"
-    st.session_state["sharing"] = PRESETS[name].get("sharing", "none")
-    st.session_state["sharing_width"] = PRESETS[name].get("sharing_width", 4)
-    st.session_state["max_batch"] = PRESETS[name].get("max_batch", 8)
-    st.session_state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None
-    if PRESETS[name].get("prefix_caching"):  # the presets that show it switch it on, with the paged allocator it needs
-        st.session_state["allocator"] = "paged"
-        st.session_state["prefix_caching"] = True
-    swap_panel.apply_scheduler_preset(PRESETS[name])
-    if PRESETS[name].get("sample"):  # parallel samples differ only when they are sampled
-        st.session_state["sample"] = True
-    st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1  # a fresh editor
+    """Button callback (runs before the script, so it may set the sidebar's settings): the preset's
+    workload and every setting its demo depends on (``state.preset_settings``), nothing left behind."""
+    state = st.session_state
+    name = state["preset"]
+    state["workload_df"] = preset_workload(name)
+    state.update(preset_settings(name))
+    state["pool_unit_shown"] = "blocks"  # the pool size is in blocks: no MiB to carry over
+    state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None
+    state["editor_version"] = state.get("editor_version", 0) + 1  # a fresh editor
 
 
 def layout_choice(lang: str) -> None:

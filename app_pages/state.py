@@ -112,6 +112,21 @@ PRESETS["preset_multi_turn_chat"] = dict(rows=[(turn, 24) for turn in chat_turns
                                          prefix_caching=True)
 SHARING = ("none", "parallel", "beam")  # every request: one sequence, n samples, or beam search
 
+# Every sidebar setting a preset's demo depends on, as a fresh session has it: loading a preset sets
+# all of them (its own values over these), so no setting of an earlier preset is left behind.
+PRESET_DEFAULTS = dict(block_size=16, pool_unit="blocks", allocator="paged", prefix_caching=True,
+                       preemption_mode="recompute", chunked_prefill=False, token_budget=64, max_batch=8,
+                       sample=False, temperature=0.7, seed=0, sharing="none", sharing_width=4)
+
+
+def preset_settings(name: str) -> dict:
+    """The session-state values (sidebar keys, see ``PRESET_DEFAULTS``) that preset ``name`` sets:
+    its own, the defaults for the rest; ``num_blocks`` always (every preset sizes its pool)."""
+    preset = PRESETS[name]
+    values = {key: preset.get(key, default) for key, default in PRESET_DEFAULTS.items()}
+    values["num_blocks"] = preset["num_blocks"]
+    return values
+
 
 # The presets stay in English (the default model answers English well and Chinese poorly); in 中文
 # mode each is shown with its translation.
@@ -244,12 +259,23 @@ def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
 
 
 def install_capture(llm: LLMEngine) -> None:
-    """Keep, for the last step, every layer's query projection output and attention output.
+    """Keep, for the last step, every layer's query projection output and attention output, and the
+    block tables and context lengths attention read (``llm.captured["tables"]``: the step's
+    AttentionMetadata fields, one row per sequence, prefills first as in the flat batch).
 
-    The Kernel lab replays the decode kernel on these real queries. Forward hooks only keep a
-    reference to tensors the model computes anyway, so stepping costs nothing extra.
+    The Kernel lab replays the decode kernel on these real queries through the same block tables
+    (a sample or beam is a sequence of its request; a pruned beam's table is gone after the step).
+    Forward hooks only keep a reference to tensors the model computes anyway, so stepping costs
+    nothing extra.
     """
-    llm.captured = {}  # layer -> {"q": q_proj output, "attn": o_proj input}
+    llm.captured = {}  # layer -> {"q": q_proj output, "attn": o_proj input}; "tables" -> the step's metadata
+
+    def keep_tables(module, args):
+        meta = args[3]
+        llm.captured["tables"] = (meta.prefill_block_tables, meta.prefill_context_lens,
+                                  meta.decode_block_tables, meta.decode_context_lens)
+
+    llm.runner.model.register_forward_pre_hook(keep_tables)
 
     for index, layer in enumerate(llm.runner.model.model.layers):
         def keep_q(module, inputs, output, index=index):

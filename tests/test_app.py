@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
-from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
+from app_pages.state import MODEL_ENV, PRESETS, Settings, add_workload, build_engine
 
 
 @pytest.fixture
@@ -93,18 +93,20 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
     assert not app.exception
 
 
-def test_kernel_inputs_match_the_engine(tiny_llama_dir):
-    """The Kernel lab's query (captured q_proj + RoPE) reproduces the engine's own attention output."""
+@pytest.mark.parametrize("sharing, rows_per_request", [("none", 1), ("parallel", 4), ("beam", 4)])
+def test_kernel_inputs_match_the_engine(tiny_llama_dir, sharing, rows_per_request):
+    """The Kernel lab's query (captured q_proj + RoPE) through the block tables the step read reproduces
+    the engine's own attention output: one row per sequence (a sample or a beam has its own table)."""
     from app_pages.kernel_lab import kernel_inputs
     from engine.attention import paged_attention_reference
 
     llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
-    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.0, seed=0)
-    for _ in range(3):
+    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.8, seed=0, sharing=sharing, width=4)
+    for step in range(3):
         report = llm.step()
         for layer in range(2):
             ids, query, engine_out, tables, lens = kernel_inputs(llm, report, layer)
-            assert ids == [0, 1]
+            assert ids == ([0, 1] if step == 0 else [0] * rows_per_request + [1] * rows_per_request)
             kc, vc = llm.runner.kv_caches[layer]
             ref = paged_attention_reference(query, kc, vc, tables, lens, llm.runner.model.model.layers[layer].self_attn.scale)
             torch.testing.assert_close(ref, engine_out, rtol=1e-4, atol=1e-5)
@@ -565,3 +567,62 @@ def test_this_machines_preset_is_offered_once_calibrated(tmp_path, monkeypatch):
     rates, _ = sweep_rates("sharegpt", "this-machine")
     assert max(rates) < 1.0  # a CPU serves a small fraction of the A100's rates
     assert t("preset_no_calibration", "en") not in [c.value for c in at.main.caption]
+
+
+def _open_page(at: AppTest, url_path: str) -> AppTest:
+    """Go to the app's page at ``url_path`` (``st.navigation`` registers callables, not files, so
+    ``AppTest.switch_page`` cannot name them) and run it."""
+    at._page_hash = next(h for h, info in at._registered_pages.items() if info.get("url_pathname") == url_path)
+    return at.run()
+
+
+def _load_preset(at: AppTest, name: str) -> None:
+    at.selectbox(key="preset__en").set_value(name).run()
+    next(b for b in at.button if b.label == "Load preset").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _preset_state(at: AppTest) -> tuple:
+    """What a loaded preset decides: the engine's settings, the workload, and whether the sidebar
+    offers a temperature."""
+    from app_pages.state import clean_workload
+
+    return (at.session_state["settings"], clean_workload(at.session_state["workload_df"]),
+            any(s.key == "temperature" for s in at.sidebar.slider))
+
+
+def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
+    """Each preset of the list, stepped a few times, then the Kernel lab on its last step: its program
+    grid names every sequence of the step's requests (a sample or a beam reads its own table)."""
+    for name in PRESETS:
+        _load_preset(app, name)
+        app.number_input(key="n_steps").set_value(3).run()
+        app.button(key="btn_run").click().run()
+        assert not app.exception, (name, [e.value for e in app.exception])
+        assert subheaders(app) == ["Step 2"], name
+        report = app.session_state["reports"][-1]
+        _open_page(app, "kernel")
+        assert not app.exception, (name, [e.value for e in app.exception])
+        reads = app.dataframe[0].value
+        live = {s.request_id for s in report.block_tables}
+        sequences = [s.request_id for s in report.scheduled if s.request_id in live]
+        assert sorted(reads["Request"]) == sorted(sequences * 2), name  # 2 KV heads per sequence, 1 split
+        _open_page(app, "")  # the default page (Live engine)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_a_preset_leaves_no_setting_of_the_one_before(app: AppTest, name: str):
+    """Loading a preset after another (and after sidebar changes) sets what loading it in a fresh
+    session sets: sampling off unless it needs it, its pool, batch, scheduler and sharing."""
+    _load_preset(app, name)
+    fresh = _preset_state(app)
+    _load_preset(app, "preset_parallel_sampling")  # sampling on, 4 samples per request
+    app.toggle(key="chunked_prefill").set_value(True).run()
+    app.select_slider(key="block_size").set_value(8).run()
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    _load_preset(app, name)
+    assert _preset_state(app) == fresh
+    settings = fresh[0]
+    assert settings.block_size == 16
+    if name != "preset_parallel_sampling":  # its samples differ only when sampled
+        assert settings.temperature == 0.0 and fresh[2] is False, "greedy, or beam search (which samples nothing)"

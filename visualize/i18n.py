@@ -75,7 +75,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "max_batch": ("Max batch (requests per step)", "最大批大小（每步请求数）"),
     "sampling": ("Sampling", "采样"),
-    "sample_toggle": ("Sample (off: greedy)", "随机采样（关：贪心）"),
+    "sample_toggle": ("Sample", "随机采样"),
+    "sample_off_greedy": ("Off: greedy, the most likely token at every step.", "关：贪心，每步取概率最大的 token。"),
+    "beam_no_temperature": (
+        "Beam search keeps the beams of highest cumulative log-probability: it samples nothing, so no temperature.",
+        "束搜索保留累计对数概率最高的束：它不做随机采样，所以没有温度。",
+    ),
     "sample_toggle_help": (
         "Off: each request takes its most likely token (greedy), so a demo gives the same text every run. "
         "On: tokens are drawn at the temperature below, seeded per request.",
