@@ -486,17 +486,33 @@ def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_i
         assert "论文" in labels and "系统" in table.columns and untranslated(shown) == [], untranslated(shown)
 
 
-def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
+def _vllm_page():
+    import os
+    import sys
+
+    import streamlit as st
+
+    sys.path.insert(0, os.getcwd())
+    from app_pages import beside_vllm
+
+    st.session_state.setdefault("lang", "zh")
+    beside_vllm.page()
+
+
+def test_beside_vllm_page_sets_a_replay_beside_the_lab_engine():
     """A recorded real-vLLM replay (4 requests x 16 tokens) beside the lab's engine run here on the same
-    workload: per step, running requests, KV usage and preemptions of both, as recorded and as run
-    (the same schedule step for step: tests/test_vllm_compare.py), in Chinese and then in English."""
+    workload: per step from step 0 (as on the Live page), running requests, KV usage and cumulative
+    preemptions of both, as recorded and as run (the same schedule step for step:
+    tests/test_vllm_compare.py), in Chinese and then in English; the page says how vLLM is set up here."""
+    from engine import vllm_env
     from visualize.i18n import t, untranslated
 
     recorded = json.loads((Path(__file__).parent / "data" / "vllm_replay_4x16.json").read_text())["vllm_run"]["steps"]
-    at = AppTest.from_function(_compare_page, default_timeout=600)
-    at.session_state["lang"] = "zh"
+    at = AppTest.from_function(_vllm_page, default_timeout=600)
     at.run()
-    at.radio(key="compare_source__zh").set_value("vllm").run()
+    assert at.title[0].value == t("page_vllm", "zh")
+    status = " ".join([i.value for i in at.info] + [s.value for s in at.success])
+    assert "python -m engine vllm setup" in status or vllm_env.venv_python().exists() or vllm_env.why_not_supported()
     at.selectbox(key="vllm_example").set_value("vllm_replay_4x16.json").run()
     assert t("vllm_run_hint", "zh") in [i.value for i in at.info]
     at.button(key="btn_vllm_lab").click().run()
@@ -507,19 +523,37 @@ def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
             at.run()
         specs = _vega_specs(at)
         lab, vllm = t("vllm_side_lab", lang), t("vllm_side_vllm", lang, version="0.32.0")
-        for key, title, scale in (("num_running", "vllm_running_title", 1), ("kv_cache_usage", "vllm_kv_title", 100),
-                                  ("num_preempted", "vllm_preempt_title", 1)):
+        totals = [sum(s["num_preempted"] for s in recorded[: i + 1]) for i in range(len(recorded))]
+        for title, expected in (("vllm_running_title", [s["num_running"] for s in recorded]),
+                                ("vllm_kv_title", [s["kv_cache_usage"] * 100 for s in recorded]),
+                                ("vllm_preempt_title", totals)):
             values = specs[t(title, lang)]["data"]["values"]
             theirs = [v["value"] for v in values if v["side"] == vllm]
             ours = [v["value"] for v in values if v["side"] == lab]
-            assert theirs == [s[key] * scale for s in recorded], key
-            assert ours == theirs, f"{key}: the lab's engine and vLLM ran the same schedule"
-        assert [v["step"] for v in specs[t("vllm_running_title", lang)]["data"]["values"]][:3] == [1, 2, 3]
+            assert theirs == expected, title
+            assert ours == theirs, f"{title}: the lab's engine and vLLM ran the same schedule"
+        assert [v["step"] for v in specs[t("vllm_running_title", lang)]["data"]["values"]][:3] == [0, 1, 2]
         table = at.table[0].value
         assert list(table.columns) == [lab, vllm] and list(table.loc[t("vllm_m_steps", lang)]) == ["16", "16"]
         assert t("vllm_identical", lang, same=4, total=4) in [m.value for m in at.main.markdown]
+        assert t("vllm_preempt_note", lang) in [c.value for c in at.main.caption]
     zh_text = " ".join(t(k, "zh") for k in ("vllm_running_title", "vllm_kv_title", "vllm_preempt_title", "vllm_side_lab"))
     assert untranslated(zh_text) == []
+
+
+def test_vllm_preemptions_are_drawn_as_running_totals_that_end_at_the_total():
+    """The recorded 16 x 64 replay: vLLM counts its 8 preemptions late and bunched (6 in one step); the
+    chart draws running totals, which never fall and end at the total the table shows."""
+    from visualize.side_by_side import cumulative, step_series_spec
+
+    steps = json.loads((Path(__file__).parent / "data" / "vllm_replay_pressure_16x64.json").read_text())["vllm_run"]["steps"]
+    counts = [s["num_preempted"] for s in steps]
+    assert max(counts) > 1, "several preemptions counted in one step"
+    spec = step_series_spec({"vLLM": cumulative(counts)}, "t", "y", "step", counts=True)
+    values = [v["value"] for v in spec["data"]["values"]]
+    assert values == sorted(values) and values[-1] == sum(counts) == 8
+    assert spec["data"]["values"][0]["step"] == 0
+    assert spec["encoding"]["x"]["scale"]["domain"] == [0, len(steps) - 1], "the axis ends at the last step"
 
 
 def test_a_file_that_is_not_a_replay_is_a_clear_error():

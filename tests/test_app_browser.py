@@ -568,7 +568,7 @@ def beam_trees(page, sync_api, port, server) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_beside_vllm_in_a_browser(default_model_dir):
-    """Paged vs contiguous → real vLLM: the lab's engine run on the first recorded replay's workload,
+    """The "Beside real vLLM" page: the lab's engine run on the first recorded replay's workload,
     its three step charts beside vLLM's, with no chart text cut or outside its chart, in English and
     in 中文 (the default model, as the replay was recorded with it)."""
     in_browser(None, beside_vllm, "failure_vllm.png")
@@ -578,8 +578,7 @@ def beside_vllm(page, sync_api, port, server) -> None:
     from visualize.i18n import t
 
     open_app(page, sync_api, port, server)
-    page.locator('[data-testid="stSidebar"]').get_by_role("link", name=t("page_compare", "en")).click()
-    page.get_by_text(t("source_vllm", "en")).click()
+    page.locator('[data-testid="stSidebar"]').get_by_role("link", name=t("page_vllm", "en")).click()
     page.get_by_role("button", name=t("vllm_run_lab", "en")).click()
     page.get_by_text(t("vllm_running_title", "en")).first.wait_for(timeout=300_000)
     wait_for_charts(page, 3)  # running requests, KV cache usage, preemptions

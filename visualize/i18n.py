@@ -23,6 +23,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "page_compare": ("Paged vs contiguous", "分页 vs 连续"),
     "page_kernel": ("Kernel lab", "内核实验"),
     "page_lessons": ("Lessons", "课程"),
+    "page_vllm": ("Beside real vLLM", "对照真实 vLLM"),
     "live_intro": (
         "A real model generates text one scheduler step at a time. Watch its KV cache fill the block pool.",
         "一个真实模型按调度步逐步生成文本。观察它的 KV 缓存如何填满块池。",
@@ -540,7 +541,21 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "sustainable_rate": ("{rate} req/s", "{rate} 请求/秒"),
     "sustainable_below": ("under {rate} req/s", "低于 {rate} 请求/秒"),
     "simulating_sweep": ("Simulating {runs} runs…", "正在模拟 {runs} 次运行……"),
-    "source_vllm": ("real vLLM (a recorded replay)", "真实 vLLM（录制的回放）"),
+    "compare_vllm_moved": ("The lab's engine beside real vLLM has a page of its own: “Beside real vLLM” in the menu.",
+                           "本实验室引擎与真实 vLLM 的对照在单独的页面：菜单中的“对照真实 vLLM”。"),
+    "vllm_status_ready": ("vLLM is set up here ({python}): `python -m engine replay --against vllm WORKLOAD.json --json > replay.json` "
+                          "records a replay of any saved workload, to open below.",
+                          "本机已安装 vLLM（{python}）：`python -m engine replay --against vllm WORKLOAD.json --json > replay.json` "
+                          "可为任意已保存的工作负载录制回放，然后在下面打开。"),
+    "vllm_status_missing": ("vLLM is not set up here. `python -m engine vllm setup` builds its own environment (at {path}, "
+                            "a few minutes, once); `python -m engine replay --against vllm WORKLOAD.json --json > replay.json` then "
+                            "records a replay. Until then, open a recorded example below.",
+                            "本机尚未安装 vLLM。`python -m engine vllm setup` 会为它建立独立的环境（位于 {path}，只需一次，几分钟）；"
+                            "之后用 `python -m engine replay --against vllm WORKLOAD.json --json > replay.json` 录制回放。"
+                            "在此之前，可以打开下面录制好的示例。"),
+    "vllm_status_unsupported": ("vLLM cannot run on this machine ({reason}). The recorded examples below show what it did "
+                                "elsewhere.",
+                                "vLLM 无法在本机运行（{reason}）。下面录制好的示例展示了它在别的机器上的运行情况。"),
     "vllm_intro": (
         "A replay file holds what real vLLM did with a saved workload, step by step (made by "
         "`python -m engine replay --against vllm WORKLOAD.json --json > replay.json`). The lab's engine runs the same "
@@ -572,16 +587,23 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_kv_title": ("KV cache usage after each step (% of the usable blocks)", "每步之后的 KV 缓存占用（可用块的 %）"),
     "vllm_running_axis": ("running requests", "运行中的请求数"),
     "vllm_kv_axis": ("KV cache usage (%)", "KV 缓存占用（%）"),
-    "vllm_preempt_title": ("Preemptions in each step", "每步的抢占次数"),
+    "vllm_preempt_title": ("Preemptions so far (cumulative)", "累计抢占次数"),
+    "vllm_preempt_axis": ("preemptions so far", "累计抢占次数"),
     "vllm_preempt_note": (
-        "vLLM reports a preemption in the statistics of the next step it outputs, so its marks may sit one step later; the totals compare.",
-        "vLLM 把抢占记在它输出的下一步的统计里，所以它的标记可能晚一步出现；比较的是总数。",
+        "The lab counts a preemption in the step that evicts the request. vLLM's counter (IterationStats.num_preempted_reqs) "
+        "counts it when the preempted request next outputs a token: its PREEMPTED event travels with that output, i.e. after "
+        "the request is scheduled again and recomputed. So vLLM's line climbs later, in jumps when several evicted requests "
+        "come back together, while the running requests and KV usage above show the same schedule; the totals compare.",
+        "本实验室在驱逐请求的那一步计入抢占。vLLM 的计数器（IterationStats.num_preempted_reqs）要等被抢占的请求再次输出 token 时"
+        "才计入：它的 PREEMPTED 事件随那次输出一起上报，也就是在该请求重新被调度并重新计算之后。所以 vLLM 的曲线上升得更晚，"
+        "几个被驱逐的请求一起回来时会跳一大步；而上面的运行中请求数和 KV 占用显示两边的调度相同。总数可以直接比较。",
     ),
     "vllm_metric": ("measure", "指标"),
     "vllm_m_steps": ("steps", "步数"),
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
     "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
+    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "“Upload” 与 “1MB per file • JSON” 是 Streamlit 自带的英文：上传按钮；每个文件不超过 1 MB，JSON 格式。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     # lesson 3, section 4 (why memory is throughput) and its exercise's new part
