@@ -37,7 +37,7 @@ LONG_PROMPT = (  # about 200 tokens: several chunks under a small token budget
 
 PRESETS = {
     "preset_short_chat": dict(
-        rows=[("What is the capital of France?", 24), ("Say hello in three languages.", 24),
+        rows=[("What is the capital of France?", 24), ("Name three fruits.", 24),
               ("Name a primary colour.", 16), ("What is 2 + 2?", 16)],
         num_blocks=64,
     ),
@@ -132,7 +132,7 @@ def preset_settings(name: str) -> dict:
 # mode each is shown with its translation.
 PROMPT_TRANSLATIONS = {
     "What is the capital of France?": "法国的首都是哪里？",
-    "Say hello in three languages.": "用三种语言打招呼。",
+    "Name three fruits.": "说出三种水果。",
     "Name a primary colour.": "说出一种三原色。",
     "What is 2 + 2?": "2 + 2 等于几？",
     "Write a long story about a robot who learns to paint.": "写一个关于学画画的机器人的长故事。",
