@@ -201,7 +201,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         pool_view(report, block_size, lang, large=True, cache=cache)
         swap_panel.queues_caption(report, views, lang)
         swap_panel.cpu_lane(report, block_size, lang, large=True)
-        block_tables_html(report, block_size, lang, large=True)
+        block_tables_html(report, block_size, lang, large=True, sharing={v.request_id: v.sharing for v in views})
         swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
             requests_text(views, lang, split)
@@ -211,7 +211,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         with left:
             requests_text(views, lang, split)
             swap_panel.prefill_bars(reports, at, lang)
-            block_tables_html(report, block_size, lang)
+            block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views})
         with right:
             pool_view(report, block_size, lang, cache=cache)
             swap_panel.queues_caption(report, views, lang)
@@ -291,10 +291,35 @@ def requests_text(views, lang: str, split: dict | None = None) -> None:
             f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
             f'<small style="color:#888">· {html.escape(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{extra}</small><br>'
-            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}<br>'
-            f'<span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span></div>'
+            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}'
+            f'{_reply_html(v, color, lang)}</div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)
+
+
+def _reply_html(v, color: str, lang: str) -> str:
+    """The request's text; with several sequences one line per sample, or per beam with its scores
+    (pruned beams greyed and struck through); a finished beam search's result first."""
+    if not v.sequences:
+        return f'<br><span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span>'
+    lines = []
+    if v.sharing == "beam" and v.status == "finished":
+        lines.append(f'<b>{t("beam_result", lang)}</b>: <span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span>')
+    for s in v.sequences:
+        if v.sharing != "beam":
+            label = t("sample_label", lang, index=s.index)
+            style = f"color:{color}"
+        elif s.state == "pruned":
+            label = t("beam_label_pruned", lang)
+            style = "color:#aaa;text-decoration:line-through"
+        else:
+            label = t("beam_label", lang, rank=s.index)
+            style = f"color:{color}"
+        if s.score is not None and s.state != "pruned":
+            label += " · " + t("beam_scores", lang, logprob=s.cumulative_logprob, score=s.score)
+        lines.append(f'<small style="color:#888">{label}</small> '
+                     f'<span style="{style}" data-testid="sequence-text">{html.escape(s.text) or "…"}</span>')
+    return "".join(f"<br>{line}" for line in lines)
 
 
 def _shorten(prompt: str, head: int = 100, tail: int = 60) -> str:
@@ -310,7 +335,9 @@ def _translation(prompt: str, lang: str) -> str:
     return f' <span style="color:#888">（{html.escape(zh)}）</span>'
 
 
-def block_tables_html(report, block_size: int, lang: str, large: bool = False) -> None:
+def block_tables_html(report, block_size: int, lang: str, large: bool = False, sharing: dict | None = None) -> None:
+    """Each live sequence's block table (``sharing``: request id -> "none", "parallel" or "beam",
+    which names a group's rows samples or beams)."""
     st.markdown(f"**{t('block_tables', lang)}**")
     st.caption(t("block_tables_caption", lang))
     if not report.block_tables:
@@ -332,7 +359,8 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False) -
         extra = f' <small>({t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1])})</small>' if snap.slot_range else ""
         who = f"{t('request', lang)} {snap.request_id}"
         if several[snap.request_id] > 1:  # a sequence group: one row per sequence
-            who += f" · {t('sequence_index', lang, index=snap.index, seq=snap.seq_id)}"
+            key = "beam_index" if (sharing or {}).get(snap.request_id) == "beam" else "sequence_index"
+            who += f" · {t(key, lang, index=snap.index, seq=snap.seq_id)}"
         rows.append(f'<div><b style="color:{color}">{who}</b>{extra}: {cells}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")

@@ -57,6 +57,25 @@ def test_parallel_sampling_preset_shows_shared_blocks_and_the_saving(app: AppTes
         sample = re.split(r"[(（]", t("sequence_index", lang, index=i, seq=0))[0].strip()
         assert row.startswith(f"{t('request', lang)} 0 · {sample}"), row
     assert "×4" in html, "a refcount of 4 on the shared prompt blocks"
+    step(app, 2)
+    request = _request_block(app, 0)
+    labels = re.findall(r'<small style="color:#888">([^<]*)</small> <span[^>]*data-testid="sequence-text">', request)
+    assert labels == [t("sample_label", lang, index=i) for i in range(4)], "one line per sample"
+    texts = _sequence_texts(request)
+    engine = app.session_state["engine"]
+    assert texts == [o.text for o in engine.get_output(0).outputs], "each sample's text as the engine has it"
+
+
+def _request_block(at: AppTest, request_id: int) -> str:
+    """The request list's entry of ``request_id`` (its header, prompt and text lines)."""
+    html = "".join(m.value for m in at.markdown if "request-prompt" in m.value)
+    return re.split(r'<div style="border-left', html)[request_id + 1]
+
+
+def _sequence_texts(html: str) -> list[str]:
+    import html as html_lib
+
+    return [html_lib.unescape(x) for x in re.findall(r'data-testid="sequence-text">([^<]*)<', html)]
 
 
 def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
@@ -67,7 +86,23 @@ def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
     assert len(trees) == 1, "the beam tree is drawn"
     nodes = trees[0]["layer"][1]["data"]["values"]
     assert {n["rank"] for n in nodes if not n["pruned"]} == {0, 1, 2, 3}, "four live beams a step"
-    assert "×" in block_table_html(app)
+    html = block_table_html(app)
+    assert "×" in html
+    rows = re.findall(r"<b style[^>]*>([^<]*)</b>", html)
+    assert len(rows) == 4 and all(" · beam " in row and "sample" not in row for row in rows), rows
+    request = _request_block(app, 0)
+    engine = app.session_state["engine"]
+    live = [b for b in engine.requests[0].seqs]  # the live beams, best first
+    labels = re.findall(r'<small style="color:#888">([^<]*)</small>', request)
+    assert [l.split(" · ")[0] for l in labels[:4]] == [f"beam {r}" for r in range(4)]
+    assert all("log-prob" in l and "score" in l for l in labels[:4]), labels
+    texts = _sequence_texts(request)
+    decode = engine.tokenizer.decode
+    # (a character whose bytes are split over tokens is held back from the stream until complete)
+    assert texts[:4] == [decode(b.output_token_ids, skip_special_tokens=True).rstrip("\ufffd") for b in live], "best first"
+    pruned = [l for l in labels[4:]]
+    assert pruned and all(l == "pruned beam" for l in pruned), "pruned beams follow, greyed"
+    assert "line-through" in request
 
 
 def cached_split(at: AppTest, lang: str) -> list[tuple[int, int]]:

@@ -307,6 +307,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "除非仍有别的束持有，它的块已归还空闲列表。",
     ),
     "sequence_index": ("sample {index} (seq {seq})", "样本 {index}（序列 {seq}）"),
+    "beam_index": ("beam {index} (seq {seq})", "束 {index}（序列 {seq}）"),
+    "sample_label": ("sample {index}", "样本 {index}"),
+    "beam_label": ("beam {rank}", "束 {rank}"),
+    "beam_label_pruned": ("pruned beam", "被剪枝的束"),
+    "beam_scores": ("log-prob {logprob:.2f}, score {score:.2f}", "对数概率 {logprob:.2f}，得分 {score:.2f}"),
+    "beam_result": ("Result (best beam)", "结果（最优的束）"),
     "sharing": ("Memory sharing", "显存共享"),
     "sharing_help": (
         "Parallel sampling: n samples of each prompt share its blocks (paper §4.4, Figure 8). Beam search: beams fork "
