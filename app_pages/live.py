@@ -18,7 +18,7 @@ from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRE
                              prefix_cache_entries, preset_settings, preset_workload, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
-from visualize.colors import COW_COLOR, request_color
+from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
@@ -374,6 +374,7 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         spec["layer"][-1]["mark"]["fontSize"] = 16
     st.vega_lite_chart(spec, width="stretch")
     st.caption(t("pool_caption", lang))
+    pool_legend(report, lang)
     if report.free_queue:  # paged: the order in which free blocks are handed out (and evicted)
         free_queue_html(report, lang, large)
     stats = getattr(report, "prefix_cache", None)
@@ -382,6 +383,21 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         st.caption(t("prefix_cache_caption", lang, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate,
                      phits=stats.preempted_hits, pqueries=stats.preempted_queries, evictions=stats.evictions))
     png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
+
+
+def pool_legend(report, lang: str) -> None:
+    """The pool map's outlines and badge, drawn as on the map: touched this step always; with shared
+    blocks the ×n badge and the copy-on-write borders."""
+    def box(style: str) -> str:
+        return f'<span style="display:inline-block;width:18px;height:11px;vertical-align:middle;{style}"></span>'
+
+    items = [(box(f"border:2.5px solid {TOUCHED_COLOR}"), t("legend_touched", lang))]
+    if any(r > 1 for snap in report.block_tables for r in snap.ref_counts):
+        items.append((f'<b style="color:{COW_COLOR};font-size:11px">×n</b>', t("legend_shared", lang)))
+        items.append((box(f"border:3px dashed {COW_COLOR}"), t("legend_cow_src", lang)))
+        items.append((box(f"border:3px solid {COW_COLOR}"), t("legend_cow_dst", lang)))
+    st.markdown('<div data-testid="pool-legend" style="font-size:0.8rem;color:#555">'
+                + " &nbsp; ".join(f"{mark} {html.escape(text)}" for mark, text in items) + "</div>", unsafe_allow_html=True)
 
 
 def free_queue_html(report, lang: str, large: bool = False) -> None:

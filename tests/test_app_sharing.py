@@ -57,6 +57,8 @@ def test_parallel_sampling_preset_shows_shared_blocks_and_the_saving(app: AppTes
         sample = re.split(r"[(（]", t("sequence_index", lang, index=i, seq=0))[0].strip()
         assert row.startswith(f"{t('request', lang)} 0 · {sample}"), row
     assert "×4" in html, "a refcount of 4 on the shared prompt blocks"
+    legend = "".join(m.value for m in app.markdown if "pool-legend" in m.value)
+    assert t("legend_shared", lang) in legend and t("legend_cow_src", lang) in legend, "the badge and borders explained"
     step(app, 2)
     request = _request_block(app, 0)
     labels = re.findall(r'<small style="color:#888">([^<]*)</small> <span[^>]*data-testid="sequence-text">', request)

@@ -43,7 +43,12 @@ def test_pool_map_shows_refcounts_holders_and_the_copy_on_write(engine, lang):
     assert df.loc[df["block"] == dst, "cow_text"].item() == t("cow_dst", lang, src=src)
     dsts = ", ".join(str(e.dst_block_id) for e in cow)
     assert df.loc[df["block"] == src, "cow_text"].item() == t("cow_src", lang, dst=dsts), "2 writers copied it, the 3rd wrote in place"
+    assert "" not in set(df["touched_text"]) | set(df["cow_text"]), "no blank tooltip field"
+    assert set(df.loc[df["cow"] == "", "cow_text"]) == {"–"} and t("no", lang) in set(df["touched_text"])
     spec = pool_map_spec(copied, 4, lang)
+    dashes = {layer["transform"][0]["filter"]: layer["mark"]["strokeDash"] for layer in spec["layer"]
+              if layer.get("transform") and "datum.cow ==" in layer["transform"][0].get("filter", "")}
+    assert dashes == {"datum.cow == 'src'": [4, 2], "datum.cow == 'dst'": [1, 0]}, "source dashed, copy solid"
     titles = [f["title"] for f in spec["layer"][0]["encoding"]["tooltip"]]
     assert t("ref_count", lang) in titles and t("holders", lang) in titles and t("copy_on_write", lang) in titles
 

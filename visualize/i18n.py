@@ -205,13 +205,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
         "The swapped-out requests' blocks, in CPU block ids, drawn like the GPU pool. Outlined: copied this step — "
-        "purple dashed, swapped out (GPU → CPU); teal, swapped in (CPU → GPU), on both maps. "
+        "purple dashed, swapped out (GPU → CPU); teal solid, swapped in (CPU → GPU), on both maps. A GPU block swapped out "
+        "and given to another request in the same step shows its new owner's colour inside the dashed outline (hover it). "
         "This step: {out} block(s) out, {inn} in, {ms:.1f} ms copying.",
         "被换出请求的块（CPU 块号），画法与 GPU 内存池相同。带边框的块本步被复制：紫色虚线为换出（GPU → CPU），"
-        "青色为换入（CPU → GPU），两张图上都标出。本步：换出 {out} 块，换入 {inn} 块，复制耗时 {ms:.1f} 毫秒。",
+        "青色实线为换入（CPU → GPU），两张图上都标出。同一步里换出后又分配给别的请求的 GPU 块，在虚线框内显示新主人的颜色"
+        "（鼠标悬停可查看）。本步：换出 {out} 块，换入 {inn} 块，复制耗时 {ms:.1f} 毫秒。",
     ),
     "swap_tooltip": ("Swapped this step", "本步交换"),
     "swap_gpu_out": ("swapped out to CPU block {block}", "已换出到 CPU 块 {block}"),
+    "swap_gpu_out_reused": ("request {old}'s KV swapped out to CPU block {block}, then the block was given to request {new}",
+                            "请求 {old} 的 KV 已换出到 CPU 块 {block}，随后这个块分配给了请求 {new}"),
     "swap_gpu_in": ("swapped in from CPU block {block}", "从 CPU 块 {block} 换入"),
     "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
     "swap_cpu_in": ("copied back to GPU block {block} (swapped in)", "已复制回 GPU 块 {block}（换入）"),
@@ -259,10 +263,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
     "pool_caption": (
-        "One cell per physical block, coloured by the request that owns it (free: grey). The darker bar is the filled part; "
-        "black borders: blocks touched this step. Hover a block for details.",
-        "每格是一个物理块，颜色表示占用它的请求（空闲为灰色）。深色条是已填充部分；黑框：本步被改动的块。鼠标悬停查看详情。",
+        "One cell per physical block, coloured by the request that owns it (free: grey). The darker bar is the filled part. "
+        "Hover a block for details.",
+        "每格是一个物理块，颜色表示占用它的请求（空闲为灰色）。深色条是已填充部分。鼠标悬停查看详情。",
     ),
+    "legend_touched": ("black border: allocated, written or freed this step", "黑框：本步分配、写入或释放的块"),
+    "legend_shared": ("×n: n sequences share the block (its reference count)", "×n：n 个序列共享这个块（它的引用计数）"),
+    "legend_cow_src": ("pink dashed: a shared block copied on write this step (the source)", "粉色虚线框：本步写时复制的共享块（源块）"),
+    "legend_cow_dst": ("pink solid: the new copy", "粉色实线框：新的副本"),
     "block": ("Block", "块"),
     "owner": ("Owner", "占用者"),
     "free": ("free", "空闲"),

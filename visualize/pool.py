@@ -99,7 +99,7 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
                         or (t("cached_free", lang, hash=b["cached_hash"][:8]) if b["cached_hash"] else t("free", lang)) for b in blocks]
     df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
     df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
-    df["touched_text"] = ["✓" if b["touched"] else "" for b in blocks]
+    df["touched_text"] = ["✓" if b["touched"] else t("no", lang) for b in blocks]
     df["holders_text"] = [", ".join(t("seq_of_request", lang, seq=sq, request=r) for r, sq in b["holders"]) or "–" for b in blocks]
     df["ref_text"] = [str(b["ref_count"]) for b in blocks]
     df["badge"] = [f"×{b['ref_count']}" if b["ref_count"] > 1 else "" for b in blocks]
@@ -110,7 +110,7 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
         cow_text[dst] = t("cow_dst", lang, src=src)
     cow_text.update({src: t("cow_src", lang, dst=", ".join(map(str, dsts))) for src, dsts in copies.items()})
     df["cow"] = [b["cow"] or "" for b in blocks]
-    df["cow_text"] = [cow_text.get(b["block"], "") for b in blocks]
+    df["cow_text"] = [cow_text.get(b["block"], "–") for b in blocks]
     df["hash_text"] = [short_hash(b["block_hash"]) or "–" for b in blocks]
     df["parent_text"] = [parent_chain_text(b["block"], cache, lang) if cache and b["block"] in cache else "–" for b in blocks]
     df["mark_text"] = [t(f"mark_{b['cache_mark']}", lang) if b["cache_mark"] else "" for b in blocks]
@@ -159,12 +159,11 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"transform": [{"filter": "datum.touched"}],
          "mark": {"type": "rect", "fillOpacity": 0, "stroke": TOUCHED_COLOR, "strokeWidth": 2.5},
          "encoding": {**box, "tooltip": tooltip}},
-        # copy-on-write this step: the source dashed, the new copy solid, both in the COW colour
-        {"transform": [{"filter": "datum.cow != ''"}],
-         "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3},
-         "encoding": {**box, "strokeDash": {"field": "cow", "type": "nominal", "legend": None,
-                                            "scale": {"domain": ["src", "dst"], "range": [[4, 2], [1, 0]]}},
-                      "tooltip": tooltip}},
+        # copy-on-write this step: the source dashed, the new copy solid, both in the COW colour (a dash
+        # per layer, not a strokeDash scale: layers share scales, and the swap marks add one too)
+        *({"transform": [{"filter": f"datum.cow == '{side}'"}],
+           "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3, "strokeDash": dash},
+           "encoding": {**box, "tooltip": tooltip}} for side, dash in (("src", [4, 2]), ("dst", [1, 0]))),
         # shared (refcount > 1): a "×n" badge in the block's corner
         {"transform": [{"filter": "datum.badge != ''"}, {"calculate": f"datum.x + {CELL_W - 0.05}", "as": "bx"},
                        {"calculate": "datum.y + 0.22", "as": "by"}],
