@@ -83,7 +83,7 @@ def workload_editor(lang: str, llm) -> None:
             column_config={
                 # No limits here: the browser would refuse or cut an entry without a word; workload_notes says what is used.
                 "prompt": st.column_config.TextColumn(t("prompt", lang), width="large"),
-                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), step=1, default=32),
+                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), step=1, default=32, format="%d"),
             },
         )
         st.caption(t("workload_help", lang) + " " + t("too_many_requests", lang, n=MAX_REQUESTS))
@@ -106,11 +106,30 @@ def workload_notes(frame, lang: str) -> list[str]:
         if len(prompt) > MAX_PROMPT_CHARS:
             notes.append(t("note_long_prompt", lang, row=row, n=len(prompt), max=MAX_PROMPT_CHARS))
         used = clean_workload(frame.iloc[[row]])[0][1]
-        if max_tokens is None or max_tokens != max_tokens or max_tokens != used:  # None, NaN or out of range
-            notes.append(t("note_max_tokens", lang, row=row, value=max_tokens, max=MAX_NEW_TOKENS, used=used))
+        note = _max_tokens_note(max_tokens, used)
+        if note:
+            notes.append(t(note, lang, row=row, value=_number(max_tokens), max=MAX_NEW_TOKENS, used=used))
     if kept > MAX_REQUESTS:
         notes.append(t("too_many_requests", lang, n=MAX_REQUESTS))
     return notes
+
+
+def _max_tokens_note(value, used: int) -> str | None:
+    """The note's key for a max-tokens cell that is not used as typed: empty, not whole, out of range."""
+    if value is None or value != value or (isinstance(value, str) and not value.strip()):  # None, NaN, ""
+        return "note_max_tokens_empty"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "note_max_tokens"
+    if not number.is_integer():
+        return "note_max_tokens"
+    return "note_max_tokens_range" if number != used else None
+
+
+def _number(value) -> str:
+    """A cell's number as typed: 100000, not 100000.0 (the editor's column turns float once a cell is empty)."""
+    return str(int(value)) if isinstance(value, float) and value == value and value.is_integer() else str(value)
 
 
 # ---- controls and the live view ------------------------------------------------------------

@@ -264,16 +264,20 @@ def test_projector_layout_puts_the_pool_first_and_folds_the_texts(app: AppTest):
 def test_workload_editor_says_what_it_changes(app: AppTest):
     import pandas as pd
 
-    rows = pd.DataFrame([("Hi", 999999), ("", 8), ("x" * 6600, -5), ("Ok", 8)], columns=["prompt", "max_tokens"])
+    rows = pd.DataFrame([("Hi", 999999), ("", 8), ("x" * 6600, -5), ("Ok", 8), ("Empty", float("nan")), ("Half", 2.5),
+                         ("Float", 100000.0)], columns=["prompt", "max_tokens"])
     app.session_state["workload_df"] = rows
     app.session_state["editor_version"] = 7
     app.run()
     notes = [w.value for w in app.warning]
-    assert "Row 0: max tokens 999999 is not a whole number from 1 to 256, so 256 is used." in notes
+    assert "Row 0: max tokens 999999 is outside 1–256, so 256 is used." in notes
     assert any(n.startswith("Row 1: the prompt is empty, so the row is left out") for n in notes)
     assert "Row 2: the prompt has 6600 characters; only the first 1000 are sent (a classroom bound)." in notes
-    assert "Row 2: max tokens -5 is not a whole number from 1 to 256, so 1 is used." in notes
+    assert "Row 2: max tokens -5 is outside 1–256, so 1 is used." in notes
     assert not any(n.startswith("Row 3") for n in notes)
+    assert "Row 4: max tokens is empty, so 32 is used." in notes
+    assert "Row 5: max tokens 2.5 is not a whole number, so 2 is used." in notes
+    assert "Row 6: max tokens 100000 is outside 1–256, so 256 is used." in notes
 
 
 def test_every_page_in_chinese_shows_no_english_ui_text(app: AppTest):

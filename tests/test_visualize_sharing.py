@@ -3,13 +3,15 @@ beam tree with its pruned branches — read from the chart data, in both languag
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
 from engine.report import COPY_ON_WRITE, FREE
 from visualize.beam_tree import beam_tree_rows, beam_tree_spec
 from visualize.i18n import t
-from visualize.pool import pool_frame, pool_map_spec
+from visualize.pool import event_log_rows, pool_frame, pool_map_spec
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]  # 7 tokens: one full block of 4 and a partly filled one
 
@@ -43,6 +45,10 @@ def test_pool_map_shows_refcounts_holders_and_the_copy_on_write(engine, lang):
     assert df.loc[df["block"] == dst, "cow_text"].item() == t("cow_dst", lang, src=src)
     dsts = ", ".join(str(e.dst_block_id) for e in cow)
     assert df.loc[df["block"] == src, "cow_text"].item() == t("cow_src", lang, dst=dsts), "2 writers copied it, the 3rd wrote in place"
+    writes = [r["detail"] for r in event_log_rows(copied, lang) if r["kind"] == "write"]
+    assert writes and not any(re.search(r"(\d+)–\1\b", d) for d in writes), writes  # not "positions 7–7"
+    same = t("ev_write_same_position_detail", lang, count=3, position=7, blocks="BLOCKS").split("BLOCKS")[0]
+    assert any(d.startswith(same) for d in writes), "3 samples write position 7, one token each"
     assert "" not in set(df["touched_text"]) | set(df["cow_text"]), "no blank tooltip field"
     assert set(df.loc[df["cow"] == "", "cow_text"]) == {"–"} and t("no", lang) in set(df["touched_text"])
     spec = pool_map_spec(copied, 4, lang)

@@ -134,8 +134,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "第 {row} 行：提示词有 {n} 个字符，只发送前 {max} 个（课堂上限）。",
     ),
     "note_max_tokens": (
-        "Row {row}: max tokens {value} is not a whole number from 1 to {max}, so {used} is used.",
-        "第 {row} 行：最大生成 token 数 {value} 不是 1 到 {max} 之间的整数，因此使用 {used}。",
+        "Row {row}: max tokens {value} is not a whole number, so {used} is used.",
+        "第 {row} 行：最大生成 token 数 {value} 不是整数，因此使用 {used}。",
+    ),
+    "note_max_tokens_range": (
+        "Row {row}: max tokens {value} is outside 1–{max}, so {used} is used.",
+        "第 {row} 行：最大生成 token 数 {value} 超出 1–{max} 的范围，因此使用 {used}。",
+    ),
+    "note_max_tokens_empty": (
+        "Row {row}: max tokens is empty, so {used} is used.",
+        "第 {row} 行：最大生成 token 数为空，因此使用 {used}。",
     ),
     # --- controls
     "step": ("Step", "单步"),
@@ -381,6 +389,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{count} token(s), positions {first}–{last}, into slots of blocks {blocks}",
         "{count} 个 token，位置 {first}–{last}，写入块 {blocks} 的槽位",
     ),
+    "ev_write_same_position_detail": ("{count} tokens at position {position}, one per sequence, into slots of blocks {blocks}",
+                                      "{count} 个 token，都在位置 {position}（每个序列一个），写入块 {blocks} 的槽位"),
     "ev_write_one_detail": ("position {position} → slot {slot} (block {block})", "位置 {position} → 槽位 {slot}（块 {block}）"),
     "ev_preempt_detail": ("evicted; will be recomputed", "被抢占，之后重计算"),
     "ev_fork": ("fork", "派生（fork）"),

@@ -324,6 +324,8 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             blocks = ", ".join(map(str, w["blocks"]))
             if w["count"] == 1:  # a decode step: name the slot, the thing a learner is looking for
                 row["detail"] = t("ev_write_one_detail", lang, position=w["first"], slot=w["slot"], block=blocks)
+            elif w["first"] == w["last"]:  # a group's decode: each sample or beam writes the same position
+                row["detail"] = t("ev_write_same_position_detail", lang, count=w["count"], position=w["first"], blocks=blocks)
             else:
                 row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
         row["event"] = t(f"ev_{row['kind']}", lang)
