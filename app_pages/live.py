@@ -163,6 +163,7 @@ def controls(llm, lang: str) -> None:
         st.rerun()
     if toggled:
         st.session_state["playing"] = not playing
+        st.session_state["play_ticks"] = []
         st.rerun()  # the whole page, so the fragment is rebuilt with (or without) its timer
     if stepped or run_n:
         follow_newest()
@@ -172,9 +173,25 @@ def controls(llm, lang: str) -> None:
         _step(llm, lang, n)
     elif playing:
         _step(llm, lang)  # a timer tick
+        play_pace(lang)
         if not llm.has_unfinished_requests():
             st.session_state["playing"] = False
             st.rerun()
+
+
+def play_pace(lang: str) -> None:
+    """While playing: when a step and its redraw take longer than the chosen interval, the ticks come
+    late and Play runs slower than asked; say so, with the pace measured over the last ticks."""
+    import time
+
+    ticks = st.session_state.setdefault("play_ticks", [])
+    ticks.append(time.perf_counter())
+    del ticks[:-6]
+    asked = float(st.session_state.get("speed", 1.0))
+    if len(ticks) >= 3:
+        pace = (ticks[-1] - ticks[0]) / (len(ticks) - 1)
+        if pace > 1.25 * asked:
+            st.caption(t("play_slower", lang, asked=f"{asked:g}", pace=f"{pace:.1f}"))
 
 
 def live_view() -> None:

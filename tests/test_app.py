@@ -152,6 +152,8 @@ def test_lessons_page_says_goal_once(lang, label):
     goals = [m.value for m in at.markdown if label in m.value]
     assert len(goals) == len(list((Path(APP).parent / "lessons" / "en").glob("*.ipynb")))  # one per lesson
     assert all(g.count(label) == 1 for g in goals), goals
+    intro = " ".join(c.value for c in at.caption)
+    assert 'pip install -e ".[lessons]"' in intro and "jupyter lab" in intro, "says how to get Jupyter first"
     # Rendered as CommonMark (as Streamlit's markdown is), the label is bold, with no "**" left over
     # ("**目标：**看" does not close: a full-width colon before a letter).
     from markdown_it import MarkdownIt

@@ -152,6 +152,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "play": ("Play", "播放"),
     "pause": ("Pause", "暂停"),
     "reset": ("Reset", "重置"),
+    "play_slower": ("Playing at about {pace} s a step, not {asked} s: a step and its redraw take longer than that here.",
+                    "实际约 {pace} 秒一步，而不是 {asked} 秒：在这台机器上，一步计算加重绘就要更久。"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
     "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
     "building_engine": ("Building the engine…", "正在构建引擎……"),
@@ -715,8 +717,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "context_len": ("Context length", "上下文长度"),
     # --- lessons
     "lessons_intro": (
-        "Jupyter notebooks that walk through the ideas with the same engine and charts. Open one with `jupyter lab <path>`.",
-        "用同一引擎和图表逐步讲解的 Jupyter 笔记本。用 `jupyter lab <路径>` 打开。",
+        "Jupyter notebooks that walk through the ideas with the same engine and charts. Install Jupyter once with "
+        "`pip install -e \".[lessons]\"` (from the project's folder), then open one with `jupyter lab <path>`.",
+        "用同一引擎和图表逐步讲解的 Jupyter 笔记本。先在项目目录下用 `pip install -e \".[lessons]\"` 安装一次 Jupyter，"
+        "再用 `jupyter lab <路径>` 打开。",
     ),
     "no_lessons": ("No lesson notebooks found in {path}.", "在 {path} 中没有找到课程笔记本。"),
     # --- lesson checks (lessons/*/NN_*.py, check cells)
