@@ -15,7 +15,7 @@ from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
 from app_pages.saved import close_run, save_and_open, save_run_button
 from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
-                             prefix_cache_entries, preset_settings, preset_workload, record)
+                             add_next_chat_turn, prefix_cache_entries, preset_settings, preset_workload, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
@@ -86,6 +86,7 @@ def workload_editor(lang: str, llm) -> None:
                 "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), step=1, default=32, format="%d"),
             },
         )
+        st.toggle(t("chat_mode", lang), key="chat", help=t("chat_mode_help", lang))
         st.caption(t("workload_help", lang) + " " + t("too_many_requests", lang, n=MAX_REQUESTS))
         if st.session_state.get("preset_note"):  # why the loaded preset limits the batch
             st.caption(t(st.session_state["preset_note"], lang))
@@ -141,6 +142,7 @@ def _step(llm, lang: str, n: int = 1) -> None:
             break
         try:
             record(llm.step(), prefix_cache_entries(llm))
+            add_next_chat_turn(llm, st.session_state["settings"])  # chat mode: the next turn once this one is done
         except Exception as error:  # keep the page alive and say what went wrong
             st.error(t("error_step", lang, error=error))
             st.session_state["playing"] = False
@@ -273,7 +275,8 @@ def live_prompts(llm) -> dict[int, str]:
     prompts = {}
     for rid in sorted(llm.requests):
         text = llm.tokenizer.decode(llm.get_output(rid).prompt_token_ids, skip_special_tokens=True)
-        prompts[rid] = text.split("user\n", 1)[-1].replace("assistant\n", "").strip()
+        # The last user message: a chat turn's history (earlier turns) is not repeated in the request list.
+        prompts[rid] = text.rsplit("user\n", 1)[-1].replace("assistant\n", "").strip()
     return prompts
 
 

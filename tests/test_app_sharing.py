@@ -150,18 +150,24 @@ def test_shared_system_prompt_preset_says_what_each_request_found_cached(app: Ap
 
 
 def test_multi_turn_chat_preset_hits_the_history_and_the_pool_map_marks_it(app: AppTest):
-    """Each turn re-sends the previous turns: it hits their blocks (more each turn); in the step a turn
-    is admitted, the pool map marks the hit blocks and names each one's hash and parent chain."""
+    """The app sends each turn once the one before has finished, with the model's own answer in the
+    history, as a chat client does: it hits the history's blocks, the answer's included (more each turn);
+    in the step a turn is admitted, the pool map marks the hit blocks and names each one's hash and parent chain."""
     from visualize.prefix import short_hash
 
     load(app, "preset_multi_turn_chat", "en")
     assert app.slider(key="max_batch").value == 1
     run_steps(app, 100)
     llm = app.session_state["engine"]
-    assert not llm.has_unfinished_requests()
+    assert not llm.has_unfinished_requests() and len(llm.requests) == 3, "the app sent the three turns, one after another"
     cached = [c for c, _ in cached_split(app, "en")]
     assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
     assert cached == [llm.get_output(rid).num_cached_tokens for rid in sorted(llm.requests)]
+    first, second = llm.get_output(0), llm.get_output(1)
+    answer = [i for i in first.token_ids if i not in llm.eos_token_ids]
+    assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(answer)] == first.prompt_token_ids + answer, \
+        "turn 2 re-sends turn 1 and the model's own answer"
+    assert cached[1] >= (len(first.prompt_token_ids) // 16 + 1) * 16, "blocks of the answer are hit too, not only the prompt's"
     reports = app.session_state["reports"]
     step, hits = next((r.step, [e for e in r.events if e.kind == "cache_hit"]) for r in reports
                       if any(e.kind == "cache_hit" and e.request_id == 2 for e in r.events))

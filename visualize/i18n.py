@@ -764,10 +764,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "块只有在其 KV 写入之后才会被缓存。后两个请求会发现这些块已被缓存。",
     ),
     "preset_multi_turn_chat_note": (
-        "Each turn re-sends the earlier turns (their answers are written in the preset, not the model's) and asks "
-        "one more question, one turn at a time (max batch 1): each turn finds the history's blocks cached.",
-        "每一轮都重新发送之前各轮（其中的回答写在预设里，不是模型生成的），再问一个新问题，一次一轮（最大批大小 1）："
-        "每一轮都会发现历史部分的块已被缓存。",
+        "One chat of three questions (Chat on): once a turn's answer is done, the app sends the next question with the "
+        "whole history, the model's own answer included, as a chat client does. Each turn finds the history's full "
+        "blocks cached, its answer's blocks too.",
+        "一段包含三个问题的对话（开启“对话”）：一轮的回答完成后，应用像聊天客户端那样发送下一个问题，连同全部历史，"
+        "包括模型自己的回答。每一轮都会发现历史中已写满的块已被缓存，回答所在的块也是。",
+    ),
+    "chat_mode": ("Chat: the rows are one conversation's turns", "对话：各行是同一段对话的各轮"),
+    "chat_mode_help": (
+        "On: row 1 is sent first; when its answer is done, row 2 is sent with the history (row 1, the model's answer), "
+        "and so on. Off: every row is a request of its own, all queued at once.",
+        "开：先发送第 1 行；它的回答完成后，再连同历史（第 1 行和模型的回答）发送第 2 行，依此类推。关：每行各是一个独立请求，一开始全部排队。",
     ),
     "cached_computed": ("{cached} tok cached · {computed} tok computed", "已缓存 {cached} 个 token · 已计算 {computed} 个 token"),
     "cached_computed_help": (
