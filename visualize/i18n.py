@@ -224,7 +224,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "swap_tooltip": ("Swapped this step", "本步交换"),
     "swap_gpu_out": ("swapped out to CPU block {block}", "已换出到 CPU 块 {block}"),
-    "swap_gpu_out_reused": ("request {old}'s KV swapped out to CPU block {block}, then the block was given to request {new}",
+    "swap_gpu_out_reused": ("KV of request {old} swapped out to CPU block {block}, then the block was given to request {new}",
                             "请求 {old} 的 KV 已换出到 CPU 块 {block}，随后这个块分配给了请求 {new}"),
     "swap_gpu_in": ("swapped in from CPU block {block}", "从 CPU 块 {block} 换入"),
     "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
