@@ -53,16 +53,13 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("page_compare", lang))
     st.caption(t("compare_intro", lang))
-    source = localized_choice(st.radio, t("source", lang), ("engine", "sim", "vllm"), "compare_source", lang,
+    source = localized_choice(st.radio, t("source", lang), ("engine", "sim"), "compare_source", lang,
                               lambda s: t(f"source_{s}", lang), horizontal=True)
     if source == "engine":
         engine_comparison(lang)
-    elif source == "sim":
-        simulator_comparison(lang)
     else:
-        from app_pages.beside_vllm import vllm_comparison
-
-        vllm_comparison(lang)
+        simulator_comparison(lang)
+    st.caption(t("compare_vllm_moved", lang))
 
 
 # ---- the real engine -----------------------------------------------------------------------
