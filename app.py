@@ -9,7 +9,7 @@ figures in visualize/.
 import streamlit as st
 import torch
 
-from app_pages import compare, kernel_lab, lessons, live
+from app_pages import beside_vllm, compare, kernel_lab, lessons, live
 from app_pages.sidebar import engine_settings, language
 from app_pages.state import torch_threads
 from visualize.i18n import t
@@ -24,6 +24,7 @@ st.session_state["settings"] = settings
 pages = [
     st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="live", default=True),
     st.Page(compare.page, title=t("page_compare", lang), icon=":material/compare:", url_path="compare"),
+    st.Page(beside_vllm.page, title=t("page_vllm", lang), icon=":material/difference:", url_path="vllm"),
     st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),
     st.Page(lessons.page, title=t("page_lessons", lang), icon=":material/menu_book:", url_path="lessons"),
 ]

@@ -1,6 +1,7 @@
-"""Beside real vLLM: a replay file (``python -m engine replay --against vllm W.json --json``, or one
-recorded in tests/data) and the lab's engine on the same workload, step by step: running requests,
-KV cache usage and preemptions of both runs side by side (engine/vllm_bridge/replay.py gives the data)."""
+"""Beside real vLLM, a page of its own: a replay file (``python -m engine replay --against vllm W.json
+--json``, or one recorded in tests/data) and the lab's engine on the same workload, step by step:
+running requests, KV cache usage and cumulative preemptions of both runs side by side (engine/vllm_bridge/replay.py
+gives the data). The page says whether vLLM is set up here (engine/vllm_bridge/env.py) and how to set it up."""
 
 from __future__ import annotations
 
@@ -10,18 +11,19 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from app_pages.widgets import json_uploader
+from engine.vllm_bridge import env as vllm_env
 from engine.vllm_bridge.replay import load_replay, replay_lab_run, run_metrics
 from engine.runfile import load_workload
 from engine.vllm_bridge.compare import compare_outputs
 from visualize.i18n import t
-from visualize.side_by_side import step_series_spec
+from visualize.side_by_side import cumulative, step_series_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "data"
 MEASURES = (  # (step key, chart title key, y axis key, scale)
     ("num_running", "vllm_running_title", "vllm_running_axis", 1),
     ("kv_cache_usage", "vllm_kv_title", "vllm_kv_axis", 100),
-    ("num_preempted", "vllm_preempt_title", "vllm_m_preemptions", 1),
 )
 
 
@@ -30,10 +32,31 @@ def examples() -> dict[str, Path]:
     return {p.name: p for p in sorted(EXAMPLES.glob("vllm_replay_*.json"))}
 
 
+def page() -> None:
+    lang = st.session_state["lang"]
+    st.title(t("page_vllm", lang))
+    vllm_status(lang)
+    vllm_comparison(lang)
+
+
+def vllm_status(lang: str) -> None:
+    """Whether vLLM's environment exists here (``python -m engine vllm setup`` builds it), and if not why
+    or how; cheap (a file check and /proc/cpuinfo), so it runs on every rerun."""
+    python = vllm_env.venv_python()
+    if python.exists():
+        st.success(t("vllm_status_ready", lang, python=python))
+        return
+    reason = vllm_env.why_not_supported()
+    if reason:
+        st.info(t("vllm_status_unsupported", lang, reason=reason))
+    else:
+        st.info(t("vllm_status_missing", lang, path=vllm_env.venv_dir()))
+
+
 def vllm_comparison(lang: str) -> None:
     st.caption(t("vllm_intro", lang))
     c = st.columns(2)
-    upload = c[0].file_uploader(t("vllm_upload", lang), type=["json"], key="vllm_upload")
+    upload = json_uploader(c[0], t("vllm_upload", lang), "vllm_upload", lang)
     found = examples()
     example = c[1].selectbox(t("vllm_example", lang), list(found), key="vllm_example", disabled=upload is not None)
     if upload is not None:
@@ -84,7 +107,7 @@ def _workload_file(replay: dict, lang: str) -> tuple[bytes | None, str]:
         if path.is_file():
             return path.read_bytes(), path.name
         st.warning(t("vllm_workload_missing", lang, path=named))
-    upload = st.file_uploader(t("vllm_workload_upload", lang), type=["json"], key="vllm_workload_upload")
+    upload = json_uploader(st, t("vllm_workload_upload", lang), "vllm_workload_upload", lang)
     return (upload.getvalue(), upload.name) if upload is not None else (None, "")
 
 
@@ -106,6 +129,10 @@ def show(replay: dict, lab: dict, lang: str) -> None:
         series = {label: [s[key] * scale for s in run["steps"]] for label, run in sides.items()}
         spec = step_series_spec(series, t(title, lang), t(y_title, lang), t("step_axis", lang), counts=scale == 1)
         st.vega_lite_chart(spec, width="stretch", height=260, key=f"vllm_{key}")
+    # Per step, vLLM's counter and the lab's count different moments; their running totals compare.
+    series = {label: cumulative([s["num_preempted"] for s in run["steps"]]) for label, run in sides.items()}
+    spec = step_series_spec(series, t("vllm_preempt_title", lang), t("vllm_preempt_axis", lang), t("step_axis", lang), counts=True)
+    st.vega_lite_chart(spec, width="stretch", height=260, key="vllm_num_preempted")
     st.caption(t("vllm_preempt_note", lang))
 
 

@@ -19,7 +19,8 @@ from engine.core.accounting import CATEGORIES
 from engine.experiments.paper_data import PAPER_TOKEN_STATES
 from visualize.i18n import t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, series_spec, simulation_memory_frame
-from visualize.paper import PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown
+from visualize.paper import (PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown,
+                             share_metrics)
 from visualize.pool import pool_map_spec
 
 MAX_SIM_REQUESTS = 5000
@@ -52,16 +53,13 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("page_compare", lang))
     st.caption(t("compare_intro", lang))
-    source = localized_choice(st.radio, t("source", lang), ("engine", "sim", "vllm"), "compare_source", lang,
+    source = localized_choice(st.radio, t("source", lang), ("engine", "sim"), "compare_source", lang,
                               lambda s: t(f"source_{s}", lang), horizontal=True)
     if source == "engine":
         engine_comparison(lang)
-    elif source == "sim":
-        simulator_comparison(lang)
     else:
-        from app_pages.beside_vllm import vllm_comparison
-
-        vllm_comparison(lang)
+        simulator_comparison(lang)
+    st.caption(t("compare_vllm_moved", lang))
 
 
 # ---- the real engine -----------------------------------------------------------------------
@@ -76,6 +74,8 @@ def engine_comparison(lang: str) -> None:
     limit = int(c[1].number_input(t("max_steps", lang), 10, 1000, 300, key="compare_limit"))
     if settings.enable_prefix_caching is not False or settings.preemption_mode == "swap":
         st.caption(t("compare_contiguous_plain", lang))
+    rule = "chunked" if settings.enable_chunked_prefill else {"decodes": "whole"}.get(getattr(settings, "schedule_first", "decodes"), "prefills")
+    st.caption(t("sched_rule_run", lang, rule=t(f"sched_rule_{rule}", lang)), help=t("sched_rule_help", lang))
     if c[2].button(t("run_compare", lang), type="primary", key="btn_compare"):
         runs = {}
         for allocator in ("paged", "contiguous"):
@@ -152,27 +152,34 @@ def paper_bars(rows: list[dict], lang: str) -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def _simulate(workload: str, num_requests: int, kv_slots: int, block_size: int, allocator: str, reservation: str, seed: int):
+def _simulate(workload: str, num_requests: int, kv_slots: int, block_size: int, allocator: str, reservation: str, seed: int,
+              rule: str = "paper"):
+    from engine.experiments.paper_data import SCHEDULER_RULES
     from engine.sim.simulator import simulate
 
     # Contiguous = the paper's Orca, which places ranges in buddy chunks (as reproduce-paper's PAPER_SYSTEMS).
     placement = "buddy" if allocator == "contiguous" else "first-fit"
     return simulate(workload=workload, num_requests=num_requests, kv_slots=kv_slots, block_size=block_size,
-                    allocator=allocator, reservation=reservation, placement=placement, seed=seed)
+                    allocator=allocator, reservation=reservation, placement=placement, seed=seed, **SCHEDULER_RULES[rule])
 
 
 def simulator_comparison(lang: str) -> None:
+    from engine.experiments.paper_data import SCHEDULER_RULES
+
     settings = st.session_state["settings"]
-    c = st.columns(4)
+    c = st.columns([1, 1, 1, 1, 2])
     workload = c[0].selectbox(t("sim_workload", lang), ("sharegpt", "alpaca"), key="sim_workload")
     num_requests = int(c[1].number_input(t("num_requests", lang), 10, MAX_SIM_REQUESTS, 500, step=100, key="sim_requests"))
     kv_slots = int(c[2].number_input(t("kv_slots", lang), 2048, 200_000, 15_700, step=1000, key="sim_slots"))
     reservation = c[3].selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="sim_reservation")
+    rule = localized_choice(c[4].selectbox, t("sched_rule", lang), tuple(SCHEDULER_RULES), "sim_rule", lang,
+                            lambda k: t(f"sched_rule_{k}", lang), help=t("sched_rule_help", lang))
+    st.caption(t("sched_rule_run", lang, rule=t(f"sched_rule_{rule}", lang)))
     results = {}
     try:
         for allocator in ("paged", "contiguous"):
             results[_label(allocator, reservation)] = _simulate(workload, num_requests, kv_slots, settings.block_size,
-                                                                 allocator, reservation, settings.seed)
+                                                                 allocator, reservation, settings.seed, rule)
     except ValueError as error:
         st.error(str(error))
         return
@@ -181,9 +188,11 @@ def simulator_comparison(lang: str) -> None:
         with col:
             st.markdown(f"### {system_label(label, lang)}")
             m = st.columns(3)
-            m[0].metric(t("token_state_share", lang), f"{res.token_state_fraction:.1%}")
-            m[1].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
-            m[2].metric(t("preemptions", lang), res.preemptions)
+            for box, (label_text, value) in zip(m, share_metrics(res.fragmentation, lang)):
+                box.metric(label_text, value, help=t("token_share_help", lang))
+            m = st.columns(3)
+            m[0].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
+            m[1].metric(t("preemptions", lang), res.preemptions)
             frame = simulation_memory_frame(res)
             st.altair_chart(memory_chart(frame, "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
             png_download(t("save_png", lang), lambda f=frame, l=system_label(label, lang): memory_figure(f, "tokens", lang, title=l),

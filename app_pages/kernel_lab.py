@@ -25,30 +25,36 @@ from visualize.kernel import program_grid, program_grid_figure
 
 def kernel_inputs(llm, report, layer: int):
     """(request_ids, query [n, heads, dim], engine attention [n, heads, dim], block_tables int32, context_lens int32)
-    for the requests of ``report`` that still hold their blocks, or None if there are none."""
-    captured = getattr(llm, "captured", {}).get(layer)
-    if not captured or "q" not in captured:
+    for the sequences of ``report`` whose request still holds its blocks (one row per sample or beam),
+    or None if there are none. The block tables and context lengths are those the step's attention read."""
+    captured = getattr(llm, "captured", {})
+    if "q" not in captured.get(layer, {}) or "tables" not in captured:
         return None
     live = {s.request_id for s in report.block_tables}
     attn_layer = llm.runner.model.model.layers[layer].self_attn
-    rows, ids, lens, end = [], [], [], 0
-    for s in report.scheduled:  # prefills first, then decodes: the same order as the model's flat batch
+    prefill_tables, prefill_lens, decode_tables, decode_lens = captured["tables"]
+    all_tables = [row for t in (prefill_tables, decode_tables) for row in t.tolist()]
+    all_lens = prefill_lens.tolist() + decode_lens.tolist()
+    if len(all_lens) != len(report.scheduled):  # the tables of another step (this one ran no model)
+        return None
+    rows, ids, lens, tables, end = [], [], [], [], 0
+    for i, s in enumerate(report.scheduled):  # prefills first, then decodes: the model's flat batch, one entry per sequence
         end += s.num_tokens
         if s.request_id in live:
-            rows.append(end - 1)  # this request's newest token
+            rows.append(end - 1)  # this sequence's newest token
             ids.append(s.request_id)
-            lens.append(s.context_len)
+            lens.append(all_lens[i])
+            tables.append(all_tables[i])
     if not rows:
         return None
     heads, dim = attn_layer.num_heads, attn_layer.head_dim
-    q = captured["q"][rows].view(len(rows), heads, dim)
+    q = captured[layer]["q"][rows].view(len(rows), heads, dim)
     if hasattr(attn_layer, "q_norm"):
         q = attn_layer.q_norm(q)
     positions = torch.tensor([n - 1 for n in lens], device=q.device)
     cos, sin = llm.runner.model.rotary_emb(positions, q.dtype)
     query = apply_rotary(q, cos, sin).contiguous()
-    engine_out = captured["attn"][rows].view(len(rows), heads, dim)
-    tables = [llm.kv.attention_block_table(llm.requests[rid]) for rid in ids]
+    engine_out = captured[layer]["attn"][rows].view(len(rows), heads, dim)
     width = max(len(tb) for tb in tables)
     block_tables = torch.tensor([tb + [0] * (width - len(tb)) for tb in tables], dtype=torch.int32, device=q.device)
     context_lens = torch.tensor(lens, dtype=torch.int32, device=q.device)

@@ -15,10 +15,10 @@ from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
 from app_pages.saved import close_run, save_and_open, save_run_button
 from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
-                             prefix_cache_entries, preset_workload, record)
+                             add_next_chat_turn, prefix_cache_entries, preset_settings, preset_workload, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
-from visualize.colors import COW_COLOR, request_color
+from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import CATALOGUE, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
@@ -50,22 +50,15 @@ def page() -> None:
 
 
 def _load_preset() -> None:
-    """Button callback (runs before the script, so it may set the sidebar's pool size)."""
-    name = st.session_state["preset"]
-    st.session_state["workload_df"] = preset_workload(name)
-    st.session_state["num_blocks"] = PRESETS[name]["num_blocks"]
-    st.session_state["pool_unit"] = "blocks"
-    st.session_state["sharing"] = PRESETS[name].get("sharing", "none")
-    st.session_state["sharing_width"] = PRESETS[name].get("sharing_width", 4)
-    st.session_state["max_batch"] = PRESETS[name].get("max_batch", 8)
-    st.session_state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None
-    if PRESETS[name].get("prefix_caching"):  # the presets that show it switch it on, with the paged allocator it needs
-        st.session_state["allocator"] = "paged"
-        st.session_state["prefix_caching"] = True
-    swap_panel.apply_scheduler_preset(PRESETS[name])
-    if PRESETS[name].get("sample"):  # parallel samples differ only when they are sampled
-        st.session_state["sample"] = True
-    st.session_state["editor_version"] = st.session_state.get("editor_version", 0) + 1  # a fresh editor
+    """Button callback (runs before the script, so it may set the sidebar's settings): the preset's
+    workload and every setting its demo depends on (``state.preset_settings``), nothing left behind."""
+    state = st.session_state
+    name = state["preset"]
+    state["workload_df"] = preset_workload(name)
+    state.update(preset_settings(name))
+    state["pool_unit_shown"] = "blocks"  # the pool size is in blocks: no MiB to carry over
+    state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None
+    state["editor_version"] = state.get("editor_version", 0) + 1  # a fresh editor
 
 
 def layout_choice(lang: str) -> None:
@@ -90,9 +83,10 @@ def workload_editor(lang: str, llm) -> None:
             column_config={
                 # No limits here: the browser would refuse or cut an entry without a word; workload_notes says what is used.
                 "prompt": st.column_config.TextColumn(t("prompt", lang), width="large"),
-                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), step=1, default=32),
+                "max_tokens": st.column_config.NumberColumn(t("max_tokens", lang), step=1, default=32, format="%d"),
             },
         )
+        st.toggle(t("chat_mode", lang), key="chat", help=t("chat_mode_help", lang))
         st.caption(t("workload_help", lang) + " " + t("too_many_requests", lang, n=MAX_REQUESTS))
         if st.session_state.get("preset_note"):  # why the loaded preset limits the batch
             st.caption(t(st.session_state["preset_note"], lang))
@@ -113,11 +107,30 @@ def workload_notes(frame, lang: str) -> list[str]:
         if len(prompt) > MAX_PROMPT_CHARS:
             notes.append(t("note_long_prompt", lang, row=row, n=len(prompt), max=MAX_PROMPT_CHARS))
         used = clean_workload(frame.iloc[[row]])[0][1]
-        if max_tokens is None or max_tokens != max_tokens or max_tokens != used:  # None, NaN or out of range
-            notes.append(t("note_max_tokens", lang, row=row, value=max_tokens, max=MAX_NEW_TOKENS, used=used))
+        note = _max_tokens_note(max_tokens, used)
+        if note:
+            notes.append(t(note, lang, row=row, value=_number(max_tokens), max=MAX_NEW_TOKENS, used=used))
     if kept > MAX_REQUESTS:
         notes.append(t("too_many_requests", lang, n=MAX_REQUESTS))
     return notes
+
+
+def _max_tokens_note(value, used: int) -> str | None:
+    """The note's key for a max-tokens cell that is not used as typed: empty, not whole, out of range."""
+    if value is None or value != value or (isinstance(value, str) and not value.strip()):  # None, NaN, ""
+        return "note_max_tokens_empty"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "note_max_tokens"
+    if not number.is_integer():
+        return "note_max_tokens"
+    return "note_max_tokens_range" if number != used else None
+
+
+def _number(value) -> str:
+    """A cell's number as typed: 100000, not 100000.0 (the editor's column turns float once a cell is empty)."""
+    return str(int(value)) if isinstance(value, float) and value == value and value.is_integer() else str(value)
 
 
 # ---- controls and the live view ------------------------------------------------------------
@@ -129,6 +142,7 @@ def _step(llm, lang: str, n: int = 1) -> None:
             break
         try:
             record(llm.step(), prefix_cache_entries(llm))
+            add_next_chat_turn(llm, st.session_state["settings"])  # chat mode: the next turn once this one is done
         except Exception as error:  # keep the page alive and say what went wrong
             st.error(t("error_step", lang, error=error))
             st.session_state["playing"] = False
@@ -151,6 +165,7 @@ def controls(llm, lang: str) -> None:
         st.rerun()
     if toggled:
         st.session_state["playing"] = not playing
+        st.session_state["play_ticks"] = []
         st.rerun()  # the whole page, so the fragment is rebuilt with (or without) its timer
     if stepped or run_n:
         follow_newest()
@@ -160,9 +175,25 @@ def controls(llm, lang: str) -> None:
         _step(llm, lang, n)
     elif playing:
         _step(llm, lang)  # a timer tick
+        play_pace(lang)
         if not llm.has_unfinished_requests():
             st.session_state["playing"] = False
             st.rerun()
+
+
+def play_pace(lang: str) -> None:
+    """While playing: when a step and its redraw take longer than the chosen interval, the ticks come
+    late and Play runs slower than asked; say so, with the pace measured over the last ticks."""
+    import time
+
+    ticks = st.session_state.setdefault("play_ticks", [])
+    ticks.append(time.perf_counter())
+    del ticks[:-6]
+    asked = float(st.session_state.get("speed", 1.0))
+    if len(ticks) >= 3:
+        pace = (ticks[-1] - ticks[0]) / (len(ticks) - 1)
+        if pace > 1.25 * asked:
+            st.caption(t("play_slower", lang, asked=f"{asked:g}", pace=f"{pace:.1f}"))
 
 
 def live_view() -> None:
@@ -208,7 +239,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         pool_view(report, block_size, lang, large=True, cache=cache)
         swap_panel.queues_caption(report, views, lang)
         swap_panel.cpu_lane(report, block_size, lang, large=True)
-        block_tables_html(report, block_size, lang, large=True)
+        block_tables_html(report, block_size, lang, large=True, sharing={v.request_id: v.sharing for v in views})
         swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
             requests_text(views, lang, split)
@@ -218,7 +249,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         with left:
             requests_text(views, lang, split)
             swap_panel.prefill_bars(reports, at, lang)
-            block_tables_html(report, block_size, lang)
+            block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views})
         with right:
             pool_view(report, block_size, lang, cache=cache)
             swap_panel.queues_caption(report, views, lang)
@@ -244,7 +275,8 @@ def live_prompts(llm) -> dict[int, str]:
     prompts = {}
     for rid in sorted(llm.requests):
         text = llm.tokenizer.decode(llm.get_output(rid).prompt_token_ids, skip_special_tokens=True)
-        prompts[rid] = text.split("user\n", 1)[-1].replace("assistant\n", "").strip()
+        # The last user message: a chat turn's history (earlier turns) is not repeated in the request list.
+        prompts[rid] = text.rsplit("user\n", 1)[-1].replace("assistant\n", "").strip()
     return prompts
 
 
@@ -299,10 +331,35 @@ def requests_text(views, lang: str, split: dict | None = None) -> None:
             f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
             f'<small style="color:#888">· {html.escape(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{extra}</small><br>'
-            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}<br>'
-            f'<span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span></div>'
+            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}'
+            f'{_reply_html(v, color, lang)}</div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)
+
+
+def _reply_html(v, color: str, lang: str) -> str:
+    """The request's text; with several sequences one line per sample, or per beam with its scores
+    (pruned beams greyed and struck through); a finished beam search's result first."""
+    if not v.sequences:
+        return f'<br><span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span>'
+    lines = []
+    if v.sharing == "beam" and v.status == "finished":
+        lines.append(f'<b>{t("beam_result", lang)}</b>: <span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span>')
+    for s in v.sequences:
+        if v.sharing != "beam":
+            label = t("sample_label", lang, index=s.index)
+            style = f"color:{color}"
+        elif s.state == "pruned":
+            label = t("beam_label_pruned", lang)
+            style = "color:#aaa;text-decoration:line-through"
+        else:
+            label = t("beam_label", lang, rank=s.index)
+            style = f"color:{color}"
+        if s.score is not None and s.state != "pruned":
+            label += " · " + t("beam_scores", lang, logprob=s.cumulative_logprob, score=s.score)
+        lines.append(f'<small style="color:#888">{label}</small> '
+                     f'<span style="{style}" data-testid="sequence-text">{html.escape(s.text) or "…"}</span>')
+    return "".join(f"<br>{line}" for line in lines)
 
 
 def _shorten(prompt: str, head: int = 100, tail: int = 60) -> str:
@@ -318,7 +375,9 @@ def _translation(prompt: str, lang: str) -> str:
     return f' <span style="color:#888">（{html.escape(zh)}）</span>'
 
 
-def block_tables_html(report, block_size: int, lang: str, large: bool = False) -> None:
+def block_tables_html(report, block_size: int, lang: str, large: bool = False, sharing: dict | None = None) -> None:
+    """Each live sequence's block table (``sharing``: request id -> "none", "parallel" or "beam",
+    which names a group's rows samples or beams)."""
     st.markdown(f"**{t('block_tables', lang)}**")
     st.caption(t("block_tables_caption", lang))
     if not report.block_tables:
@@ -341,7 +400,8 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False) -
                  if snap.slot_range else "")
         who = f"{t('request', lang)} {snap.request_id}"
         if several[snap.request_id] > 1:  # a sequence group: one row per sequence
-            who += f" · {t('sequence_index', lang, index=snap.index, seq=snap.seq_id)}"
+            key = "beam_index" if (sharing or {}).get(snap.request_id) == "beam" else "sequence_index"
+            who += f" · {t(key, lang, index=snap.index, seq=snap.seq_id)}"
         rows.append(f'<div><b style="color:{color}">{who}</b>{extra}{t("sep_colon", lang)}{cells}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
@@ -355,6 +415,7 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         spec["layer"][-1]["mark"]["fontSize"] = 16
     st.vega_lite_chart(spec, width="stretch")
     st.caption(t("pool_caption", lang))
+    pool_legend(report, lang)
     if report.free_queue:  # paged: the order in which free blocks are handed out (and evicted)
         free_queue_html(report, lang, large)
     stats = getattr(report, "prefix_cache", None)
@@ -363,6 +424,21 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         st.caption(t("prefix_cache_caption", lang, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate,
                      phits=stats.preempted_hits, pqueries=stats.preempted_queries, evictions=stats.evictions))
     png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
+
+
+def pool_legend(report, lang: str) -> None:
+    """The pool map's outlines and badge, drawn as on the map: touched this step always; with shared
+    blocks the ×n badge and the copy-on-write borders."""
+    def box(style: str) -> str:
+        return f'<span style="display:inline-block;width:18px;height:11px;vertical-align:middle;{style}"></span>'
+
+    items = [(box(f"border:2.5px solid {TOUCHED_COLOR}"), t("legend_touched", lang))]
+    if any(r > 1 for snap in report.block_tables for r in snap.ref_counts):
+        items.append((f'<b style="color:{COW_COLOR};font-size:11px">×n</b>', t("legend_shared", lang)))
+        items.append((box(f"border:3px dashed {COW_COLOR}"), t("legend_cow_src", lang)))
+        items.append((box(f"border:3px solid {COW_COLOR}"), t("legend_cow_dst", lang)))
+    st.markdown('<div data-testid="pool-legend" style="font-size:0.8rem;color:#555">'
+                + " &nbsp; ".join(f"{mark} {html.escape(text)}" for mark, text in items) + "</div>", unsafe_allow_html=True)
 
 
 def free_queue_html(report, lang: str, large: bool = False) -> None:

@@ -11,12 +11,36 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from engine.report import PRUNED, SHARING_BEAM, SHARING_NONE, sequence_texts
 from visualize.i18n import finish_reason_text, t
 
 
 @dataclass(frozen=True)
+class SequenceView:
+    """One sample or beam of a request with several sequences, as it stood after one step.
+
+    Attributes:
+        seq_id: the engine's sequence id.
+        index: parallel sampling: the sample's index; beam search: the beam's rank after the step
+            (0 = best), or its last rank when it was pruned or the search ended.
+        text: the text it streamed so far (``engine.report.sequence_texts``).
+        state: "live", "pruned" (a beam none of whose candidates survived) or a finish reason.
+        cumulative_logprob, score: beam search: its last ``BeamScore``'s (None for samples).
+    """
+
+    seq_id: int
+    index: int
+    text: str
+    state: str
+    cumulative_logprob: float | None = None
+    score: float | None = None
+
+
+@dataclass(frozen=True)
 class RequestView:
-    """A request as it stood after one step: its text so far, tokens, status and preemptions."""
+    """A request as it stood after one step: its text so far, tokens, status and preemptions; with
+    several sequences (``sharing`` "parallel" or "beam"), each sample's or beam's text in ``sequences``
+    (samples in index order; beams live ones best first, then the pruned ones)."""
 
     request_id: int
     prompt: str
@@ -25,13 +49,19 @@ class RequestView:
     status: str  # "waiting", "running", "preempted", "swapped" (its KV in the CPU pool) or "finished"
     finish_reason: str | None
     num_preemptions: int
+    sharing: str = SHARING_NONE
+    sequences: tuple[SequenceView, ...] = ()
 
 
 def request_views(prompts: dict[int, str], reports: list, upto: int) -> list[RequestView]:
     """Every request after ``reports[upto]``, from the reports up to it (``prompts``: id -> prompt text)."""
     text = {rid: "" for rid in prompts}
-    tokens, preemptions, reasons = dict.fromkeys(prompts, 0), dict.fromkeys(prompts, 0), {}
+    tokens, preemptions, reasons, sharing = dict.fromkeys(prompts, 0), dict.fromkeys(prompts, 0), {}, {}
+    beam_steps = {}  # beam search: steps in which its beams got a token (each live beam gets one)
     for report in reports[: upto + 1]:
+        sharing.update(getattr(report, "sharing", {}))  # runs saved before per-sequence text have none
+        for rid in getattr(report, "seq_new_text", {}):
+            beam_steps[rid] = beam_steps.get(rid, 0) + 1
         for rid, ids in report.new_token_ids.items():
             tokens[rid] = tokens.get(rid, 0) + len(ids)
         for rid, piece in report.new_text.items():
@@ -54,8 +84,32 @@ def request_views(prompts: dict[int, str], reports: list, upto: int) -> list[Req
             status = "preempted"
         else:
             status = "waiting"
-        views.append(RequestView(rid, prompts[rid], text[rid], tokens[rid], status, reasons.get(rid), preemptions[rid]))
+        mode = sharing.get(rid, SHARING_NONE)
+        sequences = sequence_views(reports[: upto + 1], rid, mode) if mode != SHARING_NONE else ()
+        if mode == SHARING_BEAM and rid not in reasons:
+            tokens[rid] = beam_steps.get(rid, 0)  # a beam request streams no text of its own until it ends
+        views.append(RequestView(rid, prompts[rid], text[rid], tokens[rid], status, reasons.get(rid), preemptions[rid],
+                                 mode, sequences))
     return views
+
+
+def sequence_views(reports: list, request_id: int, sharing: str) -> tuple[SequenceView, ...]:
+    """The samples (in index order) or beams (live ones by rank, then pruned ones, newest first) of
+    ``request_id`` after the last of ``reports``."""
+    texts = sequence_texts(reports, request_id)
+    ended, scores = {}, {}
+    for report in reports:
+        ended.update(getattr(report, "seq_finished", {}).get(request_id, {}))
+        scores.update(getattr(report, "beam_scores", {}).get(request_id, {}))
+    if sharing != SHARING_BEAM:
+        return tuple(SequenceView(seq_id, i, text, ended.get(seq_id, "live")) for i, (seq_id, text) in enumerate(texts.items()))
+    views = [SequenceView(seq_id, scores[seq_id].rank if seq_id in scores else 0, text,
+                          ended.get(seq_id, "live"), *((scores[seq_id].cumulative_logprob, scores[seq_id].score)
+                                                       if seq_id in scores else (None, None)))
+             for seq_id, text in texts.items()]
+    kept = sorted((v for v in views if v.state != PRUNED), key=lambda v: v.index)
+    pruned = sorted((v for v in views if v.state == PRUNED), key=lambda v: -v.seq_id)
+    return tuple(kept + pruned)
 
 
 def status_text(view: RequestView, lang: str) -> str:

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages.state import MAX_BLOCKS, Settings
+from app_pages.widgets import json_uploader
 from engine.model_executor.model_loader import DEFAULT_MODEL
 from engine.runfile import Run, RunFileError, Workload, WorkloadRequest, load_any, run_json, workload_json
 from visualize.i18n import t
@@ -26,7 +27,7 @@ def save_and_open(settings: Settings, rows: list[tuple[str, int]], lang: str) ->
     """The workload download and the uploader that opens a workload or a run (in the workload panel)."""
     st.download_button(t("save_workload", lang), workload_json(current_workload(settings, rows)),
                        file_name="workload.json", mime="application/json", key="dl_workload")
-    st.file_uploader(t("open_file", lang), type=["json"], key="upload", on_change=_opened, args=(lang,), help=t("open_file_help", lang))
+    json_uploader(st, t("open_file", lang), "upload", lang, on_change=_opened, args=(lang,), help=t("open_file_help", lang))
     error = st.session_state.get("upload_error")
     if error:
         st.error(error)

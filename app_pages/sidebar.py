@@ -53,11 +53,6 @@ def engine_settings(lang: str) -> Settings:
     max_seqs = int(sb.slider(t("max_batch", lang), 1, 16, key="max_batch"))
     scheduling = scheduler_settings(sb, lang, allocator, max_seqs)
     sb.subheader(t("sampling", lang))
-    # Greedy by default (as SamplingParams): the same demo gives the same text every time.
-    temperature = 0.0
-    if sb.toggle(t("sample_toggle", lang), key="sample", help=t("sample_toggle_help", lang)):
-        temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, step=0.1, key="temperature"))
-    seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, key="seed"))
     st.session_state.setdefault("sharing", "none")
     st.session_state.setdefault("sharing_width", 4)
     sharing = localized_choice(sb.radio, t("sharing", lang), SHARING, "sharing", lang, lambda m: t(f"sharing_{m}", lang),
@@ -65,6 +60,15 @@ def engine_settings(lang: str) -> Settings:
     width = 1
     if sharing != "none":
         width = int(sb.number_input(t(f"sharing_width_{sharing}", lang), min_value=2, max_value=8, key="sharing_width"))
+    # Greedy by default (as SamplingParams): the same demo gives the same text every time.
+    temperature = 0.0
+    if sharing == "beam":  # beams are chosen by cumulative log-probability: no temperature to set
+        sb.caption(t("beam_no_temperature", lang))
+    elif sb.toggle(t("sample_toggle", lang), key="sample", help=t("sample_toggle_help", lang)):
+        temperature = float(sb.slider(t("temperature", lang), 0.1, 1.5, step=0.1, key="temperature"))
+    else:
+        sb.caption(t("sample_off_greedy", lang))
+    seed = int(sb.number_input(t("seed", lang), min_value=0, max_value=2**31 - 1, key="seed"))
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
                     temperature=temperature, seed=seed, sharing=sharing, sharing_width=width,

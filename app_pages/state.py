@@ -8,7 +8,7 @@ Streamlit reruns the whole script on every click, so anything slow lives in a ca
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 import streamlit as st
@@ -37,7 +37,7 @@ LONG_PROMPT = (  # about 200 tokens: several chunks under a small token budget
 
 PRESETS = {
     "preset_short_chat": dict(
-        rows=[("What is the capital of France?", 24), ("Say hello in three languages.", 24),
+        rows=[("What is the capital of France?", 24), ("Name three fruits.", 24),
               ("Name a primary colour.", 16), ("What is 2 + 2?", 16)],
         num_blocks=64,
     ),
@@ -86,38 +86,40 @@ SYSTEM_PROMPT_ZH = ("你是一门大语言模型推理课程的耐心助教。�
                     "有帮助时举一个小例子。学生会 Python 和基础线性代数，但从没见过 Transformer。")
 QUESTIONS = (("What is a token?", "什么是 token？"), ("What is attention?", "什么是注意力？"),
              ("Why is decoding slow?", "为什么解码慢？"), ("What is a KV cache?", "什么是 KV 缓存？"))
-# A chat whose turn k re-sends turns 1..k-1 (question and answer) before its new question. The answers
-# are written here, not the model's (a preset is a fixed workload): the history's tokens are the same.
-CHAT = (("We are talking about the KV cache. What does it store?", "我们在聊 KV 缓存。它存的是什么？",
-         "The key and value vectors of every earlier token, so that they are not computed again.",
-         "之前每个 token 的键向量和值向量，这样就不必再计算它们。"),
-        ("Why does it grow during a conversation?", "为什么它在对话中不断变大？",
-         "Every new token adds its own keys and values, in every layer.", "每个新 token 都在每一层加入自己的键和值。"),
-        ("What does vLLM do when the cache is full?", "缓存满了，vLLM 会怎么做？", "", ""))
-
-
-def chat_turns(zh: bool = False) -> list[str]:
-    """The multi-turn chat's prompts: turn k is turn k-1's prompt, its answer, then the next question."""
-    turns, history = [], ""
-    for question, question_zh, answer, answer_zh in CHAT:
-        history += ("用户：" if zh else "User: ") + (question_zh if zh else question)
-        turns.append(history)
-        history += "\n" + ("助手：" if zh else "Assistant: ") + (answer_zh if zh else answer) + "\n"
-    return turns
+# A chat of three questions, one turn each: turn k is sent once turn k-1 has finished, with the model's own
+# answers in its history (see ``add_next_chat_turn``), so its history's blocks, answers included, are cached.
+CHAT = (("We are talking about the KV cache. What does it store?", "我们在聊 KV 缓存。它存的是什么？"),
+        ("Why does it grow during a conversation?", "为什么它在对话中不断变大？"),
+        ("What does vLLM do when the cache is full?", "缓存满了，vLLM 会怎么做？"))
 
 
 PRESETS["preset_shared_system_prompt"] = dict(
     rows=[(SYSTEM_PROMPT + "Question: " + q, 24) for q, _ in QUESTIONS], num_blocks=64, max_batch=2, prefix_caching=True)
-PRESETS["preset_multi_turn_chat"] = dict(rows=[(turn, 24) for turn in chat_turns()], num_blocks=12, max_batch=1,
-                                         prefix_caching=True)
+PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in CHAT], num_blocks=12, max_batch=1,
+                                         prefix_caching=True, chat=True)
 SHARING = ("none", "parallel", "beam")  # every request: one sequence, n samples, or beam search
+
+# Every sidebar setting a preset's demo depends on, as a fresh session has it: loading a preset sets
+# all of them (its own values over these), so no setting of an earlier preset is left behind.
+PRESET_DEFAULTS = dict(block_size=16, pool_unit="blocks", allocator="paged", prefix_caching=True,
+                       preemption_mode="recompute", chunked_prefill=False, token_budget=64, max_batch=8,
+                       sample=False, temperature=0.7, seed=0, sharing="none", sharing_width=4, chat=False)
+
+
+def preset_settings(name: str) -> dict:
+    """The session-state values (sidebar keys, see ``PRESET_DEFAULTS``) that preset ``name`` sets:
+    its own, the defaults for the rest; ``num_blocks`` always (every preset sizes its pool)."""
+    preset = PRESETS[name]
+    values = {key: preset.get(key, default) for key, default in PRESET_DEFAULTS.items()}
+    values["num_blocks"] = preset["num_blocks"]
+    return values
 
 
 # The presets stay in English (the default model answers English well and Chinese poorly); in 中文
 # mode each is shown with its translation.
 PROMPT_TRANSLATIONS = {
     "What is the capital of France?": "法国的首都是哪里？",
-    "Say hello in three languages.": "用三种语言打招呼。",
+    "Name three fruits.": "说出三种水果。",
     "Name a primary colour.": "说出一种原色。",
     "What is 2 + 2?": "2 + 2 等于几？",
     "Write a long story about a robot who learns to paint.": "写一个关于学画画的机器人的长故事。",
@@ -129,7 +131,7 @@ PROMPT_TRANSLATIONS = {
         ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),
         ("a robot", "机器人"), ("the sea", "大海"), ("a city", "城市"))},
     **{SYSTEM_PROMPT + "Question: " + q: SYSTEM_PROMPT_ZH + "问题：" + zh for q, zh in QUESTIONS},
-    **dict(zip(chat_turns(), chat_turns(zh=True))),
+    **dict(CHAT),
 }
 
 THREADS_ENV = "PAGEDATTENTION_LAB_THREADS"
@@ -244,12 +246,23 @@ def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
 
 
 def install_capture(llm: LLMEngine) -> None:
-    """Keep, for the last step, every layer's query projection output and attention output.
+    """Keep, for the last step, every layer's query projection output and attention output, and the
+    block tables and context lengths attention read (``llm.captured["tables"]``: the step's
+    AttentionMetadata fields, one row per sequence, prefills first as in the flat batch).
 
-    The Kernel lab replays the decode kernel on these real queries. Forward hooks only keep a
-    reference to tensors the model computes anyway, so stepping costs nothing extra.
+    The Kernel lab replays the decode kernel on these real queries through the same block tables
+    (a sample or beam is a sequence of its request; a pruned beam's table is gone after the step).
+    Forward hooks only keep a reference to tensors the model computes anyway, so stepping costs
+    nothing extra.
     """
-    llm.captured = {}  # layer -> {"q": q_proj output, "attn": o_proj input}
+    llm.captured = {}  # layer -> {"q": q_proj output, "attn": o_proj input}; "tables" -> the step's metadata
+
+    def keep_tables(module, args):
+        meta = args[3]
+        llm.captured["tables"] = (meta.prefill_block_tables, meta.prefill_context_lens,
+                                  meta.decode_block_tables, meta.decode_context_lens)
+
+    llm.runner.model.register_forward_pre_hook(keep_tables)
 
     for index, layer in enumerate(llm.runner.model.model.layers):
         def keep_q(module, inputs, output, index=index):
@@ -293,8 +306,9 @@ def run_to_end(llm: LLMEngine, max_steps: int, on_step=None) -> list:
 def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=None, force: bool = False):
     """This session's engine for these settings and workload, rebuilt (history cleared) when either
     changed or ``force``. Returns (engine or None, list of error messages)."""
-    key = (settings, tuple(rows))
     ss = st.session_state
+    chat = bool(ss.get("chat"))  # the rows are one chat's turns, sent one after another
+    key = (settings, tuple(rows), chat)
     if not force and ss.get("engine_key") == key and ss.get("engine") is not None:
         return ss["engine"], ss.get("engine_errors", [])
     ss["engine"], ss["engine_key"], ss["reports"], ss["playing"] = None, key, [], False
@@ -305,8 +319,56 @@ def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=Non
         ss["engine_errors"] = [("engine", str(error))]
         return None, ss["engine_errors"]
     ss["engine"] = llm
-    ss["engine_errors"] = add_workload(llm, rows, settings.temperature, settings.seed, settings.sharing, settings.sharing_width)
+    llm.chat = ChatTurns(rows) if chat and rows else None
+    first = rows[:1] if llm.chat else rows
+    ss["engine_errors"] = add_workload(llm, first, settings.temperature, settings.seed, settings.sharing, settings.sharing_width)
+    if ss["engine_errors"]:  # the first turn was rejected: no chat to continue
+        llm.chat = None
     return llm, ss["engine_errors"]
+
+
+@dataclass
+class ChatTurns:
+    """One conversation whose turns are the workload's rows: ``messages`` so far (user and the model's
+    own answers), the rows not yet sent, and the request id of the turn being answered."""
+
+    rows: list[tuple[str, int]]
+    messages: list[dict] = field(default_factory=list)
+    next_row: int = 1
+    request_id: int = 0
+
+    def __post_init__(self):
+        self.messages = [{"role": "user", "content": self.rows[0][0]}]
+
+
+def add_next_chat_turn(llm: LLMEngine, settings: Settings) -> int | None:
+    """Chat mode: once the turn being answered has finished, send the next one, as a chat client does:
+    the earlier turns, the model's own answer, the new question. Its prompt is the finished turn's
+    prompt and output token ids followed by the chat template's text after the answer, so the history
+    (answer included) is token for token what was computed, and prefix caching finds its full blocks.
+    Returns the new request id, or None (no chat, turn still running, or no turn left)."""
+    chat = getattr(llm, "chat", None)
+    if chat is None or chat.next_row >= len(chat.rows) or not llm.get_output(chat.request_id).finished:
+        return None
+    done = llm.get_output(chat.request_id)
+    answer_ids = [i for i in done.token_ids if i not in llm.eos_token_ids]
+    before = llm.tokenizer.apply_chat_template(chat.messages, add_generation_prompt=True, tokenize=False)
+    question, max_tokens = chat.rows[chat.next_row]
+    chat.messages += [{"role": "assistant", "content": done.text}, {"role": "user", "content": question}]
+    after = llm.tokenizer.apply_chat_template(chat.messages, add_generation_prompt=True, tokenize=False)
+    if after.startswith(before + done.text):
+        suffix = llm.tokenizer(after[len(before + done.text):], add_special_tokens=False).input_ids
+        prompt = list(done.prompt_token_ids) + answer_ids + suffix
+    else:  # a template that rewrites earlier turns: send the messages as they are
+        prompt = chat.messages
+    chat.next_row += 1
+    try:
+        chat.request_id = llm.add_request(prompt, SamplingParams(max_tokens=max_tokens, temperature=settings.temperature,
+                                                                 seed=settings.seed + chat.next_row - 1))
+    except ValueError:  # the history no longer fits the pool: the chat ends here
+        chat.next_row = len(chat.rows)
+        return None
+    return chat.request_id
 
 
 def record(report, cache: dict | None = None) -> None:

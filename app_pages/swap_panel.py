@@ -13,15 +13,6 @@ import streamlit as st
 from visualize.i18n import t
 from visualize.swap import cpu_pool_map_spec, gpu_swap_spec, prefill_progress, queues
 
-SCHEDULER_PRESET_KEYS = (("preemption_mode", "recompute"), ("chunked_prefill", False), ("token_budget", 64))
-
-
-def apply_scheduler_preset(preset: dict) -> None:
-    """A preset's scheduler settings into the sidebar's widgets (their defaults where it has none)."""
-    for key, default in SCHEDULER_PRESET_KEYS:
-        st.session_state[key] = preset.get(key, default)
-
-
 def mark_swaps(spec: dict, report, lang: str) -> dict:
     """The GPU pool map with the blocks swapped out or in this step outlined."""
     return gpu_swap_spec(spec, report, lang)

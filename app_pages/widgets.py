@@ -31,6 +31,14 @@ def localized_choice(widget, label: str, options, key: str, lang: str, format_fu
     return chosen
 
 
+def json_uploader(container, label: str, key: str, lang: str, **kwargs):
+    """``container.file_uploader`` for one JSON file. Its button and size line ("Upload", "1MB per file
+    • JSON") are Streamlit's own English; in 中文 a caption under it says what they mean, once."""
+    upload = container.file_uploader(label, type=["json"], key=key, **kwargs)
+    if lang != "en":
+        container.caption(t("uploader_words", lang))
+    return upload
+
 
 def bounded_number(container, label: str, key: str, lo, hi, lang: str, **kwargs):
     """A number box in ``container`` (e.g. ``st.sidebar``) whose value lives under ``key`` and is kept

@@ -11,6 +11,7 @@ ALLOCATORS = ("paged", "contiguous")
 RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
 PLACEMENTS = ("first-fit", "best-fit", "buddy")
 PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULE_FIRST = ("prefills", "decodes")  # engine/core/scheduler.py: vLLM v0's default (0.2 on), vLLM v1's
 
 
 @dataclass
@@ -56,6 +57,11 @@ class EngineConfig:
             as many blocks as the GPU pool. Used with preemption_mode="swap".
         enable_chunked_prefill: cut prompts into chunks that fit the step's token budget, decodes
             first (vLLM's name; ``engine/core/scheduler.py``).
+        schedule_first: which part of a step's batch the scheduler fills first (``engine/core/scheduler.py``):
+            "decodes" (default; vLLM v1's scheduler: running requests decode first, waiting prompts get
+            the token budget left) or "prefills" (vLLM v0's default from 0.2 on: waiting prompts first
+            with the whole budget, and a step that admits any runs no decodes). "prefills" needs
+            whole prompts (enable_chunked_prefill=False).
         reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
             placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable
             ones. Off by default; turn it on to run beside vLLM with the same ``num_gpu_blocks``.
@@ -63,7 +69,7 @@ class EngineConfig:
     Raises:
         ValueError: on any field out of range, naming the field; prefix caching, swap or the null
             block asked for with the contiguous allocator; swap with swap_space=0; a token budget
-            smaller than max_num_seqs.
+            smaller than max_num_seqs; schedule_first="prefills" with chunked prefill.
     """
 
     model: str | None = None
@@ -86,6 +92,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space: int | None = None
     enable_chunked_prefill: bool = False
+    schedule_first: str = "decodes"
     reserve_null_block: bool = False
 
     def __post_init__(self) -> None:
@@ -125,6 +132,10 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "reserve_null_block"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        _choice("schedule_first", self.schedule_first, SCHEDULE_FIRST)
+        if self.schedule_first == "prefills" and self.enable_chunked_prefill:
+            raise ValueError("schedule_first='prefills' (vLLM v0's scheduler) prefills whole prompts; chunked prefill "
+                             "schedules decodes first: use schedule_first='decodes' with enable_chunked_prefill=True")
         if self.reserve_null_block and self.allocator != "paged":
             raise ValueError("reserve_null_block needs allocator='paged' (a contiguous arena has no block 0 to keep)")
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:

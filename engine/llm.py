@@ -38,6 +38,10 @@ class LLM:
             use_tqdm: show a progress bar over finished requests.
             on_step: called with each step's report.
 
+        Returns:
+            One :class:`~engine.RequestOutput` per prompt; a request that failed on its own has
+            ``finish_reason`` "error" and its ``error``. The engine keeps nothing of them after.
+
         Raises:
             ValueError: a bad prompt or one that can never fit; no request of this call stays queued.
         """
@@ -52,14 +56,22 @@ class LLM:
         except Exception:
             for request_id in ids:
                 self.engine.abort_request(request_id)
+                self.engine.take_output(request_id)
             raise
-        with tqdm(total=len(ids), disable=not use_tqdm, desc="requests") as bar:
-            while any(self.engine.requests[i].finish_reason is None for i in ids):
-                report = self.engine.step()
-                bar.update(len(report.finished))
-                if on_step:
-                    on_step(report)
-        return [self.engine.get_output(i) for i in ids]
+        try:
+            with tqdm(total=len(ids), disable=not use_tqdm, desc="requests") as bar:
+                while any(self.engine.requests[i].finish_reason is None for i in ids):
+                    report = self.engine.step()
+                    bar.update(len(report.finished))
+                    if on_step:
+                        on_step(report)
+        except BaseException:
+            for request_id in ids:  # a failed step (or Ctrl-C): this call's requests leave the engine too
+                self.engine.abort_request(request_id)
+                self.engine.take_output(request_id)
+            raise
+        # Taken, not only read: the engine then holds nothing for them (vLLM's LLM.generate).
+        return [self.engine.take_output(i) for i in ids]
 
     def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams, on_step: Callable[[StepReport], None] | None = None) -> list[RequestOutput]:
         """Beam search inside the engine (vLLM's ``LLM.beam_search``): one output per prompt, whose

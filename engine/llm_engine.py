@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -17,14 +17,15 @@ import torch
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.block_manager import PagedBlockManager
 from engine.config import EngineConfig
-from engine.detokenizer import Detokenizer
+from engine.detokenizer import Detokenizer, complete_text
 from engine.cpu import huge_pages, ops as cpu_ops
 from engine.model_executor.model import build_model
 from engine.model_executor.model_loader import LoadedModel, load_model
 from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot, triton_backend
 from engine.core.beam_search import beam_search_step
 from engine.core.prefix_cache import PrefixCacheStats
-from engine.report import FINISH, WRITE, CompletionOutput, Event, RequestOutput, ScheduledRequest, StepReport
+from engine.report import (FINISH, PRUNED, SHARING_BEAM, SHARING_NONE, SHARING_PARALLEL, WRITE, BeamScore, CompletionOutput, Event,
+                           RequestOutput, ScheduledRequest, StepReport)
 from engine.model_executor.sampler import sample, sample_batch
 from engine.sampling_params import BeamSearchParams, SamplingParams, sample_seed
 from engine.core.scheduler import Scheduler
@@ -85,12 +86,16 @@ class LLMEngine:
                                  "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks)
         self.kv = self._make_kv_manager()
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
+                                   config.schedule_first)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
+        # Per request until its output is taken (take_output): the request, its sequences' random
+        # generators and texts, and the error of a request that failed.
         self.requests: dict[int, Sequence | SequenceGroup] = {}
-        self.generators: dict[int, torch.Generator] = {}  # per seq_id
+        self.generators: dict[int, torch.Generator] = {}  # per seq_id, while it samples
         self.detokenizer = Detokenizer(self.tokenizer)  # incremental where exact (engine/detokenizer.py)
         self.texts: dict[int, str] = self.detokenizer.texts  # per seq_id
+        self.errors: dict[int, str] = {}  # request_id -> "TypeError: ..." (finish reason "error")
         self.step_index = 0
         self._next_request_id = 0
         self._next_seq_id = 0
@@ -129,13 +134,19 @@ class LLMEngine:
         share the prompt's blocks (paper §4.4). Otherwise it is one :class:`~engine.core.sequence.Sequence`.
 
         Raises:
-            ValueError: a bad prompt, or a request that can never fit: its prompt + 1 token is longer
+            ValueError: a bad field of ``sampling_params`` (named), a stop token id outside the
+                vocabulary, a bad prompt, or a request that can never fit: its prompt + 1 token is longer
                 than max_model_len or larger than the KV pool, or its n samples / beam_width beams
                 could not all reach their length in the pool. Nothing is queued then.
         """
         params = sampling_params or SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise ValueError("sampling_params must be a SamplingParams or a BeamSearchParams")
+        params.verify()  # again: a field may have been changed since construction
+        vocab = self.hf_config.vocab_size
+        bad = [t for t in getattr(params, "stop_token_ids", []) if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad}")
         ids = self.encode(prompt)
         if len(ids) + 1 > self.max_model_len:
             pool = self.num_blocks * self.config.block_size
@@ -152,24 +163,29 @@ class LLMEngine:
             raise ValueError(f"{what} can never fit in the KV pool ({self.kv.num_slots} slots)")
         self._next_request_id += 1
         self._next_seq_id += 1
-        seed = stopping.seed if stopping.seed is not None else self.config.seed * 1_000_003 + request_id
-        self.generators[seq.seq_id] = torch.Generator().manual_seed(seed)
+        if beam is None:  # beam search chooses its tokens without randomness
+            seed = stopping.seed if stopping.seed is not None else self.config.seed * 1_000_003 + request_id
+            self.generators[seq.seq_id] = torch.Generator().manual_seed(seed)
         self.requests[request_id] = request
         self.detokenizer.add(seq.seq_id)
         self.scheduler.add(request)
         return request_id
 
     def abort_request(self, request_id: int) -> None:
-        """Stop a request now and free its KV blocks (finish reason "abort"). Unknown ids raise KeyError."""
+        """Stop a request now and free its KV blocks (finish reason "abort"; the next step's events
+        log it). Its output keeps the text streamed so far. Unknown ids raise KeyError."""
         request = self.requests[request_id]
         if request.status != SequenceStatus.FINISHED:
             self.scheduler.finish(request, "abort")
             self.kv.events.append(Event(FINISH, request_id, detail="abort"))
+            self._release_seqs(request, truncate=True)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def get_output(self, request_id: int) -> RequestOutput:
+        """The request's output so far (final once ``finish_reason`` is set); the engine keeps the
+        request. Unknown ids (or outputs already taken) raise KeyError."""
         request = self.requests[request_id]
         outputs = self._completions(request)
         first = outputs[0] if outputs else CompletionOutput(0, "", [], request.finish_reason)
@@ -183,7 +199,31 @@ class LLMEngine:
             num_preemptions=request.num_preemptions,
             outputs=outputs,
             num_cached_tokens=request.seqs[0].num_cached_tokens if request.seqs else 0,
+            error=self.errors.get(request_id),
         )
+
+    def take_output(self, request_id: int) -> RequestOutput:
+        """A finished request's final output, handed over once: the engine then forgets the request
+        (its sequences, texts and error), as vLLM's engine drops a request once its final
+        ``RequestOutput`` is returned. A long-running engine so holds nothing per finished request.
+        :meth:`LLM.generate <engine.LLM.generate>` takes its outputs this way.
+
+        Raises:
+            KeyError: an unknown request, or one whose output was already taken.
+            ValueError: the request has not finished (abort it first to take it now).
+        """
+        if request_id not in self.requests:
+            raise KeyError(f"request {request_id}: unknown, or its output was already taken")
+        request = self.requests[request_id]
+        if request.status != SequenceStatus.FINISHED:
+            raise ValueError(f"request {request_id} has not finished: its output can be taken once it has (or abort it)")
+        output = self.get_output(request_id)
+        del self.requests[request_id]
+        self.errors.pop(request_id, None)
+        for seq in request.seqs:
+            self.generators.pop(seq.seq_id, None)
+            self.detokenizer.remove(seq.seq_id)
+        return output
 
     def _completions(self, request) -> list[CompletionOutput]:
         if not request.is_group:
@@ -194,20 +234,29 @@ class LLMEngine:
         beams = request.finished_beams or [  # still searching: the live beams, best first
             _LiveBeam(s.output_token_ids, s.cumulative_logprob) for s in request.unfinished_seqs()]
         reason = request.finish_reason
-        return [CompletionOutput(i, self.tokenizer.decode(b.token_ids, skip_special_tokens=True), b.token_ids, reason,
-                                 b.cumulative_logprob) for i, b in enumerate(beams)]
+        return [CompletionOutput(i, self._beam_text(b.token_ids), b.token_ids, reason, b.cumulative_logprob)
+                for i, b in enumerate(beams)]
+
+    def _beam_text(self, token_ids: list[int]) -> str:
+        """A beam's text: its tokens decoded, less a character left incomplete."""
+        return complete_text(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     # ---- the step ---------------------------------------------------------------------------
 
     def step(self) -> StepReport:
-        """Run one scheduler iteration and report everything it did (see :class:`~engine.report.StepReport`)."""
+        """Run one scheduler iteration and report everything it did (see :class:`~engine.report.StepReport`).
+
+        A request that fails in its own part of the step (sampling, its stopping rules, its text)
+        fails alone: it finishes with reason "error" (``StepReport.errors`` and its output's
+        ``error`` say what failed), its blocks are freed, and the other requests run on. A failure
+        of the step itself (the swap copies, the forward pass) raises, after putting every request
+        of the batch back at the head of the queue with its blocks freed: no request is lost.
+        """
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         t1 = time.perf_counter()
         events = self.kv.events
-        new_ids: dict[int, list[int]] = {}
-        new_text: dict[int, str] = {}
-        finished: dict[int, str] = {}
+        out = _StepOutputs()
         scheduled = [ScheduledRequest(s.request_id, "prefill", batch.num_tokens_of(s), s.num_computed_tokens + batch.num_tokens_of(s),
                                       s.num_computed_tokens + batch.num_tokens_of(s), s.num_tokens) for s in batch.prefill_seqs]
         scheduled += [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens, s.num_tokens) for s in batch.decode_seqs]
@@ -225,34 +274,34 @@ class LLMEngine:
             sampling = [i for i, s in enumerate(seqs) if s.num_computed_tokens + batch.num_tokens_of(s) == s.num_tokens]
             try:
                 logits = self.runner.execute(batch, self.kv, events)
-                t2 = time.perf_counter()
-                plain = [i for i in sampling if not self._group(seqs[i]).is_group]
-                plain_logits = logits if len(plain) == len(logits) else logits[plain]  # no copy when every row is plain
-                tokens = sample_batch(plain_logits, [seqs[i].sampling_params for i in plain],
-                                      [self.generators[seqs[i].seq_id] for i in plain], self.greedy_kernel) if plain else []
             except Exception:
                 # Leave the engine as if the step had never been scheduled: no request is lost.
                 self.scheduler.requeue(batch)
                 events[:] = [e for e in events if e.kind != WRITE]
                 raise
+            t2 = time.perf_counter()
             self.scheduler.update_from_output(batch)  # num_computed_tokens advanced, full blocks cached
-            for i, token in zip(plain, tokens):
-                self._append(seqs[i], token, None, new_ids, new_text, finished)
+            plain = [i for i in sampling if not self._group(seqs[i]).is_group]
+            for i, token in zip(plain, self._sample_plain(logits, seqs, plain, out)):
+                if token is not None:
+                    self._guarded(seqs[i].request_id, out, self._append, seqs[i], token, None, out)
             groups = {}
             for i in sampling:
-                seq, group = seqs[i], self._group(seqs[i])
+                group = self._group(seqs[i])
                 if group.is_group:
                     groups.setdefault(group.request_id, (group, []))[1].append(i)
             for group, rows in groups.values():
-                self._group_step(group, [seqs[i] for i in rows], logits[rows], new_ids, new_text, finished)
+                self._guarded(group.request_id, out, self._group_step, group, [seqs[i] for i in rows], logits[rows], out)
             t3 = time.perf_counter()
+        for rid in dict.fromkeys([s.request_id for s in scheduled] + list(out.finished)):
+            out.sharing[rid] = self._sharing(self.requests[rid])
         report = StepReport(
             step=self.step_index,
             phase=batch.phase,
             scheduled=scheduled,
-            new_token_ids=new_ids,
-            new_text=new_text,
-            finished=finished,
+            new_token_ids=out.new_token_ids,
+            new_text=out.new_text,
+            finished=out.finished,
             preempted=[g.request_id for g in batch.preempted],
             events=list(events),
             block_tables=self.kv.snapshot(self.scheduler.running),
@@ -267,6 +316,11 @@ class LLMEngine:
             blocks_to_swap_in=list(batch.blocks_to_swap_in),
             cpu_memory=self.kv.cpu_usage(self.scheduler.swapped) if self.num_cpu_blocks else None,
             cpu_block_tables=self.kv.cpu_snapshot(self.scheduler.swapped) if self.num_cpu_blocks else [],
+            seq_new_text=out.seq_new_text,
+            seq_finished=out.seq_finished,
+            sharing=out.sharing,
+            beam_scores=out.beam_scores,
+            errors=out.errors,
         )
         del events[:]  # cleared in place: the scheduler shares this list
         t4 = time.perf_counter()
@@ -280,6 +334,55 @@ class LLMEngine:
         }
         self.step_index += 1
         return report
+
+    def _sample_plain(self, logits: torch.Tensor, seqs: list[Sequence], plain: list[int], out: _StepOutputs) -> list[int | None]:
+        """One token per one-sequence request of the step: rows ``plain`` of ``logits`` (rows of
+        ``seqs``). All in one batched call; if that fails, row by row from the same random state,
+        so that a request whose sampling fails fails alone (its token is None) and the others get
+        the tokens the batched call would have given them."""
+        if not plain:
+            return []
+        rows = logits if len(plain) == len(logits) else logits[plain]  # no copy when every row is plain
+        mine = [seqs[i] for i in plain]
+        try:
+            generators = [self.generators[s.seq_id] for s in mine]
+            states = [None if s.sampling_params.greedy else g.get_state() for s, g in zip(mine, generators)]
+            return sample_batch(rows, [s.sampling_params for s in mine], generators, self.greedy_kernel)
+        except Exception:
+            pass
+        tokens: list[int | None] = []
+        for k, seq in enumerate(mine):
+            try:
+                generator = self.generators[seq.seq_id]
+                if states[k] is not None:
+                    generator.set_state(states[k])
+                tokens.append(sample_batch(rows[k : k + 1], [seq.sampling_params], [generator], self.greedy_kernel)[0])
+            except Exception as error:
+                self._fail(self.requests[seq.request_id], error, out)
+                tokens.append(None)
+        return tokens
+
+    def _guarded(self, request_id: int, out: _StepOutputs, work: Callable, *args) -> None:
+        """``work(*args)``: one request's part of the step; if it raises, that request fails alone."""
+        try:
+            work(*args)
+        except Exception as error:
+            self._fail(self.requests[request_id], error, out)
+
+    def _fail(self, request, error: Exception, out: _StepOutputs) -> None:
+        """Finish ``request`` with reason "error": free its blocks, log and report the error."""
+        message = f"{type(error).__name__}: {error}"
+        rid = request.request_id
+        self.errors[rid] = message
+        for seq in request.unfinished_seqs():
+            out.seq_finished.setdefault(rid, {})[seq.seq_id] = "error"
+        if request.status != SequenceStatus.FINISHED:
+            self.scheduler.finish(request, "error")
+        request.finish_reason = "error"
+        self.kv.events.append(Event(FINISH, rid, detail=f"error: {message}"))
+        out.finished[rid] = "error"
+        out.errors[rid] = message
+        self._release_seqs(request, truncate=True)
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """A copy of the engine-wide prefix-cache counters (None with prefix caching off)."""
@@ -296,31 +399,57 @@ class LLMEngine:
     def _group(self, seq: Sequence):
         return self.requests[seq.request_id]
 
-    def _append(self, seq: Sequence, token: int, logprob: float | None, new_ids, new_text, finished) -> None:
-        """Give ``seq`` its sampled token; finish it (and its request, when that was the last) if a
-        stopping rule says so. A request's first sequence speaks for it in the step report."""
+    @staticmethod
+    def _sharing(request) -> str:
+        if not request.is_group:
+            return SHARING_NONE
+        return SHARING_PARALLEL if request.beam_search is None else SHARING_BEAM
+
+    def _append(self, seq: Sequence, token: int, logprob: float | None, out: _StepOutputs) -> None:
+        """Give ``seq`` its sampled token and stream its new text; finish it (and its request, when
+        that was the last) if a stopping rule says so. A request's first sequence speaks for it in
+        the report's ``new_token_ids`` and ``new_text``; every sequence has its ``seq_new_text``."""
         seq.append_token(token, logprob)
-        text = self._update_text(seq)
-        if seq.index == 0:
-            new_ids[seq.request_id] = [token]
-            new_text[seq.request_id] = text
+        self._update_text(seq)
         reason = self._finish_reason(seq, token)
+        delta = self.detokenizer.delta(seq.seq_id, 0 if reason else _stop_buffer(seq.sampling_params))
+        out.seq_new_text.setdefault(seq.request_id, {})[seq.seq_id] = delta
+        if seq.index == 0:
+            out.new_token_ids[seq.request_id] = [token]
+            out.new_text[seq.request_id] = delta
         if not reason:
             return
+        out.seq_finished.setdefault(seq.request_id, {})[seq.seq_id] = reason
         self.detokenizer.forget(seq.seq_id)
+        self.generators.pop(seq.seq_id, None)
         request = self._group(seq)
         if request.is_group and len(request.unfinished_seqs()) > 1:
             self.scheduler.finish_seq(seq, reason)
             return
-        self.scheduler.finish(request, reason)
-        self.kv.events.append(Event(FINISH, seq.request_id, detail=reason))
-        finished[seq.request_id] = reason
+        self._finish_request(request, reason, out)
 
-    def _group_step(self, group: SequenceGroup, seqs: list[Sequence], logits: torch.Tensor, new_ids, new_text, finished) -> None:
+    def _finish_request(self, request, reason: str, out: _StepOutputs) -> None:
+        for seq in request.unfinished_seqs():
+            out.seq_finished.setdefault(request.request_id, {}).setdefault(seq.seq_id, reason)
+        self.scheduler.finish(request, reason)
+        self.kv.events.append(Event(FINISH, request.request_id, detail=reason))
+        out.finished[request.request_id] = reason
+        self._release_seqs(request)
+
+    def _release_seqs(self, request, truncate: bool = False) -> None:
+        """A finished request's sequences need no random generator nor stable point any more.
+        ``truncate`` (abort, error): their texts end where their streamed text ended."""
+        for seq in request.seqs:
+            self.generators.pop(seq.seq_id, None)
+            self.detokenizer.forget(seq.seq_id)
+            if truncate and seq.seq_id in self.texts:
+                self.texts[seq.seq_id] = self.texts[seq.seq_id][: self.detokenizer.emitted[seq.seq_id]]
+
+    def _group_step(self, group: SequenceGroup, seqs: list[Sequence], logits: torch.Tensor, out: _StepOutputs) -> None:
         """A group's tokens for this step, from its sequences' logits ``[len(seqs), vocab]``."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         if group.beam_search is not None:
-            self._beam_step(group, seqs, logprobs, finished)
+            self._beam_step(group, seqs, logprobs, out)
             return
         forked_now = len(group.seqs) < group.num_samples
         if forked_now:  # the prompt's one prefill: fork the other samples, all sample from its row
@@ -332,7 +461,7 @@ class LLMEngine:
             row = 0 if forked_now else rows[seq.seq_id]
             # Sampled from the logits as a one-sequence request is, so sample 0 equals n = 1.
             token = sample(logits[row], seq.sampling_params, self.generators[seq.seq_id])
-            self._append(seq, token, float(logprobs[row, token]), new_ids, new_text, finished)
+            self._append(seq, token, float(logprobs[row, token]), out)
 
     def _fork_samples(self, group: SequenceGroup) -> None:
         """Parallel sampling after the one prefill of the prompt: samples 1..n-1 fork sample 0
@@ -353,49 +482,62 @@ class LLMEngine:
         self.detokenizer.add(child.seq_id, like=parent.seq_id)
         return child
 
-    def _beam_step(self, group: SequenceGroup, beams: list[Sequence], logprobs: torch.Tensor, finished) -> None:
+    def _beam_step(self, group: SequenceGroup, beams: list[Sequence], logprobs: torch.Tensor, out: _StepOutputs) -> None:
         """One beam-search step (``engine/core/beam_search.py`` decides): survivors fork their parents,
         parents left without a survivor free their blocks at once (pruned), and the group finishes
-        when the search is done."""
-        step = beam_search_step(beams, logprobs, group.beam_search, group.finished_beams, self.eos_token_ids, self.max_model_len)
+        when the search is done. Reports each live beam's text delta and :class:`BeamScore`; the
+        request's ``new_text`` is empty until the search ends, then the best beam's whole text."""
+        rid = group.request_id
+        params = group.beam_search
+        step = beam_search_step(beams, logprobs, params, group.finished_beams, self.eos_token_ids, self.max_model_len)
         group.finished_beams = step.finished
         if step.done:
             best = step.finished[0].token_ids if step.finished else []
-            reason = "stop" if best and best[-1] in self.eos_token_ids and not group.beam_search.ignore_eos else "length"
-            self.scheduler.finish(group, reason)
-            self.kv.events.append(Event(FINISH, group.request_id, detail=reason))
-            finished[group.request_id] = reason
+            reason = "stop" if best and best[-1] in self.eos_token_ids and not params.ignore_eos else "length"
+            out.new_token_ids[rid] = list(best)
+            out.new_text[rid] = self._beam_text(best)
+            self._finish_request(group, reason, out)
+            for seq in group.seqs:
+                self.detokenizer.remove(seq.seq_id)  # the result is the finished hypotheses' tokens
             return
         # Parents left without a survivor are pruned first: their blocks return at once (FREE
         # events), before the forks of the others (a contiguous allocator reuses their ranges).
         parents = {cand.parent.seq_id for cand in step.survivors}
         for beam in beams:
             if beam.seq_id not in parents:
-                self.scheduler.finish_seq(beam, "pruned")
+                self.scheduler.finish_seq(beam, PRUNED)
+                self.detokenizer.remove(beam.seq_id)
+                out.seq_finished.setdefault(rid, {})[beam.seq_id] = PRUNED
         kept: set[int] = set()  # a parent is reused by its first (best) survivor, forked for the rest
         survivors = []
         for rank, cand in enumerate(step.survivors):
             child = self._fork(cand.parent, rank) if cand.parent.seq_id in kept else cand.parent
             kept.add(cand.parent.seq_id)
             survivors.append((child, cand))
+        group.seqs = [child for child, _ in survivors]  # before anything else can fail: finish() frees them all
+        scores = out.beam_scores.setdefault(rid, {})
+        texts = out.seq_new_text.setdefault(rid, {})
         for rank, (child, cand) in enumerate(survivors):
             child.index = rank
             child.append_token(cand.token_id, cand.logprob)
-        group.seqs = [child for child, _ in survivors]
+            self.detokenizer.update(child.seq_id, child.output_token_ids)
+            texts[child.seq_id] = self.detokenizer.delta(child.seq_id)
+            length = child.num_output_tokens
+            scores[child.seq_id] = BeamScore(rank, child.cumulative_logprob, child.cumulative_logprob / length**params.length_penalty)
 
     # ---- helpers ----------------------------------------------------------------------------
 
-    def _update_text(self, seq: Sequence) -> str:
-        previous = self.texts[seq.seq_id]
+    def _update_text(self, seq: Sequence) -> None:
+        """Decode ``seq``'s newest token into its text; cut it before the first stop string found
+        (the sequence then stops, reason "stop")."""
         full = self.detokenizer.update(seq.seq_id, seq.output_token_ids)
-        for stop in seq.sampling_params.stop:
-            cut = full.find(stop)
-            if cut != -1:
-                full = full[:cut]
-                seq.finish_reason = "stop"  # confirmed by _finish_reason
-        if len(full) < len(self.texts[seq.seq_id]):
-            self.detokenizer.cut(seq.seq_id, len(full))
-        return full[len(previous) :] if full.startswith(previous) else full
+        stops = seq.sampling_params.stop
+        if not stops:
+            return
+        cuts = [i for i in (full.find(stop) for stop in stops) if i != -1]
+        if cuts:
+            self.detokenizer.cut(seq.seq_id, min(cuts))
+            seq.finish_reason = "stop"  # confirmed by _finish_reason
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.sampling_params
@@ -446,6 +588,26 @@ class LLMEngine:
         from engine.baselines.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement, max_model_len=self.max_model_len)
+
+
+@dataclass
+class _StepOutputs:
+    """What one step produced, per request (and per sequence), gathered for its StepReport."""
+
+    new_token_ids: dict[int, list[int]] = field(default_factory=dict)
+    new_text: dict[int, str] = field(default_factory=dict)
+    finished: dict[int, str] = field(default_factory=dict)
+    seq_new_text: dict[int, dict[int, str]] = field(default_factory=dict)
+    seq_finished: dict[int, dict[int, str]] = field(default_factory=dict)
+    sharing: dict[int, str] = field(default_factory=dict)
+    beam_scores: dict[int, dict[int, BeamScore]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def _stop_buffer(params: SamplingParams) -> int:
+    """Characters held back while a sequence runs, so that no text a stop string will cut is
+    streamed first (vLLM's ``stop_buffer_length``): the longest stop string's length - 1."""
+    return max(map(len, params.stop), default=1) - 1
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ EVICT = "evict"  # prefix caching: a free cached block handed out again, its has
 SWAP_OUT = "swap_out"  # swap preemption: a block's KV copied from the GPU pool to the CPU pool
 SWAP_IN = "swap_in"  # a swapped-out request's block copied back from the CPU pool to the GPU pool
 
+# A request's sequences share its prompt's blocks (paper §4.4): StepReport.sharing's values.
+SHARING_NONE = "none"  # one sequence (n = 1)
+SHARING_PARALLEL = "parallel"  # parallel sampling: n samples forked after the prompt's one prefill
+SHARING_BEAM = "beam"  # beam search: beam_width live beams, forked and pruned every step
+
+# A sequence's finish reasons (StepReport.seq_finished); a request's are "stop", "length", "abort", "error".
+PRUNED = "pruned"  # beam search: a live beam none of whose candidates survived this step
+
 # PREEMPT's detail: how the request gave its memory up, and why a swap fell back to recompute.
 PREEMPTED_BY_RECOMPUTE = "recompute"
 PREEMPTED_BY_SWAP = "swap"
@@ -108,6 +116,22 @@ class ScheduledRequest:
     num_prefill_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class BeamScore:
+    """A live beam's place in its search after the step (beam search, paper §4.4).
+
+    Attributes:
+        rank: 0 = best by ``cumulative_logprob``, the order the search keeps its beams in.
+        cumulative_logprob: sum of the natural-log probabilities of the beam's output tokens.
+        score: the length-penalised score a finished beam is ranked by,
+            ``cumulative_logprob / num_output_tokens ** length_penalty`` (transformers' and vLLM's rule).
+    """
+
+    rank: int
+    cumulative_logprob: float
+    score: float
+
+
 @dataclass
 class StepReport:
     """Everything one scheduler iteration did.
@@ -116,8 +140,30 @@ class StepReport:
         step: 0-based step index.
         phase: "prefill", "decode", "mixed" (both in one batch) or "idle" (nothing could run).
         scheduled: requests run this step and their tokens.
-        new_token_ids, new_text: per request id, the tokens sampled this step and their text.
-        finished: per request id, the finish reason ("stop", "length", "abort").
+        new_token_ids, new_text: per request id, the tokens this step added to the request's output
+            and the text they added, a true delta (vLLM's ``RequestOutputKind.DELTA``): joining a
+            request's ``new_text`` over every step gives its final ``RequestOutput.text``, exactly.
+            A character whose UTF-8 bytes are split over tokens is held back until complete (never
+            a U+FFFD placeholder), and with stop strings the last ``len(longest stop) - 1``
+            characters are held back until they cannot start a stop string (vLLM's stop buffer);
+            held-back text comes in a later step, or is dropped at the end (a character left
+            incomplete, text from a stop string on). One sequence: its tokens and text. Parallel
+            sampling: sample 0's (as ``RequestOutput.text``). Beam search: nothing while the
+            search runs (the best beam can change lineage any step, so no prefix of the result is
+            certain), then, in the step it finishes, the best beam's whole token ids and text.
+        seq_new_text: per request id, per seq_id, the text delta of every sequence that got a
+            token this step: samples and live beams included (same rules as ``new_text``).
+            :func:`sequence_texts` rebuilds each sequence's text from these and the FORK events.
+        seq_finished: per request id, per seq_id, the sequences that finished this step and why:
+            "stop", "length", "abort", "error", or PRUNED (a beam with no surviving candidate).
+        sharing: per request id scheduled or finished this step, how its sequences share the
+            prompt: SHARING_NONE (one sequence), SHARING_PARALLEL (parallel sampling, ``n``) or
+            SHARING_BEAM (beam search).
+        beam_scores: beam search: per request id, per seq_id, every live beam's
+            :class:`BeamScore` after the step, best first.
+        finished: per request id, the finish reason ("stop", "length", "abort", or "error": the
+            request failed on its own, ``errors`` says how; the others ran on).
+        errors: per request id that failed this step, the error, as ``"TypeError: message"``.
         preempted: request ids preempted this step, by recompute or by swap (``swapped_out`` has the
             swapped ones).
         events: ordered event log (see :class:`Event`).
@@ -159,11 +205,46 @@ class StepReport:
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     cpu_memory: MemoryUsage | None = None
     cpu_block_tables: list[BlockTableSnapshot] = field(default_factory=list)
+    seq_new_text: dict[int, dict[int, str]] = field(default_factory=dict)
+    seq_finished: dict[int, dict[int, str]] = field(default_factory=dict)
+    sharing: dict[int, str] = field(default_factory=dict)
+    beam_scores: dict[int, dict[int, BeamScore]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
         """Tokens computed this step (prefill + decode)."""
         return sum(s.num_tokens for s in self.scheduled)
+
+
+def sequence_texts(reports: list[StepReport], request_id: int) -> dict[int, str]:
+    """Each sequence's text after the last of ``reports``, rebuilt from the reports alone.
+
+    Args:
+        reports: consecutive step reports from the engine's first step (or from any step before
+            ``request_id`` was first scheduled), oldest first: a live run's or a saved run's.
+        request_id: the request.
+
+    Returns:
+        seq_id -> the text that sequence has streamed so far, in ascending seq_id order: for
+        parallel sampling, sample ``i`` is the ``i``-th (its children are forked in index order);
+        for beam search every beam the search ever held, pruned ones included (their texts stop
+        where they were pruned; ``seq_finished`` says when, ``beam_scores`` ranks the live ones).
+        Empty when the request was not yet scheduled.
+
+    A forked child starts from its parent's text as it stood before the step of the FORK event
+    (the engine forks before it appends the step's tokens), then adds its own deltas
+    (``seq_new_text``), as the engine's detokenizer does.
+    """
+    texts: dict[int, str] = {}
+    for report in reports:
+        before = dict(texts)
+        for event in report.events:
+            if event.kind == FORK and event.request_id == request_id and event.seq_id is not None:
+                texts[event.seq_id] = before.get(event.parent_seq_id, "")
+        for seq_id, delta in report.seq_new_text.get(request_id, {}).items():
+            texts[seq_id] = texts.get(seq_id, "") + delta
+    return dict(sorted(texts.items()))
 
 
 @dataclass
@@ -173,7 +254,8 @@ class CompletionOutput:
     Attributes:
         index: sample index (parallel sampling) or rank (beam search, best first).
         text, token_ids: the generated text and token ids (prompt excluded).
-        finish_reason: "stop", "length", "abort", or None while running.
+        finish_reason: "stop", "length", "abort", "error" (the request failed alone; its
+            ``RequestOutput.error`` says how), or None while running.
         cumulative_logprob: sum of the log-probabilities of ``token_ids`` (None when not computed:
             a one-sequence request skips the log-softmax).
         logprobs: the log-probability of each of ``token_ids`` where computed (parallel samples).
@@ -195,6 +277,7 @@ class RequestOutput:
     beams best first); ``text``, ``token_ids`` and ``finish_reason`` are those of the first, so a
     caller of a one-sequence request reads them as before. ``num_cached_tokens``: prompt tokens
     found in the prefix cache at its first prefill (vLLM's name; 0 with prefix caching off).
+    ``error``: finish reason "error": what failed, as ``"TypeError: message"``; else None.
     """
 
     request_id: int
@@ -205,6 +288,7 @@ class RequestOutput:
     num_preemptions: int = 0
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 _SAMPLING_EPS = 1e-5  # temperatures below this are treated as greedy, as vLLM does
@@ -17,8 +18,10 @@ class SamplingParams:
         top_k: keep the k most likely tokens (-1 or 0 = all).
         top_p: keep the smallest set of tokens whose probability sums to at least top_p, in (0, 1].
         seed: seeds this request's sampling; None = derived from the engine seed and the request id.
-        stop: strings that end the request; the text is cut before the stop string.
-        stop_token_ids: token ids that end the request (besides the model's EOS).
+        stop: strings that end the request (a string, a list of strings, or None = none); the
+            text is cut before the stop string.
+        stop_token_ids: token ids that end the request (besides the model's EOS); None = none.
+            The engine checks them against the vocabulary when the request is added.
         ignore_eos: keep going past EOS (used by benchmarks, so every request runs max_tokens).
         n: parallel sampling: independent samples of the one prompt (>= 1). The prompt is prefilled
             once and shared by all n through their block tables (paper §4.4). Sample i is seeded
@@ -26,7 +29,8 @@ class SamplingParams:
             the same seed gives the same n samples.
 
     Raises:
-        ValueError: on any field out of range, naming the field.
+        ValueError: on any field of the wrong type or out of range, naming the field (bools are
+            not integers here, and temperatures must be finite).
     """
 
     max_tokens: int = 64
@@ -34,36 +38,61 @@ class SamplingParams:
     top_k: int = -1
     top_p: float = 1.0
     seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] | str | None = field(default_factory=list)
+    stop_token_ids: list[int] | None = field(default_factory=list)
     ignore_eos: bool = False
     n: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+        self.verify()
+
+    def verify(self) -> None:
+        """Check every field (again: the engine calls it when a request is added, so a field changed
+        after construction is caught too); normalises ``stop`` and ``stop_token_ids`` to lists.
+
+        Raises:
+            ValueError: naming the first bad field.
+        """
+        if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
-            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not _is_number(self.temperature) or not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if self.temperature < _SAMPLING_EPS:
             self.temperature = 0.0  # dividing logits by a tiny temperature overflows; it means greedy anyway
-        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool):
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (all), 0 (all) or a positive integer, got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if isinstance(self.stop, str):
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
             self.stop = [self.stop]
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must not be empty")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        self.stop = list(self.stop)
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), got {self.stop_token_ids!r}")
+        self.stop_token_ids = list(self.stop_token_ids)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -97,12 +126,24 @@ class BeamSearchParams:
     temperature: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.beam_width, bool) or not isinstance(self.beam_width, int) or self.beam_width < 1:
+        self.verify()
+
+    def verify(self) -> None:
+        """Check every field (the engine calls it again when a request is added).
+
+        Raises:
+            ValueError: naming the first bad field.
+        """
+        if not _is_int(self.beam_width) or self.beam_width < 1:
             raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float)):
-            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}")
+        if not _is_number(self.length_penalty) or not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not _is_number(self.temperature):
+            raise ValueError(f"temperature must be a number (0), got {self.temperature!r}")
         if self.temperature != 0:
             raise ValueError(f"beam search here is deterministic: temperature must be 0, got {self.temperature!r} "
                              "(use SamplingParams(n=...) for random samples)")

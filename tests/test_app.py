@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
-from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
+from app_pages.state import MODEL_ENV, PRESETS, Settings, add_workload, build_engine
 
 
 @pytest.fixture
@@ -93,18 +93,20 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
     assert not app.exception
 
 
-def test_kernel_inputs_match_the_engine(tiny_llama_dir):
-    """The Kernel lab's query (captured q_proj + RoPE) reproduces the engine's own attention output."""
+@pytest.mark.parametrize("sharing, rows_per_request", [("none", 1), ("parallel", 4), ("beam", 4)])
+def test_kernel_inputs_match_the_engine(tiny_llama_dir, sharing, rows_per_request):
+    """The Kernel lab's query (captured q_proj + RoPE) through the block tables the step read reproduces
+    the engine's own attention output: one row per sequence (a sample or a beam has its own table)."""
     from app_pages.kernel_lab import kernel_inputs
     from engine.model_executor.attention import paged_attention_reference
 
     llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
-    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.0, seed=0)
-    for _ in range(3):
+    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.8, seed=0, sharing=sharing, width=4)
+    for step in range(3):
         report = llm.step()
         for layer in range(2):
             ids, query, engine_out, tables, lens = kernel_inputs(llm, report, layer)
-            assert ids == [0, 1]
+            assert ids == ([0, 1] if step == 0 else [0] * rows_per_request + [1] * rows_per_request)
             kc, vc = llm.runner.kv_caches[layer]
             ref = paged_attention_reference(query, kc, vc, tables, lens, llm.runner.model.model.layers[layer].self_attn.scale)
             torch.testing.assert_close(ref, engine_out, rtol=1e-4, atol=1e-5)
@@ -150,6 +152,8 @@ def test_lessons_page_says_goal_once(lang, label):
     goals = [m.value for m in at.markdown if label in m.value]
     assert len(goals) == len(list((Path(APP).parent / "lessons" / "en").glob("*.ipynb")))  # one per lesson
     assert all(g.count(label) == 1 for g in goals), goals
+    intro = " ".join(c.value for c in at.caption)
+    assert 'pip install -e ".[lessons]"' in intro and "jupyter lab" in intro, "says how to get Jupyter first"
     # Rendered as CommonMark (as Streamlit's markdown is), the label is bold, with no "**" left over
     # ("**目标：**看" does not close: a full-width colon before a letter).
     from markdown_it import MarkdownIt
@@ -262,16 +266,20 @@ def test_projector_layout_puts_the_pool_first_and_folds_the_texts(app: AppTest):
 def test_workload_editor_says_what_it_changes(app: AppTest):
     import pandas as pd
 
-    rows = pd.DataFrame([("Hi", 999999), ("", 8), ("x" * 6600, -5), ("Ok", 8)], columns=["prompt", "max_tokens"])
+    rows = pd.DataFrame([("Hi", 999999), ("", 8), ("x" * 6600, -5), ("Ok", 8), ("Empty", float("nan")), ("Half", 2.5),
+                         ("Float", 100000.0)], columns=["prompt", "max_tokens"])
     app.session_state["workload_df"] = rows
     app.session_state["editor_version"] = 7
     app.run()
     notes = [w.value for w in app.warning]
-    assert "Row 0: max tokens 999999 is not a whole number from 1 to 256, so 256 is used." in notes
+    assert "Row 0: max tokens 999999 is outside 1–256, so 256 is used." in notes
     assert any(n.startswith("Row 1: the prompt is empty, so the row is left out") for n in notes)
     assert "Row 2: the prompt has 6600 characters; only the first 1000 are sent (a classroom bound)." in notes
-    assert "Row 2: max tokens -5 is not a whole number from 1 to 256, so 1 is used." in notes
+    assert "Row 2: max tokens -5 is outside 1–256, so 1 is used." in notes
     assert not any(n.startswith("Row 3") for n in notes)
+    assert "Row 4: max tokens is empty, so 32 is used." in notes
+    assert "Row 5: max tokens 2.5 is not a whole number, so 2 is used." in notes
+    assert "Row 6: max tokens 100000 is outside 1–256, so 256 is used." in notes
 
 
 def test_every_page_in_chinese_shows_no_english_ui_text(app: AppTest):
@@ -484,17 +492,33 @@ def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_i
         assert "论文" in labels and "系统" in table.columns and untranslated(shown) == [], untranslated(shown)
 
 
-def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
+def _vllm_page():
+    import os
+    import sys
+
+    import streamlit as st
+
+    sys.path.insert(0, os.getcwd())
+    from app_pages import beside_vllm
+
+    st.session_state.setdefault("lang", "zh")
+    beside_vllm.page()
+
+
+def test_beside_vllm_page_sets_a_replay_beside_the_lab_engine():
     """A recorded real-vLLM replay (4 requests x 16 tokens) beside the lab's engine run here on the same
-    workload: per step, running requests, KV usage and preemptions of both, as recorded and as run
-    (the same schedule step for step: tests/test_vllm_compare.py), in Chinese and then in English."""
+    workload: per step from step 0 (as on the Live page), running requests, KV usage and cumulative
+    preemptions of both, as recorded and as run (the same schedule step for step:
+    tests/test_vllm_compare.py), in Chinese and then in English; the page says how vLLM is set up here."""
+    from engine.vllm_bridge import env as vllm_env
     from visualize.i18n import t, untranslated
 
     recorded = json.loads((Path(__file__).parent / "data" / "vllm_replay_4x16.json").read_text())["vllm_run"]["steps"]
-    at = AppTest.from_function(_compare_page, default_timeout=600)
-    at.session_state["lang"] = "zh"
+    at = AppTest.from_function(_vllm_page, default_timeout=600)
     at.run()
-    at.radio(key="compare_source__zh").set_value("vllm").run()
+    assert at.title[0].value == t("page_vllm", "zh")
+    status = " ".join([i.value for i in at.info] + [s.value for s in at.success])
+    assert "python -m engine vllm setup" in status or vllm_env.venv_python().exists() or vllm_env.why_not_supported()
     at.selectbox(key="vllm_example").set_value("vllm_replay_4x16.json").run()
     assert t("vllm_run_hint", "zh") in [i.value for i in at.info]
     at.button(key="btn_vllm_lab").click().run()
@@ -505,19 +529,37 @@ def test_compare_page_sets_a_vllm_replay_beside_the_lab_engine():
             at.run()
         specs = _vega_specs(at)
         lab, vllm = t("vllm_side_lab", lang), t("vllm_side_vllm", lang, version="0.32.0")
-        for key, title, scale in (("num_running", "vllm_running_title", 1), ("kv_cache_usage", "vllm_kv_title", 100),
-                                  ("num_preempted", "vllm_preempt_title", 1)):
+        totals = [sum(s["num_preempted"] for s in recorded[: i + 1]) for i in range(len(recorded))]
+        for title, expected in (("vllm_running_title", [s["num_running"] for s in recorded]),
+                                ("vllm_kv_title", [s["kv_cache_usage"] * 100 for s in recorded]),
+                                ("vllm_preempt_title", totals)):
             values = specs[t(title, lang)]["data"]["values"]
             theirs = [v["value"] for v in values if v["side"] == vllm]
             ours = [v["value"] for v in values if v["side"] == lab]
-            assert theirs == [s[key] * scale for s in recorded], key
-            assert ours == theirs, f"{key}: the lab's engine and vLLM ran the same schedule"
-        assert [v["step"] for v in specs[t("vllm_running_title", lang)]["data"]["values"]][:3] == [1, 2, 3]
+            assert theirs == expected, title
+            assert ours == theirs, f"{title}: the lab's engine and vLLM ran the same schedule"
+        assert [v["step"] for v in specs[t("vllm_running_title", lang)]["data"]["values"]][:3] == [0, 1, 2]
         table = at.table[0].value
         assert list(table.columns) == [lab, vllm] and list(table.loc[t("vllm_m_steps", lang)]) == ["16", "16"]
         assert t("vllm_identical", lang, same=4, total=4) in [m.value for m in at.main.markdown]
+        assert t("vllm_preempt_note", lang) in [c.value for c in at.main.caption]
     zh_text = " ".join(t(k, "zh") for k in ("vllm_running_title", "vllm_kv_title", "vllm_preempt_title", "vllm_side_lab"))
     assert untranslated(zh_text) == []
+
+
+def test_vllm_preemptions_are_drawn_as_running_totals_that_end_at_the_total():
+    """The recorded 16 x 64 replay: vLLM counts its 8 preemptions late and bunched (6 in one step); the
+    chart draws running totals, which never fall and end at the total the table shows."""
+    from visualize.side_by_side import cumulative, step_series_spec
+
+    steps = json.loads((Path(__file__).parent / "data" / "vllm_replay_pressure_16x64.json").read_text())["vllm_run"]["steps"]
+    counts = [s["num_preempted"] for s in steps]
+    assert max(counts) > 1, "several preemptions counted in one step"
+    spec = step_series_spec({"vLLM": cumulative(counts)}, "t", "y", "step", counts=True)
+    values = [v["value"] for v in spec["data"]["values"]]
+    assert values == sorted(values) and values[-1] == sum(counts) == 8
+    assert spec["data"]["values"][0]["step"] == 0
+    assert spec["encoding"]["x"]["scale"]["domain"] == [0, len(steps) - 1], "the axis ends at the last step"
 
 
 def test_a_file_that_is_not_a_replay_is_a_clear_error():
@@ -565,3 +607,62 @@ def test_this_machines_preset_is_offered_once_calibrated(tmp_path, monkeypatch):
     rates, _ = sweep_rates("sharegpt", "this-machine")
     assert max(rates) < 1.0  # a CPU serves a small fraction of the A100's rates
     assert t("preset_no_calibration", "en") not in [c.value for c in at.main.caption]
+
+
+def _open_page(at: AppTest, url_path: str) -> AppTest:
+    """Go to the app's page at ``url_path`` (``st.navigation`` registers callables, not files, so
+    ``AppTest.switch_page`` cannot name them) and run it."""
+    at._page_hash = next(h for h, info in at._registered_pages.items() if info.get("url_pathname") == url_path)
+    return at.run()
+
+
+def _load_preset(at: AppTest, name: str) -> None:
+    at.selectbox(key="preset__en").set_value(name).run()
+    next(b for b in at.button if b.label == "Load preset").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _preset_state(at: AppTest) -> tuple:
+    """What a loaded preset decides: the engine's settings, the workload, and whether the sidebar
+    offers a temperature."""
+    from app_pages.state import clean_workload
+
+    return (at.session_state["settings"], clean_workload(at.session_state["workload_df"]),
+            any(s.key == "temperature" for s in at.sidebar.slider))
+
+
+def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
+    """Each preset of the list, stepped a few times, then the Kernel lab on its last step: its program
+    grid names every sequence of the step's requests (a sample or a beam reads its own table)."""
+    for name in PRESETS:
+        _load_preset(app, name)
+        app.number_input(key="n_steps").set_value(3).run()
+        app.button(key="btn_run").click().run()
+        assert not app.exception, (name, [e.value for e in app.exception])
+        assert subheaders(app) == ["Step 2"], name
+        report = app.session_state["reports"][-1]
+        _open_page(app, "kernel")
+        assert not app.exception, (name, [e.value for e in app.exception])
+        reads = app.dataframe[0].value
+        live = {s.request_id for s in report.block_tables}
+        sequences = [s.request_id for s in report.scheduled if s.request_id in live]
+        assert sorted(reads["Request"]) == sorted(sequences * 2), name  # 2 KV heads per sequence, 1 split
+        _open_page(app, "")  # the default page (Live engine)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_a_preset_leaves_no_setting_of_the_one_before(app: AppTest, name: str):
+    """Loading a preset after another (and after sidebar changes) sets what loading it in a fresh
+    session sets: sampling off unless it needs it, its pool, batch, scheduler and sharing."""
+    _load_preset(app, name)
+    fresh = _preset_state(app)
+    _load_preset(app, "preset_parallel_sampling")  # sampling on, 4 samples per request
+    app.toggle(key="chunked_prefill").set_value(True).run()
+    app.select_slider(key="block_size").set_value(8).run()
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    _load_preset(app, name)
+    assert _preset_state(app) == fresh
+    settings = fresh[0]
+    assert settings.block_size == 16
+    if name != "preset_parallel_sampling":  # its samples differ only when sampled
+        assert settings.temperature == 0.0 and fresh[2] is False, "greedy, or beam search (which samples nothing)"

@@ -100,6 +100,7 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     cold_start = time.perf_counter() - started
     print(f"\ncold start to an interactive page: {cold_start:.1f} s (goal <= 10 s)")
     no_exception_box(page)
+    streamed_text_is_the_final_text(page)
 
     # 8 requests: the classroom preset that forces preemption.
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
@@ -176,6 +177,41 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     wait_for_charts(page, 2)
     assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "live_engine_zh.png"), full_page=True)
+
+
+def final_texts_of_the_default_preset() -> list[str]:
+    """The engine's final texts (``RequestOutput.text``) of the default preset with the sidebar's defaults."""
+    from app_pages.state import PRESETS, Settings, add_workload, build_engine, run_to_end
+
+    llm = build_engine(Settings())
+    add_workload(llm, PRESETS["preset_short_chat"]["rows"], temperature=0.0, seed=0)
+    run_to_end(llm, 200)
+    return [llm.get_output(rid).text for rid in sorted(llm.requests)]
+
+
+def streamed_text_is_the_final_text(page) -> None:
+    """The default preset run to its end on the Live page: each request's text, as the page joined it
+    from the steps' streamed deltas, is the engine's final text, in English and in 中文 (no U+FFFD, no
+    token emitted twice)."""
+    expected = [" ".join(text.split()) for text in final_texts_of_the_default_preset()]
+    main = page.locator('[data-testid="stMain"]')
+    box = main.locator('[data-testid="stNumberInput"] input').first
+    box.fill("40")
+    box.press("Enter")
+    page.wait_for_timeout(500)
+    main.get_by_role("button", name="Run N steps").click()
+    page.get_by_text("All requests finished.", exact=False).wait_for(timeout=180_000)
+    for lang, name in (("en", "English"), ("zh", "中文")):
+        if lang == "zh":
+            page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+            page.get_by_role("button", name="单步", exact=True).wait_for(timeout=60_000)
+        texts = page.locator('[data-testid="request-text"]')
+        texts.nth(len(expected) - 1).wait_for(timeout=30_000)
+        shown = [" ".join(texts.nth(i).inner_text().split()) for i in range(texts.count())]
+        assert shown == expected, (lang, shown, expected)
+        assert not any("\ufffd" in text for text in shown), lang
+    page.locator('[data-testid="stSidebar"]').get_by_text("English").click()
+    page.get_by_role("button", name="Step", exact=True).wait_for(timeout=60_000)
 
 
 def start_server(port: int, env: dict) -> subprocess.Popen:
@@ -568,7 +604,7 @@ def beam_trees(page, sync_api, port, server) -> None:
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_beside_vllm_in_a_browser(default_model_dir):
-    """Paged vs contiguous → real vLLM: the lab's engine run on the first recorded replay's workload,
+    """The "Beside real vLLM" page: the lab's engine run on the first recorded replay's workload,
     its three step charts beside vLLM's, with no chart text cut or outside its chart, in English and
     in 中文 (the default model, as the replay was recorded with it)."""
     in_browser(None, beside_vllm, "failure_vllm.png")
@@ -578,8 +614,7 @@ def beside_vllm(page, sync_api, port, server) -> None:
     from visualize.i18n import t
 
     open_app(page, sync_api, port, server)
-    page.locator('[data-testid="stSidebar"]').get_by_role("link", name=t("page_compare", "en")).click()
-    page.get_by_text(t("source_vllm", "en")).click()
+    page.locator('[data-testid="stSidebar"]').get_by_role("link", name=t("page_vllm", "en")).click()
     page.get_by_role("button", name=t("vllm_run_lab", "en")).click()
     page.get_by_text(t("vllm_running_title", "en")).first.wait_for(timeout=300_000)
     wait_for_charts(page, 3)  # running requests, KV cache usage, preemptions

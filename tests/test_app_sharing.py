@@ -57,6 +57,27 @@ def test_parallel_sampling_preset_shows_shared_blocks_and_the_saving(app: AppTes
         sample = re.split(r"[(（]", t("sequence_index", lang, index=i, seq=0))[0].strip()
         assert row.startswith(f"{t('request', lang)} 0 · {sample}"), row
     assert "×4" in html, "a refcount of 4 on the shared prompt blocks"
+    legend = "".join(m.value for m in app.markdown if "pool-legend" in m.value)
+    assert t("legend_shared", lang) in legend and t("legend_cow_src", lang) in legend, "the badge and borders explained"
+    step(app, 2)
+    request = _request_block(app, 0)
+    labels = re.findall(r'<small style="color:#888">([^<]*)</small> <span[^>]*data-testid="sequence-text">', request)
+    assert labels == [t("sample_label", lang, index=i) for i in range(4)], "one line per sample"
+    texts = _sequence_texts(request)
+    engine = app.session_state["engine"]
+    assert texts == [o.text for o in engine.get_output(0).outputs], "each sample's text as the engine has it"
+
+
+def _request_block(at: AppTest, request_id: int) -> str:
+    """The request list's entry of ``request_id`` (its header, prompt and text lines)."""
+    html = "".join(m.value for m in at.markdown if "request-prompt" in m.value)
+    return re.split(r'<div style="border-left', html)[request_id + 1]
+
+
+def _sequence_texts(html: str) -> list[str]:
+    import html as html_lib
+
+    return [html_lib.unescape(x) for x in re.findall(r'data-testid="sequence-text">([^<]*)<', html)]
 
 
 def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
@@ -67,7 +88,23 @@ def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
     assert len(trees) == 1, "the beam tree is drawn"
     nodes = trees[0]["layer"][1]["data"]["values"]
     assert {n["rank"] for n in nodes if not n["pruned"]} == {0, 1, 2, 3}, "four live beams a step"
-    assert "×" in block_table_html(app)
+    html = block_table_html(app)
+    assert "×" in html
+    rows = re.findall(r"<b style[^>]*>([^<]*)</b>", html)
+    assert len(rows) == 4 and all(" · beam " in row and "sample" not in row for row in rows), rows
+    request = _request_block(app, 0)
+    engine = app.session_state["engine"]
+    live = [b for b in engine.requests[0].seqs]  # the live beams, best first
+    labels = re.findall(r'<small style="color:#888">([^<]*)</small>', request)
+    assert [l.split(" · ")[0] for l in labels[:4]] == [f"beam {r}" for r in range(4)]
+    assert all("log-prob" in l and "score" in l for l in labels[:4]), labels
+    texts = _sequence_texts(request)
+    decode = engine.tokenizer.decode
+    # (a character whose bytes are split over tokens is held back from the stream until complete)
+    assert texts[:4] == [decode(b.output_token_ids, skip_special_tokens=True).rstrip("\ufffd") for b in live], "best first"
+    pruned = [l for l in labels[4:]]
+    assert pruned and all(l == "pruned beam" for l in pruned), "pruned beams follow, greyed"
+    assert "line-through" in request
 
 
 def cached_split(at: AppTest, lang: str) -> list[tuple[int, int]]:
@@ -113,18 +150,24 @@ def test_shared_system_prompt_preset_says_what_each_request_found_cached(app: Ap
 
 
 def test_multi_turn_chat_preset_hits_the_history_and_the_pool_map_marks_it(app: AppTest):
-    """Each turn re-sends the previous turns: it hits their blocks (more each turn); in the step a turn
-    is admitted, the pool map marks the hit blocks and names each one's hash and parent chain."""
+    """The app sends each turn once the one before has finished, with the model's own answer in the
+    history, as a chat client does: it hits the history's blocks, the answer's included (more each turn);
+    in the step a turn is admitted, the pool map marks the hit blocks and names each one's hash and parent chain."""
     from visualize.prefix import short_hash
 
     load(app, "preset_multi_turn_chat", "en")
     assert app.slider(key="max_batch").value == 1
     run_steps(app, 100)
     llm = app.session_state["engine"]
-    assert not llm.has_unfinished_requests()
+    assert not llm.has_unfinished_requests() and len(llm.requests) == 3, "the app sent the three turns, one after another"
     cached = [c for c, _ in cached_split(app, "en")]
     assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
     assert cached == [llm.get_output(rid).num_cached_tokens for rid in sorted(llm.requests)]
+    first, second = llm.get_output(0), llm.get_output(1)
+    answer = [i for i in first.token_ids if i not in llm.eos_token_ids]
+    assert second.prompt_token_ids[: len(first.prompt_token_ids) + len(answer)] == first.prompt_token_ids + answer, \
+        "turn 2 re-sends turn 1 and the model's own answer"
+    assert cached[1] >= (len(first.prompt_token_ids) // 16 + 1) * 16, "blocks of the answer are hit too, not only the prompt's"
     reports = app.session_state["reports"]
     step, hits = next((r.step, [e for e in r.events if e.kind == "cache_hit"]) for r in reports
                       if any(e.kind == "cache_hit" and e.request_id == 2 for e in r.events))

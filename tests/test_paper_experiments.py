@@ -42,7 +42,7 @@ def test_figure_2_states_its_rate_and_keeps_the_orca_order():
     share = {r["system"]: r["token_state_fraction"] for r in rows}
     assert share["Orca (Max)"] < share["Orca (Pow2)"] < share["Orca (Oracle)"]
     assert all(r["request_rate"] == 1.0 for r in rows)
-    assert next(r for r in rows if r["system"] == "vLLM")["token_share_of_allocated"] > 0.9
+    assert next(r for r in rows if r["system"] == "vLLM")["token_state_share_of_in_use"] > 0.9
 
 
 def test_bad_input_is_a_clear_error():

@@ -13,6 +13,7 @@ from engine.baselines.contiguous import ContiguousAllocator
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.sim.simulator import LockstepScheduler, SimulationConfig, main, simulate
+from engine.cli import main as engine_main
 from engine.experiments.memory import reproduce_paper
 from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -170,8 +171,10 @@ def _state(sched):
     watermark=st.sampled_from([0.0, 0.1, 0.3]),
     contiguous=st.sampled_from([None, ("max", "first-fit"), ("pow2", "first-fit"), ("oracle", "best-fit"),
                                 ("max", "buddy"), ("pow2", "buddy"), ("oracle", "buddy"), ("pow2-total", "buddy")]),
+    schedule_first=st.sampled_from(["decodes", "prefills"]),
 )
-def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_blocks, max_num_seqs, watermark, contiguous):
+def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_blocks, max_num_seqs, watermark, contiguous,
+                                                      schedule_first):
     """The simulator's lock-step mode (finish heap, block-residue counters, closed-form sums) makes
     the same decisions as schedule() in every step: the same requests run and wait in the same
     order, the same ones are preempted, the same blocks are free, the categories sum the same."""
@@ -181,7 +184,7 @@ def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_bl
             kv = ContiguousAllocator(num_blocks, block_size, reservation, placement, max_model_len=num_blocks * block_size)
         else:
             kv = PagedBlockManager(num_blocks, block_size, watermark=watermark)
-        sched = scheduler_class(kv, max_num_seqs, max_num_batched_tokens=10_000)
+        sched = scheduler_class(kv, max_num_seqs, max_num_batched_tokens=10_000, schedule_first=schedule_first)
         for i, (prompt, output) in enumerate(lengths):
             seq = Sequence(i, prompt, max_len=prompt + output)
             if -(-seq.max_len // block_size) <= num_blocks and kv.fits_ever(seq):  # else it could never finish
@@ -218,6 +221,88 @@ def test_lockstep_mode_matches_schedule_step_by_step(lengths, block_size, num_bl
         steps += max(k, 1)
         assert steps < 10_000
     assert not ref.has_unfinished()
+
+
+@pytest.mark.parametrize("schedule_first", ["prefills", "decodes"])
+@pytest.mark.parametrize("system", SYSTEMS[:3])
+def test_fast_forward_equals_single_steps_under_either_rule(schedule_first, system):
+    """Both scheduler rules take the fast path; it gives the single-step run exactly, with time too
+    (a prefill-only step of vLLM v0's rule costs its prompts alone)."""
+    requests = make_workload("sharegpt", 120, seed=4, max_model_len=1024, request_rate=2.0)
+    common = dict(**SMALL, **system, schedule_first=schedule_first, cost_model="a100-opt-13b-achieved")
+    fast, slow = simulate(requests=requests, **common), simulate(requests=requests, **common, fast_forward=False)
+    assert key(fast) == key(slow)
+    assert fast.normalized_latency_s == pytest.approx(slow.normalized_latency_s, rel=1e-12)
+
+
+def _longest_stall(result) -> int:
+    """Most consecutive steps in which requests wait, fewer than 10 run and over half the pool is free."""
+    steps = result.series_num_steps
+    waiting = np.repeat(result.series_waiting, steps) > 0
+    few = np.repeat(result.series_running, steps) < 10
+    free = np.repeat(result.series_memory["free"], steps) > 0.5 * result.config.kv_slots
+    longest = current = 0
+    for stalled in waiting & few & free:
+        current = current + 1 if stalled else 0
+        longest = max(longest, current)
+    return longest
+
+
+def test_the_paged_system_does_not_idle_with_a_full_queue():
+    """ShareGPT, 500 requests at once, whole prompts (`python -m engine simulate --workload sharegpt
+    --num-requests 500`): with requests waiting and most of the pool free, the running count does
+    not sink to a handful for hundreds of steps. Under the decodes-first rule with a 2,048-token
+    budget a ~2K-token prompt at the head of the queue waits for the budget the running decodes
+    leave, and the run idles like this for ~600 steps (kept below as the contrast). The default
+    without chunked prefill is vLLM v0's prefill-first rule; the paper's own (decodes first within
+    2,560 tokens, engine.experiments.paper_data.PAPER_SCHEDULER) never stalls either."""
+    from engine.experiments.paper_data import PAPER_SCHEDULER
+
+    requests = make_workload("sharegpt", 500, seed=0, max_model_len=2048)
+    default = simulate(requests=requests)
+    assert _longest_stall(default) < 20
+    assert default.config.scheduler_rule == "prefills"
+    shares, running = default.saturated()
+    assert running > 25 and shares["token_states"] > 0.9  # the pool under load holds token states
+    paper = simulate(requests=requests, **PAPER_SCHEDULER)
+    assert _longest_stall(paper) < 20 and paper.saturated()[0]["token_states"] > 0.9
+    decodes_first = simulate(requests=requests, schedule_first="decodes")
+    assert _longest_stall(decodes_first) > 300
+
+
+def test_prefill_first_runs_prompts_alone_with_the_whole_budget():
+    """vLLM v0's rule on the engine's scheduler: a step that admits prompts runs no decodes, and a
+    prompt as long as the whole budget is admitted beside running requests (decodes-first waits)."""
+    for rule, expected in (("prefills", ["prefill", "prefill", "decode"]), ("decodes", ["prefill", "decode", "decode"])):
+        kv = PagedBlockManager(64, 16)
+        sched = Scheduler(kv, 8, max_num_batched_tokens=100, schedule_first=rule)
+        sched.add(Sequence(0, 10, max_len=20))
+        phases = []
+        for step in range(3):
+            if step == 1:
+                sched.add(Sequence(1, 100, max_len=110))  # the whole budget
+            out = sched.schedule()
+            phases.append(out.phase)
+            sched.update_from_output(out)
+            for seq in out.prefill_seqs + out.decode_seqs:
+                seq.append_token()
+        assert phases == expected, rule
+        assert [s.request_id for s in sched.running] == ([0, 1] if rule == "prefills" else [0])
+
+
+def test_schedule_first_is_validated_by_name():
+    with pytest.raises(ValueError, match="schedule_first must be one of prefills, decodes"):
+        SimulationConfig(schedule_first="v0")
+    with pytest.raises(ValueError, match="schedule_first='prefills'.*chunked prefill"):
+        SimulationConfig(schedule_first="prefills", enable_chunked_prefill=True)
+    assert SimulationConfig(enable_chunked_prefill=True).scheduler_rule == "decodes"
+    from engine.config import EngineConfig
+    with pytest.raises(ValueError, match="schedule_first must be one of"):
+        EngineConfig(schedule_first="first")
+    with pytest.raises(ValueError, match="schedule_first='prefills'"):
+        EngineConfig(schedule_first="prefills", enable_chunked_prefill=True)
+    with pytest.raises(SystemExit):
+        main(["simulate", "--schedule-first", "v0", "--json"])
 
 
 @pytest.mark.parametrize("watermark", [0.0, 0.05])
@@ -262,3 +347,27 @@ def test_reproduce_figure_15_prints_each_setting_beside_the_paper(capsys):
         (w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for k in (2, 4, 6)}
     assert all(0 < r["memory_saved_by_sharing"] < 1 for r in rows)
     assert next(r for r in rows if r["workload"] == "alpaca" and r["mode"] == "beam" and r["k"] == 4)["paper"] == 0.5313
+
+
+def test_reproduce_figure_15_shows_one_progress_bar(capsys):
+    """Without --json the figure's twelve runs share one progress bar, then the table."""
+    engine_main(["reproduce-paper", "--figure", "15", "--num-requests", "20"])
+    captured = capsys.readouterr()
+    bars = [line for line in captured.err.split("\n") if "run" in line or "req" in line]  # one line per bar (\r between updates)
+    assert len(bars) == 1 and "figure 15" in bars[0] and "12/12" in bars[0]
+    assert captured.out.startswith("Figure 15")
+
+
+def test_every_simulate_option_has_its_own_help():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    from engine.sim.simulator import register_cli
+
+    register_cli(parser.add_subparsers())
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["simulate"]
+    helps = {a.dest: a.help for a in sub._actions if a.dest != "help"}
+    assert all(helps.values()), [d for d, h in helps.items() if not h]
+    assert len(set(helps.values())) == len(helps)  # no two options say the same
+    reservation = helps["reservation"]
+    assert "pow2 = the prompt, plus its output length" in reservation and "pow2-total = the whole length" in reservation

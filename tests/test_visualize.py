@@ -251,5 +251,13 @@ def test_memory_chart_shows_a_single_step(paged):
     _, reports = paged
     chart = memory_chart(memory_frame(reports[:1])).to_dict()
     values = chart["datasets"][next(iter(chart["datasets"]))]
-    steps = sorted({row["step"] for row in values})
-    assert steps == [reports[0].step, reports[0].step + 1], "one step must span a visible width"
+    xs = sorted({row["x"] for row in values})
+    assert xs == [reports[0].step - 0.5, reports[0].step + 0.5], "one step must span a visible width, centred on its tick"
+    assert {row["step"] for row in values} == {reports[0].step}, "the tooltip names the step"
+
+
+def test_memory_chart_axis_ends_at_the_last_step(paged):
+    _, reports = paged
+    chart = memory_chart(memory_frame(reports)).to_dict()
+    scale = chart["encoding"]["x"]["scale"]
+    assert scale["domain"] == [reports[0].step - 0.5, reports[-1].step + 0.5] and scale["nice"] is False

@@ -3,13 +3,15 @@ beam tree with its pruned branches — read from the chart data, in both languag
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
 from engine.report import COPY_ON_WRITE, FREE
 from visualize.beam_tree import beam_tree_rows, beam_tree_spec
 from visualize.i18n import t
-from visualize.pool import pool_frame, pool_map_spec
+from visualize.pool import event_log_rows, pool_frame, pool_map_spec
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]  # 7 tokens: one full block of 4 and a partly filled one
 
@@ -43,7 +45,16 @@ def test_pool_map_shows_refcounts_holders_and_the_copy_on_write(engine, lang):
     assert df.loc[df["block"] == dst, "cow_text"].item() == t("cow_dst", lang, src=src)
     dsts = t("sep_list", lang).join(str(e.dst_block_id) for e in cow)
     assert df.loc[df["block"] == src, "cow_text"].item() == t("cow_src", lang, dst=dsts), "2 writers copied it, the 3rd wrote in place"
+    writes = [r["detail"] for r in event_log_rows(copied, lang) if r["kind"] == "write"]
+    assert writes and not any(re.search(r"(\d+)–\1\b", d) for d in writes), writes  # not "positions 7–7"
+    same = t("ev_write_same_position_detail", lang, count=3, position=7, blocks="BLOCKS").split("BLOCKS")[0]
+    assert any(d.startswith(same) for d in writes), "3 samples write position 7, one token each"
+    assert "" not in set(df["touched_text"]) | set(df["cow_text"]), "no blank tooltip field"
+    assert set(df.loc[df["cow"] == "", "cow_text"]) == {"–"} and t("no", lang) in set(df["touched_text"])
     spec = pool_map_spec(copied, 4, lang)
+    dashes = {layer["transform"][0]["filter"]: layer["mark"]["strokeDash"] for layer in spec["layer"]
+              if layer.get("transform") and "datum.cow ==" in layer["transform"][0].get("filter", "")}
+    assert dashes == {"datum.cow == 'src'": [4, 2], "datum.cow == 'dst'": [1, 0]}, "source dashed, copy solid"
     titles = [f["title"] for f in spec["layer"][0]["encoding"]["tooltip"]]
     assert t("ref_count", lang) in titles and t("holders", lang) in titles and t("copy_on_write", lang) in titles
 
@@ -58,12 +69,40 @@ def test_beam_tree_shows_forks_and_pruned_branches_returning_blocks(engine, lang
     assert any(e["forked"] for e in edges), "the prefill forks the prompt into 3 beams"
     pruned_frees = {(r.step, e.seq_id, e.block_id) for r in reports for e in r.events
                     if e.kind == FREE and e.request_id == request_id and r.finished.get(request_id) is None}
-    assert {(n["step"], n["seq_id"], b) for n in pruned for b in n["freed"]} == pruned_frees
+    assert {(n["pruned_step"], n["seq_id"], b) for n in pruned for b in n["freed"]} == pruned_frees
+    assert all(n["pruned_step"] == n["step"] + 1 for n in pruned), "drawn at its last live step"
     spec = beam_tree_spec(reports, request_id, lang)
     assert spec["title"] == t("beam_tree_title", lang)
     states = {n["state"] for n in spec["layer"][1]["data"]["values"]}
     assert t("beam_live", lang) in states
-    assert pruned and t("beam_pruned", lang) in states, "some beam was pruned (beam width 3, 8 tokens)"
+    assert pruned, "some beam was pruned (beam width 3, 8 tokens)"
+    assert {t("beam_pruned", lang, step=n["pruned_step"]) for n in pruned} <= states
+
+
+def test_beam_tree_of_a_real_beam_search_draws_pruned_beams_where_they_died(default_model_dir):
+    """The default model's beam search of the app's preset: a grey (pruned) node is a beam's last
+    node and no line leaves it; every beam that stops while the search goes on ends grey; no two
+    nodes share a place (a pruned beam drawn over a live one told the wrong survival story)."""
+    engine = LLMEngine(EngineConfig(model=str(default_model_dir), num_gpu_blocks=64))
+    request_id = engine.add_request([{"role": "user", "content": "Tell me a short story about a cat."}],
+                                    BeamSearchParams(beam_width=4, max_tokens=12))
+    reports = []
+    while engine.has_unfinished_requests():
+        reports.append(engine.step())
+    nodes, edges = beam_tree_rows(reports, request_id)
+    places = [(n["step"], n["rank"]) for n in nodes]
+    assert len(places) == len(set(places)), "one node per place"
+    leaving = {(e["step"] - 1, e["from_rank"]) for e in edges}
+    grey = [n for n in nodes if n["pruned"]]
+    assert grey, "beams were pruned in this run"
+    assert not [(n["step"], n["rank"]) for n in grey if (n["step"], n["rank"]) in leaving], "a line leaves a pruned beam"
+    last_step = max(n["step"] for n in nodes)
+    last = {}
+    for n in nodes:
+        last[n["seq_id"]] = n
+    ended = [n for n in last.values() if n["step"] < last_step]
+    assert ended and all(n["pruned"] for n in ended), [n for n in ended if not n["pruned"]]
+    assert all(last[n["seq_id"]] is n for n in grey), "only a beam's last node is grey"
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

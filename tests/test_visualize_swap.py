@@ -59,10 +59,19 @@ def test_both_maps_mark_the_copies_and_name_the_other_end(swap_reports, lang):
     gpu = {r["block"]: r for r in gpu_swap_spec(pool_map_spec(report, 4, lang), report, lang)["data"]["values"]}
     cpu_spec = cpu_pool_map_spec(report, 4, lang)
     cpu = {r["block"]: r for r in cpu_spec["data"]["values"]}
-    assert gpu[g]["swap"] == "out" and gpu[g]["swap_text"] == t("swap_gpu_out", lang, block=c)
+    holder = {b: s.request_id for s in report.block_tables for b in s.block_table}
+    swapped = {cb: s.request_id for s in report.cpu_block_tables for cb in s.block_table}
+    if g in holder:  # handed to another request in the same step: the tooltip names both
+        assert gpu[g]["swap_text"] == t("swap_gpu_out_reused", lang, block=c, old=swapped[c], new=holder[g])
+    else:
+        assert gpu[g]["swap_text"] == t("swap_gpu_out", lang, block=c)
+    assert gpu[g]["swap"] == "out"
     assert cpu[c]["swap"] == "out" and cpu[c]["swap_text"] == t("swap_cpu_out", lang, block=g)
     assert cpu_spec["description"] == t("cpu_pool", lang)
-    assert any(layer.get("transform") == [{"filter": "datum.swap != ''"}] for layer in cpu_spec["layer"]), "the copies are outlined"
+    outlines = {layer["transform"][0].get("filter"): layer["mark"] for layer in cpu_spec["layer"] if layer.get("transform")}
+    assert outlines["datum.swap == 'out'"]["strokeDash"] == [6, 3], "swapped out: dashed, as the caption says"
+    assert outlines["datum.swap == 'in'"]["strokeDash"] == [1, 0], "swapped in: solid"
+
     assert report.prefix_cache is not None and t("mark_hit", lang) in json.dumps(pool_map_spec(report, 4, lang), ensure_ascii=False)
     assert t("mark_hit", lang) not in json.dumps(cpu_spec, ensure_ascii=False), "the CPU pool caches nothing: no cache-hit legend"
     rows = event_log_rows(report, lang)
@@ -73,6 +82,16 @@ def test_both_maps_mark_the_copies_and_name_the_other_end(swap_reports, lang):
     assert preempt["detail"] == t("ev_preempt_swap_detail", lang)
     if lang == "zh":
         assert not untranslated(" ".join(r["detail"] + r["event"] for r in rows))
+
+
+def test_a_block_swapped_out_and_reused_in_the_same_step_names_both_owners(swap_reports):
+    reused = [(r, g, c) for r in swap_reports for g, c in r.blocks_to_swap_out
+              if g in {b for s in r.block_tables for b in s.block_table}]
+    if not reused:
+        pytest.skip("no block of this run was swapped out and handed out again in one step")
+    report, g, c = reused[0]
+    gpu = {r["block"]: r for r in gpu_swap_spec(pool_map_spec(report, 4), report)["data"]["values"]}
+    assert "then the block was given to request" in gpu[g]["swap_text"]
 
 
 def test_the_three_queues_partition_the_unfinished_requests(swap_reports):

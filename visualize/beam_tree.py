@@ -1,9 +1,9 @@
 """A beam-search request as a tree over the steps, drawn from its step reports (paper §4.4, Figure 9).
 
 Each step's live beams are nodes (x: step, y: the beam's rank); an edge joins a beam to the one it
-continues or was forked from. A beam that does not survive a step is *pruned*: its node is grey and
-lists the blocks whose references it gave back (FREE events), blocks that return to the free list
-once no other beam holds them. The blocks a beam shares with others are the ones with refcount > 1
+continues or was forked from. A beam that does not survive a step is *pruned*: its last node is grey,
+with no edge leaving it, and lists the blocks whose references it gave back (FREE events), blocks that
+return to the free list once no other beam holds them. The blocks a beam shares with others are the ones with refcount > 1
 in its block table.
 
 Data first (``beam_tree_rows``: plain dicts the app, lessons and tests can read), then
@@ -21,34 +21,39 @@ from visualize.style import as_svg
 def beam_tree_rows(reports: list[StepReport], request_id: int) -> tuple[list[dict], list[dict]]:
     """Nodes and edges of one request's beam tree.
 
+    A beam is pruned in step s when none of its candidates is among the best ``beam_width``: it
+    holds blocks after step s-1 and none after step s. It is drawn where it died, at its last live
+    position (step s-1, its rank then), so a pruned node never has a line leaving it and never sits
+    on a live beam.
+
     Returns:
         nodes: one per (step, live beam): step, seq_id, rank, shared_blocks (blocks of its table
-            with refcount > 1), blocks (its table length), pruned (False), freed ([]); plus one per
-            beam pruned in a step: the same keys with pruned True and ``freed`` the blocks it let go.
+            with refcount > 1), blocks (its table length), pruned (True for a beam's last node when
+            it was pruned in the next step), pruned_step (that step, or None), freed (the blocks
+            whose references it gave back then: FREE events, back on the free list once no other
+            beam holds them).
         edges: step, from_rank (the parent's rank in the step before), to_rank, seq_id, forked.
     """
-    nodes, edges, previous = [], [], {}
+    nodes, edges, previous = [], [], {}  # previous: seq_id -> its node in the step before
     for report in reports:
-        tables = [b for b in report.block_tables if b.request_id == request_id]
-        live = {b.seq_id: b for b in tables}
+        tables = sorted((b for b in report.block_tables if b.request_id == request_id), key=lambda b: b.index)
         parent = {e.seq_id: e.parent_seq_id for e in report.events if e.kind == FORK and e.request_id == request_id}
-        for b in sorted(tables, key=lambda b: b.index):
-            shared = sum(1 for r in b.ref_counts if r > 1)
-            nodes.append(dict(step=report.step, seq_id=b.seq_id, rank=b.index, shared_blocks=shared,
-                              blocks=len(b.block_table), pruned=False, freed=[]))
+        current = {}
+        for b in tables:
+            node = dict(step=report.step, seq_id=b.seq_id, rank=b.index, shared_blocks=sum(1 for r in b.ref_counts if r > 1),
+                        blocks=len(b.block_table), pruned=False, pruned_step=None, freed=[])
+            nodes.append(node)
+            current[b.seq_id] = node
             source = parent.get(b.seq_id, b.seq_id)
             if source in previous:
-                edges.append(dict(step=report.step, from_rank=previous[source], to_rank=b.index, seq_id=b.seq_id,
+                edges.append(dict(step=report.step, from_rank=previous[source]["rank"], to_rank=b.index, seq_id=b.seq_id,
                                   forked=b.seq_id in parent))
-        freed: dict[int, list[int]] = {}
-        for e in report.events:
-            if e.kind == FREE and e.request_id == request_id and e.seq_id in previous and e.seq_id not in live:
-                freed.setdefault(e.seq_id, []).append(e.block_id)
-        if live:
-            for seq_id, blocks in freed.items():
-                nodes.append(dict(step=report.step, seq_id=seq_id, rank=previous[seq_id], shared_blocks=0,
-                                  blocks=0, pruned=True, freed=blocks))
-        previous = {seq_id: b.index for seq_id, b in live.items()}
+        if current:  # the search goes on (at its end, or a preemption, every beam leaves at once)
+            for seq_id, node in previous.items():
+                if seq_id not in current:
+                    node.update(pruned=True, pruned_step=report.step, freed=[
+                        e.block_id for e in report.events if e.kind == FREE and e.request_id == request_id and e.seq_id == seq_id])
+        previous = current
     return nodes, edges
 
 
@@ -58,7 +63,7 @@ def beam_tree_spec(reports: list[StepReport], request_id: int, lang: str = "en")
     nodes, edges = beam_tree_rows(reports, request_id)
     color = request_color(request_id)
     for n in nodes:
-        n["state"] = t("beam_pruned", lang) if n["pruned"] else t("beam_live", lang)
+        n["state"] = t("beam_pruned", lang, step=n["pruned_step"]) if n["pruned"] else t("beam_live", lang)
         n["color"] = FREE_COLOR if n["pruned"] else color
         n["freed_text"] = ", ".join(map(str, n["freed"])) or "–"
     for e in edges:

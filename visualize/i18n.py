@@ -23,6 +23,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "page_compare": ("Paged vs contiguous", "分页 vs 连续"),
     "page_kernel": ("Kernel lab", "内核实验"),
     "page_lessons": ("Lessons", "课程"),
+    "page_vllm": ("Beside real vLLM", "对照真实 vLLM"),
     "live_intro": (
         "A real model generates text one scheduler step at a time. Watch its KV cache fill the block pool.",
         "一个真实模型按调度步逐步生成文本。观察它的 KV 缓存如何填满块池。",
@@ -75,7 +76,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "max_batch": ("Max batch (requests per step)", "最大批大小（每步请求数）"),
     "sampling": ("Sampling", "采样"),
-    "sample_toggle": ("Sample (off: greedy)", "随机采样（关：贪心）"),
+    "sample_toggle": ("Sample", "随机采样"),
+    "sample_off_greedy": ("Off: greedy, the most likely token at every step.", "关：贪心，每步取概率最大的 token。"),
+    "beam_no_temperature": (
+        "Beam search keeps the beams of highest cumulative log-probability: it samples nothing, so no temperature.",
+        "束搜索保留累计对数概率最高的束：它不做随机采样，所以没有温度。",
+    ),
     "sample_toggle_help": (
         "Off: each request takes its most likely token (greedy), so a demo gives the same text every run. "
         "On: tokens are drawn at the temperature below, seeded per request.",
@@ -128,8 +134,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "第 {row} 行：提示词有 {n} 个字符，只发送前 {max} 个（课堂上限）。",
     ),
     "note_max_tokens": (
-        "Row {row}: max tokens {value} is not a whole number from 1 to {max}, so {used} is used.",
-        "第 {row} 行：最大生成 token 数 {value} 不是 1 到 {max} 之间的整数，因此使用 {used}。",
+        "Row {row}: max tokens {value} is not a whole number, so {used} is used.",
+        "第 {row} 行：最大生成 token 数 {value} 不是整数，因此使用 {used}。",
+    ),
+    "note_max_tokens_range": (
+        "Row {row}: max tokens {value} is outside 1–{max}, so {used} is used.",
+        "第 {row} 行：最大生成 token 数 {value} 超出 1–{max} 的范围，因此使用 {used}。",
+    ),
+    "note_max_tokens_empty": (
+        "Row {row}: max tokens is empty, so {used} is used.",
+        "第 {row} 行：最大生成 token 数为空，因此使用 {used}。",
     ),
     # --- controls
     "step": ("Step", "单步"),
@@ -138,6 +152,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "play": ("Play", "播放"),
     "pause": ("Pause", "暂停"),
     "reset": ("Reset", "重置"),
+    "play_slower": ("Playing at about {pace} s a step, not {asked} s: a step and its redraw take longer than that here.",
+                    "实际约 {pace} 秒一步，而不是 {asked} 秒：在这台机器上，一步计算加重绘就要更久。"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
     "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
     "building_engine": ("Building the engine…", "正在构建引擎……"),
@@ -203,13 +219,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
         "The swapped-out requests' blocks, in CPU block ids, drawn like the GPU pool. Outlined: copied this step — "
-        "purple dashed, swapped out (GPU → CPU); teal, swapped in (CPU → GPU), on both maps. "
+        "purple dashed, swapped out (GPU → CPU); teal solid, swapped in (CPU → GPU), on both maps. A GPU block swapped out "
+        "and given to another request in the same step shows its new owner's colour inside the dashed outline (hover it). "
         "This step: {out} block(s) out, {inn} in, {ms:.1f} ms copying.",
         "被换出请求的块（CPU 块号），画法与 GPU 上的 KV 块池相同。带边框的块本步被复制：紫色虚线为换出（GPU → CPU），"
-        "青色为换入（CPU → GPU），两张图上都标出。本步：换出 {out} 块，换入 {inn} 块，复制耗时 {ms:.1f} 毫秒。",
+        "青色实线为换入（CPU → GPU），两张图上都标出。同一步里换出后又分配给别的请求的 GPU 块，在虚线框内显示新主人的颜色"
+        "（鼠标悬停可查看）。本步：换出 {out} 块，换入 {inn} 块，复制耗时 {ms:.1f} 毫秒。",
     ),
     "swap_tooltip": ("Swapped this step", "本步交换"),
     "swap_gpu_out": ("swapped out to CPU block {block}", "已换出到 CPU 块 {block}"),
+    "swap_gpu_out_reused": ("KV of request {old} swapped out to CPU block {block}, then the block was given to request {new}",
+                            "请求 {old} 的 KV 已换出到 CPU 块 {block}，随后这个块分配给了请求 {new}"),
     "swap_gpu_in": ("swapped in from CPU block {block}", "从 CPU 块 {block} 换入"),
     "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
     "swap_cpu_in": ("copied back to GPU block {block} (swapped in)", "已复制回 GPU 块 {block}（换入）"),
@@ -262,10 +282,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
     "pool_caption": (
-        "One cell per physical block, coloured by the request that owns it (free: grey). The darker bar is the filled part; "
-        "black borders: blocks touched this step. Hover a block for details.",
-        "每格是一个物理块，颜色表示占用它的请求（空闲为灰色）。深色条是已填充部分；黑框：本步被改动的块。鼠标悬停查看详情。",
+        "One cell per physical block, coloured by the request that owns it (free: grey). The darker bar is the filled part. "
+        "Hover a block for details.",
+        "每格是一个物理块，颜色表示占用它的请求（空闲为灰色）。深色条是已填充部分。鼠标悬停查看详情。",
     ),
+    "legend_touched": ("black border: allocated, written or freed this step", "黑框：本步分配、写入或释放的块"),
+    "legend_shared": ("×n: n sequences share the block (its reference count)", "×n：n 个序列共享这个块（它的引用计数）"),
+    "legend_cow_src": ("pink dashed: a shared block copied on write this step (the source)", "粉色虚线框：本步写时复制的共享块（源块）"),
+    "legend_cow_dst": ("pink solid: the new copy", "粉色实线框：新的副本"),
     "block": ("Block", "块"),
     "owner": ("Owner", "占用者"),
     "free": ("free", "空闲"),
@@ -296,17 +320,26 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "beam_tree_title": ("Beam tree", "束搜索树"),
     "beam_tree_step": ("step", "步"),
     "beam_tree_beam": ("beam", "束"),
-    "beam_pruned": ("pruned: its blocks went back to the free list", "被剪枝：其块已归还空闲列表"),
+    "beam_pruned": ("its last step: pruned in step {step}, its blocks went back to the free list",
+                    "它的最后一步：在第 {step} 步被剪枝，其块已归还空闲列表"),
     "beam_live": ("live beam", "存活的束"),
     "memory_saved_by_sharing": ("Saved by sharing", "共享节省的显存"),
     "beam_tree_caption": (
         "Each dot is a live beam after that step (rank from the top); a coloured line joins a beam to the one it continues, "
-        "a pink one to the beam it was forked from (its block table copied, refcounts + 1). Grey dots are pruned beams: "
-        "their blocks went back to the free list unless another beam still holds them.",
+        "a pink one to the beam it was forked from (its block table copied, refcounts + 1). A grey dot is a beam's last "
+        "step: in the next step none of its candidates was among the best, so it was pruned (no line leaves it) and its "
+        "blocks went back to the free list unless another beam still holds them.",
         "每个点是该步之后一个存活的束（自上而下按排名）；彩色线连接一个束与它延续的束，粉色线连接它派生（fork）自的束"
-        "（复制块表，引用计数 + 1）。灰点是被剪枝的束：除非仍有别的束持有，它们的块已归还空闲列表。",
+        "（复制块表，引用计数 + 1）。灰点是一个束的最后一步：下一步它的候选都没有进入最优之列，于是被剪枝（没有线从它出发），"
+        "除非仍有别的束持有，它的块已归还空闲列表。",
     ),
     "sequence_index": ("sample {index} (seq {seq})", "样本 {index}（序列 {seq}）"),
+    "beam_index": ("beam {index} (seq {seq})", "束 {index}（序列 {seq}）"),
+    "sample_label": ("sample {index}", "样本 {index}"),
+    "beam_label": ("beam {rank}", "束 {rank}"),
+    "beam_label_pruned": ("pruned beam", "被剪枝的束"),
+    "beam_scores": ("log-prob {logprob:.2f}, score {score:.2f}", "对数概率 {logprob:.2f}，得分 {score:.2f}"),
+    "beam_result": ("Result (best beam)", "结果（最优的束）"),
     "sharing": ("Memory sharing", "显存共享"),
     "sharing_help": (
         "Parallel sampling: n samples of each prompt share its blocks (paper §4.4, Figure 8). Beam search: beams fork "
@@ -367,6 +400,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{count} token(s), positions {first}–{last}, into slots of blocks {blocks}",
         "{count} 个 token，位置 {first}–{last}，写入块 {blocks} 的槽位",
     ),
+    "ev_write_same_position_detail": ("{count} tokens at position {position}, one per sequence, into slots of blocks {blocks}",
+                                      "{count} 个 token，都在位置 {position}（每个序列一个），写入块 {blocks} 的槽位"),
     "ev_write_one_detail": ("position {position} → slot {slot} (block {block})", "位置 {position} → 槽位 {slot}（块 {block}）"),
     "ev_preempt_detail": ("evicted; will be recomputed", "被抢占，之后重计算"),
     "ev_fork": ("fork", "派生（fork）"),
@@ -407,10 +442,46 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
     "token_state_share": ("token states share", "token 状态占比"),
+    "token_share_pool": ("token states, share of the pool", "token 状态占 KV 池"),
+    "token_share_in_use": ("token states, share of memory in use", "token 状态占已用显存"),
+    "not_in_use": ("not in use (free)", "未使用（空闲）"),
+    "token_share_help": (
+        "Averaged over the run's steps. Share of the pool: token states over the whole KV pool, free memory included. "
+        "Share of memory in use: token states over the pool less its free part — the paper's measure (its Figure 2 "
+        "bars have no free part). Free memory is not waste: it is not in use (a queue that has drained, or the "
+        "max_num_seqs cap).",
+        "按本次运行的各步平均。占 KV 池：token 状态占整个 KV 池（含空闲显存）的比例。占已用显存：token 状态占 KV 池去掉空闲部分后"
+        "的比例——这是论文的口径（论文图 2 的柱子没有空闲部分）。空闲显存不是浪费，只是未被使用（队列已排空，或受 max_num_seqs 上限所限）。",
+    ),
+    "sched_rule": ("Scheduler", "调度规则"),
+    "sched_rule_paper": ("decodes first, 2,560-token budget (the paper's, vLLM 0.1)", "解码优先，预算 2,560 个 token（论文所用，vLLM 0.1）"),
+    "sched_rule_prefills": ("prefills first (vLLM v0, 0.2 on)", "预填充优先（vLLM v0，0.2 起）"),
+    "sched_rule_chunked": ("decodes first, chunked prefill (vLLM v1)", "解码优先，分块（chunk）预填充（vLLM v1）"),
+    "sched_rule_decodes": ("decodes first, whole prompts, 2,048-token budget", "解码优先，整段提示词，预算 2,048 个 token"),
+    "sched_rule_whole": ("decodes first, whole prompts (vLLM v1, chunking off)", "解码优先，整段提示词（vLLM v1，不分块）"),
+    "sched_rule_help": (
+        "Which part of a step the scheduler fills first. Decodes first: running requests decode first and waiting "
+        "prompts join the same step within the token budget they leave — the paper's prototype and vLLM 0.1 did so "
+        "with 2,560 tokens, enough for a 2,048-token prompt beside 256 decodes; vLLM v1 cuts long prompts into chunks "
+        "(chunked prefill, a 2,048-token budget here). With whole prompts and a 2,048-token budget a long prompt at "
+        "the head of the queue waits until enough running requests finish, while most of the pool may be free. "
+        "Prefills first (vLLM v0 from 0.2 on): waiting prompts are admitted first with the whole budget, and a step "
+        "that admits any runs no decodes.",
+        "调度器在一步里先安排哪一部分。解码优先：先让运行中的请求解码，等待中的提示词在剩下的 token 预算内加入同一步——论文的原型"
+        "和 vLLM 0.1 的预算是 2,560 个 token，足够在 256 个解码之外再放下一个 2,048 token 的提示词；vLLM v1 把长提示词切成"
+        "分块（chunk）（分块预填充，这里预算为 2,048 个 token）。用整段提示词且预算只有 2,048 个 token 时，队首的长提示词要等到"
+        "足够多运行中的请求结束才能进入，即使此时大部分显存空闲。预填充优先（vLLM v0，0.2 起）：先用整份预算接纳等待中的提示词，"
+        "接纳了提示词的那一步不做解码。",
+    ),
+    "sched_rule_run": ("This run's scheduler: {rule}.", "本次运行的调度规则：{rule}。"),
     "steps_taken": ("steps", "步数"),
     "paper_bars": ("KV memory waste, paper style (Figure 2)", "KV 显存浪费（论文图 2 风格）"),
     "fig2_title": ("{workload}: KV cache usage", "{workload}：KV 缓存使用情况"),
     "fig2_axis": ("share of the KV pool (%)", "占 KV 池的比例（%）"),
+    "fig2_axis_in_use": ("share of the memory in use (%)", "占已用显存的比例（%）"),
+    "fig2_of_pool": ("share of the whole pool", "占整个 KV 池"),
+    "fig2_of_in_use": ("share of the memory in use (the paper's measure)", "占已用显存（论文的口径）"),
+    "fig2_free": ("free (not in use)", "空闲（未使用）"),
     "fig2_paper_mark": ("paper, Figure 2: token states", "论文图 2：token 状态"),
     "fig2_paper_value": ("paper {value}", "论文 {value}"),
     "fig2_workload_engine": ("sidebar workload", "侧边栏工作负载"),
@@ -541,7 +612,21 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "sustainable_rate": ("{rate} req/s", "{rate} 请求/秒"),
     "sustainable_below": ("under {rate} req/s", "低于 {rate} 请求/秒"),
     "simulating_sweep": ("Simulating {runs} runs…", "正在模拟 {runs} 次运行……"),
-    "source_vllm": ("real vLLM (a recorded replay)", "真实 vLLM（录制的回放）"),
+    "compare_vllm_moved": ("The lab's engine beside real vLLM has a page of its own: “Beside real vLLM” in the menu.",
+                           "本实验室引擎与真实 vLLM 的对照在单独的页面：菜单中的“对照真实 vLLM”。"),
+    "vllm_status_ready": ("vLLM is set up here ({python}): `python -m engine replay --against vllm WORKLOAD.json --json > replay.json` "
+                          "records a replay of any saved workload, to open below.",
+                          "本机已安装 vLLM（{python}）：`python -m engine replay --against vllm WORKLOAD.json --json > replay.json` "
+                          "可为任意已保存的工作负载录制回放，然后在下面打开。"),
+    "vllm_status_missing": ("vLLM is not set up here. `python -m engine vllm setup` builds its own environment (at {path}, "
+                            "a few minutes, once); `python -m engine replay --against vllm WORKLOAD.json --json > replay.json` then "
+                            "records a replay. Until then, open a recorded example below.",
+                            "本机尚未安装 vLLM。`python -m engine vllm setup` 会为它建立独立的环境（位于 {path}，只需一次，几分钟）；"
+                            "之后用 `python -m engine replay --against vllm WORKLOAD.json --json > replay.json` 录制回放。"
+                            "在此之前，可以打开下面录制好的示例。"),
+    "vllm_status_unsupported": ("vLLM cannot run on this machine ({reason}). The recorded examples below show what it did "
+                                "elsewhere.",
+                                "vLLM 无法在本机运行（{reason}）。下面录制好的示例展示了它在别的机器上的运行情况。"),
     "vllm_intro": (
         "A replay file holds what real vLLM did with a saved workload, step by step (made by "
         "`python -m engine replay --against vllm WORKLOAD.json --json > replay.json`). The lab's engine runs the same "
@@ -573,16 +658,23 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_kv_title": ("KV cache usage after each step (% of the usable blocks)", "每步之后的 KV 缓存占用（可用块的 %）"),
     "vllm_running_axis": ("running requests", "运行中的请求数"),
     "vllm_kv_axis": ("KV cache usage (%)", "KV 缓存占用（%）"),
-    "vllm_preempt_title": ("Preemptions in each step", "每步的抢占次数"),
+    "vllm_preempt_title": ("Preemptions so far (cumulative)", "累计抢占次数"),
+    "vllm_preempt_axis": ("preemptions so far", "累计抢占次数"),
     "vllm_preempt_note": (
-        "vLLM reports a preemption in the statistics of the next step it outputs, so its marks may sit one step later; the totals compare.",
-        "vLLM 把抢占记在它输出的下一步的统计里，所以它的标记可能晚一步出现；比较的是总数。",
+        "The lab counts a preemption in the step that evicts the request. vLLM's counter (IterationStats.num_preempted_reqs) "
+        "counts it when the preempted request next outputs a token: its PREEMPTED event travels with that output, i.e. after "
+        "the request is scheduled again and recomputed. So vLLM's line climbs later, in jumps when several evicted requests "
+        "come back together, while the running requests and KV usage above show the same schedule; the totals compare.",
+        "本实验室在驱逐请求的那一步计入抢占。vLLM 的计数器（IterationStats.num_preempted_reqs）要等被抢占的请求再次输出 token 时"
+        "才计入：它的 PREEMPTED 事件随那次输出一起上报，也就是在该请求重新被调度并重新计算之后。所以 vLLM 的曲线上升得更晚，"
+        "几个被驱逐的请求一起回来时会跳一大步；而上面的运行中请求数和 KV 占用显示两边的调度相同。总数可以直接比较。",
     ),
     "vllm_metric": ("measure", "指标"),
     "vllm_m_steps": ("steps", "步数"),
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
     "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
+    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "“Upload” 与 “1MB per file • JSON” 是 Streamlit 自带的英文：上传按钮；每个文件不超过 1 MB，JSON 格式。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     # lesson 3, section 4 (why memory is throughput) and its exercise's new part
@@ -670,8 +762,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "context_len": ("Context length", "上下文长度"),
     # --- lessons
     "lessons_intro": (
-        "Jupyter notebooks that walk through the ideas with the same engine and charts. Open one with `jupyter lab <path>`.",
-        "用同一引擎和图表逐步讲解的 Jupyter 笔记本。用 `jupyter lab <路径>` 打开。",
+        "Jupyter notebooks that walk through the ideas with the same engine and charts. Install Jupyter once with "
+        "`pip install -e \".[lessons]\"` (from the project's folder), then open one with `jupyter lab <path>`.",
+        "用同一引擎和图表逐步讲解的 Jupyter 笔记本。先在项目目录下用 `pip install -e \".[lessons]\"` 安装一次 Jupyter，"
+        "再用 `jupyter lab <路径>` 打开。",
     ),
     "no_lessons": ("No lesson notebooks found in {path}.", "在 {path} 中没有找到课程笔记本。"),
     # --- lesson checks (lessons/*/NN_*.py, check cells)
@@ -715,10 +809,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "块只有在其 KV 写入之后才会被缓存。后两个请求会发现这些块已被缓存。",
     ),
     "preset_multi_turn_chat_note": (
-        "Each turn re-sends the earlier turns (their answers are written in the preset, not the model's) and asks "
-        "one more question, one turn at a time (max batch 1): each turn finds the history's blocks cached.",
-        "每一轮都重新发送之前各轮（其中的回答写在预设里，不是模型生成的），再问一个新问题，一次一轮（最大批大小 1）："
-        "每一轮都会发现历史部分的块已被缓存。",
+        "One chat of three questions (Chat on): once a turn's answer is done, the app sends the next question with the "
+        "whole history, the model's own answer included, as a chat client does. Each turn finds the history's full "
+        "blocks cached, its answer's blocks too.",
+        "一段包含三个问题的对话（开启“对话”）：一轮的回答完成后，应用像聊天客户端那样发送下一个问题，连同全部历史，"
+        "包括模型自己的回答。每一轮都会发现历史中已写满的块已被缓存，回答所在的块也是。",
+    ),
+    "chat_mode": ("Chat: the rows are one conversation's turns", "对话：各行是同一段对话的各轮"),
+    "chat_mode_help": (
+        "On: row 1 is sent first; when its answer is done, row 2 is sent with the history (row 1, the model's answer), "
+        "and so on. Off: every row is a request of its own, all queued at once.",
+        "开：先发送第 1 行；它的回答完成后，再连同历史（第 1 行和模型的回答）发送第 2 行，依此类推。关：每行各是一个独立请求，一开始全部排队。",
     ),
     "cached_computed": ("{cached} tok cached · {computed} tok computed", "已缓存 {cached} 个 token · 已计算 {computed} 个 token"),
     "cached_computed_help": (

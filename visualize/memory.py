@@ -74,7 +74,11 @@ def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", he
 
     The legend's labels are never cut (``labelLimit=0``); narrow charts ask for fewer ``legend_columns``.
     """
-    long = _close_last_step(frame).melt("step", value_vars=list(CATEGORIES), var_name="category", value_name="amount")
+    # Step s is drawn over [s - 0.5, s + 0.5), centred on its tick; the axis ends with the last step.
+    closed = _close_last_step(frame)
+    closed = closed.assign(x=closed["step"] - 0.5, step=closed["step"].clip(upper=frame["step"].max() if len(frame) else 0))
+    long = closed.melt(["step", "x"], value_vars=list(CATEGORIES), var_name="category", value_name="amount")
+    domain = [float(frame["step"].min()) - 0.5, float(frame["step"].max()) + 0.5] if len(frame) else [0, 1]
     long["label"] = [t(c, lang) for c in long["category"]]
     long["order"] = [CATEGORIES.index(c) for c in long["category"]]
     ylabel = t("tokens", lang) if unit == "tokens" else "MiB"
@@ -82,7 +86,8 @@ def memory_chart(frame: pd.DataFrame, unit: str = "tokens", lang: str = "en", he
                       scale=alt.Scale(domain=[t(c, lang) for c in CATEGORIES], range=[CATEGORY_COLORS[c] for c in CATEGORIES]),
                       legend=alt.Legend(orient="bottom", columns=legend_columns, labelLimit=0))
     return as_svg(alt.Chart(long).mark_area(interpolate="step-after").encode(
-        x=alt.X("step:Q", title=t("step_axis", lang), axis=alt.Axis(format="d", tickMinStep=1)),  # whole steps
+        x=alt.X("x:Q", title=t("step_axis", lang), axis=alt.Axis(format="d", tickMinStep=1),  # whole steps
+                scale=alt.Scale(domain=domain, nice=False, zero=False)),
         y=alt.Y("amount:Q", stack="zero", title=ylabel),
         color=color,
         order=alt.Order("order:Q"),

@@ -4,10 +4,11 @@ Figures 12, 13 and 18b (``save_paper_figure``, ``python -m visualize reproduce-p
 come from ``engine.experiments.figures`` results, the paper's numbers marked beside ours. Figure 2
 (``plot_memory_breakdown``) from ``reproduce_paper`` rows (or the app's runs):
 
-One stacked bar per system, each segment a share of the KV pool (engine/core/accounting.py): token
-states, reserved, internal fragmentation, external fragmentation, and free (grey; the paper's bars
-are taken with a full pool, where nothing is free). The paper's own token-state share is drawn as a
-black dashed mark with its value wherever a row carries ``paper_token_state_fraction``.
+One stacked bar per system, twice: each segment a share of the whole KV pool (engine/core/accounting.py:
+token states, reserved, internal fragmentation, external fragmentation, and free, grey, "not in
+use"), and beside it a share of the memory in use (the pool less its free part), which is what the
+paper's percentages are. The paper's own token-state share is drawn on the in-use bar as a black
+dashed mark with its value wherever a row carries ``paper_token_state_fraction``.
 
 The paper's legend says "External frag. & Others": "others" is memory that none of its categories
 name; here every slot has a category, so that part is our external fragmentation (and free, when
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from engine.core.accounting import CATEGORIES
+from engine.core.accounting import CATEGORIES, in_use_shares
 from engine.experiments.figures import paper_ratio_text
 from visualize.colors import CATEGORY_COLORS
 from visualize.i18n import t
@@ -30,7 +31,12 @@ PAPER_SYSTEM_OF = {"paged": "vLLM", "contiguous (max)": "Orca (Max)", "contiguou
 
 
 def plot_memory_breakdown(rows: list[dict], out: str | None = None, lang: str = "en"):
-    """Stacked bars of each (workload, system) row's memory shares, one panel per workload.
+    """Each (workload, system) row's memory shares, two ways side by side, one row of panels per workload.
+
+    Left: each category's share of the whole KV pool, free memory included (grey, "not in use").
+    Right: each category's share of the memory *in use*, the pool less its free part
+    (``engine.core.accounting.in_use_shares``): the paper's measure, so the paper's token-state share is
+    drawn there, as a black dashed mark with its value. Horizontal bars, one per system.
 
     Args:
         rows: ``engine.experiments.memory.reproduce_paper`` rows: ``workload``, ``system`` (its bar label),
@@ -40,43 +46,62 @@ def plot_memory_breakdown(rows: list[dict], out: str | None = None, lang: str = 
         lang: "en" or "zh" for every text of the figure.
 
     Returns:
-        The matplotlib Figure.
+        The matplotlib Figure; its axes come in pairs (pool, in use) per workload.
     """
     use_cjk_font()
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.6 * len(workloads), 4.4), sharey=True, squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
+    most = max(sum(1 for r in rows if r["workload"] == w) for w in workloads)
+    panel_height = 0.5 * most + 0.9
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(8.4, panel_height * len(workloads) + 0.9), squeeze=False)
+    for (pool_ax, used_ax), workload in zip(axes, workloads):
         wrows = [r for r in rows if r["workload"] == workload]
-        _panel(ax, wrows, lang)
-        ax.set_title(t("fig2_title", lang, workload=workload))
-    axes[0][0].set_ylabel(t("fig2_axis", lang))
+        _panel(pool_ax, wrows, [r["fragmentation"] for r in wrows], CATEGORIES, lang, paper_marks=False)
+        _panel(used_ax, wrows, [in_use_shares(r["fragmentation"]) for r in wrows], CATEGORIES[:-1], lang, paper_marks=True)
+        pool_ax.set_title(t("fig2_title", lang, workload=workload) + "\n" + t("fig2_of_pool", lang), fontsize=9)
+        used_ax.set_title(t("fig2_of_in_use", lang), fontsize=9)
+        used_ax.set_yticklabels([])
+    axes[-1][0].set_xlabel(t("fig2_axis", lang))
+    axes[-1][1].set_xlabel(t("fig2_axis_in_use", lang))
     handles, labels = axes[0][0].get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="black", linestyle="--"))
     labels.append(t("fig2_paper_mark", lang))
-    one_panel = len(workloads) == 1  # the app's figure: three columns of legend were wider than it
-    fig.legend(handles, labels, loc="lower center", ncol=2 if one_panel else 3, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.2 if one_panel else 0.14, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.75 / fig.get_figheight(), 1, 1))
     if out:
         fig.savefig(out, dpi=150)
     return fig
 
 
-def _panel(ax, rows: list[dict], lang: str) -> None:
+def _panel(ax, rows: list[dict], shares: list[dict], categories, lang: str, paper_marks: bool) -> None:
+    """Horizontal stacked bars (first row on top) of ``shares`` (category -> 0..1, one dict per row)."""
     names = [r["system"] for r in rows]
-    bottom = [0.0] * len(rows)
-    for key in CATEGORIES:
-        share = [r["fragmentation"].get(key, 0.0) * 100 for r in rows]
-        ax.bar(names, share, bottom=bottom, color=CATEGORY_COLORS[key], label=t(key, lang), edgecolor="white", width=0.6)
-        bottom = [b + s for b, s in zip(bottom, share)]
-    for i, r in enumerate(rows):
-        ax.text(i, r["fragmentation"].get("token_states", 0.0) * 50, f"{r['token_state_fraction']:.1%}", ha="center", fontsize=8)
+    y = list(range(len(rows)))
+    left = [0.0] * len(rows)
+    for key in categories:
+        width = [s.get(key, 0.0) * 100 for s in shares]
+        label = t("fig2_free", lang) if key == "free" else t(key, lang)
+        ax.barh(y, width, left=left, color=CATEGORY_COLORS[key], label=label, edgecolor="white", height=0.6)
+        left = [a + b for a, b in zip(left, width)]
+    for i, (r, s) in enumerate(zip(rows, shares)):
+        token = s.get("token_states", 0.0)
+        ax.text(max(token * 50, 1), i, f"{token:.1%}", ha="center" if token > 0.1 else "left", va="center", fontsize=8)
         paper = r.get("paper_token_state_fraction")
-        if paper is not None:
-            ax.plot([i - 0.4, i + 0.4], [paper * 100, paper * 100], color="black", linestyle="--", linewidth=1.2)
-            ax.text(i, paper * 100 + 1, t("fig2_paper_value", lang, value=f"{paper:.1%}"), ha="center", va="bottom", fontsize=7)
-    ax.set_ylim(0, 106)  # room for a paper mark near 100%
-    ax.set_yticks(range(0, 101, 20))
-    ax.tick_params(axis="x", labelrotation=15)
+        if paper_marks and paper is not None:
+            ax.plot([paper * 100, paper * 100], [i - 0.4, i + 0.4], color="black", linestyle="--", linewidth=1.2)
+            ax.text(paper * 100, i - 0.42, t("fig2_paper_value", lang, value=f"{paper:.1%}"), ha="right", va="bottom", fontsize=7)
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_ylim(len(rows) - 0.4, -0.75)  # first row on top, room above it for a paper label
+    ax.set_xlim(0, 100)
+    ax.set_xticks(range(0, 101, 20))
+
+
+def share_metrics(fragmentation: dict[str, float], lang: str = "en") -> list[tuple[str, str]]:
+    """The memory metrics of a run, as (label, value) pairs in the reader's language: token states'
+    share of the pool, their share of the memory in use (the paper's measure), and the part of the
+    pool not in use (free). ``fragmentation``: share per category of engine.core.accounting.CATEGORIES."""
+    return [(t("token_share_pool", lang), f"{fragmentation['token_states']:.1%}"),
+            (t("token_share_in_use", lang), f"{in_use_shares(fragmentation)['token_states']:.1%}"),
+            (t("not_in_use", lang), f"{fragmentation['free']:.1%}")]
 
 
 def figure_texts(fig) -> list[str]:
@@ -207,18 +232,33 @@ def latency_rate_spec(rows: list[dict], lang: str = "en", paper_marks: list[dict
     color = {"field": "system", "type": "nominal", "title": t("system_axis", lang),
              "scale": {"domain": [paper_system_label(s, lang) for s in systems], "range": [SYSTEM_COLORS[s] for s in systems]},
              "legend": {"labelLimit": 0}}
-    rate = {"type": "quantitative", "title": t("rate_axis", lang)}
+    rate = {"type": "quantitative", "title": t("rate_axis", lang), "axis": {"tickCount": 6}}
+    latencies = [v["normalized_latency_s"] for v in values]
     lines = {
         "mark": {"type": "line", "point": True, "tooltip": True},
         "encoding": {
             "x": {"field": "request_rate", **rate},
             "y": {"field": "normalized_latency_s", "type": "quantitative", "title": t("norm_latency_axis", lang),
-                  "scale": {"type": "log"}},
+                  "scale": {"type": "log"}, "axis": {"values": log_ticks(min(latencies), max(latencies)) if latencies else []}},
             "color": color,
         },
     }
     return as_svg({"title": t("latency_rate_title", lang, workload=workload), "data": {"values": values},
                    "layer": [lines, *_paper_layers(paper_marks or [], lang, rate, color)]})
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Tick values for a log axis over [low, high] (> 0): 1, 2 and 5 times each power of ten, from the
+    one at or below ``low`` to the one at or above ``high``; only the powers of ten where that
+    gives more than ten ticks."""
+    import math
+
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    steps = (1, 2, 5) if last - first <= 3 else (1,)
+    ticks = [round(m * 10.0 ** e, 12) for e in range(first, last + 1) for m in steps]
+    below = max([x for x in ticks if x <= low], default=ticks[0])
+    above = min([x for x in ticks if x >= high], default=ticks[-1])
+    return [x for x in ticks if below <= x <= above]
 
 
 def _paper_layers(marks: list[dict], lang: str, rate: dict, color: dict) -> list[dict]:

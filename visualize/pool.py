@@ -99,9 +99,8 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
                         or (t("cached_free", lang, hash=b["cached_hash"][:8]) if b["cached_hash"] else t("free", lang)) for b in blocks]
     df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
     df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
-    df["touched_text"] = ["✓" if b["touched"] else "" for b in blocks]
-    df["holders_text"] = [t("sep_list", lang).join(t("seq_of_request", lang, seq=sq, request=r) for r, sq in b["holders"]) or "–"
-                          for b in blocks]
+    df["touched_text"] = ["✓" if b["touched"] else t("no", lang) for b in blocks]
+    df["holders_text"] = [t("sep_list", lang).join(t("seq_of_request", lang, seq=sq, request=r) for r, sq in b["holders"]) or "–" for b in blocks]
     df["ref_text"] = [str(b["ref_count"]) for b in blocks]
     df["badge"] = [f"×{b['ref_count']}" if b["ref_count"] > 1 else "" for b in blocks]
     copies: dict[int, list[int]] = {}  # one source may be copied for several writers
@@ -111,7 +110,7 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
         cow_text[dst] = t("cow_dst", lang, src=src)
     cow_text.update({src: t("cow_src", lang, dst=t("sep_list", lang).join(map(str, dsts))) for src, dsts in copies.items()})
     df["cow"] = [b["cow"] or "" for b in blocks]
-    df["cow_text"] = [cow_text.get(b["block"], "") for b in blocks]
+    df["cow_text"] = [cow_text.get(b["block"], "–") for b in blocks]
     df["hash_text"] = [short_hash(b["block_hash"]) or "–" for b in blocks]
     df["parent_text"] = [parent_chain_text(b["block"], cache, lang) if cache and b["block"] in cache else "–" for b in blocks]
     df["mark_text"] = [t(f"mark_{b['cache_mark']}", lang) if b["cache_mark"] else "" for b in blocks]
@@ -160,12 +159,11 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"transform": [{"filter": "datum.touched"}],
          "mark": {"type": "rect", "fillOpacity": 0, "stroke": TOUCHED_COLOR, "strokeWidth": 2.5},
          "encoding": {**box, "tooltip": tooltip}},
-        # copy-on-write this step: the source dashed, the new copy solid, both in the COW colour
-        {"transform": [{"filter": "datum.cow != ''"}],
-         "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3},
-         "encoding": {**box, "strokeDash": {"field": "cow", "type": "nominal", "legend": None,
-                                            "scale": {"domain": ["src", "dst"], "range": [[4, 2], [1, 0]]}},
-                      "tooltip": tooltip}},
+        # copy-on-write this step: the source dashed, the new copy solid, both in the COW colour (a dash
+        # per layer, not a strokeDash scale: layers share scales, and the swap marks add one too)
+        *({"transform": [{"filter": f"datum.cow == '{side}'"}],
+           "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3, "strokeDash": dash},
+           "encoding": {**box, "tooltip": tooltip}} for side, dash in (("src", [4, 2]), ("dst", [1, 0]))),
         # shared (refcount > 1): a "×n" badge in the block's corner
         {"transform": [{"filter": "datum.badge != ''"}, {"calculate": f"datum.x + {CELL_W - 0.05}", "as": "bx"},
                        {"calculate": "datum.y + 0.22", "as": "by"}],
@@ -326,6 +324,8 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             blocks = ", ".join(map(str, w["blocks"]))
             if w["count"] == 1:  # a decode step: name the slot, the thing a learner is looking for
                 row["detail"] = t("ev_write_one_detail", lang, position=w["first"], slot=w["slot"], block=blocks)
+            elif w["first"] == w["last"]:  # a group's decode: each sample or beam writes the same position
+                row["detail"] = t("ev_write_same_position_detail", lang, count=w["count"], position=w["first"], blocks=blocks)
             else:
                 row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
         row["event"] = t(f"ev_{row['kind']}", lang)

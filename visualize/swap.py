@@ -23,6 +23,7 @@ from visualize.pool import pool_blocks, pool_map_spec
 SWAP_OUT_COLOR = "#6a3d9a"  # a block copied GPU -> CPU this step (both ends of the copy)
 SWAP_IN_COLOR = "#00897b"  # a block copied CPU -> GPU this step (both ends of the copy)
 SWAP_COLORS = {"out": SWAP_OUT_COLOR, "in": SWAP_IN_COLOR}
+SWAP_DASHES = {"out": [6, 3], "in": [1, 0]}  # swapped out: dashed; swapped in: solid
 
 
 def swap_marks(report: StepReport) -> dict[str, dict[int, tuple[str, int]]]:
@@ -81,22 +82,34 @@ def add_swap_marks(spec: dict, marks: dict[int, tuple[str, int]], side: str, lan
         if tooltip is not None and entry not in tooltip:
             tooltip.append(entry)
     box = {key: spec["layer"][0]["encoding"][key] for key in ("x", "x2", "y", "y2")}
-    spec["layer"].insert(-1, {  # under the block numbers
-        "transform": [{"filter": "datum.swap != ''"}],
-        "mark": {"type": "rect", "fillOpacity": 0, "strokeWidth": 3.5},
-        "encoding": {**box, "tooltip": spec["layer"][0]["encoding"]["tooltip"],
-                     "stroke": {"field": "swap", "type": "nominal", "legend": None,
-                                "scale": {"domain": ["out", "in"], "range": [SWAP_OUT_COLOR, SWAP_IN_COLOR]}},
-                     "strokeDash": {"field": "swap", "type": "nominal", "legend": None,
-                                    "scale": {"domain": ["out", "in"], "range": [[6, 3], [1, 0]]}}},
-    })
+    for direction in ("out", "in"):  # a layer each, with its own colour and dash (no shared scale to mix them up)
+        spec["layer"].insert(-1, {  # under the block numbers
+            "transform": [{"filter": f"datum.swap == '{direction}'"}],
+            "mark": {"type": "rect", "fillOpacity": 0, "strokeWidth": 3.5, "stroke": SWAP_COLORS[direction],
+                     "strokeDash": SWAP_DASHES[direction]},
+            "encoding": {**box, "tooltip": spec["layer"][0]["encoding"]["tooltip"]},
+        })
     return spec
 
 
 def gpu_swap_spec(spec: dict, report: StepReport, lang: str = "en") -> dict:
-    """The GPU pool map ``spec`` with this step's swapped blocks marked (unchanged when none were)."""
+    """The GPU pool map ``spec`` with this step's swapped blocks marked (unchanged when none were).
+
+    A block swapped out and handed to another request in the same step is drawn in its new owner's
+    colour inside the swap-out outline; its tooltip names both: whose KV went to which CPU block, and
+    that the block was then given to the request it now shows."""
     marks = swap_marks(report)["gpu"]
-    return add_swap_marks(spec, marks, "gpu", lang) if marks else spec
+    if not marks:
+        return spec
+    spec = add_swap_marks(spec, marks, "gpu", lang)
+    swapped_owner = {c: snap.request_id for snap in report.cpu_block_tables for c in snap.block_table}
+    holder = {b: snap.request_id for snap in report.block_tables for b in snap.block_table}
+    for record in spec["data"]["values"]:
+        direction, partner = marks.get(record["block"], (None, None))
+        if direction == "out" and record["block"] in holder and partner in swapped_owner:
+            record["swap_text"] = t("swap_gpu_out_reused", lang, block=partner, old=swapped_owner[partner],
+                                    new=holder[record["block"]])
+    return spec
 
 
 def cpu_pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns: int = 16) -> dict | None:

@@ -22,6 +22,21 @@ from dataclasses import asdict, dataclass
 CATEGORIES = ("token_states", "reserved", "internal_fragmentation", "external_fragmentation", "free")
 
 
+def in_use_shares(shares: dict[str, float]) -> dict[str, float]:
+    """Each category's share of the memory *in use*: the pool less its free slots.
+
+    The PagedAttention paper's Figure 2 percentages are of this kind (its bars have no free part:
+    token states, reservation, internal and external fragmentation sum to 100%), so a pool share
+    (``shares``, per category of ``CATEGORIES``, summing to 1) is divided by 1 - free. External
+    fragmentation counts as in use, as in the paper's bars: it is memory no waiting request can use.
+
+    Returns:
+        category -> share (0..1) for every category but "free"; all 0 when the whole pool is free.
+    """
+    in_use = 1.0 - shares.get("free", 0.0)
+    return {c: (shares.get(c, 0.0) / in_use if in_use > 1e-12 else 0.0) for c in CATEGORIES if c != "free"}
+
+
 @dataclass(frozen=True)
 class MemoryUsage:
     """One step's KV pool, in token slots; multiply by ``bytes_per_slot`` for bytes.

@@ -17,6 +17,21 @@ With *chunked prefill* (vLLM's ``enable_chunked_prefill``) each step spends one 
 partial prefill), then new requests, whose prompts may be cut into chunks. A long prompt then
 spans several steps and no longer stalls every decode.
 
+Which part of the batch comes first is ``schedule_first``, the one place where vLLM's two schedulers differ:
+
+- ``"decodes"``: running requests decode first and waiting prompts join the same step within the
+  token budget those decodes leave. This is vLLM v1's scheduler, v0's with chunked prefill, and
+  also the scheduler of the paper's own prototype and of vLLM 0.1 (2023: decodes reserved their
+  slots first, then prompts were admitted while ``running + prompt tokens <= max_num_batched_tokens``,
+  2,560 by default). Without chunked prefill, and with a budget under ``max_model_len +
+  max_num_seqs``, a long prompt at the head of the queue can wait until enough running requests
+  have finished for it to fit beside their decodes (head-of-line blocking), however much memory
+  is free.
+- ``"prefills"`` (vLLM v0's default scheduler from 0.2 on, without chunked prefill): while no
+  request is swapped out, waiting prompts are admitted first with the whole token budget, and a
+  step that admits any runs prefills only; the running requests decode in the next step without
+  one. Whole prompts only: vLLM v0's chunked prefill put decodes first.
+
 The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/core/sequence.py``):
 a group's sequences decode together, a preemption frees or swaps all of them, and it is finished as
 a whole. A one-sequence request is its own group.
@@ -38,6 +53,7 @@ from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, R
 from engine.core.sequence import Sequence, SequenceStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
+SCHEDULE_FIRST = ("prefills", "decodes")  # vLLM v0's default (0.2 on), vLLM v1's (and the paper prototype's)
 
 
 @dataclass
@@ -92,6 +108,9 @@ class Scheduler:
         preemption_mode: "recompute" or "swap" (paper §4.5; swap needs the paged allocator with a
             CPU pool, ``PagedBlockManager(num_cpu_blocks=...)``).
         enable_chunked_prefill: cut prompts to fit the token budget (vLLM's name).
+        schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
+            "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
+            admits any runs no decodes); see the module docstring.
 
     Invariants: ``running`` is in admission order (oldest first); a request (a sequence group, or
     a one-sequence request) is in exactly one of ``waiting``, ``running``, ``swapped``, or none
@@ -99,11 +118,14 @@ class Scheduler:
     is a partial prefill, the newest.
 
     Raises:
-        ValueError: an unknown preemption_mode; swap without a CPU pool.
+        ValueError: an unknown preemption_mode or schedule_first; swap without a CPU pool;
+            schedule_first="prefills" with chunked prefill.
     """
 
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption_mode: str = "recompute", enable_chunked_prefill: bool = False):
+                 preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
+                 schedule_first: str = "decodes"):
+        check_schedule_first(schedule_first, enable_chunked_prefill)
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
         if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:
@@ -113,6 +135,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.schedule_first = schedule_first
         self.waiting: deque[Group] = deque()
         self.running: list[Group] = []
         self.swapped: list[Group] = []
@@ -132,6 +155,11 @@ class Scheduler:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
         out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
         admit = not self.swapped  # nothing new is admitted while any request is swapped out (§4.5)
+        if self.schedule_first == "prefills" and admit:
+            self._schedule_prefills(out, self.max_num_batched_tokens)
+            if out.prefill_seqs:
+                return out  # vLLM v0: a prefill step; the running requests decode in the next one
+            admit = False  # the head of the queue does not fit: decodes only
         budget = self._schedule_running(out)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)  # swapped requests come back first
@@ -358,8 +386,18 @@ class Scheduler:
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         seq = self.waiting[0]
-        budget = self.max_num_batched_tokens - len(self.running)
+        budget = self.max_num_batched_tokens - (len(self.running) if self.schedule_first == "decodes" else 0)
         return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
+
+
+def check_schedule_first(schedule_first: str, enable_chunked_prefill: bool) -> None:
+    """Raise ValueError, naming the field, unless ``schedule_first`` is one of ``SCHEDULE_FIRST`` and
+    fits the prefill mode (the prefill-first rule schedules whole prompts)."""
+    if schedule_first not in SCHEDULE_FIRST:
+        raise ValueError(f"schedule_first must be one of {', '.join(SCHEDULE_FIRST)}; got {schedule_first!r}")
+    if schedule_first == "prefills" and enable_chunked_prefill:
+        raise ValueError("schedule_first='prefills' (vLLM v0's scheduler) prefills whole prompts; chunked prefill "
+                         "schedules decodes first: use schedule_first='decodes' with enable_chunked_prefill")
 
 
 def _arrival(group: Group) -> tuple[float, int]:

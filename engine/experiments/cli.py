@@ -51,7 +51,7 @@ def register_cli(subparsers, save_chart: SaveChart | None = None) -> None:
                    help="one figure with time (engine/experiments/figures.py); default: the memory table at saturation")
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests per run (default: 5000 for the saturation table, each figure's own otherwise)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the workloads (default: 0)")
     p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")

@@ -31,10 +31,10 @@ from typing import NamedTuple
 from tqdm import tqdm
 
 from engine.sim.cost_model import StepShape, get_setup, prefill_pairs
-from engine.experiments.paper_data import (PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_PREFIX_SPEEDUP, PAPER_SYSTEMS,
-                                           PAPER_TOKEN_STATES)
+from engine.experiments.paper_data import PAPER_CONCURRENCY, PAPER_FIGURES, PAPER_FRAGMENTATION, PAPER_SCHEDULER, PAPER_SYSTEMS, PAPER_TOKEN_STATES
 from engine.sim.simulator import simulate
 from engine.sim.workloads import make_workload
+from engine.experiments.paper_data import PAPER_PREFIX_SPEEDUP
 
 SETUP = "a100-opt-13b-achieved"
 KV_SLOTS, MAX_MODEL_LEN, BLOCK_SIZE = 15_700, 2048, 16
@@ -81,8 +81,11 @@ def _run(workload: str, rate: float, system: str, num_requests: int, seed: int, 
         kv_slots = preset.kv_slots if kv_slots is None else kv_slots
         max_model_len = preset.max_model_len if max_model_len is None else max_model_len
     requests = make_workload(workload, num_requests, seed, max_model_len, rate)
+    overrides = dict(FIGURE_12_SYSTEMS[system])
+    if "max_num_batched_tokens" in overrides:  # the paper's 2,560 is 512 above its longest request: so for longer ones
+        overrides["max_num_batched_tokens"] = max(overrides["max_num_batched_tokens"], max_model_len + 512)
     return simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_model_len=max_model_len,
-                    cost_model=setup, **FIGURE_12_SYSTEMS[system])
+                    cost_model=setup, **overrides)
 
 
 def _latency_row(workload: str, system: str, rate: float, res) -> dict:
@@ -293,7 +296,10 @@ def figure_13(num_requests: int = 1000, seed: int = 0, progress: bool = False, s
 
 def figure_2(num_requests: int = 1000, seed: int = 0, rate: float = FIGURE_2_RATE, progress: bool = False,
              setup: str = SETUP) -> list[dict]:
-    """The KV memory breakdown on ShareGPT at ``rate`` req/s, averaged over the run's steps."""
+    """The KV memory breakdown on ShareGPT at ``rate`` req/s, averaged over the run's steps: each
+    category's share of the pool (``fragmentation``, with free memory) and token states' share of
+    the memory in use (``token_state_share_of_in_use``, the paper's measure). Every system runs
+    the paper's scheduler (``engine.experiments.paper_data.PAPER_SCHEDULER``)."""
     _check_rates([rate])
     rows = []
     for system in tqdm(PAPER_SYSTEMS, disable=not progress, unit="run", desc="figure 2"):
@@ -301,7 +307,7 @@ def figure_2(num_requests: int = 1000, seed: int = 0, rate: float = FIGURE_2_RAT
         rows.append({
             "workload": "sharegpt", "system": system, "request_rate": rate,
             "token_state_fraction": res.token_state_fraction, "fragmentation": res.fragmentation,
-            "token_share_of_allocated": res.token_state_fraction / (1 - res.fragmentation["free"] - res.fragmentation["external_fragmentation"]),
+            "token_state_share_of_in_use": res.token_state_share_of_in_use,
             "mean_concurrent_requests": res.mean_concurrent_requests,
             "paper_token_state_fraction": PAPER_TOKEN_STATES[system], "paper_fragmentation": PAPER_FRAGMENTATION[system],
         })
@@ -342,7 +348,7 @@ PAPER_SHARING = {
 
 def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] = (2, 4, 6), progress: bool = False) -> list[dict]:
     """The paper's sharing experiment (§6.3, Figure 15) in the paper's set-up (OPT-13B on one
-    A100-40GB: 15.7K slots, block size 16): memory saved by sharing for parallel sampling
+    A100-40GB: 15.7K slots, block size 16, the paper's scheduler ``PAPER_SCHEDULER``): memory saved by sharing for parallel sampling
     (``n``) and beam search (``beam_width``) on Alpaca and ShareGPT, all requests at once.
 
     Returns:
@@ -351,20 +357,21 @@ def figure_15(num_requests: int = 1000, seed: int = 0, widths: tuple[int, ...] =
         the paper gives no number for that k).
     """
     rows = []
-    for workload in ("alpaca", "sharegpt"):
-        requests = make_workload(workload, num_requests, seed, 2048)
-        for mode in ("parallel", "beam"):
-            for k in widths:
-                sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
-                res = simulate(requests=requests, seed=seed, progress=progress, **sharing)
-                rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
-                                 preemptions=res.preemptions, wall_seconds=res.wall_seconds,
-                                 paper=PAPER_SHARING[(workload, mode)].get(k)))
+    workloads = ("alpaca", "sharegpt")
+    with tqdm(total=len(workloads) * 2 * len(widths), disable=not progress, unit="run", desc="figure 15") as bar:
+        for workload in workloads:
+            requests = make_workload(workload, num_requests, seed, 2048)
+            for mode in ("parallel", "beam"):
+                for k in widths:
+                    sharing = {"n": k} if mode == "parallel" else {"beam_width": k}
+                    res = simulate(requests=requests, seed=seed, **PAPER_SCHEDULER, **sharing)
+                    rows.append(dict(workload=workload, mode=mode, k=k, memory_saved_by_sharing=res.memory_saved_by_sharing,
+                                     preemptions=res.preemptions, wall_seconds=res.wall_seconds,
+                                     paper=PAPER_SHARING[(workload, mode)].get(k)))
+                    bar.update(1)
     return rows
 
 
-# Figure 16 (§6.4): LLaMA-13B translating WMT16 En-De with a shared few-shot prefix; vLLM's
-# throughput over Orca (Oracle) at the same latency.
 FIGURE16_RATES = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)  # req/s, for the throughput side
 
 
@@ -396,17 +403,22 @@ def reproduce_figure16(
         rate, a lower bound), and on the vLLM rows ``batch_ratio_over_orca_oracle``,
         ``throughput_ratio_over_orca_oracle`` and ``paper_throughput_ratio``.
     """
+    from engine.experiments.figures import sustainable_rate  # it imports this module
+
     rows = []
+    bar = tqdm(total=len(PAPER_PREFIX_SPEEDUP) * 2 * (1 + len(rates)), disable=not progress, unit="run", desc="figure 16")
     for name, (prefix, paper_ratio) in PAPER_PREFIX_SPEEDUP.items():
         requests = make_workload("translation", num_requests, seed, 2048 - prefix)
         by_system = {}
         for system in ("Orca (Oracle)", "vLLM"):
             res = simulate(requests=requests, kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs,
-                           shared_prefix=prefix, progress=progress, **PAPER_SYSTEMS[system])
+                           shared_prefix=prefix, **PAPER_SYSTEMS[system])
+            bar.update(1)
             shares, concurrency = res.saturated()
             latencies = [simulate(requests=make_workload("translation", throughput_requests, seed, 2048 - prefix, request_rate=rate),
                                   kv_slots=kv_slots, block_size=block_size, max_num_seqs=max_num_seqs, shared_prefix=prefix,
                                   cost_model="a100-opt-13b-achieved", **PAPER_SYSTEMS[system]).normalized_latency_s for rate in rates]
+            bar.update(len(rates))
             rate, reached = sustainable_rate(list(rates), latencies)
             by_system[system] = row = {
                 "prefix": name, "prefix_tokens": prefix, "system": system, "mean_concurrent_requests": concurrency,
@@ -418,6 +430,7 @@ def reproduce_figure16(
         by_system["vLLM"]["batch_ratio_over_orca_oracle"] = by_system["vLLM"]["mean_concurrent_requests"] / orca
         by_system["vLLM"]["throughput_ratio_over_orca_oracle"] = by_system["vLLM"]["sustainable_rate"] / by_system["Orca (Oracle)"]["sustainable_rate"]
         by_system["vLLM"]["paper_throughput_ratio"] = paper_ratio
+    bar.close()
     return rows
 
 
@@ -484,9 +497,10 @@ def _format_2(rows) -> str:
         lines.append(f"{r['system']:<14} {r['token_state_fraction']:>6.1%} ({r['paper_token_state_fraction']:.1%}) "
                      f"{cell('reserved', f['reserved']):>14} {cell('internal_fragmentation', f['internal_fragmentation']):>14} "
                      f"{cell('external_fragmentation', f['external_fragmentation'] + f['free']):>16}")
-    vllm = next(r for r in rows if r["system"] == "vLLM")
-    lines.append(f"vLLM's pool is not full at this rate (free memory is no waste): token states are "
-                 f"{vllm['token_share_of_allocated']:.1%} of the memory it allocated (paper: 96.3%)")
+    lines.append("token states, share of the memory in use (the pool less its free part; the paper's measure):")
+    for r in rows:
+        lines.append(f"{r['system']:<14} {r['token_state_share_of_in_use']:>6.1%} ({r['paper_token_state_fraction']:.1%})")
+    lines.append("free memory is not in use, not waste: the pool is not full at this rate")
     return "\n".join(lines)
 
 

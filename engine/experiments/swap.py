@@ -19,7 +19,10 @@ fewest blocks idle while requests wait, at saturation (3,000 requests at once, a
 
 from __future__ import annotations
 
+from tqdm import tqdm
+
 from engine.sim.cost_model import OPT_13B, get_setup
+from engine.experiments.paper_data import PAPER_SCHEDULER
 from engine.sim.simulator import simulate
 from engine.sim.workloads import make_workload
 
@@ -27,9 +30,10 @@ SETUP = "a100-opt-13b-achieved"  # OPT-13B (OPT_13B: its KV bytes per token) on 
 BLOCK_SIZES_A = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BLOCK_SIZES_B = (8, 16, 32, 64, 128, 256)
 FIGURE19_RATE = 2.0  # req/s on ShareGPT: near vLLM's knee on OPT-13B (Figure 12a), where preemptions happen
+# Whole prompts run the paper's scheduler (engine.experiments.paper_data.PAPER_SCHEDULER), chunked prefill v1's.
 POLICIES = {
-    "recompute": {},
-    "swap": dict(preemption_mode="swap"),
+    "recompute": dict(PAPER_SCHEDULER),
+    "swap": dict(preemption_mode="swap", **PAPER_SCHEDULER),
     "chunked prefill (recompute)": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048),
     "chunked prefill + swap": dict(enable_chunked_prefill=True, max_num_batched_tokens=2048, preemption_mode="swap"),
 }
@@ -51,11 +55,13 @@ def figure_19(num_requests: int = 1000, seed: int = 0, progress: bool = False, r
     setup = get_setup(SETUP)
     model = setup.cost_model
     requests = make_workload("sharegpt", num_requests, seed, setup.max_model_len, request_rate=request_rate)
-    common = dict(kv_slots=setup.kv_slots, max_model_len=setup.max_model_len, cost_model=model, progress=progress)
+    common = dict(kv_slots=setup.kv_slots, max_model_len=setup.max_model_len, cost_model=model, **PAPER_SCHEDULER)
     rows_b, per_preemption = [], None
+    bar = tqdm(total=2 * len(BLOCK_SIZES_B), disable=not progress, unit="run", desc="figure 19b")
     for block_size in BLOCK_SIZES_B:
         for mode in ("recompute", "swap"):
             res = simulate(requests=requests, block_size=block_size, preemption_mode=mode, **common)
+            bar.update(1)
             blocks = res.blocks_swapped_out + res.blocks_swapped_in
             rows_b.append({
                 "block_size": block_size, "mode": mode, "normalized_latency_s": res.normalized_latency_s,
@@ -65,6 +71,7 @@ def figure_19(num_requests: int = 1000, seed: int = 0, progress: bool = False, r
             })
             if block_size == 16 and mode == "recompute" and res.preemptions:
                 per_preemption = round(res.tokens_recomputed / res.preemptions)
+    bar.close()
     tokens = per_preemption or 512
     rows_a = []
     for block_size in BLOCK_SIZES_A:
@@ -80,13 +87,16 @@ def token_states_by_policy(num_requests: int = 3000, seed: int = 0, progress: bo
     """The paged pool's token-state share while requests wait, in the paper's memory set-up (15.7K
     slots, block 16, all requests at once; ``engine.experiments.memory.reproduce_paper``'s), per policy."""
     rows = []
+    bar = tqdm(total=2 * len(POLICIES), disable=not progress, unit="run", desc="token states by policy")
     for workload in ("sharegpt", "alpaca"):
         requests = make_workload(workload, num_requests, seed, 2048)
         for policy, overrides in POLICIES.items():
-            res = simulate(requests=requests, kv_slots=15_700, block_size=16, max_model_len=2048, progress=progress, **overrides)
+            res = simulate(requests=requests, kv_slots=15_700, block_size=16, max_model_len=2048, **overrides)
+            bar.update(1)
             shares, _ = res.saturated()
             rows.append({"workload": workload, "policy": policy, "token_state_fraction": shares["token_states"],
                          "preemptions": res.preemptions, "swap_outs": res.swap_outs, "tokens_recomputed": res.tokens_recomputed})
+    bar.close()
     return rows
 
 

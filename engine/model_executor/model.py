@@ -209,16 +209,19 @@ class Attention(nn.Module):
         plan = {} if meta.plan is None else {"plan": meta.plan}
         meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping, **plan)
         p = meta.num_prefill_tokens
+        if not 0 <= p <= n or n == 0:
+            raise ValueError(f"a batch of {n} query tokens with {p} prefill tokens: the scheduler gave the model nothing to compute")
+        parts = []  # the prefill tokens' attention, then the decode tokens'
         if p > 0:
-            prefill_out = meta.backend.prefill(
+            parts.append(meta.backend.prefill(
                 q[:p], key_cache, value_cache, meta.prefill_block_tables,
                 meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale,
-            )
+            ))
         if p < n:
-            decode_out = meta.backend.decode(
+            parts.append(meta.backend.decode(
                 q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan
-            )
-        out = prefill_out if p == n else decode_out if p == 0 else torch.cat((prefill_out, decode_out))
+            ))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.view(n, self.num_heads * self.head_dim))
 
 

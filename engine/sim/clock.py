@@ -86,11 +86,15 @@ class SimClock:
         return StepShape(len(prefills), sum(q for q, _ in prefills), sum(q * c - q * (q - 1) // 2 for q, c in prefills),
                          len(contexts), sum(contexts), blocks, swap_blocks, swap_blocks * self.kv.block_size)
 
-    def lockstep_shape(self, out: SchedulerOutput, sums: dict[str, int], running: int) -> StepShape:
+    def lockstep_shape(self, out: SchedulerOutput, sums: dict[str, int], running: int, decoded: bool = True) -> StepShape:
         """The same shape in lock-step mode, from the step's memory categories: the decodes'
-        contexts are the token states after the step less the prefilled prompts."""
+        contexts are the token states after the step less the prefilled prompts. ``decoded``
+        False: a prefill-only step (vLLM v0's scheduler), its prompts' blocks alone."""
         prompts = [s.num_tokens for s in out.prefill_seqs]
         prefill_tokens = sum(prompts)
+        if not decoded:
+            blocks = sum(-(-n // self.block_size) for n in prompts) if self.block_size else 0
+            return StepShape(len(prompts), prefill_tokens, sum(n * (n + 1) // 2 for n in prompts), 0, 0, blocks)
         return StepShape(len(prompts), prefill_tokens, sum(n * (n + 1) // 2 for n in prompts), running - len(prompts),
                          sums["token_states"] - prefill_tokens, self._blocks(sums))
 

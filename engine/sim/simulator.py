@@ -44,13 +44,13 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 from tqdm import tqdm
 
-from engine.core.accounting import CATEGORIES
+from engine.core.accounting import CATEGORIES, in_use_shares
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.block_manager import PagedBlockManager
 from engine.baselines.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.core.scheduler import PREEMPTION_MODES, Scheduler, SchedulerOutput
+from engine.core.scheduler import PREEMPTION_MODES, SCHEDULE_FIRST, Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim.clock import SimClock, resolve_cost_model
 from engine.baselines.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
 from engine.core.sequence import Sequence, SequenceGroup
@@ -107,6 +107,11 @@ class SimulationConfig:
             as ``kv_slots``.
         enable_chunked_prefill: prompts are cut to fit ``max_num_batched_tokens`` (default 512 then,
             vLLM v0's), decodes first.
+        schedule_first: which part of a step the scheduler fills first (``engine/core/scheduler.py``):
+            "prefills" (vLLM v0's default from 0.2 on: waiting prompts first with the whole token
+            budget; a step that admits any runs no decodes) or "decodes" (vLLM v1's, and the paper
+            prototype's: running decodes first, prompts get the budget left). None (default) = "prefills" with
+            whole prompts, "decodes" with chunked prefill; :attr:`scheduler_rule` gives the one used.
         shared_prefix: tokens of a prefix every prompt begins with (a system prompt, few-shot
             examples; paper §4.4 and §6.4), before the workload's own prompt lengths; 0 = none. The
             simulator then carries token ids for the prompts: the prefix has the same ids in every
@@ -142,8 +147,18 @@ class SimulationConfig:
     preemption_mode: str = "recompute"
     swap_slots: int | None = None
     enable_chunked_prefill: bool = False
+    schedule_first: str | None = None
+
+    @property
+    def scheduler_rule(self) -> str:
+        """The ``schedule_first`` rule this run uses ("prefills" or "decodes"), None resolved."""
+        if self.schedule_first is not None:
+            return self.schedule_first
+        return "decodes" if self.enable_chunked_prefill else "prefills"
 
     def __post_init__(self) -> None:
+        if self.schedule_first is not None:
+            check_schedule_first(self.schedule_first, self.enable_chunked_prefill)
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {self.preemption_mode!r}")
         if self.preemption_mode == "swap" and self.allocator != "paged":
@@ -260,6 +275,12 @@ class SimulationResult:
         shares = {c: float((self.series_memory[c][mask] * weights).sum() / (total * capacity)) for c in CATEGORIES}
         return shares, float((self.series_running[mask] * weights).sum() / total)
 
+    @property
+    def token_state_share_of_in_use(self) -> float:
+        """Token states as a share of the memory in use (all steps; the pool less its free slots,
+        ``engine.core.accounting.in_use_shares``): the measure of the paper's Figure 2."""
+        return in_use_shares(self.fragmentation)["token_states"]
+
     def mean_running_until(self, seconds: float) -> float:
         """Mean running requests per step over the steps that end by ``seconds`` (e.g. the last
         arrival: the load the arrivals sustain, without the final drain of a finite trace)."""
@@ -274,7 +295,8 @@ class SimulationResult:
         config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
         if isinstance(config["cost_model"], CostModel):
             config["cost_model"] = config["cost_model"].name
-        keys = ("token_state_fraction", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
+        config["scheduler_rule"] = self.config.scheduler_rule  # schedule_first with None resolved
+        keys = ("token_state_fraction", "token_state_share_of_in_use", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
                 "memory_saved_by_sharing", "swap_outs", "swap_ins", "blocks_swapped_out", "blocks_swapped_in",
                 "swap_fallbacks", "tokens_recomputed", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
@@ -340,7 +362,10 @@ class LockstepScheduler(Scheduler):
     def start_lockstep(self) -> None:
         """Switch to lock-step mode (for good); call it before anything has run."""
         assert not self.running, "lock-step mode starts with nothing running"
-        self.clock = 0  # steps done
+        # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
+        # where it is, since no running request grew; its admissions are dated one step earlier.
+        self.clock = 0  # decode steps done
+        self.admit_clock = 0  # the clock admissions are dated from (prefilled in step admit_clock + 1)
         self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
         self.offset_sum = 0
         self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
@@ -352,11 +377,22 @@ class LockstepScheduler(Scheduler):
         """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
         every request in ``running`` that was not admitted this step decoded one token."""
         out = SchedulerOutput()
+        if self.schedule_first == "prefills":
+            self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
+            self._schedule_prefills(out, self.max_num_batched_tokens)
+            self.admit_clock = self.clock
+            if out.prefill_seqs:
+                return out  # vLLM v0: a prefill step; the running requests decode in the next one
         self._lockstep_decodes(out)
-        if not out.preempted:
+        if not out.preempted and self.schedule_first == "decodes":
             self._schedule_prefills(out, self.max_num_batched_tokens - len(self.running))
         self.clock += 1
+        self.admit_clock = self.clock
         return out
+
+    def last_step_decoded(self, out: SchedulerOutput) -> bool:
+        """Did the running requests decode in the step :meth:`lockstep_step` returned ``out`` for?"""
+        return not (self.schedule_first == "prefills" and out.prefill_seqs)
 
     def steps_until_event(self, limit: int) -> int:
         """How many of the next steps (at most ``limit``) are pure decode: no admission, no
@@ -377,6 +413,7 @@ class LockstepScheduler(Scheduler):
         (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
         sums = self.kv.lockstep_decode(self.clock, k, self.lockstep_token_state_steps(k), next_waiting)
         self.clock += k
+        self.admit_clock = self.clock
         return sums
 
     def lockstep_token_state_steps(self, k: int) -> int:
@@ -418,9 +455,9 @@ class LockstepScheduler(Scheduler):
                     break
 
     def _lockstep_admit(self, seq: Sequence) -> None:
-        # Prefilled in step clock + 1: num_tokens + 1 tokens at clock + 1.
-        self.kv.lockstep_admit(seq, self.clock)
-        offset = seq.num_tokens - self.clock
+        # Prefilled in step admit_clock + 1: num_tokens + 1 tokens at admit_clock + 1.
+        self.kv.lockstep_admit(seq, self.admit_clock)
+        offset = seq.num_tokens - self.admit_clock
         self.offsets[seq] = offset
         self.offset_sum += offset
         self.admissions += 1
@@ -480,9 +517,10 @@ class _Run:
             static = StaticLockstepScheduler if self.lockstep else StaticBatchScheduler
             self.sched = static(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
         elif self.lockstep:
-            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched)
+            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched, schedule_first=cfg.scheduler_rule)
         else:
-            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill)
+            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill,
+                                   cfg.scheduler_rule)
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
@@ -628,7 +666,8 @@ class _Run:
             self._count_preemptions(out)
             self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         sums = self.sched.lockstep_usage(self._next_waiting())
-        self.clock.run_step(self.clock.lockstep_shape(out, sums, len(self.sched.running)), out.prefill_seqs)
+        shape = self.clock.lockstep_shape(out, sums, len(self.sched.running), self.sched.last_step_decoded(out))
+        self.clock.run_step(shape, out.prefill_seqs)
         self._record(1, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
 
@@ -765,6 +804,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
         shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
+        schedule_first=args.schedule_first,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -775,39 +815,47 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     for key, value in summary.items():
         if key == "fragmentation":
             value = ", ".join(f"{c} {v:.1%}" for c, v in value.items())
-        print(f"{key:>26}: {value}")
+        print(f"{key:>28}: {value}")
 
 
 def register_cli(subparsers) -> None:
     """Add the ``simulate`` subcommand to an argparse subparsers object (``reproduce-paper``: engine/experiments/cli.py)."""
     p = subparsers.add_parser("simulate", help="simulate serving a workload on the scheduler and KV allocator alone")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt")
-    p.add_argument("--num-requests", type=int, default=1000)
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt",
+                   help="the requests' length distribution (engine/sim/workloads.py; default: sharegpt)")
+    p.add_argument("--num-requests", type=int, default=1000, help="requests drawn from the workload (default: 1000)")
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
     p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
     p.add_argument("--kv-slots", type=int, default=None,
                    help="token slots in the KV pool (default: the --cost-model preset's, else 15,700)")
-    p.add_argument("--kv-bytes", type=int, default=None, help="KV pool in bytes (with the model dimensions below)")
-    p.add_argument("--num-layers", type=int, default=40)
-    p.add_argument("--num-kv-heads", type=int, default=40)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype-bytes", type=int, default=2)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-bytes", type=int, default=None,
+                   help="KV pool in bytes instead of --kv-slots, turned into slots with the four model dimensions below")
+    p.add_argument("--num-layers", type=int, default=40, help="model dimension for --kv-bytes/--swap-space: layers (default: OPT-13B's 40)")
+    p.add_argument("--num-kv-heads", type=int, default=40, help="model dimension: K/V heads per layer (default: OPT-13B's 40)")
+    p.add_argument("--head-dim", type=int, default=128, help="model dimension: size of one head (default: OPT-13B's 128)")
+    p.add_argument("--dtype-bytes", type=int, default=2, help="model dimension: bytes per K/V element (default: 2, fp16)")
+    p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: vLLM's 16)")
     p.add_argument("--watermark", type=float, default=0.01,
                    help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")
-    p.add_argument("--allocator", choices=ALLOCATORS, default="paged")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="paged",
+                   help="paged = PagedAttention's blocks; contiguous = one reserved range per request (the paper's Orca)")
     p.add_argument("--reservation", choices=RESERVATIONS, default="max",
-                   help="contiguous: Orca Max / Pow2 (prompt + output rounded to a power of two) / Oracle; pow2-total rounds prompt + output")
+                   help="contiguous: the range reserved per request (engine/baselines/contiguous.py). max = --max-model-len slots "
+                        "(Orca (Max)); pow2 = the prompt, plus its output length rounded up to a power of two (Orca (Pow2)); "
+                        "pow2-total = the whole length, prompt and output together, rounded up to a power of two (the lab's "
+                        "variant: it over-reserves the prompt too); oracle = exactly prompt + output (Orca (Oracle))")
     p.add_argument("--placement", choices=PLACEMENTS, default="first-fit",
                    help="contiguous: where a range goes; buddy = power-of-two chunks (the paper's Orca)")
     p.add_argument("--policy", choices=POLICIES, default="continuous",
                    help="static = a batch runs until its longest request finishes (FasterTransformer)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running in one step (default: vLLM's 256)")
+    p.add_argument("--max-model-len", type=int, default=2048,
+                   help="longest request, prompt + output tokens: workload lengths are capped to it, longer trace requests "
+                        "rejected (default: 2048)")
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated duration of one step, ms (without --cost-model)")
     p.add_argument("--cost-model", choices=SETUPS, default=None,
                    help="time each step with this step-time preset (engine/sim/cost_model.py); this-machine needs `calibrate`")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the workload's lengths and arrivals (default: 0)")
     p.add_argument("--no-fast-forward", action="store_true", help="step one by one (slow; same results)")
     p.add_argument("--n", type=int, default=1,
                    help="parallel sampling: sequences per request, sharing the prompt's blocks (runs step by step)")
@@ -821,6 +869,11 @@ def register_cli(subparsers) -> None:
                    help="CPU swap space in GiB, with the model dimensions above (default: as large as the KV pool)")
     p.add_argument("--enable-chunked-prefill", action="store_true",
                    help="cut prompts to fit --max-num-batched-tokens, decodes first (runs step by step)")
+    p.add_argument("--schedule-first", choices=SCHEDULE_FIRST, default=None,
+help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first with the whole token budget, "
+                        "a step that admits any runs no decodes; decodes = vLLM v1's (and the paper prototype's): running "
+                        "decodes first, prompts get the budget left (default: prefills with whole prompts, decodes with "
+                        "--enable-chunked-prefill; reproduce-paper runs decodes with a 2,560-token budget, vLLM 0.1's)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
