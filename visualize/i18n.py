@@ -80,7 +80,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "sample_off_greedy": ("Off: greedy, the most likely token at every step.", "关：贪心，每步取概率最大的 token。"),
     "beam_no_temperature": (
         "Beam search keeps the beams of highest cumulative log-probability: it samples nothing, so no temperature.",
-        "束搜索保留累计对数概率最高的束：它不做随机采样，所以没有温度。",
+        "束搜索保留累积对数概率最高的束：它不做随机采样，所以没有温度。",
     ),
     "sample_toggle_help": (
         "Off: each request takes its most likely token (greedy), so a demo gives the same text every run. "
@@ -276,6 +276,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "finish_length": ("length", "达到长度上限"),
     "finish_abort": ("abort", "已中止"),
     "finish_pruned": ("pruned", "被剪枝"),
+    "finish_error": ("error", "出错"),
     "status_preempted": ("preempted", "被抢占"),
     "status_swapped": ("swapped out to the CPU", "已换出到 CPU"),
     "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
@@ -674,7 +675,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
     "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
-    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "“Upload” 与 “1MB per file • JSON” 是 Streamlit 自带的英文：上传按钮；每个文件不超过 1 MB，JSON 格式。"),
+    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 1 MB，只收 JSON 格式。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     # lesson 3, section 4 (why memory is throughput) and its exercise's new part
