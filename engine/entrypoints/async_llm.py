@@ -201,6 +201,18 @@ class AsyncLLM:
                                              state.num_generation_tokens, state.client)
         self._wake.set()
 
+    async def drain(self, timeout_s: float) -> int:
+        """Take no new request, give the running ones up to ``timeout_s`` seconds to finish, then
+        abort the rest (their streams end with an abort); returns how many were aborted."""
+        self._stopping = True
+        deadline = time.monotonic() + timeout_s
+        while self._states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self._states)
+        for request_id in left:
+            self.abort(request_id)
+        return len(left)
+
     async def shutdown(self) -> dict:
         """Abort every request still running, step once so that the engine frees and reports them,
         stop the loop and the worker thread.

@@ -125,9 +125,9 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
         yield
         summary = await llm.shutdown()
         app.state.shutdown_summary = summary
-        print(f"engine stopped: {summary['finished']} requests completed, {summary['aborted']} aborted "
-              f"({summary['aborted_at_shutdown']} of them at shutdown); KV pool: {summary['num_free_blocks']} of "
-              f"{summary['num_blocks']} blocks free", file=sys.stderr, flush=True)
+        late = f" ({summary['aborted_at_shutdown']} of them as the engine stopped)" if summary["aborted_at_shutdown"] else ""
+        print(f"engine stopped: {summary['finished']} requests completed, {summary['aborted']} aborted{late}; KV pool: "
+              f"{summary['num_free_blocks']} of {summary['num_blocks']} blocks free", file=sys.stderr, flush=True)
 
     app = FastAPI(title="PagedAttention Lab engine", lifespan=lifespan)
     app.state.llm, app.state.metrics, app.state.settings, app.state.limits = llm, metrics, settings, limits
@@ -244,17 +244,25 @@ async def _read_json(raw: Request, limit: int):
         raise APIError(400, f"the request body is not valid JSON: {error}", "body") from None
 
 
+def bind_warning(host: str, has_api_keys: bool) -> str | None:
+    """The warning printed when ``host`` exposes the server beyond this machine (None for loopback)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return None
+    return (f"warning: binding {host} exposes the server beyond this machine"
+            + ("" if has_api_keys else " with no API key: anyone who can reach it can use it (see --api-key)"))
+
+
 def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
                shutdown_timeout_s: float = 30.0, log_level: str = "info") -> None:
-    """Serve until SIGINT or SIGTERM. Then no new connection is taken, the requests that run are
-    given ``shutdown_timeout_s`` seconds to finish, those still running are aborted (their blocks
-    freed), and the engine's summary is printed."""
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: binding {host} exposes the server beyond this machine"
-              + ("" if settings.api_keys else " with no API key (anyone who can reach it can use it; see --api-key)"),
-              file=sys.stderr, flush=True)
+    """Serve until SIGINT or SIGTERM. Then no new request is taken (503), the requests that run get
+    ``shutdown_timeout_s`` seconds to finish, those still running are aborted (their streams end
+    with an error event, their blocks are freed), and the engine's summary is printed."""
+    warning = bind_warning(host, bool(settings.api_keys))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     app = create_app(engine, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s)
+    # uvicorn's own grace period is a backstop: the drain below ends every request before it.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)
     print(f"serving '{settings.served_model_name or engine.model_name}' on http://{host}:{port} "
           f"(OpenAI API at /v1, metrics at /metrics)", file=sys.stderr, flush=True)
@@ -262,14 +270,26 @@ def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, saying on a stop signal what happens to the requests that run."""
+    """uvicorn's server; on a stop signal it drains the engine: running requests get the shutdown
+    timeout to finish, then are aborted, and it says so."""
 
     def __init__(self, config, llm: AsyncLLM, shutdown_timeout_s: float):
         super().__init__(config)
         self.llm, self.shutdown_timeout_s = llm, shutdown_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     def handle_exit(self, sig, frame) -> None:
-        if not self.should_exit:
+        if not self.should_exit and self._loop is not None:
             print(f"stopping: no new requests; {self.llm.num_requests} running requests get up to "
                   f"{self.shutdown_timeout_s:g} s to finish, then the rest are aborted", file=sys.stderr, flush=True)
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
         super().handle_exit(sig, frame)
+
+    async def _drain(self) -> None:
+        aborted = await self.llm.drain(self.shutdown_timeout_s)
+        print(f"stopping: {'every running request finished' if not aborted else f'{aborted} requests still running were aborted'}",
+              file=sys.stderr, flush=True)
