@@ -118,6 +118,11 @@ def test_openai_client_matches_offline_generate(tiny):
                 texts[choice.index] += choice.text
         assert texts == {c.index: c.text for c in two.choices}, "the same seed streams the same two samples"
 
+        for _ in range(5):  # requests that end in their first step, maybe before their handler reads them
+            assert client.completions.create(model=engine.model_name, prompt=prompt, max_tokens=1, temperature=0).usage.completion_tokens == 1
+            assert len([c for c in client.completions.create(model=engine.model_name, prompt=prompt, max_tokens=1, temperature=0,
+                                                             stream=True) if c.choices]) == 1
+
         models = client.models.list()
         assert [m.id for m in models.data] == [engine.model_name]
         assert httpx.get(f"{base}/health").status_code == 200
@@ -148,6 +153,12 @@ def test_client_that_drops_mid_stream_aborts_its_request(tiny):
         assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0 and m["vllm:kv_cache_usage_perc"] == 0
         assert m["vllm:generation_tokens_total"] < 1000
         assert not engine.requests and all_blocks_free(engine)
+        # A client that gives up on a whole (non-streaming) answer aborts its request too.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base}/v1/completions", json={**body, "stream": False}, timeout=0.5)
+        wait_until(lambda: len(finishes) == 2, what="the second request's end")
+        assert finishes[1] == (1, "abort")
+        wait_until(lambda: not engine.requests and metrics(base)["lab:kv_cache_free_blocks"] == 64, what="every block free")
         # ... and the server serves on.
         again = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=30)
         assert again.status_code == 200

@@ -127,7 +127,8 @@ class AsyncLLM:
         self.stat_logger = stat_logger
         self.step_callbacks: list[Callable[[StepReport], None]] = []  # called on the event loop after each step
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
-        self._states: dict[int, _RequestState] = {}
+        self._states: dict[int, _RequestState] = {}  # requests in the engine
+        self._unclaimed: dict[int, _RequestState] = {}  # added, their stream() not yet started
         self._aborts: list[int] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -167,6 +168,7 @@ class AsyncLLM:
         def add() -> int:
             request_id = self.engine.add_request(prompt_token_ids, params)
             self._states[request_id] = state  # before any step can report it
+            self._unclaimed[request_id] = state  # until stream() takes it, however fast the request ends
             return request_id
 
         request_id = await self._call(add)
@@ -176,7 +178,9 @@ class AsyncLLM:
     async def stream(self, request_id: int) -> AsyncIterator[RequestDelta]:
         """The request's deltas, one per step that gave it text, until its final one
         (``delta.finished``). Leaving early (break, cancellation, a closed client) aborts it."""
-        state = self._states[request_id]
+        state = self._unclaimed.pop(request_id, None)
+        if state is None:
+            raise KeyError(f"request {request_id}: unknown, aborted, or already streamed")
         finished = False
         try:
             while not finished:
