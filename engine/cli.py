@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate and serve from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate, serve and bench-serve from the command line."""
 
 from __future__ import annotations
 
@@ -186,6 +186,9 @@ def _add_serve(sub) -> None:
     from engine.entrypoints.openai.cli_args import register_cli  # adds "serve"
 
     register_cli(sub)
+    from engine.tools.bench_serve import register_cli as register_bench_serve  # adds "bench-serve"
+
+    register_bench_serve(sub)
 
 
 def _add_vllm(sub) -> None:
