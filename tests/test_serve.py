@@ -327,3 +327,35 @@ def test_sigterm_aborts_running_requests_and_frees_every_block(tiny):
     assert "1 running requests get up to 1 s to finish" in err
     assert "1 requests still running were aborted" in err
     assert re.search(r"engine stopped: 0 requests completed, 1 aborted; KV pool: 64 of 64 blocks free", err), err
+
+
+def test_a_failing_request_fails_alone_and_a_failing_step_fails_every_request(tiny):
+    """A request whose own part of a step raises ends in an error (500, or an error event when
+    streaming) while the others complete; a step that raises fails every request in it, and the
+    server serves on with every block free."""
+    engine = LLMEngine(EngineConfig(model=tiny, num_gpu_blocks=64))
+    update_text = engine._update_text
+
+    def fail_request_1(seq):
+        if seq.request_id == 1:
+            raise RuntimeError("detokenizer broke")
+        update_text(seq)
+
+    engine._update_text = fail_request_1
+    body = {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    with serving(engine) as (base, app):
+        assert _post(base, "/v1/completions", body).status_code == 200  # request 0
+        assert "detokenizer broke" in _error(_post(base, "/v1/completions", body), 500, None)  # request 1
+        assert _post(base, "/v1/completions", body).status_code == 200  # request 2
+        engine._update_text = update_text
+
+        execute = engine.runner.execute
+        engine.runner.execute = lambda *args: (_ for _ in ()).throw(RuntimeError("the forward pass broke"))
+        with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=30) as response:
+            events = [line[5:].strip() for line in response.iter_lines() if line.startswith("data:")]
+        assert events[-1] == "[DONE]" and "the forward pass broke" in json.loads(events[-2])["error"]["message"]
+        engine.runner.execute = execute
+        assert _post(base, "/v1/completions", body).status_code == 200
+        m = metrics(base)
+        assert m["vllm:num_requests_running"] == 0 and m["lab:kv_cache_free_blocks"] == 64
+    assert not engine.requests and all_blocks_free(engine)
