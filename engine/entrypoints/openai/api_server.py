@@ -178,24 +178,18 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
         max_tokens = serving.max_tokens(request, len(ids), chat)
         reserved = max_tokens * request.n
         limits.acquire(client, reserved, request.max_tokens_name)
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                limits.release(client, reserved)
-
+        streaming = False
         try:
             request_id = await serving.add(ids, request, max_tokens, client)
             if request.stream:
-                response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage, release)
-                released = None  # the stream releases when it closes
+                response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage,
+                                          on_close=lambda: limits.release(client, reserved))
+                streaming = True  # the stream releases the client's share when it closes
                 return response
             return await serving.complete(raw, request_id, len(ids), request.n, chat)
         finally:
-            if released is False:
-                release()
+            if not streaming:
+                limits.release(client, reserved)
 
     return app
 

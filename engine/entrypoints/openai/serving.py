@@ -179,24 +179,28 @@ class OpenAIServing:
                 yield "data: [DONE]\n\n"
             finally:
                 llm.abort(request_id)  # a no-op once it finished: only a stream left early aborts
-                on_close()
 
-        return _EventStream(events(), media_type="text/event-stream")
+        def close() -> None:
+            llm.abort(request_id)
+            on_close()
+
+        return _EventStream(events(), close, media_type="text/event-stream")
 
 
 class _EventStream(StreamingResponse):
-    """A StreamingResponse that always closes its event generator when the response ends, also when
-    the client went away mid-stream (the generator's ``finally`` then aborts the request at once
-    rather than when the generator is garbage-collected)."""
+    """A StreamingResponse that runs ``on_close`` when the response ends however it ends: sent
+    whole, or cut by a client that went away mid-stream (the request is then aborted at once, not
+    when its event generator is garbage-collected)."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            try:
-                await self.body_iterator.aclose()
-            except RuntimeError:  # still running: its own cancellation runs the finally
-                pass
+            self.on_close()
 
 
 async def _collect(stream: AsyncIterator[RequestDelta], texts: list[str]) -> RequestDelta:
