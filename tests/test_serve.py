@@ -258,7 +258,7 @@ def test_bad_input_and_limits_name_the_field(tiny):
                                         kwargs={"json": {**ok, "max_tokens": 40}, "headers": {"Authorization": "Bearer key-a"}}) for _ in range(2)]
             for t in pending:
                 t.start()
-                time.sleep(0.3)  # admitted one after the other
+            wait_until(lambda: app.state.limits.requests["alice"] == 2, what="alice's two requests in flight")
             over_tokens = _post(base, "/v1/completions", {**ok, "max_tokens": 30}, key="key-a")
             assert "requests in flight" in _error(over_tokens, 429, None) and over_tokens.headers["Retry-After"] == "1"
             gate.set()
@@ -270,13 +270,13 @@ def test_bad_input_and_limits_name_the_field(tiny):
             first = threading.Thread(target=client.post, args=(f"{base}/v1/completions",),
                                      kwargs={"json": {**ok, "max_tokens": 80}, "headers": {"Authorization": "Bearer key-a"}})
             first.start()
-            time.sleep(0.3)
+            wait_until(lambda: app.state.limits.requests["alice"] == 1, what="alice's request in flight")
             too_many = _post(base, "/v1/completions", {**ok, "max_tokens": 30}, key="key-a")
             assert "80 tokens" in _error(too_many, 429, "max_tokens") and too_many.headers["Retry-After"] == "1"
             bob = threading.Thread(target=lambda: bob_result.append(_post(base, "/v1/completions", {**ok, "max_tokens": 30}, key="key-b")))
             bob_result = []
             bob.start()  # another client is not held back by alice's limits
-            time.sleep(0.3)
+            wait_until(lambda: app.state.limits.requests["bob"] == 1, what="bob's request in flight")
             gate2.set()
             first.join(60)
             bob.join(60)
