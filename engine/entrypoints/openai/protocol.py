@@ -78,7 +78,7 @@ class GenerateRequest:
         sampling: the SamplingParams fields, checked (``max_tokens`` and ``n`` apart).
         n: choices (parallel samples, paper §4.4).
         stream: send server-sent events; include_usage: end the stream with a usage chunk.
-        user: the caller's end-user id (kept for logs only).
+        user: the caller's end-user id (OpenAI's field for abuse monitoring): accepted and checked, not used.
         max_tokens_name: the field ``max_tokens`` came from ("max_tokens" or "max_completion_tokens").
     """
 
