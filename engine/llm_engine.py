@@ -132,13 +132,15 @@ class LLMEngine:
         share the prompt's blocks (paper §4.4). Otherwise it is one :class:`~engine.sequence.Sequence`.
 
         Raises:
-            ValueError: a bad prompt, or a request that can never fit: its prompt + 1 token is longer
+            ValueError: a bad field of ``sampling_params`` (named), a stop token id outside the
+                vocabulary, a bad prompt, or a request that can never fit: its prompt + 1 token is longer
                 than max_model_len or larger than the KV pool, or its n samples / beam_width beams
                 could not all reach their length in the pool. Nothing is queued then.
         """
         params = sampling_params or SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise ValueError("sampling_params must be a SamplingParams or a BeamSearchParams")
+        params.verify()  # again: a field may have been changed since construction
         vocab = self.hf_config.vocab_size
         bad = [t for t in getattr(params, "stop_token_ids", []) if not 0 <= t < vocab]
         if bad:

@@ -44,6 +44,15 @@ class SamplingParams:
     n: int = 1
 
     def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """Check every field (again: the engine calls it when a request is added, so a field changed
+        after construction is caught too); normalises ``stop`` and ``stop_token_ids`` to lists.
+
+        Raises:
+            ValueError: naming the first bad field.
+        """
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -117,6 +126,14 @@ class BeamSearchParams:
     temperature: float = 0.0
 
     def __post_init__(self) -> None:
+        self.verify()
+
+    def verify(self) -> None:
+        """Check every field (the engine calls it again when a request is added).
+
+        Raises:
+            ValueError: naming the first bad field.
+        """
         if not _is_int(self.beam_width) or self.beam_width < 1:
             raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:

@@ -157,11 +157,22 @@ def test_the_engine_streams_the_same_text_and_cuts_at_a_stop_string(tiny_llama_d
     while engine.has_unfinished_requests():
         streamed += engine.step().new_text.get(free, "")
     out = engine.get_output(free)
-    assert streamed == out.text == engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert streamed == out.text == complete_text(engine.tokenizer.decode(out.token_ids, skip_special_tokens=True))
     stop = out.text[len(out.text) // 2 :][:3]
     assert stop.strip()
-    cut = engine.add_request("Paged attention", SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop]))
+    # Streamed with the stop buffer: no character of a stop string (cut away) is ever streamed.
+    # A stop at every place in the text; some start inside a token's text, so that streaming all
+    # decoded text at once would have streamed their first characters.
+    starts = [k for k in range(len(out.text) - 2) if out.text[k : k + 3].strip() and out.text.find(out.text[k : k + 3]) == k]
+    bounds = {len(engine.tokenizer.decode(out.token_ids[:n], skip_special_tokens=True)) for n in range(1, len(out.token_ids))}
+    assert any(k < b < k + 3 for k in starts for b in bounds), "some stop string must start inside a step's text"
+    cuts = {engine.add_request("Paged attention", SamplingParams(max_tokens=24, ignore_eos=True, stop=["never seen", out.text[k : k + 3]])): k
+            for k in starts}
+    deltas = {rid: "" for rid in cuts}
     while engine.has_unfinished_requests():
-        engine.step()
-    stopped = engine.get_output(cut)
-    assert stopped.finish_reason == "stop" and stopped.text == out.text[: out.text.find(stop)]
+        report = engine.step()
+        for rid in cuts:
+            deltas[rid] += report.new_text.get(rid, "")
+    for rid, k in cuts.items():
+        stopped = engine.get_output(rid)
+        assert stopped.finish_reason == "stop" and stopped.text == out.text[:k] == deltas[rid]

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from conftest import make_tiny_model
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import BeamSearchParams, EngineConfig, LLM, LLMEngine, SamplingParams
 from engine.bench import format_result
 from engine.model_loader import ModelLoadError
 
@@ -222,6 +222,24 @@ def test_stop_strings_and_sampling_are_honoured(tiny_llama_dir):
         (lambda: SamplingParams(temperature=-1), "temperature"),
         (lambda: SamplingParams(top_p=0), "top_p"),
         (lambda: SamplingParams(top_p=1.5), "top_p"),
+        (lambda: SamplingParams(temperature=float("inf")), "temperature"),
+        (lambda: SamplingParams(temperature=float("nan")), "temperature"),
+        (lambda: SamplingParams(top_k=True), "top_k"),
+        (lambda: SamplingParams(top_k=2.5), "top_k"),
+        (lambda: SamplingParams(stop=[123]), "stop"),
+        (lambda: SamplingParams(stop=[""]), "stop"),
+        (lambda: SamplingParams(stop=123), "stop"),
+        (lambda: SamplingParams(stop_token_ids=5), "stop_token_ids"),
+        (lambda: SamplingParams(stop_token_ids=[-1]), "stop_token_ids"),
+        (lambda: SamplingParams(stop_token_ids=[True]), "stop_token_ids"),
+        (lambda: SamplingParams(ignore_eos="no"), "ignore_eos"),
+        (lambda: SamplingParams(n=True), "n "),
+        (lambda: SamplingParams(max_tokens=2.0), "max_tokens"),
+        (lambda: SamplingParams(seed=-1), "seed"),
+        (lambda: BeamSearchParams(beam_width=2, length_penalty=float("nan")), "length_penalty"),
+        (lambda: BeamSearchParams(beam_width=2, length_penalty=float("inf")), "length_penalty"),
+        (lambda: BeamSearchParams(beam_width=True), "beam_width"),
+        (lambda: BeamSearchParams(beam_width=2, ignore_eos=None), "ignore_eos"),
         (lambda: EngineConfig(block_size=0), "block_size"),
         (lambda: EngineConfig(num_gpu_blocks=-3), "num_gpu_blocks"),
         (lambda: EngineConfig(allocator="buddy"), "allocator"),
@@ -230,6 +248,118 @@ def test_stop_strings_and_sampling_are_honoured(tiny_llama_dir):
 def test_bad_settings_are_refused_clearly(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_none_means_no_stop_strings_or_stop_tokens_as_in_vllm():
+    params = SamplingParams(stop=None, stop_token_ids=None)
+    assert params.stop == [] and params.stop_token_ids == []
+    assert SamplingParams(stop="\n", stop_token_ids=(7,)).stop == ["\n"]
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused_at_add_request(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16))
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        engine.add_request([5, 6], SamplingParams(stop_token_ids=[10**9]))
+    assert not engine.has_unfinished_requests() and not engine.requests
+
+
+def run_until_done(engine: LLMEngine, limit: int = 100) -> list:
+    reports = []
+    while engine.has_unfinished_requests() and len(reports) < limit:
+        reports.append(engine.step())
+    return reports
+
+
+@pytest.mark.parametrize("field, value", [("stop", [123]), ("top_k", "all"), ("temperature", "hot"), ("stop_token_ids", 5)])
+def test_a_request_that_fails_inside_a_step_fails_alone(tiny_llama_dir, field, value):
+    """Fields changed after validation (the dataclass is not frozen) break a request inside the
+    step: it finishes with reason "error" and its error, alone; the others run to their end."""
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=32))
+    good = SamplingParams(max_tokens=4, ignore_eos=True)
+    before = engine.add_request([5, 6, 7], good)
+    bad_params = SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.8, seed=3)
+    bad = engine.add_request([8, 9, 10, 11], bad_params)
+    samples = engine.add_request([4, 5, 6], SamplingParams(max_tokens=4, ignore_eos=True, n=2, temperature=0.8, seed=1))
+    after = engine.add_request([7, 8], good)
+    setattr(bad_params, field, value)
+    with pytest.raises(ValueError, match=field):  # caught when a request is added with them
+        engine.add_request([1, 2], bad_params)
+    reports = run_until_done(engine)
+    assert not engine.has_unfinished_requests()
+    failed = [r for r in reports if bad in r.errors]
+    assert len(failed) == 1 and failed[0].finished[bad] == "error"
+    assert failed[0].errors[bad].startswith(("TypeError", "ValueError", "AttributeError")), failed[0].errors[bad]
+    assert any(e.kind == "finish" and e.request_id == bad and e.detail.startswith("error: ") for e in failed[0].events)
+    out = engine.get_output(bad)
+    assert out.finish_reason == "error" and out.error == failed[0].errors[bad]
+    for rid in (before, samples, after):
+        assert engine.get_output(rid).finish_reason == "length"
+        assert all(len(o.token_ids) == 4 for o in engine.get_output(rid).outputs)
+    assert engine.memory_usage().free == 32 * 4, "the failed request's blocks are back in the pool"
+
+
+def test_a_request_whose_sampling_fails_leaves_the_others_their_seeded_tokens(tiny_llama_dir):
+    """The batched sampling call fails on one row; every other row's token is what it would have been."""
+    def run(with_bad: bool):
+        engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=32))
+        ids = [engine.add_request([5, 6, 7], SamplingParams(max_tokens=5, temperature=0.9, seed=s, ignore_eos=True)) for s in (1, 2)]
+        ids.append(engine.add_request([5, 6, 7], SamplingParams(max_tokens=5, temperature=0.9, seed=3, ignore_eos=True)))
+        if with_bad:
+            bad = SamplingParams(max_tokens=5, temperature=0.9, seed=4)
+            engine.add_request([9, 9, 9], bad)
+            bad.top_p = "most"  # changed after add_request: it breaks inside the step
+        run_until_done(engine)
+        return [engine.get_output(i).token_ids for i in ids]
+
+    assert run(True) == run(False)
+
+
+def test_after_a_failure_and_an_abort_the_engine_serves_on(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=32))
+    bad_params = SamplingParams(max_tokens=6, ignore_eos=True)
+    bad = engine.add_request([5, 6, 7], bad_params)
+    bad_params.stop = [123]
+    slow = engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=12, ignore_eos=True))
+    first = engine.step()
+    assert first.finished == {bad: "error"} and "TypeError" in first.errors[bad]
+    engine.step()
+    engine.abort_request(slow)
+    assert engine.get_output(slow).finish_reason == "abort"
+    again = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+    run_until_done(engine)
+    assert len(engine.get_output(again).token_ids) == 3 and engine.memory_usage().free == 32 * 4
+
+
+def test_finished_requests_are_released_once_their_outputs_are_taken(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
+    ids = [engine.add_request([5 + i, 6, 7], params) for i, params in enumerate([
+        SamplingParams(max_tokens=3, ignore_eos=True), SamplingParams(max_tokens=4, ignore_eos=True, stop=["zz"]),
+        SamplingParams(max_tokens=3, n=3, temperature=0.7, seed=2, ignore_eos=True),
+        BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True)])]
+    ids.append(engine.add_request([1, 2, 3], SamplingParams(max_tokens=9)))
+    engine.step()
+    engine.abort_request(ids[-1])
+    run_until_done(engine)
+    texts = [engine.get_output(i).text for i in ids]
+    assert not engine.generators, "finished sequences keep no random generator"
+    outputs = [engine.take_output(i) for i in ids]
+    assert [o.text for o in outputs] == texts
+    assert engine.requests == {} and engine.generators == {} and engine.errors == {}
+    assert engine.detokenizer.texts == {} and engine.detokenizer.emitted == {} and engine.detokenizer._stable == {}
+    assert engine.kv.num_cached_blocks == {}
+    with pytest.raises(KeyError, match="already taken"):
+        engine.take_output(ids[0])
+    running = engine.add_request([5, 6], SamplingParams(max_tokens=3))
+    with pytest.raises(ValueError, match="not finished"):
+        engine.take_output(running)
+
+
+def test_llm_generate_leaves_nothing_behind_in_its_engine(tiny_llama_dir):
+    llm = LLM(model=str(tiny_llama_dir), num_gpu_blocks=64)
+    for _ in range(3):
+        outs = llm.generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=3, ignore_eos=True))
+        assert [len(o.token_ids) for o in outs] == [3, 3]
+    assert llm.engine.requests == {} and llm.engine.generators == {} and llm.engine.texts == {}
 
 
 def test_bad_requests_leave_the_engine_usable(tiny_llama_dir):
@@ -335,20 +465,29 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
 
 def test_a_failed_step_loses_no_request_and_leaves_the_engine_usable(tiny_llama_dir):
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=16))
-    # Real fault, not a stand-in: NaN in the final norm makes every logit NaN, so sampling with a
-    # temperature fails inside step() after the forward pass has written the KV cache.
-    engine.runner.model.model.norm.weight.data.fill_(float("nan"))
+    # Real fault, not a stand-in: a final norm of the wrong size makes the forward pass itself fail,
+    # after the attention layers have written the KV cache.
+    norm = engine.runner.model.model.norm
+    weight = norm.weight.data
+    norm.weight.data = weight[:-1].clone()
     rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.8, seed=1))
     with pytest.raises(RuntimeError):
         engine.step()
     seq = engine.requests[rid]
     assert seq in engine.scheduler.waiting and seq.finish_reason is None, "the request must still be queued"
     assert engine.memory_usage().free == 64 and not seq.block_table, "its blocks must be back in the pool"
-    engine.abort_request(rid)
-    greedy = engine.add_request([5, 6, 7], SamplingParams(max_tokens=2, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
-    assert len(engine.get_output(greedy).token_ids) == 2
+    norm.weight.data = weight
+    run_until_done(engine)
+    assert len(engine.get_output(rid).token_ids) == 3, "it runs once the fault is gone"
+
+
+def test_nan_logits_fail_the_sampling_request_alone(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=16))
+    engine.runner.model.model.norm.weight.data.fill_(float("nan"))  # every logit NaN
+    rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.8, seed=1))
+    report = engine.step()
+    assert report.finished == {rid: "error"} and "RuntimeError" in report.errors[rid]
+    assert engine.memory_usage().free == 64 and not engine.has_unfinished_requests()
 
 
 def test_triton_backend_works_after_torch_imported_triton(tiny_llama_dir):
