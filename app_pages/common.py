@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import io
+import re
 
 import matplotlib
 
@@ -12,6 +14,26 @@ import streamlit as st
 
 from app_pages.state import clean_workload, preset_workload, session_engine
 from visualize.i18n import t
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=^])")
+_MARKDOWN_INLINE = re.compile(r"([\\`*_\[\]()!|~$:])")  # inline constructs: links, images, emphasis, code, :directives:
+
+
+def plain(text) -> str:
+    """``text`` (from a file, a model or an error message) shown as itself by st.markdown, st.caption,
+    st.info, st.error...: every character Markdown (or Streamlit's ``:color[...]`` and ``:icon:``) would
+    act on is backslash-escaped, so a link, an image (fetched from its server), a ``javascript:`` URL or
+    HTML in it shows as the characters it is, and newlines as spaces."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def html_text(text) -> str:
+    """``text`` inside the app's own HTML (``unsafe_allow_html``): HTML-escaped, and every character that
+    Markdown acts on as a character reference (shown the same), so that nothing in it is Markdown even
+    where a blank line in it would end the HTML block."""
+    escaped = _MARKDOWN_INLINE.sub(lambda m: f"&#{ord(m.group(1))};", html.escape(str(text), quote=True))
+    return escaped.replace("\r", "&#13;").replace("\n", "&#10;")
 
 
 def progress_bar(lang: str, model: str):
@@ -41,9 +63,9 @@ def current_engine(lang: str, force: bool = False):
     bar.empty()
     for row, error in errors:
         if row == "engine":
-            st.error(t("error_engine", lang, error=error))
+            st.error(t("error_engine", lang, error=plain(error)))
         else:
-            st.warning(t("error_request", lang, row=row, error=error))
+            st.warning(t("error_request", lang, row=row, error=plain(error)))
     return llm
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages import swap_panel
-from app_pages.common import category_help, current_engine, png_download
+from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
@@ -189,8 +189,8 @@ def live_view() -> None:
 
 
 def saved_run_view(run, lang: str) -> None:
-    st.info(t("saved_run_banner", lang, name=st.session_state.get("loaded_run_name", "run.json"), steps=len(run.steps),
-              model=run.engine.get("model_name")))
+    st.info(t("saved_run_banner", lang, name=plain(st.session_state.get("loaded_run_name", "run.json")), steps=len(run.steps),
+              model=plain(run.engine.get("model_name"))))  # a file's text, shown as text
     st.button(t("close_run", lang), on_click=close_run, key="btn_close_run")
     show_step(run.prompts, run.steps, run.engine["block_size"], lang)
 
@@ -296,10 +296,10 @@ def requests_text(views, lang: str, split: dict | None = None) -> None:
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
-            f'<small style="color:#888">· {html.escape(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
+            f'<small style="color:#888">· {html_text(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{extra}</small><br>'
-            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}<br>'
-            f'<span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span></div>'
+            f'<span style="color:#888" data-testid="request-prompt">{html_text(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}<br>'
+            f'<span style="color:{color}" data-testid="request-text">{html_text(v.text)}</span></div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)
 

@@ -246,6 +246,17 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
     """
     from engine.report import SWAP_IN, SWAP_OUT
 
+    if report.phase not in STEP_PHASES:
+        raise ValueError(f"phase {_short(report.phase)} is not one of {', '.join(STEP_PHASES)}")
+    for scheduled in report.scheduled:
+        if scheduled.phase not in ("prefill", "decode"):
+            raise ValueError(f"scheduled: request {scheduled.request_id}: phase {_short(scheduled.phase)} is not prefill or decode")
+    for rid, reason in report.finished.items():
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"finished: request {rid}: {_short(reason)} is not one of {', '.join(FINISH_REASONS)}")
+    for key in report.timings_ms:
+        if not (key.isascii() and key.replace("_", "").isalnum() and len(key) <= 32):
+            raise ValueError(f"timings_ms: {_short(key)} is not a phase name (letters, digits and _)")
     capacity = num_blocks * block_size
     if report.memory.capacity != capacity:
         raise ValueError(f"memory.capacity {_short(report.memory.capacity)} is not the pool's {num_blocks} blocks "
@@ -295,6 +306,8 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
         check(cpu, "blocks_to_swap_in", cpu_blocks), check(gpu, "blocks_to_swap_in")
 
 
+STEP_PHASES = ("prefill", "decode", "mixed", "idle")
+FINISH_REASONS = ("stop", "length", "abort")
 # The fields the engine always sets, per event kind (engine/report.py's Event).
 EVENT_FIELDS = {
     "allocate": ("block_id", "logical_index"), "write": ("block_id", "slot", "position"), "free": ("block_id",),

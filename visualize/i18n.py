@@ -111,6 +111,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "工作负载文件会填入编辑器和侧边栏；运行文件无需模型即可在此回放各步。格式见 engine/runfile.py 和 README。",
     ),
     "open_failed": ("This file cannot be opened: {error}", "无法打开此文件：{error}"),
+    "open_model_kept": (
+        "The file names the model {model}; a file never chooses what this server loads, so the app keeps its model ({current}).",
+        "该文件指定了模型 {model}；文件不能决定本服务器加载哪个模型，因此应用保留当前模型（{current}）。",
+    ),
     "saved_run_banner": (
         "Replaying the saved run **{name}** ({steps} steps, {model}); the model is not needed. Close it to return to the live engine.",
         "正在回放保存的运行 **{name}**（{steps} 步，{model}），无需模型。关闭后回到实时引擎。",
