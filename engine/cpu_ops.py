@@ -48,6 +48,8 @@ import logging
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -502,6 +504,8 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
     _building.set()
     atexit.register(_exit_quietly_if_building)
     try:
+        if not library.exists() and os.name == "posix":
+            _build_in_child(name, build_dir)  # the compilers in a process group of their own (see there)
         with _cpp_extension_quiet():
             _load(cpp_extension, name, build_dir)
     finally:
@@ -534,9 +538,76 @@ def _exit_quietly_if_building() -> None:
 
 
 def _exit_quietly() -> None:
+    _stop_child_build()
     sys.stderr.write(f"{INTERRUPTED}\n")
     sys.stderr.flush()
     os._exit(130)
+
+
+_child: dict[str, subprocess.Popen] = {}  # "build": the compiling child, while there is one
+
+
+def _build_in_child(name: str, build_dir: Path) -> None:
+    """Compile the kernels in a child Python process that leads a process group of its own, and wait.
+
+    However this process ends, the compilers end with it: a SIGTERM (a closed terminal, ``kill``) or
+    SIGKILL of this process reaches the child through ``PR_SET_PDEATHSIG``, a Ctrl-C or an exception
+    here stops it explicitly, and the child, on any of SIGTERM, SIGHUP or SIGINT, signals its whole group
+    (ninja, the compiler drivers, cc1plus). Compiled in this process, ninja and cc1plus would share its
+    process group and outlive a SIGTERM as orphans, and the next start would build beside them.
+
+    Raises:
+        RuntimeError: the build failed (the compiler's last words), or was stopped by a signal.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
+    code = "import sys; from engine.cpu_ops import _child_build; _child_build(sys.argv[1], sys.argv[2], int(sys.argv[3]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, name, str(build_dir), str(os.getpid())], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _child["build"] = proc
+    try:
+        output, _ = proc.communicate()
+    except BaseException:  # KeyboardInterrupt (Ctrl-C reaches only this process group), SystemExit, ...
+        _stop_child_build()
+        raise
+    finally:
+        _child.pop("build", None)
+    if proc.returncode != 0:
+        stopped = f"stopped by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        raise RuntimeError(f"the kernel build failed ({stopped}): {output.strip()}")
+
+
+def _stop_child_build() -> None:
+    """SIGTERM to the build child's process group (it and every compiler it started), if one is running."""
+    proc = _child.get("build")
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _child_build(name: str, build_dir: str, parent_pid: int) -> None:
+    """The build child (:func:`_build_in_child`): leader of its own process group; stops the group when
+    signalled or when its parent dies, else builds and loads the library once and exits."""
+
+    def stop(signum=signal.SIGTERM, frame=None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this process is in the group it signals
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, stop)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        stop()
+    with _cpp_extension_quiet():
+        from torch.utils import cpp_extension
+
+        _load(cpp_extension, name, Path(build_dir))
 
 
 @contextlib.contextmanager

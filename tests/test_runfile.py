@@ -104,7 +104,7 @@ def test_a_run_tolerates_new_fields_and_names_bad_ones():
     from engine.runfile import load_run
 
     step = {"step": 0, "phase": "prefill", "scheduled": [], "new_token_ids": {"0": [5]}, "new_text": {"0": "a"},
-            "finished": {}, "preempted": [], "events": [{"kind": "allocate", "request_id": 0, "block_id": 1, "shared": True}],
+            "finished": {}, "preempted": [], "events": [{"kind": "allocate", "request_id": 0, "block_id": 1, "logical_index": 0, "shared": True}],
             "block_tables": [{"request_id": 0, "block_table": [1], "filled": [3], "slot_range": None}],
             "memory": {"capacity": 8, "token_states": 3, "reserved": 0, "internal_fragmentation": 1,
                        "external_fragmentation": 0, "free": 4, "bytes_per_slot": 2},
