@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import io
+import os
 import re
 
 import matplotlib
@@ -34,6 +35,38 @@ def html_text(text) -> str:
     where a blank line in it would end the HTML block."""
     escaped = _MARKDOWN_INLINE.sub(lambda m: f"&#{ord(m.group(1))};", html.escape(str(text), quote=True))
     return escaped.replace("\r", "&#13;").replace("\n", "&#10;")
+
+
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+MAX_UPLOAD_MB = 1  # .streamlit/config.toml's server.maxUploadSize: workload and run files are a few KB to 1 MB
+REMOTE_ENV = "PAGEDATTENTION_LAB_ALLOW_REMOTE"  # "1": serve other machines too (a teacher's own choice)
+
+
+def serving_problem() -> str | None:
+    """What is wrong with how this server was started, or None: it serves this machine only (``server.address``
+    a loopback address) and takes uploads of at most 1 MB (``server.maxUploadSize``), whichever directory
+    ``streamlit run`` was started from (Streamlit reads ``.streamlit/config.toml`` next to app.py from 1.46
+    on, and the working directory's too; flags and ``STREAMLIT_*`` variables override both).
+    ``PAGEDATTENTION_LAB_ALLOW_REMOTE=1`` lets a teacher serve other machines on purpose."""
+    from streamlit import config
+
+    if config._main_script_path is None:  # not served by `streamlit run` (AppTest, a bare script): no server to check
+        return None
+    address = st.get_option("server.address")
+    if os.environ.get(REMOTE_ENV) != "1" and address not in LOCAL_ADDRESSES:
+        return f"server.address is {address or 'unset (every network interface)'}"
+    if st.get_option("server.maxUploadSize") > MAX_UPLOAD_MB:
+        return f"server.maxUploadSize is {st.get_option('server.maxUploadSize')} MB"
+    return None
+
+
+def refuse_unsafe_serving(lang: str) -> None:
+    """Stop the page with one message when the server was started open to other machines or with a larger
+    upload cap than the app's (see :func:`serving_problem`); nothing else of the app is served then."""
+    problem = serving_problem()
+    if problem is not None:
+        st.error(t("serving_refused", lang, problem=plain(problem), env=REMOTE_ENV))
+        st.stop()
 
 
 def progress_bar(lang: str, model: str):

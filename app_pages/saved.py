@@ -10,7 +10,7 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
-from app_pages.common import plain
+from app_pages.common import MAX_UPLOAD_MB, plain
 from app_pages.state import MAX_BLOCKS, Settings
 from engine.model_loader import DEFAULT_MODEL
 from engine.runfile import Run, RunFileError, Workload, WorkloadRequest, load_any, run_json, workload_json
@@ -55,7 +55,10 @@ def _opened(lang: str) -> None:
     if file is None:
         return
     try:
-        opened = load_any(file.getvalue(), name=file.name)
+        raw = file.getvalue()
+        if len(raw) > MAX_UPLOAD_MB << 20:  # the server's cap too (app_pages.common.serving_problem); said here if not
+            raise RunFileError(f"{file.name}: too large ({len(raw):,} bytes; at most {MAX_UPLOAD_MB} MB)")
+        opened = load_any(raw, name=file.name)
     except RunFileError as error:
         state["upload_error"] = open_error(error, lang)
         return

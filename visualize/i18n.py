@@ -143,6 +143,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "pause": ("Pause", "暂停"),
     "reset": ("Reset", "重置"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
+    "serving_refused": (
+        "This server was started open to other machines or with a larger upload limit ({problem}), so the lab does not "
+        "run. Start it with `streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` (the project's "
+        ".streamlit/config.toml sets both), or set {env}=1 to serve other machines on purpose.",
+        "本服务器启动时对其他机器开放或上传限制更大（{problem}），因此实验室不运行。请用 "
+        "`streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` 启动（项目的 "
+        ".streamlit/config.toml 已设置这两项），或设置 {env}=1 以有意为其他机器提供服务。",
+    ),
     "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
     "building_engine": ("Building the engine…", "正在构建引擎……"),
     "all_done": ("All requests finished. Press Reset to run again.", "所有请求已完成。按“重置”重新运行。"),
