@@ -6,6 +6,8 @@ import html
 import io
 import os
 import re
+import threading
+import time
 
 import matplotlib
 
@@ -14,6 +16,7 @@ import matplotlib.pyplot as plt
 import streamlit as st
 
 from app_pages.state import clean_workload, preset_workload, session_engine
+from engine.model_loader import DEFAULT_MODEL, resolve_model
 from visualize.i18n import t
 
 
@@ -69,14 +72,80 @@ def refuse_unsafe_serving(lang: str) -> None:
         st.stop()
 
 
+STAGES = (  # (the start of engine.model_loader's / engine.cpu_ops's stage text, its i18n key)
+    ("Downloading", "stage_download"), ("Extracting", "stage_check"), ("Checking sha256", "stage_check"),
+    ("Converting", "stage_convert"), ("The converted model", "stage_reconvert"), ("Loading weights", "stage_weights"),
+    ("Building the engine's CPU kernels", "stage_kernels"), ("Waiting for process", "stage_kernels"),
+)
+
+
+def stage_text(stage: str, lang: str, kernels_building: bool = False, seconds: int = 0) -> str:
+    """A loading stage in the reader's language (an unknown stage keeps its own text), and, while the CPU
+    kernels compile in the background, a line that says so."""
+    key = next((k for prefix, k in STAGES if stage.startswith(prefix)), None)
+    text = t(key, lang, seconds=seconds) if key else stage
+    if kernels_building and key != "stage_kernels":
+        text += "  \n" + t("stage_kernels_meanwhile", lang)
+    return text
+
+
 def progress_bar(lang: str, model: str):
-    """A progress bar and the ``progress(stage, fraction)`` callback that drives it (model fetch/convert)."""
-    bar = st.empty()
+    """A progress bar and the ``progress(stage, fraction)`` callback that drives it (model fetch/convert),
+    with a plain note of what the default model is while it is fetched."""
+    bar, note = st.empty(), st.empty()
 
     def progress(stage: str, fraction: float) -> None:
-        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{t('loading_model', lang, model=model)} {stage}")
+        if model == DEFAULT_MODEL:
+            note.caption(t("first_start_model", lang))
+        text = stage_text(stage, lang, kernel_build_running())
+        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{t('loading_model', lang, model=plain(model))} {text}")
 
-    return bar, progress
+    class Both:  # bar.empty() clears the note too
+        def empty(self) -> None:
+            bar.empty()
+            note.empty()
+
+    return Both(), progress
+
+
+_kernel_thread: dict[str, threading.Thread] = {}
+
+
+def start_kernel_build() -> None:
+    """Compile the engine's CPU kernels in the background (once per server process, CPU machines only), so that
+    a first start downloads and converts the model meanwhile instead of one after the other."""
+    from engine import cpu_ops
+
+    if cpu_ops.attempted() or "thread" in _kernel_thread or torch_cuda_available():
+        return
+    thread = threading.Thread(target=cpu_ops.load_kernel, name="cpu-kernel-build", daemon=True)
+    _kernel_thread["thread"] = thread
+    _kernel_thread["started"] = time.monotonic()
+    thread.start()
+
+
+def kernel_build_running() -> bool:
+    thread = _kernel_thread.get("thread")
+    return thread is not None and thread.is_alive()
+
+
+def wait_for_kernel_build(lang: str) -> None:
+    """While the background build runs: one line that says so, with the seconds so far, until it ends."""
+    if not kernel_build_running():
+        return
+    line = st.empty()
+    thread = _kernel_thread["thread"]
+    while thread.is_alive():
+        seconds = int(time.monotonic() - _kernel_thread["started"])
+        line.info(t("stage_kernels", lang, seconds=seconds), icon=":material/build:")
+        thread.join(timeout=1.0)
+    line.empty()
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def workload_rows() -> list[tuple[str, int]]:
@@ -90,8 +159,15 @@ def workload_rows() -> list[tuple[str, int]]:
 def current_engine(lang: str, force: bool = False):
     """This session's engine for the sidebar settings and workload; errors shown, None if it failed."""
     settings = st.session_state["settings"]
+    start_kernel_build()  # compiles while the model is fetched and converted (a first start), else returns at once
     bar, progress = progress_bar(lang, settings.model)
     with st.spinner(t("building_engine", lang)):
+        if kernel_build_running():  # a first start: the model first (download, conversion: on the bar), then the
+            try:  # kernels' remaining compile time (said with its seconds); resolve_model is a no-op once cached
+                resolve_model(None if settings.model == DEFAULT_MODEL else settings.model, progress)
+            except Exception:  # noqa: BLE001 - session_engine below says what is wrong with the model
+                pass
+            wait_for_kernel_build(lang)
         llm, errors = session_engine(settings, workload_rows(), progress, force=force)
     bar.empty()
     for row, error in errors:
