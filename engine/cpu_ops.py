@@ -44,6 +44,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -72,7 +73,7 @@ SOURCES = [Path(__file__).parent / "csrc" / name
                         "sampling.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_exp.h", "ops.h")]  # included by the sources: part of the fingerprint, not compiled alone
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
+LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10 s on a many-core machine, 1-3 min on a 2-core laptop)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
@@ -81,7 +82,7 @@ INTERRUPTED = "interrupted during the build of the engine's CPU kernels; it star
 
 
 def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
-    """Build (first use on a machine, ~10-60 s) and load the kernels; True when they can be used.
+    """Build (first use on a machine: 10 s to 3 min, by its cores) and load the kernels; True when they can be used.
 
     Runs once per process; later calls return the first answer. Never raises: a failed build
     (no compiler, no OpenMP, no ninja, a CPU the compiler cannot target) issues one
@@ -498,7 +499,7 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
             if path.name != "build.lock":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     if not library.exists():
-        _say(f"Building the engine's CPU kernels for this machine (10-60 s; kept once built) in {build_dir}", progress)
+        _say(f"Building the engine's CPU kernels for this machine (1-3 min on a 2-core laptop, once; kept once built) in {build_dir}", progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
     # (on failure) says what matters.
     _building.set()
@@ -561,8 +562,9 @@ def _build_in_child(name: str, build_dir: Path) -> None:
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
-    code = "import sys; from engine.cpu_ops import _child_build; _child_build(sys.argv[1], sys.argv[2], int(sys.argv[3]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, name, str(build_dir), str(os.getpid())], env=env,
+    code = "import sys; from engine.cpu_ops import _child_build; _child_build(*sys.argv[1:])"
+    flags = json.dumps(CFLAGS)  # this process's flags (a caller may have changed them), so both build the same library
+    proc = subprocess.Popen([sys.executable, "-c", code, name, str(build_dir), str(os.getpid()), flags], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     _child["build"] = proc
     try:
@@ -574,7 +576,7 @@ def _build_in_child(name: str, build_dir: Path) -> None:
         _child.pop("build", None)
     if proc.returncode != 0:
         stopped = f"stopped by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
-        raise RuntimeError(f"the kernel build failed ({stopped}): {output.strip()}")
+        raise RuntimeError(f"the build process ended ({stopped}): {output.strip() or 'no output'}")
 
 
 def _stop_child_build() -> None:
@@ -585,7 +587,7 @@ def _stop_child_build() -> None:
             os.killpg(proc.pid, signal.SIGTERM)
 
 
-def _child_build(name: str, build_dir: str, parent_pid: int) -> None:
+def _child_build(name: str, build_dir: str, parent_pid: str, flags: str) -> None:
     """The build child (:func:`_build_in_child`): leader of its own process group; stops the group when
     signalled or when its parent dies, else builds and loads the library once and exits."""
 
@@ -602,12 +604,18 @@ def _child_build(name: str, build_dir: str, parent_pid: int) -> None:
 
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
-    if os.getppid() != parent_pid:  # the parent died before the line above
+    if os.getppid() != int(parent_pid):  # the parent died before the line above
         stop()
-    with _cpp_extension_quiet():
-        from torch.utils import cpp_extension
+    global CFLAGS
+    CFLAGS = json.loads(flags)
+    try:
+        with _cpp_extension_quiet():
+            from torch.utils import cpp_extension
 
-        _load(cpp_extension, name, Path(build_dir))
+            _load(cpp_extension, name, Path(build_dir))
+    except Exception as error:  # noqa: BLE001 - said to the parent in one message, as an in-process build would
+        print(f"{type(error).__name__}: {error}".strip(), flush=True)
+        os._exit(1)
 
 
 @contextlib.contextmanager
