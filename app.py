@@ -10,6 +10,7 @@ import streamlit as st
 import torch
 
 from app_pages import beside_vllm, compare, kernel_lab, lessons, live
+from app_pages.common import refuse_unsafe_serving
 from app_pages.sidebar import engine_settings, language
 from app_pages.state import torch_threads
 from visualize.i18n import t
@@ -18,6 +19,7 @@ st.set_page_config(page_title="PagedAttention Lab", page_icon=":material/view_mo
 torch.set_num_threads(torch_threads())  # every rerun: cheap, and each script run is a new thread
 
 lang = language()
+refuse_unsafe_serving(lang)  # this machine only, 1 MB uploads: wherever `streamlit run` was started from
 settings = engine_settings(lang)
 st.session_state["settings"] = settings
 

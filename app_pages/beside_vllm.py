@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from app_pages.common import plain
 from app_pages.widgets import json_uploader
 from engine.vllm_bridge import env as vllm_env
-from engine.vllm_bridge.replay import load_replay, replay_lab_run, run_metrics
+from engine.vllm_bridge.replay import load_replay, replay_lab_run, run_metrics, workload_file
 from engine.runfile import load_workload
 from engine.vllm_bridge.compare import compare_outputs
 from visualize.i18n import t
@@ -68,7 +69,7 @@ def vllm_comparison(lang: str) -> None:
     try:
         replay = load_replay(source, name)
     except ValueError as error:
-        c[0].error(t("vllm_bad_file", lang, error=error))
+        c[0].error(t("vllm_bad_file", lang, error=plain(error)))
         return
     lab = lab_run(replay, source, lang)
     if lab is not None:
@@ -94,19 +95,18 @@ def lab_run(replay: dict, source: bytes, lang: str) -> dict | None:
             with st.spinner(t("vllm_running_lab", lang, n=len(workload.requests))):
                 runs[key] = replay_lab_run(replay, workload)
         except Exception as error:  # a bad workload, a model that does not load: said here, page still usable
-            st.error(t("error_engine", lang, error=error))
+            st.error(t("error_engine", lang, error=plain(error)))
             return None
     return runs[key]
 
 
 def _workload_file(replay: dict, lang: str) -> tuple[bytes | None, str]:
     """The replay's workload: the file it names (relative to the project), or one the reader opens."""
-    named = replay.get("workload")
+    named, path = replay.get("workload"), workload_file(replay)  # only a recorded workload: a file never names a server path
+    if path is not None:
+        return path.read_bytes(), path.name
     if named:
-        path = Path(named) if Path(named).is_absolute() else ROOT / named
-        if path.is_file():
-            return path.read_bytes(), path.name
-        st.warning(t("vllm_workload_missing", lang, path=named))
+        st.warning(t("vllm_workload_missing", lang, path=plain(named)))
     upload = json_uploader(st, t("vllm_workload_upload", lang), "vllm_workload_upload", lang)
     return (upload.getvalue(), upload.name) if upload is not None else (None, "")
 

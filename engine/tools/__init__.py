@@ -1,1 +1,1 @@
-"""Measurement tools: the throughput bench against transformers (and vLLM), the CPU kernel bench, the bandwidth roofline and the precision check."""
+"""Measurement tools: the throughput bench against transformers (and vLLM), the CPU kernel bench, the bandwidth roofline, the precision check, the calibration of the simulator's step-time model and of beam branching, and ``bench_serve``, which loads an OpenAI-compatible server and measures it."""

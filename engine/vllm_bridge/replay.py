@@ -123,40 +123,113 @@ STEP_KEYS = ("num_running", "kv_cache_usage", "num_preempted")
 SETTING_KEYS = ("block_size", "num_gpu_blocks", "max_num_seqs", "ignore_eos", "temperature", "seed")
 
 
+RECORDED_WORKLOADS = Path(__file__).resolve().parents[2] / "tests" / "data"  # the recorded replays' workloads
+REPLAY_SETTING_LIMITS = {"block_size": (1, 256), "num_gpu_blocks": (1, 1 << 14), "max_num_seqs": (1, 1024),
+                         "seed": (0, (1 << 63) - 1)}
+REPLAY_OPTIONAL_LIMITS = {"kv_cache_memory": (1, 1 << 30), "max_num_batched_tokens": (1, 1 << 16)}
+REPLAY_MAX_SLOTS = 1 << 14  # the pool the app builds for a replay: 16,384 token slots (720 MiB with the default model)
+
+
 def load_replay(source: str | bytes, name: str = "replay") -> dict:
     """Read a replay file: ``replay --against vllm --json``'s output (both runs' per-step series), or a
     recorded one without the engine's run (tests/data/vllm_replay_*.json).
+
+    A replay file is data: its ``settings.model`` must be the default model (or absent), since a file never
+    chooses what the server loads or fetches, and its ``workload`` is only a name (see :func:`workload_file`).
 
     Returns:
         The file's dict: "settings", "vllm_run" ("token_ids", "steps": per step num_running,
         kv_cache_usage (0..1), num_preempted, ...), optionally "engine_run", "workload", "vllm_version".
 
     Raises:
-        ValueError: not JSON, or a part missing or out of range (named, with the step).
+        ValueError: not JSON, or a part missing, of the wrong kind or out of range (named, with the step);
+            whatever the file holds, never another exception.
     """
     import json
 
+    from engine.runfile import DEFAULT_MODEL, MAX_FILE_BYTES
+
+    if len(source) > MAX_FILE_BYTES:
+        raise ValueError(f"{name} is too large ({len(source):,} bytes; at most {MAX_FILE_BYTES:,})")
     try:
-        data = json.loads(source)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        data = json.loads(source, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError(f"{name} is not JSON this reader opens (nested too deeply)") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, a number of more than 4,300 digits
         raise ValueError(f"{name} is not JSON ({error})") from None
     if not isinstance(data, dict) or not isinstance(data.get("vllm_run"), dict) or not isinstance(data.get("settings"), dict):
         raise ValueError(f"{name} has no 'settings' and 'vllm_run': it is not the output of `replay --against vllm --json`")
-    missing = [k for k in SETTING_KEYS if k not in data["settings"]]
+    settings = data["settings"]
+    missing = [k for k in SETTING_KEYS if k not in settings]
     if missing:
         raise ValueError(f"{name}: settings lack {', '.join(missing)}")
+    for key, (low, high) in REPLAY_SETTING_LIMITS.items():
+        value = settings[key]
+        if key == "num_gpu_blocks" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name}: settings: {key} is {_short(value)}, not an integer from {low} to {high}")
+    for key, (low, high) in REPLAY_OPTIONAL_LIMITS.items():
+        value = settings.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
+            raise ValueError(f"{name}: settings: {key} is {_short(value)}, not null or an integer from {low} to {high}")
+    for key in ("enable_prefix_caching", "enable_chunked_prefill"):
+        if not isinstance(settings.get(key, False), bool):
+            raise ValueError(f"{name}: settings: {key} is {_short(settings[key])}, not true or false")
+    if settings["num_gpu_blocks"] is not None and settings["num_gpu_blocks"] * settings["block_size"] > REPLAY_MAX_SLOTS:
+        raise ValueError(f"{name}: settings: a pool of {settings['num_gpu_blocks']} blocks of {settings['block_size']} slots is over "
+                         f"the {REPLAY_MAX_SLOTS:,} slots a replay here may use")
+    if not isinstance(settings["ignore_eos"], bool):
+        raise ValueError(f"{name}: settings: ignore_eos is {_short(settings['ignore_eos'])}, not true or false")
+    temperature = settings["temperature"]
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
+        raise ValueError(f"{name}: settings: temperature is {_short(temperature)}, not a number from 0 to 100")
+    if settings.get("model") not in (None, DEFAULT_MODEL):
+        raise ValueError(f"{name}: settings: model is {_short(settings['model'])}; a replay file is data and cannot choose "
+                         f"the model this server loads (only {DEFAULT_MODEL!r} is replayed here)")
+    if "workload" in data and not isinstance(data["workload"], (str, type(None))):
+        raise ValueError(f"{name}: workload is {_short(data['workload'])}, not a file name")
     for side in ("vllm_run", "engine_run"):
         if side in data:
             _check_run(data[side], f"{name}: {side}")
     return data
 
 
+def workload_file(replay: dict) -> Path | None:
+    """The recorded workload a replay names, if it is one of the project's (``tests/data/workload_*.json``).
+
+    A replay names its workload by the path it was run with (e.g. ``tests/data/workload_4x16.json``); only
+    the file name counts, and only a recorded workload of that name is opened. Any other name (another
+    directory, ``../``, ``/etc/passwd``) gives None: the reader opens the workload file themselves.
+    """
+    named = replay.get("workload")
+    if not isinstance(named, str) or not named:
+        return None
+    base = named.replace("\\", "/").rsplit("/", 1)[-1]
+    recorded = {p.name: p for p in RECORDED_WORKLOADS.glob("workload_*.json")}
+    return recorded.get(base)
+
+
+def _no_constant(word: str):
+    raise ValueError(f"{word} is not a number a replay file holds")
+
+
+def _short(value, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long for repr
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_run(run, where: str) -> None:
     steps = run.get("steps") if isinstance(run, dict) else None
     if not isinstance(steps, list) or not steps:
         raise ValueError(f"{where} has no per-step 'steps' list")
-    if not isinstance(run.get("token_ids"), list):
-        raise ValueError(f"{where} has no 'token_ids' list")
+    token_ids = run.get("token_ids")
+    if not isinstance(token_ids, list) or not all(
+            isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids) for ids in token_ids):
+        raise ValueError(f"{where} has no 'token_ids' list (one list of token ids per request)")
     for i, step in enumerate(steps):
         for key in STEP_KEYS:
             value = step.get(key) if isinstance(step, dict) else None
@@ -177,8 +250,9 @@ def replay_lab_run(replay: dict, workload) -> dict:
     count = len(replay["vllm_run"]["token_ids"])
     if len(workload.requests) != count:
         raise ValueError(f"the workload has {len(workload.requests)} requests but the replay {count}: not its workload")
-    settings = {"model": None, "kv_cache_memory": None, "max_num_batched_tokens": None, "enable_prefix_caching": False,
-                "enable_chunked_prefill": False, **replay["settings"]}
+    settings = {"kv_cache_memory": None, "max_num_batched_tokens": None, "enable_prefix_caching": False,
+                "enable_chunked_prefill": False, **replay["settings"],
+                "model": None}  # the default model: a replay file never chooses what the server loads
     engine = make_engine(settings)
     prompt_ids = [engine.encode([{"role": "user", "content": r.prompt}]) for r in workload.requests]
     return run_engine(engine, prompt_ids, sampling(settings, workload.requests))

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server: ``api_server`` (the app), ``serving`` (the endpoints), ``protocol`` (the request fields), ``metrics`` (Prometheus), ``cli_args`` (``python -m engine serve``'s flags)."""

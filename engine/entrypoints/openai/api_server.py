@@ -1,0 +1,289 @@
+"""``python -m engine serve``: an OpenAI-compatible HTTP server over one engine (vLLM's ``api_server.py``).
+
+Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics`` (Prometheus). FastAPI on uvicorn, one :class:`~engine.entrypoints.async_llm.AsyncLLM`
+loop in the server's process.
+
+Safe by default: it binds 127.0.0.1; with API keys every /v1 route needs ``Authorization: Bearer KEY``
+(401 otherwise) and the key's name labels the request's client; each client has a cap on requests in
+flight and on the tokens they may generate (429 with ``Retry-After``); request bodies are capped (413).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from engine.entrypoints.async_llm import AsyncLLM
+from engine.entrypoints.openai.metrics import ServerMetrics
+from engine.entrypoints.openai.protocol import APIError, error_body, parse_chat, parse_completion
+from engine.entrypoints.openai.serving import OpenAIServing
+from engine.llm_engine import LLMEngine
+
+logger = logging.getLogger("engine.serve")
+
+ANONYMOUS = "anonymous"  # the client name of every request when the server has no API keys
+
+
+@dataclass
+class ServerSettings:
+    """How the server faces its clients.
+
+    Attributes:
+        served_model_name: the ``model`` clients ask for; None = the engine's model name.
+        api_keys: key -> client name; empty = no authentication (every request is client "anonymous").
+        max_concurrent_requests_per_client: requests one client may have in flight (429 beyond).
+        max_tokens_per_client: tokens (``max_tokens`` x ``n``) one client's requests in flight may
+            ask for together (429 beyond; 400 for one request that asks for more on its own);
+            None = no cap.
+        max_request_body_bytes: largest request body, bytes (413 beyond).
+        retry_after_s: the ``Retry-After`` of a 429, s.
+    """
+
+    served_model_name: str | None = None
+    api_keys: dict[str, str] = field(default_factory=dict)
+    max_concurrent_requests_per_client: int = 64
+    max_tokens_per_client: int | None = None
+    max_request_body_bytes: int = 1 << 20
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent_requests_per_client", "max_request_body_bytes", "retry_after_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_tokens_per_client is not None and (isinstance(self.max_tokens_per_client, bool) or not isinstance(self.max_tokens_per_client, int) or self.max_tokens_per_client < 1):
+            raise ValueError(f"max_tokens_per_client must be a positive integer or None, got {self.max_tokens_per_client!r}")
+
+
+class ClientLimits:
+    """Per-client caps on requests and requested tokens in flight (429 with ``Retry-After`` beyond).
+    Used from the event loop only."""
+
+    def __init__(self, settings: ServerSettings):
+        self.settings = settings
+        self.requests: Counter[str] = Counter()
+        self.tokens: Counter[str] = Counter()
+
+    def acquire(self, client: str, num_tokens: int, field_name: str) -> None:
+        """Count a request of ``num_tokens`` (max_tokens x n) against ``client``.
+
+        Raises:
+            APIError: 429 over a cap while others run; 400 when this request alone asks for more
+                tokens than the cap (``field_name``, it can never be served).
+        """
+        s = self.settings
+        retry = {"Retry-After": str(s.retry_after_s)}
+        if self.requests[client] >= s.max_concurrent_requests_per_client:
+            raise APIError(429, f"client '{client}' already has {self.requests[client]} requests in flight, its limit "
+                           f"(--max-concurrent-requests-per-client); retry when one ends", None, retry)
+        cap = s.max_tokens_per_client
+        if cap is not None and num_tokens > cap:
+            raise APIError(400, f"'{field_name}' x n = {num_tokens} tokens exceeds the per-client limit of {cap} tokens "
+                           "(--max-tokens-per-client)", field_name)
+        if cap is not None and self.tokens[client] + num_tokens > cap:
+            raise APIError(429, f"client '{client}' has requests in flight for {self.tokens[client]} tokens; {field_name} "
+                           f"x n = {num_tokens} more would exceed its limit of {cap} (--max-tokens-per-client); retry when one ends",
+                           field_name, retry)
+        self.requests[client] += 1
+        self.tokens[client] += num_tokens
+
+    def release(self, client: str, num_tokens: int) -> None:
+        self.requests[client] -= 1
+        self.tokens[client] -= num_tokens
+
+
+def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``engine``. The engine loop starts with the app's lifespan and stops
+    with it (aborting what still runs and printing a summary to stderr).
+
+    The app's ``state`` holds ``llm`` (the :class:`AsyncLLM`), ``metrics`` (:class:`ServerMetrics`),
+    ``settings``, ``limits`` and, after shutdown, ``shutdown_summary``.
+    """
+    settings = settings or ServerSettings()
+    model_name = settings.served_model_name or engine.model_name
+    metrics = ServerMetrics(model_name)
+    llm = AsyncLLM(engine, stat_logger=metrics)
+    limits = ClientLimits(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await llm.start()
+        app.state.serving = OpenAIServing(llm, model_name)
+        yield
+        summary = await llm.shutdown()
+        app.state.shutdown_summary = summary
+        late = f" ({summary['aborted_at_shutdown']} of them as the engine stopped)" if summary["aborted_at_shutdown"] else ""
+        print(f"engine stopped: {summary['finished']} requests completed, {summary['aborted']} aborted{late}; KV pool: "
+              f"{summary['num_free_blocks']} of {summary['num_blocks']} blocks free", file=sys.stderr, flush=True)
+
+    app = FastAPI(title="PagedAttention Lab engine", lifespan=lifespan)
+    app.state.llm, app.state.metrics, app.state.settings, app.state.limits = llm, metrics, settings, limits
+    app.state.shutdown_summary = None
+    created = int(time.time())
+
+    @app.exception_handler(APIError)
+    async def api_error(raw: Request, error: APIError):
+        metrics.record_rejected(getattr(raw.state, "client", "unknown"), error.status_code)
+        return JSONResponse(error.body(), error.status_code, headers=error.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(raw: Request, error: StarletteHTTPException):
+        return JSONResponse(error_body(str(error.detail), "invalid_request_error", None, error.status_code), error.status_code)
+
+    @app.get("/health")
+    async def health() -> Response:
+        """200 while the engine loop serves; 503 once it is shutting down."""
+        return Response(status_code=503 if llm.stopping else 200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models(raw: Request) -> JSONResponse:
+        _authenticate(raw, settings)
+        return JSONResponse({"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": created, "owned_by": "pagedattention-lab",
+            "root": engine.model_name, "max_model_len": engine.max_model_len}]})
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        return await _generate(raw, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request):
+        return await _generate(raw, chat=True)
+
+    async def _generate(raw: Request, chat: bool):
+        client = _authenticate(raw, settings)
+        body = await _read_json(raw, settings.max_request_body_bytes)
+        request = parse_chat(body) if chat else parse_completion(body)
+        if request.model is not None and request.model != model_name:
+            raise APIError(404, f"the model '{request.model}' does not exist; this server serves '{model_name}'", "model")
+        serving: OpenAIServing = raw.app.state.serving
+        ids = serving.prompt_token_ids(request, chat)
+        max_tokens = serving.max_tokens(request, len(ids), chat)
+        reserved = max_tokens * request.n
+        limits.acquire(client, reserved, request.max_tokens_name)
+        streaming = False
+        try:
+            request_id = await serving.add(ids, request, max_tokens, client)
+            if request.stream:
+                response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage,
+                                          on_close=lambda: limits.release(client, reserved))
+                streaming = True  # the stream releases the client's share when it closes
+                return response
+            return await serving.complete(raw, request_id, len(ids), request.n, chat)
+        finally:
+            if not streaming:
+                limits.release(client, reserved)
+
+    return app
+
+
+def _authenticate(raw: Request, settings: ServerSettings) -> str:
+    """The request's client name: the name of its API key, or "anonymous" on a server without keys.
+
+    Raises:
+        APIError: 401 without a known ``Authorization: Bearer KEY``.
+    """
+    if not settings.api_keys:
+        raw.state.client = ANONYMOUS
+        return ANONYMOUS
+    raw.state.client = "unauthenticated"
+    header = raw.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key:
+        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "authorization", {"WWW-Authenticate": "Bearer"})
+    name = settings.api_keys.get(key.strip())
+    if name is None:
+        raise APIError(401, "invalid API key", "authorization", {"WWW-Authenticate": "Bearer"})
+    raw.state.client = name
+    return name
+
+
+async def _read_json(raw: Request, limit: int):
+    """The body as JSON, read up to ``limit`` bytes.
+
+    Raises:
+        APIError: 413 beyond ``limit`` (said by Content-Length or found while reading), 400 when
+            the body is not JSON.
+    """
+    declared = raw.headers.get("content-length")
+    too_big = APIError(413, f"the request body is larger than {limit} bytes (--max-request-body-bytes)", "body")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in raw.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise APIError(400, f"the request body is not valid JSON: {error}", "body") from None
+
+
+def bind_warning(host: str, has_api_keys: bool) -> str | None:
+    """The warning printed when ``host`` exposes the server beyond this machine (None for loopback)."""
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return None
+    return (f"warning: binding {host} exposes the server beyond this machine"
+            + ("" if has_api_keys else " with no API key: anyone who can reach it can use it (see --api-key)"))
+
+
+def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
+               shutdown_timeout_s: float = 30.0, log_level: str = "info") -> None:
+    """Serve until SIGINT or SIGTERM. Then no new request is taken (503), the requests that run get
+    ``shutdown_timeout_s`` seconds to finish, those still running are aborted (their streams end
+    with an error event, their blocks are freed), and the engine's summary is printed."""
+    warning = bind_warning(host, bool(settings.api_keys))
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    app = create_app(engine, settings)
+    # uvicorn's own grace period is a backstop: the drain below ends every request before it.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
+    server = _Server(config, app.state.llm, shutdown_timeout_s)
+    print(f"serving '{settings.served_model_name or engine.model_name}' on http://{host}:{port} "
+          f"(OpenAI API at /v1, metrics at /metrics)", file=sys.stderr, flush=True)
+    server.run()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server; on a stop signal it drains the engine: running requests get the shutdown
+    timeout to finish, then are aborted, and it says so."""
+
+    def __init__(self, config, llm: AsyncLLM, shutdown_timeout_s: float):
+        super().__init__(config)
+        self.llm, self.shutdown_timeout_s = llm, shutdown_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit and self._loop is not None:
+            print(f"stopping: no new requests; {self.llm.num_requests} running requests get up to "
+                  f"{self.shutdown_timeout_s:g} s to finish, then the rest are aborted", file=sys.stderr, flush=True)
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+        super().handle_exit(sig, frame)
+
+    async def _drain(self) -> None:
+        aborted = await self.llm.drain(self.shutdown_timeout_s)
+        print(f"stopping: {'every running request finished' if not aborted else f'{aborted} requests still running were aborted'}",
+              file=sys.stderr, flush=True)

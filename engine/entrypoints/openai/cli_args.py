@@ -1,0 +1,114 @@
+"""The ``serve`` sub-command's flags: every :class:`~engine.EngineConfig` field under vLLM serve's
+flag name where vLLM has one, then the server's own (vLLM's ``cli_args.py``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.config import ALLOCATORS, ATTENTION_BACKENDS, DTYPES, DEVICES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, EngineConfig
+
+GIB = 1 << 30
+
+
+def register_cli(sub) -> None:
+    """Add ``serve`` to ``python -m engine``'s sub-commands."""
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, /metrics)")
+    p.add_argument("model_tag", nargs="?", default=None, help="the model (as --model)")
+    add_engine_args(p)
+    add_server_args(p)
+    p.set_defaults(func=serve)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine (vLLM's names)")
+    g.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: 16)")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV pool size in blocks (default: 512)")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV pool size in bytes, instead of a number of blocks")
+    g.add_argument("--max-num-seqs", type=int, default=32, help="most requests running in one step (default: 32)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of one step (default: max(max_model_len, 2048); 512 with chunked prefill)")
+    g.add_argument("--max-model-len", type=int, default=None, help="most tokens (prompt + output) per request (default: min(model limit, 2048))")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="automatic prefix caching (default: on with the paged allocator)")
+    g.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
+                   help="how a request gives its KV up when the pool runs out (paper §4.5; default: recompute)")
+    g.add_argument("--swap-space", type=float, default=None, help="CPU swap space in GiB (default: as many blocks as the KV pool)")
+    g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=False,
+                   help="cut prompts into chunks that fit the step's token budget, decodes first")
+    g.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--device", choices=DEVICES, default="auto")
+    g.add_argument("--seed", type=int, default=0, help="seeds requests that give no seed (default: 0)")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    g.add_argument("--cpu-kernels", action=argparse.BooleanOptionalAction, default=True, help="the engine's C++ CPU kernels (default: on)")
+    g.add_argument("--allocator", choices=ALLOCATORS, default="paged", help="paged (PagedAttention) or contiguous (before vLLM)")
+    g.add_argument("--reservation", choices=RESERVATIONS, default="max", help="contiguous allocator: how much it reserves per request")
+    g.add_argument("--placement", choices=PLACEMENTS, default="first-fit", help="contiguous allocator: where a range goes")
+    g.add_argument("--shuffle-blocks", action="store_true", help="hand out physical blocks in a seeded random order")
+    g.add_argument("--reserve-null-block", action="store_true", help="keep block 0 out of the pool, as vLLM v1 does")
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="default: 8000")
+    g.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model's)")
+    g.add_argument("--api-key", action="append", default=[], metavar="NAME=KEY",
+                   help="accept 'Authorization: Bearer KEY' and call its client NAME; repeat for several clients "
+                        "(a bare KEY is named 'default'). Without any, no authentication")
+    g.add_argument("--max-concurrent-requests-per-client", type=int, default=64, help="requests in flight per client (429 beyond; default: 64)")
+    g.add_argument("--max-tokens-per-client", type=int, default=None,
+                   help="max_tokens x n over a client's requests in flight (429 beyond; default: no cap)")
+    g.add_argument("--max-request-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond; default: 1 MiB)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, seconds the running requests get to finish before they are aborted (default: 30)")
+    g.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+
+
+def engine_config(args) -> EngineConfig:
+    """The EngineConfig the flags describe.
+
+    Raises:
+        ValueError: a bad value (EngineConfig names the field).
+    """
+    return EngineConfig(
+        model=args.model or args.model_tag, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks_override,
+        kv_cache_memory=args.kv_cache_memory_bytes, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, dtype=args.dtype, device=args.device, attention_backend=args.attention_backend,
+        allocator=args.allocator, reservation=args.reservation, placement=args.placement, shuffle_blocks=args.shuffle_blocks,
+        seed=args.seed, cpu_kernels=args.cpu_kernels, enable_prefix_caching=args.enable_prefix_caching,
+        preemption_mode=args.preemption_mode, swap_space=None if args.swap_space is None else int(args.swap_space * GIB),
+        enable_chunked_prefill=args.enable_chunked_prefill, reserve_null_block=args.reserve_null_block,
+    )
+
+
+def parse_api_keys(values: list[str]) -> dict[str, str]:
+    """``NAME=KEY`` flags as key -> name (a bare KEY is named "default").
+
+    Raises:
+        ValueError: an empty key or name, or one key given twice.
+    """
+    keys: dict[str, str] = {}
+    for value in values:
+        name, sep, key = value.partition("=")
+        if not sep:
+            name, key = "default", value
+        if not name or not key:
+            raise ValueError(f"--api-key must be NAME=KEY with both non-empty, got {value!r}")
+        if key in keys:
+            raise ValueError(f"--api-key: the same key is given for '{keys[key]}' and '{name}'")
+        keys[key] = name
+    return keys
+
+
+def serve(args) -> None:
+    from engine.entrypoints.openai.api_server import ServerSettings, run_server
+    from engine.llm_engine import LLMEngine
+
+    settings = ServerSettings(
+        served_model_name=args.served_model_name, api_keys=parse_api_keys(args.api_key),
+        max_concurrent_requests_per_client=args.max_concurrent_requests_per_client,
+        max_tokens_per_client=args.max_tokens_per_client, max_request_body_bytes=args.max_request_body_bytes,
+    )
+    engine = LLMEngine(engine_config(args))
+    run_server(engine, settings, host=args.host, port=args.port, shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)
