@@ -53,7 +53,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from engine.user_cache import cache_dir
+from engine.user_cache import CACHE_ENV_VAR, cache_dir  # noqa: F401 (CACHE_ENV_VAR: read as model_loader.CACHE_ENV_VAR too)
 
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
