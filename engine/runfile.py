@@ -307,7 +307,7 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
 
 
 STEP_PHASES = ("prefill", "decode", "mixed", "idle")
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")  # a request's (engine.report.StepReport.finished)
 # The fields the engine always sets, per event kind (engine/report.py's Event).
 EVENT_FIELDS = {
     "allocate": ("block_id", "logical_index"), "write": ("block_id", "slot", "position"), "free": ("block_id",),
