@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _reported_stages() -> list[str]:
     """The stage texts engine/model_executor/model_loader.py and engine/cpu/ops.py hand to a progress callback, from their source."""
     texts = []
-    for name in ("model_loader.py", "cpu_ops.py"):
+    for name in ("model_executor/model_loader.py", "cpu/ops.py"):
         source = (ROOT / "engine" / name).read_text()
         texts += re.findall(r'_stage\(progress, f?"([^"]+)"', source)
         texts += re.findall(r'_say\(f?"([^"]+)"', source)

@@ -106,7 +106,7 @@ def _finish_reasons_in_engine() -> set[str]:
     """Every finish reason the engine's source sets: finish(...) / finish_seq(...) arguments, assignments
     to finish_reason, FINISH events' details and what _finish_reason returns."""
     reasons = set()
-    for path in (ROOT / "engine").glob("*.py"):
+    for path in (ROOT / "engine").rglob("*.py"):
         src = path.read_text()
         reasons |= set(re.findall(r"\bfinish(?:_seq)?\([^()]*,\s*\"(\w+)\"\)", src))
         reasons |= set(re.findall(r"finish_reason\s*=\s*\"(\w+)\"", src))
