@@ -70,7 +70,7 @@ def test_cli_prints_json_and_draws_the_chart(tmp_path, capsys):
 
 def test_the_engine_never_imports_matplotlib():
     """The simulator, the experiments and the command line import no chart library; a chart (--out)
-    is drawn by `python -m visualize reproduce-paper`, and the engine's command refuses --out before it runs."""
+    is drawn by `python -m visualize reproduce-paper`, in a process of its own."""
     code = ("import sys, engine, engine.sim.simulator, engine.experiments.figures, engine.sim.cost_model, engine.sim.clock, "
             "engine.tools.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
             "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
