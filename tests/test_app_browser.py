@@ -29,6 +29,13 @@ SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def step_button(page):
+    """The Live page's Step button, not a stale copy: while a rerun redraws the page (slow on a busy
+    machine), Streamlit keeps the previous run's elements, marked data-stale, beside the new ones."""
+    fresh = page.locator('xpath=//*[not(ancestor-or-self::*[@data-stale="true"])]')
+    return page.get_by_role("button", name="Step", exact=True).and_(fresh)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,7 +102,7 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
             if time.time() > deadline or server.poll() is not None:
                 raise
             time.sleep(0.3)
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     step.wait_for(timeout=120_000)
     cold_start = time.perf_counter() - started
     print(f"\ncold start to an interactive page: {cold_start:.1f} s (goal <= 10 s)")
@@ -112,7 +119,7 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
     # The engine is rebuilt with the 8 requests before Step does anything.
     page.get_by_text("Request 7", exact=True).wait_for(timeout=60_000)
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()  # fold it away
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     step.wait_for(timeout=60_000)
 
     # Step until a generated token is visible and the pool holds blocks.
@@ -146,7 +153,7 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
 
     # The contiguous allocator: the engine is rebuilt, stepping works and shows slot ranges.
     page.locator('[data-testid="stSidebar"]').get_by_text("contiguous (before vLLM)").click()
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     step.wait_for(timeout=60_000)
     page.get_by_text("Press Step to run the first scheduler iteration.").wait_for(timeout=60_000)
     step.click()
@@ -211,7 +218,7 @@ def streamed_text_is_the_final_text(page) -> None:
         assert shown == expected, (lang, shown, expected)
         assert not any("\ufffd" in text for text in shown), lang
     page.locator('[data-testid="stSidebar"]').get_by_text("English").click()
-    page.get_by_role("button", name="Step", exact=True).wait_for(timeout=60_000)
+    step_button(page).wait_for(timeout=60_000)
 
 
 def start_server(port: int, env: dict) -> subprocess.Popen:
@@ -378,7 +385,7 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     sidebar.get_by_text("64 blocks × 16", exact=False).wait_for(timeout=180_000)
 
     # Three steps, then the replay slider back to step 0.
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     for k in range(3):
         step.click()
         step_title(page, f"Step {k}", 300)
@@ -408,7 +415,7 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     no_exception_box(page)
     page.screenshot(path=str(SHOTS / "saved_run_en.png"), full_page=True)
     page.get_by_role("button", name="Close the saved run").click()
-    page.get_by_role("button", name="Step", exact=True).wait_for(timeout=180_000)
+    step_button(page).wait_for(timeout=180_000)
 
     # A foreign file: a clear error next to the uploader, the app keeps working.
     panel = page.locator('[data-testid="stExpander"]').filter(has_text="Workload").first
@@ -423,7 +430,7 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     # Projector layout: the request texts are folded into an expander.
     page.get_by_text("projector", exact=True).click()
     page.locator('[data-testid="stExpander"] summary').filter(has_text="Requests and their text").wait_for(timeout=180_000)
-    page.get_by_role("button", name="Step", exact=True).click()
+    step_button(page).click()
     step_title(page, "Step 0", 300)
     wait_for_charts(page, 2)
     assert chart_text_problems(page, "en") == []  # the large pool map
@@ -506,7 +513,7 @@ def prefix_caching(page, sync_api, port, server) -> None:
 
     open_app(page, sync_api, port, server)
     load_preset(page, t("preset_shared_system_prompt", "en"), "Request 3")
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     cached = page.locator('[data-testid="request-cached"]').filter(has_text=re.compile(r"^[1-9]\d* tok cached"))
     for k in range(60):  # until requests 2 and 3 are admitted: they hit request 0's blocks
         step.click()
@@ -544,7 +551,7 @@ def swap_lane(page, sync_api, port, server) -> None:
 
     open_app(page, sync_api, port, server)
     load_preset(page, t("preset_swap", "en"), "Request 5")
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     copied_out = page.get_by_text(re.compile(r"This step: [1-9]\d* block\(s\) out"))
     for k in range(40):  # the preset's pool fills at about step 12: requests are swapped out
         step.click()
@@ -584,7 +591,7 @@ def beam_trees(page, sync_api, port, server) -> None:
     sidebar = page.locator('[data-testid="stSidebar"]')
     sidebar.get_by_text(t("sharing_beam", "en"), exact=True).click()
     sidebar.get_by_role("spinbutton", name=t("sharing_width_beam", "en")).wait_for(timeout=180_000)
-    step = page.get_by_role("button", name="Step", exact=True)
+    step = step_button(page)
     step.wait_for(timeout=180_000)
     trees = page.get_by_text(re.compile(rf"^{t('beam_tree_title', 'en')} · "))
     for k in range(6):  # beams fork again after the prompt's prefill: trees from the second fork on
