@@ -7,6 +7,11 @@ figures in visualize/.
 """
 
 import streamlit as st
+
+# The Kernel lab runs the Triton kernels, under Triton's interpreter where there is no GPU: importing
+# kernels first sets TRITON_INTERPRET before anything else (torch's own Triton-backed ops included)
+# imports Triton.
+import kernels  # noqa: F401
 import torch
 
 from app_pages import beside_vllm, compare, kernel_lab, lessons, live

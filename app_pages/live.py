@@ -32,11 +32,13 @@ def page() -> None:
     layout_choice(lang)
     run = st.session_state.get("loaded_run")
     if run is not None:  # a saved run: replayed from its reports, no model needed
-        workload_editor(lang, None)
+        workload_editor(lang)
         saved_run_view(run, lang)
         return
+    # The editor first: an edit reruns the whole script, and the engine below must be built from the
+    # edited rows in that same run (a Step afterwards reruns only the live fragment).
+    workload_editor(lang)
     llm = current_engine(lang, force=st.session_state.pop("force_reset", False))
-    workload_editor(lang, llm)
     show_capacity(llm, lang)
     if llm is None:
         return
@@ -70,7 +72,7 @@ def projector() -> bool:
     return st.session_state.get("layout") == "projector"
 
 
-def workload_editor(lang: str, llm) -> None:
+def workload_editor(lang: str) -> None:
     with st.expander(t("workload", lang), icon=":material/edit_note:"):
         cols = st.columns([3, 1])
         localized_choice(cols[0].selectbox, t("preset", lang), list(PRESETS), "preset", lang, lambda p: t(p, lang))
@@ -341,10 +343,10 @@ def _reply_html(v, color: str, lang: str) -> str:
     """The request's text; with several sequences one line per sample, or per beam with its scores
     (pruned beams greyed and struck through); a finished beam search's result first."""
     if not v.sequences:
-        return f'<br><span style="color:{color}" data-testid="request-text">{html_text(v.text)}</span>'
+        return f'<br><span style="color:{color};white-space:pre-wrap" data-testid="request-text">{html_text(v.text)}</span>'
     lines = []
     if v.sharing == "beam" and v.status == "finished":
-        lines.append(f'<b>{t("beam_result", lang)}</b>: <span style="color:{color}" data-testid="request-text">{html_text(v.text)}</span>')
+        lines.append(f'<b>{t("beam_result", lang)}</b>{t("sep_colon", lang)}<span style="color:{color};white-space:pre-wrap" data-testid="request-text">{html_text(v.text)}</span>')
     for s in v.sequences:
         if v.sharing != "beam":
             label = t("sample_label", lang, index=s.index)
@@ -358,7 +360,7 @@ def _reply_html(v, color: str, lang: str) -> str:
         if s.score is not None and s.state != "pruned":
             label += " · " + t("beam_scores", lang, logprob=s.cumulative_logprob, score=s.score)
         lines.append(f'<small style="color:#888">{label}</small> '
-                     f'<span style="{style}" data-testid="sequence-text">{html_text(s.text) or "…"}</span>')
+                     f'<span style="{style};white-space:pre-wrap" data-testid="sequence-text">{html_text(s.text) or "…"}</span>')
     return "".join(f"<br>{line}" for line in lines)
 
 
