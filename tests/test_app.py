@@ -666,3 +666,31 @@ def test_a_preset_leaves_no_setting_of_the_one_before(app: AppTest, name: str):
     assert settings.block_size == 16
     if name != "preset_parallel_sampling":  # its samples differ only when sampled
         assert settings.temperature == 0.0 and fresh[2] is False, "greedy, or beam search (which samples nothing)"
+
+
+def test_the_kernel_lab_runs_its_kernel_in_a_fresh_app_process(tiny_llama_dir, cpu_kernels_built):
+    """In a process of its own (nothing imported Triton before the app did), the app steps the engine
+    and the Kernel lab runs the Triton kernel under the interpreter: torch's own Triton-backed ops
+    must not import Triton before TRITON_INTERPRET is set."""
+    import subprocess
+    import sys
+
+    code = """
+import os, sys
+from streamlit.testing.v1 import AppTest
+os.environ[sys.argv[2]] = sys.argv[1]
+at = AppTest.from_file(sys.argv[3], default_timeout=120)
+at.run()
+at.button(key="btn_step").click().run()
+at._page_hash = next(h for h, info in at._registered_pages.items() if info.get("url_pathname") == "kernel")
+at.run()
+at.button(key="btn_kernel").click().run()
+assert not at.exception, [e.value for e in at.exception]
+diffs = {m.label: float(m.value) for m in at.metric if m.label.startswith("max |kernel")}
+assert diffs and max(diffs.values()) < 1e-4, diffs  # the kernel's output against the reference and the engine
+print("kernel ran")
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_llama_dir), MODEL_ENV, APP], capture_output=True, text=True,
+                          timeout=600, cwd=str(Path(APP).parent), env=env)
+    assert done.returncode == 0 and "kernel ran" in done.stdout, (done.stdout[-1500:], done.stderr[-3000:])
