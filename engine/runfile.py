@@ -213,13 +213,13 @@ def _run(data: dict, name: str, size: int) -> Run:
         raise RunFileError(f"{name}: \"engine\": model_name must be a string")
     block_size, num_blocks = engine["block_size"], engine["num_blocks"]
     if not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise RunFileError(f"{name}: \"engine\": block_size {_short(block_size)} is not from 1 to {MAX_BLOCK_SIZE}")
+        raise RunFileError(f"{name}: \"engine\": block_size {short_repr(block_size)} is not from 1 to {MAX_BLOCK_SIZE}")
     most = min(MAX_RUN_BLOCKS, size)
     if not 1 <= num_blocks <= most:
-        raise RunFileError(f"{name}: \"engine\": num_blocks {_short(num_blocks)} is not from 1 to {most} "
+        raise RunFileError(f"{name}: \"engine\": num_blocks {short_repr(num_blocks)} is not from 1 to {most} "
                            f"(at most {MAX_RUN_BLOCKS}, and no more blocks than the file has bytes)")
     if engine["bytes_per_slot"] > 1 << 40:
-        raise RunFileError(f"{name}: \"engine\": bytes_per_slot {_short(engine['bytes_per_slot'])} is over 2**40")
+        raise RunFileError(f"{name}: \"engine\": bytes_per_slot {short_repr(engine['bytes_per_slot'])} is over 2**40")
     prompts = data.get("prompts")
     if not isinstance(prompts, dict) or not all(_is_id(k) and isinstance(v, str) for k, v in prompts.items()):
         raise RunFileError(f"{name}: \"prompts\" must map request ids (0, 1, ...) to prompt texts")
@@ -247,31 +247,31 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
     from engine.report import SWAP_IN, SWAP_OUT
 
     if report.phase not in STEP_PHASES:
-        raise ValueError(f"phase {_short(report.phase)} is not one of {', '.join(STEP_PHASES)}")
+        raise ValueError(f"phase {short_repr(report.phase)} is not one of {', '.join(STEP_PHASES)}")
     for scheduled in report.scheduled:
         if scheduled.phase not in ("prefill", "decode"):
-            raise ValueError(f"scheduled: request {scheduled.request_id}: phase {_short(scheduled.phase)} is not prefill or decode")
+            raise ValueError(f"scheduled: request {scheduled.request_id}: phase {short_repr(scheduled.phase)} is not prefill or decode")
     for rid, reason in report.finished.items():
         if reason not in FINISH_REASONS:
-            raise ValueError(f"finished: request {rid}: {_short(reason)} is not one of {', '.join(FINISH_REASONS)}")
+            raise ValueError(f"finished: request {rid}: {short_repr(reason)} is not one of {', '.join(FINISH_REASONS)}")
     for key in report.timings_ms:
         if not (key.isascii() and key.replace("_", "").isalnum() and len(key) <= 32):
-            raise ValueError(f"timings_ms: {_short(key)} is not a phase name (letters, digits and _)")
+            raise ValueError(f"timings_ms: {short_repr(key)} is not a phase name (letters, digits and _)")
     capacity = num_blocks * block_size
     if report.memory.capacity != capacity:
-        raise ValueError(f"memory.capacity {_short(report.memory.capacity)} is not the pool's {num_blocks} blocks "
+        raise ValueError(f"memory.capacity {short_repr(report.memory.capacity)} is not the pool's {num_blocks} blocks "
                          f"x {block_size} slots = {capacity}")
     cpu_blocks = 0
     if report.cpu_memory is not None:
         cpu_capacity = report.cpu_memory.capacity
         if cpu_capacity % block_size or cpu_capacity // block_size > MAX_RUN_BLOCKS:
-            raise ValueError(f"cpu_memory.capacity {_short(cpu_capacity)} is not a whole number of at most "
+            raise ValueError(f"cpu_memory.capacity {short_repr(cpu_capacity)} is not a whole number of at most "
                              f"{MAX_RUN_BLOCKS} blocks of {block_size} slots")
         cpu_blocks = cpu_capacity // block_size
 
     def check(block, where: str, pool: int = num_blocks) -> None:
         if block is not None and not 0 <= block < pool:
-            raise ValueError(f"{where}: block {_short(block)} is not in the pool (0 to {pool - 1})")
+            raise ValueError(f"{where}: block {short_repr(block)} is not in the pool (0 to {pool - 1})")
 
     for table in report.block_tables:
         if len(table.filled) != len(table.block_table) or (table.ref_counts and len(table.ref_counts) != len(table.block_table)):
@@ -279,7 +279,7 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
         for block, filled in zip(table.block_table, table.filled):
             check(block, f"block_tables: request {table.request_id}")
             if not 0 <= filled <= block_size:
-                raise ValueError(f"block_tables: request {table.request_id}: filled {_short(filled)} is not from 0 to {block_size}")
+                raise ValueError(f"block_tables: request {table.request_id}: filled {short_repr(filled)} is not from 0 to {block_size}")
         if table.slot_range is not None and not 0 <= table.slot_range[0] <= table.slot_range[1] <= capacity:
             raise ValueError(f"block_tables: request {table.request_id}: slot_range {table.slot_range} is not in the pool")
     for table in report.cpu_block_tables:
@@ -288,7 +288,7 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
     for event in report.events:
         needed = EVENT_FIELDS.get(event.kind)
         if needed is None:
-            raise ValueError(f"event kind {_short(event.kind)} is not one of {', '.join(EVENT_FIELDS)}")
+            raise ValueError(f"event kind {short_repr(event.kind)} is not one of {', '.join(EVENT_FIELDS)}")
         missing = [f for f in needed if getattr(event, f) is None]
         if missing:
             raise ValueError(f"event {event.kind}: {', '.join(missing)} missing")
@@ -297,7 +297,7 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
         if event.dst_block_id is not None:
             check(event.dst_block_id, f"event {event.kind}", cpu_blocks if event.kind == SWAP_OUT else num_blocks)
         if event.slot is not None and not 0 <= event.slot < capacity:
-            raise ValueError(f"event {event.kind}: slot {_short(event.slot)} is not in the pool")
+            raise ValueError(f"event {event.kind}: slot {short_repr(event.slot)} is not in the pool")
     for block in [*report.free_queue, *report.cached_free]:
         check(block, "free_queue / cached_free")
     for gpu, cpu in report.blocks_to_swap_out:
@@ -331,7 +331,7 @@ def _as_run_file_error(source, name: str | None):
         raise
     except (Exception, RecursionError) as error:  # noqa: BLE001 - a file must never crash its reader
         what = name or (str(source) if isinstance(source, (str, Path)) else "the file")
-        raise RunFileError(f"{what}: cannot be opened ({type(error).__name__}: {_short(str(error), 200)})") from None
+        raise RunFileError(f"{what}: cannot be opened ({type(error).__name__}: {short_repr(str(error), 200)})") from None
 
 
 def from_json(cls, value):
@@ -480,7 +480,7 @@ def _requests(rows, name: str) -> list[WorkloadRequest]:
             raise RunFileError(f"{name}: request {i}: \"prompt\" must be a non-empty string")
         if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
             raise RunFileError(f"{name}: request {i}: \"max_tokens\" must be an integer from 1 to {MAX_TOKENS_LIMIT}, "
-                               f"got {_short(max_tokens)}")
+                               f"got {short_repr(max_tokens)}")
         requests.append(WorkloadRequest(prompt, max_tokens))
     return requests
 
@@ -513,14 +513,14 @@ def _settings(raw, name: str, num_requests: int = 1) -> dict:
         else:  # model: a name (the app takes only its own default model from a file; see app_pages/saved.py)
             ok, want = isinstance(value, str) and value.strip() != "" and len(value) <= 4096, "a model name"
         if not ok:
-            raise RunFileError(f"{name}: setting \"{key}\" has a bad value {_short(value)} ({want} expected)")
+            raise RunFileError(f"{name}: setting \"{key}\" has a bad value {short_repr(value)} ({want} expected)")
         settings[key] = value
     if settings["num_gpu_blocks"] is not None and settings["kv_cache_memory"] is not None:
         raise RunFileError(f"{name}: give either \"num_gpu_blocks\" or \"kv_cache_memory\", not both")
     return settings
 
 
-def _short(value, limit: int = 60) -> str:
+def short_repr(value, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters (a 4,000-digit number or a long string stays readable)."""
     try:
         text = repr(value)

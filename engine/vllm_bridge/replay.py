@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from engine.runfile import short_repr
 from engine.vllm_bridge.compare import (
     KNOWN_DIFFERENCES, KV_CACHE_GIB, VLLM_BLOCK_MULTIPLE, compare_outputs, known_difference,
 )
@@ -168,27 +169,27 @@ def load_replay(source: str | bytes, name: str = "replay") -> dict:
         if key == "num_gpu_blocks" and value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ValueError(f"{name}: settings: {key} is {_short(value)}, not an integer from {low} to {high}")
+            raise ValueError(f"{name}: settings: {key} is {short_repr(value)}, not an integer from {low} to {high}")
     for key, (low, high) in REPLAY_OPTIONAL_LIMITS.items():
         value = settings.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high):
-            raise ValueError(f"{name}: settings: {key} is {_short(value)}, not null or an integer from {low} to {high}")
+            raise ValueError(f"{name}: settings: {key} is {short_repr(value)}, not null or an integer from {low} to {high}")
     for key in ("enable_prefix_caching", "enable_chunked_prefill"):
         if not isinstance(settings.get(key, False), bool):
-            raise ValueError(f"{name}: settings: {key} is {_short(settings[key])}, not true or false")
+            raise ValueError(f"{name}: settings: {key} is {short_repr(settings[key])}, not true or false")
     if settings["num_gpu_blocks"] is not None and settings["num_gpu_blocks"] * settings["block_size"] > REPLAY_MAX_SLOTS:
         raise ValueError(f"{name}: settings: a pool of {settings['num_gpu_blocks']} blocks of {settings['block_size']} slots is over "
                          f"the {REPLAY_MAX_SLOTS:,} slots a replay here may use")
     if not isinstance(settings["ignore_eos"], bool):
-        raise ValueError(f"{name}: settings: ignore_eos is {_short(settings['ignore_eos'])}, not true or false")
+        raise ValueError(f"{name}: settings: ignore_eos is {short_repr(settings['ignore_eos'])}, not true or false")
     temperature = settings["temperature"]
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
-        raise ValueError(f"{name}: settings: temperature is {_short(temperature)}, not a number from 0 to 100")
+        raise ValueError(f"{name}: settings: temperature is {short_repr(temperature)}, not a number from 0 to 100")
     if settings.get("model") not in (None, DEFAULT_MODEL):
-        raise ValueError(f"{name}: settings: model is {_short(settings['model'])}; a replay file is data and cannot choose "
+        raise ValueError(f"{name}: settings: model is {short_repr(settings['model'])}; a replay file is data and cannot choose "
                          f"the model this server loads (only {DEFAULT_MODEL!r} is replayed here)")
     if "workload" in data and not isinstance(data["workload"], (str, type(None))):
-        raise ValueError(f"{name}: workload is {_short(data['workload'])}, not a file name")
+        raise ValueError(f"{name}: workload is {short_repr(data['workload'])}, not a file name")
     for side in ("vllm_run", "engine_run"):
         if side in data:
             _check_run(data[side], f"{name}: {side}")
@@ -212,14 +213,6 @@ def workload_file(replay: dict) -> Path | None:
 
 def _no_constant(word: str):
     raise ValueError(f"{word} is not a number a replay file holds")
-
-
-def _short(value, limit: int = 60) -> str:
-    try:
-        text = repr(value)
-    except ValueError:  # an int too long for repr
-        return f"an integer of {value.bit_length()} bits"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_run(run, where: str) -> None:
