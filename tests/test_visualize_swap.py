@@ -87,8 +87,7 @@ def test_both_maps_mark_the_copies_and_name_the_other_end(swap_reports, lang):
 def test_a_block_swapped_out_and_reused_in_the_same_step_names_both_owners(swap_reports):
     reused = [(r, g, c) for r in swap_reports for g, c in r.blocks_to_swap_out
               if g in {b for s in r.block_tables for b in s.block_table}]
-    if not reused:
-        pytest.skip("no block of this run was swapped out and handed out again in one step")
+    assert reused, "the swap preset's run must swap a block out and hand it to another request in one step"
     report, g, c = reused[0]
     gpu = {r["block"]: r for r in gpu_swap_spec(pool_map_spec(report, 4), report)["data"]["values"]}
     assert "then the block was given to request" in gpu[g]["swap_text"]
