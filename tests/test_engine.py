@@ -46,7 +46,7 @@ def engine_prefill_logits(engine: LLMEngine, prompt_ids: list[int]) -> torch.Ten
     """Last-position logits of a prompt, through the engine's scheduler, paged KV cache and model."""
     engine.add_request(prompt_ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    logits = engine.runner.execute(batch, engine.kv, [])
+    logits = engine.runner.execute(batch, engine.kv)
     for seq in batch.prefill_seqs:
         engine.scheduler.finish(seq, "abort")
     return logits[0]

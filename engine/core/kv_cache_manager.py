@@ -9,10 +9,12 @@ from abc import ABC, abstractmethod
 
 from engine.core.accounting import MemoryUsage
 from engine.core.sequence import Sequence, SequenceGroup
-from engine.report import BlockTableSnapshot, Event
+from engine.core.events import EventLog
+from engine.report import BlockTableSnapshot
 
-# What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
-Group = Sequence | SequenceGroup
+# What the scheduler hands an allocator: a request, as its sequence group. (The simulator's lock-step
+# path hands a bare Sequence, which answers the same interface: engine/core/sequence.py.)
+Group = SequenceGroup
 
 
 class KVCacheManager(ABC):
@@ -23,16 +25,14 @@ class KVCacheManager(ABC):
         num_blocks: blocks in the pool; capacity is ``num_blocks * block_size`` slots.
         attention_block_size: block size of the block tables handed to attention
             (paged: block_size; contiguous: 1, a range is a run of consecutive 1-slot blocks).
-        events: ALLOCATE / FREE events since the engine last drained them.
+        events: the :class:`~engine.core.events.EventLog` its block events (ALLOCATE, FREE, ...) go
+            to: the engine's, drained every step; the simulator's keeps nothing.
     """
 
     block_size: int
     num_blocks: int
     attention_block_size: int
-    events: list[Event]
-    # The model-free simulator turns per-block events off: on 100,000 requests they would be
-    # millions of objects nobody reads. The engine keeps them on (the event log of every step).
-    record_events: bool = True
+    events: EventLog
 
     @property
     def num_slots(self) -> int:
@@ -40,8 +40,8 @@ class KVCacheManager(ABC):
 
     @abstractmethod
     def fits_ever(self, seq: Group) -> bool:
-        """Could ``seq`` (a request, or a sequence group) be admitted to an empty pool and run to
-        the end? (False: reject it, it would wait forever.)"""
+        """Could request ``seq`` be admitted to an empty pool and run to the end? (False: reject it,
+        it would wait forever.)"""
 
     @abstractmethod
     def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
