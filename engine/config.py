@@ -179,6 +179,53 @@ class EngineConfig:
                              "its own range, so there are no blocks to share; set enable_prefix_caching=False")
 
 
+    def resolve(self, bytes_per_slot: int, max_position_embeddings: int | None) -> ResolvedSizes:
+        """The sizes the engine runs with, defaults filled in, for a model whose KV takes
+        ``bytes_per_slot`` bytes per token and that knows ``max_position_embeddings`` positions.
+
+        Raises:
+            ValueError: a KV pool or swap space smaller than one block, a max_model_len beyond the
+                model's limit, or (without chunked prefill) a token budget below max_model_len.
+        """
+        block_bytes = bytes_per_slot * self.block_size
+        if self.kv_cache_memory is None:
+            num_blocks = self.num_gpu_blocks or DEFAULT_NUM_BLOCKS
+        elif (num_blocks := self.kv_cache_memory // block_bytes) < 1:
+            raise ValueError(f"kv_cache_memory={self.kv_cache_memory} bytes is smaller than one block ({block_bytes} bytes)")
+        num_cpu_blocks = 0  # the CPU swap space: none under recompute; swap_space bytes, or as many blocks as the GPU pool
+        if self.preemption_mode == "swap":
+            num_cpu_blocks = num_blocks if self.swap_space is None else self.swap_space // block_bytes
+            if num_cpu_blocks < 1:
+                raise ValueError(f"swap_space={self.swap_space} bytes is smaller than one block ({block_bytes} bytes)")
+        limit = max_position_embeddings or DEFAULT_MAX_MODEL_LEN
+        wanted = self.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        if wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's limit of {limit} positions")
+        # A lone request must always be able to finish, or preempting it would loop forever.
+        max_model_len = min(wanted, (num_blocks - self.reserve_null_block) * self.block_size)
+        budget = self.max_num_batched_tokens or default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_num_seqs, max_model_len)
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be >= max_model_len ({max_model_len}): "
+                             "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
+        return ResolvedSizes(num_blocks, num_cpu_blocks, max_model_len, budget)
+
+
+@dataclass(frozen=True)
+class ResolvedSizes:
+    """An :class:`EngineConfig`'s sizes with every default filled in (:meth:`EngineConfig.resolve`).
+
+    Attributes:
+        num_blocks: KV pool blocks. num_cpu_blocks: CPU swap space blocks (0: none).
+        max_model_len: most tokens per request, within the model's positions and the pool.
+        max_num_batched_tokens: the step's token budget.
+    """
+
+    num_blocks: int
+    num_cpu_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+
+
 def _positive_int(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")

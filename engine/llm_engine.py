@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from engine.config import DEFAULT_MAX_MODEL_LEN, DEFAULT_NUM_BLOCKS, EngineConfig, default_max_num_batched_tokens
+from engine.config import EngineConfig
 from engine.core.block_manager import PagedBlockManager
 from engine.core.events import EventLog
 from engine.core.kv_cache_manager import KVCacheManager
@@ -78,14 +78,9 @@ class LLMEngine:
         self.greedy_kernel = bool(kernels)  # greedy rows' argmax in one C++ call (engine/cpu/csrc/sampling.cpp)
         self.cpu_backend = describe_cpu_backend(model, backend, self.dtype, self.greedy_kernel)
         self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
-        self.num_blocks = self._num_blocks()
-        self.num_cpu_blocks = self._num_cpu_blocks()
-        self.max_model_len = self._max_model_len()
-        max_batched = config.max_num_batched_tokens or default_max_num_batched_tokens(
-            config.enable_chunked_prefill, config.max_num_seqs, self.max_model_len)
-        if not config.enable_chunked_prefill and max_batched < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens ({max_batched}) must be >= max_model_len ({self.max_model_len}): "
-                             "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
+        sizes = config.resolve(self.bytes_per_slot, getattr(self.hf_config, "max_position_embeddings", None))
+        self.num_blocks, self.num_cpu_blocks, self.max_model_len = sizes.num_blocks, sizes.num_cpu_blocks, sizes.max_model_len
+        max_batched = sizes.max_num_batched_tokens
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks)
         self.events = EventLog()
         self.kv = self._make_kv_manager()
@@ -209,8 +204,8 @@ class LLMEngine:
 
     def prefix_cache_stats(self) -> PrefixCacheStats | None:
         """A copy of the engine-wide prefix-cache counters (None with prefix caching off)."""
-        cache = getattr(self.kv, "prefix_cache", None)
-        return None if cache is None else dataclasses.replace(cache.stats)
+        stats = self.scheduler.prefix_cache_stats
+        return None if stats is None else dataclasses.replace(stats, evictions=self.kv.prefix_cache.num_evictions)
 
     def memory_usage(self):
         """The pool now, in the paper's categories (:class:`~engine.core.accounting.MemoryUsage`)."""
@@ -377,38 +372,6 @@ class LLMEngine:
             seq_new_text=out.seq_new_text, seq_finished=out.seq_finished, sharing=out.sharing,
             beam_scores=out.beam_scores, errors=out.errors,
         )
-
-    # ---- sizes ------------------------------------------------------------------------------
-
-    def _num_blocks(self) -> int:
-        cfg = self.config
-        if cfg.kv_cache_memory is None:
-            return cfg.num_gpu_blocks or DEFAULT_NUM_BLOCKS
-        num_blocks = cfg.kv_cache_memory // (self.bytes_per_slot * cfg.block_size)
-        if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory={cfg.kv_cache_memory} bytes is smaller than one block ({self.bytes_per_slot * cfg.block_size} bytes)")
-        return num_blocks
-
-    def _num_cpu_blocks(self) -> int:
-        """Blocks of the CPU swap space: none under recompute; ``swap_space`` bytes, or as many
-        blocks as the GPU pool."""
-        cfg = self.config
-        if cfg.preemption_mode != "swap":
-            return 0
-        if cfg.swap_space is None:
-            return self.num_blocks
-        num_blocks = cfg.swap_space // (self.bytes_per_slot * cfg.block_size)
-        if num_blocks < 1:
-            raise ValueError(f"swap_space={cfg.swap_space} bytes is smaller than one block ({self.bytes_per_slot * cfg.block_size} bytes)")
-        return num_blocks
-
-    def _max_model_len(self) -> int:
-        limit = getattr(self.hf_config, "max_position_embeddings", None) or DEFAULT_MAX_MODEL_LEN
-        wanted = self.config.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
-        if wanted > limit:
-            raise ValueError(f"max_model_len={wanted} exceeds the model's limit of {limit} positions")
-        # A lone request must always be able to finish, or preempting it would loop forever.
-        return min(wanted, (self.num_blocks - self.config.reserve_null_block) * self.config.block_size)
 
     def _make_kv_manager(self) -> KVCacheManager:
         cfg = self.config

@@ -346,7 +346,7 @@ def test_finished_requests_are_released_once_their_outputs_are_taken(tiny_llama_
     assert [o.text for o in outputs] == texts
     assert engine.requests == {} and engine.generators == {} and engine.errors == {}
     assert engine.detokenizer.texts == {} and engine.detokenizer.emitted == {} and engine.detokenizer._stable == {}
-    assert engine.kv.num_cached_blocks == {}
+    assert engine.kv.num_committed_blocks == {}
     with pytest.raises(KeyError, match="already taken"):
         engine.take_output(ids[0])
     running = engine.add_request([5, 6], SamplingParams(max_tokens=3))

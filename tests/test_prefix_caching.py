@@ -177,10 +177,10 @@ def test_re_prefill_at_block_size_plus_one_tokens():
     kv.cache_blocks([seq])
     kv.free(seq)
     seq.num_computed_tokens = 0
-    seq.num_preemptions = 1
-    assert kv.num_prefill_tokens(seq) == 1
-    kv.allocate(seq)
-    assert seq.num_computed_tokens == 4 and len(seq.block_table) == 2 and kv.prefix_cache.stats.preempted_hits == 4
+    blocks, num_computed = kv.get_computed_blocks(seq)
+    assert num_computed == 4 and kv.num_prefill_tokens(seq, blocks) == 1
+    kv.allocate(seq, computed_blocks=blocks)
+    assert len(seq.block_table) == 2 and seq.block_table[0] == blocks[0]
 
 
 # ---- the default model: outputs and logits unchanged ----------------------------------------------

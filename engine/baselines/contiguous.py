@@ -134,7 +134,7 @@ class ContiguousAllocator(KVCacheManager):
             return chunk <= self.buddy.largest_chunk and count * chunk <= self.num_slots
         return count * size <= self.num_slots
 
-    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> bool:
         # The whole range is reserved at admission, chunked prefill or not: num_new_tokens changes nothing.
         size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
         if self.buddy is not None:  # an aligned free chunk of 2^k holds 2^k / chunk chunks
@@ -145,7 +145,7 @@ class ContiguousAllocator(KVCacheManager):
             return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
         return sum((e - s) // size for s, e in zip(self.gap_starts, self.gap_ends)) >= count
 
-    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> None:
         for s in seq.unfinished_seqs():
             assert s.seq_id not in self.ranges, f"sequence {s.seq_id} already holds a range"
             self.ranges[s.seq_id] = self._take_range(s)

@@ -79,7 +79,8 @@ class PagedBlockManager(KVCacheManager):
         self.watermark_blocks = int(watermark * num_blocks)
         self.lockstep = False  # see start_lockstep
         self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
-        self.num_cached_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
+        self.enable_caching = enable_caching
+        self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
 
     @property
     def num_free_blocks(self) -> int:
@@ -103,8 +104,12 @@ class PagedBlockManager(KVCacheManager):
         own = self.blocks_needed(seq.seqs[0].max_len) - shared
         return shared + seq.num_samples * own <= self.num_usable_blocks
 
-    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
-        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens))
+    def get_computed_blocks(self, group: Group) -> tuple[list[int], int]:
+        hits = self._computed_blocks(group.unfinished_seqs()[0])
+        return hits, len(hits) * self.block_size
+
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> bool:
+        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens, computed_blocks))
 
     def _fits_admission(self, needed: int) -> bool:
         free = self.num_free_blocks
@@ -112,11 +117,13 @@ class PagedBlockManager(KVCacheManager):
             return needed <= free
         return free - needed >= self.watermark_blocks
 
-    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> None:
         first, *others = seq.unfinished_seqs()
         assert not first.block_table, f"request {first.request_id} already holds blocks"
-        self._touch_computed_blocks(seq, first)
-        for _ in range(self.blocks_needed(self._prefill_end(first, num_new_tokens)) - len(first.block_table)):
+        hits = self._computed_blocks(first) if computed_blocks is None else computed_blocks
+        self._touch_computed_blocks(first, hits)
+        end = first.num_tokens if num_new_tokens is None else len(hits) * self.block_size + num_new_tokens
+        for _ in range(self.blocks_needed(end) - len(first.block_table)):
             self._take_block(first)
         shared = self._shared_prompt_blocks(seq)
         for other in others:  # re-prefill of a group: the full prompt blocks once, each tail its own
@@ -128,14 +135,14 @@ class PagedBlockManager(KVCacheManager):
             for _ in range(self.blocks_needed(other.num_tokens) - shared):
                 self._take_block(other)
 
-    def num_prefill_tokens(self, group: Group) -> int:
+    def num_prefill_tokens(self, group: Group, computed_blocks: list[int] | None = None) -> int:
         # After the cache lookup, not before (GeeeekExplorer/nano-vllm#211): hit tokens are not computed.
         first, *others = group.unfinished_seqs()
-        num_hit = len(self._computed_blocks(first))
+        num_hit = len(self._computed_blocks(first) if computed_blocks is None else computed_blocks)
         return group.num_new_tokens - (len(others) * self._shared_prompt_blocks(group) + num_hit) * self.block_size
 
     def _computed_blocks(self, seq: Sequence) -> list[int]:
-        """Cached blocks for ``seq``'s leading full blocks (vLLM's ``get_computed_blocks``), at most
+        """Cached blocks for ``seq``'s leading full blocks, at most
         ``(num_tokens - 1) // block_size`` of them: the last token is always computed, since its
         logits choose the next token (vllm-project/vllm#11186,
         GeeeekExplorer/nano-vllm#144). Only blocks whose token ids the
@@ -146,28 +153,17 @@ class PagedBlockManager(KVCacheManager):
         hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
         return self.prefix_cache.lookup(seq.token_ids, hashes)
 
-    def _touch_computed_blocks(self, group: Group, seq: Sequence) -> None:
+    def _touch_computed_blocks(self, seq: Sequence, hits: list[int]) -> None:
         """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
-        allocation cannot evict them; count them in the statistics."""
+        allocation cannot evict them (the scheduler sets ``num_computed_tokens`` and counts them)."""
         if self.prefix_cache is None:
             return
-        hits = self._computed_blocks(seq)
         for logical_index, block_id in enumerate(hits):
             self.allocator.touch(block_id)
             seq.block_table.append(block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
                              block_hash=self.prefix_cache.block_hash[block_id].hex())
-        num_hit = len(hits) * self.block_size
-        seq.num_computed_tokens = num_hit
-        self.num_cached_blocks[seq.seq_id] = len(hits)
-        stats = self.prefix_cache.stats
-        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vllm-project/vllm#25780)
-            stats.preempted_queries += seq.num_tokens
-            stats.preempted_hits += num_hit
-        else:
-            stats.queries += seq.num_tokens
-            stats.hits += num_hit
-            seq.num_prefix_hit_tokens = num_hit
+        self.num_committed_blocks[seq.seq_id] = len(hits)
 
     def cache_blocks(self, seqs: list[Sequence]) -> None:
         cache = self.prefix_cache
@@ -175,19 +171,14 @@ class PagedBlockManager(KVCacheManager):
             return
         for seq in seqs:
             num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
-            start = self.num_cached_blocks.get(seq.seq_id, 0)
+            start = self.num_committed_blocks.get(seq.seq_id, 0)
             if num_full <= start:
                 continue
             hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
             bs = self.block_size
             for i in range(start, num_full):
                 cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
-            self.num_cached_blocks[seq.seq_id] = num_full
-
-    @staticmethod
-    def _prefill_end(seq: Sequence, num_new_tokens: int | None) -> int:
-        """The tokens ``seq`` holds once this step's prefill (or chunk of it) is computed."""
-        return seq.num_tokens if num_new_tokens is None else seq.num_computed_tokens + num_new_tokens
+            self.num_committed_blocks[seq.seq_id] = num_full
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
@@ -222,8 +213,8 @@ class PagedBlockManager(KVCacheManager):
         for block_id in parent.block_table:
             self.allocator.incref(block_id)
         child.block_table = list(parent.block_table)
-        if parent.seq_id in self.num_cached_blocks:
-            self.num_cached_blocks[child.seq_id] = self.num_cached_blocks[parent.seq_id]
+        if parent.seq_id in self.num_committed_blocks:
+            self.num_committed_blocks[child.seq_id] = self.num_committed_blocks[parent.seq_id]
         self.events.emit(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
                          detail=f"{len(parent.block_table)} blocks shared")
 
@@ -238,7 +229,7 @@ class PagedBlockManager(KVCacheManager):
                     detail = "cached, evictable"
                 self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id, detail=detail)
         seq.block_table = []
-        self.num_cached_blocks.pop(seq.seq_id, None)
+        self.num_committed_blocks.pop(seq.seq_id, None)
 
     # --- Swap (paper §4.5; vLLM v0's ``BlockSpaceManager.swap_out`` / ``swap_in``) ---------------
     # A swapped-out request's block tables hold CPU block ids while it waits in the scheduler's
@@ -285,7 +276,7 @@ class PagedBlockManager(KVCacheManager):
             for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
                 src.free(block_id)
             seq.block_table = table
-            self.num_cached_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
+            self.num_committed_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
         return list(mapping.items())
 
     def free_swapped(self, group: Group) -> None:
@@ -336,12 +327,12 @@ class PagedBlockManager(KVCacheManager):
         """Full prompt blocks that a group's (re)prefill shares among its sequences."""
         return group.num_prompt_tokens // self.block_size
 
-    def _blocks_to_admit(self, group: Group, num_new_tokens: int | None = None) -> int:
+    def _blocks_to_admit(self, group: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> int:
         """Free blocks an admission takes: new blocks, and the cache hits now on the free queue
         (touching takes them off it). ``num_new_tokens``: a first chunk, after the hits."""
         seqs = group.unfinished_seqs()
         shared = self._shared_prompt_blocks(group)
-        hits = self._computed_blocks(seqs[0])
+        hits = self._computed_blocks(seqs[0]) if computed_blocks is None else computed_blocks
         free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
         if num_new_tokens is not None:
             return self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits) + free_hits

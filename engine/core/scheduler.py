@@ -49,6 +49,7 @@ from collections import deque
 
 from engine.config import PREEMPTION_MODES, SCHEDULE_FIRST, check_schedule_first  # noqa: F401 (also read from here)
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
 from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -67,6 +68,10 @@ class Scheduler:
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
+
+    Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
+    blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
+    sets ``num_computed_tokens`` and counts queries and hits in ``prefix_cache_stats``.
 
     Invariants: ``running`` is in admission order (oldest first); a request (a sequence group) is
     in exactly one of ``waiting``, ``running``, ``swapped``, or none
@@ -96,6 +101,8 @@ class Scheduler:
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.num_swap_fallbacks = 0  # swap preemptions that had to recompute: the CPU pool was full
+        # Prefix caching: tokens looked up and found at admissions (evictions: the allocator's).
+        self.prefix_cache_stats = PrefixCacheStats() if kv_manager.enable_caching else None
         self.events = kv_manager.events  # one ordered log (engine/core/events.py): the allocator's and the scheduler's
 
     def add(self, group: SequenceGroup) -> None:
@@ -247,7 +254,8 @@ class Scheduler:
     def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             group = self.waiting[0]
-            num_tokens = self.kv.num_prefill_tokens(group)
+            computed = self.kv.get_computed_blocks(group) if self.kv.enable_caching else _NO_HIT  # once per admission
+            num_tokens = self.kv.num_prefill_tokens(group, computed[0])
             # A group re-prefilling several sequences is never chunked (they share its prompt
             # blocks in one pass); a one-sequence prompt is, to what is left of the budget.
             chunk = min(num_tokens, budget) if self.enable_chunked_prefill and len(group.unfinished_seqs()) == 1 else None
@@ -257,10 +265,10 @@ class Scheduler:
             # A group re-prefilling more than the budget still runs when it would run alone.
             alone = not self.running and not out.prefill_seqs
             too_long = chunk is None and num_tokens > budget and not (len(group.unfinished_seqs()) > 1 and alone)
-            if too_long or not self.kv.can_allocate(group, chunk):
+            if too_long or not self.kv.can_allocate(group, chunk, computed[0]):
                 break
             self.waiting.popleft()
-            self._admit(group, chunk)
+            self._admit(group, chunk, computed)
             self._set_status(group, SequenceStatus.RUNNING)
             self.running.append(group)
             for seq in group.unfinished_seqs():
@@ -269,8 +277,23 @@ class Scheduler:
                     out.num_scheduled_tokens[seq.seq_id] = chunk
             budget -= num_tokens if chunk is None else chunk
 
-    def _admit(self, group: SequenceGroup, chunk: int | None = None) -> None:
-        self.kv.allocate(group, chunk)
+    def _admit(self, group: SequenceGroup, chunk: int | None = None, computed: tuple[list[int], int] = ([], 0)) -> None:
+        """Allocate an admitted group's KV, its prefix-cache hit first: its first sequence starts
+        with ``computed``'s tokens computed (vLLM v1: the scheduler owns ``num_computed_tokens``)."""
+        blocks, num_computed = computed
+        self.kv.allocate(group, chunk, blocks)
+        first = group.unfinished_seqs()[0]
+        first.num_computed_tokens = num_computed
+        stats = self.prefix_cache_stats
+        if stats is None:
+            return
+        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vllm-project/vllm#25780)
+            stats.preempted_queries += first.num_tokens
+            stats.preempted_hits += num_computed
+        else:
+            stats.queries += first.num_tokens
+            stats.hits += num_computed
+            first.num_prefix_hit_tokens = num_computed
 
     # --- Preemption (§4.5) ---------------------------------------------------------------------
 
@@ -333,6 +356,9 @@ class Scheduler:
         seq = self.waiting[0]
         budget = self.max_num_batched_tokens - (len(self.running) if self.schedule_first == "decodes" else 0)
         return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
+
+
+_NO_HIT: tuple[list[int], int] = ([], 0)  # no prefix caching: nothing is ever found computed
 
 
 def _arrival(group: SequenceGroup) -> tuple[float, int]:

@@ -345,7 +345,7 @@ class LockstepScheduler(Scheduler):
         assert isinstance(seq, Sequence), "lock-step mode serves one-sequence requests, as bare sequences"
         super().add(seq)
 
-    def _admit(self, seq: Sequence, chunk: int | None = None) -> None:
+    def _admit(self, seq: Sequence, chunk: int | None = None, computed=None) -> None:
         assert chunk is None, "lock-step mode does not chunk prefills"
         self._lockstep_admit(seq)
 
