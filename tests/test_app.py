@@ -6,13 +6,17 @@ import json
 import re
 from pathlib import Path
 
+# The Kernel lab runs the Triton kernels in this process: under Triton's interpreter where there is no GPU,
+# which ``import kernels`` chooses, before anything (torch's own Triton-backed modules) imports Triton.
+import kernels  # noqa: F401, I001
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
-from app_pages.state import MODEL_ENV, PRESETS, Settings, add_workload, build_engine
+from app_pages.presets import PRESETS
+from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
 
 
 @pytest.fixture
@@ -95,21 +99,41 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
 
 @pytest.mark.parametrize("sharing, rows_per_request", [("none", 1), ("parallel", 4), ("beam", 4)])
 def test_kernel_inputs_match_the_engine(tiny_llama_dir, sharing, rows_per_request):
-    """The Kernel lab's query (captured q_proj + RoPE) through the block tables the step read reproduces
-    the engine's own attention output: one row per sequence (a sample or a beam has its own table)."""
+    """The Kernel lab's inputs (the runner's attention capture) through the block tables the step read
+    reproduce the engine's own attention output: one row per sequence (a sample or a beam has its own
+    table). With the capture removed, the same workload gives the same tokens (observing changes the
+    path, not the result)."""
     from app_pages.kernel_lab import kernel_inputs
     from engine.model_executor.attention import paged_attention_reference
 
-    llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
-    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.8, seed=0, sharing=sharing, width=4)
-    for step in range(3):
-        report = llm.step()
-        for layer in range(2):
-            ids, query, engine_out, tables, lens = kernel_inputs(llm, report, layer)
-            assert ids == ([0, 1] if step == 0 else [0] * rows_per_request + [1] * rows_per_request)
-            kc, vc = llm.runner.kv_caches[layer]
-            ref = paged_attention_reference(query, kc, vc, tables, lens, llm.runner.model.model.layers[layer].self_attn.scale)
-            torch.testing.assert_close(ref, engine_out, rtol=1e-4, atol=1e-5)
+    def run(capture: bool):
+        llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
+        ids = []
+        add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.8, seed=0, sharing=sharing, width=4,
+                     request_ids=ids)
+        assert ids == [0, 1]
+        recorder = llm.runner.capture_attention() if capture else None
+        for step in range(3):
+            report = llm.step()
+            for layer in range(2 if capture else 0):
+                rows, captured = kernel_inputs(recorder, report, layer)
+                assert rows == ([0, 1] if step == 0 else [0] * rows_per_request + [1] * rows_per_request)
+                n = len(rows)
+                assert captured.query.shape == (n, 4, 16) and captured.output.shape == (n, 4, 16)
+                assert captured.block_tables.dtype == captured.context_lens.dtype == torch.int32
+                assert captured.key_cache.shape[1:] == (16, 2, 16) and captured.block_size == 16
+                ref = paged_attention_reference(captured.query, captured.key_cache, captured.value_cache, captured.block_tables,
+                                                captured.context_lens, captured.scale)
+                torch.testing.assert_close(ref, captured.output, rtol=1e-4, atol=1e-5)
+        if recorder is not None:
+            with pytest.raises(IndexError, match="layer 2 is outside 0..1"):
+                recorder.last(2)
+            recorder.remove()
+        while llm.has_unfinished_requests():
+            llm.step()
+        return [[o.token_ids for o in llm.get_output(i).outputs] for i in ids]
+
+    assert run(capture=True) == run(capture=False)
 
 
 def test_play_pause_and_presets(app: AppTest):
@@ -647,6 +671,11 @@ def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
         live = {s.request_id for s in report.block_tables}
         sequences = [s.request_id for s in report.scheduled if s.request_id in live]
         assert sorted(reads["Request"]) == sorted(sequences * 2), name  # 2 KV heads per sequence, 1 split
+        if name in ("preset_parallel_sampling", "preset_beam_search"):
+            assert len(sequences) > len(set(sequences)), name  # a group: several sequences per request
+        app.button(key="btn_kernel").click().run()
+        diffs = {m.label: float(m.value) for m in app.metric if m.label.startswith("max |kernel")}
+        assert len(diffs) == 2 and max(diffs.values()) < 1e-4, (name, diffs)  # against the reference and the engine
         _open_page(app, "")  # the default page (Live engine)
 
 
