@@ -15,7 +15,8 @@ matplotlib.use("Agg")  # the server draws into memory, never to a window
 import matplotlib.pyplot as plt
 import streamlit as st
 
-from app_pages.state import clean_workload, preset_workload, session_engine
+from app_pages.presets import preset_workload
+from app_pages.state import clean_workload, session_engine
 from engine.model_executor.model_loader import DEFAULT_MODEL, resolve_model
 from visualize.i18n import t
 

@@ -14,8 +14,9 @@ from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
 from app_pages.saved import close_run, save_and_open, save_run_button
-from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
-                             add_next_chat_turn, prefix_cache_entries, preset_settings, preset_workload, record)
+from app_pages.presets import PRESETS, PROMPT_TRANSLATIONS, preset_settings, preset_workload
+from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, clean_workload, add_next_chat_turn,
+                             prefix_cache_entries, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
@@ -53,7 +54,7 @@ def page() -> None:
 
 def _load_preset() -> None:
     """Button callback (runs before the script, so it may set the sidebar's settings): the preset's
-    workload and every setting its demo depends on (``state.preset_settings``), nothing left behind."""
+    workload and every setting its demo depends on (``presets.preset_settings``), nothing left behind."""
     state = st.session_state
     name = state["preset"]
     state["workload_df"] = preset_workload(name)
@@ -144,7 +145,10 @@ def _step(llm, lang: str, n: int = 1) -> None:
             break
         try:
             record(llm.step(), prefix_cache_entries(llm))
-            add_next_chat_turn(llm, st.session_state["settings"])  # chat mode: the next turn once this one is done
+            # chat mode: the next turn once this one is done
+            turn = add_next_chat_turn(llm, st.session_state.get("chat_turns"), st.session_state["settings"])
+            if turn is not None:
+                st.session_state["request_ids"].append(turn)
         except Exception as error:  # keep the page alive and say what went wrong
             st.error(t("error_step", lang, error=error))
             st.session_state["playing"] = False
@@ -205,7 +209,7 @@ def live_view() -> None:
         return
     controls(llm, lang)
     reports = st.session_state.get("reports", [])
-    prompts = live_prompts(llm)
+    prompts = live_prompts(llm, st.session_state.get("request_ids", []))
     if not reports:
         st.info(t("no_steps_yet", lang))
         views = request_views(prompts, [_empty_report(llm)], 0)
@@ -272,10 +276,10 @@ def beam_tree_view(reports: list, lang: str) -> None:
         st.caption(t("beam_tree_caption", lang))
 
 
-def live_prompts(llm) -> dict[int, str]:
+def live_prompts(llm, request_ids: list[int]) -> dict[int, str]:
     """Each request's prompt as the user wrote it (the chat template's wrapping removed)."""
     prompts = {}
-    for rid in sorted(llm.requests):
+    for rid in sorted(request_ids):
         text = llm.tokenizer.decode(llm.get_output(rid).prompt_token_ids, skip_special_tokens=True)
         # The last user message: a chat turn's history (earlier turns) is not repeated in the request list.
         prompts[rid] = text.rsplit("user\n", 1)[-1].replace("assistant\n", "").strip()

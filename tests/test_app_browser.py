@@ -188,7 +188,8 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
 
 def final_texts_of_the_default_preset() -> list[str]:
     """The engine's final texts (``RequestOutput.text``) of the default preset with the sidebar's defaults."""
-    from app_pages.state import PRESETS, Settings, add_workload, build_engine, run_to_end
+    from app_pages.presets import PRESETS
+    from app_pages.state import Settings, add_workload, build_engine, run_to_end
 
     llm = build_engine(Settings())
     add_workload(llm, PRESETS["preset_short_chat"]["rows"], temperature=0.0, seed=0)
