@@ -219,7 +219,7 @@ def live_view() -> None:
         else:
             requests_text(views, lang)
         return
-    show_step(prompts, reports, llm.config.block_size, lang, st.session_state.get("cache_entries"))
+    show_step(prompts, reports, llm.config.block_size, lang, st.session_state.get("cache_entries"), finished_beams(llm, prompts))
     save_run_button(llm, prompts, reports, lang)
     if not llm.has_unfinished_requests():
         st.success(t("all_done", lang))
@@ -232,12 +232,24 @@ def saved_run_view(run, lang: str) -> None:
     show_step(run.prompts, run.steps, run.engine["block_size"], lang)
 
 
-def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None) -> None:
+def finished_beams(llm, request_ids) -> dict[int, list]:
+    """Each finished request with several outputs: its final outputs (beam search: the hypotheses, best first)."""
+    outputs = {}
+    for rid in request_ids:
+        out = llm.get_output(rid)
+        if out.finished and len(out.outputs) > 1:
+            outputs[rid] = out.outputs
+    return outputs
+
+
+def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None,
+              final_beams: dict | None = None) -> None:
     """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events.
 
-    ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none)."""
+    ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none).
+    ``final_beams``: finished beam searches' hypotheses (see ``replay.request_views``)."""
     at = replay_index(reports, lang)
-    report, views = reports[at], request_views(prompts, reports, at)
+    report, views = reports[at], request_views(prompts, reports, at, final_beams)
     split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
     cache = (caches or {}).get(report.step)
     step_summary(report, views, lang)
@@ -363,6 +375,8 @@ def _reply_html(v, color: str, lang: str) -> str:
             style = f"color:{color}"
         if s.score is not None and s.state != "pruned":
             label += " · " + t("beam_scores", lang, logprob=s.cumulative_logprob, score=s.score)
+        elif v.sharing == "beam" and s.cumulative_logprob is not None and s.state != "pruned":  # a final hypothesis
+            label += " · " + t("beam_logprob", lang, logprob=s.cumulative_logprob)
         lines.append(f'<small style="color:#888">{label}</small> '
                      f'<span style="{style};white-space:pre-wrap" data-testid="sequence-text">{html_text(s.text) or "…"}</span>')
     return "".join(f"<br>{line}" for line in lines)

@@ -379,6 +379,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "beam_label": ("beam {rank}", "束 {rank}"),
     "beam_label_pruned": ("pruned beam", "被剪枝的束"),
     "beam_scores": ("log-prob {logprob:.2f}, score {score:.2f}", "对数概率 {logprob:.2f}，得分 {score:.2f}"),
+    "beam_logprob": ("log-prob {logprob:.2f}", "对数概率 {logprob:.2f}"),
     "beam_result": ("Result (best beam)", "结果（最优的束）"),
     "sharing": ("Memory sharing", "显存共享"),
     "sharing_help": (
