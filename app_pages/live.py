@@ -20,7 +20,7 @@ from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, cle
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
-from visualize.i18n import CATALOGUE, t
+from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
 from visualize.prefix import cached_and_computed
@@ -150,7 +150,7 @@ def _step(llm, lang: str, n: int = 1) -> None:
             if turn is not None:
                 st.session_state["request_ids"].append(turn)
         except Exception as error:  # keep the page alive and say what went wrong
-            st.error(t("error_step", lang, error=error))
+            st.error(t("error_step", lang, error=plain(error_text(error, lang))))
             st.session_state["playing"] = False
             break
 

@@ -97,6 +97,21 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
     assert not app.exception
 
 
+def test_engine_errors_in_chinese_are_chinese(app: AppTest):
+    """In 中文 an engine error the class meets (a pool too small for the prompts) is said in Chinese, numbers
+    kept; one of an unknown kind keeps the engine's English, marked as such after a Chinese lead-in."""
+    from visualize.i18n import error_text, untranslated
+
+    app.radio(key="lang").set_value("zh").run()
+    app.number_input(key="num_blocks__input").set_value(2).run()  # 32 slots: the chat prompts do not fit
+    assert not app.exception, [e.value for e in app.exception]
+    warnings = [w.value for w in app.warning if "被拒绝" in w.value]
+    assert warnings and all("提示词有" in w and "KV 池" in w for w in warnings), warnings
+    assert untranslated(" ".join(warnings)) == [], untranslated(" ".join(warnings))
+    assert error_text("a new kind of failure", "zh") == "a new kind of failure（引擎的英文原文）"
+    assert error_text("a new kind of failure", "en") == "a new kind of failure"
+
+
 @pytest.mark.parametrize("sharing, rows_per_request", [("none", 1), ("parallel", 4), ("beam", 4)])
 def test_kernel_inputs_match_the_engine(tiny_llama_dir, sharing, rows_per_request):
     """The Kernel lab's inputs (the runner's attention capture) through the block tables the step read
@@ -495,8 +510,8 @@ def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_i
     assert list(table[t("rate_table_system", lang)]) == [paper_system_label(r["system"], lang) for r in summary]
     vllm = next(r for r in summary if r["system"] == "vLLM")
     shown_rate = table[t("rate_table_rate", lang)][[paper_system_label(r["system"], lang) for r in summary].index(vllm_label)]
-    assert shown_rate.lstrip("≥ ") == f"{vllm['rate']:.3g}"
-    assert table[t("paper_ratio_col", lang)][0] == "2.7–8×"
+    assert float(shown_rate.lstrip("≥ ")) == pytest.approx(vllm["rate"], abs=0.005)
+    assert table[t("paper_ratio_col", lang)][0] == "2.7–8.0×"
     # The paper's layer: each baseline's band = vLLM's rate here / the paper's ratios.
     marks, labels = _paper_marks(spec)
     paper = PAPER_RATE_RATIOS["sharegpt"]
@@ -514,6 +529,37 @@ def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_i
     if lang == "zh":
         shown = " ".join([*labels, *marks, *table.columns, *captions])
         assert "论文" in labels and "系统" in table.columns and untranslated(shown) == [], untranslated(shown)
+
+
+def _rate_summary_page():
+    import streamlit as st
+
+    from app_pages.compare import rate_summary
+
+    rate_summary(st.session_state["table"], "sharegpt", "a100-opt-13b-achieved", "en")
+
+
+def test_the_figure_12_table_gives_each_column_one_number_format():
+    """Rates of different sizes (0.0567 to 12.3 req/s) and the paper's ratios (1.7, 8, 22) are each
+    written with one number of decimals per column, so that a column's numbers line up and compare."""
+    from visualize.i18n import t
+
+    rows = [dict(system="vLLM", rate=12.34, reached=True, loaded_at_lowest=False, ratio=None, paper=None),
+            dict(system="Orca (Oracle)", rate=0.62, reached=True, loaded_at_lowest=False, ratio=19.9, paper=(1.7, 2.7)),
+            dict(system="Orca (Max)", rate=0.25, reached=False, loaded_at_lowest=False, ratio=49.36, paper=(2.7, 8.0)),
+            dict(system="FasterTransformer", rate=0.0567, reached=True, loaded_at_lowest=True, ratio=217.6, paper=(None, 22.0))]
+    at = AppTest.from_function(_rate_summary_page, default_timeout=60)
+    at.session_state["table"] = rows
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.table[0].value
+    for column in table.columns[1:]:
+        numbers = [n for cell in table[column] for n in re.findall(r"\d+(?:\.\d+)?", cell)]
+        decimals = {len(n.partition(".")[2]) for n in numbers}
+        assert numbers and len(decimals) == 1, (column, list(table[column]))
+    rates = list(table[t("rate_table_rate", "en")])
+    assert rates == ["12.340", "0.620", "≥ 0.250", "< 0.057"], rates  # two significant digits for the smallest
+    assert list(table[t("paper_ratio_col", "en")]) == ["–", "1.7–2.7×", "2.7–8.0×", t("paper_ratio_up_to", "en", high="22.0")]
 
 
 def _vllm_page():
