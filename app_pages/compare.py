@@ -122,7 +122,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
             st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
     series = {system_label(label, lang): ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.vega_lite_chart(series_spec(series, t("concurrency", lang), lang), width="stretch", height=260)
+    st.vega_lite_chart(series_spec(series, t("concurrency_axis", lang), lang), width="stretch", height=260)
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
     rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
@@ -200,7 +200,7 @@ def simulator_comparison(lang: str) -> None:
                          f"sim_memory_{label}.png", f"png_sim_{label}")
     series = {system_label(label, lang): (res.series_step, res.series_running) for label, res in results.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.vega_lite_chart(series_spec(series, t("concurrency", lang), lang), width="stretch", height=260)
+    st.vega_lite_chart(series_spec(series, t("concurrency_axis", lang), lang), width="stretch", height=260)
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
             for label, res in results.items()]
     paper_bars(rows, lang)

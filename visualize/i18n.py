@@ -492,6 +492,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "正在显示第 {step} 步（本次运行最新为第 {newest} 步）。“单步”从最新一步继续。",
     ),
     "concurrency": ("Concurrent requests", "并发请求数"),
+    "concurrency_axis": ("requests", "请求数"),  # the chart's y title: short, so a low chart never cuts it
     "throughput": ("Throughput", "吞吐量"),
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
