@@ -62,7 +62,7 @@ def page() -> None:
         st.info(t("kernel_no_rows", lang))
         return
     ids, captured = inputs
-    query, key_cache, value_cache = captured.query, captured.key_cache, captured.value_cache
+    query, key_cache = captured.query, captured.key_cache
     block_tables, context_lens, block_size = captured.block_tables, captured.context_lens, captured.block_size
     st.caption(f"{t('step_summary', lang, step=reports[-1].step)} · {t('layer', lang)} {layer} · "
                f"query {tuple(query.shape)} · key_cache {tuple(key_cache.shape)} · block_tables {tuple(block_tables.shape)}")
