@@ -29,7 +29,10 @@ settings = engine_settings(lang)
 st.session_state["settings"] = settings
 
 pages = [
-    st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="live", default=True),
+    # The default page is served at the root ("/"); /live opens the same page (hidden from the menu), so
+    # every page is reachable by its URL path.
+    st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="home", default=True),
+    st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="live", visibility="hidden"),
     st.Page(compare.page, title=t("page_compare", lang), icon=":material/compare:", url_path="compare"),
     st.Page(beside_vllm.page, title=t("page_vllm", lang), icon=":material/difference:", url_path="vllm"),
     st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),

@@ -17,7 +17,7 @@ from engine.vllm_bridge import env as vllm_env
 from engine.vllm_bridge.replay import load_replay, replay_lab_run, run_metrics, workload_file
 from engine.runfile import load_workload
 from engine.vllm_bridge.compare import compare_outputs
-from visualize.i18n import t
+from visualize.i18n import error_text, t
 from visualize.side_by_side import cumulative, step_series_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def lab_run(replay: dict, source: bytes, lang: str) -> dict | None:
             with st.spinner(t("vllm_running_lab", lang, n=len(workload.requests))):
                 runs[key] = replay_lab_run(replay, workload)
         except Exception as error:  # a bad workload, a model that does not load: said here, page still usable
-            st.error(t("error_engine", lang, error=plain(error)))
+            st.error(t("error_engine", lang, error=plain(error_text(error, lang))))
             return None
     return runs[key]
 

@@ -15,9 +15,10 @@ matplotlib.use("Agg")  # the server draws into memory, never to a window
 import matplotlib.pyplot as plt
 import streamlit as st
 
-from app_pages.state import clean_workload, preset_workload, session_engine
+from app_pages.presets import preset_workload
+from app_pages.state import clean_workload, session_engine
 from engine.model_executor.model_loader import DEFAULT_MODEL, resolve_model
-from visualize.i18n import t
+from visualize.i18n import error_text, t
 
 
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&=^])")
@@ -172,9 +173,9 @@ def current_engine(lang: str, force: bool = False):
     bar.empty()
     for row, error in errors:
         if row == "engine":
-            st.error(t("error_engine", lang, error=plain(error)))
+            st.error(t("error_engine", lang, error=plain(error_text(error, lang))))
         else:
-            st.warning(t("error_request", lang, row=row, error=plain(error)))
+            st.warning(t("error_request", lang, row=row, error=plain(error_text(error, lang))))
     return llm
 
 

@@ -9,15 +9,16 @@ small workload). A third source sets a recorded real-vLLM replay beside the lab'
 
 from __future__ import annotations
 
+import math
 import pandas as pd
 import streamlit as st
 
-from app_pages.common import category_help, png_download, progress_bar, workload_rows
+from app_pages.common import category_help, plain, png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
 from engine.core.accounting import CATEGORIES
 from engine.experiments.paper_data import PAPER_TOKEN_STATES
-from visualize.i18n import t
+from visualize.i18n import error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame, series_figure, series_spec, simulation_memory_frame
 from visualize.paper import (PAPER_SYSTEM_OF, figure_texts, latency_rate_spec, paper_system_label, plot_memory_breakdown,
                              share_metrics)
@@ -84,12 +85,12 @@ def engine_comparison(lang: str) -> None:
             try:
                 llm = build_engine(settings, progress, **side_settings(allocator, reservation))
             except Exception as error:
-                st.error(t("error_engine", lang, error=error))
+                st.error(t("error_engine", lang, error=plain(error_text(error, lang))))
                 return
             finally:
                 bar.empty()
             for row, error in add_workload(llm, workload_rows(), settings.temperature, settings.seed):
-                st.warning(t("error_request", lang, row=row, error=error))
+                st.warning(t("error_request", lang, row=row, error=plain(error_text(error, lang))))
             status = st.progress(0.0, text=t("running_compare", lang, allocator=label))
             runs[label] = run_to_end(llm, limit, lambda n: status.progress(min(n / limit, 1.0), text=t("running_compare", lang, allocator=label)))
             status.empty()
@@ -121,7 +122,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
             st.altair_chart(memory_chart(memory_frame(reports), "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
     series = {system_label(label, lang): ([r.step for r in reports], [len(r.scheduled) for r in reports]) for label, reports in runs.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.vega_lite_chart(series_spec(series, t("concurrency", lang), lang), width="stretch", height=260)
+    st.vega_lite_chart(series_spec(series, t("concurrency_axis", lang), lang), width="stretch", height=260)
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
     rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
@@ -181,7 +182,7 @@ def simulator_comparison(lang: str) -> None:
             results[_label(allocator, reservation)] = _simulate(workload, num_requests, kv_slots, settings.block_size,
                                                                  allocator, reservation, settings.seed, rule)
     except ValueError as error:
-        st.error(str(error))
+        st.error(t("error_simulation", lang, error=plain(error_text(error, lang))))
         return
     cols = st.columns(len(results))
     for col, (label, res) in zip(cols, results.items()):
@@ -199,7 +200,7 @@ def simulator_comparison(lang: str) -> None:
                          f"sim_memory_{label}.png", f"png_sim_{label}")
     series = {system_label(label, lang): (res.series_step, res.series_running) for label, res in results.items()}
     st.markdown(f"**{t('concurrency', lang)}**")
-    st.vega_lite_chart(series_spec(series, t("concurrency", lang), lang), width="stretch", height=260)
+    st.vega_lite_chart(series_spec(series, t("concurrency_axis", lang), lang), width="stretch", height=260)
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
             for label, res in results.items()]
     paper_bars(rows, lang)
@@ -277,10 +278,15 @@ def rate_summary(table: list[dict], workload: str, setup: str, lang: str) -> Non
     from engine.experiments.figures import THRESHOLD
     from visualize.paper import paper_ratio_label
 
+    # One format for the column: as many decimals as give the smallest rate two significant digits (at least 2).
+    smallest = min((r["rate"] for r in table if r["rate"] > 0), default=1.0)
+    decimals = max(2, 1 - math.floor(math.log10(smallest)))
+
     def here(r) -> str:
+        rate = f"{r['rate']:.{decimals}f}"
         if r["loaded_at_lowest"]:  # saturated below the sweep: its rate is under the lowest one
-            return f"< {r['rate']:.3g}"
-        return f"{r['rate']:.3g}" if r["reached"] else f"≥ {r['rate']:.3g}"  # never crossed: a lower bound
+            return f"< {rate}"
+        return rate if r["reached"] else f"≥ {rate}"  # never crossed: a lower bound
 
     def ratio(r) -> str:
         if r["ratio"] is None:
@@ -293,7 +299,7 @@ def rate_summary(table: list[dict], workload: str, setup: str, lang: str) -> Non
         t("rate_table_system", lang): [paper_system_label(r["system"], lang) for r in table],
         t("rate_table_rate", lang): [here(r) for r in table],
         t("rate_table_ratio", lang): [ratio(r) for r in table],
-        t("paper_ratio_col", lang): [paper_ratio_label(r["paper"], lang) for r in table],
+        t("paper_ratio_col", lang): [paper_ratio_label(r["paper"], lang, decimals=1) for r in table],
     }))
     if any(r["loaded_at_lowest"] for r in table):
         st.caption(t("rate_table_loaded", lang, threshold=f"{THRESHOLD:g}"))

@@ -1,15 +1,17 @@
 """Kernel lab: the Triton PagedAttention decode kernel on the last step's real queries, caches and block tables.
 
-Where the query comes from: during every step, a forward hook (app_pages/state.install_capture) keeps
-each layer's q_proj output and the attention output the engine computed. For every request
-scheduled in the last step we take the row of its newest token, apply the model's own RoPE
-(and Qwen3's q_norm), and run the kernel over that layer's K/V pools through the request's block
-table with its context length from the step. The newest token attends to the whole context,
-exactly as in a decode step (for a prefill it is the prompt's last token).
+Where the inputs come from: the session's engine records every step's attention
+(``ModelRunner.capture_attention``, kept in the session as ``attention``): per layer, each sequence's
+newest token's query (after the model's own RoPE and Qwen3's q_norm), the layer's K/V pools, the
+block tables and context lengths attention read, and the attention output the engine computed.
+The kernel runs on the rows of the requests that still hold their blocks, one row per sequence (a
+sample or a beam reads its own table). The newest token attends to the whole context, exactly as in
+a decode step (for a prefill it is the prompt's last token).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pandas as pd
@@ -18,47 +20,29 @@ import torch
 
 from app_pages.common import png_download
 from engine.model_executor.attention import paged_attention_reference
-from engine.model_executor.model import apply_rotary
 from visualize.i18n import t
 from visualize.kernel import program_grid, program_grid_figure
 
 
-def kernel_inputs(llm, report, layer: int):
-    """(request_ids, query [n, heads, dim], engine attention [n, heads, dim], block_tables int32, context_lens int32)
-    for the sequences of ``report`` whose request still holds its blocks (one row per sample or beam),
-    or None if there are none. The block tables and context lengths are those the step's attention read."""
-    captured = getattr(llm, "captured", {})
-    if "q" not in captured.get(layer, {}) or "tables" not in captured:
+def kernel_inputs(recorder, report, layer: int):
+    """(request_ids, CapturedAttention) for the sequences of ``report`` whose request still holds its
+    blocks (one row per sample or beam), from ``recorder`` (``ModelRunner.capture_attention()``), or
+    None if there are none or the recorder's last step is not ``report``'s (a step that ran no model)."""
+    captured = recorder.last(layer) if recorder is not None else None
+    if captured is None or not report.scheduled or captured.num_seqs != len(report.scheduled):
         return None
     live = {s.request_id for s in report.block_tables}
-    attn_layer = llm.runner.model.model.layers[layer].self_attn
-    prefill_tables, prefill_lens, decode_tables, decode_lens = captured["tables"]
-    all_tables = [row for t in (prefill_tables, decode_tables) for row in t.tolist()]
-    all_lens = prefill_lens.tolist() + decode_lens.tolist()
-    if len(all_lens) != len(report.scheduled):  # the tables of another step (this one ran no model)
+    # report.scheduled is the model's flat batch, one entry per sequence: prefills first, then decodes.
+    keep = [i for i, s in enumerate(report.scheduled) if s.request_id in live]
+    if not keep:
         return None
-    rows, ids, lens, tables, end = [], [], [], [], 0
-    for i, s in enumerate(report.scheduled):  # prefills first, then decodes: the model's flat batch, one entry per sequence
-        end += s.num_tokens
-        if s.request_id in live:
-            rows.append(end - 1)  # this sequence's newest token
-            ids.append(s.request_id)
-            lens.append(all_lens[i])
-            tables.append(all_tables[i])
-    if not rows:
-        return None
-    heads, dim = attn_layer.num_heads, attn_layer.head_dim
-    q = captured[layer]["q"][rows].view(len(rows), heads, dim)
-    if hasattr(attn_layer, "q_norm"):
-        q = attn_layer.q_norm(q)
-    positions = torch.tensor([n - 1 for n in lens], device=q.device)
-    cos, sin = llm.runner.model.rotary_emb(positions, q.dtype)
-    query = apply_rotary(q, cos, sin).contiguous()
-    engine_out = captured[layer]["attn"][rows].view(len(rows), heads, dim)
-    width = max(len(tb) for tb in tables)
-    block_tables = torch.tensor([tb + [0] * (width - len(tb)) for tb in tables], dtype=torch.int32, device=q.device)
-    context_lens = torch.tensor(lens, dtype=torch.int32, device=q.device)
-    return ids, query, engine_out, block_tables, context_lens
+    rows = torch.tensor(keep, dtype=torch.int64)
+    ids = [report.scheduled[i].request_id for i in keep]
+    tables = captured.block_tables[rows]
+    width = max(1, int((captured.context_lens[rows].max().item() + captured.block_size - 1) // captured.block_size))
+    return ids, dataclasses.replace(
+        captured, query=captured.query[rows].contiguous(), output=captured.output[rows], block_tables=tables[:, :width].contiguous(),
+        context_lens=captured.context_lens[rows].contiguous(), num_prefills=sum(1 for i in keep if i < captured.num_prefills))
 
 
 def page() -> None:
@@ -66,21 +50,20 @@ def page() -> None:
     st.title(t("page_kernel", lang))
     st.caption(t("kernel_intro", lang))
     llm, reports = st.session_state.get("engine"), st.session_state.get("reports", [])
-    if llm is None or not reports:
+    if llm is None or not reports or st.session_state.get("attention") is None:
         st.info(t("kernel_need_step", lang))
         return
-    model = llm.runner.model
+    recorder = st.session_state.get("attention")
     c = st.columns([1, 1, 2])
-    layer = int(c[0].number_input(t("layer", lang), 0, model.num_layers - 1, 0, key="kernel_layer"))
+    layer = int(c[0].number_input(t("layer", lang), 0, recorder.num_layers - 1, 0, key="kernel_layer"))
     splits = int(c[1].selectbox(t("num_splits", lang), (1, 2, 4), key="kernel_splits"))
-    inputs = kernel_inputs(llm, reports[-1], layer)
+    inputs = kernel_inputs(recorder, reports[-1], layer)
     if inputs is None:
         st.info(t("kernel_no_rows", lang))
         return
-    ids, query, engine_out, block_tables, context_lens = inputs
-    key_cache, value_cache = llm.runner.caches_for(llm.kv.attention_block_size)[layer]
-    block_size = llm.kv.attention_block_size
-    scale = model.model.layers[layer].self_attn.scale
+    ids, captured = inputs
+    query, key_cache = captured.query, captured.key_cache
+    block_tables, context_lens, block_size = captured.block_tables, captured.context_lens, captured.block_size
     st.caption(f"{t('step_summary', lang, step=reports[-1].step)} · {t('layer', lang)} {layer} · "
                f"query {tuple(query.shape)} · key_cache {tuple(key_cache.shape)} · block_tables {tuple(block_tables.shape)}")
 
@@ -101,11 +84,16 @@ def page() -> None:
     st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 300))
 
     if st.button(t("run_kernel", lang), type="primary", key="btn_kernel"):
-        run_kernel(query, key_cache, value_cache, block_tables, context_lens, scale, splits, engine_out, lang)
+        run_kernel(captured, splits, lang)
 
 
-def run_kernel(query, key_cache, value_cache, block_tables, context_lens, scale, splits, engine_out, lang) -> None:
+def run_kernel(captured, splits: int, lang: str) -> None:
+    """The Triton decode kernel (and the torch reference) on ``captured`` (a ``CapturedAttention``), timed."""
     import kernels  # sets the Triton interpreter on a machine without a GPU; imported only here
+
+    c = captured
+    query, key_cache, value_cache, block_tables, context_lens, scale = (c.query, c.key_cache, c.value_cache, c.block_tables,
+                                                                        c.context_lens, c.scale)
 
     with torch.inference_mode():
         kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)  # warm-up (compile)
@@ -116,7 +104,7 @@ def run_kernel(query, key_cache, value_cache, block_tables, context_lens, scale,
         t2 = time.perf_counter()
     c = st.columns(4)
     c[0].metric(t("max_diff_ref", lang), f"{(out - ref).abs().max().item():.2e}", help=t("max_diff_ref_help", lang))
-    c[1].metric(t("max_diff_engine", lang), f"{(out - engine_out).abs().max().item():.2e}", help=t("max_diff_engine_help", lang))
+    c[1].metric(t("max_diff_engine", lang), f"{(out - captured.output).abs().max().item():.2e}", help=t("max_diff_engine_help", lang))
     c[2].metric(t("kernel_time", lang), f"{1e3 * (t1 - t0):.1f} ms")
     c[3].metric(t("reference_time", lang), f"{1e3 * (t2 - t1):.1f} ms")
     if kernels.interpreted():

@@ -14,12 +14,13 @@ from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
 from app_pages.replay import follow_newest, replay_index, request_views, status_text
 from app_pages.saved import close_run, save_and_open, save_run_button
-from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, PRESETS, PROMPT_TRANSLATIONS, clean_workload,
-                             add_next_chat_turn, prefix_cache_entries, preset_settings, preset_workload, record)
+from app_pages.presets import PRESETS, PROMPT_TRANSLATIONS, preset_settings, preset_workload
+from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, clean_workload, add_next_chat_turn,
+                             prefix_cache_entries, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
-from visualize.i18n import CATALOGUE, t
+from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
 from visualize.prefix import cached_and_computed
@@ -53,7 +54,7 @@ def page() -> None:
 
 def _load_preset() -> None:
     """Button callback (runs before the script, so it may set the sidebar's settings): the preset's
-    workload and every setting its demo depends on (``state.preset_settings``), nothing left behind."""
+    workload and every setting its demo depends on (``presets.preset_settings``), nothing left behind."""
     state = st.session_state
     name = state["preset"]
     state["workload_df"] = preset_workload(name)
@@ -144,9 +145,12 @@ def _step(llm, lang: str, n: int = 1) -> None:
             break
         try:
             record(llm.step(), prefix_cache_entries(llm))
-            add_next_chat_turn(llm, st.session_state["settings"])  # chat mode: the next turn once this one is done
+            # chat mode: the next turn once this one is done
+            turn = add_next_chat_turn(llm, st.session_state.get("chat_turns"), st.session_state["settings"])
+            if turn is not None:
+                st.session_state["request_ids"].append(turn)
         except Exception as error:  # keep the page alive and say what went wrong
-            st.error(t("error_step", lang, error=error))
+            st.error(t("error_step", lang, error=plain(error_text(error, lang))))
             st.session_state["playing"] = False
             break
 
@@ -205,7 +209,7 @@ def live_view() -> None:
         return
     controls(llm, lang)
     reports = st.session_state.get("reports", [])
-    prompts = live_prompts(llm)
+    prompts = live_prompts(llm, st.session_state.get("request_ids", []))
     if not reports:
         st.info(t("no_steps_yet", lang))
         views = request_views(prompts, [_empty_report(llm)], 0)
@@ -215,7 +219,7 @@ def live_view() -> None:
         else:
             requests_text(views, lang)
         return
-    show_step(prompts, reports, llm.config.block_size, lang, st.session_state.get("cache_entries"))
+    show_step(prompts, reports, llm.config.block_size, lang, st.session_state.get("cache_entries"), finished_beams(llm, prompts))
     save_run_button(llm, prompts, reports, lang)
     if not llm.has_unfinished_requests():
         st.success(t("all_done", lang))
@@ -228,12 +232,24 @@ def saved_run_view(run, lang: str) -> None:
     show_step(run.prompts, run.steps, run.engine["block_size"], lang)
 
 
-def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None) -> None:
+def finished_beams(llm, request_ids) -> dict[int, list]:
+    """Each finished request with several outputs: its final outputs (beam search: the hypotheses, best first)."""
+    outputs = {}
+    for rid in request_ids:
+        out = llm.get_output(rid)
+        if out.finished and len(out.outputs) > 1:
+            outputs[rid] = out.outputs
+    return outputs
+
+
+def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None,
+              final_beams: dict | None = None) -> None:
     """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events.
 
-    ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none)."""
+    ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none).
+    ``final_beams``: finished beam searches' hypotheses (see ``replay.request_views``)."""
     at = replay_index(reports, lang)
-    report, views = reports[at], request_views(prompts, reports, at)
+    report, views = reports[at], request_views(prompts, reports, at, final_beams)
     split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
     cache = (caches or {}).get(report.step)
     step_summary(report, views, lang)
@@ -272,10 +288,10 @@ def beam_tree_view(reports: list, lang: str) -> None:
         st.caption(t("beam_tree_caption", lang))
 
 
-def live_prompts(llm) -> dict[int, str]:
+def live_prompts(llm, request_ids: list[int]) -> dict[int, str]:
     """Each request's prompt as the user wrote it (the chat template's wrapping removed)."""
     prompts = {}
-    for rid in sorted(llm.requests):
+    for rid in sorted(request_ids):
         text = llm.tokenizer.decode(llm.get_output(rid).prompt_token_ids, skip_special_tokens=True)
         # The last user message: a chat turn's history (earlier turns) is not repeated in the request list.
         prompts[rid] = text.rsplit("user\n", 1)[-1].replace("assistant\n", "").strip()
@@ -359,6 +375,8 @@ def _reply_html(v, color: str, lang: str) -> str:
             style = f"color:{color}"
         if s.score is not None and s.state != "pruned":
             label += " · " + t("beam_scores", lang, logprob=s.cumulative_logprob, score=s.score)
+        elif v.sharing == "beam" and s.cumulative_logprob is not None and s.state != "pruned":  # a final hypothesis
+            label += " · " + t("beam_logprob", lang, logprob=s.cumulative_logprob)
         lines.append(f'<small style="color:#888">{label}</small> '
                      f'<span style="{style};white-space:pre-wrap" data-testid="sequence-text">{html_text(s.text) or "…"}</span>')
     return "".join(f"<br>{line}" for line in lines)

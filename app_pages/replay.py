@@ -53,8 +53,13 @@ class RequestView:
     sequences: tuple[SequenceView, ...] = ()
 
 
-def request_views(prompts: dict[int, str], reports: list, upto: int) -> list[RequestView]:
-    """Every request after ``reports[upto]``, from the reports up to it (``prompts``: id -> prompt text)."""
+def request_views(prompts: dict[int, str], reports: list, upto: int, final_beams: dict | None = None) -> list[RequestView]:
+    """Every request after ``reports[upto]``, from the reports up to it (``prompts``: id -> prompt text).
+
+    ``final_beams``: request id -> the finished beam search's hypotheses, best first (the engine's
+    ``RequestOutput.outputs``). The step that ends a search appends each hypothesis's last token without
+    streaming it, so once the request has finished these are listed as its beams, not the beams of
+    the step before, which lack that token."""
     text = {rid: "" for rid in prompts}
     tokens, preemptions, reasons, sharing = dict.fromkeys(prompts, 0), dict.fromkeys(prompts, 0), {}, {}
     beam_steps = {}  # beam search: steps in which its beams got a token (each live beam gets one)
@@ -86,6 +91,8 @@ def request_views(prompts: dict[int, str], reports: list, upto: int) -> list[Req
             status = "waiting"
         mode = sharing.get(rid, SHARING_NONE)
         sequences = sequence_views(reports[: upto + 1], rid, mode) if mode != SHARING_NONE else ()
+        if mode == SHARING_BEAM and rid in reasons and rid in (final_beams or {}):
+            sequences = final_beam_views(final_beams[rid], reasons[rid]) + tuple(s for s in sequences if s.state == PRUNED)
         if mode == SHARING_BEAM and rid not in reasons:
             tokens[rid] = beam_steps.get(rid, 0)  # a beam request streams no text of its own until it ends
         views.append(RequestView(rid, prompts[rid], text[rid], tokens[rid], status, reasons.get(rid), preemptions[rid],
@@ -110,6 +117,13 @@ def sequence_views(reports: list, request_id: int, sharing: str) -> tuple[Sequen
     kept = sorted((v for v in views if v.state != PRUNED), key=lambda v: v.index)
     pruned = sorted((v for v in views if v.state == PRUNED), key=lambda v: -v.seq_id)
     return tuple(kept + pruned)
+
+
+def final_beam_views(outputs: list, reason: str) -> tuple[SequenceView, ...]:
+    """A finished beam search's hypotheses (``CompletionOutput``s, best first) as beam rows: rank, text,
+    log-probability; no sequence id (negative: a hypothesis outlives the sequence that held it)."""
+    return tuple(SequenceView(-1 - rank, rank, o.text, o.finish_reason or reason, o.cumulative_logprob)
+                 for rank, o in enumerate(outputs))
 
 
 def status_text(view: RequestView, lang: str) -> str:

@@ -6,13 +6,17 @@ import json
 import re
 from pathlib import Path
 
+# The Kernel lab runs the Triton kernels in this process: under Triton's interpreter where there is no GPU,
+# which ``import kernels`` chooses, before anything (torch's own Triton-backed modules) imports Triton.
+import kernels  # noqa: F401, I001
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
-from app_pages.state import MODEL_ENV, PRESETS, Settings, add_workload, build_engine
+from app_pages.presets import PRESETS
+from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
 
 
 @pytest.fixture
@@ -93,23 +97,58 @@ def test_bad_model_and_too_small_pool_are_readable_errors(app: AppTest, tiny_lla
     assert not app.exception
 
 
+def test_engine_errors_in_chinese_are_chinese(app: AppTest):
+    """In 中文 an engine error the class meets (a pool too small for the prompts) is said in Chinese, numbers
+    kept; one of an unknown kind keeps the engine's English, marked as such after a Chinese lead-in."""
+    from visualize.i18n import error_text, untranslated
+
+    app.radio(key="lang").set_value("zh").run()
+    app.number_input(key="num_blocks__input").set_value(2).run()  # 32 slots: the chat prompts do not fit
+    assert not app.exception, [e.value for e in app.exception]
+    warnings = [w.value for w in app.warning if "被拒绝" in w.value]
+    assert warnings and all("提示词有" in w and "KV 池" in w for w in warnings), warnings
+    assert untranslated(" ".join(warnings)) == [], untranslated(" ".join(warnings))
+    assert error_text("a new kind of failure", "zh") == "a new kind of failure（引擎的英文原文）"
+    assert error_text("a new kind of failure", "en") == "a new kind of failure"
+
+
 @pytest.mark.parametrize("sharing, rows_per_request", [("none", 1), ("parallel", 4), ("beam", 4)])
 def test_kernel_inputs_match_the_engine(tiny_llama_dir, sharing, rows_per_request):
-    """The Kernel lab's query (captured q_proj + RoPE) through the block tables the step read reproduces
-    the engine's own attention output: one row per sequence (a sample or a beam has its own table)."""
+    """The Kernel lab's inputs (the runner's attention capture) through the block tables the step read
+    reproduce the engine's own attention output: one row per sequence (a sample or a beam has its own
+    table). With the capture removed, the same workload gives the same tokens (observing changes the
+    path, not the result)."""
     from app_pages.kernel_lab import kernel_inputs
     from engine.model_executor.attention import paged_attention_reference
 
-    llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
-    add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.8, seed=0, sharing=sharing, width=4)
-    for step in range(3):
-        report = llm.step()
-        for layer in range(2):
-            ids, query, engine_out, tables, lens = kernel_inputs(llm, report, layer)
-            assert ids == ([0, 1] if step == 0 else [0] * rows_per_request + [1] * rows_per_request)
-            kc, vc = llm.runner.kv_caches[layer]
-            ref = paged_attention_reference(query, kc, vc, tables, lens, llm.runner.model.model.layers[layer].self_attn.scale)
-            torch.testing.assert_close(ref, engine_out, rtol=1e-4, atol=1e-5)
+    def run(capture: bool):
+        llm = build_engine(Settings(model=str(tiny_llama_dir), num_gpu_blocks=32))
+        ids = []
+        add_workload(llm, [("Hello there", 8), ("Tell me a story", 8)], temperature=0.8, seed=0, sharing=sharing, width=4,
+                     request_ids=ids)
+        assert ids == [0, 1]
+        recorder = llm.runner.capture_attention() if capture else None
+        for step in range(3):
+            report = llm.step()
+            for layer in range(2 if capture else 0):
+                rows, captured = kernel_inputs(recorder, report, layer)
+                assert rows == ([0, 1] if step == 0 else [0] * rows_per_request + [1] * rows_per_request)
+                n = len(rows)
+                assert captured.query.shape == (n, 4, 16) and captured.output.shape == (n, 4, 16)
+                assert captured.block_tables.dtype == captured.context_lens.dtype == torch.int32
+                assert captured.key_cache.shape[1:] == (16, 2, 16) and captured.block_size == 16
+                ref = paged_attention_reference(captured.query, captured.key_cache, captured.value_cache, captured.block_tables,
+                                                captured.context_lens, captured.scale)
+                torch.testing.assert_close(ref, captured.output, rtol=1e-4, atol=1e-5)
+        if recorder is not None:
+            with pytest.raises(IndexError, match="layer 2 is outside 0..1"):
+                recorder.last(2)
+            recorder.remove()
+        while llm.has_unfinished_requests():
+            llm.step()
+        return [[o.token_ids for o in llm.get_output(i).outputs] for i in ids]
+
+    assert run(capture=True) == run(capture=False)
 
 
 def test_play_pause_and_presets(app: AppTest):
@@ -471,8 +510,8 @@ def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_i
     assert list(table[t("rate_table_system", lang)]) == [paper_system_label(r["system"], lang) for r in summary]
     vllm = next(r for r in summary if r["system"] == "vLLM")
     shown_rate = table[t("rate_table_rate", lang)][[paper_system_label(r["system"], lang) for r in summary].index(vllm_label)]
-    assert shown_rate.lstrip("≥ ") == f"{vllm['rate']:.3g}"
-    assert table[t("paper_ratio_col", lang)][0] == "2.7–8×"
+    assert float(shown_rate.lstrip("≥ ")) == pytest.approx(vllm["rate"], abs=0.005)
+    assert table[t("paper_ratio_col", lang)][0] == "2.7–8.0×"
     # The paper's layer: each baseline's band = vLLM's rate here / the paper's ratios.
     marks, labels = _paper_marks(spec)
     paper = PAPER_RATE_RATIOS["sharegpt"]
@@ -490,6 +529,37 @@ def test_latency_chart_follows_the_chosen_preset_with_the_papers_ratios_beside_i
     if lang == "zh":
         shown = " ".join([*labels, *marks, *table.columns, *captions])
         assert "论文" in labels and "系统" in table.columns and untranslated(shown) == [], untranslated(shown)
+
+
+def _rate_summary_page():
+    import streamlit as st
+
+    from app_pages.compare import rate_summary
+
+    rate_summary(st.session_state["table"], "sharegpt", "a100-opt-13b-achieved", "en")
+
+
+def test_the_figure_12_table_gives_each_column_one_number_format():
+    """Rates of different sizes (0.0567 to 12.3 req/s) and the paper's ratios (1.7, 8, 22) are each
+    written with one number of decimals per column, so that a column's numbers line up and compare."""
+    from visualize.i18n import t
+
+    rows = [dict(system="vLLM", rate=12.34, reached=True, loaded_at_lowest=False, ratio=None, paper=None),
+            dict(system="Orca (Oracle)", rate=0.62, reached=True, loaded_at_lowest=False, ratio=19.9, paper=(1.7, 2.7)),
+            dict(system="Orca (Max)", rate=0.25, reached=False, loaded_at_lowest=False, ratio=49.36, paper=(2.7, 8.0)),
+            dict(system="FasterTransformer", rate=0.0567, reached=True, loaded_at_lowest=True, ratio=217.6, paper=(None, 22.0))]
+    at = AppTest.from_function(_rate_summary_page, default_timeout=60)
+    at.session_state["table"] = rows
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.table[0].value
+    for column in table.columns[1:]:
+        numbers = [n for cell in table[column] for n in re.findall(r"\d+(?:\.\d+)?", cell)]
+        decimals = {len(n.partition(".")[2]) for n in numbers}
+        assert numbers and len(decimals) == 1, (column, list(table[column]))
+    rates = list(table[t("rate_table_rate", "en")])
+    assert rates == ["12.340", "0.620", "≥ 0.250", "< 0.057"], rates  # two significant digits for the smallest
+    assert list(table[t("paper_ratio_col", "en")]) == ["–", "1.7–2.7×", "2.7–8.0×", t("paper_ratio_up_to", "en", high="22.0")]
 
 
 def _vllm_page():
@@ -647,6 +717,11 @@ def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
         live = {s.request_id for s in report.block_tables}
         sequences = [s.request_id for s in report.scheduled if s.request_id in live]
         assert sorted(reads["Request"]) == sorted(sequences * 2), name  # 2 KV heads per sequence, 1 split
+        if name in ("preset_parallel_sampling", "preset_beam_search"):
+            assert len(sequences) > len(set(sequences)), name  # a group: several sequences per request
+        app.button(key="btn_kernel").click().run()
+        diffs = {m.label: float(m.value) for m in app.metric if m.label.startswith("max |kernel")}
+        assert len(diffs) == 2 and max(diffs.values()) < 1e-4, (name, diffs)  # against the reference and the engine
         _open_page(app, "")  # the default page (Live engine)
 
 

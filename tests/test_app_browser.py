@@ -188,7 +188,8 @@ def drive(page, sync_api, port: int, started: float, server) -> None:
 
 def final_texts_of_the_default_preset() -> list[str]:
     """The engine's final texts (``RequestOutput.text``) of the default preset with the sidebar's defaults."""
-    from app_pages.state import PRESETS, Settings, add_workload, build_engine, run_to_end
+    from app_pages.presets import PRESETS
+    from app_pages.state import Settings, add_workload, build_engine, run_to_end
 
     llm = build_engine(Settings())
     add_workload(llm, PRESETS["preset_short_chat"]["rows"], temperature=0.0, seed=0)
@@ -263,7 +264,7 @@ CHART_TEXTS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLit
   const texts = [...svg.querySelectorAll('text')]
     .filter(t => t.textContent.trim() && getComputedStyle(t).visibility !== 'hidden' && +getComputedStyle(t).opacity !== 0)
     .map(t => { const r = t.getBoundingClientRect();
-      return {text: t.textContent, font_px: parseFloat(getComputedStyle(t).fontSize),
+      return {text: t.textContent, font_px: parseFloat(getComputedStyle(t).fontSize), rotated: r.height > r.width,
               left: r.left - clip.left, right: clip.right - r.right,
               top: r.top - clip.top, bottom: clip.bottom - r.bottom}; });
   return {index, canvas, texts};
@@ -300,7 +301,10 @@ def chart_text_problems(page, lang: str) -> list[str]:
             if item["text"].rstrip().endswith("…"):
                 problems.append(f"{where}: {item['text']!r} is cut")
             slack = max(SLACK_EM * item["font_px"], 2.0)
-            sides = [side for side in ("left", "right", "top", "bottom") if item[side] < -slack]
+            # A rotated text (a y title) runs along the vertical: its box ends where its first and last
+            # letters do, with no empty em above them, so a box past the top or bottom cuts a letter.
+            along = ("top", "bottom") if item.get("rotated") and len(item["text"]) > 2 else ()
+            sides = [side for side in ("left", "right", "top", "bottom") if item[side] < -(1.0 if side in along else slack)]
             if sides:
                 out = ", ".join(f"{s} {-item[s]:.1f} px" for s in sides)
                 problems.append(f"{where}: {item['text']!r} ({item['font_px']:g} px font) lies outside the chart ({out})")
@@ -607,6 +611,31 @@ def beam_trees(page, sync_api, port, server) -> None:
     wait_for_charts(page, charts)
     no_exception_box(page)
     assert chart_text_problems(page, "zh") == []
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_every_page_opens_by_its_url_and_the_simulator_charts_keep_their_text(tiny_llama_dir):
+    """A link to any page (/live, /compare, /vllm, /kernel, /lessons) opens that page, not "Page not found";
+    and the Paged vs contiguous page's simulator charts, at the default width, cut none of their text."""
+    in_browser(tiny_llama_dir, pages_by_url, "failure_pages_by_url.png")
+
+
+def pages_by_url(page, sync_api, port, server) -> None:
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    for path, title in (("live", "app_title"), ("compare", "page_compare"), ("vllm", "page_vllm"), ("kernel", "page_kernel"),
+                        ("lessons", "page_lessons")):
+        page.goto(f"http://127.0.0.1:{port}/{path}", timeout=60_000)
+        page.get_by_role("heading", name=t(title, "en"), exact=True).first.wait_for(timeout=180_000)
+        page.wait_for_timeout(500)
+        assert page.get_by_text("Page not found").count() == 0, path
+        no_exception_box(page)
+    page.goto(f"http://127.0.0.1:{port}/compare", timeout=60_000)
+    page.get_by_text(t("source_sim", "en"), exact=True).click()
+    wait_for_charts(page, 3)  # the two memory charts and concurrent requests (the latency sweep may still run)
+    no_exception_box(page)
+    assert chart_text_problems(page, "en") == []
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")

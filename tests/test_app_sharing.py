@@ -4,6 +4,7 @@ beam tree — in English and Chinese."""
 
 from __future__ import annotations
 
+import html as html_lib
 import json
 import re
 from pathlib import Path
@@ -105,6 +106,23 @@ def test_beam_search_preset_draws_the_beam_tree(app: AppTest):
     pruned = [l for l in labels[4:]]
     assert pruned and all(l == "pruned beam" for l in pruned), "pruned beams follow, greyed"
     assert "line-through" in request
+
+
+def test_a_finished_beam_search_lists_its_final_beams(app: AppTest):
+    """Once the search ends, the beam list shows the hypotheses the result was chosen from, whole:
+    beam 0 is the result, token for token (the last step's token is not left off)."""
+    load(app, "preset_beam_search", "en")
+    app.number_input(key="n_steps").set_value(40).run()
+    app.button(key="btn_run").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    request = _request_block(app, 0)
+    assert t("beam_result", "en") in request
+    final = app.session_state["engine"].get_output(0)
+    texts, labels = _sequence_texts(request), re.findall(r'<small style="color:#888">([^<]*)</small>', request)
+    result = re.search(r'data-testid="request-text">([^<]*)<', request).group(1)
+    assert texts[:4] == [o.text for o in final.outputs] and texts[0] == html_lib.unescape(result), (texts[:4], result)
+    assert [label.split(" · ")[0] for label in labels[:4]] == [f"beam {r}" for r in range(4)]
+    assert all(f"log-prob {o.cumulative_logprob:.2f}" in label for o, label in zip(final.outputs, labels)), labels
 
 
 def cached_split(at: AppTest, lang: str) -> list[tuple[int, int]]:

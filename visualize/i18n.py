@@ -201,6 +201,19 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "error_engine": ("Could not build the engine: {error}", "无法构建引擎：{error}"),
     "error_request": ("Request {row} rejected: {error}", "请求 {row} 被拒绝：{error}"),
     "error_step": ("The step failed: {error}", "该步执行失败：{error}"),
+    "error_simulation": ("The simulation could not run: {error}", "模拟无法运行：{error}"),
+    "error_english_detail": ("{error}", "{error}（引擎的英文原文）"),
+    # The engine's own error texts of the kinds a class meets, matched by their English (error_text).
+    "engine_error_no_room": ("prompt of {n} tokens leaves no room to generate: the KV pool holds {pool} tokens",
+                             "提示词有 {n} 个 token，没有留下生成的空间：KV 池只容纳 {pool} 个 token"),
+    "engine_error_no_room_len": ("prompt of {n} tokens leaves no room to generate: max_model_len={max_len}",
+                                 "提示词有 {n} 个 token，没有留下生成的空间：max_model_len={max_len}"),
+    "engine_error_never_fits": ("prompt of {n} tokens can never fit in the KV pool ({slots} slots)",
+                                "提示词有 {n} 个 token，永远放不进 KV 池（{slots} 个槽位）"),
+    "engine_error_group_never_fits": ("{seqs} sequences of up to {len} tokens can never fit in the KV pool ({slots} slots)",
+                                      "{seqs} 个序列、每个最长 {len} 个 token，永远放不进 KV 池（{slots} 个槽位）"),
+    "engine_error_bad_block_count": ("cannot allocate a KV pool of {blocks} blocks x {size} slots ({gib} GiB): use fewer or smaller blocks",
+                                     "无法分配 {blocks} 块 × 每块 {size} 个槽位的 KV 池（{gib} GiB）：请用更少或更小的块"),
     # --- step summary
     "step_summary": ("Step {step}", "第 {step} 步"),
     "phase": ("Phase", "阶段"),
@@ -379,6 +392,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "beam_label": ("beam {rank}", "束 {rank}"),
     "beam_label_pruned": ("pruned beam", "被剪枝的束"),
     "beam_scores": ("log-prob {logprob:.2f}, score {score:.2f}", "对数概率 {logprob:.2f}，得分 {score:.2f}"),
+    "beam_logprob": ("log-prob {logprob:.2f}", "对数概率 {logprob:.2f}"),
     "beam_result": ("Result (best beam)", "结果（最优的束）"),
     "sharing": ("Memory sharing", "显存共享"),
     "sharing_help": (
@@ -478,6 +492,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "正在显示第 {step} 步（本次运行最新为第 {newest} 步）。“单步”从最新一步继续。",
     ),
     "concurrency": ("Concurrent requests", "并发请求数"),
+    "concurrency_axis": ("requests", "请求数"),  # the chart's y title: short, so a low chart never cuts it
     "throughput": ("Throughput", "吞吐量"),
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
@@ -1137,6 +1152,24 @@ def finish_reason_text(reason: str | None, lang: str = "en") -> str:
     ``finish_*`` keys. A reason the catalogue does not know (a run saved by another version) is shown as it is."""
     key = f"finish_{reason}"
     return t(key, lang) if key in CATALOGUE else str(reason)
+
+
+def error_text(message: str, lang: str = "en") -> str:
+    """An engine error's text for the reader: in English as it is; in Chinese translated when it is one of
+    the known kinds (the ``engine_error_*`` keys, matched on their English with the numbers taken from
+    it), else the English detail marked as the engine's own words (``error_english_detail``)."""
+    message = str(message)
+    if lang == "en":
+        return message
+    for key, (en, _) in CATALOGUE.items():
+        if not key.startswith("engine_error_"):
+            continue
+        parts = re.split(r"\{(\w+)\}", en)  # text, name, text, name, ..., text
+        pattern = "".join(re.escape(p) if i % 2 == 0 else rf"(?P<{p}>[^\s()]+?)" for i, p in enumerate(parts))
+        match = re.fullmatch(pattern, message)
+        if match:
+            return t(key, lang, **match.groupdict())
+    return t("error_english_detail", lang, error=message)
 
 
 def untranslated(text: str) -> list[str]:

@@ -282,10 +282,12 @@ def _paper_layers(marks: list[dict], lang: str, rate: dict, color: dict) -> list
     return layers
 
 
-def paper_ratio_label(paper: tuple | None, lang: str = "en") -> str:
-    """The paper's ratio (low, high) in the reader's language: "1.7–2.7×", "up to 22×", or "–"."""
+def paper_ratio_label(paper: tuple | None, lang: str = "en", decimals: int | None = None) -> str:
+    """The paper's ratio (low, high) in the reader's language: "1.7–2.7×", "up to 22×", or "–";
+    with ``decimals``, every number with that many ("2.7–8.0×", for a table's column)."""
     if not paper:
         return "–"
+    fmt = "g" if decimals is None else f".{decimals}f"
     if paper[0] is None:
-        return t("paper_ratio_up_to", lang, high=f"{paper[1]:g}")
-    return f"{paper[0]:g}–{paper[1]:g}×"
+        return t("paper_ratio_up_to", lang, high=f"{paper[1]:{fmt}}")
+    return f"{paper[0]:{fmt}}–{paper[1]:{fmt}}×"

@@ -11,6 +11,7 @@ import torch
 
 from engine import config
 from engine.cpu import huge_pages, ops as cpu_ops
+from engine.model_executor.attention_capture import AttentionRecorder
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               write_kv_cache)
 from engine.core.kv_cache_manager import KVCacheManager
@@ -135,6 +136,20 @@ class ModelRunner:
         hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
         # Decode tokens only: one row per sequence, in order, so every row is a last one (no copy).
         return self.model.compute_logits(hidden if meta.num_prefill_tokens == 0 else hidden[last])
+
+    def capture_attention(self) -> AttentionRecorder:
+        """Keep, from now on, each step's attention inputs and output for every layer, one row per
+        sequence (its newest token): ``recorder.last(layer)`` gives a
+        :class:`~engine.model_executor.attention_capture.CapturedAttention` with the query
+        ``[num_seqs, num_heads, head_dim]``, the layer's key/value pools
+        ``[num_blocks, block_size, num_kv_heads, head_dim]``, the block tables ``[num_seqs, max_blocks]``
+        int32 and context lengths ``[num_seqs]`` int32 that attention read, and the engine's output.
+
+        For replaying a decode kernel on real inputs (the app's Kernel lab). While it is on, decode steps
+        run layer by layer in Python modules instead of one C++ call (same tokens, another time);
+        ``recorder.remove()`` (or leaving its ``with`` block) ends it.
+        """
+        return AttentionRecorder(self.model)
 
     def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
         """Run a step's swap copies: ``(gpu, cpu)`` pairs out to the CPU pool first, then ``(cpu, gpu)``
