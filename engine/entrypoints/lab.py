@@ -9,7 +9,8 @@
   file, which the app replays like any saved run.
 - ``GET /lab/control``: the mode; ``POST /lab/control`` (the teacher token): ``{"action": "step"}``
   runs exactly one engine step and answers with it, ``{"action": "pause"}`` is step mode,
-  ``{"action": "run", "max_steps_per_s": 2}`` runs freely (null = full speed).
+  ``{"action": "run", "max_steps_per_s": 2}`` runs freely (null = full speed), ``{"action": "status"}``
+  changes nothing (it checks the token).
 
 The stream's events (``event:`` line, then one ``data:`` line of JSON):
 
@@ -57,7 +58,7 @@ MAX_STEPS_KEPT = 2000  # steps kept for /lab/session (the app's Live page keeps 
 MAX_REQUESTS_KEPT = 10_000  # request labels and prompts kept
 KEEPALIVE_S = 15.0  # a comment line when nothing happened for this long (keeps proxies from closing the stream)
 MAX_PROMPT_CHARS = 2000  # a prompt as the step stream and the run file show it
-CONTROL_ACTIONS = ("step", "pause", "run")
+CONTROL_ACTIONS = ("step", "pause", "run", "status")
 
 
 def new_teacher_token() -> str:
@@ -305,6 +306,8 @@ def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_ke
             if report is None:
                 return JSONResponse({"stepped": False, "reason": "no request is waiting or running", **control_state()})
             return JSONResponse({"stepped": True, "step": report.step, "phase": report.phase, **control_state()})
+        if action == "status":
+            return JSONResponse(control_state())
         try:
             llm.set_pace(STEP_MODE if action == "pause" else RUN_MODE, rate)
         except ValueError as error:
