@@ -25,7 +25,7 @@ from engine.runfile import from_json, load_run
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS_KEPT = 2000  # as the Live page and the server keep
 RECONNECT_S = 1.0
-SPEEDS = (None, 4.0, 2.0, 1.0, 0.5)  # run mode's choices, steps a second (None: full speed)
+SPEEDS = (0.0, 4.0, 2.0, 1.0, 0.5)  # run mode's choices, steps a second (0: full speed)
 
 
 @dataclass
