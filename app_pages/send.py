@@ -1,6 +1,6 @@
 """Send a request: a chat box for a student on a laptop or phone. The prompt goes to the class's
-engine server through its OpenAI endpoint (the `openai` client, ``user`` = the student's name), the
-answer streams back, and the student's own blocks are outlined on the shared pool map.
+engine server through its OpenAI endpoint (/v1/chat/completions, streamed, ``user`` = the student's
+name, read with httpx), the answer streams back, and the student's own blocks are outlined on the shared pool map.
 
 The request runs on a thread of its own, so the page keeps redrawing (the pool map, the answer so far)
 while the teacher steps the engine.
@@ -8,7 +8,10 @@ while the teacher steps the engine.
 
 from __future__ import annotations
 
+import json
 import threading
+
+import httpx
 
 import streamlit as st
 
@@ -57,28 +60,39 @@ def ask(url: str, read_key: str | None, name: str, prompt: str, max_tokens: int,
 
 
 def _stream(url: str, read_key: str | None, name: str, messages: list, max_tokens: int, reply: dict) -> None:
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key=read_key or "unused", max_retries=0, timeout=600)
+    """The chat completion, streamed (OpenAI's server-sent events, read with httpx) into ``reply``."""
+    headers = {"Authorization": f"Bearer {read_key}"} if read_key else {}
     try:
-        stream = client.chat.completions.create(model=_model(client), messages=messages, max_tokens=max_tokens, user=name,
-                                                stream=True)
-        for chunk in stream:
-            if reply["request_id"] is None:  # "chatcmpl-<request id>-<random>": the engine's request id
-                reply["request_id"] = _request_id(chunk.id)
-            if chunk.choices:
-                reply["content"] += chunk.choices[0].delta.content or ""
-    except openai.APIError as error:
-        reply["error"] = getattr(error, "message", None) or str(error)
-    except Exception as error:  # noqa: BLE001 - a lost connection: said in the chat, the page stays
+        with httpx.Client(base_url=f"{url}/v1", headers=headers, timeout=httpx.Timeout(30, read=None)) as client:
+            model = client.get("/models").raise_for_status().json()["data"][0]["id"]
+            body = {"model": model, "messages": messages, "max_tokens": max_tokens, "user": name, "stream": True}
+            with client.stream("POST", "/chat/completions", json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    reply["error"] = _error_text(response)
+                    return
+                for line in response.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        reply["error"] = chunk["error"].get("message", str(chunk["error"]))
+                        return
+                    if reply["request_id"] is None:  # "chatcmpl-<request id>-<random>": the engine's request id
+                        reply["request_id"] = _request_id(chunk.get("id"))
+                    for choice in chunk.get("choices", []):
+                        reply["content"] += choice.get("delta", {}).get("content") or ""
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as error:  # a lost connection: said in the chat
         reply["error"] = f"{type(error).__name__}: {error}"
     finally:
         reply["done"] = True
-        client.close()
 
 
-def _model(client) -> str:
-    return client.models.list().data[0].id
+def _error_text(response: httpx.Response) -> str:
+    try:
+        return f"{response.status_code}: {response.json()['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return f"{response.status_code}: {response.text[:200]}"
 
 
 def _request_id(response_id: str | None) -> int | None:

@@ -109,6 +109,7 @@ def test_app_attached_to_a_live_server(engine_server):
                     no_exception_box(page)
                     (ROOT / "artifacts" / "screenshots").mkdir(parents=True, exist_ok=True)
                     page.screenshot(path=str(ROOT / "artifacts" / "screenshots" / f"classroom_{lang}.png"), full_page=True)
+                student_sends_a_prompt(browser, port, engine_server)
             except Exception:
                 (ROOT / "artifacts" / "screenshots").mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "classroom_failure.png"), full_page=True)
@@ -120,7 +121,7 @@ def test_app_attached_to_a_live_server(engine_server):
         print(out[-3000:] if out else "")
 
 
-def wait_for_request(url: str, user: str, timeout_s: float = 30) -> None:
+def wait_for_request(url: str, user: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         snapshot = httpx.get(f"{url}/lab/snapshot", timeout=10).json()
@@ -136,3 +137,42 @@ def click_step(page, lang: str, step: int) -> None:
         page.locator('xpath=//*[not(ancestor-or-self::*[@data-stale="true"])]'))
     button.click()
     page.get_by_role("heading", name=HEADING[lang].format(n=step), exact=True).wait_for(timeout=10_000)
+
+
+def student_sends_a_prompt(browser, port: int, url: str) -> None:
+    """A student's phone: the Send page, a name, a prompt; the teacher steps; the answer streams into
+    the chat and the student's blocks are named under the pool map."""
+    phone = browser.new_page(viewport={"width": 420, "height": 1600})
+    phone.goto(f"http://127.0.0.1:{port}/send")
+    phone.get_by_role("textbox", name="Your name").fill("carol")
+    phone.get_by_role("textbox", name="Your name").press("Enter")
+    phone.wait_for_timeout(1500)  # the name's rerun, before the prompt's
+    box = phone.get_by_placeholder("Ask the model something")
+    box.fill("What is a KV cache?")
+    box.press("Enter")
+    try:
+        chat_and_blocks(phone, url)
+    except Exception:
+        phone.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "classroom_send_failure.png"), full_page=True)
+        raise
+    no_exception_box(phone)
+    phone.screenshot(path=str(ROOT / "artifacts" / "screenshots" / "classroom_send_en.png"), full_page=True)
+    phone.close()
+
+
+def chat_and_blocks(phone, url: str) -> None:
+    wait_for_request(url, "carol")
+    final = ""
+    for _ in range(60):  # step until the answer ends (48 tokens at most)
+        answer = httpx.post(f"{url}/lab/control", json={"action": "step"}, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60).json()
+        if not answer["stepped"]:
+            break
+        if answer["step"] == next_step(url) - 1 and final == "":
+            phone.get_by_text("Your blocks are outlined in pink", exact=False).wait_for(timeout=10_000)
+            final = "seen"
+    reply = phone.locator('[data-testid="reply-text"]').first
+    deadline = time.monotonic() + 15
+    while not reply.inner_text().strip():
+        assert time.monotonic() < deadline, "no answer streamed into the chat"
+        phone.wait_for_timeout(200)
+    assert final == "seen", "the student's blocks were never outlined"
