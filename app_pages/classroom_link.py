@@ -51,6 +51,7 @@ class Follower:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._response: httpx.Response | None = None
         self._thread = threading.Thread(target=self._follow, name=f"lab-follower {self.url}", daemon=True)
         self._thread.start()
 
@@ -64,20 +65,30 @@ class Follower:
             return list(self.reports), dict(self.requests), dict(self.engine), dict(self.mode)
 
     def stop(self) -> None:
+        """Stop following: the stream is closed now, not at its next event."""
         self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.close()
+            except Exception:  # noqa: BLE001 - closing from another thread may race the reader; it stops either way
+                pass
 
     def _follow(self) -> None:
         while not self._stop.is_set():
             try:
                 self._read_stream()
-            except (httpx.HTTPError, ValueError, KeyError) as error:
-                self.error = f"{type(error).__name__}: {error}"
+            except (httpx.HTTPError, ValueError, KeyError, RuntimeError) as error:
+                if not self._stop.is_set():
+                    self.error = f"{type(error).__name__}: {error}"
+            self._response = None
             self.connected = False
             self._stop.wait(RECONNECT_S)
 
     def _read_stream(self) -> None:
         timeout = httpx.Timeout(10, read=60)  # the server sends a keepalive every 15 s
         with httpx.stream("GET", f"{self.url}/lab/steps", headers=self.headers, timeout=timeout) as response:
+            self._response = response
             if response.status_code != 200:
                 response.read()
                 raise ValueError(f"{response.status_code} {_message(response)}")

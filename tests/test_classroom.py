@@ -43,6 +43,7 @@ def serving(engine: LLMEngine, settings: ServerSettings):
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
     finally:
+        app.state.hub.close()  # as a stop signal does: the step streams end
         server.should_exit = True
         thread.join(30)
 
@@ -253,3 +254,51 @@ def test_api_keys_label_requests_and_guard_the_lab(tiny_llama_dir):
         # The teacher token is not an API key.
         assert httpx.post(f"{base}/v1/completions", json={"prompt": "Hi"}, headers=TEACHER_HEADERS).status_code == 401
         viewer.close()
+
+
+def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cpu_kernels_built, monkeypatch):
+    """The app (Streamlit's AppTest) attaches to the server by its address and teacher token: the
+    Classroom page draws the server's steps with each request's client, in Chinese with no English
+    UI text left; the Send page shows the shared pool."""
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.classroom import classroom
+    from app_pages.state import MODEL_ENV
+    from tests.test_app import APP, _open_page, _texts
+    from visualize.i18n import untranslated
+
+    base, _, engine = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    asker = threading.Thread(target=lambda: client.completions.create(model=engine.model_name, prompt="Hello there", max_tokens=3,
+                                                                       user="dora", extra_body={"ignore_eos": True}), daemon=True)
+    asker.start()
+    wait_until(lambda: httpx.get(f"{base}/lab/control").json()["num_requests"] == 1, what="dora's request")
+    while control(base, action="step")["stepped"] and asker.is_alive():
+        pass
+    asker.join(10)
+    monkeypatch.setenv(MODEL_ENV, str(tiny_llama_dir))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.radio(key="lang").set_value("zh").run()
+    _open_page(at, "classroom")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "课堂" and untranslated(_texts(at)) == []
+    try:
+        at.text_input(key="lab_url").set_value(base)
+        at.text_input(key="lab_token_typed").set_value(TEACHER)
+        at.button(key="btn_lab_attach").click().run()
+        follower = classroom().follower
+        assert follower is not None and follower.url == base
+        wait_until(lambda: follower.reports, what="the follower's catch-up")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        text = _texts(at)
+        assert f"第 {follower.reports[-1].step} 步" in text
+        assert 'data-testid="request-client">dora<' in text
+        assert untranslated(text) == [], untranslated(text)
+        assert [b.label for b in at.main.button][:4] == ["断开", "单步", "暂停", "运行"]  # the teacher's controls
+        _open_page(at, "send")
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
+    finally:
+        classroom().detach()

@@ -106,6 +106,7 @@ class StepHub:
         self.viewers: set[_Viewer] = set()
         self.num_lagged = 0  # viewers cut off for falling behind, since the start
         self.mode = {"mode": RUN_MODE, "max_steps_per_s": None}
+        self.closed = False
 
     @property
     def next_step(self) -> int:
@@ -136,6 +137,8 @@ class StepHub:
         self._publish(sse("mode", self.mode))
 
     def _publish(self, event: str, step: int | None = None) -> None:
+        if self.closed:
+            return
         for viewer in self.viewers:
             if viewer.lagged_at is not None:
                 continue
@@ -145,6 +148,16 @@ class StepHub:
                 viewer.lagged_at = step if step is not None else self.next_step
                 self.num_lagged += 1
 
+    def close(self) -> None:
+        """The server is stopping: every viewer's stream ends once it has what its buffer holds (so
+        that open streams do not hold the server's shutdown up)."""
+        self.closed = True
+        for viewer in self.viewers:
+            try:
+                viewer.queue.put_nowait(None)
+            except asyncio.QueueFull:
+                pass  # it ends when its buffer is empty (follow checks closed)
+
     # ---- viewers --------------------------------------------------------------------------------
 
     async def follow(self) -> AsyncIterator[str]:
@@ -153,7 +166,7 @@ class StepHub:
         self.viewers.add(viewer)
         try:
             yield sse("hello", self.header())
-            while True:
+            while not (self.closed and viewer.queue.empty()):
                 if viewer.lagged_at is not None and viewer.queue.empty():
                     yield sse("lagged", {"missed_from_step": viewer.lagged_at, "buffer": self.viewer_buffer})
                     return
@@ -162,6 +175,8 @@ class StepHub:
                 except asyncio.TimeoutError:
                     yield ": keepalive\n\n"
                     continue
+                if event is None:  # closed
+                    return
                 yield event
         finally:
             self.viewers.discard(viewer)

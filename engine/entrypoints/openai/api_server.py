@@ -146,6 +146,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
         hub.mode = {"mode": llm.pace_mode, "max_steps_per_s": llm.max_steps_per_s}
         app.state.serving = OpenAIServing(llm, model_name)
         yield
+        hub.close()
         summary = await llm.shutdown()
         app.state.shutdown_summary = summary
         late = f" ({summary['aborted_at_shutdown']} of them as the engine stopped)" if summary["aborted_at_shutdown"] else ""
@@ -285,6 +286,7 @@ def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0
     # uvicorn's own grace period is a backstop: the drain below ends every request before it.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)
+    server.hub = app.state.hub
     print(f"serving '{settings.served_model_name or engine.model_name}' on http://{host}:{port} "
           f"(OpenAI API at /v1, metrics at /metrics, classroom lab at /lab, {settings.lab_mode} mode)", file=sys.stderr, flush=True)
     if settings.teacher_token is None:
@@ -315,5 +317,6 @@ class _Server(uvicorn.Server):
 
     async def _drain(self) -> None:
         aborted = await self.llm.drain(self.shutdown_timeout_s)
+        self.hub.close()  # the lab's step streams end, so that they do not hold the shutdown up
         print(f"stopping: {'every running request finished' if not aborted else f'{aborted} requests still running were aborted'}",
               file=sys.stderr, flush=True)
