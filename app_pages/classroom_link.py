@@ -25,6 +25,7 @@ from engine.runfile import from_json, load_run
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS_KEPT = 2000  # as the Live page and the server keep
 RECONNECT_S = 1.0
+MAX_LABEL_CHARS = 40  # a client's label as the pages show it
 SPEEDS = (0.0, 4.0, 2.0, 1.0, 0.5)  # run mode's choices, steps a second (0: full speed)
 
 
@@ -141,6 +142,19 @@ class Follower:
             clients = json.loads(response.content).get("clients", {})
             for rid, prompt in run.prompts.items():
                 self.requests.setdefault(rid, {"client": clients.get(str(rid), ""), "prompt": prompt, "max_tokens": 0})
+
+
+def session_clients(raw: bytes) -> dict[int, str]:
+    """A classroom session's ``clients`` (request id -> the client's label) from a run file's bytes;
+    empty for any other run file, or where the object is not ids to short strings."""
+    try:
+        clients = json.loads(raw).get("clients")
+    except (ValueError, AttributeError, RecursionError):
+        return {}
+    if not isinstance(clients, dict):
+        return {}
+    return {int(k): v[:MAX_LABEL_CHARS] for k, v in clients.items()
+            if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 18 and isinstance(v, str) and v}
 
 
 def _message(response: httpx.Response) -> str:

@@ -226,7 +226,7 @@ def saved_run_view(run, lang: str) -> None:
     st.info(t("saved_run_banner", lang, name=plain(st.session_state.get("loaded_run_name", "run.json")), steps=len(run.steps),
               model=plain(run.engine.get("model_name"))))  # a file's text, shown as text
     st.button(t("close_run", lang), on_click=close_run, key="btn_close_run")
-    show_step(run.prompts, run.steps, run.engine["block_size"], lang)
+    show_step(run.prompts, run.steps, run.engine["block_size"], lang, labels=st.session_state.get("loaded_run_clients"))
 
 
 def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None,

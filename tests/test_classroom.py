@@ -263,6 +263,7 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
     from streamlit.testing.v1 import AppTest
 
     from app_pages.classroom import classroom
+    from app_pages.classroom_link import session_clients
     from app_pages.state import MODEL_ENV
     from tests.test_app import APP, _open_page, _texts
     from visualize.i18n import untranslated
@@ -300,5 +301,12 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         _open_page(at, "send")
         assert not at.exception, [e.value for e in at.exception]
         assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
+        # The saved session replays on the Live engine page like any run, each request with its client.
+        raw = httpx.get(f"{base}/lab/session").content
+        at.session_state["loaded_run"], at.session_state["loaded_run_name"] = load_run(raw, name="s.json"), "s.json"
+        at.session_state["loaded_run_clients"] = session_clients(raw)
+        _open_page(at, "")  # the default page, Live engine
+        assert not at.exception, [e.value for e in at.exception]
+        assert 'data-testid="request-client">dora<' in _texts(at)
     finally:
         classroom().detach()
