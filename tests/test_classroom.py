@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -310,3 +311,53 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         assert 'data-testid="request-client">dora<' in _texts(at)
     finally:
         classroom().detach()
+
+
+def test_sigterm_in_step_mode_with_a_viewer_attached_stops_promptly(tiny_llama_dir):
+    """`python -m engine serve` in step mode, with a viewer on the step stream and a request waiting
+    for a Step: SIGTERM leaves step mode, the request is answered, the stream ends with the last
+    steps, and the process exits well within uvicorn's grace period. It printed the teacher token."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen([sys.executable, "-m", "engine", "serve", str(tiny_llama_dir), "--port", str(port),
+                                "--num-gpu-blocks-override", "16", "--lab-mode", "step", "--shutdown-timeout", "2",
+                                "--uvicorn-log-level", "warning"],
+                               cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                return httpx.get(f"{base}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=180, what="the server to start")
+        viewer = Viewer(base)
+        done: dict = {}
+        asker = threading.Thread(target=lambda: done.update(r=httpx.post(f"{base}/v1/completions", timeout=60, json={
+            "prompt": "Hi", "max_tokens": 4, "ignore_eos": True, "user": "eve"})), daemon=True)
+        asker.start()
+        wait_until(lambda: any(k == "request" for k, _ in viewer.events), what="the request event")
+        assert viewer.steps() == [], "step mode stepped without a Step"
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert took < 15, f"the stop took {took:.0f} s"
+    asker.join(10)
+    assert done["r"].status_code == 200 and done["r"].json()["usage"]["completion_tokens"] == 4  # stepped to its end while draining
+    assert viewer.closed.wait(10), "the step stream did not end"
+    assert viewer.steps() and viewer.steps() == list(range(len(viewer.steps())))
+    assert re.search(r"teacher token \(for POST /lab/control and the app's Step / Run controls\): \S{16}", err), err
