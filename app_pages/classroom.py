@@ -60,10 +60,11 @@ class Classroom:
 
     def is_teacher(self, token: str | None) -> bool:
         """A session may control the server and change it: it holds the teacher token (or nobody has
-        set a server up yet)."""
-        if self.follower is None or self.token is None:
-            return self.follower is None
-        return bool(token) and secrets.compare_digest(token, self.token)
+        set a server up yet). A room attached without a token learns it from the first session whose
+        token the server accepts."""
+        if self.follower is None:
+            return True
+        return bool(token) and self.token is not None and secrets.compare_digest(token, self.token)
 
 
 @st.cache_resource(show_spinner=False)
@@ -96,7 +97,10 @@ def connection(room: Classroom, lang: str) -> None:
             st.caption(t("attached_to", lang, url=plain(room.url)))
         if not teacher:
             st.caption(t("change_needs_token", lang))
-            st.text_input(t("teacher_token", lang), type="password", key="lab_token", help=t("teacher_token_help", lang))
+            st.text_input(t("teacher_token", lang), type="password", key="lab_token_entry", help=t("teacher_token_help", lang),
+                          on_change=_token_entered, args=(room,))
+            if st.session_state.get("lab_token_error"):
+                st.error(t("token_refused", lang, error=plain(st.session_state["lab_token_error"])))
             return
         if room.follower is not None:
             if st.button(t("detach", lang), key="btn_lab_detach"):
@@ -123,6 +127,23 @@ def connection(room: Classroom, lang: str) -> None:
             port = int(st.number_input(t("server_port", lang), 1024, 65535, 8000, key="lab_port"))
             if st.button(t("start_server", lang), type="primary", key="btn_lab_start"):
                 start_here(room, port, lang)
+
+
+def _token_entered(room: Classroom) -> None:
+    """A token typed on an attached page: the server says whether it is the teacher's; if so this
+    session holds it (and the room learns it, when it was attached without one)."""
+    typed = (st.session_state.get("lab_token_entry") or "").strip()
+    st.session_state["lab_token_error"] = None
+    if not typed or room.follower is None:
+        return
+    answer = control(room.url, typed, "status")
+    if "error" in answer:
+        st.session_state["lab_token_error"] = answer["error"]
+        return
+    with room.lock:
+        if room.token is None:
+            room.token = typed
+    st.session_state["lab_token"] = typed
 
 
 def start_here(room: Classroom, port: int, lang: str) -> None:

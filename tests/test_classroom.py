@@ -302,6 +302,15 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         _open_page(at, "send")
         assert not at.exception, [e.value for e in at.exception]
         assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
+        # Another browser (a student's): the view without controls, until the teacher token is typed.
+        other = AppTest.from_file(APP, default_timeout=60)
+        other.run()
+        _open_page(other, "classroom")
+        assert "Step" not in [b.label for b in other.main.button] and 'request-client">dora<' in _texts(other)
+        other.text_input(key="lab_token_entry").set_value("not-the-token").run()
+        assert "Step" not in [b.label for b in other.main.button] and other.main.error
+        other.text_input(key="lab_token_entry").set_value(TEACHER).run()
+        assert not other.exception and [b.label for b in other.main.button][:4] == ["Detach", "Step", "Pause", "Run"]
         # The saved session replays on the Live engine page like any run, each request with its client.
         raw = httpx.get(f"{base}/lab/session").content
         at.session_state["loaded_run"], at.session_state["loaded_run_name"] = load_run(raw, name="s.json"), "s.json"
