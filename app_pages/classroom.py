@@ -166,7 +166,10 @@ def engine_flags(settings) -> list[str]:
     from engine.model_executor.model_loader import DEFAULT_MODEL
 
     flags = ["--block-size", str(settings.block_size), "--max-num-seqs", str(settings.max_num_seqs),
-             "--preemption-mode", settings.preemption_mode, "--allocator", settings.allocator, "--seed", str(settings.seed)]
+             "--preemption-mode", settings.preemption_mode, "--allocator", settings.allocator, "--seed", str(settings.seed),
+             "--attention-backend", settings.attention_backend]
+    if settings.allocator == "contiguous":
+        flags += ["--reservation", settings.reservation]
     if settings.model != DEFAULT_MODEL:
         flags += ["--model", settings.model]
     if settings.num_gpu_blocks is not None:

@@ -4,6 +4,10 @@
 The :class:`~engine.LLMEngine` is not thread-safe, so it lives on one worker thread of its own: every
 call into it (add, abort, step) runs there, one at a time, and the event loop only waits for them.
 The event loop so stays free to accept requests and stream text while a step computes.
+
+For a class, the loop can be paced (:meth:`AsyncLLM.set_pace`, :meth:`AsyncLLM.step_once`; the lab
+endpoints in engine/entrypoints/lab.py): in step mode it runs one step per Step, in run mode it steps
+while there is work, at full speed or at most so many steps a second.
 """
 
 from __future__ import annotations
