@@ -24,7 +24,7 @@ from visualize.i18n import t
 
 MAX_NAME_CHARS = 40
 MAX_PROMPT_CHARS = 1000
-DRAW_EVERY_S = 0.5
+DRAW_EVERY_S = 1.0  # a class of phones redraws this page: once a second each
 
 
 def page() -> None:

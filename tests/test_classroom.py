@@ -299,6 +299,9 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         assert 'data-testid="request-client">dora<' in text
         assert untranslated(text) == [], untranslated(text)
         assert [b.label for b in at.main.button][:4] == ["断开", "单步", "暂停", "运行"]  # the teacher's controls
+        at.radio(key="layout__zh").set_value("projector").run()  # the address to join, open, with its QR code
+        assert not at.exception and 'data-testid="join-qr"><img' in _texts(at) and "加入课堂" in _texts(at)
+        assert untranslated(_texts(at)) == [], untranslated(_texts(at))
         _open_page(at, "send")
         assert not at.exception, [e.value for e in at.exception]
         assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
