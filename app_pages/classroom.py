@@ -59,8 +59,8 @@ class Classroom:
                 self.server = None
 
     def is_teacher(self, token: str | None) -> bool:
-        """A session may control the server and change it: it holds the teacher token (or nobody has
-        set a server up yet). A room attached without a token learns it from the first session whose
+        """A browser may control the server and change it: it holds the teacher token (or nobody has
+        set a server up yet). A room attached without a token learns it from the first browser whose
         token the server accepts."""
         if self.follower is None:
             return True
@@ -130,8 +130,8 @@ def connection(room: Classroom, lang: str) -> None:
 
 
 def _token_entered(room: Classroom) -> None:
-    """A token typed on an attached page: the server says whether it is the teacher's; if so this
-    session holds it (and the room learns it, when it was attached without one)."""
+    """A token typed on an attached page: the server says whether it is the teacher's; if so the
+    browser that typed it holds it (and the room learns it, when it was attached without one)."""
     typed = (st.session_state.get("lab_token_entry") or "").strip()
     st.session_state["lab_token_error"] = None
     if not typed or room.follower is None:
