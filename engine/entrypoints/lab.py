@@ -50,7 +50,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from engine.entrypoints.async_llm import RUN_MODE, STEP_MODE, AsyncLLM, EngineStopping
 from engine.entrypoints.openai.protocol import APIError
 from engine.report import StepReport
-from engine.runfile import DEFAULT_MODEL, RUN_FORMAT, SETTING_CHOICES, SETTINGS_DEFAULTS, VERSION, Run, Workload, WorkloadRequest, run_json
+from engine.runfile import (DEFAULT_MODEL, RUN_FORMAT, SETTING_CHOICES, SETTING_LIMITS, SETTINGS_DEFAULTS, VERSION, Run, Workload,
+                            WorkloadRequest, run_json)
 
 LAB_PREFIX = "/lab"
 DEFAULT_VIEWER_BUFFER = 256  # events a viewer may be behind before it is cut off
@@ -189,7 +190,8 @@ class StepHub:
         if not self.steps:
             return None
         ids = sorted(self.requests)
-        requests = [WorkloadRequest(self.requests[i].prompt or "(empty prompt)", max(1, self.requests[i].max_tokens)) for i in ids]
+        requests = [WorkloadRequest(self.requests[i].prompt if self.requests[i].prompt.strip() else "(empty prompt)",
+                                    max(1, self.requests[i].max_tokens)) for i in ids]
         if not requests:  # steps with no request known (all dropped from the kept labels): a placeholder
             requests = [WorkloadRequest("(no request kept)", 1)]
         run = Run(Workload(requests, dict(self.settings)), self.engine_info,
@@ -216,6 +218,9 @@ def run_settings(engine) -> dict:
         value = getattr(cfg, key, None)
         if value in choices:
             settings[key] = value
+    for key, limit in SETTING_LIMITS.items():  # a run file holds values up to these; a larger server says so elsewhere
+        if isinstance(settings.get(key), int) and not isinstance(settings[key], bool):
+            settings[key] = min(settings[key], int(limit))
     return settings
 
 
