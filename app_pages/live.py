@@ -19,6 +19,7 @@ from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, cle
                              prefix_cache_entries, record)
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
+from visualize.classroom import blocks_of, highlight_blocks
 from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
@@ -229,7 +230,7 @@ def saved_run_view(run, lang: str) -> None:
     st.info(t("saved_run_banner", lang, name=plain(st.session_state.get("loaded_run_name", "run.json")), steps=len(run.steps),
               model=plain(run.engine.get("model_name"))))  # a file's text, shown as text
     st.button(t("close_run", lang), on_click=close_run, key="btn_close_run")
-    show_step(run.prompts, run.steps, run.engine["block_size"], lang)
+    show_step(run.prompts, run.steps, run.engine["block_size"], lang, labels=st.session_state.get("loaded_run_clients"))
 
 
 def finished_beams(llm, request_ids) -> dict[int, list]:
@@ -243,33 +244,35 @@ def finished_beams(llm, request_ids) -> dict[int, list]:
 
 
 def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None,
-              final_beams: dict | None = None) -> None:
+              final_beams: dict | None = None, labels: dict[int, str] | None = None, highlight: set[int] | None = None) -> None:
     """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events.
 
     ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none).
-    ``final_beams``: finished beam searches' hypotheses (see ``replay.request_views``)."""
+    ``final_beams``: finished beam searches' hypotheses (see ``replay.request_views``).
+    ``labels``: request id -> its client's name (a classroom server's requests); ``highlight``:
+    request ids whose blocks are outlined on the pool map (a student's own)."""
     at = replay_index(reports, lang)
     report, views = reports[at], request_views(prompts, reports, at, final_beams)
     split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
     cache = (caches or {}).get(report.step)
     step_summary(report, views, lang)
     if projector():  # the pool map and block tables large and first, the texts folded
-        pool_view(report, block_size, lang, large=True, cache=cache)
+        pool_view(report, block_size, lang, large=True, cache=cache, highlight=highlight)
         swap_panel.queues_caption(report, views, lang)
         swap_panel.cpu_lane(report, block_size, lang, large=True)
-        block_tables_html(report, block_size, lang, large=True, sharing={v.request_id: v.sharing for v in views})
+        block_tables_html(report, block_size, lang, large=True, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
-            requests_text(views, lang, split)
+            requests_text(views, lang, split, labels)
         memory_view(reports[: at + 1], lang)
     else:
         left, right = st.columns([1, 1.2])
         with left:
-            requests_text(views, lang, split)
+            requests_text(views, lang, split, labels)
             swap_panel.prefill_bars(reports, at, lang)
-            block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views})
+            block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         with right:
-            pool_view(report, block_size, lang, cache=cache)
+            pool_view(report, block_size, lang, cache=cache, highlight=highlight)
             swap_panel.queues_caption(report, views, lang)
             swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
@@ -332,7 +335,7 @@ def _timing_name(key: str, lang: str) -> str:
     return t(f"timing_{key}", lang) if f"timing_{key}" in CATALOGUE else key
 
 
-def requests_text(views, lang: str, split: dict | None = None) -> None:
+def requests_text(views, lang: str, split: dict | None = None, labels: dict[int, str] | None = None) -> None:
     """Each request's reply so far, in its colour; the prompt in grey; with prefix caching (``split``:
     request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached."""
     st.markdown(f"**{t('requests', lang)}**")
@@ -346,7 +349,7 @@ def requests_text(views, lang: str, split: dict | None = None) -> None:
                       f'{t("cached_computed", lang, cached=cached, computed=computed)}</span>')
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
-            f'<b style="color:{color}">{t("request", lang)} {v.request_id}</b> '
+            f'<b style="color:{color}">{t("request", lang)} {v.request_id}{_label(v.request_id, labels)}</b> '
             f'<small style="color:#888">· {html_text(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{extra}</small><br>'
             f'<span style="color:#888" data-testid="request-prompt">{html_text(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}'
@@ -382,6 +385,12 @@ def _reply_html(v, color: str, lang: str) -> str:
     return "".join(f"<br>{line}" for line in lines)
 
 
+def _label(request_id: int, labels: dict[int, str] | None) -> str:
+    """" · alice": the request's client, HTML-escaped (a name a student typed), or nothing."""
+    name = (labels or {}).get(request_id)
+    return f' · <span data-testid="request-client">{html_text(name)}</span>' if name else ""
+
+
 def _shorten(prompt: str, head: int = 100, tail: int = 60) -> str:
     """A long prompt's beginning and end (prompts that share a long beginning differ at the end)."""
     return prompt if len(prompt) <= head + tail else f"{prompt[:head]} … {prompt[-tail:]}"
@@ -395,9 +404,10 @@ def _translation(prompt: str, lang: str) -> str:
     return f' <span style="color:#888">（{html.escape(zh)}）</span>'
 
 
-def block_tables_html(report, block_size: int, lang: str, large: bool = False, sharing: dict | None = None) -> None:
+def block_tables_html(report, block_size: int, lang: str, large: bool = False, sharing: dict | None = None,
+                      labels: dict[int, str] | None = None) -> None:
     """Each live sequence's block table (``sharing``: request id -> "none", "parallel" or "beam",
-    which names a group's rows samples or beams)."""
+    which names a group's rows samples or beams; ``labels``: request id -> its client's name)."""
     st.markdown(f"**{t('block_tables', lang)}**")
     st.caption(t("block_tables_caption", lang))
     if not report.block_tables:
@@ -418,7 +428,7 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
         )
         extra = (f' <small>{t("paren", lang, text=t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1]))}</small>'
                  if snap.slot_range else "")
-        who = f"{t('request', lang)} {snap.request_id}"
+        who = f"{t('request', lang)} {snap.request_id}{_label(snap.request_id, labels)}"
         if several[snap.request_id] > 1:  # a sequence group: one row per sequence
             key = "beam_index" if (sharing or {}).get(snap.request_id) == "beam" else "sequence_index"
             who += f" · {t(key, lang, index=snap.index, seq=snap.seq_id)}"
@@ -427,9 +437,12 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
 
 
-def pool_view(report, block_size: int, lang: str, large: bool = False, cache: dict | None = None) -> None:
+def pool_view(report, block_size: int, lang: str, large: bool = False, cache: dict | None = None,
+              highlight: set[int] | None = None) -> None:
     st.markdown(f"**{t('pool', lang)}**")
     spec = swap_panel.mark_swaps(pool_map_spec(report, block_size, lang, cache=cache), report, lang)
+    if highlight:  # a student's own blocks, outlined
+        spec = highlight_blocks(spec, blocks_of(report, highlight))
     if large:  # projector: taller cells, larger block numbers
         spec["height"] *= 2
         spec["layer"][-1]["mark"]["fontSize"] = 16

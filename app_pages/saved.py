@@ -10,6 +10,7 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
+from app_pages.classroom_link import session_clients
 from app_pages.common import MAX_UPLOAD_MB, plain
 from app_pages.state import MAX_BLOCKS, Settings
 from app_pages.widgets import json_uploader
@@ -65,6 +66,7 @@ def _opened(lang: str) -> None:
         return
     if isinstance(opened, Run):
         state["loaded_run"], state["loaded_run_name"] = opened, file.name
+        state["loaded_run_clients"] = session_clients(raw)  # a classroom session's names, if any
         state["replay_at"] = None
         return
     apply_workload(opened)
@@ -111,5 +113,5 @@ def apply_workload(workload: Workload) -> None:
 
 
 def close_run() -> None:
-    for key in ("loaded_run", "loaded_run_name", "replay_at"):
+    for key in ("loaded_run", "loaded_run_name", "loaded_run_clients", "replay_at"):
         st.session_state.pop(key, None)

@@ -24,6 +24,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "page_kernel": ("Kernel lab", "内核实验"),
     "page_lessons": ("Lessons", "课程"),
     "page_vllm": ("Beside real vLLM", "对照真实 vLLM"),
+    "page_classroom": ("Classroom", "课堂"),
+    "page_send": ("Send a request", "发送请求"),
     "live_intro": (
         "A real model generates text one scheduler step at a time. Watch its KV cache fill the block pool.",
         "一个真实模型按调度步逐步生成文本。观察它的 KV 缓存如何填满块池。",
@@ -159,6 +161,74 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "play_slower": ("Playing at about {pace} s a step, not {asked} s: a step and its redraw take longer than that here.",
                     "实际约 {pace} 秒一步，而不是 {asked} 秒：在这台机器上，一步计算加重绘就要更久。"),
     "speed": ("Seconds between steps", "每步间隔（秒）"),
+    # --- classroom: one engine server for the whole class (app_pages/classroom.py, app_pages/send.py)
+    "classroom_intro": (
+        "One engine server for the whole class: students send requests from their own devices, and every step of the "
+        "shared engine is drawn here, each request labelled by its client.",
+        "全班共用一个引擎服务器：学生从自己的设备发送请求，共享引擎的每一步都画在这里，每个请求都标有发送者的名字。",
+    ),
+    "classroom_server": ("Engine server", "引擎服务器"),
+    "classroom_attach": ("Attach to a running server", "连接到正在运行的服务器"),
+    "classroom_start": ("Start a server here", "在本机启动服务器"),
+    "classroom_url": ("Server address", "服务器地址"),
+    "classroom_url_help": ("The address `python -m engine serve` prints, e.g. http://127.0.0.1:8000.",
+                           "`python -m engine serve` 打印的地址，例如 http://127.0.0.1:8000。"),
+    "teacher_token": ("Teacher token", "教师令牌"),
+    "teacher_token_help": (
+        "The token `python -m engine serve` prints at start (or the one given with `--teacher-token`). With it this page "
+        "shows the Step and Run controls; without it, the view only.",
+        "`python -m engine serve` 启动时打印的令牌（或用 `--teacher-token` 指定的令牌）。有了它，本页显示单步和运行控制；"
+        "没有它，只能观看。",
+    ),
+    "classroom_api_key": ("API key (only if the server asks for one)", "API 密钥（仅当服务器要求时）"),
+    "attach": ("Attach", "连接"),
+    "detach": ("Detach", "断开"),
+    "start_server": ("Start the server", "启动服务器"),
+    "start_server_help": (
+        "Starts `python -m engine serve` on this machine (127.0.0.1), in step mode, with the sidebar's engine settings.",
+        "在本机（127.0.0.1）以单步模式启动 `python -m engine serve`，使用侧边栏的引擎设置。",
+    ),
+    "server_port": ("Port", "端口"),
+    "server_starting": ("Starting the server and loading the model…", "正在启动服务器并加载模型……"),
+    "server_failed": ("The server did not start. Its last lines: {log}", "服务器未能启动。它的最后几行：{log}"),
+    "attached_to": ("Attached to {url}.", "已连接到 {url}。"),
+    "not_attached": ("No server yet: attach to one or start one here.", "还没有服务器：请连接一个，或在这里启动一个。"),
+    "lab_stream_error": ("The step stream is interrupted ({error}); reconnecting.", "步骤流中断（{error}），正在重连。"),
+    "change_needs_token": ("Only the teacher (with the teacher token) can change the server.",
+                           "只有持有教师令牌的教师才能更换服务器。"),
+    "token_refused": ("The server refused the control: {error}", "服务器拒绝了控制：{error}"),
+    "join_title": ("Join the class", "加入课堂"),
+    "join_address": ("Address students open", "学生打开的地址"),
+    "join_address_help": (
+        "Students open this address on a laptop or phone on the same network. Start the app open to them with "
+        "`PAGEDATTENTION_LAB_ALLOW_REMOTE=1 streamlit run app.py --server.address 0.0.0.0`.",
+        "学生在同一网络的笔记本电脑或手机上打开这个地址。要让他们访问，请用 "
+        "`PAGEDATTENTION_LAB_ALLOW_REMOTE=1 streamlit run app.py --server.address 0.0.0.0` 启动应用。",
+    ),
+    "join_caption": ("Scan or type the address, write your name, send a prompt: your blocks light up in the pool.",
+                     "扫码或输入地址，写上名字，发送提示词：你的块会在块池中亮起。"),
+    "mode_step": ("Step mode: the server advances one step per Step.", "单步模式：每按一次单步，服务器前进一步。"),
+    "mode_run": ("Run mode: the server steps while there is work, {speed}.", "运行模式：有请求时服务器持续前进，{speed}。"),
+    "speed_full": ("full speed", "全速"),
+    "speed_per_s": ("{n:g} steps a second", "每秒 {n:g} 步"),
+    "lab_run": ("Run", "运行"),
+    "lab_speed": ("Run speed", "运行速度"),
+    "lab_nothing_to_step": ("Nothing to step: no request is waiting or running.", "没有可执行的步：没有等待中或运行中的请求。"),
+    "lab_no_steps": ("Waiting for requests: the engine has not stepped yet. Requests so far: {n}.",
+                     "等待请求：引擎还没有执行任何步。目前的请求数：{n}。"),
+    "lab_viewers": ("{n} viewers follow the step stream.", "{n} 个观看者在跟随步骤流。"),
+    "save_session": ("Download the session (run file)", "下载本次课堂（运行记录文件）"),
+    "save_session_help": ("Opens on the Live engine page like any saved run.", "可以像其他保存的运行记录一样在实时引擎页面打开。"),
+    "student_name": ("Your name", "你的名字"),
+    "student_name_help": ("Labels your requests on the projector.", "在投影上标出你的请求。"),
+    "name_first": ("Write your name first.", "请先写上你的名字。"),
+    "chat_placeholder": ("Ask the model something", "向模型提个问题"),
+    "send_max_tokens": ("Longest answer (tokens)", "回答最长（token 数）"),
+    "your_blocks": ("Your blocks are outlined in pink on the shared pool: {blocks}.", "你的块在共享块池中以粉色框出：{blocks}。"),
+    "your_blocks_none": ("None of your requests holds a block right now.", "你的请求目前没有占用块。"),
+    "send_no_server": ("The teacher has not started a server yet.", "老师还没有启动服务器。"),
+    "send_failed": ("The request failed: {error}", "请求失败：{error}"),
+    "waiting_for_step": ("waiting for the next step…", "等待下一步……"),
     "serving_refused": (
         "This server was started open to other machines or with a larger upload limit ({problem}), so the lab does not "
         "run. Start it with `streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` (the project's "

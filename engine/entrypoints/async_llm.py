@@ -4,6 +4,10 @@
 The :class:`~engine.LLMEngine` is not thread-safe, so it lives on one worker thread of its own: every
 call into it (add, abort, step) runs there, one at a time, and the event loop only waits for them.
 The event loop so stays free to accept requests and stream text while a step computes.
+
+For a class, the loop can be paced (:meth:`AsyncLLM.set_pace`, :meth:`AsyncLLM.step_once`; the lab
+endpoints in engine/entrypoints/lab.py): in step mode it runs one step per Step, in run mode it steps
+while there is work, at full speed or at most so many steps a second.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from engine.report import StepReport
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("engine.serve")
+
+STEP_MODE = "step"  # the loop steps only when told to (a class discusses each step)
+RUN_MODE = "run"  # the loop steps while there is work, at full speed or capped
+PACE_MODES = (STEP_MODE, RUN_MODE)
 
 
 class EngineStopping(RuntimeError):
@@ -109,6 +117,7 @@ class AsyncLLM:
         self._stopping = False
         self.num_aborted = 0
         self.num_finished = 0
+        self._init_pacing()
 
     @property
     def num_requests(self) -> int:
@@ -183,6 +192,7 @@ class AsyncLLM:
         """Take no new request, give the running ones up to ``timeout_s`` seconds to finish, then
         abort the rest (their streams end with an abort); returns how many were aborted."""
         self._stopping = True
+        self._open_gate()  # the running requests get their time to finish even in step mode
         deadline = time.monotonic() + timeout_s
         while self._states and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -200,6 +210,7 @@ class AsyncLLM:
             or now), "aborted_at_shutdown": of those, aborted now, "num_free_blocks", "num_blocks"}``.
         """
         self._stopping = True
+        self._open_gate()  # a server stopping in step mode still frees what runs
         running = list(self._states)
         for request_id in running:
             self.abort(request_id)
@@ -222,10 +233,17 @@ class AsyncLLM:
                 await self._wake.wait()
                 continue
             try:
-                self._dispatch(await self._call(self._step))
+                await self._pace_gate()  # classroom pacing: step mode waits for a Step, run mode may be capped
+                if not self._states and not self._aborts:
+                    self._paced_step_done(None)  # everything ended while the gate was closed: no step
+                    continue
+                result = await self._call(self._step)
+                self._dispatch(result)
+                self._paced_step_done(result)
             except Exception as error:  # never leave a request waiting on a loop that died
                 logger.exception("the engine loop failed; failing every request")
                 self._fail_all(f"{type(error).__name__}: {error}")
+                self._paced_step_done(None)
 
     def _fail_all(self, error: str) -> None:
         for request_id, state in list(self._states.items()):
@@ -312,3 +330,111 @@ class AsyncLLM:
         if state.first_token is None:
             state.first_token = now
         state.last_token = now
+
+    # ---- classroom pacing: step mode and run mode (the lab endpoints' control) ------------------
+    # Kept apart from the loop above: the loop only calls _pace_gate before a step and
+    # _paced_step_done after it.
+
+    def _init_pacing(self) -> None:
+        self.pace_mode = RUN_MODE
+        self.max_steps_per_s: float | None = None
+        self._permit: asyncio.Event | None = None  # step mode: set by step_once, taken by one step
+        self._step_done: asyncio.Future | None = None  # step mode: what step_once waits for
+        self._step_lock: asyncio.Lock | None = None
+        self._last_step_at = 0.0  # time.monotonic() of the last step's start, for the speed cap
+        self._in_step = False  # past the gate, its step not yet dispatched
+
+    def set_pace(self, mode: str, max_steps_per_s: float | None = None) -> None:
+        """Step mode (the loop runs a step only when :meth:`step_once` asks) or run mode (it steps
+        while there is work, at most ``max_steps_per_s`` steps a second; None = full speed).
+
+        Raises:
+            ValueError: an unknown mode, or a cap that is not a positive finite number.
+        """
+        if mode not in PACE_MODES:
+            raise ValueError(f"mode must be one of {', '.join(PACE_MODES)}, got {mode!r}")
+        if max_steps_per_s is not None and not (isinstance(max_steps_per_s, (int, float)) and not isinstance(max_steps_per_s, bool)
+                                                and 0 < max_steps_per_s < float("inf")):
+            raise ValueError(f"max_steps_per_s must be a positive number or null, got {max_steps_per_s!r}")
+        self.pace_mode = mode
+        self.max_steps_per_s = float(max_steps_per_s) if max_steps_per_s is not None and mode == RUN_MODE else None
+        if self._permit is None:
+            self._permit = asyncio.Event()
+        if mode == RUN_MODE:
+            self._permit.set()  # a loop waiting in step mode goes on
+        else:
+            self._permit.clear()  # no step until step_once asks for one
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
+    def has_work(self) -> bool:
+        """A request waits, runs, or has an abort for the engine to apply: a step would do something."""
+        return bool(self._states or self._aborts)
+
+    async def step_once(self, timeout_s: float = 60.0) -> StepReport | None:
+        """Step mode: let the loop run exactly one engine step and return its report (None when no
+        request waits or runs, so nothing was stepped). Called in run mode it switches to step mode
+        first. Calls are served one at a time, one step each.
+
+        Raises:
+            EngineStopping: the server is shutting down.
+            TimeoutError: the step did not end within ``timeout_s`` seconds.
+        """
+        if self._stopping:
+            raise EngineStopping("the server is shutting down")
+        if self._step_lock is None:
+            self._step_lock = asyncio.Lock()
+        async with self._step_lock:
+            if self.pace_mode != STEP_MODE:
+                self.set_pace(STEP_MODE)
+            while self._in_step:  # a step begun in run mode ends first; the Step is the one after it
+                await asyncio.sleep(0.005)
+            if not self.has_work:
+                return None
+            done = asyncio.get_running_loop().create_future()
+            self._step_done = done
+            self._permit.set()
+            self._wake.set()
+            try:
+                return await asyncio.wait_for(done, timeout_s)
+            finally:
+                self._step_done = None
+
+    async def _pace_gate(self) -> None:
+        """Before each step: step mode waits for a permit (one step per :meth:`step_once`); run mode
+        with a cap waits until 1 / max_steps_per_s seconds have passed since the last step began."""
+        if self._permit is None:
+            self._permit = asyncio.Event()
+        while not self._stopping:
+            if self.pace_mode == STEP_MODE:
+                if self._permit.is_set():
+                    self._permit.clear()  # this step takes the permit
+                    break
+                await self._permit.wait()  # step_once, a switch to run mode, or shutdown
+                continue
+            wait = self._last_step_at + 1.0 / self.max_steps_per_s - time.monotonic() if self.max_steps_per_s else 0.0
+            if wait <= 0:
+                break
+            self._wake.clear()
+            try:  # a change of pace (set_pace sets _wake) ends the wait early; the loop checks again
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+        self._last_step_at = time.monotonic()
+        self._in_step = True
+
+    async def run_on_engine(self, fn, *args):
+        """``fn(*args)`` on the engine's thread, between steps (a read of the scheduler's queues)."""
+        return await self._call(fn, *args)
+
+    def _open_gate(self) -> None:
+        if self._permit is not None:
+            self._permit.set()
+
+    def _paced_step_done(self, result: _StepResult | None) -> None:
+        """After each step: the :meth:`step_once` waiting for it gets its report (None: no step ran)."""
+        self._in_step = False
+        done = self._step_done
+        if done is not None and not done.done():
+            done.set_result(result.report if result is not None else None)

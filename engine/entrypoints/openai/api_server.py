@@ -26,7 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.entrypoints.async_llm import AsyncLLM
+from engine.entrypoints.async_llm import PACE_MODES, AsyncLLM
+from engine.entrypoints.lab import (DEFAULT_VIEWER_BUFFER, StepHub, add_lab_routes, engine_info, new_teacher_token, prompt_text,
+                                    run_settings)
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import APIError, error_body, parse_chat, parse_completion
 from engine.entrypoints.openai.serving import OpenAIServing
@@ -50,6 +52,11 @@ class ServerSettings:
             None = no cap.
         max_request_body_bytes: largest request body, bytes (413 beyond).
         retry_after_s: the ``Retry-After`` of a 429, s.
+        teacher_token: what the lab's control endpoint asks for (engine/entrypoints/lab.py); None =
+            a random one, made at start (``app.state.teacher_token``, printed by ``serve``).
+        lab_mode: "run" (the engine steps while there is work) or "step" (only on the teacher's Step).
+        lab_max_steps_per_s: run mode's speed cap, steps a second; None = full speed.
+        lab_viewer_buffer: events a step-stream viewer may be behind before it is cut off.
     """
 
     served_model_name: str | None = None
@@ -58,8 +65,17 @@ class ServerSettings:
     max_tokens_per_client: int | None = None
     max_request_body_bytes: int = 1 << 20
     retry_after_s: int = 1
+    teacher_token: str | None = None
+    lab_mode: str = "run"
+    lab_max_steps_per_s: float | None = None
+    lab_viewer_buffer: int = DEFAULT_VIEWER_BUFFER
 
     def __post_init__(self) -> None:
+        if self.teacher_token is not None and (not isinstance(self.teacher_token, str) or len(self.teacher_token.strip()) < 8
+                                               or self.teacher_token != self.teacher_token.strip()):
+            raise ValueError("teacher_token must be a string of at least 8 characters, no surrounding spaces")
+        if self.lab_mode not in PACE_MODES:
+            raise ValueError(f"lab_mode must be one of {', '.join(PACE_MODES)}, got {self.lab_mode!r}")
         for name in ("max_concurrent_requests_per_client", "max_request_body_bytes", "retry_after_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -110,19 +126,27 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
     with it (aborting what still runs and printing a summary to stderr).
 
     The app's ``state`` holds ``llm`` (the :class:`AsyncLLM`), ``metrics`` (:class:`ServerMetrics`),
-    ``settings``, ``limits`` and, after shutdown, ``shutdown_summary``.
+    ``settings``, ``limits``, ``hub`` (the lab's :class:`~engine.entrypoints.lab.StepHub`),
+    ``teacher_token`` and, after shutdown, ``shutdown_summary``. The lab endpoints
+    (engine/entrypoints/lab.py) sit beside the OpenAI ones under /lab.
     """
     settings = settings or ServerSettings()
     model_name = settings.served_model_name or engine.model_name
     metrics = ServerMetrics(model_name)
     llm = AsyncLLM(engine, stat_logger=metrics)
     limits = ClientLimits(settings)
+    teacher_token = settings.teacher_token or new_teacher_token()
+    hub = StepHub(engine_info(engine), run_settings(engine), settings.lab_viewer_buffer)
+    llm.step_callbacks.append(hub.publish_step)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await llm.start()
+        llm.set_pace(settings.lab_mode, settings.lab_max_steps_per_s)
+        hub.mode = {"mode": llm.pace_mode, "max_steps_per_s": llm.max_steps_per_s}
         app.state.serving = OpenAIServing(llm, model_name)
         yield
+        hub.close()
         summary = await llm.shutdown()
         app.state.shutdown_summary = summary
         late = f" ({summary['aborted_at_shutdown']} of them as the engine stopped)" if summary["aborted_at_shutdown"] else ""
@@ -132,7 +156,9 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
     app = FastAPI(title="PagedAttention Lab engine", lifespan=lifespan)
     app.state.llm, app.state.metrics, app.state.settings, app.state.limits = llm, metrics, settings, limits
     app.state.shutdown_summary = None
+    app.state.hub, app.state.teacher_token = hub, teacher_token
     created = int(time.time())
+    add_lab_routes(app, llm, hub, teacher_token, settings.api_keys)
 
     @app.exception_handler(APIError)
     async def api_error(raw: Request, error: APIError):
@@ -181,6 +207,8 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
         streaming = False
         try:
             request_id = await serving.add(ids, request, max_tokens, client)
+            # The classroom's label: the request's own `user`, else its API key's name.
+            hub.note_request(request_id, request.user or client, prompt_text(request.prompt, serving.tokenizer), max_tokens)
             if request.stream:
                 response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage,
                                           on_close=lambda: limits.release(client, reserved))
@@ -258,8 +286,12 @@ def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0
     # uvicorn's own grace period is a backstop: the drain below ends every request before it.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)
+    server.hub = app.state.hub
     print(f"serving '{settings.served_model_name or engine.model_name}' on http://{host}:{port} "
-          f"(OpenAI API at /v1, metrics at /metrics)", file=sys.stderr, flush=True)
+          f"(OpenAI API at /v1, metrics at /metrics, classroom lab at /lab, {settings.lab_mode} mode)", file=sys.stderr, flush=True)
+    if settings.teacher_token is None:
+        print(f"teacher token (for POST /lab/control and the app's Step / Run controls): {app.state.teacher_token}",
+              file=sys.stderr, flush=True)
     server.run()
 
 
@@ -285,5 +317,6 @@ class _Server(uvicorn.Server):
 
     async def _drain(self) -> None:
         aborted = await self.llm.drain(self.shutdown_timeout_s)
+        self.hub.close()  # the lab's step streams end, so that they do not hold the shutdown up
         print(f"stopping: {'every running request finished' if not aborted else f'{aborted} requests still running were aborted'}",
               file=sys.stderr, flush=True)

@@ -63,6 +63,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds the running requests get to finish before they are aborted (default: 30)")
     g.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    g = p.add_argument_group("classroom (the lab endpoints under /lab)")
+    g.add_argument("--teacher-token", default=None,
+                   help="the token the lab's control endpoint asks for (Step, Run); default: a random one, printed at start")
+    g.add_argument("--lab-mode", choices=("run", "step"), default="run",
+                   help="run: the engine steps while there is work; step: only when the teacher presses Step (default: run)")
+    g.add_argument("--lab-max-steps-per-s", type=float, default=None, help="run mode's speed cap, steps a second (default: full speed)")
+    g.add_argument("--lab-viewer-buffer", type=int, default=256,
+                   help="step-stream events a viewer may be behind before it is cut off (default: 256)")
 
 
 def engine_config(args) -> EngineConfig:
@@ -109,6 +117,8 @@ def serve(args) -> None:
         served_model_name=args.served_model_name, api_keys=parse_api_keys(args.api_key),
         max_concurrent_requests_per_client=args.max_concurrent_requests_per_client,
         max_tokens_per_client=args.max_tokens_per_client, max_request_body_bytes=args.max_request_body_bytes,
+        teacher_token=args.teacher_token, lab_mode=args.lab_mode, lab_max_steps_per_s=args.lab_max_steps_per_s,
+        lab_viewer_buffer=args.lab_viewer_buffer,
     )
     engine = LLMEngine(engine_config(args))
     run_server(engine, settings, host=args.host, port=args.port, shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)

@@ -19,13 +19,14 @@ class APIError(Exception):
     """A request refused with an HTTP status and OpenAI's error body.
 
     Args:
-        status_code: 400 (a bad field), 401, 404 (unknown model), 413, 429, 500, 503.
+        status_code: 400 (a bad field), 401, 403 (not the teacher token), 404 (unknown model), 409, 413, 429, 500, 503.
         message: what is wrong, naming the field and the value.
         param: the request field at fault (None when none is).
         headers: extra response headers (429's ``Retry-After``, 401's ``WWW-Authenticate``).
     """
 
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+             409: "conflict_error", 413: "invalid_request_error",
              429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
     def __init__(self, status_code: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):

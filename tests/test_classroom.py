@@ -1,0 +1,375 @@
+"""The classroom's lab endpoints (/lab/steps, /lab/control, /lab/snapshot, /lab/session) on a real
+server, followed by real HTTP clients (httpx's streaming reader, the `openai` client).
+
+One server per module over a tiny random model, started in step mode with a known teacher token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from engine import EngineConfig, LLMEngine
+from engine.entrypoints.lab import StepHub
+from engine.entrypoints.openai.api_server import ServerSettings, create_app
+from engine.runfile import load_run
+
+TEACHER = "teacher-secret-token"
+TEACHER_HEADERS = {"Authorization": f"Bearer {TEACHER}"}
+
+
+@contextmanager
+def serving(engine: LLMEngine, settings: ServerSettings):
+    """Serve ``engine`` on a free 127.0.0.1 port; yields (base URL, app)."""
+    app = create_app(engine, settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        app.state.hub.close()  # as a stop signal does: the step streams end
+        server.should_exit = True
+        thread.join(30)
+
+
+class Viewer:
+    """A viewer of /lab/steps on a thread of its own: every event it got, parsed, in order."""
+
+    def __init__(self, base: str, headers: dict | None = None):
+        self.events: list[tuple[str, dict]] = []
+        self.closed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(base, headers or {}), daemon=True)
+        self._thread.start()
+        wait_until(lambda: self.events and self.events[0][0] == "hello", what="the viewer's hello")
+
+    def _read(self, base: str, headers: dict) -> None:
+        try:
+            with httpx.stream("GET", f"{base}/lab/steps", headers=headers, timeout=httpx.Timeout(60, read=None)) as response:
+                assert response.status_code == 200
+                event = None
+                for line in response.iter_lines():
+                    if self._stop.is_set():
+                        return
+                    if line.startswith("event: "):
+                        event = line[7:]
+                    elif line.startswith("data: "):
+                        self.events.append((event, json.loads(line[6:])))
+        except httpx.TransportError:  # the server stopped while this viewer still followed
+            pass
+        finally:
+            self.closed.set()
+
+    def steps(self) -> list[int]:
+        return [data["step"] for kind, data in self.events if kind == "step"]
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def wait_until(condition, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def control(base: str, **body) -> dict:
+    response = httpx.post(f"{base}/lab/control", json=body, headers=TEACHER_HEADERS, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=32, block_size=4))
+    settings = ServerSettings(teacher_token=TEACHER, lab_mode="step")
+    with serving(engine, settings) as (base, app):
+        yield base, app, engine
+
+
+def test_step_mode_one_step_per_call_every_viewer_every_step_labelled_by_user(server):
+    base, app, engine = server
+    first, second = Viewer(base), Viewer(base)
+    hello = first.events[0][1]
+    assert hello["format"] == "pagedattention-lab/run" and hello["mode"]["mode"] == "step"
+    assert hello["engine"]["num_blocks"] == 32 and hello["engine"]["block_size"] == 4
+
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    answer: dict = {}
+
+    def ask() -> None:
+        stream = client.chat.completions.create(model=engine.model_name, messages=[{"role": "user", "content": "Name three fruits."}],
+                                                max_tokens=5, temperature=0, user="alice", stream=True, extra_body={"ignore_eos": True})
+        answer["text"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    # The request is labelled by its `user` in the stream within a few seconds, before any step runs.
+    wait_until(lambda: any(k == "request" and d["client"] == "alice" for k, d in second.events), timeout=5, what="alice's request")
+    request_id = next(d["request_id"] for k, d in second.events if k == "request" and d["client"] == "alice")
+    assert next(d["prompt"] for k, d in second.events if k == "request") == "Name three fruits."
+    time.sleep(0.5)
+    assert first.steps() == [] and second.steps() == [], "step mode stepped without a Step"
+
+    stepped = []
+    while "text" not in answer:
+        before = len(first.steps()), len(second.steps())
+        reply = control(base, action="step")
+        if not reply["stepped"]:
+            break
+        stepped.append(reply["step"])
+        # Exactly one step per call, to every viewer.
+        wait_until(lambda: len(first.steps()) == before[0] + 1 and len(second.steps()) == before[1] + 1, what="the step's event")
+        time.sleep(0.05)
+        assert (len(first.steps()), len(second.steps())) == (before[0] + 1, before[1] + 1)
+        assert len(stepped) <= 10, "the request did not finish in 10 steps"
+        if len(stepped) == 5:  # prefill + 4 decodes give 5 tokens: its stream ends now
+            asker.join(10)
+    asker.join(10)
+    assert not asker.is_alive() and answer["text"]
+    assert stepped == list(range(stepped[0], stepped[0] + len(stepped))) and len(stepped) == 5
+    assert first.steps() == second.steps() == stepped
+    step_events = [d for k, d in first.events if k == "step"]
+    assert any(t["request_id"] == request_id for t in step_events[0]["block_tables"]), "the request holds no block after its prefill"
+    assert step_events[-1]["finished"] == {str(request_id): "length"}
+    # Nothing to step: the call says so and steps nothing.
+    reply = control(base, action="step")
+    assert reply["stepped"] is False and reply["next_step"] == stepped[-1] + 1
+    first.close(), second.close()
+
+
+def test_bad_teacher_token_and_bad_control_are_refused(server):
+    base, _, _ = server
+    url = f"{base}/lab/control"
+    missing = httpx.post(url, json={"action": "step"})
+    assert missing.status_code == 401 and missing.json()["error"]["param"] == "authorization"
+    wrong = httpx.post(url, json={"action": "step"}, headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 403 and "teacher token" in wrong.json()["error"]["message"]
+    bad = httpx.post(url, json={"action": "jump"}, headers=TEACHER_HEADERS)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "action"
+    bad = httpx.post(url, json={"action": "run", "max_steps_per_s": -2}, headers=TEACHER_HEADERS)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_steps_per_s"
+    bad = httpx.post(url, json={"action": "step", "speed": 2}, headers=TEACHER_HEADERS)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "speed"
+    assert httpx.get(url).json()["mode"] == "step", "a refused call changed the mode"
+
+
+def test_run_mode_runs_freely_and_a_dropped_viewer_does_not_stall_it(server):
+    base, app, engine = server
+    stays = Viewer(base)
+    with httpx.stream("GET", f"{base}/lab/steps", timeout=30) as response:  # a viewer that reads its hello and goes away
+        next(response.iter_lines())
+    dropped_at = httpx.get(f"{base}/lab/control").json()
+    try:
+        assert control(base, action="run", max_steps_per_s=None)["mode"] == "run"
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        done = client.completions.create(model=engine.model_name, prompt="Once upon a time", max_tokens=12, temperature=0,
+                                         user="bob", extra_body={"ignore_eos": True})
+        assert done.usage.completion_tokens == 12
+        wait_until(lambda: httpx.get(f"{base}/lab/control").json()["num_viewers"] == 1, what="the dropped viewer's removal")
+        assert len(stays.steps()) >= 12 and stays.steps() == list(range(stays.steps()[0], stays.steps()[-1] + 1))
+        assert any(k == "mode" and d["mode"] == "run" for k, d in stays.events)
+        assert dropped_at["num_viewers"] >= 1
+        # A speed cap spaces the steps out (5 a second: 0.2 s apart, each step taking a few ms).
+        control(base, action="run", max_steps_per_s=5)
+        n = len(stays.steps())
+        started = time.monotonic()
+        client.completions.create(model=engine.model_name, prompt="Hi", max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+        wait_until(lambda: len(stays.steps()) >= n + 4, what="the capped steps")
+        assert time.monotonic() - started >= 0.55, "4 steps at 5 a second took less than 3 intervals"
+    finally:
+        control(base, action="pause")
+        stays.close()
+    assert httpx.get(f"{base}/lab/control").json()["mode"] == "step"
+
+
+def test_snapshot_and_saved_session(server):
+    base, app, engine = server
+    snapshot = httpx.get(f"{base}/lab/snapshot").json()
+    assert snapshot["queues"] == {"waiting": [], "running": [], "swapped": []}
+    assert {r["client"] for r in snapshot["requests"].values()} >= {"alice", "bob"}
+    assert snapshot["step"]["step"] == snapshot["next_step"] - 1 and snapshot["step"]["memory"]["capacity"] == 32 * 4
+    response = httpx.get(f"{base}/lab/session")
+    assert response.status_code == 200
+    run = load_run(response.content, name="classroom_session.json")
+    assert [r.step for r in run.steps] == list(range(snapshot["next_step"]))
+    assert run.engine["num_blocks"] == 32 and "Name three fruits." in run.prompts.values()
+    clients = json.loads(response.content)["clients"]
+    assert {clients[str(rid)] for rid, text in run.prompts.items() if text == "Name three fruits."} == {"alice"}
+
+
+def test_a_slow_viewer_is_cut_off_and_never_stalls_the_hub(server):
+    """A viewer that reads nothing: its buffer fills, the hub puts nothing more in it (publishing
+    never waits), and the viewer gets what it had, then a `lagged` event naming the first step it missed."""
+    base, app, engine = server
+    reports = list(app.state.hub.steps)[:6]
+    assert len(reports) == 6
+
+    async def scenario():
+        hub = StepHub(app.state.hub.engine_info, app.state.hub.settings, viewer_buffer=3)
+        events = hub.follow()
+        assert (await anext(events)).startswith("event: hello")
+        for report in reports:
+            hub.publish_step(report)  # synchronous: it cannot wait for the viewer
+        got = [await anext(events) for _ in range(4)]
+        with pytest.raises(StopAsyncIteration):
+            await anext(events)
+        return hub, got
+
+    hub, got = asyncio.run(scenario())
+    assert [g.split("\n")[0] for g in got] == ["event: step"] * 3 + ["event: lagged"]
+    assert json.loads(got[-1].split("data: ", 1)[1])["missed_from_step"] == reports[3].step
+    assert hub.num_lagged == 1 and not hub.viewers
+
+
+def test_api_keys_label_requests_and_guard_the_lab(tiny_llama_dir):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16, block_size=4))
+    settings = ServerSettings(api_keys={"key-of-carol": "carol"}, teacher_token=TEACHER)
+    with serving(engine, settings) as (base, app):
+        assert httpx.get(f"{base}/lab/snapshot").status_code == 401
+        assert httpx.get(f"{base}/lab/snapshot", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{base}/lab/snapshot", headers=TEACHER_HEADERS).status_code == 200
+        viewer = Viewer(base, {"Authorization": "Bearer key-of-carol"})
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="key-of-carol", max_retries=0, timeout=60)
+        client.completions.create(model=engine.model_name, prompt="Hello", max_tokens=2, temperature=0)
+        wait_until(lambda: any(k == "request" for k, _ in viewer.events), what="the request event")
+        assert [d["client"] for k, d in viewer.events if k == "request"] == ["carol"]
+        # The teacher token is not an API key.
+        assert httpx.post(f"{base}/v1/completions", json={"prompt": "Hi"}, headers=TEACHER_HEADERS).status_code == 401
+        viewer.close()
+
+
+def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cpu_kernels_built, monkeypatch):
+    """The app (Streamlit's AppTest) attaches to the server by its address and teacher token: the
+    Classroom page draws the server's steps with each request's client, in Chinese with no English
+    UI text left; the Send page shows the shared pool."""
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.classroom import classroom
+    from app_pages.classroom_link import session_clients
+    from app_pages.state import MODEL_ENV
+    from tests.test_app import APP, _open_page, _texts
+    from visualize.i18n import untranslated
+
+    base, _, engine = server
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    asker = threading.Thread(target=lambda: client.completions.create(model=engine.model_name, prompt="Hello there", max_tokens=3,
+                                                                       user="dora", extra_body={"ignore_eos": True}), daemon=True)
+    asker.start()
+    wait_until(lambda: httpx.get(f"{base}/lab/control").json()["num_requests"] == 1, what="dora's request")
+    while control(base, action="step")["stepped"] and asker.is_alive():
+        pass
+    asker.join(10)
+    monkeypatch.setenv(MODEL_ENV, str(tiny_llama_dir))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.radio(key="lang").set_value("zh").run()
+    _open_page(at, "classroom")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "课堂" and untranslated(_texts(at)) == []
+    try:
+        at.text_input(key="lab_url").set_value(base)
+        at.text_input(key="lab_token_typed").set_value(TEACHER)
+        at.button(key="btn_lab_attach").click().run()
+        follower = classroom().follower
+        assert follower is not None and follower.url == base
+        wait_until(lambda: follower.reports, what="the follower's catch-up")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        text = _texts(at)
+        assert f"第 {follower.reports[-1].step} 步" in text
+        assert 'data-testid="request-client">dora<' in text
+        assert untranslated(text) == [], untranslated(text)
+        assert [b.label for b in at.main.button][:4] == ["断开", "单步", "暂停", "运行"]  # the teacher's controls
+        at.radio(key="layout__zh").set_value("projector").run()  # the address to join, open, with its QR code
+        assert not at.exception and 'data-testid="join-qr"><img' in _texts(at) and "加入课堂" in _texts(at)
+        assert untranslated(_texts(at)) == [], untranslated(_texts(at))
+        _open_page(at, "send")
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
+        # Another browser (a student's): the view without controls, until the teacher token is typed.
+        other = AppTest.from_file(APP, default_timeout=60)
+        other.run()
+        _open_page(other, "classroom")
+        assert "Step" not in [b.label for b in other.main.button] and 'request-client">dora<' in _texts(other)
+        other.text_input(key="lab_token_entry").set_value("not-the-token").run()
+        assert "Step" not in [b.label for b in other.main.button] and other.main.error
+        other.text_input(key="lab_token_entry").set_value(TEACHER).run()
+        assert not other.exception and [b.label for b in other.main.button][:4] == ["Detach", "Step", "Pause", "Run"]
+        # The saved session replays on the Live engine page like any run, each request with its client.
+        raw = httpx.get(f"{base}/lab/session").content
+        at.session_state["loaded_run"], at.session_state["loaded_run_name"] = load_run(raw, name="s.json"), "s.json"
+        at.session_state["loaded_run_clients"] = session_clients(raw)
+        _open_page(at, "")  # the default page, Live engine
+        assert not at.exception, [e.value for e in at.exception]
+        assert 'data-testid="request-client">dora<' in _texts(at)
+    finally:
+        classroom().detach()
+
+
+def test_sigterm_in_step_mode_with_a_viewer_attached_stops_promptly(tiny_llama_dir):
+    """`python -m engine serve` in step mode, with a viewer on the step stream and a request waiting
+    for a Step: SIGTERM leaves step mode, the request is answered, the stream ends with the last
+    steps, and the process exits well within uvicorn's grace period. It printed the teacher token."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen([sys.executable, "-m", "engine", "serve", str(tiny_llama_dir), "--port", str(port),
+                                "--num-gpu-blocks-override", "16", "--lab-mode", "step", "--shutdown-timeout", "2",
+                                "--uvicorn-log-level", "warning"],
+                               cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert process.poll() is None, process.communicate()[1]
+            try:
+                return httpx.get(f"{base}/health").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=180, what="the server to start")
+        viewer = Viewer(base)
+        done: dict = {}
+        asker = threading.Thread(target=lambda: done.update(r=httpx.post(f"{base}/v1/completions", timeout=60, json={
+            "prompt": "Hi", "max_tokens": 4, "ignore_eos": True, "user": "eve"})), daemon=True)
+        asker.start()
+        wait_until(lambda: any(k == "request" for k, _ in viewer.events), what="the request event")
+        assert viewer.steps() == [], "step mode stepped without a Step"
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+        took = time.monotonic() - stopped
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert took < 15, f"the stop took {took:.0f} s"
+    asker.join(10)
+    assert done["r"].status_code == 200 and done["r"].json()["usage"]["completion_tokens"] == 4  # stepped to its end while draining
+    assert viewer.closed.wait(10), "the step stream did not end"
+    assert viewer.steps() and viewer.steps() == list(range(len(viewer.steps())))
+    assert re.search(r"teacher token \(for POST /lab/control and the app's Step / Run controls\): \S{16}", err), err
