@@ -13,6 +13,9 @@ and the remaining cells run. No cell may raise. In the Chinese notebooks, the te
 (titles, axis and tick labels, legends, annotations) is read back at the end and must not be English,
 nor may the lines its code cells print (their data aside: quoted model text, token ids, block tables).
 
+Lesson 9 starts ``python -m engine serve`` as a subprocess; its last cell stops it, and so does the
+kernel's end after an error in any cell, a crash included (checked on its own: a killed kernel).
+
 The kernel runs with ``OMP_NUM_THREADS=1``: on a small shared CI runner, torch's default of one
 thread per core spins against the other jobs and a decode step that takes 0.1 s can take 5 s.
 """
@@ -39,7 +42,9 @@ NAMES = [s.stem for s in sources()]
 CELL_TIMEOUT_S = 600
 # A plausible wrong answer per lesson, run after the solution: the check must print FAIL again, so its
 # last part cannot pass on anything. Lesson 3: the saturation rate from the paged batch, not Orca (Max)'s.
-WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_per_s(paged_batch, 16) / mean_output"}
+WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_per_s(paged_batch, 16) / mean_output",
+                 # Lesson 9: Little's law with one request in the server instead of a full batch.
+                 "09_serving": "ttft_explodes_at = 1 / (output_tokens * step_s)"}
 
 
 def _tags(cell) -> list[str]:
@@ -271,3 +276,45 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
     if lang == "zh":
         english = _english_printed(printed)
         assert english == [], f"zh/{name}: English in its printed output: {english}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the lesson asks Linux to end its server with the kernel (PR_SET_PDEATHSIG)")
+def test_the_serving_lesson_server_does_not_outlive_a_crashed_kernel():
+    """Lesson 9 run up to its server's start, then a cell that raises (the cell that stops the server
+    never runs), then the kernel process is killed outright: no atexit, no shutdown request. The server
+    must still end, before Jupyter's own clean-up of the dead kernel could do it."""
+    import signal
+
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    path = LESSONS / "en" / "09_serving.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    start = next(i for i, c in enumerate(code) if "subprocess.Popen(" in c.source)
+    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(path.parent)}})
+    probe = nbformat.v4.new_code_cell("import os\nprint(os.getpid(), server.pid, server.poll())")
+    with client.setup_kernel(env={**os.environ, "OMP_NUM_THREADS": "1"}):
+        for index, cell in enumerate(code[:start + 1]):
+            client.execute_cell(cell, index)
+        client.execute_cell(probe, start + 1)
+        kernel_pid, server_pid, status = _printed(probe).split()
+        assert status == "None", "the server is not running after its cell"
+        with pytest.raises(CellExecutionError):
+            client.execute_cell(nbformat.v4.new_code_cell("raise RuntimeError('a mistake in a cell')"), start + 2)
+        os.kill(int(kernel_pid), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while _process_exists(int(server_pid)):
+            assert time.monotonic() < deadline, f"the lesson's server (pid {server_pid}) outlived its kernel"
+            time.sleep(0.2)
+
+
+def _process_exists(pid: int) -> bool:
+    """True while ``pid`` runs; an exited process that no one has reaped yet (a zombie) counts as gone."""
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process is there
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
