@@ -1,5 +1,7 @@
-"""The lesson notebooks: every one exists in English and Chinese with the same code, runs top to bottom,
-and ends in an exercise whose check prints FAIL as handed out and PASS with the kept-apart solution.
+"""The lesson notebooks: each is built from one source (``lessons/src/NN_name.py``: the code once, the
+prose in English and Chinese) into ``lessons/en/`` and ``lessons/zh/``; the committed notebooks are what
+the source builds today, share every code cell, run top to bottom, and end in an exercise whose check
+prints FAIL as handed out and PASS with the kept-apart solution.
 The Chinese text itself (Markdown cells, checked without running) keeps no English words beside the field's
 loan words, names and code (``visualize.i18n.english_words``), renders each term as the glossary says
 (``visualize.i18n.GLOSSARY``: 提示词, 分块, 空闲列表, 访存受限...) and puts each paragraph on one line.
@@ -11,6 +13,9 @@ and the remaining cells run. No cell may raise. In the Chinese notebooks, the te
 (titles, axis and tick labels, legends, annotations) is read back at the end and must not be English,
 nor may the lines its code cells print (their data aside: quoted model text, token ids, block tables).
 
+Lesson 9 starts ``python -m engine serve`` as a subprocess; its last cell stops it, and so does the
+kernel's end after an error in any cell, a crash included (checked on its own: a killed kernel).
+
 The kernel runs with ``OMP_NUM_THREADS=1``: on a small shared CI runner, torch's default of one
 thread per core spins against the other jobs and a decode step that takes 0.1 s can take 5 s.
 """
@@ -20,21 +25,26 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
-import jupytext
 import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSONS = ROOT / "lessons"
-LANGS = ("en", "zh")
-NAMES = sorted(p.stem for p in (LESSONS / "en").glob("*.ipynb"))
+if str(ROOT) not in sys.path:  # `lessons` is not an installed package: the build lives in the repository
+    sys.path.insert(0, str(ROOT))
+
+from lessons.build import LANGS, LESSONS, LessonSourceError, notebook_path, render, sources, stale  # noqa: E402
+
+NAMES = [s.stem for s in sources()]
 CELL_TIMEOUT_S = 600
 # A plausible wrong answer per lesson, run after the solution: the check must print FAIL again, so its
 # last part cannot pass on anything. Lesson 3: the saturation rate from the paged batch, not Orca (Max)'s.
-WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_per_s(paged_batch, 16) / mean_output"}
+WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_per_s(paged_batch, 16) / mean_output",
+                 # Lesson 9: Little's law with one request in the server instead of a full batch.
+                 "09_serving": "ttft_explodes_at = 1 / (output_tokens * step_s)"}
 
 
 def _tags(cell) -> list[str]:
@@ -113,11 +123,28 @@ def test_there_are_lessons():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_lesson_has_both_languages_a_source_and_a_solution(name):
+def test_every_lesson_has_a_source_both_notebooks_and_a_solution(name):
     for lang in LANGS:
-        assert (LESSONS / lang / f"{name}.ipynb").is_file(), f"lessons/{lang}/{name}.ipynb is missing"
-        assert (LESSONS / lang / f"{name}.py").is_file(), f"lessons/{lang}/{name}.py (jupytext source) is missing"
+        assert (LESSONS / lang / f"{name}.ipynb").is_file(), f"lessons/{lang}/{name}.ipynb is missing: run `python -m lessons build`"
     assert (LESSONS / "solutions" / f"{name}.py").is_file(), f"lessons/solutions/{name}.py is missing"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("name", NAMES)
+def test_committed_notebook_is_what_its_source_builds(lang, name):
+    """Regenerate and compare, byte for byte: no outputs, no hand edit, no stale notebook."""
+    source = LESSONS / "src" / f"{name}.py"
+    committed = notebook_path(source, lang).read_text(encoding="utf-8")
+    assert committed == render(source, lang), (
+        f"lessons/{lang}/{name}.ipynb is not what lessons/src/{name}.py builds: run `python -m lessons build {name[:2]}`"
+    )
+    nb = nbformat.reads(committed, as_version=4)
+    assert [LANG_LINE.search(c.source).group(1) for c in nb.cells if c.cell_type == "code" and LANG_LINE.search(c.source)] == [lang]
+    assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
+
+
+def test_no_notebook_without_a_source():
+    assert stale() == [], "notebooks out of date or without a source in lessons/src: run `python -m lessons build`"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -128,24 +155,37 @@ def test_english_and_chinese_share_every_code_cell(name):
         assert a == b, f"{name}: code cell {i} differs between en and zh"
 
 
-@pytest.mark.parametrize("lang", LANGS)
-@pytest.mark.parametrize("name", NAMES)
-def test_notebook_matches_its_source_and_carries_no_outputs(lang, name):
-    nb = _notebook(lang, name)
-    source = jupytext.read(LESSONS / lang / f"{name}.py")
-    for cell in nb.cells:
-        if cell.cell_type == "code" and LANG_LINE.search(cell.source):
-            assert LANG_LINE.search(cell.source).group(1) == lang, f"{lang}/{name}: LANG must be {lang!r}"
-    assert [(c.cell_type, c.source) for c in nb.cells] == [(c.cell_type, c.source) for c in source.cells], (
-        f"lessons/{lang}/{name}.ipynb is out of date: run `jupytext --to ipynb lessons/{lang}/{name}.py`"
-    )
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert not cell.outputs and cell.execution_count is None, f"{lang}/{name}: committed with outputs"
+# The build refuses a source that would give the languages different code or leave prose untranslated.
+BAD_SOURCES = {
+    "a Markdown cell without a language": ('# %% [markdown]\n# Hello\n\n# %%\nLANG = "en"\n', 'needs lang="en" or lang="zh"'),
+    "prose in one language only": ('# %% [markdown] lang="en"\n# Hello\n\n# %%\nLANG = "en"\n', "has no zh version"),
+    "a code cell for one language": ('# %% lang="zh"\nLANG = "en"\n', "take no lang"),
+    "no LANG line": ('# %% [markdown] lang="en"\n# A\n\n# %% [markdown] lang="zh"\n# 甲\n\n# %%\nx = 1\n', "found 0 times"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SOURCES)
+def test_the_build_names_what_is_wrong_with_a_source(case, tmp_path):
+    text, message = BAD_SOURCES[case]
+    source = tmp_path / "99_bad.py"
+    source.write_text(text)
+    with pytest.raises(LessonSourceError, match=re.escape(message)):
+        render(source, "en")
+
+
+def test_the_build_gives_each_language_its_own_prose():
+    source = LESSONS / "src" / f"{NAMES[0]}.py"
+    en, zh = (nbformat.reads(render(source, lang), as_version=4) for lang in LANGS)
+    assert en.cells[0].source.startswith("# Lesson 1") and zh.cells[0].source.startswith("# 第 1 课")
+    han = re.compile(r"[\u4e00-\u9fff]")
+    assert not any(han.search(c.source) for c in en.cells if c.cell_type == "markdown")
+    assert all(han.search(c.source) for c in zh.cells if c.cell_type == "markdown")
+    assert [c.id for c in en.cells] == [f"cell-{i:02d}" for i in range(len(en.cells))]
+    assert not any("lang" in c.metadata or "lines_to_next_cell" in c.metadata for c in en.cells + zh.cells)
 
 
 def _markdown(lang: str, name: str) -> list[str]:
-    return [c.source for c in jupytext.read(LESSONS / lang / f"{name}.py").cells if c.cell_type == "markdown"]
+    return [c.source for c in _notebook(lang, name).cells if c.cell_type == "markdown"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -236,3 +276,45 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
     if lang == "zh":
         english = _english_printed(printed)
         assert english == [], f"zh/{name}: English in its printed output: {english}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the lesson asks Linux to end its server with the kernel (PR_SET_PDEATHSIG)")
+def test_the_serving_lesson_server_does_not_outlive_a_crashed_kernel():
+    """Lesson 9 run up to its server's start, then a cell that raises (the cell that stops the server
+    never runs), then the kernel process is killed outright: no atexit, no shutdown request. The server
+    must still end, before Jupyter's own clean-up of the dead kernel could do it."""
+    import signal
+
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    path = LESSONS / "en" / "09_serving.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    start = next(i for i, c in enumerate(code) if "subprocess.Popen(" in c.source)
+    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(path.parent)}})
+    probe = nbformat.v4.new_code_cell("import os\nprint(os.getpid(), server.pid, server.poll())")
+    with client.setup_kernel(env={**os.environ, "OMP_NUM_THREADS": "1"}):
+        for index, cell in enumerate(code[:start + 1]):
+            client.execute_cell(cell, index)
+        client.execute_cell(probe, start + 1)
+        kernel_pid, server_pid, status = _printed(probe).split()
+        assert status == "None", "the server is not running after its cell"
+        with pytest.raises(CellExecutionError):
+            client.execute_cell(nbformat.v4.new_code_cell("raise RuntimeError('a mistake in a cell')"), start + 2)
+        os.kill(int(kernel_pid), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while _process_exists(int(server_pid)):
+            assert time.monotonic() < deadline, f"the lesson's server (pid {server_pid}) outlived its kernel"
+            time.sleep(0.2)
+
+
+def _process_exists(pid: int) -> bool:
+    """True while ``pid`` runs; an exited process that no one has reaped yet (a zombie) counts as gone."""
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process is there
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")

@@ -980,6 +980,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l8_fail_evicted": ("FAIL: predicted eviction of {value}, but the engine evicted something else",
                         "FAIL：预测驱逐 {value}，但引擎驱逐的是别的块"),
     "l8_pass": ("PASS: hits {hits}, evicted {evicted}", "PASS：命中 {hits}，驱逐 {evicted}"),
+    # lesson 9 (serving online) check messages
+    "l9_fail_none": ("FAIL: ttft_explodes_at is still None", "FAIL：ttft_explodes_at 仍是 None"),
+    "l9_fail_far": ("FAIL: you predict {predicted:.2f} requests/s, but overloaded the server finished {measured:.2f} requests/s "
+                    "({ratio:.0%} of it is your answer); how many requests does the server hold at once, and for how many steps each?",
+                    "FAIL：你预测每秒 {predicted:.2f} 个请求，但服务器过载时实测每秒完成 {measured:.2f} 个请求（你的答案是它的 {ratio:.0%}）；"
+                    "服务器同时容纳多少个请求？每个请求要停留多少步？"),
+    "l9_pass": ("PASS: you predict {predicted:.2f} requests/s; overloaded, the server finished {measured:.2f} requests/s. "
+                "Requests arriving faster than that queue up, and TTFT grows for as long as the load lasts",
+                "PASS：你预测每秒 {predicted:.2f} 个请求；服务器过载时实测每秒完成 {measured:.2f} 个请求。"
+                "请求到达得比这更快时就会排队，只要负载持续，TTFT 就一直增长"),
     # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
@@ -1023,6 +1033,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l6_internal_share": ("internal fragmentation (% of pool)", "内部碎片（占池的 %）"),
     "lc_l6_running": ("requests running at once", "同时运行的请求数"),
     "lc_l6_block_size": ("block size (tokens)", "块大小（token 数）"),
+    "lc_l9_rate": ("request rate (requests/s, Poisson arrivals)", "请求速率（每秒请求数，泊松到达）"),
+    "lc_l9_ttft": ("mean TTFT (ms)", "平均首 token 延迟 TTFT（毫秒）"),
+    "lc_l9_tpot": ("mean TPOT (ms)", "平均 token 间延迟 TPOT（毫秒）"),
+    "lc_l9_measured": ("measured through the server", "经服务器实测"),
+    "lc_l9_simulated": ("simulator, cost model fitted on this machine", "模拟器（在本机拟合的步时模型）"),
     # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
@@ -1118,6 +1133,33 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp8_sent_again": ("sent again later: cached {cached} tokens, computed {computed}", "之后再发一次：命中缓存 {cached} 个 token，计算 {computed}"),
     "lp8_block_size": ("block size {bs:>2}: the second request reuses {n:>2} of its 21 shared tokens",
                        "块大小 {bs:>2}：第二个请求复用了它 21 个共享 token 中的 {n:>2} 个"),
+    "lp9_ready": ("server ready at {url} after {seconds:.1f} s (process {pid})", "服务器 {seconds:.1f} s 后就绪：{url}（进程 {pid}）"),
+    "lp9_answer": ("{prompt} prompt tokens, {completion} generated, finish reason: {reason}",
+                   "提示词 {prompt} 个 token，生成 {completion} 个，结束原因：{reason}"),
+    "lp9_streamed": ("{n} text deltas streamed: the first after {ttft:.0f} ms, then one every {gap:.0f} ms (median); "
+                     "joined, the same text as without streaming: {same}",
+                     "流式收到 {n} 个片段：第一个在 {ttft:.0f} ms 后到达，之后每 {gap:.0f} ms 一个（中位数）；拼起来与非流式的文本相同：{same}"),
+    "lp9_fitted": ("cost model fitted on {steps} engine steps: a decode step takes {alone:.0f} ms alone, {full:.0f} ms for "
+                   "{batch} requests; a prefill of {prompt} tokens {prefill:.0f} ms",
+                   "在引擎的 {steps} 步上拟合步时模型：一步解码单独运行 {alone:.0f} ms，{batch} 个请求一起 {full:.0f} ms；"
+                   "预填充 {prompt} 个 token {prefill:.0f} ms"),
+    "lp9_through_server": ("through the server: {alone:.0f} ms per output token alone, {full:.0f} ms with {batch} requests "
+                           "together; the server adds {step:.1f} ms per step and {seq:.1f} ms per running request",
+                           "经过服务器：单独一个请求每个输出 token {alone:.0f} ms，{batch} 个请求一起 {full:.0f} ms；"
+                           "服务器每步多花 {step:.1f} ms，每个运行中的请求再多花 {seq:.1f} ms"),
+    "lp9_first_token_extra": ("before its first token a request also takes {ms:.0f} ms of the server's time outside the engine's steps",
+                              "在第一个 token 之前，一个请求还要在引擎的步之外占用服务器 {ms:.0f} ms"),
+    "lp9_rate": ("{rate:5.2f} requests/s: TTFT {ttft:6.0f} ms (simulator {sim_ttft:6.0f}), TPOT {tpot:4.0f} ms "
+                 "(simulator {sim_tpot:4.0f}), {n} requests in {seconds:4.1f} s",
+                 "每秒 {rate:5.2f} 个请求：TTFT {ttft:6.0f} ms（模拟器 {sim_ttft:6.0f}），TPOT {tpot:4.0f} ms"
+                 "（模拟器 {sim_tpot:4.0f}），{n} 个请求用时 {seconds:4.1f} s"),
+    "lp9_given": ("max_num_seqs = {batch}, output_tokens = {tokens}, step_s = {step:.4f} s",
+                  "max_num_seqs = {batch}，output_tokens = {tokens}，step_s = {step:.4f} s"),
+    "lp9_metrics": ("/metrics at the end: {done:.0f} requests finished, {running:.0f} running, {waiting:.0f} waiting; "
+                    "KV blocks free {free:.0f} of {blocks:.0f}",
+                    "结束时服务器的指标：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
+                    "空闲 KV 块 {free:.0f} 个，共 {blocks:.0f} 个"),
+    "lp9_stopped": ("server stopped, exit code {code}", "服务器已停止，退出码 {code}"),
 }
 
 
@@ -1177,7 +1219,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
 ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
-    Split-K split-K Roofline vs ms id None slot
+    Split-K split-K Roofline vs ms id None slot Linux Prometheus
 """.split())  # slot: lesson 4's exercise variable, which its check message names
 
 

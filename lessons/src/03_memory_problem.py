@@ -1,14 +1,31 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# # Lesson 3 — The memory problem: reservation and fragmentation
+#
+# **Goal:** see where KV-cache memory goes when every request gets one contiguous, pre-allocated range
+# (as in the systems before vLLM), name the kinds of waste, and reproduce the PagedAttention paper's
+# Figure 2 with the project's simulator.
+#
+# Before vLLM, a serving system (FasterTransformer, Orca) gave each request **one contiguous range**
+# of the KV pool when it was admitted. The range cannot grow later, and nobody knows how many tokens the
+# request will generate, so it is sized for the worst case (paper §3). Each slot of the pool is then:
+#
+# | category | the slot… |
+# |---|---|
+# | **token states** | holds a token's K and V — the only useful memory |
+# | **reserved** | is kept for a token the request will produce later |
+# | **internal fragmentation** | lies inside a range but will never be used (the request ends sooner) |
+# | **external fragmentation** | is free, but in a gap too small for the next request's range |
+# | free | is free and usable |
+
+# %% [markdown] lang="zh"
 # # 第 3 课　显存问题：预留与碎片
 #
 # **目标**：看清当每个请求都得到一段连续的、预先分配的区间时（vLLM 之前的系统就是这样），KV 缓存的显存都去了哪里；认识并区分几种浪费；并用项目的模拟器（simulator）复现 PagedAttention 论文的图 2。
@@ -43,9 +60,15 @@ from visualize.i18n import t
 # visualize/paper.py switches matplotlib to a file-only backend when imported: switch figures back on.
 # %matplotlib inline
 
-LANG = "zh"
+LANG = "en"
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 1. Contiguous ranges on the real model
+# The engine can run the same model with the old allocator: `allocator="contiguous"`,
+# `reservation="max"` (every request reserves `max_model_len` = 64 slots). The pool holds 14 blocks of
+# 16 slots = 224 slots. Four short requests arrive together.
+
+# %% [markdown] lang="zh"
 # ## 1. 在真实模型上使用连续区间
 # 引擎可以用旧式分配器运行同一个模型：`allocator="contiguous"`，`reservation="max"`（每个请求预留 `max_model_len` = 64 个槽位）。池中有 14 个块，每块 16 个槽位，共 224 个槽位。四个短请求同时到达。
 
@@ -59,7 +82,16 @@ pool_map_figure(c_reports[2], 16, lang=LANG, columns=14)
 plt.show()
 print(t("lp3_memory", LANG, **vars(c_reports[2].memory)))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Three ranges of 64 slots fit; the fourth request waits, although 32 slots are free: they form a gap
+# smaller than 64 (**external fragmentation**). Inside each range only the first ~20 slots will ever
+# hold tokens. Of the other slots, those up to the request's final length, not yet written, are **reserved**;
+# those beyond it are **internal fragmentation** for good.
+#
+# ## 2. The same requests, paged
+# The paged allocator gives a request one block at a time, only when its last block is full.
+
+# %% [markdown] lang="zh"
 # 三个 64 槽位的区间放得下；第四个请求只能等待，尽管还有 32 个空闲槽位：它们构成的空隙小于 64（**外部碎片**）。每个区间里只有前 20 个左右的槽位会真正存放 token：其余槽位中，将来还会写入 token 的部分（直到请求的最终长度）目前算作**预留**；超出最终长度的部分永远用不上，是**内部碎片**。
 #
 # ## 2. 同样的请求，改用分页
@@ -75,7 +107,21 @@ memory_figure(memory_frame(p_reports), lang=LANG, title=t("system_paged", LANG),
 plt.show()
 print(t("lp3_steps", LANG, contiguous=len(c_reports), paged=len(p_reports)))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Paged, all four requests run at once and finish sooner; the only waste is part of each request's last
+# block.
+#
+# ## 3. The paper's Figure 2, reproduced
+# The paper measured how much of the KV space holds token states when serving OPT-13B on an A100-40GB
+# (15.7K token slots, Table 1), with three Orca variants: **Max** reserves 2048 slots, **Pow2** the
+# prompt plus the next power of two of the output length (output 25 → 32 slots), **Oracle** exactly the
+# final length (it knows the future); each range is placed by a buddy allocator (power-of-two chunks,
+# §6.1). Its Figure 2 reports 20.4% (Max), 26.8% (Pow2), 38.2% (Oracle) and 96.3% (vLLM).
+#
+# The simulator runs the engine's own scheduler and allocators on lengths alone (no model), on a
+# synthetic workload with the ShareGPT trace's mean lengths (161 prompt, 338 output tokens; paper Figure 11).
+
+# %% [markdown] lang="zh"
 # 使用分页时，四个请求同时运行，也更早结束；唯一的浪费是每个请求最后一个块中的一部分。
 #
 # ## 3. 复现论文的图 2
@@ -91,7 +137,24 @@ for r in rows:
     print(t("lp3_system", LANG, system=r["system"], share=r["token_state_fraction"], paper_share=r["paper_token_state_fraction"],
             running=r["mean_concurrent_requests"], paper_running=r["paper_mean_concurrent_requests"]))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Our bars are a model-free re-enactment on synthetic lengths, so the shares differ by a few points from
+# the paper's, but the ordering and the size of the gap are the paper's: contiguous reservation wastes
+# most of the pool, paging wastes almost none — and the saved memory becomes a larger batch (last column;
+# the paper's Figure 13). Lesson 1 showed why a larger batch is what decode needs.
+#
+# ## 4. Why memory is throughput
+# A decode step is memory-bound (lesson 1): it reads every weight once, whatever the batch, so a step of
+# 30 requests takes little longer than a step of one, and makes 30 tokens instead of one. The batch is
+# bounded by the KV pool: every running request's K and V must be in it. Memory a system wastes is batch
+# it cannot run, and batch is throughput.
+#
+# The step-time model of the paper's set-up (`engine/sim/cost_model.py`, preset `a100-opt-13b-achieved`:
+# OPT-13B on one A100-40GB, the GPU's roofline plus the host's work per step and per request) gives a
+# decode step's time for a batch of requests of 500 tokens each. The curve is tokens per second against
+# batch size; each system's mark sits at the batch its memory let it run in section 3.
+
+# %% [markdown] lang="zh"
 # 我们的柱状图是用合成的长度、不运行模型重演出来的，所以各项比例与论文相差几个百分点，但排序和差距的大小与论文一致：连续预留浪费了池中的大部分空间，分页几乎没有浪费——省下的显存变成了更大的批（最后一列；论文图 13）。第 1 课已经说明，解码需要的正是更大的批。
 #
 # ## 4. 为什么显存就是吞吐量
@@ -135,7 +198,37 @@ for r in rows:
     rate = decode_tokens_per_s(b, 16 if r["system"] == "vLLM" else None)
     print(t("lp3_batch", LANG, system=r["system"], b=b, ms=1e3 * b / rate, rate=rate))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# The curve climbs almost in proportion to the batch while reading the weights dominates the step (its
+# time hardly moves), then bends as reading the KV cache and the per-request work take over. Orca (Max)
+# sits near 7 requests: 15,700 slots hold seven reservations of 2,048. vLLM holds only the tokens its
+# requests have, runs several times the batch and gets several times the tokens per second from the same
+# GPU: the paper's 2-4x the throughput at the same latency (abstract, §6.2) comes from here.
+#
+# ## Exercise: the waste of a request mix, by hand, and the batch it costs
+# An Orca (Max) server with `max_model_len` = 256 and a pool of 800 slots receives four requests at
+# time 0 (prompt tokens, output tokens): (40, 10), (100, 60), (16, 200), (30, 30). Each admitted request
+# reserves 256 slots; they are admitted first come, first served while a range fits.
+#
+# Step 0 is the prefill (the prompts' K and V are cached); every later step caches one more token per
+# running request. **At step 5**, how many slots are in each category? (A request's final length is
+# prompt + output tokens.)
+#
+# **Then the batch it costs.** In the paper's pool (15,700 slots, `max_model_len` = 2048), how many
+# requests can Orca (Max) run at once (`orca_max_batch`)? And how many requests of 500 tokens fit at once
+# in the same pool paged, with blocks of 16 slots (`paged_batch`)? (Paged, a request holds whole blocks.)
+#
+# **And the rate at which Orca (Max) saturates.** From the memory arithmetic alone, predict the request
+# rate (requests per second) beyond which Orca (Max) on ShareGPT, in the paper's set-up, cannot keep up
+# (`orca_max_saturation_rate`). Orca (Max) runs `orca_max_batch` requests at once; each decode step makes
+# one token for each of them, and lasts what the step-time model says for that batch
+# (`decode_tokens_per_s` of section 4 gives the tokens per second of a contiguous batch); a request needs
+# as many decode steps as it has output tokens (the workload's mean: `sharegpt` below). Little's law
+# (requests in the system = rate x time each spends there) then gives the rate the batch can serve. The
+# check runs the simulator's Figure 12 sweep for Orca (Max) and passes when your prediction is within 25%
+# of the rate it sustains (normalized latency under 2x its low-load value).
+
+# %% [markdown] lang="zh"
 # 在读取权重主导一步耗时的范围内（步时几乎不变），曲线几乎与批大小成正比地上升；之后读取 KV 缓存和每个请求的开销占了上风，曲线变缓。Orca (Max) 停在 7 个请求附近：15,700 个槽位只放得下 7 个 2,048 槽位的预留。vLLM 只保存请求已有的 token，批大了好几倍，在同一张 GPU 上每秒的 token 数也高出好几倍：论文所说“相同延迟下吞吐量提高 2–4 倍”（摘要、§6.2）正源于此。
 #
 # ## 练习：手算一组请求的浪费，以及它让批缩小了多少

@@ -1,14 +1,22 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# # Lesson 5 — The PagedAttention decode kernel
+#
+# **Goal:** understand the three ideas inside the engine's Triton decode kernel — online softmax, grouped
+# KV heads, split-K — run the kernel itself, and write a small version of it that reads a paged cache.
+#
+# A decode step gives each sequence one query per head. The kernel must compute
+# softmax(**q** Kᵀ · scale) V over the sequence's whole context, whose K and V lie in blocks scattered
+# over the pool. It never builds the full row of logits: it walks the context a tile at a time.
+
+# %% [markdown] lang="zh"
 # # 第 5 课　PagedAttention 解码内核
 #
 # **目标**：理解引擎的 Triton 解码内核（kernel）里的三个想法——在线 softmax（online softmax）、分组的 KV 头、split-K——亲手运行这个内核，并写一个读取分页缓存的简化版本。
@@ -37,11 +45,18 @@ from visualize import program_grid, program_grid_figure
 from visualize.i18n import t
 from visualize.style import use_cjk_font
 
-LANG = "zh"  # the language of the charts and of the check's messages
+LANG = "en"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 print(t("lp5_interpreter", LANG, on=t("yes" if kernels.interpreted() else "no", LANG)))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 1. Online softmax
+# softmax(x)ᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m), with m = max x so that no exponent overflows. Reading x in
+# tiles, we keep three running values: the max **m** so far, the sum **l** of exp(x − m), and the
+# weighted sum **acc** of values. When a tile raises the max from m to m′, everything accumulated is
+# rescaled by α = exp(m − m′) (Milakov & Gimelshein 2018; FlashAttention).
+
+# %% [markdown] lang="zh"
 # ## 1. 在线 softmax
 # softmax(x)ᵢ = exp(xᵢ − m) / Σⱼ exp(xⱼ − m)，其中 m = max x，保证指数不会溢出。按段读取 x 时，我们维护三个累积量：当前最大值（running max，即到目前为止见过的最大值）**m**、exp(x − m) 之和 **l**，以及值向量的加权和 **`acc`**。当某一段把最大值从 m 提高到 m′ 时，之前累积的一切都要乘以缩放因子 α = exp(m − m′)（Milakov & Gimelshein 2018；FlashAttention）。
 
@@ -72,7 +87,15 @@ ax.set_ylim(x.min() - 1, x.max() + 2)
 ax.legend(fontsize=8, loc="lower right")
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# α is 1 when a tile does not raise the max, and 0 for the first tile (m starts at −∞). The result is
+# exact: online softmax reorders the arithmetic, it does not approximate.
+#
+# ## 2. Grouped-query attention: one KV head serves a group of query heads
+# SmolLM2 has 9 query heads and 3 KV heads: query head *h* reads KV head *h* // 3. The kernel loads a
+# KV head's keys and values **once** for its whole group, dividing memory traffic by the group size.
+
+# %% [markdown] lang="zh"
 # 某一段没有抬高最大值时 α 为 1；第一段的 α 为 0（m 从 −∞ 开始）。结果是精确的：在线 softmax 只是重新安排了运算顺序，并不是近似。
 #
 # ## 2. 分组查询注意力：一个 KV 头服务一组查询头
@@ -91,7 +114,13 @@ ax.set_ylim(-0.4, 1.3)
 ax.set_axis_off()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 3. The Triton kernel, running
+# A tiny paged cache: 3 sequences, blocks of 4 tokens, block tables pointing anywhere in a 16-block pool.
+# On a CPU the kernel runs in Triton's interpreter (slow, so the sizes stay tiny); on a GPU the same code
+# is compiled. We compare it with the torch reference `paged_attention_reference`.
+
+# %% [markdown] lang="zh"
 # ## 3. 运行 Triton 内核
 # 一个很小的分页缓存：3 个序列，每块 4 个 token，块表指向一个 16 块的池中的任意位置。在 CPU 上，内核运行在 Triton 的解释器（interpreter）里（很慢，所以规模保持极小）；在 GPU 上，同一份代码会被编译。我们把它和 torch 参考实现 `paged_attention_reference` 比较。
 
@@ -110,7 +139,11 @@ start = time.perf_counter()
 got = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
 print(t("lp5_kernel", LANG, s=time.perf_counter() - start, diff=(got - want).abs().max()))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# On a GPU each Triton **program** handles one (sequence, KV head) pair: it loads the group's queries,
+# then walks the context gathering, for every token, its block id from the block table.
+
+# %% [markdown] lang="zh"
 # 在 GPU 上，每个 Triton **程序**（program）处理一个（序列、KV 头）对：它加载该组的查询，然后遍历上下文，为每个 token 从块表中取出它所在的块号。
 
 # %%
@@ -119,7 +152,14 @@ grid = program_grid([0, 1, 2], context_lens.tolist(), tables, block_size, heads,
 program_grid_figure(grid, lang=LANG)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 4. Split-K
+# With few sequences and long contexts there are too few programs to fill a GPU's cores. vLLM's
+# `paged_attention_v2` (the FlashDecoding idea) cuts each context into partitions handled by separate
+# programs; each writes a partial output with its own max *mᵢ* and sum *lᵢ*, and a reduce kernel merges
+# them with weights *lᵢ* · exp(*mᵢ* − max *m*). Same answer, more parallelism.
+
+# %% [markdown] lang="zh"
 # ## 4. Split-K
 # 序列少、上下文长的时候，程序数量太少，填不满 GPU 的计算核心。vLLM 的 `paged_attention_v2`（采用了 FlashDecoding 的思路）把每个上下文切成若干分区（partition），由不同的程序处理；每个程序写出一个部分输出，附带自己的最大值 *mᵢ* 和求和 *lᵢ*，再由一个归约（reduce）内核以权重 *lᵢ* · exp(*mᵢ* − max *m*) 把它们合并。答案相同，并行度更高。
 
@@ -130,7 +170,14 @@ for splits in (1, 2, 4):
 program_grid_figure(program_grid([0, 1, 2], context_lens.tolist(), tables, block_size, heads, kv_heads, num_splits=2), lang=LANG)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## Exercise
+# Complete `decode_one`: one sequence's decode attention, reading its paged cache **one block at a
+# time** with an online softmax (the kernel's loop, in torch). Fill in the three `None`s. The check
+# compares it with `paged_attention_reference` on the three sequences above, then with logits a hundred
+# times larger, where a softmax without the running max overflows.
+
+# %% [markdown] lang="zh"
 # ## 练习
 # 补全 `decode_one`：单个序列的解码注意力，用在线 softmax **一次一个块**地读取它的分页缓存（也就是内核的循环，用 torch 写）。把三个 `None` 填上：
 #

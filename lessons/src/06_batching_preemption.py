@@ -1,14 +1,25 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# # Lesson 6 — Continuous batching and preemption
+#
+# **Goal:** compare static batching with iteration-level (continuous) batching on the same requests,
+# watch what the engine does when its KV pool runs out (preemption by recompute), measure the
+# block-size trade-off with the simulator, preempt by swapping instead of recomputing, and see chunked
+# prefill keep the decodes running beside a long prompt.
+#
+# - **Static batching**: take a batch of requests, run it until *every* request in it is done, then take
+#   the next batch. A finished request's place stays empty while the longest one runs on.
+# - **Continuous batching** (Orca's iteration-level scheduling, used by vLLM): the scheduler decides the
+#   batch again **every step**; a finished request leaves at once and a waiting one takes its place.
+
+# %% [markdown] lang="zh"
 # # 第 6 课　连续批处理与抢占
 #
 # **目标**：在同一组请求上比较静态批处理与迭代级（连续）批处理；观察 KV 池耗尽时引擎怎么做（通过重计算进行抢占）；用模拟器测量块大小的取舍；改用交换（swap）代替重计算进行抢占；并看分块预填充如何在长提示词预填充期间让正在进行的解码照常推进。
@@ -34,10 +45,15 @@ from engine.report import PREEMPT
 from visualize.i18n import t
 from visualize.style import use_cjk_font
 
-LANG = "zh"  # the language of the charts and of the check's messages
+LANG = "en"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 1. Static vs continuous batching, same requests
+# Eight requests arrive together, asking for very different numbers of tokens; at most 4 run at once.
+# Static batching is the engine driven by hand: admit 4, step until all 4 finish, admit the next 4.
+
+# %% [markdown] lang="zh"
 # ## 1. 同一组请求：静态批处理 vs 连续批处理
 # 八个请求同时到达，要求生成的 token 数差别很大；最多同时运行 4 个。这里手动驱动引擎来做静态批处理：接纳 4 个，一步步运行直到这 4 个都结束，再接纳下 4 个。下面的 `run(lengths, batch_size)` 按给定的输出长度运行一组请求：`batch_size=None` 表示连续批处理（全部请求一次排队，调度器每一步补位）；取整数时表示静态批处理，每批这么多个请求，每批都运行到底。它返回请求 id 和各步的步报告。
 
@@ -74,7 +90,12 @@ for ax, (name, (ids, reports)) in zip(axes, runs.items()):
 axes[0].set_yticks(range(len(lengths)), [t("lc_l6_n_tokens", LANG, n=n) for n in lengths])
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Each bar is a request; a step's column shows which requests ran in it. In static batching the 4-token
+# request's slot idles until the 24-token request of its batch is done. Now the numbers: throughput
+# (generated tokens per second of engine time) and latency (steps from arrival, at step 0, to the last token).
+
+# %% [markdown] lang="zh"
 # 每一条代表一个请求；每一步的那一列显示这一步有哪些请求在运行。在静态批处理中，4 个 token 的请求结束后，它的位置一直空闲，直到同批里 24 个 token 的请求完成。下面看具体数字：吞吐量（throughput，引擎每运行一秒生成的 token 数）和延迟（latency，从到达——第 0 步——到最后一个 token 的步数）。
 
 # %%
@@ -84,7 +105,18 @@ for name, (ids, reports) in runs.items():
     latency = sum(finish[rid] + 1 for rid in ids) / len(ids)
     print(t("lp6_batching", LANG, name=t(f"lc_l6_{name}", LANG), steps=len(reports), rate=sum(lengths) / seconds, latency=latency))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Continuous batching needs fewer steps for the same tokens, so throughput rises and the mean request
+# finishes sooner. (The paper builds on Orca's iteration-level scheduling, §2.3 and §4.5.)
+#
+# ## 2. When the pool runs out: preemption by recompute
+# vLLM admits requests without reserving room for their future tokens. If a running request needs a new
+# block and none is free, the scheduler **preempts** the most recently admitted request: its blocks are
+# freed and it returns to the front of the queue; later it is prefilled again with its prompt and the
+# tokens it had produced (**recompute**, paper §4.5). The other option, swapping blocks to CPU memory,
+# costs comparable time at block sizes 16–64 (paper §7.3). Here: a pool of just 10 blocks of 4 tokens.
+
+# %% [markdown] lang="zh"
 # 连续批处理用更少的步数生成同样多的 token，所以吞吐量更高，请求平均也更早结束。（论文建立在 Orca 的迭代级调度之上，见 §2.3 和 §4.5。）
 #
 # ## 2. 池子用完时：通过重计算进行抢占
@@ -118,7 +150,18 @@ ax.legend(fontsize=8, loc="upper right")
 plt.show()
 print(t("lp6_preempt_events", LANG, events=[(k, e.request_id) for k, r in enumerate(t_reports) for e in r.events if e.kind == PREEMPT]))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# A preempted request drops to 0 blocks and waits; when blocks free up it is prefilled again from
+# scratch. The text is the same as with a large pool: recompute repeats the computation exactly; it only costs time.
+#
+# ## 3. Choosing the block size
+# Small blocks waste little (at most one partly filled block per request) but give the attention kernel
+# many small pieces to gather; large blocks are efficient to read but leave more of their last block
+# empty. The simulator measures the memory side on the ShareGPT-like workload and the paper's pool
+# (15.7K slots). The paper (§7.2) found block sizes 16–128 best on ShareGPT and chose 16 by default;
+# the loss at small sizes comes from GPU kernel efficiency, which this simulator does not model.
+
+# %% [markdown] lang="zh"
 # 被抢占的请求持有的块降为 0 并开始等待；有块空出来后，它会从头重新预填充。生成的文本与大池子时完全相同：重计算精确地重复了原来的计算，只是多花了时间。
 #
 # ## 3. 选择块大小
@@ -139,7 +182,20 @@ for ax in (a1, a2):
     ax.axvspan(16, 128, color="green", alpha=0.1)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Up to a few dozen tokens per block the waste stays small and the batch large; past 128 the last block
+# of every request wastes enough to shrink the batch.
+#
+# ## 4. Swap instead of recompute (paper §4.5, §7.3)
+# With `preemption_mode="swap"` the engine keeps a second block pool in CPU memory, the **swap space**, with
+# the same block layout. A preempted request's blocks are copied there (`blocks_to_swap_out`: pairs of a GPU
+# block and a CPU block) and copied back before it decodes on (`blocks_to_swap_in`): nothing is recomputed.
+# While any request is swapped out no new request is admitted, and swapped requests come back before
+# waiting ones. Below, the workload of section 2 both ways, each on a fresh engine over the same weights:
+# the blocks moved, the tokens computed a second time, and the time the step reports spent copying
+# (`timings_ms["swap"]`).
+
+# %% [markdown] lang="zh"
 # 每块几十个 token 以内，浪费都很小，批也很大；超过 128 之后，每个请求最后一个块浪费的空间多到足以让批变小。
 #
 # ## 4. 用交换代替重计算（论文 §4.5、§7.3）
@@ -189,7 +245,18 @@ for ax, key in zip(axes, ("blocks_moved", "tokens_recomputed")):
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Recompute pays in compute: the preempted request's prompt and the tokens it had produced are prefilled
+# again. Swap pays in copies: every block it held crosses to the CPU and back, and each token is computed
+# once. The texts are the same both ways: both are exact.
+#
+# Which one is cheaper depends on the **block size** (paper §7.3, Figure 19). The same bytes move whatever
+# the block size, but in blocks: small blocks mean many small copies. On a GPU each copy crosses PCIe with
+# a cost of its own, so at block sizes 1–8 swapping is much slower than recomputing, while recompute does
+# not depend on the block size; from 16 to 64 the two are comparable. Here the same 40 slots, cut into
+# blocks of 1, 2, 4 and 8 tokens:
+
+# %% [markdown] lang="zh"
 # 重计算付出的是计算：被抢占请求的提示词和它已生成的 token 要重新预填充一遍。交换付出的是复制：它占用的每个块都要到 CPU 走一个来回，而每个 token 只计算一次。两种方式生成的文本相同：二者都是精确的。
 #
 # 哪种更便宜取决于**块大小**（论文 §7.3，图 19）。无论块多大，要移动的字节数都一样，但是按块移动：块越小，复制次数越多、每次越小。在 GPU 上每次复制都要经过 PCIe，各有一份固定开销，所以块大小为 1–8 时交换比重计算慢得多，而重计算与块大小无关；块大小在 16 到 64 之间时两者相当。下面把同样的 40 个槽位切成 1、2、4、8 个 token 的块：
@@ -213,7 +280,18 @@ for ax in (a1, a2):
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Halve the block size and the number of copies doubles. (On this CPU the copies stay inside RAM, so the
+# times are a few milliseconds and noisy on a shared machine; the count of copies is what carries over to a GPU.)
+#
+# ## 5. Chunked prefill: a long prompt no longer stalls the decodes
+# Two short requests are decoding when a prompt of about 260 tokens arrives. Prefilled whole, the prompt
+# makes one step long, and the two running requests get their next token only after that step. With
+# chunked prefill (vLLM's `enable_chunked_prefill`) each step spends one token budget
+# (`max_num_batched_tokens`): the running decodes first, then the next chunk of the prompt, which attends
+# to its earlier chunks through its block table.
+
+# %% [markdown] lang="zh"
 # 块大小减半，复制次数就翻倍。（在这台 CPU 上复制只发生在内存之内，耗时只有几毫秒，在共享的机器上波动也大；能推广到 GPU 的是复制次数。）
 #
 # ## 5. 分块预填充：长提示词不再拖住解码
@@ -253,7 +331,20 @@ for ax in (a1, a2):
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Without chunking one step computes the whole prompt and takes many times longer than a decode step: the
+# decodes in it wait. With a budget of 32 no step computes more than 32 tokens and both decodes run in
+# every step, so their time per token stays bounded. The price: the long prompt's first token comes a
+# few steps later, and on this CPU the total time grows a little, since every step has a fixed cost (on
+# a GPU a step of a few dozen tokens costs little more than a decode step, which is memory-bound: lesson 1).
+#
+# ## Exercise
+# Six requests arrive together asking for 3, 9, 5, 12, 2 and 7 tokens, at most 4 at a time. A request
+# asking for *n* tokens runs *n* steps (its prefill step produces the first token). In continuous
+# batching a finished request's place is filled in the next step. Without running anything: how many
+# steps does each strategy take?
+
+# %% [markdown] lang="zh"
 # 不分块时，有一步要计算整段提示词，耗时是解码步的许多倍：这一步里的解码只能等着。预算为 32 时，没有哪一步计算超过 32 个 token，两个解码每一步都在运行，所以它们生成每个 token 的时间（token 间延迟）有上限。代价是：长提示词的第一个 token 要晚几步才出来；在这台 CPU 上总时间也略有增加，因为每一步都有固定开销（在 GPU 上，几十个 token 的一步只比解码步贵一点，因为解码是访存受限的：见第 1 课）。
 #
 # ## 练习

@@ -1,14 +1,18 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# # Lesson 2 — The KV cache
+#
+# **Goal:** see why keeping each token's keys and values (and not its query) makes decoding exact and
+# cheap, measure how many bytes that costs per token, and watch the cache grow during a generation.
+
+# %% [markdown] lang="zh"
 # # 第 2 课　KV 缓存
 #
 # **目标**：弄明白为什么只保存每个 token 的键和值（而不保存查询）就能让解码既精确又省算力，算出每个 token 要为此付出多少字节，并观察缓存在一次生成中如何增长。
@@ -34,10 +38,15 @@ from engine.model_executor.model_runner import kv_bytes_per_slot
 from visualize.i18n import t
 from visualize.style import use_cjk_font
 
-LANG = "zh"  # the language of the charts and of the check's messages
+LANG = "en"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 1. What a decode step needs from the past
+# In causal attention, token *t* produces a query **q**ₜ and attends to the keys **k**₀…**k**ₜ and values
+# **v**₀…**v**ₜ. We take the first layer of the real model and compute its attention over a short prompt.
+
+# %% [markdown] lang="zh"
 # ## 1. 解码步需要过去的什么
 # 在因果注意力（causal attention）中，第 *t* 个 token 产生一个查询（query）**q**ₜ，并对键（key）**k**₀…**k**ₜ 和值（value）**v**₀…**v**ₜ 做注意力计算。我们取真实模型的第一层，在一段短提示词上计算它的注意力。
 
@@ -82,7 +91,13 @@ ax.set_ylabel(t("lc_l2_query_token", LANG))
 ax.set_title(t("lc_l2_attention_title", LANG))
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# The newest token's output (red row) needs **its own query** and **every earlier key and value**.
+# Earlier queries are never used again: each one served only its own row, already computed.
+# So a decode step can keep the past K and V in a **cache**, compute q, k, v for the one new token, and
+# attend. Below we produce the same layer output token by token that way, and compare.
+
+# %% [markdown] lang="zh"
 # 最新 token 的输出（红框那一行）需要的是**它自己的查询**和**之前所有的键和值**。更早的查询再也用不到了：每个查询只服务于它自己那一行，而那一行早已算完。因此解码步可以把过去的 K 和 V 保存在**缓存**里，只为新 token 计算 q、k、v，再做注意力计算。下面我们用这种方式逐个 token 地算出同一层的输出，并与一次性计算的结果对比。
 
 # %%
@@ -95,7 +110,16 @@ for pos in range(T):
 out_cached = torch.cat(rows)
 print(t("lp2_full_vs_cached", LANG, T=T, diff=(out_full - out_cached).abs().max()))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# The two agree to float rounding: the cache changes *how much* is computed, not *what*.
+#
+# ## 2. The whole model: logits with and without the cache
+# Now the full 30-layer model, through Hugging Face transformers, loaded from the very weights the
+# engine uses. Without a cache (`use_cache=False`) every step recomputes the whole sequence; with it,
+# each step computes one token. We compare the logits of every generated position, and the engine's
+# own tokens (it decodes from its paged KV cache) with the argmax of the cache-free logits.
+
+# %% [markdown] lang="zh"
 # 两者的差别只在浮点舍入误差的量级：缓存改变的是计算*多少*，而不是计算*什么*。
 #
 # ## 2. 整个模型：有缓存与无缓存的 logits
@@ -120,7 +144,15 @@ ax.set_ylabel(t("lc_l2_max_logit_diff", LANG))
 ax.set_title(t("lc_l2_cache_diff_title", LANG))
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 3. What the cache costs: bytes per token
+# Every layer stores one key and one value vector per KV head for every token:
+#
+# **KV bytes per token = 2 × layers × KV heads × head_dim × bytes per element**
+#
+# `kv_bytes_per_slot` in the engine computes exactly that; the engine's KV pools agree.
+
+# %% [markdown] lang="zh"
 # ## 3. 缓存的代价：每个 token 的字节数
 # 每一层都要为每个 token、每个 KV 头（KV head）保存一个键向量和一个值向量：
 #
@@ -134,7 +166,12 @@ pool_bytes = sum(k.nbytes + v.nbytes for k, v in eng.runner.kv_caches)
 slots = eng.num_blocks * eng.config.block_size
 print(t("lp2_pools", LANG, pool=pool_bytes, slots=slots, per=pool_bytes // slots))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Bigger models need far more. Configurations from the Llama 2 paper (Touvron et al., 2023) and its
+# released config files: Llama-2-7B has 32 layers with 32 KV heads of 128 dims; Llama-2-70B has 80
+# layers but only 8 KV heads (grouped-query attention), of 128 dims. Both serve in fp16 (2 bytes).
+
+# %% [markdown] lang="zh"
 # 更大的模型需要多得多的缓存。以下配置来自 Llama 2 论文（Touvron et al., 2023）及其发布的配置文件：Llama-2-7B 有 32 层、32 个 KV 头、每头 128 维；Llama-2-70B 有 80 层，但只有 8 个 KV 头（分组查询注意力，grouped-query attention, GQA），每头 128 维。两者都以 fp16（2 字节）部署。
 
 # %%
@@ -158,7 +195,15 @@ a2.legend(fontsize=8)
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Grouped-query attention is why the 10× larger 70B model needs *less* cache per token than the 7B:
+# 8 KV heads instead of 32. At 0.5 MiB per token, a single 4096-token Llama-2-7B request holds 2 GiB.
+#
+# ## 4. The cache grows during a generation
+# We watch the engine's pool while one request generates 40 tokens. `StepReport.memory` counts
+# *token states* (slots holding a token's K and V) and the slots allocated to the request.
+
+# %% [markdown] lang="zh"
 # 正因为分组查询注意力，大 10 倍的 70B 模型每个 token 需要的缓存反而比 7B *少*：它只有 8 个 KV 头，而不是 32 个。每个 token 0.5 MiB，意味着一个 4096 token 的 Llama-2-7B 请求就要占 2 GiB。
 #
 # ## 4. 缓存在生成过程中增长
@@ -177,7 +222,19 @@ ax.set_ylabel(t("lc_l2_kv_kib", LANG))
 ax.legend()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# Each step adds exactly one token's worth (45 KiB in fp32); memory is allocated a block at a time, and
+# everything is freed in the step the request finishes. The cache's final size depends on how many
+# tokens the request will generate, which nobody knows in advance: lesson 3 shows what that does to memory.
+#
+# ## Exercise
+# The PagedAttention paper (Table 1) serves OPT-13B on one A100-40GB and keeps about **12 GB** for the
+# KV cache, which holds **15.7K** tokens. OPT-13B (Zhang et al., 2022) has 40 layers, 40 attention
+# heads (each is also a KV head) of 128 dims, in fp16. Compute:
+# - `opt13b_bytes_per_token`: its KV bytes per token;
+# - `opt13b_tokens`: how many whole tokens fit in 12 GiB (12 × 2³⁰ bytes).
+
+# %% [markdown] lang="zh"
 # 每一步恰好增加一个 token 的量（fp32 下 45 KiB）；显存按块（block）分配，请求结束的那一步全部释放。缓存最终有多大取决于请求会生成多少 token，而这事先没人知道：第 3 课会讲这对显存意味着什么。
 #
 # 关于用词：本实验在 CPU 上运行，KV 池实际放在内存里；但它模拟的是 GPU 上的 KV 缓存，所以课程中称为“显存”。涉及本机测量时（第 1 课的计时、第 6 课的复制耗时），说的是真实的内存；换出时接收块的 CPU 交换空间也在内存中。“访存受限”里的“访存”泛指从存储器读写数据，GPU 上指显存，CPU 上指内存，不必二选一。

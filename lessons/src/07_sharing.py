@@ -1,14 +1,12 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # # Lesson 7 — Sharing memory: fork, copy-on-write, parallel sampling, beam search
 #
 # **Goal:** watch several sequences of one request share KV blocks through their block tables, see a
@@ -26,6 +24,21 @@
 #
 # One request that owns several sequences is a **sequence group** (vLLM's name). It is scheduled,
 # preempted and finished as a unit.
+
+# %% [markdown] lang="zh"
+# # 第 7 课　共享显存：派生（fork）、写时复制、并行采样与束搜索
+#
+# **目标**：观察同一个请求的多个序列如何通过各自的块表共享 KV 块；看到共享块在第一次被写入时被复制；并测量并行采样和束搜索节省了多少显存。
+#
+# 块表的作用不只是消除碎片（第 3、4 课）：两个块表可以指向*同一个*物理块。PagedAttention 论文（§4.4）借用了操作系统思想的另一半：
+#
+# | 操作系统 | PagedAttention |
+# |---|---|
+# | 进程的 `fork()`：子进程得到一份页表的副本 | **派生**（fork）：新序列复制父序列的块表；显存中什么都不复制 |
+# | 每个物理页一个引用计数 | 每个物理块一个**引用计数**（refcount）：有多少个块表持有它 |
+# | 写时复制：第一次写共享页时才复制它 | **写时复制**（copy-on-write）：序列要写入引用计数 > 1 的块时，先拿到一个新块，把旧块复制进去 |
+#
+# 拥有多个序列的一个请求称为**序列组**（sequence group，vLLM 的名称）。它作为一个整体被调度、抢占和结束。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -47,7 +60,7 @@ from visualize.style import use_cjk_font
 
 LANG = "en"
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # ## 1. The paper's Figure 8 on the real model
 # Figure 8 of the paper: a prompt is sampled twice (`n = 2`). Both samples share the prompt's blocks;
 # the last prompt block is only partly filled, so the first sample that writes its next token into it
@@ -56,6 +69,12 @@ LANG = "en"
 # The default model with vLLM's block size of 16 tokens and a pool of 64 blocks (`LLM(**config)` passes
 # them to `EngineConfig(block_size=16, num_gpu_blocks=64)`). The chat prompt below is 38 tokens: two full
 # blocks and 6 tokens in a third.
+
+# %% [markdown] lang="zh"
+# ## 1. 在真实模型上重现论文的图 8
+# 论文图 8：同一个提示词被采样两次（`n = 2`）。两个样本共享提示词的块；最后一个提示词块只填了一部分，所以第一个往里写下一个 token 的样本不能覆盖另一个样本看到的内容。
+#
+# 使用默认模型、vLLM 的块大小 16 个 token、64 个块的池（`LLM(**config)` 把它们传给 `EngineConfig(block_size=16, num_gpu_blocks=64)`）。下面的对话提示词有 38 个 token：两个满块，外加第三个块里的 6 个 token。
 
 # %%
 llm = LLM(block_size=16, num_gpu_blocks=64)
@@ -71,10 +90,13 @@ def show_tables(report):
         print(t("lp7_table", LANG, index=s.index, seq=s.seq_id, table=s.block_table, refs=s.ref_counts, filled=s.filled))
 
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # We drive the engine one step at a time. The first step is the prompt's **one** prefill: sample 0 computes
 # the prompt, then sample 1 is *forked* from it (a `FORK` event). Both block tables point at the same
 # three blocks, each with refcount 2.
+
+# %% [markdown] lang="zh"
+# 我们一步一步地驱动引擎。第一步是提示词**唯一的一次**预填充：样本 0 计算提示词，然后从它派生出样本 1（一个 `FORK` 事件）。两个块表指向相同的三个块，每个块的引用计数都是 2。
 
 # %%
 request_id = eng.add_request(prompt, SamplingParams(n=2, temperature=0.8, seed=2, max_tokens=3, ignore_eos=True))
@@ -85,13 +107,16 @@ last = prefill.block_tables[0].block_table[-1]  # the partly filled last prompt 
 held = prefill.block_tables[0].filled[-1]  # its filled slots
 before = [(k[last].clone(), v[last].clone()) for k, v in eng.runner.kv_caches]  # its K and V in every layer
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # The second step is the first decode step: each sample writes the K and V of the token it sampled at position 38,
 # which lies in the shared block. The first writer sees refcount 2: the allocator gives it a new block,
 # drops the old block's refcount to 1, and returns the pair `(src, dst)` (vLLM's `blocks_to_copy`).
 # The engine copies the block's K and V in every layer (`copy_blocks`) before the forward pass, so the
 # new token lands in the copy. The second writer now sees refcount 1: it is the last holder and writes
 # in place. The two full prompt blocks stay shared: nobody writes into them again.
+
+# %% [markdown] lang="zh"
+# 第二步是第一个解码步：每个样本把自己采样到的 token 的 K 和 V 写到位置 38，这个位置在共享块里。第一个写入者看到引用计数 2：分配器给它一个新块，把旧块的引用计数降到 1，并返回 `(src, dst)` 这一对（vLLM 的 `blocks_to_copy`）。引擎在前向计算之前，把这个块在每一层的 K 和 V 复制过去（`copy_blocks`），于是新 token 落在副本里。第二个写入者此时看到引用计数 1：它是最后一个持有者，直接原地写入。两个满的提示词块仍然共享：之后没有谁再写它们。
 
 # %%
 decode = eng.step()
@@ -113,7 +138,7 @@ while eng.has_unfinished_requests():
 for o in eng.get_output(request_id).outputs:
     print(t("lp7_sample", LANG, index=o.index, text=o.text))
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # ## 2. Parallel sampling, n = 4
 # Now four samples of the same prompt. After the prefill all four hold the same three blocks
 # (refcount 4); at the first decode step three of them copy the last prompt block and the fourth
@@ -126,6 +151,16 @@ for o in eng.get_output(request_id).outputs:
 # $$\text{memory saved by sharing} = \frac{\text{blocks saved by sharing}}{\text{blocks needed without sharing}} = 1 - \frac{\texttt{blocks\_with\_sharing}}{\texttt{blocks\_without\_sharing}}$$
 #
 # (`MemoryUsage.memory_saved_by_sharing`).
+
+# %% [markdown] lang="zh"
+# ## 2. 并行采样，n = 4
+# 现在对同一个提示词采样四次。预填充之后四个样本持有相同的三个块（引用计数 4）；第一个解码步中，其中三个复制最后一个提示词块，第四个原地写入，所以有两个块一直共享到结束。
+#
+# `StepReport.memory` 对每个物理块只计一次（`blocks_with_sharing`），同时也统计如果什么都不共享，存活序列需要的块数，即它们块表长度之和（`blocks_without_sharing`）。论文 §6.3 的度量是
+#
+# $$\text{共享节省的显存} = \frac{\text{共享节省的块数}}{\text{不共享时需要的块数}} = 1 - \frac{\texttt{blocks\_with\_sharing}}{\texttt{blocks\_without\_sharing}}$$
+#
+# （`MemoryUsage.memory_saved_by_sharing`）。
 
 # %%
 p_reports = []
@@ -140,7 +175,7 @@ show_tables(p_live[-1])
 for o in parallel[0].outputs:
     print(t("lp7_sample", LANG, index=o.index, text=o.text))
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # The paper measures 6.1–9.8 % saved for parallel sampling (n = 2…6) on Alpaca and 16.2–30.5 % on
 # ShareGPT (§6.3, Figure 15), far less than here: there outputs run to hundreds of tokens, each
 # sample's own blocks grow with its output, while what is shared (the full prompt blocks) stays the
@@ -154,6 +189,12 @@ for o in parallel[0].outputs:
 # list if nobody else holds them (`FREE` with an empty detail); the blocks still shared only lose a
 # reference ("still shared"). Beams share far more than samples: a whole common prefix, not only the
 # prompt (paper Figure 9).
+
+# %% [markdown] lang="zh"
+# 论文测得并行采样（n = 2…6）在 Alpaca 上节省 6.1%–9.8%，在 ShareGPT 上节省 16.2%–30.5%（§6.3，图 15），远少于这里：那里的输出长达数百个 token，每个样本自己的块随输出增长，而共享的部分（满的提示词块）保持不变。38 个 token 的提示词只配 10 个 token 的输出，是最有利的情形。
+#
+# ## 3. 束搜索，宽度 4
+# 束搜索保留 `beam_width` 个最好的序列（按累积对数概率）。每一步，每个存活的束提出候选；最好的 4 个存活下来。存活的候选从它的父束**派生**（复制块表，引用计数 + 1；父束自身则作为第一个存活的候选继续下去）。没有任何候选存活的束被**剪枝**：它的块表立刻被释放。如果没有别人持有，它的块回到空闲列表（`FREE` 事件，详情为空）；仍被共享的块只是少了一个引用（事件详情为 `still shared, refcount N`，中文界面显示为“其他序列仍持有”）。束之间共享的远比样本多：整个公共前缀，而不只是提示词（论文图 9）。
 
 # %%
 b_reports = []
@@ -169,9 +210,12 @@ for k, r in enumerate(b_reports):
 for o in beams[0].sequences:
     print(t("lp7_beam", LANG, index=o.index, logprob=o.cumulative_logprob, text=o.text))
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # The paper measures 37.6–55.2 % saved for beam widths 2…6 on Alpaca and 44.3–66.3 % on ShareGPT.
 # Both runs side by side: the gap between the two lines is the memory saved by sharing.
+
+# %% [markdown] lang="zh"
+# 论文测得束宽 2…6 在 Alpaca 上节省 37.6%–55.2%，在 ShareGPT 上节省 44.3%–66.3%。下面把两次运行并排画出：两条线之间的差距就是共享节省的显存。
 
 # %%
 use_cjk_font()  # before the axes exist: their title and axis labels take the font they are made with
@@ -184,7 +228,7 @@ for ax, reports, title in ((axes[0], p_reports, t("l7_parallel_sampling", LANG, 
     series_figure(series, t("blocks", LANG), lang=LANG, title=title, ax=ax)
 plt.show()
 
-# %% [markdown]
+# %% [markdown] lang="en"
 # ## 4. Preemption of a group
 # When memory runs out the scheduler preempts a whole group, newest first, never one sequence of it
 # (paper §4.5): its sequences depend on each other's shared blocks. This engine preempts by
@@ -204,6 +248,18 @@ plt.show()
 # are shared by all 4 samples (refcount 4) for the whole run. The partly filled last prompt block is
 # copied at the first write by all but one sample, so from then on it is no longer shared; neither is
 # any block a sample fills with its own tokens.
+
+# %% [markdown] lang="zh"
+# ## 4. 序列组的抢占
+# 显存不够时，调度器抢占整个序列组（最新的先被抢占），而不会只抢占其中一个序列（论文 §4.5）：组内的序列依赖彼此共享的块。这个引擎用**重计算**（recompute）来抢占：每个序列的块都被释放，之后整个组作为“提示词 + 每个序列自己已生成的 token”重新预填充，满的提示词块再次共享。vLLM 还可以把一个组的块**换出**（swap out）到 CPU 内存，之后再**换入**（swap in）。
+#
+# ## 练习
+# 一个新请求对下面的提示词要求 `n = 4` 个样本。看这样一步：每个样本在 KV 缓存中持有 `prompt_len + output_len` 个 token 状态（它的提示词和前 `output_len` 个生成的 token）。不看引擎的报告，计算：
+#
+# - `blocks_saved`：共享节省的块数，即 `blocks_without_sharing - blocks_with_sharing`；
+# - `memory_saved`：论文的度量，`blocks_saved / blocks_without_sharing`。
+#
+# 规则：每个样本的块表有 `ceil(token 数 / block_size)` 个块。满的提示词块在整个运行中被 4 个样本共享（引用计数 4）。只填了一部分的最后一个提示词块，在第一次写入时被除一个样本以外的所有样本复制，所以此后它不再共享；样本用自己的 token 填的块也都不共享。
 
 # %%
 exercise_prompt = "Here is a list of five simple ways to save energy at home, each with a one-line explanation of why it helps:"

@@ -1,14 +1,32 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: ipynb,py:percent
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
 #     name: python3
 # ---
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# # Lesson 8 — Automatic prefix caching
+#
+# **Goal:** see how requests that begin with the same tokens (a system prompt, few-shot examples, a chat
+# history) reuse KV blocks already computed, by walking vLLM's own design-document example on the real
+# engine, step by step, and checking every claim of it.
+#
+# The paper calls this a *shared prefix* (§4.4, Figure 10). vLLM v1 made it automatic and on by default:
+#
+# - Every **full** block gets a **block hash**: `SHA-256(parent block hash, the block's token ids, extra keys)`.
+#   Because the parent's hash is inside, a hash names the block's tokens *and everything before them*.
+# - A map `block_hash -> block` finds, for a new prompt, the longest run of leading blocks already computed.
+#   Their KV is reused (the request's block table points at them, refcount + 1); only the rest is prefilled,
+#   attending to the cached blocks through the block table.
+# - A freed block **keeps its hash**: it is free, but *cached and evictable*. The **free queue** hands out
+#   blocks from its head (least recently used); taking a cached block there **evicts** it (its hash is dropped).
+#
+# Our engine follows vLLM's names: `engine/core/prefix_cache.py` (hashes, the map), `engine/core/block_manager.py`
+# (`FreeBlockQueue`, `touch`, eviction), like vLLM's `kv_cache_manager.py` and `block_pool.py`.
+
+# %% [markdown] lang="zh"
 # # 第 8 课　自动前缀缓存（automatic prefix caching）
 #
 # **目标**：在真实引擎上一步一步重走 vLLM 设计文档中的例子并逐条验证其结论，看清以相同 token 开头的请求（系统提示词、少样本示例、对话历史）如何复用已经算好的 KV 块。
@@ -36,7 +54,7 @@ from engine.model_executor.model_loader import load_model
 from engine.report import ALLOCATE, CACHE_HIT, EVICT, FREE
 from visualize.i18n import t
 
-LANG = "zh"  # the language of the printed lines and of the check's messages
+LANG = "en"  # the language of the printed lines and of the check's messages
 
 weights = load_model(None)  # SmolLM2-135M-Instruct, loaded once and reused by every engine below
 
@@ -56,7 +74,14 @@ def show(engine, report):
     print(t("lp8_free_queue", LANG, queue=" ".join(f"{b}{'*' if b in cached else ''}" for b in engine.kv.free_queue())))
 
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 1. vLLM's example: block size 4, 10 blocks
+# The prompts are token ids, so their lengths are exact: request 0 has 15 prompt tokens.
+#
+# **Time 1.** The cache is empty. Request 0 gets 4 blocks: 3 are full and, once their KV is written at the
+# end of the step, cached; the 4th holds 3 of 4 tokens and is not hashed.
+
+# %% [markdown] lang="zh"
 # ## 1. vLLM 的例子：块大小 4，共 10 个块
 # 提示词直接给 token id，长度因此是精确的：请求 0 的提示词有 15 个 token。
 #
@@ -70,7 +95,13 @@ show(eng, eng.step())
 print(t("lp8_cached_blocks", LANG, blocks=[b for b in range(10) if cache.block_hash[b]]))
 assert [b for b in range(10) if cache.block_hash[b]] == [0, 1, 2]
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# **Time 2-3.** Request 0's first decode fills block 3 (it is cached now); the next token needs a new block, 4.
+# In the same step request 1 arrives: 14 prompt tokens, of which the first 10 are request 0's.
+# Only the first **2** blocks (8 tokens) hit: the 3rd block matches only 2 of its 4 tokens, and a block is
+# shared whole or not at all.
+
+# %% [markdown] lang="zh"
 # **时刻 2-3。** 请求 0 的第一次解码填满了块 3（它现在被缓存了）；下一个 token 需要新块 4。同一步里请求 1 到达：14 个提示词 token，其中前 10 个与请求 0 相同。只有前 **2** 个块（8 个 token）命中：第 3 个块的 4 个 token 中只有 2 个相同，而块要么整块共享，要么不共享。
 
 # %%
@@ -83,7 +114,14 @@ print(t("lp8_computed", LANG, counts={s.request_id: s.num_tokens for s in report
 assert [e.block_id for e in report.events if e.kind == CACHE_HIT] == [0, 1]
 assert {s.request_id: s.num_tokens for s in report.scheduled}[r1] == 14 - 8
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# **Time 5.** Request 0 finishes. Its blocks are freed **in reverse** (4, 3, 2): a request's last blocks hash the
+# longest prefixes and are the least likely to be reused, so they should be evicted first. Blocks 0 and 1 do not
+# return: request 1 still holds them (refcount 1). Blocks 2 and 3 are free *and* cached.
+#
+# **Time 6.** Request 1 finishes: 6, 5, 1, 0 join the tail.
+
+# %% [markdown] lang="zh"
 # **时刻 5。** 请求 0 结束。它的块按**逆序**释放（4、3、2）：一个请求靠后的块，其哈希涵盖的前缀最长，最不可能被复用，所以应最先被驱逐。块 0 和 1 没有回到队列：请求 1 还持有它们（引用计数 1）。块 2 和 3 既是空闲的，*又*是已缓存的。
 #
 # **时刻 6。** 请求 1 结束：6、5、1、0 加到队尾。
@@ -94,7 +132,13 @@ assert eng.kv.free_queue() == [7, 8, 9, 4, 3, 2]
 show(eng, eng.step())
 assert eng.kv.free_queue() == [7, 8, 9, 4, 3, 2, 6, 5, 1, 0]
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# **Time 7.** Request 2 arrives with 29 prompt tokens, the first 12 request 0's. Blocks 0, 1, 2 hit. They are
+# **touched** first: taken off the free queue before anything is allocated, so the queue becomes
+# 7 8 9 4 3 6 5 and the allocation cannot evict them. Request 2 needs 8 blocks: the 3 hits and 5 from the
+# head: 7, 8, 9, 4 and 3, and block 3 is **evicted** (it was cached).
+
+# %% [markdown] lang="zh"
 # **时刻 7。** 请求 2 到达，有 29 个提示词 token，前 12 个与请求 0 相同。块 0、1、2 命中。它们先被 `touch`（vLLM 的函数名：引用计数 + 1，并从空闲队列中移出）：这发生在分配任何块之前，于是队列变成 7 8 9 4 3 6 5，分配也就不会驱逐它们。请求 2 需要 8 个块：3 个命中块，再从队头取 5 个：7、8、9、4 和 3，其中块 3 被**驱逐**（它原本是已缓存的）。
 
 # %%
@@ -109,7 +153,11 @@ stats = eng.prefix_cache_stats()
 print(t("lp8_hit_rate", LANG, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate))
 print(t("lp8_cached_free", LANG, slots=report.memory.cached_free_slots, kib=report.memory.bytes("cached_free_slots") // 1024))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 2. The usual confusions
+# **A shared prefix shorter than one block never hits.** Only full blocks are hashed.
+
+# %% [markdown] lang="zh"
 # ## 2. 常见的误解
 # **短于一个块的共享前缀永远不会命中。** 只有满的块才计算哈希。
 
@@ -121,7 +169,14 @@ for _ in range(2):
         short.step()
     print(t("lp8_short_prompt", LANG, n=short.get_output(out.request_id).num_cached_tokens))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# **The first batch cannot reuse what it is computing.** A block is hashed only after the step that writes its
+# KV, so two identical prompts admitted in the same step both compute everything (and the map keeps one copy).
+#
+# **The last token is always recomputed.** Its logits choose the next token, so a prompt found entirely in the
+# cache still computes its last block: a prompt of 8 tokens sent twice computes 4 tokens the second time.
+
+# %% [markdown] lang="zh"
 # **第一批请求无法复用自己正在计算的内容。** 块只有在写入其 KV 的那一步之后才计算哈希，所以同一步被接纳的两个相同提示词都会完整计算一遍（映射表只保留一份）。
 #
 # **最后一个 token 总是重新计算。** 它的 logits 决定下一个 token，所以即使提示词全部在缓存中，也要计算它的最后一个块：一个 8 token 的提示词发送两次，第二次计算 4 个 token。
@@ -136,7 +191,12 @@ again = same.add_request(list(range(500, 508)), SamplingParams(max_tokens=1))
 second = same.step()
 print(t("lp8_sent_again", LANG, cached=same.get_output(again).num_cached_tokens, computed=[s.num_tokens for s in second.scheduled]))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# **The block size trades fragmentation against prefix granularity.** A small block wastes less of each
+# request's last block (internal fragmentation < block_size slots) *and* lets more of a shared prefix hit;
+# a large block gives fewer, bigger kernel reads but rounds every shared prefix down to whole blocks.
+
+# %% [markdown] lang="zh"
 # **块大小在碎片与前缀粒度之间权衡。** 小块让每个请求最后一个块浪费得更少（内部碎片 < `block_size` 个槽位），*也*让共享前缀中更多的部分能够命中；大块让内核的读取更少、更大，但每个共享前缀都要向下取整到整块。
 
 # %%
@@ -149,7 +209,15 @@ for bs in (2, 4, 8, 16):
             e.step()
     print(t("lp8_block_size", LANG, bs=bs, n=e.get_output(rid).num_cached_tokens))
 
-# %% [markdown]
+# %% [markdown] lang="en"
+# ## 3. Exercise
+# Continue the example after Time 7. Request 2 (max_tokens=1) finished in that step, freeing its 8 blocks in
+# reverse. Now **request 3** arrives: 18 tokens, request 2's first 16 followed by two others.
+# Without running anything: which blocks does it hit, in order, and which block does its allocation evict?
+# (Write `None` for "no eviction" only if you are sure.) Hint: at most `(18 - 1) // 4` blocks can hit; which
+# of the blocks left on the queue are still cached?
+
+# %% [markdown] lang="zh"
 # ## 3. 练习
 # 接着时刻 7 继续。请求 2（max_tokens=1）在那一步就结束了，按逆序释放了它的 8 个块。现在**请求 3** 到达：18 个 token，前 16 个与请求 2 相同，后面是另外两个。不运行任何代码：它依次命中哪些块？它的分配会驱逐哪个块？（只有确定“没有驱逐”时才写 `None`。）
 #
