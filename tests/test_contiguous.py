@@ -161,7 +161,7 @@ def test_attention_view_snapshot_and_events():
     snap = kv.snapshot([a])[0]
     assert (snap.block_table, snap.filled, snap.slot_range) == ([0, 1, 2], [1, 2, 0], (3, 9))
     kv.free(a)
-    assert [(e.kind, e.request_id, e.block_id, e.detail) for e in kv.events[1:]] == [
+    assert [(e.kind, e.request_id, e.block_id, e.detail) for e in list(kv.events)[1:]] == [
         (ALLOCATE, 1, 0, "slots 3..8"), (FREE, 1, 0, "slots 3..8")]
 
 

@@ -46,7 +46,7 @@ def engine_prefill_logits(engine: LLMEngine, prompt_ids: list[int]) -> torch.Ten
     """Last-position logits of a prompt, through the engine's scheduler, paged KV cache and model."""
     engine.add_request(prompt_ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    logits = engine.runner.execute(batch, engine.kv, [])
+    logits = engine.runner.execute(batch, engine.kv)
     for seq in batch.prefill_seqs:
         engine.scheduler.finish(seq, "abort")
     return logits[0]
@@ -346,7 +346,7 @@ def test_finished_requests_are_released_once_their_outputs_are_taken(tiny_llama_
     assert [o.text for o in outputs] == texts
     assert engine.requests == {} and engine.generators == {} and engine.errors == {}
     assert engine.detokenizer.texts == {} and engine.detokenizer.emitted == {} and engine.detokenizer._stable == {}
-    assert engine.kv.num_cached_blocks == {}
+    assert engine.kv.num_committed_blocks == {}
     with pytest.raises(KeyError, match="already taken"):
         engine.take_output(ids[0])
     running = engine.add_request([5, 6], SamplingParams(max_tokens=3))

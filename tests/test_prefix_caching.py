@@ -24,7 +24,7 @@ from engine.core.block_manager import PagedBlockManager
 from engine.core.prefix_cache import hash_block_tokens
 from engine.report import ALLOCATE, CACHE_HIT, EVICT
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.sequence import Sequence, SequenceGroup, fork_samples
 
 GREEDY = SamplingParams(max_tokens=4, ignore_eos=True)
 
@@ -177,10 +177,10 @@ def test_re_prefill_at_block_size_plus_one_tokens():
     kv.cache_blocks([seq])
     kv.free(seq)
     seq.num_computed_tokens = 0
-    seq.num_preemptions = 1
-    assert kv.num_prefill_tokens(seq) == 1
-    kv.allocate(seq)
-    assert seq.num_computed_tokens == 4 and len(seq.block_table) == 2 and kv.prefix_cache.stats.preempted_hits == 4
+    blocks, num_computed = kv.get_computed_blocks(seq)
+    assert num_computed == 4 and kv.num_prefill_tokens(seq, blocks) == 1
+    kv.allocate(seq, computed_blocks=blocks)
+    assert len(seq.block_table) == 2 and seq.block_table[0] == blocks[0]
 
 
 # ---- the default model: outputs and logits unchanged ----------------------------------------------
@@ -262,16 +262,11 @@ def model_free_step(scheduler: Scheduler, kv: PagedBlockManager, rng: random.Ran
         seq.num_computed_tokens = seq.num_tokens
     kv.cache_blocks(seqs)
     for group in list(scheduler.running):
-        if group.is_group and len(group.seqs) < group.num_samples:
-            parent = group.seqs[0]
-            for i in range(1, group.num_samples):
-                child = parent.fork(next_seq_id(), i)
-                scheduler.fork(parent, child)
-                group.seqs.append(child)
+        fork_samples(group, scheduler.fork, next_seq_id)  # after the prompt's one prefill
         for seq in group.unfinished_seqs():
             seq.append_token(rng.randrange(3))  # a tiny vocabulary: outputs repeat, so they hit too
-            done = seq.num_tokens >= seq.max_len or (group.is_group and rng.random() < 0.05)
-            if done and group.is_group and len(group.unfinished_seqs()) > 1:
+            done = seq.num_tokens >= seq.max_len or (not group.is_single and rng.random() < 0.05)
+            if done and len(group.unfinished_seqs()) > 1:
                 scheduler.finish_seq(seq, "stop")
             elif done:
                 scheduler.finish(group, "length")
@@ -297,7 +292,7 @@ def test_prefix_cache_invariants_hold_after_every_step(requests, block_size, num
         seq = Sequence(i, prompt, max_len=min(prompt + output, num_blocks * block_size), seq_id=next(ids), token_ids=tokens)
         if prompt + 1 > seq.max_len:
             continue
-        group = seq if n == 1 else SequenceGroup(i, [seq], SamplingParams(n=n))
+        group = SequenceGroup(i, [seq], SamplingParams(n=n))
         if kv.fits_ever(group):
             scheduler.add(group)
     steps = 0

@@ -23,7 +23,7 @@ from engine import LLM, BeamSearchParams, EngineConfig, LLMEngine, SamplingParam
 from engine.core.block_manager import PagedBlockManager
 from engine.report import COPY_ON_WRITE, FORK, FREE
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus, fork_samples
 from tests.conftest import make_tiny_model
 
 STORY = [{"role": "user", "content": "Tell me a short story about a cat."}]
@@ -61,22 +61,17 @@ def model_free_group_step(scheduler: Scheduler, rng: random.Random, next_seq_id)
     for seq in batch.prefill_seqs + batch.decode_seqs:
         seq.num_computed_tokens = seq.num_tokens
     for group in list(scheduler.running):
-        if group.is_group and len(group.seqs) < group.num_samples:
-            parent = group.seqs[0]
-            for i in range(1, group.num_samples):
-                child = parent.fork(next_seq_id(), i)
-                scheduler.fork(parent, child)
-                group.seqs.append(child)
+        fork_samples(group, scheduler.fork, next_seq_id)  # after the prompt's one prefill
         for seq in group.unfinished_seqs():
             seq.append_token()
             live = group.unfinished_seqs()
-            done = seq.num_tokens >= seq.max_len or (group.is_group and rng.random() < 0.05)
-            if done and group.is_group and len(live) > 1:
+            done = seq.num_tokens >= seq.max_len or (not group.is_single and rng.random() < 0.05)
+            if done and len(live) > 1:
                 scheduler.finish_seq(seq, "stop")
             elif done:
                 scheduler.finish(group, "length")
                 break
-        if group.is_group and group.status is SequenceStatus.RUNNING and rng.random() < 0.1:
+        if not group.is_single and group.status is SequenceStatus.RUNNING and rng.random() < 0.1:
             live = group.unfinished_seqs()  # a beam-search-like prune and fork
             if len(live) > 1:
                 pruned, survivor = live[-1], live[0]
@@ -103,7 +98,7 @@ def test_refcounts_and_free_list_hold_under_fork_copy_on_write_free_and_preempt(
         seq = Sequence(i, prompt, max_len=min(prompt + output, num_blocks * block_size), seq_id=next(ids))
         if prompt + 1 > seq.max_len:
             continue  # the engine rejects these in add_request
-        group = seq if n == 1 else SequenceGroup(i, [seq], SamplingParams(n=n))
+        group = SequenceGroup(i, [seq], SamplingParams(n=n))
         if kv.fits_ever(group):
             scheduler.add(group)
     steps = 0
@@ -191,7 +186,7 @@ def test_copy_on_write_copies_every_layer_and_leaves_the_source_alone(engine):
     (src, dst), = batch.blocks_to_copy
     before = [(k[src].clone(), v[src].clone()) for k, v in engine.runner.kv_caches]
     prompt_slots = len(engine.encode(STORY)) % 16
-    engine.runner.execute(batch, engine.kv, [])
+    engine.runner.execute(batch, engine.kv)
     for (k, v), (k0, v0) in zip(engine.runner.kv_caches, before):
         assert torch.equal(k[dst][:prompt_slots], k0[:prompt_slots]) and torch.equal(v[dst][:prompt_slots], v0[:prompt_slots])
         assert torch.equal(k[src][:prompt_slots], k0[:prompt_slots]), "the source block's prompt part is unchanged"

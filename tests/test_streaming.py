@@ -32,7 +32,7 @@ def run():
     reports, live_beams = [], []
     while engine.has_unfinished_requests():
         reports.append(engine.step())
-        live_beams.append({rid: {s.seq_id: engine._beam_text(s.output_token_ids) for s in engine.requests[rid].unfinished_seqs()}
+        live_beams.append({rid: {s.seq_id: engine.output_processor.beam_text(s.output_token_ids) for s in engine.requests[rid].unfinished_seqs()}
                            for (lang, kind), rid in ids.items() if kind == SHARING_BEAM and engine.requests[rid].finish_reason is None})
     outputs = {key: engine.get_output(rid) for key, rid in ids.items()}
     return engine, ids, reports, live_beams, outputs

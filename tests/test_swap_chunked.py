@@ -26,7 +26,7 @@ from engine.sim.cost_model import PicosecondCost, StepShape, get_setup
 from engine.model_executor.model_loader import load_model
 from engine.report import PREEMPT, RECOMPUTE_CPU_POOL_FULL, SWAP_IN, SWAP_OUT
 from engine.core.scheduler import Scheduler
-from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus, fork_samples
 from engine.experiments.swap import figure_19, format_figure_19
 from tests.test_engine import random_prompts, run_engine, tiny_model, tiny_reference  # noqa: F401 (fixtures: the 3 tiny models; 5 prompts' greedy outputs)
 
@@ -69,12 +69,8 @@ def model_free_step(scheduler: Scheduler, next_seq_id) -> tuple:
     ready_ids = {s.seq_id for s in ready}
     for group in list(scheduler.running):
         first = group.seqs[0]
-        if group.is_group and len(group.seqs) < group.num_samples and first.seq_id in ready_ids:
-            for i in range(1, group.num_samples):
-                child = first.fork(next_seq_id(), i)
-                scheduler.fork(first, child)
-                group.seqs.append(child)
-                ready_ids.add(child.seq_id)
+        if first.seq_id in ready_ids:  # after the prompt's one prefill
+            ready_ids.update(child.seq_id for child in fork_samples(group, scheduler.fork, next_seq_id))
         for seq in group.unfinished_seqs():
             if seq.seq_id in ready_ids:
                 seq.append_token()
@@ -107,7 +103,7 @@ def test_swap_and_chunked_prefill_keep_every_block_in_one_place(requests, block_
     for i, (prompt, output, n) in enumerate(requests):
         tokens = (shared + [rng.randrange(100, 10**4) for _ in range(prompt)])[:prompt]
         seq = Sequence(i, prompt, max_len=min(prompt + output, num_blocks * block_size), seq_id=next(ids), token_ids=tokens)
-        group = seq if n == 1 else SequenceGroup(i, [seq], SamplingParams(n=n))
+        group = SequenceGroup(i, [seq], SamplingParams(n=n))
         if prompt + 1 <= seq.max_len and kv.fits_ever(group):
             scheduler.add(group)
     steps = 0

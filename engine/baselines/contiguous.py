@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import bisect
 
+from engine.config import PLACEMENTS, RESERVATIONS
 from engine.core.accounting import MemoryUsage
 from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.baselines.buddy import BuddyArena, chunk_size
-from engine.report import ALLOCATE, FORK, FREE, BlockTableSnapshot, Event
+from engine.core.events import EventLog
+from engine.report import ALLOCATE, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
 
-RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")
-PLACEMENTS = ("first-fit", "best-fit", "buddy")
 
 
 class ContiguousAllocator(KVCacheManager):
@@ -59,6 +59,7 @@ class ContiguousAllocator(KVCacheManager):
         reservation: "max", "pow2", "pow2-total" or "oracle" (see the module docstring).
         placement: "first-fit", "best-fit" or "buddy".
         max_model_len: longest request in tokens; what "max" reserves and "pow2" is capped at.
+        events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
 
     Raises:
         ValueError: on a non-positive size or an unknown policy.
@@ -71,6 +72,7 @@ class ContiguousAllocator(KVCacheManager):
         reservation: str = "max",
         placement: str = "first-fit",
         max_model_len: int = 2048,
+        events: EventLog | None = None,
     ):
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_model_len", max_model_len)):
             if value < 1:
@@ -85,7 +87,7 @@ class ContiguousAllocator(KVCacheManager):
         self.reservation = reservation
         self.placement = placement
         self.max_model_len = max_model_len
-        self.events: list[Event] = []
+        self.events = events if events is not None else EventLog()
         # Free gaps, sorted by start: gap_starts[i] .. gap_ends[i] (end exclusive), never adjacent.
         self.gap_starts: list[int] = [0]
         self.gap_ends: list[int] = [self.num_slots]
@@ -132,7 +134,7 @@ class ContiguousAllocator(KVCacheManager):
             return chunk <= self.buddy.largest_chunk and count * chunk <= self.num_slots
         return count * size <= self.num_slots
 
-    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> bool:
         # The whole range is reserved at admission, chunked prefill or not: num_new_tokens changes nothing.
         size, count = self.reservation_size(seq.seqs[0]), self._ranges_needed(seq)
         if self.buddy is not None:  # an aligned free chunk of 2^k holds 2^k / chunk chunks
@@ -143,7 +145,7 @@ class ContiguousAllocator(KVCacheManager):
             return any(e - s >= size for s, e in zip(self.gap_starts, self.gap_ends))
         return sum((e - s) // size for s, e in zip(self.gap_starts, self.gap_ends)) >= count
 
-    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> None:
         for s in seq.unfinished_seqs():
             assert s.seq_id not in self.ranges, f"sequence {s.seq_id} already holds a range"
             self.ranges[s.seq_id] = self._take_range(s)
@@ -157,9 +159,8 @@ class ContiguousAllocator(KVCacheManager):
         self.ranges[child.seq_id] = spare.pop() if spare else self._take_range(child)
         src, dst = self.ranges[parent.seq_id][0], self.ranges[child.seq_id][0]
         self.pending_copies += [(src + i, dst + i) for i in range(parent.num_computed_tokens)]
-        if self.record_events:
-            self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
-                                     detail=f"{parent.num_computed_tokens} slots copied"))
+        self.events.emit(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
+                         detail=f"{parent.num_computed_tokens} slots copied")
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
@@ -170,7 +171,7 @@ class ContiguousAllocator(KVCacheManager):
             self._free_range(start, end)
 
     def _ranges_needed(self, group: Group) -> int:
-        return group.num_samples if group.is_group else 1
+        return group.num_samples
 
     def _take_range(self, seq: Sequence) -> tuple[int, int]:
         size = self.reservation_size(seq)
@@ -329,6 +330,5 @@ class ContiguousAllocator(KVCacheManager):
         }
 
     def _event(self, kind: str, seq: Sequence, start: int, end: int) -> None:
-        if self.record_events:
-            detail = f"slots {start}..{end - 1}"
-            self.events.append(Event(kind, seq.request_id, block_id=start // self.block_size, logical_index=0, detail=detail))
+        if self.events.enabled:  # the simulator's null log: no text to format
+            self.events.emit(kind, seq.request_id, block_id=start // self.block_size, logical_index=0, detail=f"slots {start}..{end - 1}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.sampling_params import BeamSearchParams
-from engine.core.sequence import Sequence
+from engine.core.sequence import FinishedBeam, Sequence
 
 if TYPE_CHECKING:  # the core imports no torch: the step works through the tensor's own methods
     import torch
@@ -36,15 +36,6 @@ class Candidate:
     parent: Sequence
     token_id: int
     logprob: float
-    score: float
-
-
-@dataclass(frozen=True)
-class FinishedBeam:
-    """A finished hypothesis: its output tokens, cumulative logprob and length-penalised score."""
-
-    token_ids: list[int]
-    cumulative_logprob: float
     score: float
 
 

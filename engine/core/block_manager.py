@@ -20,7 +20,8 @@ from engine.core.accounting import MemoryUsage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, SWAP_IN, SWAP_OUT, BlockTableSnapshot, Event
+from engine.core.events import EventLog
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, SWAP_IN, SWAP_OUT, BlockTableSnapshot
 from engine.core.sequence import Sequence
 
 
@@ -58,11 +59,12 @@ class PagedBlockManager(KVCacheManager):
             second pool of the same layout that swap preemption moves whole requests to; 0 = none.
         null_block: keep block 0 out of the pool as vLLM v1 does (see :class:`BlockAllocator`), so
             that a run beside vLLM can use the same number of usable blocks.
+        events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
-                 null_block: bool = False):
+                 null_block: bool = False, events: EventLog | None = None):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         if null_block and num_blocks < 2:
@@ -73,11 +75,12 @@ class PagedBlockManager(KVCacheManager):
         self.allocator = BlockAllocator(num_blocks, shuffle_seed, null_block=null_block)
         self.num_null_blocks = int(null_block)
         self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
-        self.events: list[Event] = []
+        self.events = events if events is not None else EventLog()
         self.watermark_blocks = int(watermark * num_blocks)
         self.lockstep = False  # see start_lockstep
         self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
-        self.num_cached_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
+        self.enable_caching = enable_caching
+        self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
         self.lookahead: dict[int, tuple[int, int]] = {}  # speculative decoding: seq_id -> tentative positions [start, end)
 
     @property
@@ -94,16 +97,20 @@ class PagedBlockManager(KVCacheManager):
         return self.num_blocks - self.num_null_blocks
 
     def fits_ever(self, seq: Group) -> bool:
-        if not seq.is_group:
-            return self.blocks_needed(seq.num_tokens + 1) <= self.num_usable_blocks
+        if seq.num_samples == 1:
+            return self.blocks_needed(seq.seqs[0].num_tokens + 1) <= self.num_usable_blocks
         # A group must be able to finish alone, or preempting it would loop forever: at worst every
         # sequence reaches max_len holding its own copy of all but the shared full prompt blocks.
         shared = seq.num_prompt_tokens // self.block_size
         own = self.blocks_needed(seq.seqs[0].max_len) - shared
         return shared + seq.num_samples * own <= self.num_usable_blocks
 
-    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
-        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens))
+    def get_computed_blocks(self, group: Group) -> tuple[list[int], int]:
+        hits = self._computed_blocks(group.unfinished_seqs()[0])
+        return hits, len(hits) * self.block_size
+
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> bool:
+        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens, computed_blocks))
 
     def _fits_admission(self, needed: int) -> bool:
         free = self.num_free_blocks
@@ -111,11 +118,13 @@ class PagedBlockManager(KVCacheManager):
             return needed <= free
         return free - needed >= self.watermark_blocks
 
-    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> None:
         first, *others = seq.unfinished_seqs()
         assert not first.block_table, f"request {first.request_id} already holds blocks"
-        self._touch_computed_blocks(seq, first)
-        for _ in range(self.blocks_needed(self._prefill_end(first, num_new_tokens)) - len(first.block_table)):
+        hits = self._computed_blocks(first) if computed_blocks is None else computed_blocks
+        self._touch_computed_blocks(first, hits)
+        end = first.num_tokens if num_new_tokens is None else len(hits) * self.block_size + num_new_tokens
+        for _ in range(self.blocks_needed(end) - len(first.block_table)):
             self._take_block(first)
         shared = self._shared_prompt_blocks(seq)
         for other in others:  # re-prefill of a group: the full prompt blocks once, each tail its own
@@ -127,14 +136,14 @@ class PagedBlockManager(KVCacheManager):
             for _ in range(self.blocks_needed(other.num_tokens) - shared):
                 self._take_block(other)
 
-    def num_prefill_tokens(self, group: Group) -> int:
+    def num_prefill_tokens(self, group: Group, computed_blocks: list[int] | None = None) -> int:
         # After the cache lookup, not before (GeeeekExplorer/nano-vllm#211): hit tokens are not computed.
         first, *others = group.unfinished_seqs()
-        num_hit = len(self._computed_blocks(first))
+        num_hit = len(self._computed_blocks(first) if computed_blocks is None else computed_blocks)
         return group.num_new_tokens - (len(others) * self._shared_prompt_blocks(group) + num_hit) * self.block_size
 
     def _computed_blocks(self, seq: Sequence) -> list[int]:
-        """Cached blocks for ``seq``'s leading full blocks (vLLM's ``get_computed_blocks``), at most
+        """Cached blocks for ``seq``'s leading full blocks, at most
         ``(num_tokens - 1) // block_size`` of them: the last token is always computed, since its
         logits choose the next token (vllm-project/vllm#11186,
         GeeeekExplorer/nano-vllm#144). Only blocks whose token ids the
@@ -145,30 +154,17 @@ class PagedBlockManager(KVCacheManager):
         hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
         return self.prefix_cache.lookup(seq.token_ids, hashes)
 
-    def _touch_computed_blocks(self, group: Group, seq: Sequence) -> None:
+    def _touch_computed_blocks(self, seq: Sequence, hits: list[int]) -> None:
         """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
-        allocation cannot evict them; count them in the statistics."""
+        allocation cannot evict them (the scheduler sets ``num_computed_tokens`` and counts them)."""
         if self.prefix_cache is None:
             return
-        hits = self._computed_blocks(seq)
         for logical_index, block_id in enumerate(hits):
             self.allocator.touch(block_id)
             seq.block_table.append(block_id)
-            if self.record_events:
-                block_hash = self.prefix_cache.block_hash[block_id].hex()
-                self.events.append(Event(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index,
-                                         seq_id=seq.seq_id, block_hash=block_hash))
-        num_hit = len(hits) * self.block_size
-        seq.num_computed_tokens = num_hit
-        self.num_cached_blocks[seq.seq_id] = len(hits)
-        stats = self.prefix_cache.stats
-        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vllm-project/vllm#25780)
-            stats.preempted_queries += seq.num_tokens
-            stats.preempted_hits += num_hit
-        else:
-            stats.queries += seq.num_tokens
-            stats.hits += num_hit
-            seq.num_cached_tokens = num_hit
+            self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
+                             block_hash=self.prefix_cache.block_hash[block_id].hex())
+        self.num_committed_blocks[seq.seq_id] = len(hits)
 
     def cache_blocks(self, seqs: list[Sequence]) -> None:
         cache = self.prefix_cache
@@ -176,19 +172,14 @@ class PagedBlockManager(KVCacheManager):
             return
         for seq in seqs:
             num_full = min(seq.num_computed_tokens, len(seq.token_ids)) // self.block_size
-            start = self.num_cached_blocks.get(seq.seq_id, 0)
+            start = self.num_committed_blocks.get(seq.seq_id, 0)
             if num_full <= start:
                 continue
             hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
             bs = self.block_size
             for i in range(start, num_full):
                 cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
-            self.num_cached_blocks[seq.seq_id] = num_full
-
-    @staticmethod
-    def _prefill_end(seq: Sequence, num_new_tokens: int | None) -> int:
-        """The tokens ``seq`` holds once this step's prefill (or chunk of it) is computed."""
-        return seq.num_tokens if num_new_tokens is None else seq.num_computed_tokens + num_new_tokens
+            self.num_committed_blocks[seq.seq_id] = num_full
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
@@ -215,34 +206,31 @@ class PagedBlockManager(KVCacheManager):
         dst = self._allocate_block(seq)
         self.allocator.free(src)
         table[logical_index] = dst
-        if self.record_events:
-            self.events.append(Event(COPY_ON_WRITE, seq.request_id, block_id=src, dst_block_id=dst,
-                                     logical_index=logical_index, seq_id=seq.seq_id))
+        self.events.emit(COPY_ON_WRITE, seq.request_id, block_id=src, dst_block_id=dst, logical_index=logical_index,
+                         seq_id=seq.seq_id)
         return src, dst
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         for block_id in parent.block_table:
             self.allocator.incref(block_id)
         child.block_table = list(parent.block_table)
-        if parent.seq_id in self.num_cached_blocks:
-            self.num_cached_blocks[child.seq_id] = self.num_cached_blocks[parent.seq_id]
-        if self.record_events:
-            self.events.append(Event(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
-                                     detail=f"{len(parent.block_table)} blocks shared"))
+        if parent.seq_id in self.num_committed_blocks:
+            self.num_committed_blocks[child.seq_id] = self.num_committed_blocks[parent.seq_id]
+        self.events.emit(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
+                         detail=f"{len(parent.block_table)} blocks shared")
 
     def free(self, seq: Sequence) -> None:
         # Freed in reverse, so the request's first block goes back last (as vLLM does).
         for logical_index in reversed(range(len(seq.block_table))):
             block_id = seq.block_table[logical_index]
             returned = self.allocator.free(block_id)
-            if self.record_events:
+            if self.events.enabled:  # the simulator's null log: no text to format
                 detail = "" if returned else f"still shared, refcount {self.allocator.ref_counts[block_id]}"
                 if returned and self._is_cached(block_id):
                     detail = "cached, evictable"
-                self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index,
-                                         seq_id=seq.seq_id, detail=detail))
+                self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id, detail=detail)
         seq.block_table = []
-        self.num_cached_blocks.pop(seq.seq_id, None)
+        self.num_committed_blocks.pop(seq.seq_id, None)
         self.lookahead.pop(seq.seq_id, None)
 
     # --- Speculative decoding: lookahead slots (vLLM v1's ``allocate_slots(num_lookahead_tokens=k)``) --
@@ -299,9 +287,8 @@ class PagedBlockManager(KVCacheManager):
             block_id = seq.block_table.pop()
             self.allocator.free(block_id)
             freed.append(block_id)
-            if self.record_events:
-                self.events.append(Event(FREE, seq.request_id, block_id=block_id, logical_index=logical_index,
-                                         seq_id=seq.seq_id, detail="rolled back: no verified token left in it"))
+            self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
+                             detail="rolled back: no verified token left in it")
         return rolled_back, freed
 
     # --- Swap (paper §4.5; vLLM v0's ``BlockSpaceManager.swap_out`` / ``swap_in``) ---------------
@@ -343,14 +330,13 @@ class PagedBlockManager(KVCacheManager):
                     dst.incref(mapping[block_id])
                 else:
                     mapping[block_id] = take(seq)
-                    if self.record_events:
-                        self.events.append(Event(kind, seq.request_id, block_id=block_id, dst_block_id=mapping[block_id],
-                                                 logical_index=logical_index, seq_id=seq.seq_id))
+                    self.events.emit(kind, seq.request_id, block_id=block_id, dst_block_id=mapping[block_id],
+                                     logical_index=logical_index, seq_id=seq.seq_id)
                 table.append(mapping[block_id])
             for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
                 src.free(block_id)
             seq.block_table = table
-            self.num_cached_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
+            self.num_committed_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
         return list(mapping.items())
 
     def free_swapped(self, group: Group) -> None:
@@ -399,14 +385,14 @@ class PagedBlockManager(KVCacheManager):
 
     def _shared_prompt_blocks(self, group: Group) -> int:
         """Full prompt blocks that a group's (re)prefill shares among its sequences."""
-        return group.num_prompt_tokens // self.block_size if group.is_group else 0
+        return group.num_prompt_tokens // self.block_size
 
-    def _blocks_to_admit(self, group: Group, num_new_tokens: int | None = None) -> int:
+    def _blocks_to_admit(self, group: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> int:
         """Free blocks an admission takes: new blocks, and the cache hits now on the free queue
         (touching takes them off it). ``num_new_tokens``: a first chunk, after the hits."""
         seqs = group.unfinished_seqs()
         shared = self._shared_prompt_blocks(group)
-        hits = self._computed_blocks(seqs[0])
+        hits = self._computed_blocks(seqs[0]) if computed_blocks is None else computed_blocks
         free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
         if num_new_tokens is not None:
             return self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits) + free_hits
@@ -444,9 +430,10 @@ class PagedBlockManager(KVCacheManager):
         num_slots = self.num_usable_blocks * self.block_size
         allocated = (self.num_usable_blocks - self.allocator.num_free) * self.block_size
         cached_free = len(self.cached_free_blocks()) * self.block_size if self.prefix_cache else 0
-        if self.prefix_cache is None and not any(g.is_group for g in running):  # every block has one holder
-            token_states = sum(seq.num_computed_tokens for seq in running)
-            held = sum(len(seq.block_table) for seq in running)
+        if self.prefix_cache is None and not self.allocator.shared:  # every block has one holder
+            seqs = [s for g in running for s in g.unfinished_seqs()]
+            token_states = sum(seq.num_computed_tokens for seq in seqs)
+            held = sum(len(seq.block_table) for seq in seqs)
             return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
                                bytes_per_slot, 0, held, held)
         # Each physical slot once. The holders of a shared block wrote the same tokens into it, so
@@ -486,15 +473,13 @@ class PagedBlockManager(KVCacheManager):
         block_id = self.allocator.allocate()
         if self.prefix_cache is not None:
             block_hash = self.prefix_cache.evict(block_id)
-            if block_hash is not None and self.record_events:
-                self.events.append(Event(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex()))
+            if block_hash is not None:
+                self.events.emit(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex())
         return block_id
 
     def _take_block(self, seq: Sequence) -> None:
         block_id = self._allocate_block(seq)
-        if self.record_events:
-            self.events.append(Event(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table),
-                                     seq_id=seq.seq_id))
+        self.events.emit(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id)
         seq.block_table.append(block_id)
 
     # --- Lock-step mode (the simulator's fast path) --------------------------------------------------

@@ -9,10 +9,12 @@ from abc import ABC, abstractmethod
 
 from engine.core.accounting import MemoryUsage
 from engine.core.sequence import Sequence, SequenceGroup
-from engine.report import BlockTableSnapshot, Event
+from engine.core.events import EventLog
+from engine.report import BlockTableSnapshot
 
-# What the scheduler hands an allocator: a sequence group, or a one-sequence request (its own group).
-Group = Sequence | SequenceGroup
+# What the scheduler hands an allocator: a request, as its sequence group. (The simulator's lock-step
+# path hands a bare Sequence, which answers the same interface: engine/core/sequence.py.)
+Group = SequenceGroup
 
 
 class KVCacheManager(ABC):
@@ -23,16 +25,15 @@ class KVCacheManager(ABC):
         num_blocks: blocks in the pool; capacity is ``num_blocks * block_size`` slots.
         attention_block_size: block size of the block tables handed to attention
             (paged: block_size; contiguous: 1, a range is a run of consecutive 1-slot blocks).
-        events: ALLOCATE / FREE events since the engine last drained them.
+        events: the :class:`~engine.core.events.EventLog` its block events (ALLOCATE, FREE, ...) go
+            to: the engine's, drained every step; the simulator's keeps nothing.
     """
 
     block_size: int
     num_blocks: int
     attention_block_size: int
-    events: list[Event]
-    # The model-free simulator turns per-block events off: on 100,000 requests they would be
-    # millions of objects nobody reads. The engine keeps them on (the event log of every step).
-    record_events: bool = True
+    events: EventLog
+    enable_caching: bool = False  # automatic prefix caching (the paged allocator can)
 
     @property
     def num_slots(self) -> int:
@@ -40,19 +41,27 @@ class KVCacheManager(ABC):
 
     @abstractmethod
     def fits_ever(self, seq: Group) -> bool:
-        """Could ``seq`` (a request, or a sequence group) be admitted to an empty pool and run to
-        the end? (False: reject it, it would wait forever.)"""
+        """Could request ``seq`` be admitted to an empty pool and run to the end? (False: reject it,
+        it would wait forever.)"""
+
+    def get_computed_blocks(self, group: Group) -> tuple[list[int], int]:
+        """Prefix caching: the cached blocks that hold the leading full blocks of a waiting
+        request's prompt, and the tokens they hold (vLLM v1's ``get_computed_blocks``). The
+        scheduler asks once per admission and passes the blocks to :meth:`can_allocate`,
+        :meth:`allocate` and :meth:`num_prefill_tokens`. ``([], 0)`` without prefix caching."""
+        return [], 0
 
     @abstractmethod
-    def can_allocate(self, seq: Group, num_new_tokens: int | None = None) -> bool:
+    def can_allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> bool:
         """Is there room now to admit ``seq`` with its ``num_tokens`` tokens (a group: all its
-        unfinished sequences; ``num_new_tokens``: see :meth:`allocate`)?"""
+        unfinished sequences; ``num_new_tokens``, ``computed_blocks``: see :meth:`allocate`)?"""
 
     @abstractmethod
-    def allocate(self, seq: Group, num_new_tokens: int | None = None) -> None:
+    def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> None:
         """Give ``seq`` room for its ``num_tokens`` tokens (prefill, or recompute after preemption);
         with ``num_new_tokens`` (chunked prefill, one-sequence requests), room only for the tokens
-        found cached and the first ``num_new_tokens`` of the rest."""
+        found cached and the first ``num_new_tokens`` of the rest. ``computed_blocks``: the hit of
+        :meth:`get_computed_blocks`, put first in the block table (None: looked up here)."""
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Chunked prefill: room for ``seq``'s next ``num_new_tokens`` tokens, after its
@@ -92,8 +101,9 @@ class KVCacheManager(ABC):
         """Room for every unfinished sequence of ``group`` to decode one token this step?"""
         return all(self.can_append_slot(s) for s in group.unfinished_seqs())
 
-    def num_prefill_tokens(self, group: Group) -> int:
-        """Tokens a (re)prefill of ``group`` computes (a shared prompt counted once where shared)."""
+    def num_prefill_tokens(self, group: Group, computed_blocks: list[int] | None = None) -> int:
+        """Tokens a (re)prefill of ``group`` computes (a shared prompt counted once where shared,
+        the tokens of ``computed_blocks`` not at all)."""
         return group.num_new_tokens
 
     def fork(self, parent: Sequence, child: Sequence) -> None:

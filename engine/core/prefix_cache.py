@@ -56,7 +56,9 @@ class PrefixCacheStats:
 
     A request is counted when it is admitted: its tokens are *queried*, those found cached are *hits*.
     Re-prefills after a preemption are counted apart (``preempted_*``): they hit their own blocks and
-    would inflate the rate (vllm-project/vllm#25780).
+    would inflate the rate (vllm-project/vllm#25780). The scheduler counts queries and hits, once
+    per admission (``Scheduler.prefix_cache_stats``); the cache counts evictions
+    (``PrefixCache.num_evictions``).
 
     Attributes:
         queries, hits: tokens looked up and found, first prefills.
@@ -94,7 +96,7 @@ class PrefixCache:
         self.block_hash: list[BlockHash | None] = [None] * num_blocks
         self.parent_hash: list[BlockHash | None] = [None] * num_blocks
         self.block_token_ids: list[tuple[int, ...] | None] = [None] * num_blocks
-        self.stats = PrefixCacheStats()
+        self.num_evictions = 0  # cached blocks whose hash was dropped: the block was allocated again
 
     def block_hashes(self, token_ids: list[int], num_blocks: int, known: list[BlockHash]) -> list[BlockHash]:
         """The hash chain of the first ``num_blocks`` full blocks of ``token_ids``, extending ``known``
@@ -139,7 +141,7 @@ class PrefixCache:
             return None
         del self.cached_blocks[block_hash]
         self.block_hash[block_id] = self.parent_hash[block_id] = self.block_token_ids[block_id] = None
-        self.stats.evictions += 1
+        self.num_evictions += 1
         return block_hash
 
     def entries(self) -> dict[int, tuple[str, str | None]]:

@@ -34,7 +34,8 @@ Which part of the batch comes first is ``schedule_first``, the one place where v
 
 The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/core/sequence.py``):
 a group's sequences decode together, a preemption frees or swaps all of them, and it is finished as
-a whole. A one-sequence request is its own group.
+a whole. Every request is one, whether it holds one sequence or several (the simulator's lock-step
+path alone schedules a bare ``Sequence``, which answers the same interface).
 
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
@@ -45,57 +46,13 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
 
-from engine.core.kv_cache_manager import Group, KVCacheManager
-from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
-                           Event)
-from engine.core.sequence import Sequence, SequenceStatus
-
-PREEMPTION_MODES = ("recompute", "swap")
-SCHEDULE_FIRST = ("prefills", "decodes")  # vLLM v0's default (0.2 on), vLLM v1's (and the paper prototype's)
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's batch: prefills (whole prompts, or chunks of them) then decodes (one token each).
-
-    Attributes:
-        prefill_seqs: sequences prefilling this step; each computes ``num_tokens_of(seq)`` tokens.
-        decode_seqs: running sequences computing their one newest token.
-        preempted: requests (groups) preempted this step, by recompute or swap, in order.
-        blocks_to_copy: copy-on-write ``(src, dst)`` block pairs (attention blocks) to copy before
-            the forward pass, in order (vLLM's ``blocks_to_copy``).
-        num_scheduled_tokens: seq_id -> tokens a prefill computes this step (vLLM v1's name): its
-            whole remaining prompt, or a chunk with chunked prefill.
-        swapped_out, swapped_in: requests swapped out to / back in from the CPU pool this step.
-        blocks_to_swap_out: ``(gpu_block, cpu_block)`` copies to run first, before any other copy
-            or write of the step; blocks_to_swap_in: ``(cpu_block, gpu_block)`` copies, next.
-    """
-
-    prefill_seqs: list[Sequence] = field(default_factory=list)
-    decode_seqs: list[Sequence] = field(default_factory=list)
-    preempted: list[Group] = field(default_factory=list)
-    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
-    num_scheduled_tokens: dict[int, int] = field(default_factory=dict)
-    swapped_out: list[Group] = field(default_factory=list)
-    swapped_in: list[Group] = field(default_factory=list)
-    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
-    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefill_seqs and not self.decode_seqs
-
-    @property
-    def phase(self) -> str:
-        if self.prefill_seqs and self.decode_seqs:
-            return "mixed"
-        return "prefill" if self.prefill_seqs else "decode" if self.decode_seqs else "idle"
-
-    def num_tokens_of(self, seq: Sequence) -> int:
-        """Tokens ``seq`` computes this step (before :meth:`Scheduler.update_from_output`)."""
-        return self.num_scheduled_tokens.get(seq.seq_id, seq.num_new_tokens)
+from engine.config import PREEMPTION_MODES, SCHEDULE_FIRST, check_schedule_first  # noqa: F401 (also read from here)
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.prefix_cache import PrefixCacheStats
+from engine.core.scheduler_output import SchedulerOutput
+from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 class Scheduler:
@@ -112,8 +69,12 @@ class Scheduler:
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
 
-    Invariants: ``running`` is in admission order (oldest first); a request (a sequence group, or
-    a one-sequence request) is in exactly one of ``waiting``, ``running``, ``swapped``, or none
+    Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
+    blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
+    sets ``num_computed_tokens`` and counts queries and hits in ``prefix_cache_stats``.
+
+    Invariants: ``running`` is in admission order (oldest first); a request (a sequence group) is
+    in exactly one of ``waiting``, ``running``, ``swapped``, or none
     (finished). ``swapped`` is in arrival order. With chunked prefill at most one running request
     is a partial prefill, the newest.
 
@@ -136,17 +97,17 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.enable_chunked_prefill = enable_chunked_prefill
         self.schedule_first = schedule_first
-        self.waiting: deque[Group] = deque()
-        self.running: list[Group] = []
-        self.swapped: list[Group] = []
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
         self.num_swap_fallbacks = 0  # swap preemptions that had to recompute: the CPU pool was full
-        self.events = kv_manager.events  # one ordered log: the allocator's and the scheduler's events
+        # Prefix caching: tokens looked up and found at admissions (evictions: the allocator's).
+        self.prefix_cache_stats = PrefixCacheStats() if kv_manager.enable_caching else None
+        self.events = kv_manager.events  # one ordered log (engine/core/events.py): the allocator's and the scheduler's
 
-    def add(self, seq: Group) -> None:
-        seq.status = SequenceStatus.WAITING
-        for s in seq.unfinished_seqs():
-            s.status = SequenceStatus.WAITING
-        self.waiting.append(seq)
+    def add(self, group: SequenceGroup) -> None:
+        self._set_status(group, SequenceStatus.WAITING)
+        self.waiting.append(group)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
@@ -181,22 +142,22 @@ class Scheduler:
         self.kv.cache_blocks(seqs)  # their KV is written now: hashed before anyone frees them
         return ready
 
-    def finish(self, seq: Group, reason: str) -> None:
+    def finish(self, group: SequenceGroup, reason: str) -> None:
         """Take a request out of the running set (or a queue) and free its KV cache (every
-        unfinished sequence of a group; a swapped-out one's CPU blocks)."""
-        if seq in self.running:
-            self.running.remove(seq)
-            self._release(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq in self.swapped:
-            self.swapped.remove(seq)
-            self.kv.free_swapped(seq)
-        for s in seq.unfinished_seqs():
+        unfinished sequence; a swapped-out one's CPU blocks)."""
+        if group in self.running:
+            self.running.remove(group)
+            self._release(group)
+        elif group in self.waiting:
+            self.waiting.remove(group)
+        elif group in self.swapped:
+            self.swapped.remove(group)
+            self.kv.free_swapped(group)
+        for s in group.unfinished_seqs():
             s.status = SequenceStatus.FINISHED
             s.finish_reason = s.finish_reason or reason
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason
+        group.status = SequenceStatus.FINISHED
+        group.finish_reason = reason
 
     def finish_seq(self, seq: Sequence, reason: str) -> None:
         """One sequence of a running group is done (a sample hit EOS, a beam was pruned or
@@ -214,7 +175,8 @@ class Scheduler:
         """Undo a step that failed before its tokens were produced: its requests go back to the head
         of the queue, in first-come-first-served order, with their KV freed (they will be recomputed).
         Requests it swapped out are recomputed too: their copies may not have run."""
-        groups = list(dict.fromkeys(self._group_of(s) for s in batch.decode_seqs + batch.prefill_seqs))
+        scheduled = {id(s) for s in batch.decode_seqs + batch.prefill_seqs}
+        groups = [g for g in self.running if any(id(s) in scheduled for s in g.seqs)]
         for group in batch.swapped_out:
             if group in self.swapped:
                 self.swapped.remove(group)
@@ -252,14 +214,14 @@ class Scheduler:
         self.running = [g for g in self.running if id(g) not in preempted]
         return budget
 
-    def _has_room(self, group: Group, chunk: int) -> bool:
+    def _has_room(self, group: SequenceGroup, chunk: int) -> bool:
         """Can the pool give a running group this step's memory: ``chunk`` more prompt tokens, or
         (0) one decode slot per sequence?"""
         if chunk:
             return self.kv.can_allocate_slots(group.unfinished_seqs()[0], chunk)
         return self.kv.can_append_slots(group)
 
-    def _run(self, group: Group, out: SchedulerOutput, chunk: int) -> int:
+    def _run(self, group: SequenceGroup, out: SchedulerOutput, chunk: int) -> int:
         """Put a running group in the batch: ``chunk`` tokens of its prompt, or (0) one decode per
         sequence. Returns the tokens it computes."""
         if chunk:
@@ -292,7 +254,8 @@ class Scheduler:
     def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             group = self.waiting[0]
-            num_tokens = self.kv.num_prefill_tokens(group)
+            computed = self.kv.get_computed_blocks(group) if self.kv.enable_caching else _NO_HIT  # once per admission
+            num_tokens = self.kv.num_prefill_tokens(group, computed[0])
             # A group re-prefilling several sequences is never chunked (they share its prompt
             # blocks in one pass); a one-sequence prompt is, to what is left of the budget.
             chunk = min(num_tokens, budget) if self.enable_chunked_prefill and len(group.unfinished_seqs()) == 1 else None
@@ -301,11 +264,11 @@ class Scheduler:
             # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
             # A group re-prefilling more than the budget still runs when it would run alone.
             alone = not self.running and not out.prefill_seqs
-            too_long = chunk is None and num_tokens > budget and not (group.is_group and alone)
-            if too_long or not self.kv.can_allocate(group, chunk):
+            too_long = chunk is None and num_tokens > budget and not (len(group.unfinished_seqs()) > 1 and alone)
+            if too_long or not self.kv.can_allocate(group, chunk, computed[0]):
                 break
             self.waiting.popleft()
-            self._admit(group, chunk)
+            self._admit(group, chunk, computed)
             self._set_status(group, SequenceStatus.RUNNING)
             self.running.append(group)
             for seq in group.unfinished_seqs():
@@ -314,16 +277,28 @@ class Scheduler:
                     out.num_scheduled_tokens[seq.seq_id] = chunk
             budget -= num_tokens if chunk is None else chunk
 
-    def _admit(self, group: Group, chunk: int | None = None) -> None:
-        self.kv.allocate(group, chunk)
+    def _admit(self, group: SequenceGroup, chunk: int | None = None, computed: tuple[list[int], int] = ([], 0)) -> None:
+        """Allocate an admitted group's KV, its prefix-cache hit first: its first sequence starts
+        with ``computed``'s tokens computed (vLLM v1: the scheduler owns ``num_computed_tokens``)."""
+        blocks, num_computed = computed
+        self.kv.allocate(group, chunk, blocks)
+        first = group.unfinished_seqs()[0]
+        first.num_computed_tokens = num_computed
+        stats = self.prefix_cache_stats
+        if stats is None:
+            return
+        if group.num_preemptions:  # a re-prefill hits its own blocks: counted apart (vllm-project/vllm#25780)
+            stats.preempted_queries += first.num_tokens
+            stats.preempted_hits += num_computed
+        else:
+            stats.queries += first.num_tokens
+            stats.hits += num_computed
+            first.num_prefix_hit_tokens = num_computed
 
     # --- Preemption (§4.5) ---------------------------------------------------------------------
 
-    def _preempt(self, group: Group, out: SchedulerOutput) -> None:
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         group.num_preemptions += 1
-        if group.is_group:
-            for seq in group.unfinished_seqs():
-                seq.num_preemptions += 1
         out.preempted.append(group)
         detail = PREEMPTED_BY_RECOMPUTE
         if self.preemption_mode == "swap":
@@ -335,19 +310,19 @@ class Scheduler:
             else:
                 detail = RECOMPUTE_CPU_POOL_FULL
                 self.num_swap_fallbacks += 1
-        self.events.append(Event(PREEMPT, group.request_id, detail=detail))
+        self.events.emit(PREEMPT, group.request_id, detail=detail)
         self._release(group)
         self._reset(group)
         self.waiting.appendleft(group)
 
-    def _swap_out(self, group: Group, out: SchedulerOutput) -> None:
-        self.events.append(Event(PREEMPT, group.request_id, detail=PREEMPTED_BY_SWAP))
+    def _swap_out(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        self.events.emit(PREEMPT, group.request_id, detail=PREEMPTED_BY_SWAP)
         out.blocks_to_swap_out += self.kv.swap_out(group)
         out.swapped_out.append(group)
         self._set_status(group, SequenceStatus.SWAPPED)
         bisect.insort(self.swapped, group, key=_arrival)
 
-    def _reset(self, group: Group) -> None:
+    def _reset(self, group: SequenceGroup) -> None:
         """Back to waiting with nothing cached: recompute prefills every token again."""
         group.status = SequenceStatus.WAITING
         for seq in group.unfinished_seqs():
@@ -355,31 +330,24 @@ class Scheduler:
             seq.is_prefill = True
             seq.status = SequenceStatus.WAITING
 
-    def _release(self, group: Group) -> None:
+    def _release(self, group: SequenceGroup) -> None:
         """Free a running request's memory (it has just left ``running``)."""
         for seq in group.unfinished_seqs():
             self.kv.free(seq)
-        if group.is_group:
-            self.kv.free_group(group)
+        self.kv.free_group(group)
 
     # --- Helpers -------------------------------------------------------------------------------
 
-    def _is_prefilling(self, group: Group) -> bool:
+    def _is_prefilling(self, group: SequenceGroup) -> bool:
         """A running request whose prompt is not all computed yet (chunked prefill only: without
         it every running request decodes)."""
         return self.enable_chunked_prefill and group.unfinished_seqs()[0].is_prefill
 
     @staticmethod
-    def _set_status(group: Group, status: SequenceStatus) -> None:
+    def _set_status(group: SequenceGroup, status: SequenceStatus) -> None:
         group.status = status
         for seq in group.unfinished_seqs():
             seq.status = status
-
-    def _group_of(self, seq: Sequence) -> Group:
-        for group in self.running:
-            if seq in group.seqs:
-                return group
-        return seq
 
     def _could_admit(self) -> bool:
         """Would the head of the queue be admitted if the next step had no preemption?"""
@@ -390,15 +358,8 @@ class Scheduler:
         return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
 
 
-def check_schedule_first(schedule_first: str, enable_chunked_prefill: bool) -> None:
-    """Raise ValueError, naming the field, unless ``schedule_first`` is one of ``SCHEDULE_FIRST`` and
-    fits the prefill mode (the prefill-first rule schedules whole prompts)."""
-    if schedule_first not in SCHEDULE_FIRST:
-        raise ValueError(f"schedule_first must be one of {', '.join(SCHEDULE_FIRST)}; got {schedule_first!r}")
-    if schedule_first == "prefills" and enable_chunked_prefill:
-        raise ValueError("schedule_first='prefills' (vLLM v0's scheduler) prefills whole prompts; chunked prefill "
-                         "schedules decodes first: use schedule_first='decodes' with enable_chunked_prefill")
+_NO_HIT: tuple[list[int], int] = ([], 0)  # no prefix caching: nothing is ever found computed
 
 
-def _arrival(group: Group) -> tuple[float, int]:
+def _arrival(group: SequenceGroup) -> tuple[float, int]:
     return group.arrival_time, group.request_id

@@ -5,18 +5,24 @@ A *request* owns one or more *sequences* that share its prompt: one for ordinary
 for parallel sampling, ``beam_width`` live beams for beam search (PagedAttention paper §4.4). The
 *sequence group* is what the scheduler schedules, preempts and frees as a unit (§4.5).
 
-A request of one sequence is its own group: :class:`Sequence` answers the group interface
-(``request_id``, ``unfinished_seqs()``, ``num_preemptions``) itself, so the scheduler, the
-simulator's lock-step path and every caller of a one-sequence request see a plain ``Sequence``
-exactly as before groups existed. :class:`SequenceGroup` holds several.
+Every request is a :class:`SequenceGroup`, as in vLLM v0: the scheduler, the KV managers and the
+engine see one shape, whether it holds one sequence or several. The one exception is the
+simulator's lock-step path (``engine/sim/simulator.py``), which schedules a one-sequence request as
+its bare :class:`Sequence` to save a group object per request over 100,000 of them: a ``Sequence``
+answers the group interface the scheduler and the allocators read (``seqs``, ``unfinished_seqs()``,
+``num_samples``, ``num_preemptions``, ``status``).
+
+:func:`fork_samples` forks a group's samples after its prompt's one prefill; the engine, the
+simulator and the tests all fork through it.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Callable
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import BeamSearchParams, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -52,8 +58,8 @@ class Sequence:
             and beams).
         block_hashes: prefix caching: the hash chain of its full blocks computed so far (vLLM's
             ``Request.block_hashes``; ``engine/core/prefix_cache.py``).
-        num_cached_tokens: prefix caching: prompt tokens found cached at its first prefill (vLLM's
-            ``RequestOutput.num_cached_tokens``).
+        num_prefix_hit_tokens: prefix caching: prompt tokens found cached at its first prefill
+            (reported as vLLM's ``RequestOutput.num_cached_tokens``).
         is_prefill: True until every token of its (re)prefill is computed (vLLM v0's
             ``SequenceStage.PREFILL``). With chunked prefill a prompt spans several steps, and the
             scheduler tells a partial prefill from a decode by it; ``Scheduler.update_from_output``
@@ -77,7 +83,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     output_logprobs: list[float] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
-    num_cached_tokens: int = 0
+    num_prefix_hit_tokens: int = 0
     is_prefill: bool = True
 
     def __post_init__(self) -> None:
@@ -86,7 +92,7 @@ class Sequence:
         if self.seq_id is None:
             self.seq_id = self.request_id
 
-    # --- The group interface: a one-sequence request is its own group -----------------------------
+    # --- The group interface, for the simulator's lock-step path (module docstring) ---------------
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -96,8 +102,8 @@ class Sequence:
         return [self]
 
     @property
-    def is_group(self) -> bool:
-        return False
+    def num_samples(self) -> int:
+        return 1
 
     @property
     def num_output_tokens(self) -> int:
@@ -129,7 +135,7 @@ class Sequence:
             num_tokens=self.num_tokens, num_computed_tokens=self.num_computed_tokens,
             num_preemptions=self.num_preemptions, cumulative_logprob=self.cumulative_logprob,
             output_logprobs=list(self.output_logprobs), block_hashes=list(self.block_hashes),
-            num_cached_tokens=self.num_cached_tokens, is_prefill=self.is_prefill,
+            num_prefix_hit_tokens=self.num_prefix_hit_tokens, is_prefill=self.is_prefill,
         )
 
 
@@ -148,24 +154,25 @@ class SequenceGroup:
             beam search: the live beams of this step.
         sampling_params: the request's :class:`~engine.SamplingParams` (``n`` samples), or the
             stopping rules derived from its :class:`~engine.BeamSearchParams`.
-        beam_search: the beam-search parameters, or None for parallel sampling.
-        finished_beams: beam search: finished hypotheses as ``(score, Sequence)``.
+        beam_search: the beam-search parameters, or None (one sequence, or parallel sampling).
+        finished_beams: beam search: the finished hypotheses so far, best first (at most beam_width).
         status, num_preemptions, finish_reason, arrival_time: of the whole request.
     """
 
     request_id: int
     seqs: list[Sequence]
-    sampling_params: SamplingParams
-    beam_search: object | None = None
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    beam_search: BeamSearchParams | None = None
     arrival_time: float = 0.0
     status: SequenceStatus = SequenceStatus.WAITING
     num_preemptions: int = 0
     finish_reason: str | None = None
-    finished_beams: list = field(default_factory=list)
+    finished_beams: list[FinishedBeam] = field(default_factory=list)
 
     @property
-    def is_group(self) -> bool:
-        return True
+    def is_single(self) -> bool:
+        """One sequence for good: neither parallel sampling (``n > 1``) nor beam search."""
+        return self.beam_search is None and self.sampling_params.n == 1
 
     @property
     def num_samples(self) -> int:
@@ -184,3 +191,34 @@ class SequenceGroup:
         """Tokens the next step computes for the whole group (an upper bound at re-prefill, where
         the allocator shares the full prompt blocks and the others start after them)."""
         return sum(s.num_new_tokens for s in self.unfinished_seqs())
+
+
+@dataclass(frozen=True)
+class FinishedBeam:
+    """A finished beam-search hypothesis: its output tokens, cumulative logprob and
+    length-penalised score (``engine/core/beam_search.py`` ranks them)."""
+
+    token_ids: list[int]
+    cumulative_logprob: float
+    score: float
+
+
+def fork_samples(group: SequenceGroup, fork: Callable[[Sequence, Sequence], None], new_seq_id: Callable[[], int]) -> list[Sequence]:
+    """After the prompt's one prefill: fork the group's other samples from its first sequence
+    (parallel sampling, and the simulator's first beams; paper §4.4, Figure 8).
+
+    Each child copies the first sequence's tokens and block table, and ``fork(parent, child)``
+    (``Scheduler.fork``) makes the KV allocator share its blocks (refcount + 1). Children get
+    indexes ``len(group.seqs) .. num_samples - 1`` and ids from ``new_seq_id()``, in index order.
+
+    Returns:
+        The new sequences, in index order (empty when the group is already forked).
+    """
+    parent = group.seqs[0]
+    children = []
+    for index in range(len(group.seqs), group.num_samples):
+        child = parent.fork(new_seq_id(), index)
+        fork(parent, child)
+        group.seqs.append(child)
+        children.append(child)
+    return children

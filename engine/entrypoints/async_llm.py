@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 
 from engine.llm_engine import LLMEngine
+from engine.output_processor import RequestDelta
 from engine.core.prefix_cache import PrefixCacheStats
-from engine.report import RequestOutput, StepReport
+from engine.report import StepReport
 from engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("engine.serve")
@@ -25,33 +26,6 @@ logger = logging.getLogger("engine.serve")
 
 class EngineStopping(RuntimeError):
     """The engine is shutting down and takes no new request (HTTP 503)."""
-
-
-@dataclass
-class RequestDelta:
-    """What one engine step gave one request (vLLM's ``RequestOutputKind.DELTA``).
-
-    Attributes:
-        texts: choice index (the sample index, 0..n-1) -> the text that step added to that choice,
-            a true delta: joining a choice's texts over all deltas gives its final text.
-        num_new_tokens: tokens the step added over all the request's sequences.
-        finish_reasons: choice index -> finish reason ("stop", "length", "abort", "error") of the
-            choices that finished this step.
-        output: the request's final :class:`~engine.RequestOutput`, in its last delta; else None.
-        error: the request failed ("TypeError: ..."): its own part of a step, or the whole step; else None.
-    """
-
-    texts: dict[int, str] = field(default_factory=dict)
-    num_new_tokens: int = 0
-    finish_reasons: dict[int, str] = field(default_factory=dict)
-    output: RequestOutput | None = None
-    error: str | None = None
-    aborted: bool = False
-
-    @property
-    def finished(self) -> bool:
-        """The last delta of its request: it finished, failed or was aborted."""
-        return self.output is not None or self.error is not None or self.aborted
 
 
 @dataclass(frozen=True)
@@ -281,25 +255,7 @@ class AsyncLLM:
                 engine.abort_request(request_id)
                 engine.take_output(request_id)
             return _StepResult(None, {}, self._snapshot(None), f"{type(error).__name__}: {error}", failed)
-        deltas: dict[int, RequestDelta] = {}
-        touched = set(report.seq_new_text) | set(report.seq_finished) | set(report.finished)
-        for request_id in touched:
-            request = engine.requests.get(request_id)
-            if request is None:
-                continue
-            index_of = {seq.seq_id: seq.index for seq in request.seqs}
-            texts = report.seq_new_text.get(request_id, {})
-            delta = RequestDelta(
-                texts={index_of[sid]: text for sid, text in texts.items()},
-                num_new_tokens=len(texts),
-                finish_reasons={index_of[sid]: reason for sid, reason in report.seq_finished.get(request_id, {}).items()},
-            )
-            if request_id in report.finished:
-                delta.output = engine.take_output(request_id)
-                delta.error = delta.output.error
-                for completion in delta.output.outputs:
-                    delta.finish_reasons.setdefault(completion.index, completion.finish_reason)
-            deltas[request_id] = delta
+        deltas = engine.output_processor.stream_deltas(report)  # finished requests' outputs taken
         return _StepResult(report, deltas, self._snapshot(report))
 
     def _snapshot(self, report: StepReport | None) -> EngineSnapshot:

@@ -53,10 +53,9 @@ import torch
 import transformers
 from tqdm import tqdm
 
+from engine.config import DEFAULT_MODEL  # noqa: F401 (read as model_loader.DEFAULT_MODEL too)
 from engine.user_cache import CACHE_ENV_VAR, cache_dir  # noqa: F401 (CACHE_ENV_VAR: read as model_loader.CACHE_ENV_VAR too)
 
-
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 # Where the default model's GGUF comes from, and the SHA-256 it must have.

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from engine import config
 from engine.cpu import huge_pages, ops as cpu_ops
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               write_kv_cache)
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.model_executor.model import AttentionBackend, AttentionMetadata, CausalLM
-from engine.report import WRITE, Event
 from engine.core.scheduler import SchedulerOutput
 
 TORCH_BACKEND = AttentionBackend(
@@ -37,8 +37,9 @@ def triton_backend() -> AttentionBackend:
 
 
 def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes of one token's K and V over all layers: 2 * layers * kv_heads * head_dim * element size."""
-    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    """Bytes of one token's K and V over all layers: 2 * layers * kv_heads * head_dim * element size
+    (``engine.config.kv_bytes_per_slot``)."""
+    return config.kv_bytes_per_slot(num_layers, num_kv_heads, head_dim, torch.empty((), dtype=dtype).element_size())
 
 
 class ModelRunner:
@@ -88,8 +89,8 @@ class ModelRunner:
             return self.kv_caches
         return [(k.view(-1, attention_block_size, *k.shape[2:]), v.view(-1, attention_block_size, *v.shape[2:])) for k, v in self.kv_caches]
 
-    def prepare(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]):
-        """Flat inputs for the batch, prefills first. Appends a WRITE event per token to ``events``.
+    def prepare(self, batch: SchedulerOutput, kv: KVCacheManager):
+        """Flat inputs for the batch, prefills first.
 
         Returns:
             (input_ids ``[num_tokens]`` int64, positions ``[num_tokens]`` int64, AttentionMetadata,
@@ -99,13 +100,9 @@ class ModelRunner:
         for seq in batch.prefill_seqs + batch.decode_seqs:
             start = seq.num_computed_tokens
             end = start + batch.num_tokens_of(seq)  # a chunk of a prompt ends before num_tokens
-            seq_slots = kv.slot_mapping(seq, start, end)
             input_ids += seq.token_ids[start:end]
             positions += range(start, end)
-            slots += seq_slots
-            for pos, slot in zip(range(start, end), seq_slots):
-                block_id = slot // kv.block_size
-                events.append(Event(WRITE, seq.request_id, block_id=block_id, slot=slot, position=pos))
+            slots += kv.slot_mapping(seq, start, end)
         lens = [batch.num_tokens_of(seq) for seq in batch.prefill_seqs]
         dev = self.device
         meta = AttentionMetadata(
@@ -129,12 +126,12 @@ class ModelRunner:
         return ids, pos, meta, last
 
     @torch.inference_mode()
-    def execute(self, batch: SchedulerOutput, kv: KVCacheManager, events: list[Event]) -> torch.Tensor:
+    def execute(self, batch: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
         """Run the model on the batch; returns next-token logits ``[num_seqs, vocab_size]`` fp32.
         The step's copy-on-write block copies (``batch.blocks_to_copy``) run first, in every layer."""
         if batch.blocks_to_copy:
             self.copy_blocks(batch.blocks_to_copy, kv.attention_block_size)
-        ids, pos, meta, last = self.prepare(batch, kv, events)
+        ids, pos, meta, last = self.prepare(batch, kv)
         hidden = self.model(ids, pos, self.caches_for(kv.attention_block_size), meta)
         # Decode tokens only: one row per sequence, in order, so every row is a last one (no copy).
         return self.model.compute_logits(hidden if meta.num_prefill_tokens == 0 else hidden[last])

@@ -47,16 +47,18 @@ from tqdm import tqdm
 from engine.core.accounting import CATEGORIES, in_use_shares
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.block_manager import PagedBlockManager
-from engine.baselines.contiguous import PLACEMENTS, RESERVATIONS, ContiguousAllocator
+from engine.core.events import NullEventLog
+from engine.baselines.contiguous import ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.core.scheduler import PREEMPTION_MODES, SCHEDULE_FIRST, Scheduler, SchedulerOutput, check_schedule_first
+from engine.config import (ALLOCATORS, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, SCHEDULE_FIRST, default_max_num_batched_tokens,
+                           kv_bytes_per_slot)
+from engine.core.scheduler import Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim.clock import SimClock, resolve_cost_model
 from engine.baselines.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
-from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.sequence import Sequence, SequenceGroup, fork_samples
 from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
-ALLOCATORS = ("paged", "contiguous")
 
 
 @dataclass
@@ -313,13 +315,14 @@ class SimulationResult:
 
 
 def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
-    """The allocator the config names, over ``kv_slots // block_size`` blocks."""
+    """The allocator the config names, over ``kv_slots // block_size`` blocks. Its events go
+    nowhere: on 100,000 requests they would be millions of objects nobody reads."""
     num_blocks = cfg.kv_slots // cfg.block_size
     if cfg.allocator == "paged":
         num_cpu_blocks = (cfg.kv_slots if cfg.swap_slots is None else cfg.swap_slots) // cfg.block_size if cfg.preemption_mode == "swap" else 0
         return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.shared_prefix > 0,
-                                 num_cpu_blocks=num_cpu_blocks)
-    return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len)
+                                 num_cpu_blocks=num_cpu_blocks, events=NullEventLog())
+    return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len, events=NullEventLog())
 
 
 class LockstepScheduler(Scheduler):
@@ -339,10 +342,10 @@ class LockstepScheduler(Scheduler):
     """
 
     def add(self, seq: Sequence) -> None:
-        assert not seq.is_group, "lock-step mode serves one-sequence requests only"
+        assert isinstance(seq, Sequence), "lock-step mode serves one-sequence requests, as bare sequences"
         super().add(seq)
 
-    def _admit(self, seq: Sequence, chunk: int | None = None) -> None:
+    def _admit(self, seq: Sequence, chunk: int | None = None, computed=None) -> None:
         assert chunk is None, "lock-step mode does not chunk prefills"
         self._lockstep_admit(seq)
 
@@ -504,9 +507,8 @@ class _Run:
     def __init__(self, cfg: SimulationConfig, requests: list[Request]):
         self.cfg = cfg
         self.kv = make_kv_manager(cfg)
-        self.kv.record_events = False  # millions of block events nobody reads (see KVCacheManager)
-        default_budget = max(512, cfg.max_num_seqs) if cfg.enable_chunked_prefill else max(2048, cfg.max_model_len)
-        max_batched = cfg.max_num_batched_tokens or default_budget
+        max_batched = cfg.max_num_batched_tokens or default_max_num_batched_tokens(cfg.enable_chunked_prefill, cfg.max_num_seqs,
+                                                                                    cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one policy only:
         # one-sequence requests, recompute, whole prompts, no prefix caching.
         self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
@@ -569,7 +571,7 @@ class _Run:
         while self.next_request < len(self.requests) and self.clock.has_arrived(self.next_request):
             r = self.requests[self.next_request]
             seq = self._sequence(r)
-            if self.cfg.n > 1 or self.beam is not None:
+            if not self.lockstep:  # a request is a sequence group; the lock-step path keeps the bare sequence
                 seq = SequenceGroup(self.next_request, [seq], self.sampling, beam_search=self.beam, arrival_time=r.arrival)
             self.next_request += 1
             if seq.seqs[0].max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
@@ -604,16 +606,15 @@ class _Run:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         shape = self.clock.shape_of(out)
         self._count_preemptions(out)
-        self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         ready = {id(s) for s in self.sched.update_from_output(out)}  # a partial prefill samples nothing
         self.clock.run_step(shape, [s for s in out.prefill_seqs if id(s) in ready])
         decoded = {id(s) for s in out.decode_seqs}
         for group in self.sched.running:
             if id(group.seqs[0]) not in ready:
                 continue
-            if group.is_group and len(group.seqs) < group.num_samples:  # after the prompt's one prefill
-                self._fork_samples(group)
-            elif group.is_group and group.beam_search is not None and id(group.seqs[0]) in decoded:
+            if len(group.seqs) < group.num_samples:  # after the prompt's one prefill
+                fork_samples(group, self.sched.fork, self._seq_id)
+            elif group.beam_search is not None and id(group.seqs[0]) in decoded:
                 self._branch_beams(group)
             for seq in group.unfinished_seqs():
                 seq.append_token()
@@ -632,13 +633,6 @@ class _Run:
         self.swap_ins += len(out.swapped_in)
         self.blocks_swapped_out += len(out.blocks_to_swap_out)
         self.blocks_swapped_in += len(out.blocks_to_swap_in)
-
-    def _fork_samples(self, group: SequenceGroup) -> None:
-        parent = group.seqs[0]
-        for index in range(1, group.num_samples):
-            child = parent.fork(self._seq_id(), index)
-            self.sched.fork(parent, child)
-            group.seqs.append(child)
 
     def _branch_beams(self, group: SequenceGroup) -> None:
         """One beam-search step of the model in ``SimulationConfig.beam_width``'s docstring."""
@@ -664,7 +658,6 @@ class _Run:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         if out.preempted:
             self._count_preemptions(out)
-            self.sched.events.clear()  # preemption events: not needed here, and they would pile up
         sums = self.sched.lockstep_usage(self._next_waiting())
         shape = self.clock.lockstep_shape(out, sums, len(self.sched.running), self.sched.last_step_decoded(out))
         self.clock.run_step(shape, out.prefill_seqs)
@@ -779,7 +772,7 @@ def _kv_slots(args: argparse.Namespace) -> int:
         if args.kv_slots is not None:
             return args.kv_slots
         return get_setup(args.cost_model).kv_slots if args.cost_model else 15_700
-    bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
+    bytes_per_slot = kv_bytes_per_slot(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype_bytes)
     if bytes_per_slot < 1:
         raise ValueError("model dimensions must be positive to turn --kv-bytes into slots")
     return args.kv_bytes // bytes_per_slot
@@ -791,7 +784,7 @@ def _swap_slots(args: argparse.Namespace) -> int | None:
         return None
     if args.swap_space <= 0:
         raise ValueError(f"--swap-space must be > 0 GiB, got {args.swap_space}")
-    bytes_per_slot = 2 * args.num_layers * args.num_kv_heads * args.head_dim * args.dtype_bytes
+    bytes_per_slot = kv_bytes_per_slot(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype_bytes)
     return int(args.swap_space * 2**30) // bytes_per_slot
 
 

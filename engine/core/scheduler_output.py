@@ -1,0 +1,50 @@
+"""What one scheduler step hands the model runner: the batch and the block copies to run first
+(vLLM v1's ``vllm/v1/core/sched/output.py``, v0's ``SchedulerOutputs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.core.sequence import Sequence, SequenceGroup
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's batch: prefills (whole prompts, or chunks of them) then decodes (one token each).
+
+    Attributes:
+        prefill_seqs: sequences prefilling this step; each computes ``num_tokens_of(seq)`` tokens.
+        decode_seqs: running sequences computing their one newest token.
+        preempted: requests (groups) preempted this step, by recompute or swap, in order.
+        blocks_to_copy: copy-on-write ``(src, dst)`` block pairs (attention blocks) to copy before
+            the forward pass, in order (vLLM's ``blocks_to_copy``).
+        num_scheduled_tokens: seq_id -> tokens a prefill computes this step (vLLM v1's name): its
+            whole remaining prompt, or a chunk with chunked prefill.
+        swapped_out, swapped_in: requests swapped out to / back in from the CPU pool this step.
+        blocks_to_swap_out: ``(gpu_block, cpu_block)`` copies to run first, before any other copy
+            or write of the step; blocks_to_swap_in: ``(cpu_block, gpu_block)`` copies, next.
+    """
+
+    prefill_seqs: list[Sequence] = field(default_factory=list)
+    decode_seqs: list[Sequence] = field(default_factory=list)
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    num_scheduled_tokens: dict[int, int] = field(default_factory=dict)
+    swapped_out: list[SequenceGroup] = field(default_factory=list)
+    swapped_in: list[SequenceGroup] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill_seqs and not self.decode_seqs
+
+    @property
+    def phase(self) -> str:
+        if self.prefill_seqs and self.decode_seqs:
+            return "mixed"
+        return "prefill" if self.prefill_seqs else "decode" if self.decode_seqs else "idle"
+
+    def num_tokens_of(self, seq: Sequence) -> int:
+        """Tokens ``seq`` computes this step (before :meth:`Scheduler.update_from_output`)."""
+        return self.num_scheduled_tokens.get(seq.seq_id, seq.num_new_tokens)
