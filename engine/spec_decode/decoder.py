@@ -30,7 +30,8 @@ from engine.core.block_manager import PagedBlockManager
 from engine.core.sequence import Sequence
 from engine.model_executor.model import AttentionMetadata
 from engine.model_executor.model_runner import ModelRunner
-from engine.report import WRITE, Event
+from engine.core.events import EventLog
+from engine.report import SPEC_ACCEPT, SPEC_PROPOSE, SPEC_REJECT, WRITE, SpecDecodeOutput
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_layers import EarlyExitDrafter
 from engine.spec_decode.ngram import NgramProposer
@@ -98,8 +99,8 @@ class SpeculativeDecoder:
         max_model_len: the engine's longest request.
     """
 
-    def __init__(self, config: SpeculativeConfig, runner: ModelRunner, kv: PagedBlockManager, max_model_len: int):
-        self.config, self.runner, self.kv, self.max_model_len = config, runner, kv, max_model_len
+    def __init__(self, config: SpeculativeConfig, runner: ModelRunner, kv: PagedBlockManager, max_model_len: int, events: EventLog):
+        self.config, self.runner, self.kv, self.max_model_len, self.events = config, runner, kv, max_model_len, events
         self.k = config.num_speculative_tokens
         if config.method == "ngram":
             self.ngram = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max, self.k, max_model_len)
@@ -116,8 +117,18 @@ class SpeculativeDecoder:
         return max(0, min(self.k, seq.max_len - seq.num_tokens - 1))
 
     def propose(self, seqs: list[Sequence]) -> dict[int, Proposal]:
-        """Drafts and tentative slots for decoding ``seqs`` (after the step's swaps and copies).
-        Returns seq_id -> :class:`Proposal` for the sequences that got at least one draft."""
+        """Drafts and tentative slots for decoding ``seqs`` (after the step's swaps and copies), a
+        SPEC_PROPOSE event per draft. Returns seq_id -> :class:`Proposal` for the sequences that got
+        at least one draft."""
+        proposals = self._propose(seqs)
+        for seq in seqs:
+            proposal = proposals.get(seq.seq_id)
+            for i, (token, slot) in enumerate(zip(proposal.draft_token_ids, proposal.slots) if proposal else ()):
+                self.events.emit(SPEC_PROPOSE, seq.request_id, block_id=slot // self.kv.block_size, slot=slot,
+                                 position=proposal.start + i, seq_id=seq.seq_id, detail=f"draft token {token}")
+        return proposals
+
+    def _propose(self, seqs: list[Sequence]) -> dict[int, Proposal]:
         kv = self.kv
         proposals: dict[int, Proposal] = {}
         if self.ngram is not None:
@@ -139,7 +150,7 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def execute(self, prefill_seqs: list[Sequence], num_tokens_of, decode_seqs: list[Sequence],
-                proposals: dict[int, Proposal], events: list[Event]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+                proposals: dict[int, Proposal]) -> tuple[torch.Tensor, list[tuple[int, int]]]:
         """The step's forward pass with speculation: prefills (or chunks), then each speculating
         decode as a chunk of 1 + drafts tokens over its paged context, then the plain decodes.
 
@@ -147,7 +158,8 @@ class SpeculativeDecoder:
             prefill_seqs, decode_seqs: the scheduler's batch.
             num_tokens_of: ``SchedulerOutput.num_tokens_of``.
             proposals: from :meth:`propose`.
-            events: WRITE events are appended, one per token (drafts' slots included).
+
+        A WRITE event per token (the drafts' included) is emitted once the pass has run.
 
         Returns:
             (logits ``[rows, vocab_size]`` fp32, per sequence of ``prefill_seqs + decode_seqs`` in
@@ -163,7 +175,7 @@ class SpeculativeDecoder:
             chunks.append((seq, seq.token_ids[start : start + num_tokens_of(seq)], start))
         for seq in speculating:
             chunks.append((seq, [seq.token_ids[-1]] + proposals[seq.seq_id].draft_token_ids, seq.num_tokens - 1))
-        input_ids, positions, slots, lens = [], [], [], []
+        input_ids, positions, slots, lens, writes = [], [], [], [], []
         for seq, ids, start in chunks + [(s, [s.token_ids[-1]], s.num_tokens - 1) for s in plain]:
             end = start + len(ids)
             seq_slots = kv.slot_mapping(seq, start, end)
@@ -171,8 +183,7 @@ class SpeculativeDecoder:
             positions += range(start, end)
             slots += seq_slots
             lens.append(len(ids))
-            for pos, slot in zip(range(start, end), seq_slots):
-                events.append(Event(WRITE, seq.request_id, block_id=slot // kv.block_size, slot=slot, position=pos, seq_id=seq.seq_id))
+            writes += [(seq, pos, slot) for pos, slot in zip(range(start, end), seq_slots)]
         chunk_lens = lens[: len(chunks)]
         dev = runner.device
         tables = lambda seqs: runner._block_tables(seqs, kv)  # noqa: E731
@@ -191,6 +202,8 @@ class SpeculativeDecoder:
         ids = torch.tensor(input_ids, dtype=torch.int64, device=dev)
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         hidden = runner.model(ids, pos, runner.caches_for(kv.attention_block_size), meta)
+        for seq, position, slot in writes:
+            self.events.emit(WRITE, seq.request_id, block_id=slot // kv.block_size, slot=slot, position=position)
         # Rows wanted, in the engine's order (prefills, then decodes): a chunk's last row, or all of a speculation's.
         ends = _cumsum(lens)
         where = {id(seq): (end - n, n) for (seq, _, _), end, n in zip(chunks + [(s, None, None) for s in plain], ends, lens)}
@@ -225,10 +238,30 @@ class SpeculativeDecoder:
         outcomes, self.step_outcomes = self.step_outcomes, {}
         return outcomes
 
-    def rollback(self, seq: Sequence, outcome: SpecOutcome) -> None:
+    def rollback(self, seq: Sequence, outcome: SpecOutcome, start: int, running: bool = True) -> None:
         """After the emitted tokens are appended and ``num_computed_tokens`` counts the verified
-        ones: give the rejected drafts' slots back (``outcome`` records them)."""
-        outcome.rolled_back_slots, outcome.freed_blocks = self.kv.rollback_lookahead(seq)
+        ones: SPEC_ACCEPT for the accepted drafts' slots, give the rejected drafts' slots back
+        (SPEC_REJECT each, FREE for a block left empty); ``outcome`` records them. ``start``: the
+        first draft's position. A sequence that finished this step (``running`` False) was freed
+        whole already: only the events are emitted."""
+        bs = self.kv.block_size
+        for i, slot in enumerate(outcome.tentative_slots[: outcome.accepted]):
+            self.events.emit(SPEC_ACCEPT, seq.request_id, block_id=slot // bs, slot=slot, position=start + i, seq_id=seq.seq_id,
+                             detail=f"draft token {outcome.proposed[i]}")
+        for i, slot in enumerate(outcome.tentative_slots[outcome.accepted :], start=outcome.accepted):
+            self.events.emit(SPEC_REJECT, seq.request_id, block_id=slot // bs, slot=slot, position=start + i, seq_id=seq.seq_id,
+                             detail=f"draft token {outcome.proposed[i]} rejected: slot given back")
+        if running:
+            outcome.rolled_back_slots, outcome.freed_blocks = self.kv.rollback_lookahead(seq)
+        else:
+            outcome.rolled_back_slots = list(outcome.tentative_slots[outcome.accepted :])
+
+    def report(self, seq: Sequence, outcome: SpecOutcome) -> SpecDecodeOutput:
+        """The StepReport's record of ``seq``'s speculation this step."""
+        stats = self.request_stats.get(seq.request_id, SpecStats())
+        return SpecDecodeOutput(list(outcome.proposed), outcome.accepted, list(outcome.tokens), list(outcome.tentative_slots),
+                                list(outcome.rolled_back_slots), list(outcome.freed_blocks), stats.acceptance_rate,
+                                stats.mean_accepted_length)
 
 
 def _cumsum(values: list[int]) -> list[int]:
