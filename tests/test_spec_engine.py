@@ -3,6 +3,7 @@ output identical with and without speculation, and the same as transformers' ass
 
 from __future__ import annotations
 
+import kernels  # noqa: F401  (first: it switches Triton to its CPU interpreter before anything imports Triton)
 import pytest
 import torch
 import transformers
@@ -254,3 +255,52 @@ def test_default_model_greedy_identical_and_fewer_steps(default_plain, spec):
     assert engine.spec.stats.accepted > 0
     if spec.method == "ngram":
         assert len(reports) < plain_steps * 0.7  # the copy is found: several tokens per step
+
+
+# ---- what the step report says -------------------------------------------------------------------
+
+
+def test_step_report_shows_proposals_acceptance_and_rollback(tiny_family, monkeypatch):
+    from engine.report import FREE, SPEC_ACCEPT, SPEC_PROPOSE, SPEC_REJECT
+
+    directory, loaded, prompts, expected = tiny_family
+    engine = LLMEngine(EngineConfig(model=str(directory), dtype="float64", block_size=4, num_gpu_blocks=64,
+                                    speculative_config=SpeculativeConfig("ngram", 3)), loaded_model=loaded)
+    full = prompts[0] + expected[0]
+    # Two right drafts, then a wrong one: every verification accepts 2 and rejects 1.
+    monkeypatch.setattr(engine.spec.ngram, "propose", lambda ids, k: full[len(ids) : len(ids) + 2] + [(full[len(ids) + 2] + 1) % 512]
+                        if k >= 3 and len(ids) + 3 < len(full) else [])
+    rid = engine.add_request(prompts[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    seen = 0
+    while engine.has_unfinished_requests():
+        report = engine.step()
+        if rid not in report.spec:
+            continue
+        seen += 1
+        spec = report.spec[rid]
+        assert spec.accepted == 2 and len(spec.rejected) == 1 and len(spec.emitted) == 3
+        assert report.new_token_ids[rid] == spec.emitted and spec.emitted[:2] == spec.proposed[:2]
+        assert report.spec_acceptance_rate == pytest.approx(2 / 3) and report.spec_mean_accepted_length == 3
+        kinds = {kind: [e for e in report.events if e.kind == kind] for kind in (SPEC_PROPOSE, SPEC_ACCEPT, SPEC_REJECT, FREE)}
+        assert [e.slot for e in kinds[SPEC_PROPOSE]] == spec.tentative_slots
+        assert [e.slot for e in kinds[SPEC_ACCEPT]] == spec.tentative_slots[:2]
+        assert [e.slot for e in kinds[SPEC_REJECT]] == spec.rolled_back_slots == spec.tentative_slots[2:]
+        assert [e.block_id for e in kinds[FREE]] == spec.freed_blocks
+        table = next(t for t in report.block_tables if t.request_id == rid)
+        assert len(table.block_table) == -(-engine.requests[rid].seqs[0].num_computed_tokens // 4)  # no block past the verified tokens
+    assert seen >= 4
+    assert engine.get_output(rid).token_ids == expected[0]
+    assert engine.spec.request_stats[rid].acceptance_rate == pytest.approx(2 / 3)
+
+
+def test_triton_backend_verifies_the_same(tiny_llama_dir):
+    """The verification chunk through the Triton prefill kernel (its CPU interpreter without a GPU)."""
+    loaded = load_model(str(tiny_llama_dir))
+    prompts = [[7, 8, 9, 10] * 3, [5, 6, 5, 6, 5]]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    make = lambda spec: LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float32", attention_backend="triton", block_size=4,  # noqa: E731
+                                               num_gpu_blocks=16, speculative_config=spec), loaded_model=loaded)
+    plain, _ = run(make(None), prompts, params)
+    engine = make(SpeculativeConfig("ngram", 3))
+    ours, _ = run(engine, prompts, params)
+    assert ours == plain and engine.spec.stats.verifications > 0
