@@ -19,6 +19,7 @@ _EXPORTS = {
     "LLM": "engine.llm",
     "LLMEngine": "engine.llm_engine",
     "EngineConfig": "engine.config",
+    "SpeculativeConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
     "BeamSearchParams": "engine.sampling_params",
     "StepReport": "engine.report",

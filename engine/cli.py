@@ -130,6 +130,12 @@ def _add_bench(sub) -> None:
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="automatic prefix caching on the engine and vLLM alike (default: off on both; transformers has none)")
     _add_cpu_kernels(p)
+    p.add_argument("--speculative", choices=["ngram", "draft_layers"], default=None,
+                   help="instead: the engine with and without speculative decoding, batch by batch (engine/tools/bench_spec.py)")
+    p.add_argument("--num-speculative-tokens", type=int, default=4, help="with --speculative: k draft tokens per step (default: 4)")
+    p.add_argument("--num-draft-layers", type=int, default=None,
+                   help="with --speculative draft_layers: L layers that draft (default: half the model's)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="with --speculative (default: 1 2 4 8 16); --max-tokens then caps each request at 48 tokens at most")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_bench)
 
@@ -143,6 +149,14 @@ def _add_cpu_kernels(p) -> None:
 
 
 def _bench(args) -> None:
+    if args.speculative:
+        from engine.tools.bench_spec import format_spec_bench, run_spec_bench
+
+        result = run_spec_bench(args.speculative, model=args.model, batches=tuple(args.batch_sizes), k=args.num_speculative_tokens,
+                                num_draft_layers=args.num_draft_layers, max_tokens=min(args.max_tokens, 48),
+                                block_size=args.block_size or 16, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(json.dumps(result) if args.json else format_spec_bench(result))
+        return
     from engine.tools.bench import format_result, run_bench
 
     if args.against == "vllm":

@@ -15,7 +15,7 @@ is never part of the text: it waits until the character completes (vLLM's ``deto
 does the same with its prefix and read offsets). A U+FFFD followed by more text is kept: those
 bytes were not UTF-8 and no later token changes them. A character still incomplete when the
 sequence ends is dropped. Stop strings are the engine's part: it holds back the last
-``len(longest stop) - 1`` characters while a sequence runs (see ``LLMEngine``), so that no text
+``len(longest stop) - 1`` characters while a sequence runs (see ``engine/output_processor.py``), so that no text
 that a stop string then cuts away is ever streamed.
 
 Why decode only the newest tokens: decoding the whole output every step costs O(length) per step,

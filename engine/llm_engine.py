@@ -93,6 +93,13 @@ class LLMEngine:
         self.texts: dict[int, str] = self.output_processor.texts  # per seq_id
         self.errors: dict[int, str] = self.output_processor.errors  # request_id -> "TypeError: ..." (finish reason "error")
         self.generators: dict[int, list[torch.Generator]] = {}
+        self.spec = None  # speculative decoding (engine/spec_decode/), when configured
+        self._spec_rows: dict = {}  # seq_id -> (its Proposal, its verification rows), between _execute and _sample
+        if config.speculative_config is not None:
+            from engine.spec_decode.decoder import SpeculativeDecoder
+
+            config.speculative_config.verify_for_engine(model.num_layers, self.kv.num_usable_blocks * config.block_size, self.max_model_len)
+            self.spec = SpeculativeDecoder(config.speculative_config, self.runner, self.kv, self.max_model_len, self.events)
         self.step_index = 0
         self._next_request_id = 0
 
@@ -154,6 +161,10 @@ class LLMEngine:
         seq = Sequence(request_id, len(ids), max_len=min(len(ids) + stopping.max_tokens, self.max_model_len),
                        sampling_params=stopping, token_ids=ids, seq_id=self.output_processor.next_seq_id)
         request = SequenceGroup(request_id, [seq], stopping, beam_search=beam)
+        if self.spec is not None and not request.is_single:
+            what = "beam search" if beam is not None else f"n={params.n}"
+            raise ValueError(f"speculative decoding serves one sequence per request: {what} is refused (use n=1, or an engine "
+                             "without speculative_config)")
         if not self.kv.fits_ever(request):
             what = f"prompt of {len(ids)} tokens" if request.is_single else f"{request.num_samples} sequences of up to {seq.max_len} tokens"
             raise ValueError(f"{what} can never fit in the KV pool ({self.kv.num_slots} slots)")
@@ -258,6 +269,8 @@ class LLMEngine:
         batch computed. A failure leaves the engine as if the step had never been scheduled."""
         if batch.is_empty:
             return None
+        if self.spec is not None:
+            return self._execute_speculative(batch)
         try:
             logits = self.runner.execute(batch, self.kv)
         except Exception:
@@ -270,6 +283,23 @@ class LLMEngine:
                 self.events.emit(WRITE, seq.request_id, block_id=slot // self.kv.block_size, slot=slot, position=pos)
         return logits
 
+    def _execute_speculative(self, batch: SchedulerOutput) -> torch.Tensor:
+        """The forward pass with speculative decoding (``engine/spec_decode/decoder.py``): every
+        decoding sequence gets its drafts and their lookahead slots first, and is verified over
+        1 + drafts positions in the pass. Returns one row per sequence as :meth:`_execute` does (a
+        speculating sequence's first row); all of a speculating sequence's rows wait in
+        ``self._spec_rows`` for :meth:`_sample`."""
+        try:
+            proposals = self.spec.propose(batch.decode_seqs)
+            logits, offsets = self.spec.execute(batch.prefill_seqs, batch.num_tokens_of, batch.decode_seqs, proposals)
+        except Exception:
+            self.scheduler.requeue(batch)  # frees every block of the batch, lookahead slots included
+            raise
+        seqs = batch.prefill_seqs + batch.decode_seqs
+        self._spec_rows = {seq.seq_id: (proposals[seq.seq_id], logits[first : first + n])
+                           for seq, (first, n) in zip(seqs, offsets) if seq.seq_id in proposals}
+        return logits[[first for first, _ in offsets]]
+
     def _sample(self, batch: SchedulerOutput, logits: torch.Tensor) -> Samples:
         """One token per sequence that computed its last token (a partial prefill samples nothing):
         one-sequence requests in one batched call, groups from their rows' log-probabilities."""
@@ -277,7 +307,18 @@ class LLMEngine:
         row_of = {id(s): i for i, s in enumerate(seqs)}
         ready = self.scheduler.update_from_output(batch)  # num_computed_tokens advanced, full blocks cached
         samples = Samples()
-        plain = [row_of[id(s)] for s in ready if self.requests[s.request_id].is_single]
+        speculating = self._spec_rows if self.spec is not None else {}
+        self._spec_rows = {}
+        for seq in ready:
+            if seq.seq_id in speculating:
+                proposal, rows = speculating[seq.seq_id]
+                try:
+                    outcome = self.spec.verify(seq, proposal, rows, self.generators[seq.request_id][0])
+                except Exception as error:
+                    samples.failed.append((self.requests[seq.request_id], error))
+                    continue
+                samples.spec.append((seq, outcome))
+        plain = [row_of[id(s)] for s in ready if self.requests[s.request_id].is_single and s.seq_id not in speculating]
         for i, token in zip(plain, self._sample_plain(logits, seqs, plain, samples)):
             if token is not None:
                 samples.plain.append((seqs[i], token))
@@ -343,8 +384,23 @@ class LLMEngine:
         """Text, stopping rules, forks and beams (``engine/output_processor.py``); finished
         requests' generators are dropped."""
         self.output_processor.process(samples, out)
+        for seq, outcome in samples.spec:
+            self.output_processor.guarded(seq.request_id, out, self._finish_speculation, seq, outcome, out)
         for request_id in out.finished:
             self.generators.pop(request_id, None)
+
+    def _finish_speculation(self, seq: Sequence, outcome, out: StepOutputs) -> None:
+        """A speculating sequence after verification: its emitted tokens appended (text and
+        stopping rules as for one token; a stop among them ends it there), the accepted drafts
+        counted as computed and their full blocks cached, the rejected drafts rolled back."""
+        start = seq.num_tokens  # the first draft's position
+        seq.num_computed_tokens += outcome.accepted  # update_from_output counted the newest token
+        self.spec.record(seq, outcome)
+        running = self.output_processor.append_tokens(seq, outcome.tokens, out)
+        if running:
+            self.kv.cache_blocks([seq])  # the accepted drafts' full blocks are verified now
+        self.spec.rollback(seq, outcome, start, running)
+        out.spec[seq.request_id] = self.spec.report(seq, outcome)
 
     def _make_report(self, batch: SchedulerOutput, scheduled: list[ScheduledRequest], out: StepOutputs) -> StepReport:
         """The step's :class:`StepReport`: what ran and what it produced, the drained event log, and
@@ -358,6 +414,7 @@ class LLMEngine:
             preempted=[g.request_id for g in batch.preempted],
             events=self.events.drain(),
             block_tables=self.kv.snapshot(self.scheduler.running),
+            spec=out.spec, spec_acceptance_rate=_rate(out.spec)[0], spec_mean_accepted_length=_rate(out.spec)[1],
             memory=self.memory_usage(),
             prefix_cache=self.prefix_cache_stats(),
             free_queue=self.kv.free_queue(),
@@ -399,6 +456,13 @@ class _Timer:
 
     def timings_ms(self) -> dict[str, float]:
         return {**self.ms, "total": 1e3 * (self.last - self.start)}
+
+
+def _rate(spec: dict) -> tuple[float, float]:
+    """A step's acceptance rate and mean accepted length over its speculating requests."""
+    proposed = sum(len(s.proposed) for s in spec.values())
+    accepted = sum(s.accepted for s in spec.values())
+    return (accepted / proposed if proposed else 0.0), ((accepted + len(spec)) / len(spec) if spec else 0.0)
 
 
 def _scheduled_requests(batch: SchedulerOutput) -> list[ScheduledRequest]:

@@ -47,6 +47,7 @@ class StepOutputs:
     sharing: dict[int, str] = field(default_factory=dict)
     beam_scores: dict[int, dict[int, BeamScore]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    spec: dict = field(default_factory=dict)  # request_id -> SpecDecodeOutput (speculative decoding)
 
 
 @dataclass
@@ -77,6 +78,7 @@ class Samples:
     plain: list[tuple[Sequence, int]] = field(default_factory=list)
     groups: list[GroupSample] = field(default_factory=list)
     failed: list[tuple[SequenceGroup, Exception]] = field(default_factory=list)
+    spec: list = field(default_factory=list)  # speculative decoding: (Sequence, SpecOutcome) per verified sequence
 
 
 @dataclass
@@ -254,6 +256,19 @@ class OutputProcessor:
         out.errors[rid] = message
         self._release_seqs(request, truncate=True)
 
+    def append_tokens(self, seq: Sequence, tokens: list[int], out: StepOutputs) -> bool:
+        """Speculative decoding: give ``seq`` several tokens in one step, one after the other as
+        :meth:`process` gives one; stops at the first that finishes it. Returns whether it still runs."""
+        for token in tokens:
+            self._append(seq, token, None, out)
+            if seq.status is SequenceStatus.FINISHED:
+                return False
+        return True
+
+    def guarded(self, request_id: int, out: StepOutputs, work: Callable, *args) -> None:
+        """``work(*args)``: one request's part of the step; if it raises, that request fails alone."""
+        self._guarded(request_id, out, work, *args)
+
     def _guarded(self, request_id: int, out: StepOutputs, work: Callable, *args) -> None:
         """``work(*args)``: one request's part of the step; if it raises, that request fails alone."""
         try:
@@ -269,10 +284,11 @@ class OutputProcessor:
         self._update_text(seq)
         reason = self._finish_reason(seq, token)
         delta = self.detokenizer.delta(seq.seq_id, 0 if reason else _stop_buffer(seq.sampling_params))
-        out.seq_new_text.setdefault(seq.request_id, {})[seq.seq_id] = delta
+        texts = out.seq_new_text.setdefault(seq.request_id, {})
+        texts[seq.seq_id] = texts.get(seq.seq_id, "") + delta  # several tokens a step with speculative decoding
         if seq.index == 0:
-            out.new_token_ids[seq.request_id] = [token]
-            out.new_text[seq.request_id] = delta
+            out.new_token_ids.setdefault(seq.request_id, []).append(token)
+            out.new_text[seq.request_id] = out.new_text.get(seq.request_id, "") + delta
         if not reason:
             return
         out.seq_finished.setdefault(seq.request_id, {})[seq.seq_id] = reason

@@ -23,6 +23,9 @@ CACHE_HIT = "cache_hit"  # prefix caching: a prompt's logical block found comput
 EVICT = "evict"  # prefix caching: a free cached block handed out again, its hash dropped
 SWAP_OUT = "swap_out"  # swap preemption: a block's KV copied from the GPU pool to the CPU pool
 SWAP_IN = "swap_in"  # a swapped-out request's block copied back from the CPU pool to the GPU pool
+SPEC_PROPOSE = "spec_propose"  # speculative decoding: a draft token given a tentative (lookahead) slot
+SPEC_ACCEPT = "spec_accept"  # a draft token verified by the model: its slot now holds a verified token
+SPEC_REJECT = "spec_reject"  # rollback: a rejected draft's slot given back (its block freed if left empty)
 
 # A request's sequences share its prompt's blocks (paper §4.4): StepReport.sharing's values.
 SHARING_NONE = "none"  # one sequence (n = 1)
@@ -45,7 +48,8 @@ class Event:
 
     Attributes:
         kind: one of ALLOCATE, WRITE, FREE, PREEMPT, FINISH, FORK, COPY_ON_WRITE, CACHE_HIT, EVICT,
-            SWAP_OUT, SWAP_IN. PREEMPT's detail is one of PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP,
+            SWAP_OUT, SWAP_IN, SPEC_PROPOSE, SPEC_ACCEPT, SPEC_REJECT (speculative decoding: a draft's
+            tentative slot and position, the draft token in ``detail``). PREEMPT's detail is one of PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP,
             RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL (swap mode, and why it recomputed).
         request_id: the request it concerns.
         block_id: physical block (ALLOCATE, FREE, CACHE_HIT, EVICT; the block of the slot for WRITE;
@@ -132,6 +136,36 @@ class BeamScore:
     score: float
 
 
+@dataclass(frozen=True)
+class SpecDecodeOutput:
+    """One request's speculative decoding in a step (``engine/spec_decode/``).
+
+    Attributes:
+        proposed: the draft token ids proposed.
+        accepted: how many of them the model kept (a prefix of ``proposed``).
+        emitted: the tokens the step gave the request: the accepted drafts, then the model's own.
+        tentative_slots: the lookahead slots the drafts were written to (one per draft, in order).
+        rolled_back_slots: the slots given back at rollback (the rejected drafts').
+        freed_blocks: blocks freed at rollback (left with no verified token).
+        acceptance_rate, mean_accepted_length: the request's own so far (accepted / proposed drafts;
+            tokens per verification, the model's own token included).
+    """
+
+    proposed: list[int]
+    accepted: int
+    emitted: list[int]
+    tentative_slots: list[int]
+    rolled_back_slots: list[int]
+    freed_blocks: list[int]
+    acceptance_rate: float
+    mean_accepted_length: float
+
+    @property
+    def rejected(self) -> list[int]:
+        """The draft token ids rejected."""
+        return self.proposed[self.accepted :]
+
+
 @dataclass
 class StepReport:
     """Everything one scheduler iteration did.
@@ -182,6 +216,9 @@ class StepReport:
             ``(cpu_block, gpu_block)``.
         cpu_memory: the CPU swap space in the same categories (None without one).
         cpu_block_tables: the swapped requests' block tables, in CPU block ids.
+        spec: speculative decoding: per request id that verified drafts this step, its
+            :class:`SpecDecodeOutput`.
+        spec_acceptance_rate, spec_mean_accepted_length: the step's, over its verifications (0 without any).
     """
 
     step: int
@@ -209,6 +246,9 @@ class StepReport:
     seq_finished: dict[int, dict[int, str]] = field(default_factory=dict)
     sharing: dict[int, str] = field(default_factory=dict)
     beam_scores: dict[int, dict[int, BeamScore]] = field(default_factory=dict)
+    spec: dict[int, SpecDecodeOutput] = field(default_factory=dict)
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
     errors: dict[int, str] = field(default_factory=dict)
 
     @property

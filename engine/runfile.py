@@ -314,7 +314,8 @@ EVENT_FIELDS = {
     "allocate": ("block_id", "logical_index"), "write": ("block_id", "slot", "position"), "free": ("block_id",),
     "preempt": (), "finish": (), "fork": ("seq_id", "parent_seq_id"), "copy_on_write": ("block_id", "dst_block_id"),
     "cache_hit": ("block_id", "logical_index"), "evict": ("block_id",), "swap_out": ("block_id", "dst_block_id"),
-    "swap_in": ("block_id", "dst_block_id"),
+    "swap_in": ("block_id", "dst_block_id"), "spec_propose": ("block_id", "slot", "position"),
+    "spec_accept": ("block_id", "slot", "position"), "spec_reject": ("block_id", "slot", "position"),
 }
 
 

@@ -104,13 +104,13 @@ def test_every_forbidden_variant_differs_from_its_term():
 
 def _finish_reasons_in_engine() -> set[str]:
     """Every finish reason the engine's source sets: finish(...) / finish_seq(...) arguments, assignments
-    to finish_reason, FINISH events' details and what _finish_reason returns."""
+    to finish_reason, FINISH events' details (emitted or built) and what _finish_reason returns."""
     reasons = set()
     for path in (ROOT / "engine").rglob("*.py"):
         src = path.read_text()
         reasons |= set(re.findall(r"\bfinish(?:_seq)?\([^()]*,\s*\"(\w+)\"\)", src))
         reasons |= set(re.findall(r"finish_reason\s*=\s*\"(\w+)\"", src))
-        reasons |= set(re.findall(r"Event\(FINISH,[^)]*detail=\"(\w+)\"", src))
+        reasons |= set(re.findall(r"(?:Event\(|emit\()FINISH,[^)]*detail=\"(\w+)\"", src))
         for pair in re.findall(r"\breason\s*=\s*\"(\w+)\"(?:\s+if\b[^\n]*?else\s+\"(\w+)\")?", src):
             reasons |= set(pair)
         for body in re.findall(r"def _finish_reason\(.*?(?=\n    def |\Z)", src, re.S):

@@ -334,20 +334,20 @@ def test_a_failing_request_fails_alone_and_a_failing_step_fails_every_request(ti
     streaming) while the others complete; a step that raises fails every request in it, and the
     server serves on with every block free."""
     engine = LLMEngine(EngineConfig(model=tiny, num_gpu_blocks=64))
-    update_text = engine._update_text
+    update_text = engine.output_processor._update_text
 
     def fail_request_1(seq):
         if seq.request_id == 1:
             raise RuntimeError("detokenizer broke")
         update_text(seq)
 
-    engine._update_text = fail_request_1
+    engine.output_processor._update_text = fail_request_1
     body = {"prompt": "Hello", "max_tokens": 5, "temperature": 0, "ignore_eos": True}
     with serving(engine) as (base, app):
         assert _post(base, "/v1/completions", body).status_code == 200  # request 0
         assert "detokenizer broke" in _error(_post(base, "/v1/completions", body), 500, None)  # request 1
         assert _post(base, "/v1/completions", body).status_code == 200  # request 2
-        engine._update_text = update_text
+        engine.output_processor._update_text = update_text
 
         execute = engine.runner.execute
         engine.runner.execute = lambda *args: (_ for _ in ()).throw(RuntimeError("the forward pass broke"))

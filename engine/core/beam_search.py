@@ -12,7 +12,7 @@ This is the rule of transformers' ``generate(num_beams=k, do_sample=False)`` wit
 heuristic on the best running beam at the current length), so the engine's beams can be checked
 against it token for token. What PagedAttention adds is memory (paper §4.4, Figure 9): a
 surviving candidate *forks* its parent's block table instead of copying its KV, and a parent
-with no surviving child frees its blocks at once (see ``LLMEngine._beam_step``).
+with no surviving child frees its blocks at once (see ``OutputProcessor._beam_step``, ``engine/output_processor.py``).
 
 This module decides only; it holds no blocks and runs no model.
 """

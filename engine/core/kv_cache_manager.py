@@ -86,6 +86,17 @@ class KVCacheManager(ABC):
     def free(self, seq: Sequence) -> None:
         """Release everything ``seq`` holds (finish, abort or preemption)."""
 
+    def allocate_lookahead_slots(self, seq: Sequence, num_lookahead: int) -> int:
+        """Speculative decoding: tentative slots for up to ``num_lookahead`` draft tokens after
+        ``seq``'s newest token (vLLM v1's ``allocate_slots(num_lookahead_tokens=k)``); returns how
+        many it got. Paged only (``engine/core/block_manager.py``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold lookahead slots (speculative decoding needs the paged allocator)")
+
+    def rollback_lookahead(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """Speculative decoding, after verification: give back the rejected drafts' slots and free
+        the blocks left with no verified token; returns (rolled-back slots, freed block ids)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold lookahead slots (speculative decoding needs the paged allocator)")
+
     def can_append_slots(self, group: Group) -> bool:
         """Room for every unfinished sequence of ``group`` to decode one token this step?"""
         return all(self.can_append_slot(s) for s in group.unfinished_seqs())

@@ -45,6 +45,7 @@ OPT-13B on one A100-40GB (15.7K slots, Table 1), Llama-3-8B on an H100, and this
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -97,6 +98,9 @@ class StepShape:
             ceil(context / block_size) each (0 for a contiguous kernel).
         swap_blocks: blocks copied between the GPU and the CPU pool this step, either way.
         swap_slots: the token slots of those blocks (swap_blocks * block_size: whole blocks move).
+        cached_context: tokens that prefill-shaped work reads from the KV cache before its own new
+            tokens (a speculative verification's context); 0 where a prefill is taken to compute
+            its K and V in place.
     """
 
     num_prefills: int = 0
@@ -107,6 +111,7 @@ class StepShape:
     kv_blocks: int = 0
     swap_blocks: int = 0
     swap_slots: int = 0
+    cached_context: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -217,7 +222,7 @@ class CostModel:
         seqs = shape.num_prefills + shape.num_decodes
         pairs = shape.prefill_pairs + shape.decode_context
         return (self.step_overhead_s + seqs * self.seq_overhead_s + self.linear_time(shape.num_tokens)
-                + self.attention_time(pairs, shape.decode_context) + shape.kv_blocks * self.block_s
+                + self.attention_time(pairs, shape.decode_context + shape.cached_context) + shape.kv_blocks * self.block_s
                 + self.swap_time(shape.swap_blocks, shape.swap_slots))
 
     def swap_time(self, num_blocks: int, num_slots: int) -> float:
@@ -362,7 +367,7 @@ class PicosecondCost:
         """Picoseconds of one step (as :meth:`CostModel.step_time`)."""
         linear = self._combine(shape.num_tokens * self.token_ps, self.weights_ps)
         attention = self._combine((shape.prefill_pairs + shape.decode_context) * self.pair_ps,
-                                  shape.decode_context * self.kv_ps)
+                                  (shape.decode_context + shape.cached_context) * self.kv_ps)
         return (self.step_ps + (shape.num_prefills + shape.num_decodes) * self.seq_ps + linear + attention
                 + shape.kv_blocks * self.block_ps + shape.swap_blocks * self.swap_copy_ps + shape.swap_slots * self.swap_token_ps)
 
@@ -372,3 +377,30 @@ class PicosecondCost:
         both sides of the attention roofline are proportional to the context."""
         per_step = self.step_ps + num_decodes * self.seq_ps + self._combine(num_decodes * self.token_ps, self.weights_ps)
         return k * per_step + self._combine(self.pair_ps, self.kv_ps) * context_sum + self.block_ps * block_sum
+
+
+# --- Speculative decoding (Leviathan et al., 2023, §3.1; engine/spec_decode/) ----------------------
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens a sequence gains per speculative step with k drafts, each accepted with probability
+    ``alpha`` independently, until the first rejection: 1 + alpha + ... + alpha^k =
+    (1 - alpha^(k+1)) / (1 - alpha) (k + 1 at alpha = 1: every draft and the bonus token).
+
+    Raises:
+        ValueError: alpha outside [0, 1] or k < 0.
+    """
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"acceptance rate alpha must be in [0, 1], got {alpha}")
+    if k < 0:
+        raise ValueError(f"k must be >= 0 draft tokens, got {k}")
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def speculative_step_shape(batch: int, context_len: int, k: int, block_size: int | None) -> StepShape:
+    """A verification step: each of ``batch`` sequences with ``context_len`` tokens cached scores
+    its newest token and k drafts, k + 1 query tokens over its paged context (the prefill path)."""
+    if k == 0:
+        return StepShape.of_batch([], [context_len + 1] * batch, block_size)
+    shape = StepShape.of_batch([(k + 1, context_len + k + 1)] * batch, [], block_size)
+    return dataclasses.replace(shape, cached_context=batch * context_len)
