@@ -266,12 +266,12 @@ def test_a_swapped_request_is_restored_bit_for_bit(tiny_llama_dir):
 
     swapped_kv = {}
     while engine.has_unfinished_requests():
-        before = {s.request_id: cached_slots(s) for s in engine.scheduler.running}
+        before = {g.request_id: cached_slots(g.seqs[0]) for g in engine.scheduler.running}
         report = engine.step()
         for rid in report.swapped_out:
             swapped_kv[rid] = before[rid]
         for rid in report.swapped_in:
-            seq = engine.requests[rid]
+            seq = engine.requests[rid].seqs[0]
             after = [(k[seq.block_table].flatten(0, 1), v[seq.block_table].flatten(0, 1)) for k, v in engine.runner.kv_caches]
             for (k0, v0), (k, v) in zip(swapped_kv[rid], after):
                 assert torch.equal(k0, k[: len(k0)]) and torch.equal(v0, v[: len(v0)]), "a slot changed on its way to the CPU and back"

@@ -47,7 +47,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from engine.config import PREEMPTION_MODES, SCHEDULE_FIRST, check_schedule_first  # noqa: F401 (also read from here)
+from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
