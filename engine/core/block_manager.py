@@ -16,7 +16,7 @@ prompt's leading blocks are looked up before its prefill.
 
 from __future__ import annotations
 
-from engine.core.accounting import MemoryUsage
+from engine.core.accounting import MemoryUsage, swap_space_usage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
@@ -301,18 +301,12 @@ class PagedBlockManager(KVCacheManager):
             seq.block_table = []
 
     def cpu_usage(self, swapped: list[Group]) -> MemoryUsage | None:
-        """The CPU swap space in the same categories (None without one): token states of the
-        swapped requests (a shared block once), the unfilled slots of their blocks, and free."""
+        """The CPU swap space in the paper's categories (``swap_space_usage``); None without one."""
         if self.cpu_allocator is None:
             return None
-        bs, fill = self.block_size, {}
-        for seq in (s for g in swapped for s in g.unfinished_seqs()):
-            for i, block_id in enumerate(seq.block_table):
-                fill[block_id] = max(fill.get(block_id, 0), min(bs, max(0, seq.num_computed_tokens - i * bs)))
-        total = self.cpu_allocator.num_blocks * bs
-        allocated = (self.cpu_allocator.num_blocks - self.cpu_allocator.num_free) * bs
-        token_states = sum(fill.values())
-        return MemoryUsage(total, token_states, 0, allocated - token_states, 0, total - allocated)
+        tables = [s.block_table for g in swapped for s in g.unfinished_seqs()]
+        computed = [s.num_computed_tokens for g in swapped for s in g.unfinished_seqs()]
+        return swap_space_usage(tables, computed, self.block_size, self.cpu_allocator.num_blocks, self.cpu_allocator.num_free)
 
     def cpu_snapshot(self, swapped: list[Group]) -> list[BlockTableSnapshot]:
         """The swapped requests' block tables, in CPU block ids (the CPU pool lane of the app)."""
