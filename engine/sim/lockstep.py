@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Callable
 
 from engine.baselines.contiguous import ContiguousAllocator
 from engine.baselines.static_batching import StaticBatchScheduler
@@ -245,7 +246,6 @@ class _LockstepKV:
     the step clock. One-sequence requests, whole prompts, no prefix caching, no swap."""
 
     cpu_allocator = None  # no swap space: recompute preemption only
-    record_events = False
 
     def __init__(self, lockstep: LockstepScheduler):
         self.lockstep = lockstep
@@ -293,7 +293,8 @@ class LockstepScheduler:
     num_swap_fallbacks = 0  # recompute only
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 schedule_first: str = "decodes", policy: str = "continuous", on_batch_end=None):
+                 schedule_first: str = "decodes", policy: str = "continuous",
+                 on_batch_end: Callable[[list[int]], None] | None = None):
         self.kv = kv
         self.pool = lockstep_pool(kv)
         view = _LockstepKV(self)
