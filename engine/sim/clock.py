@@ -136,7 +136,7 @@ class SimClock:
         running = len(sched.running)
 
         def elapsed(m: int) -> int:
-            blocks = sched.lockstep_block_steps(m) if self.block_size else 0
+            blocks = sched.pool.block_steps(sched.clock, m) if self.block_size else 0
             return self.ps.decode_steps(m, running, sched.lockstep_token_state_steps(m), blocks)
 
         if elapsed(k) < gap:

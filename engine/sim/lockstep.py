@@ -371,7 +371,7 @@ class LockstepScheduler:
         could be admitted now. Free memory only shrinks during decode, so a head that does not fit
         now will not fit before the next finish or preemption.
         """
-        if not self.running or self._could_admit():
+        if not self.offsets or self._could_admit():  # offsets: one entry per running request
             return 0
         k = min(limit, self._next_finish_clock() - self.clock)
         return self.pool.free_steps(self.clock, k)
@@ -387,11 +387,7 @@ class LockstepScheduler:
     def lockstep_token_state_steps(self, k: int) -> int:
         """Token states after each of the next k decode steps, summed (changes nothing)."""
         # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
-        return k * self._token_states(self.clock) + len(self.running) * k * (k + 1) // 2
-
-    def lockstep_block_steps(self, k: int) -> int:
-        """Blocks held after each of the next k decode steps, summed (changes nothing)."""
-        return self.pool.block_steps(self.clock, k)
+        return k * self._token_states(self.clock) + len(self.offsets) * k * (k + 1) // 2
 
     def lockstep_finished(self) -> list[Sequence]:
         """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
@@ -429,12 +425,13 @@ class LockstepScheduler:
 
     def _could_admit(self) -> bool:
         """Would the head of the queue be admitted if the next step had no preemption?"""
-        if self.static and self.running:
+        sched, num_running = self.scheduler, len(self.offsets)
+        if self.static and num_running:
             return False  # static batching admits only into an empty batch
-        if not self.waiting or len(self.running) >= self.scheduler.max_num_seqs:
+        if not sched.waiting or num_running >= sched.max_num_seqs:
             return False
-        seq = self.waiting[0]
-        budget = self.scheduler.max_num_batched_tokens - (len(self.running) if self.schedule_first == "decodes" else 0)
+        seq = sched.waiting[0]
+        budget = sched.max_num_batched_tokens - (num_running if self.schedule_first == "decodes" else 0)
         return seq.num_new_tokens <= budget and self.pool.can_admit(seq)
 
     def _admitted(self, seq: Sequence) -> None:
@@ -456,7 +453,7 @@ class LockstepScheduler:
 
     def _token_states(self, clock: int) -> int:
         """Cached tokens of the running requests at ``clock``: all but each one's newest."""
-        return self.offset_sum + len(self.running) * (clock - 1)
+        return self.offset_sum + len(self.offsets) * (clock - 1)
 
     def _sync(self, seq: Sequence) -> None:
         """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
