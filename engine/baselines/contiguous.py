@@ -279,56 +279,6 @@ class ContiguousAllocator(KVCacheManager):
                                             index=seq.index, ref_counts=[1] * len(blocks)))
         return snaps
 
-    # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
-    # A range is reserved for the whole request when it is admitted (every policy reserves at
-    # least its final length ``max_len``), so decoding never needs memory and never preempts; the
-    # ranges and gaps are the real ones. Reserved and internal fragmentation follow from two sums
-    # over the running requests, kept per admission and release.
-
-    def start_lockstep(self) -> None:
-        assert not self.ranges, "lock-step mode starts on an empty arena"
-        self.final_len_sum = 0  # sum of max_len over running requests (tokens)
-        self.range_len_sum = 0  # sum of their range lengths (slots)
-
-    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
-        self.allocate(seq)
-        start, end = self.ranges[seq.seq_id]
-        assert end - start >= seq.max_len, "lock-step mode needs ranges of at least the final length"
-        self.final_len_sum += seq.max_len
-        self.range_len_sum += end - start
-
-    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
-        start, end = self.ranges[seq.seq_id]
-        self.final_len_sum -= seq.max_len
-        self.range_len_sum -= end - start
-        self.free(seq)
-
-    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
-        return []
-
-    def lockstep_take_block(self, seq: Sequence) -> bool:
-        raise AssertionError("a contiguous range never grows")
-
-    def lockstep_free_steps(self, clock: int, limit: int) -> int:
-        return limit
-
-    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
-        return self.lockstep_decode(0, 1, token_states, next_waiting)
-
-    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
-        # Decode takes no memory. Per request: max_len - computed tokens reserved, range - max_len
-        # over-reserved; the ranges and gaps do not change during decode.
-        reserved = k * self.final_len_sum - token_states
-        internal = k * (self.range_len_sum - self.final_len_sum)
-        external = k * self.external_fragmentation(next_waiting)
-        return {
-            "token_states": token_states,
-            "reserved": reserved,
-            "internal_fragmentation": internal,
-            "external_fragmentation": external,
-            "free": k * self.num_slots - token_states - reserved - internal - external,
-        }
-
     def _event(self, kind: str, seq: Sequence, start: int, end: int) -> None:
         if self.events.enabled:  # the simulator's null log: no text to format
             self.events.emit(kind, seq.request_id, block_id=start // self.block_size, logical_index=0, detail=f"slots {start}..{end - 1}")

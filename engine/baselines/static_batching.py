@@ -10,10 +10,10 @@ policy on Orca (Max)'s allocator: the one difference from Orca (Max) is request-
 
 :class:`StaticBatchScheduler` is that policy over the same :class:`~engine.core.kv_cache_manager.KVCacheManager`
 interface as the engine's scheduler (it is the engine's :class:`~engine.core.scheduler.Scheduler` with
-admission only into an empty batch, :class:`StaticBatching`): a batch is the head of the queue, first
-come, first served, while the pool gives each request its room and the token budget lasts. The
-simulator runs it with ``SimulationConfig(policy="static")``, on its lock-step fast path
-(``engine.sim.simulator.StaticLockstepScheduler``) or step by step.
+admission only into an empty batch): a batch is the head of the queue, first come, first served,
+while the pool gives each request its room and the token budget lasts. The simulator runs it with
+``SimulationConfig(policy="static")``, step by step or on its lock-step fast path
+(``engine.sim.lockstep.LockstepScheduler`` wraps it; between a batch's finishes nothing can happen).
 
 A stated model: a request that has reached its length leaves the batch's compute and its memory is
 freed (in FasterTransformer its row is padding until the batch ends; at the paper's batch sizes a
@@ -31,10 +31,9 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 POLICIES = ("continuous", "static")
 
 
-class StaticBatching:
-    """Request-level batching as a mixin over a scheduler (the engine's :class:`~engine.core.scheduler.Scheduler`,
-    or the simulator's lock-step one, whose fast path then runs a batch from one finish to the next):
-    waiting requests are admitted only into an empty running set, then the batch only decodes.
+class StaticBatchScheduler(Scheduler):
+    """Request-level batching over the engine's scheduler: waiting requests are admitted only into
+    an empty running set, then the batch only decodes.
 
     Args:
         kv_manager, max_num_seqs, max_num_batched_tokens: as :class:`~engine.core.scheduler.Scheduler`'s.
@@ -52,9 +51,6 @@ class StaticBatching:
         if not self.running:  # a new batch; nothing joins a running one
             super()._schedule_prefills(out, budget)
 
-    def _could_admit(self) -> bool:
-        return not self.running and super()._could_admit()
-
     def finish(self, seq: Group, reason: str) -> None:
         super().finish(seq, reason)
         self.done_in_batch.append(seq.request_id)
@@ -62,7 +58,3 @@ class StaticBatching:
             if self.on_batch_end is not None:
                 self.on_batch_end(self.done_in_batch)
             self.done_in_batch = []
-
-
-class StaticBatchScheduler(StaticBatching, Scheduler):
-    """Static batching over the engine's scheduler: every step through ``schedule()``."""

@@ -99,3 +99,24 @@ class MemoryUsage:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def swap_space_usage(block_tables: list[list[int]], num_computed_tokens: list[int], block_size: int, num_blocks: int,
+                     num_free: int) -> MemoryUsage:
+    """The CPU swap space (paper §4.5) in the same categories: the token states of the swapped
+    sequences, a block their sequences share counted once; the unfilled slots of their blocks
+    (internal fragmentation); and free.
+
+    Args:
+        block_tables: each swapped sequence's block table, in CPU block ids.
+        num_computed_tokens: each one's tokens with K and V in those blocks, in the same order.
+        block_size: slots per block; num_blocks, num_free: the CPU pool's blocks and free blocks.
+    """
+    fill: dict[int, int] = {}
+    for table, computed in zip(block_tables, num_computed_tokens):
+        for i, block_id in enumerate(table):
+            fill[block_id] = max(fill.get(block_id, 0), min(block_size, max(0, computed - i * block_size)))
+    total = num_blocks * block_size
+    allocated = (num_blocks - num_free) * block_size
+    token_states = sum(fill.values())
+    return MemoryUsage(total, token_states, 0, allocated - token_states, 0, total - allocated)

@@ -16,7 +16,7 @@ prompt's leading blocks are looked up before its prefill.
 
 from __future__ import annotations
 
-from engine.core.accounting import MemoryUsage
+from engine.core.accounting import MemoryUsage, swap_space_usage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
@@ -77,7 +77,6 @@ class PagedBlockManager(KVCacheManager):
         self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
         self.events = events if events is not None else EventLog()
         self.watermark_blocks = int(watermark * num_blocks)
-        self.lockstep = False  # see start_lockstep
         self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
         self.enable_caching = enable_caching
         self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
@@ -85,8 +84,7 @@ class PagedBlockManager(KVCacheManager):
 
     @property
     def num_free_blocks(self) -> int:
-        """Free blocks: the free list's length, or the lock-step count (which hands out no ids)."""
-        return self.lockstep_free if self.lockstep else self.allocator.num_free
+        return self.allocator.num_free
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -110,13 +108,16 @@ class PagedBlockManager(KVCacheManager):
         return hits, len(hits) * self.block_size
 
     def can_allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> bool:
-        return self._fits_admission(self._blocks_to_admit(seq, num_new_tokens, computed_blocks))
+        return self.fits_admission(self._blocks_to_admit(seq, num_new_tokens, computed_blocks))
 
-    def _fits_admission(self, needed: int) -> bool:
-        free = self.num_free_blocks
-        if free == self.num_usable_blocks:  # nothing runs: the watermark must not keep out a request that fits
-            return needed <= free
-        return free - needed >= self.watermark_blocks
+    def fits_admission(self, needed: int, num_free: int | None = None) -> bool:
+        """The admission rule: do ``needed`` new blocks fit the free ones and leave the watermark
+        free? ``num_free``: None = the pool's (the simulator's lock-step pool passes its own count)."""
+        if num_free is None:
+            num_free = self.allocator.num_free
+        if num_free == self.num_usable_blocks:  # nothing runs: the watermark must not keep out a request that fits
+            return needed <= num_free
+        return num_free - needed >= self.watermark_blocks
 
     def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks: list[int] | None = None) -> None:
         first, *others = seq.unfinished_seqs()
@@ -314,7 +315,7 @@ class PagedBlockManager(KVCacheManager):
         """Room on the GPU for ``group``'s blocks and for the token each sequence decodes next,
         within the admission watermark?"""
         seqs = group.unfinished_seqs()
-        return self._fits_admission(len(self._distinct_blocks(group)) + self._blocks_to_append(seqs, self.cpu_allocator))
+        return self.fits_admission(len(self._distinct_blocks(group)) + self._blocks_to_append(seqs, self.cpu_allocator))
 
     def swap_in(self, group: Group) -> list[tuple[int, int]]:
         """Bring a swapped-out ``group`` back; returns the ``(cpu_block, gpu_block)`` copies
@@ -347,18 +348,12 @@ class PagedBlockManager(KVCacheManager):
             seq.block_table = []
 
     def cpu_usage(self, swapped: list[Group]) -> MemoryUsage | None:
-        """The CPU swap space in the same categories (None without one): token states of the
-        swapped requests (a shared block once), the unfilled slots of their blocks, and free."""
+        """The CPU swap space in the paper's categories (``swap_space_usage``); None without one."""
         if self.cpu_allocator is None:
             return None
-        bs, fill = self.block_size, {}
-        for seq in (s for g in swapped for s in g.unfinished_seqs()):
-            for i, block_id in enumerate(seq.block_table):
-                fill[block_id] = max(fill.get(block_id, 0), min(bs, max(0, seq.num_computed_tokens - i * bs)))
-        total = self.cpu_allocator.num_blocks * bs
-        allocated = (self.cpu_allocator.num_blocks - self.cpu_allocator.num_free) * bs
-        token_states = sum(fill.values())
-        return MemoryUsage(total, token_states, 0, allocated - token_states, 0, total - allocated)
+        tables = [s.block_table for g in swapped for s in g.unfinished_seqs()]
+        computed = [s.num_computed_tokens for g in swapped for s in g.unfinished_seqs()]
+        return swap_space_usage(tables, computed, self.block_size, self.cpu_allocator.num_blocks, self.cpu_allocator.num_free)
 
     def cpu_snapshot(self, swapped: list[Group]) -> list[BlockTableSnapshot]:
         """The swapped requests' block tables, in CPU block ids (the CPU pool lane of the app)."""
@@ -481,103 +476,3 @@ class PagedBlockManager(KVCacheManager):
         block_id = self._allocate_block(seq)
         self.events.emit(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id)
         seq.block_table.append(block_id)
-
-    # --- Lock-step mode (the simulator's fast path) --------------------------------------------------
-    # Block ids are not handed out in lock-step mode: only the number of free blocks decides
-    # admissions and preemptions, so that is all it keeps (``seq.block_table`` stays empty). After
-    # every step a running request with n tokens holds ceil((n - 1) / block_size) blocks (all but
-    # the newest token are cached), and it needs a new block in the next step exactly when
-    # n - 1 is a multiple of block_size: once every block_size steps, at clocks of one residue
-    # modulo block_size. ``due[r]`` holds the running requests whose blocks fill at clocks ≡ r.
-
-    def start_lockstep(self) -> None:
-        assert self.allocator.num_free == self.num_blocks, "lock-step mode starts on an empty pool"
-        self.lockstep = True
-        self.lockstep_free = self.num_blocks
-        self.due: list[dict[Sequence, None]] = [{} for _ in range(self.block_size)]  # ordered sets
-        self.due_residue: dict[Sequence, int] = {}
-        self.due_counts = [0] * self.block_size  # len(due[r]), kept for the per-step arithmetic
-
-    def lockstep_admit(self, seq: Sequence, clock: int) -> None:
-        # Prefilled in step clock + 1: after it, seq has n + 1 tokens at clock + 1, so at clock t it
-        # has n + t - clock and needs a block in step t + 1 when (n + t - clock - 1) % block_size == 0.
-        n = seq.num_tokens
-        self.lockstep_free -= self.blocks_needed(n)
-        assert self.lockstep_free >= 0, "admitted without room (the scheduler checks can_allocate first)"
-        residue = (clock + 1 - n) % self.block_size
-        self.due[residue][seq] = None
-        self.due_residue[seq] = residue
-        self.due_counts[residue] += 1
-
-    def lockstep_release(self, seq: Sequence, num_tokens: int) -> None:
-        self.lockstep_free += self.blocks_needed(num_tokens - 1)
-        residue = self.due_residue.pop(seq)
-        del self.due[residue][seq]
-        self.due_counts[residue] -= 1
-
-    def lockstep_needing_block(self, clock: int) -> list[Sequence]:
-        return list(self.due[clock % self.block_size])
-
-    def lockstep_take_block(self, seq: Sequence) -> bool:
-        if self.lockstep_free == 0:
-            return False
-        self.lockstep_free -= 1
-        return True
-
-    def lockstep_free_steps(self, clock: int, limit: int) -> int:
-        # Every block_size steps each of the R running requests takes one block, so the free blocks
-        # last free // R whole rounds; within the next round, walk the residues in step order.
-        counts, running = self.due_counts, len(self.due_residue)
-        if running == 0:
-            return limit
-        rounds, left = divmod(self.lockstep_free, running)
-        steps = rounds * self.block_size
-        if steps >= limit:
-            return limit
-        for i in range(self.block_size):  # stops early: left < running = sum(counts)
-            needed = counts[(clock + i) % self.block_size]
-            if needed > left:
-                break
-            left -= needed
-            steps += 1
-        return min(limit, steps)
-
-    def lockstep_usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
-        allocated = (self.num_blocks - self.lockstep_free) * self.block_size
-        return self._categories(allocated, token_states, 1)
-
-    def lockstep_decode(self, clock: int, k: int, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
-        taken, held_block_steps = self._lockstep_blocks(clock, k)
-        assert taken <= self.lockstep_free, "decoded past a preemption (see lockstep_free_steps)"
-        self.lockstep_free -= taken
-        return self._categories(held_block_steps * self.block_size, token_states, k)
-
-    def lockstep_block_steps(self, clock: int, k: int) -> int:
-        """Blocks held after each of the next k decode steps, summed (changes nothing)."""
-        return self._lockstep_blocks(clock, k)[1]
-
-    def _lockstep_blocks(self, clock: int, k: int) -> tuple[int, int]:
-        """(blocks taken, held block-steps) over the next k decode steps."""
-        # The requests of the residue of step clock + 1 + i (i from 0) take one block each in that
-        # step and every block_size steps after it: `times` blocks, the first held after k - i of
-        # the k steps, each next one block_size steps fewer.
-        bs, counts = self.block_size, self.due_counts
-        held_block_steps = k * (self.num_blocks - self.lockstep_free)
-        taken = 0
-        for i in range(min(k, bs)):
-            count = counts[(clock + i) % bs]
-            if count:
-                times = (k - 1 - i) // bs + 1
-                taken += count * times
-                held_block_steps += count * (times * (k - i) - bs * times * (times - 1) // 2)
-        return taken, held_block_steps
-
-    def _categories(self, allocated: int, token_states: int, k: int) -> dict[str, int]:
-        """Paged categories (summed over k steps): no reservation and no external fragmentation."""
-        return {
-            "token_states": token_states,
-            "reserved": 0,
-            "internal_fragmentation": allocated - token_states,
-            "external_fragmentation": 0,
-            "free": k * self.num_slots - allocated,
-        }

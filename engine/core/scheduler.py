@@ -39,7 +39,7 @@ path alone schedules a bare ``Sequence``, which answers the same interface).
 
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
-requests under recompute without chunking, is a subclass in ``engine/sim/simulator.py``).
+requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``).
 """
 
 from __future__ import annotations
@@ -190,13 +190,44 @@ class Scheduler:
             self._reset(group)
             self.waiting.appendleft(group)
 
+    # --- The policy: who gets memory first, who gives it up -----------------------------------
+
+    def _running_order(self, groups: list[Group] | None = None, admission_rank: dict[Group, int] | None = None) -> list[Group]:
+        """The order in which running requests get the step's memory (vLLM's): decodes first, then
+        the partial prefill (chunked prefill only), each part in admission order, oldest first.
+
+        Args:
+            groups: some of the running requests, with ``admission_rank`` giving each one's place
+                in admission order (the simulator's lock-step path visits only the requests that
+                need a block); None = all of ``running``, whose list order is admission order.
+        """
+        if groups is None:
+            return sorted(self.running, key=self._is_prefilling)  # stable: admission order within each part
+        if not self.enable_chunked_prefill:  # every running request decodes
+            return sorted(groups, key=admission_rank.__getitem__)
+        return sorted(groups, key=lambda g: (self._is_prefilling(g), admission_rank[g]))
+
+    @staticmethod
+    def _pick_victim(pending: deque[Group] | list[Group], group: Group) -> Group:
+        """Who is preempted when running request ``group`` cannot get its memory (paper §4.5,
+        vLLM's rule): the newest request that has not had its turn this step, else ``group``
+        itself; requests served before it keep what they got.
+
+        Args:
+            pending: the running requests whose turn comes after ``group``'s, in running order;
+                the victim is taken off its end. (The lock-step path passes all of ``running``,
+                ``group`` and the requests before it included: its end is the same request.)
+        """
+        return pending.pop() if pending else group
+
     # --- The step's three parts ----------------------------------------------------------------
 
     def _schedule_running(self, out: SchedulerOutput) -> int:
-        """Running requests: decodes first, then a partial prefill's next chunk (chunked prefill).
-        Preempts the newest request while one cannot get its memory. Returns the budget left."""
+        """Running requests in :meth:`_running_order`: decodes, then a partial prefill's next chunk
+        (chunked prefill). While one cannot get its memory, :meth:`_pick_victim` is preempted.
+        Returns the budget left."""
         budget = self.max_num_batched_tokens
-        queue = deque(sorted(self.running, key=self._is_prefilling))  # stable: admission order within each part
+        queue = deque(self._running_order())
         preempted: set[int] = set()
         while queue:
             group = queue.popleft()
@@ -204,7 +235,7 @@ class Scheduler:
             if self._is_prefilling(group) and chunk == 0:
                 continue  # the budget is spent: it goes on next step
             while not self._has_room(group, chunk):
-                victim = queue.pop() if queue else group
+                victim = self._pick_victim(queue, group)
                 self._preempt(victim, out)
                 preempted.add(id(victim))
                 if victim is group:
@@ -348,14 +379,6 @@ class Scheduler:
         group.status = status
         for seq in group.unfinished_seqs():
             seq.status = status
-
-    def _could_admit(self) -> bool:
-        """Would the head of the queue be admitted if the next step had no preemption?"""
-        if not self.waiting or len(self.running) >= self.max_num_seqs:
-            return False
-        seq = self.waiting[0]
-        budget = self.max_num_batched_tokens - (len(self.running) if self.schedule_first == "decodes" else 0)
-        return seq.num_new_tokens <= budget and self.kv.can_allocate(seq)
 
 
 _NO_HIT: tuple[list[int], int] = ([], 0)  # no prefix caching: nothing is ever found computed

@@ -125,7 +125,7 @@ class SimClock:
     # --- The fast path's limit ---------------------------------------------------------------------
 
     def decode_steps_before_next_arrival(self, sched, k: int, index: int) -> int:
-        """Of the next ``k`` pure decode steps of a :class:`~engine.sim.simulator.LockstepScheduler`,
+        """Of the next ``k`` pure decode steps of a :class:`~engine.sim.lockstep.LockstepScheduler`,
         how many run before request ``index`` must be queued: the fewest m whose end reaches its
         arrival (the next step starts then), or k. Binary search over the closed-form time."""
         if index >= len(self.arrival):
@@ -136,7 +136,7 @@ class SimClock:
         running = len(sched.running)
 
         def elapsed(m: int) -> int:
-            blocks = self.kv.lockstep_block_steps(sched.clock, m) if self.block_size else 0
+            blocks = sched.pool.block_steps(sched.clock, m) if self.block_size else 0
             return self.ps.decode_steps(m, running, sched.lockstep_token_state_steps(m), blocks)
 
         if elapsed(k) < gap:

@@ -17,13 +17,14 @@ first step that starts at or after their arrival time. With all requests at time
 the default) time plays no part in the memory figures.
 
 Fast-forward (one-sequence requests, recompute, no chunking, no prefix caching; the simulator
-picks the path itself): the scheduler runs in lock-step mode (:class:`LockstepScheduler` below): a running
-request's length follows a step clock, its finish step and the steps in which it needs a new block
-are known ahead, so a step costs only what happens in it (an admission, a preemption, a request
-needing a block, a finish) and a stretch of k steps with none of these — nor an arrival — is applied
-at once with closed-form sums of each memory category (``Scheduler.steps_until_event`` /
-``lockstep_decode``). The results are identical to stepping one by one
-through ``Scheduler.schedule()`` (``fast_forward=False``; tests/test_simulator.py checks it).
+picks the path itself): the scheduler runs in lock-step mode (``engine/sim/lockstep.py``, a wrapper
+around the engine's scheduler and allocator): a running request's length follows a step clock, its
+finish step and the steps in which it needs a new block are known ahead, so a step costs only what
+happens in it (an admission, a preemption, a request needing a block, a finish) and a stretch of k
+steps with none of these — nor an arrival — is applied at once with closed-form sums of each memory
+category (``LockstepScheduler.steps_until_event`` / ``lockstep_decode``). The results are identical
+to stepping one by one through ``Scheduler.schedule()`` (``fast_forward=False``; tests/test_simulator.py
+checks it).
 
 Memory is measured during each step, after its tokens are computed and before finished requests
 free their memory; categories as in ``engine/core/accounting.py`` (PagedAttention paper Figure 2).
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import heapq
 import json
 import random
 import sys
@@ -55,7 +55,8 @@ from engine.config import (ALLOCATORS, PLACEMENTS, PREEMPTION_MODES, RESERVATION
                            kv_bytes_per_slot)
 from engine.core.scheduler import Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim.clock import SimClock, resolve_cost_model
-from engine.baselines.static_batching import POLICIES, StaticBatching, StaticBatchScheduler
+from engine.sim.lockstep import LockstepScheduler
+from engine.baselines.static_batching import POLICIES, StaticBatchScheduler
 from engine.core.sequence import Sequence, SequenceGroup, fork_samples
 from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -325,170 +326,6 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len, events=NullEventLog())
 
 
-class LockstepScheduler(Scheduler):
-    """The engine's :class:`~engine.core.scheduler.Scheduler` with the simulator's fast path, for
-    one-sequence requests (groups run through the single-step path; ``simulate`` chooses).
-
-    The simulator runs no model: in each step every scheduled request computes its new tokens and
-    samples exactly one, and ``max_len`` is its final length. So a running request's length is a
-    function of a step clock (num_tokens = offset + clock), its finish step is known when it is
-    admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
-    methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
-    request needing a block, a finish — instead of a pass over all running requests, and a
-    stretch of k steps without any of these costs O(block_size). The policy is the one of
-    ``Scheduler.schedule()``: FCFS admission with head-of-line blocking, recompute preemption of
-    the newest (the admission code is the parent's own). While a request runs, its num_tokens /
-    num_computed_tokens are only brought up to date when it leaves ``running`` (finish or preemption).
-    """
-
-    def add(self, seq: Sequence) -> None:
-        assert isinstance(seq, Sequence), "lock-step mode serves one-sequence requests, as bare sequences"
-        super().add(seq)
-
-    def _admit(self, seq: Sequence, chunk: int | None = None, computed=None) -> None:
-        assert chunk is None, "lock-step mode does not chunk prefills"
-        self._lockstep_admit(seq)
-
-    def _release(self, seq: Sequence) -> None:
-        self._lockstep_release(seq)
-    # The simulator runs no model: in each step every scheduled request computes its new tokens and
-    # samples exactly one, and ``max_len`` is its final length. So a running request's length is a
-    # function of a step clock (num_tokens = offset + clock), its finish step is known when it is
-    # admitted, and the allocator knows in which steps it needs memory (KVCacheManager's lock-step
-    # methods). A step then costs O(log n) for what happens in it — an admission, a preemption, a
-    # request needing a block, a finish — instead of a pass over all running requests, and a
-    # stretch of k steps without any of these costs O(block_size). The policy is the one of
-    # schedule(): FCFS admission with head-of-line blocking, recompute preemption of the newest.
-    # While a request runs, its num_tokens / num_computed_tokens are only brought up to date when
-    # it leaves ``running`` (finish or preemption).
-
-    def start_lockstep(self) -> None:
-        """Switch to lock-step mode (for good); call it before anything has run."""
-        assert not self.running, "lock-step mode starts with nothing running"
-        # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
-        # where it is, since no running request grew; its admissions are dated one step earlier.
-        self.clock = 0  # decode steps done
-        self.admit_clock = 0  # the clock admissions are dated from (prefilled in step admit_clock + 1)
-        self.offsets: dict[Sequence, int] = {}  # running request -> num_tokens - clock
-        self.offset_sum = 0
-        self.admission_number: dict[Sequence, int] = {}  # running request -> its place in running order
-        self.admissions = 0
-        self.finish_heap: list[tuple[int, int, Sequence]] = []  # (clock it finishes at, admission number, request)
-        self.kv.start_lockstep()
-
-    def lockstep_step(self) -> SchedulerOutput:
-        """Schedule one step as :meth:`schedule` would and run it. ``decode_seqs`` stays empty:
-        every request in ``running`` that was not admitted this step decoded one token."""
-        out = SchedulerOutput()
-        if self.schedule_first == "prefills":
-            self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
-            self._schedule_prefills(out, self.max_num_batched_tokens)
-            self.admit_clock = self.clock
-            if out.prefill_seqs:
-                return out  # vLLM v0: a prefill step; the running requests decode in the next one
-        self._lockstep_decodes(out)
-        if not out.preempted and self.schedule_first == "decodes":
-            self._schedule_prefills(out, self.max_num_batched_tokens - len(self.running))
-        self.clock += 1
-        self.admit_clock = self.clock
-        return out
-
-    def last_step_decoded(self, out: SchedulerOutput) -> bool:
-        """Did the running requests decode in the step :meth:`lockstep_step` returned ``out`` for?"""
-        return not (self.schedule_first == "prefills" and out.prefill_seqs)
-
-    def steps_until_event(self, limit: int) -> int:
-        """How many of the next steps (at most ``limit``) are pure decode: no admission, no
-        preemption, and no request reaching its ``max_len`` before the last of them (the step in
-        which the first one does is included: it finishes after it).
-
-        0 means "take a normal step" (:meth:`lockstep_step`): nothing runs, or the head of the queue
-        could be admitted now. Free memory only shrinks during decode, so a head that does not fit
-        now will not fit before the next finish or preemption.
-        """
-        if not self.running or self._could_admit():
-            return 0
-        k = min(limit, self._next_finish_clock() - self.clock)
-        return self.kv.lockstep_free_steps(self.clock, k)
-
-    def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
-        """Run ``k`` pure decode steps and return each memory category summed over them
-        (slot-steps, measured after each step). Requires ``k <= steps_until_event(k)``."""
-        sums = self.kv.lockstep_decode(self.clock, k, self.lockstep_token_state_steps(k), next_waiting)
-        self.clock += k
-        self.admit_clock = self.clock
-        return sums
-
-    def lockstep_token_state_steps(self, k: int) -> int:
-        """Token states after each of the next k decode steps, summed (changes nothing)."""
-        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
-        return k * self._token_states(self.clock) + len(self.running) * k * (k + 1) // 2
-
-    def lockstep_finished(self) -> list[Sequence]:
-        """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
-        done = []
-        while self.finish_heap and self.finish_heap[0][0] <= self.clock:
-            _, number, seq = heapq.heappop(self.finish_heap)
-            if self.admission_number.get(seq) == number:  # else it was preempted since
-                self._sync(seq)
-                done.append(seq)
-        return done
-
-    def lockstep_usage(self, next_waiting: Sequence | None) -> dict[str, int]:
-        """The memory categories now (slots)."""
-        return self.kv.lockstep_usage(self._token_states(self.clock), next_waiting)
-
-    def _token_states(self, clock: int) -> int:
-        """Cached tokens of the running requests at ``clock``: all but each one's newest."""
-        return self.offset_sum + len(self.running) * (clock - 1)
-
-    def _lockstep_decodes(self, out: SchedulerOutput) -> None:
-        # As _schedule_running, visiting only the requests that need a block this step, in running
-        # order; the victim is the newest running request not yet visited (or the request itself).
-        needing = self.kv.lockstep_needing_block(self.clock)
-        if len(needing) > 1:
-            needing.sort(key=self.admission_number.__getitem__)
-        for seq in needing:
-            if seq not in self.admission_number:
-                continue  # preempted earlier in this step
-            while not self.kv.lockstep_take_block(seq):
-                victim = self.running.pop()
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-
-    def _lockstep_admit(self, seq: Sequence) -> None:
-        # Prefilled in step admit_clock + 1: num_tokens + 1 tokens at admit_clock + 1.
-        self.kv.lockstep_admit(seq, self.admit_clock)
-        offset = seq.num_tokens - self.admit_clock
-        self.offsets[seq] = offset
-        self.offset_sum += offset
-        self.admissions += 1
-        self.admission_number[seq] = self.admissions
-        heapq.heappush(self.finish_heap, (seq.max_len - offset, self.admissions, seq))
-
-    def _lockstep_release(self, seq: Sequence) -> None:
-        self._sync(seq)
-        self.kv.lockstep_release(seq, seq.num_tokens)
-        self.offset_sum -= self.offsets.pop(seq)
-        del self.admission_number[seq]
-
-    def _sync(self, seq: Sequence) -> None:
-        """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
-        seq.num_tokens = self.offsets[seq] + self.clock
-        seq.num_computed_tokens = seq.num_tokens - 1
-
-    def _next_finish_clock(self) -> int:
-        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
-            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
-        return self.finish_heap[0][0]
-
-
-class StaticLockstepScheduler(StaticBatching, LockstepScheduler):
-    """Static batching (engine/baselines/static_batching.py) on the lock-step fast path: between a batch's
-    finishes nothing can happen (no admission), so a stretch runs to the next finish at once."""
-
-
 # How beams branch, measured on the real engine's beam search (default model, 4 chat prompts, 32 tokens,
 # ignore_eos): per beam width, the share of decode steps whose survivors come from k distinct parents.
 # Command: python -m engine.tools.beam_calibration --num-prompts 4 --max-tokens 32
@@ -515,11 +352,11 @@ class _Run:
                          and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
-        if cfg.policy == "static":  # recompute, whole prompts (SimulationConfig checks it)
-            static = StaticLockstepScheduler if self.lockstep else StaticBatchScheduler
-            self.sched = static(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
-        elif self.lockstep:
-            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched, schedule_first=cfg.scheduler_rule)
+        if self.lockstep:
+            self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched, schedule_first=cfg.scheduler_rule,
+                                           policy=cfg.policy, on_batch_end=self.clock.return_together)
+        elif cfg.policy == "static":  # recompute, whole prompts (SimulationConfig checks it)
+            self.sched = StaticBatchScheduler(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
         else:
             self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill,
                                    cfg.scheduler_rule)
@@ -541,7 +378,6 @@ class _Run:
             self._run_single_steps()
             return
         sched = self.sched
-        sched.start_lockstep()
         while self.next_request < len(self.requests) or sched.running or sched.waiting:
             self._arrive()
             if not (sched.running or sched.waiting):
@@ -709,7 +545,7 @@ class _Run:
             wall_seconds=wall_seconds,
             memory_saved_by_sharing=1 - self.blocks_with_sharing / self.blocks_without_sharing if self.blocks_without_sharing else 0.0,
             swap_outs=self.swap_outs, swap_ins=self.swap_ins, blocks_swapped_out=self.blocks_swapped_out,
-            blocks_swapped_in=self.blocks_swapped_in, swap_fallbacks=getattr(self.sched, "num_swap_fallbacks", 0),
+            blocks_swapped_in=self.blocks_swapped_in, swap_fallbacks=self.sched.num_swap_fallbacks,
             tokens_recomputed=self.tokens_recomputed,
             **self.clock.latency_metrics(),
             series_step=rows[:, 0],
