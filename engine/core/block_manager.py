@@ -16,16 +16,18 @@ prompt's leading blocks are looked up before its prefill.
 
 from __future__ import annotations
 
-from engine.core.accounting import MemoryUsage, swap_space_usage
+from engine.core.accounting import MemoryUsage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group, KVCacheManager
+from engine.core.lookahead import LookaheadSlotsMixin
+from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
 from engine.core.events import EventLog
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, SWAP_IN, SWAP_OUT, BlockTableSnapshot
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
 
 
-class PagedBlockManager(KVCacheManager):
+class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
     """The paged allocator of PagedAttention (paper §4.2-4.3, vLLM's ``BlockSpaceManager``).
 
     A request's block table lives on ``seq.block_table``. A request takes a new block only when its
@@ -233,131 +235,6 @@ class PagedBlockManager(KVCacheManager):
         seq.block_table = []
         self.num_committed_blocks.pop(seq.seq_id, None)
         self.lookahead.pop(seq.seq_id, None)
-
-    # --- Speculative decoding: lookahead slots (vLLM v1's ``allocate_slots(num_lookahead_tokens=k)``) --
-    # Before a step that verifies k draft tokens of a decoding sequence, the positions of the drafts
-    # (``num_tokens`` .. ``num_tokens + k - 1``, after the slot of its newest token) need slots: they
-    # are *tentative*, their KV is written by the verification pass but belongs to tokens that may be
-    # rejected. After the step, :meth:`rollback_lookahead` gives back what the rejected drafts held:
-    # a block left with no verified token is freed. Only verified tokens are ever hashed into the
-    # prefix cache: :meth:`cache_blocks` hashes up to ``num_computed_tokens`` and only over
-    # ``seq.token_ids``, which never hold a draft.
-
-    def lookahead_blocks_needed(self, seq: Sequence, num_lookahead: int) -> int:
-        """New blocks ``num_lookahead`` tentative slots after ``seq``'s newest token would take."""
-        return max(0, self.blocks_needed(seq.num_tokens + num_lookahead) - max(len(seq.block_table), self.blocks_needed(seq.num_tokens)))
-
-    def allocate_lookahead_slots(self, seq: Sequence, num_lookahead: int) -> int:
-        """Tentative slots for up to ``num_lookahead`` draft tokens after ``seq``'s newest token
-        (whose own slot the decode step already holds, :meth:`append_slot`). Takes only free blocks:
-        speculation never preempts, so where the pool runs short fewer drafts get slots.
-
-        Returns:
-            how many lookahead slots ``seq`` now holds (0 .. num_lookahead).
-        """
-        assert seq.seq_id not in self.lookahead, f"sequence {seq.seq_id} already holds lookahead slots"
-        assert len(seq.block_table) >= self.blocks_needed(seq.num_tokens), "the newest token's slot comes first (append_slot)"
-        granted = num_lookahead
-        while granted and self.lookahead_blocks_needed(seq, granted) > self.allocator.num_free:
-            granted -= 1
-        for _ in range(self.lookahead_blocks_needed(seq, granted)):
-            self._take_block(seq)
-        if granted:
-            self.lookahead[seq.seq_id] = (seq.num_tokens, seq.num_tokens + granted)
-        return granted
-
-    def tentative_slots(self, seq: Sequence) -> list[int]:
-        """The physical slots of ``seq``'s lookahead positions this step ([] without any)."""
-        start, end = self.lookahead.get(seq.seq_id, (0, 0))
-        return self.slot_mapping(seq, start, end) if end > start else []
-
-    def rollback_lookahead(self, seq: Sequence) -> tuple[list[int], list[int]]:
-        """After verification, with ``seq.num_computed_tokens`` counting only verified tokens: give
-        back the slots of the rejected drafts (positions ``num_computed_tokens`` .. the lookahead's
-        end) and free every block left holding no verified token (the last ones, freed in reverse).
-
-        Returns:
-            (the rolled-back slots, the block ids freed).
-        """
-        start, end = self.lookahead.pop(seq.seq_id, (0, 0))
-        keep_from = max(start, seq.num_computed_tokens)
-        rolled_back = self.slot_mapping(seq, keep_from, end) if end > keep_from else []
-        freed = []
-        while len(seq.block_table) > self.blocks_needed(seq.num_computed_tokens):
-            logical_index = len(seq.block_table) - 1
-            block_id = seq.block_table.pop()
-            self.allocator.free(block_id)
-            freed.append(block_id)
-            self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
-                             detail="rolled back: no verified token left in it")
-        return rolled_back, freed
-
-    # --- Swap (paper §4.5; vLLM v0's ``BlockSpaceManager.swap_out`` / ``swap_in``) ---------------
-    # A swapped-out request's block tables hold CPU block ids while it waits in the scheduler's
-    # ``swapped`` queue. A block its sequences share (refcount > 1 within the group) is copied once
-    # and shared again on the other side, with the same refcount.
-
-    def _distinct_blocks(self, group: Group) -> dict[int, None]:
-        """Every block ``group``'s unfinished sequences hold, each once, in table order."""
-        return dict.fromkeys(b for seq in group.unfinished_seqs() for b in seq.block_table)
-
-    def can_swap_out(self, group: Group) -> bool:
-        """Room in the CPU pool for every block ``group`` holds (shared ones once)?"""
-        return self.cpu_allocator is not None and len(self._distinct_blocks(group)) <= self.cpu_allocator.num_free
-
-    def swap_out(self, group: Group) -> list[tuple[int, int]]:
-        """Move ``group``'s blocks to the CPU pool; returns the ``(gpu_block, cpu_block)`` copies to
-        run before this step's forward pass (vLLM's ``blocks_to_swap_out``). The GPU blocks are
-        released (a block another request still holds, a prefix-cache hit, stays)."""
-        return self._move(group, self.allocator, self.cpu_allocator, SWAP_OUT, lambda seq: self.cpu_allocator.allocate())
-
-    def can_swap_in(self, group: Group) -> bool:
-        """Room on the GPU for ``group``'s blocks and for the token each sequence decodes next,
-        within the admission watermark?"""
-        seqs = group.unfinished_seqs()
-        return self.fits_admission(len(self._distinct_blocks(group)) + self._blocks_to_append(seqs, self.cpu_allocator))
-
-    def swap_in(self, group: Group) -> list[tuple[int, int]]:
-        """Bring a swapped-out ``group`` back; returns the ``(cpu_block, gpu_block)`` copies
-        (``blocks_to_swap_in``). The group then decodes on without recomputing anything."""
-        return self._move(group, self.cpu_allocator, self.allocator, SWAP_IN, self._allocate_block)
-
-    def _move(self, group: Group, src: BlockAllocator, dst: BlockAllocator, kind: str, take) -> list[tuple[int, int]]:
-        mapping: dict[int, int] = {}
-        for seq in group.unfinished_seqs():
-            table = []
-            for logical_index, block_id in enumerate(seq.block_table):
-                if block_id in mapping:
-                    dst.incref(mapping[block_id])
-                else:
-                    mapping[block_id] = take(seq)
-                    self.events.emit(kind, seq.request_id, block_id=block_id, dst_block_id=mapping[block_id],
-                                     logical_index=logical_index, seq_id=seq.seq_id)
-                table.append(mapping[block_id])
-            for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
-                src.free(block_id)
-            seq.block_table = table
-            self.num_committed_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
-        return list(mapping.items())
-
-    def free_swapped(self, group: Group) -> None:
-        """Release a swapped-out group's CPU blocks (it is aborted, or recomputed after a failed step)."""
-        for seq in group.unfinished_seqs():
-            for block_id in reversed(seq.block_table):
-                self.cpu_allocator.free(block_id)
-            seq.block_table = []
-
-    def cpu_usage(self, swapped: list[Group]) -> MemoryUsage | None:
-        """The CPU swap space in the paper's categories (``swap_space_usage``); None without one."""
-        if self.cpu_allocator is None:
-            return None
-        tables = [s.block_table for g in swapped for s in g.unfinished_seqs()]
-        computed = [s.num_computed_tokens for g in swapped for s in g.unfinished_seqs()]
-        return swap_space_usage(tables, computed, self.block_size, self.cpu_allocator.num_blocks, self.cpu_allocator.num_free)
-
-    def cpu_snapshot(self, swapped: list[Group]) -> list[BlockTableSnapshot]:
-        """The swapped requests' block tables, in CPU block ids (the CPU pool lane of the app)."""
-        return self._snapshot(swapped, self.cpu_allocator.ref_counts) if self.cpu_allocator else []
 
     def _is_cached(self, block_id: int) -> bool:
         return self.prefix_cache is not None and self.prefix_cache.block_hash[block_id] is not None

@@ -192,7 +192,7 @@ class Scheduler:
 
     # --- The policy: who gets memory first, who gives it up -----------------------------------
 
-    def _running_order(self, groups: list[Group] | None = None, admission_rank: dict[Group, int] | None = None) -> list[Group]:
+    def _running_order(self, groups: list[SequenceGroup] | None = None, admission_rank: dict[SequenceGroup, int] | None = None) -> list[SequenceGroup]:
         """The order in which running requests get the step's memory (vLLM's): decodes first, then
         the partial prefill (chunked prefill only), each part in admission order, oldest first.
 
@@ -208,7 +208,7 @@ class Scheduler:
         return sorted(groups, key=lambda g: (self._is_prefilling(g), admission_rank[g]))
 
     @staticmethod
-    def _pick_victim(pending: deque[Group] | list[Group], group: Group) -> Group:
+    def _pick_victim(pending: deque[SequenceGroup] | list[SequenceGroup], group: SequenceGroup) -> SequenceGroup:
         """Who is preempted when running request ``group`` cannot get its memory (paper §4.5,
         vLLM's rule): the newest request that has not had its turn this step, else ``group``
         itself; requests served before it keep what they got.
