@@ -153,3 +153,55 @@ def test_sharegpt_load_returns_each_requests_token_ids(tiny_llama_dir, capsys):
     assert [len(ids) for ids in result["token_ids"]] == [6] * 6
     assert result["total_input_tokens"] == served["vllm:prompt_tokens_total"]  # the text's lengths are the server's
     assert result["request_goodput"] == pytest.approx(result["request_throughput"])
+
+
+def test_the_server_returns_token_ids_like_vllm(tiny_llama_dir):
+    """vLLM's ``return_token_ids``: the whole answer's choice carries its token ids, and a stream's
+    chunks carry the ones each adds (one per step), joined they are the offline run's tokens."""
+    import httpx
+
+    from engine import LLM, SamplingParams
+
+    prompt = [5, 17, 99, 3, 250, 8]
+    offline = LLM(model=str(tiny_llama_dir), num_gpu_blocks=64).generate([prompt], SamplingParams(max_tokens=9, ignore_eos=True))[0]
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
+    body = {"prompt": prompt, "max_tokens": 9, "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+    with serving(engine) as (base, _):
+        whole = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+        chunks = []
+        with httpx.stream("POST", f"{base}/v1/completions", json=body | {"stream": True}, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:])["choices"][0])
+        refused = httpx.post(f"{base}/v1/completions", json=body | {"return_token_ids": "yes"}, timeout=60)
+    assert whole["choices"][0]["token_ids"] == offline.token_ids
+    assert [c["token_ids"] for c in chunks] == [[t] for t in offline.token_ids]
+    assert "".join(c["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "return_token_ids"
+
+
+def test_against_vllm_gives_both_servers_equal_settings_and_compares_tokens(tmp_path):
+    from engine.tools.bench_serve_vllm import commands, compare_token_ids, parse_rates
+
+    settings = dict(block_size=32, num_blocks=64, max_num_seqs=8, max_model_len=2048, max_num_batched_tokens=2048)
+    lines = commands(tmp_path, "SmolLM2-135M-Instruct", settings, prefix_caching=False, vllm_python=tmp_path / "python")
+
+    def flags(line):
+        return {a: b for a, b in zip(line, line[1:]) if a.startswith("--")}
+
+    lab, vllm = flags(lines["lab"]), flags(lines["vllm"])
+    for name in ("--block-size", "--max-num-seqs", "--max-model-len", "--max-num-batched-tokens", "--dtype", "--served-model-name"):
+        assert lab[name] == vllm[name], name
+    assert int(vllm["--num-gpu-blocks-override"]) == int(lab["--num-gpu-blocks-override"]) + 1  # vLLM's null block
+    for line in lines.values():
+        assert "--no-enable-chunked-prefill" in line and "--no-enable-prefix-caching" in line
+    assert lines["vllm"][:4] == [str(tmp_path / "python"), "-m", "vllm.entrypoints.cli.main", "serve"]
+    same = compare_token_ids([[1, 2, 3], [4, 5]], [[1, 2, 3], [4, 5]])
+    assert same["identical"] and same["num_identical"] == 2
+    differ = compare_token_ids([[1, 2, 3], [4, 5], None], [[1, 9, 3], [4, 5, 6], [7]])
+    assert not differ["identical"] and differ["num_identical"] == 0
+    assert [(m["request"], m["position"]) for m in differ["mismatches"]] == [(0, 1), (1, 2), (2, None)]
+    assert parse_rates("1,4,inf") == [1.0, 4.0, math.inf]
+    for bad in ("1,x", "0,1", ""):
+        with pytest.raises(ValueError, match="--request-rates"):
+            parse_rates(bad)
