@@ -213,6 +213,24 @@ def calculate_metrics(results: list[RequestResult], duration_s: float, percentil
     return out
 
 
+def predict_results(results: list[RequestResult], requests: list[SampleRequest], settings: dict) -> dict:
+    """The simulator's prediction of the requests that completed, each arriving when it was sent,
+    beside their measurement (:func:`engine.sim.online.compare_prediction`). A failed request is
+    left out of both: one the server refused (429, 400) never reached its engine.
+
+    Raises:
+        ValueError: no request completed.
+    """
+    from engine.sim.online import compare_prediction, predict_trace
+
+    done = [i for i, r in enumerate(results) if r.success]
+    if not done:
+        raise ValueError("--predict: no request completed, nothing to compare")
+    ok = [results[i] for i in done]
+    prediction = predict_trace([r.start_time for r in ok], [requests[i].prompt_len for i in done], [requests[i].output_len for i in done], **settings)
+    return compare_prediction(prediction, latencies(ok)) | {"failed_left_out": len(results) - len(done)}
+
+
 def latencies(results: list[RequestResult]) -> dict[str, list[float | None]]:
     """Per request, in order: "ttft", "tpot", "e2el" in seconds (None: failed; TPOT None for one token)."""
     return {
@@ -362,12 +380,9 @@ def run_cli(args) -> dict:
     if args.dataset_name == "random":
         result.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len)
     if args.predict:
-        from engine.sim.online import compare_prediction, predict_trace
-
         settings = server_settings(args)
         _check_pool(base_url, settings)
-        prediction = predict_trace([r.start_time for r in results], [q.prompt_len for q in requests], [q.output_len for q in requests], **settings)
-        result["prediction"] = compare_prediction(prediction, latencies(results))
+        result["prediction"] = predict_results(results, requests, settings)
     if args.return_token_ids:
         result["token_ids"] = [r.token_ids for r in results]
     if args.json:

@@ -41,6 +41,7 @@ WARMUP_PROMPTS = 4
 WARMUP_TOKENS = 8
 STDERR_TAIL_LINES = 20
 SIDES = ("lab", "vllm")
+UNCAPPED = 1 << 20
 
 
 class ServerProcess:
@@ -130,7 +131,9 @@ def commands(model_dir: Path, served_name: str, settings: dict, prefix_caching: 
               "--max-model-len", str(settings["max_model_len"]), "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
               "--no-enable-chunked-prefill", caching, "--dtype", "float32", "--seed", "0", "--uvicorn-log-level", "warning"]
     return {
-        "lab": [sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--num-gpu-blocks-override", str(settings["num_blocks"]), *common],
+        # vLLM has no per-client cap on requests in flight; the lab's (64 by default) would refuse part of a large trace.
+        "lab": [sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--num-gpu-blocks-override", str(settings["num_blocks"]),
+                "--max-concurrent-requests-per-client", str(UNCAPPED), *common],
         "vllm": [str(vllm_python), "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
                  "--num-gpu-blocks-override", str(settings["num_blocks"] + 1), *common],
     }
@@ -255,10 +258,9 @@ def make_warmup(requests):
 
 
 def _predict(results, requests, settings: dict) -> dict:
-    from engine.sim.online import compare_prediction, predict_trace
+    from engine.tools.bench_serve import predict_results
 
-    prediction = predict_trace([r.start_time for r in results], [q.prompt_len for q in requests], [q.output_len for q in requests], **settings)
-    return compare_prediction(prediction, latencies(results))
+    return predict_results(results, requests, settings)
 
 
 def _vllm_version(python) -> str | None:
