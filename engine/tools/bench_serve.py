@@ -383,6 +383,9 @@ def run_cli(args) -> dict:
         settings = server_settings(args)
         _check_pool(base_url, settings)
         result["prediction"] = predict_results(results, requests, settings)
+        result["server_settings"] = settings
+        result["requests"] = [{"start_time": r.start_time, "prompt_len": q.prompt_len, "output_len": q.output_len, "success": r.success,
+                               "ttft": r.ttft, "latency": r.latency, "output_tokens": r.output_tokens} for r, q in zip(results, requests)]
     if args.return_token_ids:
         result["token_ids"] = [r.token_ids for r in results]
     if args.json:
