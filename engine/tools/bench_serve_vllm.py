@@ -224,6 +224,8 @@ def run_against(args, selected: list[str], percentiles: list[float], goodput: di
                                                [r.token_ids if r.success else None for r in raw["vllm"]])
             if args.predict:
                 run["prediction"] = _predict(raw["lab"], requests, settings)
+                run["lab_requests"] = [{"start_time": r.start_time, "success": r.success, "ttft": r.ttft, "latency": r.latency,
+                                        "output_tokens": r.output_tokens} for r in raw["lab"]]
             runs.append(run)
             if not args.json:
                 say(format_rate(run, goodput))
