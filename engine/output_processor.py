@@ -91,6 +91,8 @@ class RequestDelta:
         num_new_tokens: tokens the step added over all the request's sequences.
         finish_reasons: choice index -> finish reason ("stop", "length", "abort", "error") of the
             choices that finished this step.
+        token_ids: choice index -> the token ids that step added to that choice (vLLM's
+            ``return_token_ids`` stream deltas; several with speculative decoding).
         output: the request's final :class:`~engine.RequestOutput`, in its last delta; else None.
         error: the request failed ("TypeError: ..."): its own part of a step, or the whole step; else None.
     """
@@ -101,6 +103,7 @@ class RequestDelta:
     output: RequestOutput | None = None
     error: str | None = None
     aborted: bool = False
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -202,10 +205,16 @@ class OutputProcessor:
                 continue
             index_of = {seq.seq_id: seq.index for seq in request.seqs}
             texts = report.seq_new_text.get(request_id, {})
+            if request.is_single:  # speculative decoding may add several tokens in one step
+                token_ids = {index_of[sid]: list(report.new_token_ids.get(request_id, [])) for sid in texts}
+            else:  # one new token per sequence per step
+                last_token = {seq.seq_id: seq.token_ids[-1] for seq in request.seqs if seq.token_ids}
+                token_ids = {index_of[sid]: [last_token[sid]] for sid in texts if sid in last_token}
             delta = RequestDelta(
                 texts={index_of[sid]: text for sid, text in texts.items()},
-                num_new_tokens=len(texts),
+                num_new_tokens=sum(len(ids) for ids in token_ids.values()) if token_ids else len(texts),
                 finish_reasons={index_of[sid]: reason for sid, reason in report.seq_finished.get(request_id, {}).items()},
+                token_ids=token_ids,
             )
             if request_id in report.finished:
                 delta.output = self.take_output(request_id)

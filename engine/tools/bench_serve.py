@@ -1,18 +1,25 @@
 """``python -m engine bench-serve``: load an OpenAI-compatible server and measure it, with the
 conventions of ``vllm bench serve`` (its flags, its metrics, its printout).
 
-Requests come from the *random* dataset (prompts of ``--random-input-len`` token ids, outputs of
-``--random-output-len`` tokens, both spread by ``--random-range-ratio``), sent as token ids so that
-every prompt has exactly its length. They arrive as a Poisson process at ``--request-rate``
-requests/s (``--burstiness`` < 1 burstier, > 1 more regular: gamma-distributed gaps, as vLLM) or all
-at once (``inf``), at most ``--max-concurrency`` at a time. Each request streams; the client times:
+Requests come from a dataset (engine/tools/serve_datasets.py: ``random``, ``sharegpt``,
+``prefix_repetition``). They arrive as a Poisson process at ``--request-rate`` requests/s
+(``--burstiness`` < 1 burstier, > 1 more regular: gamma-distributed gaps, as vLLM) or all at once
+(``inf``), at most ``--max-concurrency`` at a time. Each request streams; the client times:
 
-- TTFT, time to first token: request sent -> its first text chunk (ms).
+- TTFT, time to first token: request sent -> its first chunk (ms).
 - ITL, inter-token latency: the gaps between its chunks (ms; one chunk per engine step).
 - TPOT, time per output token: (e2e latency - TTFT) / (output tokens - 1), per request (ms).
 - E2EL, end-to-end latency: request sent -> its last chunk (ms).
 
 Output tokens are counted from the stream's usage chunk (``stream_options.include_usage``).
+Goodput (``--goodput ttft:MS tpot:MS e2el:MS``, vLLM's): completed requests per second that met
+every one of those service-level objectives.
+
+Two more modes: ``--against vllm`` starts the lab's server and ``vllm serve`` with equal settings and
+drives both with the same trace at each of ``--request-rates`` (engine/tools/bench_serve_vllm.py);
+``--predict`` runs the simulator, with the step-time model ``python -m engine calibrate`` fitted
+here, on the trace the server was given and prints its prediction beside the measurement
+(engine/sim/online.py).
 """
 
 from __future__ import annotations
@@ -26,22 +33,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.tools.serve_datasets import DATASETS, SampleRequest, prefix_repetition_dataset, random_dataset, sharegpt_dataset
+
 METRICS = ("ttft", "tpot", "itl", "e2el")
 METRIC_TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)", "itl": "Inter-token Latency",
                  "e2el": "End-to-end Latency"}
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
-
-@dataclass
-class SampleRequest:
-    """One request of the dataset: its prompt's token ids and its output length, tokens."""
-
-    prompt_token_ids: list[int]
-    output_len: int
+__all__ = ["SampleRequest", "RequestResult", "random_dataset", "arrival_gaps", "benchmark", "calculate_metrics", "parse_goodput"]
 
 
 @dataclass
 class RequestResult:
-    """What the client measured of one request (vLLM's ``RequestFuncOutput``); times in seconds."""
+    """What the client measured of one request (vLLM's ``RequestFuncOutput``); times in seconds.
+
+    Attributes:
+        start_time: when it was sent, s after the benchmark's start.
+        text: the streamed text, joined; token_ids: the streamed ``token_ids`` joined (servers that
+            return them, asked with ``return_token_ids``), else None.
+    """
 
     success: bool = False
     prompt_len: int = 0
@@ -50,24 +60,9 @@ class RequestResult:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
     error: str = ""
-
-
-def random_dataset(num_prompts: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int, seed: int) -> list[SampleRequest]:
-    """vLLM's random dataset: lengths uniform in ``[len * (1 - range_ratio), len * (1 + range_ratio)]``,
-    prompt token ids ``(offset + i + arange(len)) % vocab_size`` from a random offset per request.
-
-    Raises:
-        ValueError: a length < 1 or a range_ratio outside [0, 1).
-    """
-    if input_len < 1 or output_len < 1:
-        raise ValueError(f"random-input-len and random-output-len must be >= 1, got {input_len} and {output_len}")
-    if not 0 <= range_ratio < 1:
-        raise ValueError(f"random-range-ratio must be in [0, 1), got {range_ratio}")
-    rng = np.random.default_rng(seed)
-    inputs = rng.integers(max(1, int(input_len * (1 - range_ratio))), int(input_len * (1 + range_ratio)) + 1, num_prompts)
-    outputs = rng.integers(max(1, int(output_len * (1 - range_ratio))), int(output_len * (1 + range_ratio)) + 1, num_prompts)
-    offsets = rng.integers(0, vocab_size, num_prompts)
-    return [SampleRequest([int((offsets[i] + i + j) % vocab_size) for j in range(inputs[i])], int(outputs[i])) for i in range(num_prompts)]
+    start_time: float = 0.0
+    text: str = ""
+    token_ids: list[int] | None = None
 
 
 def arrival_gaps(num_requests: int, request_rate: float, burstiness: float, seed: int) -> list[float]:
@@ -81,32 +76,66 @@ def arrival_gaps(num_requests: int, request_rate: float, burstiness: float, seed
     return list(rng.gamma(shape=burstiness, scale=1 / (request_rate * burstiness), size=num_requests))
 
 
-async def _send(client, url: str, model: str, request: SampleRequest, ignore_eos: bool, headers: dict) -> RequestResult:
-    result = RequestResult(prompt_len=len(request.prompt_token_ids))
-    body = {"model": model, "prompt": request.prompt_token_ids, "max_tokens": request.output_len, "temperature": 0.0,
+def parse_goodput(values: list[str] | None) -> dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` -> {"ttft": 500.0, "tpot": 50.0} (ms), vLLM's ``--goodput``.
+
+    Raises:
+        ValueError: a pair that is not NAME:MS, a name not in ttft, tpot, e2el, or a value < 0.
+    """
+    slos = {}
+    for value in values or []:
+        name, sep, ms = value.partition(":")
+        if not sep or name not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput: {value!r} must be NAME:MS with NAME one of {', '.join(GOODPUT_METRICS)}")
+        try:
+            slos[name] = float(ms)
+        except ValueError:
+            raise ValueError(f"--goodput: {value!r}: {ms!r} is not a number of milliseconds") from None
+        if slos[name] < 0:
+            raise ValueError(f"--goodput: {value!r}: a service-level objective must be >= 0 ms")
+    return slos
+
+
+async def _send(client, url: str, model: str, request: SampleRequest, ignore_eos: bool, headers: dict,
+                return_token_ids: bool, origin: float) -> RequestResult:
+    result = RequestResult(prompt_len=request.prompt_len)
+    body = {"model": model, "prompt": request.prompt, "max_tokens": request.output_len, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+    if return_token_ids:
+        body["return_token_ids"] = True
+        result.token_ids = []
     start = last = time.perf_counter()
+    result.start_time = start - origin
+    first = True
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}"
                 return result
             async for line in response.aiter_lines():
-                if not line.startswith("data:") or line == "data: [DONE]":
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
                 chunk = json.loads(line[5:])
                 if "error" in chunk:
                     result.error = chunk["error"].get("message", str(chunk["error"]))
                     return result
                 now = time.perf_counter()
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
-                    if result.ttft == 0.0:
+                if chunk.get("choices"):  # a chunk of the completion (its text may be empty: vLLM's rule)
+                    choice = chunk["choices"][0]
+                    if first:
                         result.ttft = now - start
+                        first = False
                     else:
                         result.itl.append(now - last)
                     last = now
+                    result.text += choice.get("text") or ""
+                    if result.token_ids is not None:
+                        result.token_ids += choice.get("token_ids") or []
                 if chunk.get("usage"):
                     result.output_tokens = chunk["usage"]["completion_tokens"]
+            if first:
+                result.error = "the stream ended without a chunk of the completion"
+                return result
             result.latency = last - start
             result.success = True
     except Exception as error:  # a failed request is counted, not fatal
@@ -116,9 +145,11 @@ async def _send(client, url: str, model: str, request: SampleRequest, ignore_eos
 
 async def benchmark(base_url: str, model: str, requests: list[SampleRequest], request_rate: float = math.inf, burstiness: float = 1.0,
                     max_concurrency: int | None = None, ignore_eos: bool = True, seed: int = 0, endpoint: str = "/v1/completions",
-                    api_key: str | None = None, progress=None) -> tuple[list[RequestResult], float]:
-    """Send ``requests`` to ``base_url + endpoint`` (streaming completions), arrivals as
-    :func:`arrival_gaps` says; returns each request's result and the benchmark's duration, s."""
+                    api_key: str | None = None, progress=None, return_token_ids: bool = False) -> tuple[list[RequestResult], float]:
+    """Send ``requests`` to ``base_url + endpoint`` (streaming completions, greedy), arrivals as
+    :func:`arrival_gaps` says; returns each request's result (in request order) and the
+    benchmark's duration, s. ``return_token_ids``: ask for vLLM's ``return_token_ids`` (each
+    result then has its ``token_ids``)."""
     import httpx
 
     gaps = arrival_gaps(len(requests), request_rate, burstiness, seed)
@@ -126,18 +157,18 @@ async def benchmark(base_url: str, model: str, requests: list[SampleRequest], re
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=max_concurrency or len(requests), max_keepalive_connections=max_concurrency or len(requests))
     async with httpx.AsyncClient(timeout=httpx.Timeout(6 * 3600.0), limits=limits) as client:
+        start = time.perf_counter()
 
         async def one(request: SampleRequest) -> RequestResult:
             if limit is None:
-                result = await _send(client, base_url + endpoint, model, request, ignore_eos, headers)
+                result = await _send(client, base_url + endpoint, model, request, ignore_eos, headers, return_token_ids, start)
             else:
                 async with limit:
-                    result = await _send(client, base_url + endpoint, model, request, ignore_eos, headers)
+                    result = await _send(client, base_url + endpoint, model, request, ignore_eos, headers, return_token_ids, start)
             if progress:
                 progress()
             return result
 
-        start = time.perf_counter()
         tasks = []
         for request, gap in zip(requests, gaps):
             if gap:
@@ -147,9 +178,11 @@ async def benchmark(base_url: str, model: str, requests: list[SampleRequest], re
         return list(results), time.perf_counter() - start
 
 
-def calculate_metrics(results: list[RequestResult], duration_s: float, percentiles: list[float], selected: list[str]) -> dict:
+def calculate_metrics(results: list[RequestResult], duration_s: float, percentiles: list[float], selected: list[str],
+                      goodput: dict[str, float] | None = None) -> dict:
     """vLLM's ``calculate_metrics``: counts, throughputs (per s) and mean / median / std / pN of the
-    selected latencies, in ms (keys like ``mean_ttft_ms``, ``p99_itl_ms``)."""
+    selected latencies, in ms (keys like ``mean_ttft_ms``, ``p99_itl_ms``); with ``goodput``
+    (metric -> SLO in ms) ``request_goodput``: completed requests per s that met every SLO."""
     ok = [r for r in results if r.success]
     values = {
         "ttft": [r.ttft for r in ok],
@@ -166,6 +199,10 @@ def calculate_metrics(results: list[RequestResult], duration_s: float, percentil
         "total_token_throughput": (total_input + total_output) / duration_s,
         "errors": [r.error for r in results if not r.success][:10],
     }
+    if goodput:
+        good = sum(1 for r in ok if _meets(r, goodput))
+        out["goodput_slos_ms"] = dict(goodput)
+        out["request_goodput"] = good / duration_s
     for name in selected:
         data = np.array(values[name] or [0.0]) * 1000
         out[f"mean_{name}_ms"] = float(np.mean(data))
@@ -174,6 +211,39 @@ def calculate_metrics(results: list[RequestResult], duration_s: float, percentil
         for p in percentiles:
             out[f"p{p:g}_{name}_ms"] = float(np.percentile(data, p))
     return out
+
+
+def predict_results(results: list[RequestResult], requests: list[SampleRequest], settings: dict) -> dict:
+    """The simulator's prediction of the requests that completed, each arriving when it was sent,
+    beside their measurement (:func:`engine.sim.online.compare_prediction`). A failed request is
+    left out of both: one the server refused (429, 400) never reached its engine.
+
+    Raises:
+        ValueError: no request completed.
+    """
+    from engine.sim.online import compare_prediction, predict_trace
+
+    done = [i for i, r in enumerate(results) if r.success]
+    if not done:
+        raise ValueError("--predict: no request completed, nothing to compare")
+    ok = [results[i] for i in done]
+    prediction = predict_trace([r.start_time for r in ok], [requests[i].prompt_len for i in done], [requests[i].output_len for i in done], **settings)
+    return compare_prediction(prediction, latencies(ok)) | {"failed_left_out": len(results) - len(done)}
+
+
+def latencies(results: list[RequestResult]) -> dict[str, list[float | None]]:
+    """Per request, in order: "ttft", "tpot", "e2el" in seconds (None: failed; TPOT None for one token)."""
+    return {
+        "ttft": [r.ttft if r.success else None for r in results],
+        "tpot": [(r.latency - r.ttft) / (r.output_tokens - 1) if r.success and r.output_tokens > 1 else None for r in results],
+        "e2el": [r.latency if r.success else None for r in results],
+    }
+
+
+def _meets(r: RequestResult, slos: dict[str, float]) -> bool:
+    """Whether one completed request met every SLO (ms); TPOT of a one-token output is 0 (vLLM's rule)."""
+    measured = {"ttft": r.ttft, "tpot": (r.latency - r.ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0, "e2el": r.latency}
+    return all(1000 * measured[name] <= slo for name, slo in slos.items())
 
 
 def format_result(result: dict, percentiles: list[float], selected: list[str], max_concurrency: int | None, request_rate: float) -> str:
@@ -192,6 +262,8 @@ def format_result(result: dict, percentiles: list[float], selected: list[str], m
     row("Total input tokens:", result["total_input_tokens"], "{:<10}")
     row("Total generated tokens:", result["total_output_tokens"], "{:<10}")
     row("Request throughput (req/s):", result["request_throughput"])
+    if "request_goodput" in result:
+        row("Request goodput (req/s):", result["request_goodput"])
     row("Output token throughput (tok/s):", result["output_throughput"])
     row("Total Token throughput (tok/s):", result["total_token_throughput"])
     for name in selected:
@@ -213,63 +285,167 @@ def register_cli(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--endpoint", default="/v1/completions", help="default: /v1/completions")
     p.add_argument("--model", default=None, help="the served model's name (default: the server's first, from /v1/models)")
-    p.add_argument("--tokenizer", default=None, help="the tokenizer whose vocabulary the random prompts draw from (default: --model)")
-    p.add_argument("--dataset-name", choices=["random"], default="random")
+    p.add_argument("--tokenizer", default=None, help="the tokenizer the datasets draw from (default: --model)")
+    p.add_argument("--dataset-name", choices=DATASETS, default="random", help="default: random")
     p.add_argument("--num-prompts", type=int, default=100, help="requests to send (default: 100)")
-    p.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: 1024)")
-    p.add_argument("--random-output-len", type=int, default=128, help="output tokens (default: 128)")
-    p.add_argument("--random-range-ratio", type=float, default=0.0, help="lengths uniform in [len*(1-r), len*(1+r)] (default: 0)")
+    p.add_argument("--random-input-len", type=int, default=1024, help="random: prompt tokens (default: 1024)")
+    p.add_argument("--random-output-len", type=int, default=128, help="random: output tokens (default: 128)")
+    p.add_argument("--random-range-ratio", type=float, default=0.0, help="random: lengths uniform in [len*(1-r), len*(1+r)] (default: 0)")
+    p.add_argument("--sharegpt-output-len", type=int, default=None, help="sharegpt: every request's output length (default: drawn)")
+    p.add_argument("--prefix-repetition-prefix-len", type=int, default=256, help="prefix_repetition: prefix tokens (default: 256)")
+    p.add_argument("--prefix-repetition-suffix-len", type=int, default=256, help="prefix_repetition: suffix tokens (default: 256)")
+    p.add_argument("--prefix-repetition-num-prefixes", type=int, default=10, help="prefix_repetition: distinct prefixes (default: 10)")
+    p.add_argument("--prefix-repetition-output-len", type=int, default=128, help="prefix_repetition: output tokens (default: 128)")
     p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s, Poisson arrivals (default: inf, all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1 = Poisson (default: 1)")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no cap)")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="every request generates its whole output length (default: on)")
+    p.add_argument("--return-token-ids", action="store_true", help="ask for vLLM's return_token_ids and keep each request's token ids")
     p.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el", help="of ttft, tpot, itl, e2el (default: all four)")
     p.add_argument("--metric-percentiles", default="50,90,99", help="percentiles to report (default: 50,90,99)")
+    p.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
+                   help="service-level objectives, e.g. ttft:1000 tpot:100 (ms; of ttft, tpot, e2el): adds request goodput")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--save-result", action="store_true", help="write the result as JSON (--result-filename)")
     p.add_argument("--result-filename", default=None, help="default: bench-serve-<model>-<time>.json")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    g = p.add_argument_group("the servers' settings (--against vllm starts both with them; --predict simulates them)")
+    g.add_argument("--against", choices=["vllm"], default=None,
+                   help="start the lab's server and `vllm serve` on the same model with equal settings; drive both with the same trace")
+    g.add_argument("--request-rates", default="1,4,inf", help="--against: the rates to run, requests/s (default: 1,4,inf)")
+    g.add_argument("--predict", action="store_true",
+                   help="the simulator's prediction of the same trace (the step-time model of `python -m engine calibrate`) beside the measurement")
+    g.add_argument("--vllm-python", default=None, help="--against: an interpreter that imports vLLM (default: the venv of `python -m engine vllm setup`)")
+    g.add_argument("--block-size", type=int, default=None, help="KV block size (default: 16; 32 with --against vllm, vLLM's CPU minimum)")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="KV pool in blocks (default: serve's, 512 blocks of 16 slots)")
+    g.add_argument("--max-num-seqs", type=int, default=32, help="most requests running in one step (default: 32, serve's)")
+    g.add_argument("--max-model-len", type=int, default=2048, help="default: 2048")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="--against: automatic prefix caching on both servers (default: off on both)")
     p.set_defaults(func=run_cli)
+
+
+def parse_percentiles(args) -> tuple[list[str], list[float]]:
+    selected = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    bad = [m for m in selected if m not in METRICS]
+    if bad:
+        raise ValueError(f"--percentile-metrics: unknown {bad}; choose from {', '.join(METRICS)}")
+    try:
+        percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    except ValueError:
+        raise ValueError(f"--metric-percentiles: {args.metric_percentiles!r} is not a comma-separated list of numbers") from None
+    return selected, percentiles
+
+
+def make_dataset(args, tokenizer_name: str, max_model_len: int) -> list[SampleRequest]:
+    """The requests of ``args.dataset_name`` (the flags above), drawn with ``args.seed``."""
+    if args.num_prompts < 1:
+        raise ValueError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+    tokenizer = _tokenizer(tokenizer_name)
+    if args.dataset_name == "sharegpt":
+        return sharegpt_dataset(args.num_prompts, tokenizer, max_model_len, args.seed, args.sharegpt_output_len)
+    if args.dataset_name == "prefix_repetition":
+        return prefix_repetition_dataset(args.num_prompts, args.prefix_repetition_prefix_len, args.prefix_repetition_suffix_len,
+                                         args.prefix_repetition_num_prefixes, args.prefix_repetition_output_len, len(tokenizer), args.seed)
+    return random_dataset(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio, len(tokenizer), args.seed)
 
 
 def run_cli(args) -> dict:
     import httpx
 
+    selected, percentiles = parse_percentiles(args)
+    goodput = parse_goodput(args.goodput)
+    if args.against:
+        from engine.tools.bench_serve_vllm import run_against
+
+        return run_against(args, selected, percentiles, goodput)
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    selected = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
-    bad = [m for m in selected if m not in METRICS]
-    if bad:
-        raise ValueError(f"--percentile-metrics: unknown {bad}; choose from {', '.join(METRICS)}")
-    percentiles = [float(p) for p in args.metric_percentiles.split(",")]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    model = args.model
-    if model is None:
-        try:
-            model = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+    try:
+        served = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+        if args.model is None:
             raise OSError(f"cannot read the served model from {base_url}/v1/models ({error}); give --model") from None
-    requests = random_dataset(args.num_prompts, args.random_input_len, args.random_output_len, args.random_range_ratio,
-                              _vocab_size(args.tokenizer or model), args.seed)
+        served = {}
+    model = args.model or served["id"]
+    requests = make_dataset(args, args.tokenizer or model, served.get("max_model_len") or args.max_model_len)
     results, duration = asyncio.run(benchmark(base_url, model, requests, args.request_rate, args.burstiness, args.max_concurrency,
-                                              args.ignore_eos, args.seed, args.endpoint, args.api_key))
-    result = calculate_metrics(results, duration, percentiles, selected)
-    result.update(model_id=model, base_url=base_url, num_prompts=args.num_prompts, request_rate=args.request_rate,
-                  burstiness=args.burstiness, max_concurrency=args.max_concurrency, random_input_len=args.random_input_len,
-                  random_output_len=args.random_output_len)
-    print(json.dumps(result) if args.json else format_result(result, percentiles, selected, args.max_concurrency, args.request_rate))
+                                              args.ignore_eos, args.seed, args.endpoint, args.api_key,
+                                              return_token_ids=args.return_token_ids))
+    result = calculate_metrics(results, duration, percentiles, selected, goodput)
+    result.update(model_id=model, base_url=base_url, dataset_name=args.dataset_name, num_prompts=args.num_prompts,
+                  request_rate=args.request_rate, burstiness=args.burstiness, max_concurrency=args.max_concurrency)
+    if args.dataset_name == "random":
+        result.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len)
+    if args.predict:
+        settings = server_settings(args)
+        _check_pool(base_url, settings)
+        result["prediction"] = predict_results(results, requests, settings)
+        result["server_settings"] = settings
+        result["requests"] = [{"start_time": r.start_time, "prompt_len": q.prompt_len, "output_len": q.output_len, "success": r.success,
+                               "ttft": r.ttft, "latency": r.latency, "output_tokens": r.output_tokens} for r, q in zip(results, requests)]
+    if args.return_token_ids:
+        result["token_ids"] = [r.token_ids for r in results]
+    if args.json:
+        print(json.dumps(_jsonable(result)))
+    else:
+        print(format_result(result, percentiles, selected, args.max_concurrency, args.request_rate))
+        if "prediction" in result:
+            from engine.sim.online import format_prediction
+
+            print(format_prediction(result["prediction"]))
     if args.save_result:
         name = args.result_filename or f"bench-serve-{model.replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
         with open(name, "w") as f:
-            json.dump({k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in result.items()}, f, indent=2)
+            json.dump(_jsonable(result), f, indent=2)
     return result
 
 
-def _vocab_size(name: str) -> int:
-    """The vocabulary size of ``name``'s tokenizer (a local directory, .gguf or hub id the lab can resolve)."""
+def server_settings(args) -> dict:
+    """The KV pool and scheduler limits the flags describe, with ``serve``'s defaults (its engine's:
+    512 blocks of 16 slots, 32 sequences, a 2048-token budget), as :func:`engine.sim.online.predict_trace` takes them."""
+    block_size = args.block_size or 16
+    num_blocks = args.num_gpu_blocks_override or 512 * 16 // block_size
+    return {"block_size": block_size, "num_blocks": num_blocks, "max_num_seqs": args.max_num_seqs,
+            "max_model_len": args.max_model_len, "max_num_batched_tokens": max(2048, args.max_model_len)}
+
+
+def _check_pool(base_url: str, settings: dict) -> None:
+    """Where the server is the lab's, its KV pool (``lab:kv_cache_blocks`` in /metrics) must be the one simulated.
+
+    Raises:
+        ValueError: it is not (naming --num-gpu-blocks-override).
+    """
+    import httpx
+
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return
+    for line in text.splitlines():
+        if line.startswith("lab:kv_cache_blocks"):
+            served = int(float(line.rsplit(" ", 1)[1]))
+            if served != settings["num_blocks"]:
+                raise ValueError(f"--predict: the server's KV pool has {served} blocks, the simulation {settings['num_blocks']}: give "
+                                 "the server's --block-size and --num-gpu-blocks-override")
+
+
+def _jsonable(value):
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _tokenizer(name: str):
+    """The tokenizer of ``name`` (a local directory, .gguf or hub id the lab can resolve)."""
     from transformers import AutoTokenizer
 
     from engine.model_executor.model_loader import resolve_model
 
-    return len(AutoTokenizer.from_pretrained(resolve_model(name)))
+    return AutoTokenizer.from_pretrained(resolve_model(name))

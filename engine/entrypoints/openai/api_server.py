@@ -211,10 +211,10 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
             hub.note_request(request_id, request.user or client, prompt_text(request.prompt, serving.tokenizer), max_tokens)
             if request.stream:
                 response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage,
-                                          on_close=lambda: limits.release(client, reserved))
+                                          on_close=lambda: limits.release(client, reserved), return_token_ids=request.return_token_ids)
                 streaming = True  # the stream releases the client's share when it closes
                 return response
-            return await serving.complete(raw, request_id, len(ids), request.n, chat)
+            return await serving.complete(raw, request_id, len(ids), request.n, chat, request.return_token_ids)
         finally:
             if not streaming:
                 limits.release(client, reserved)

@@ -44,7 +44,7 @@ def error_body(message: str, type_: str, param: str | None, code: int | str | No
 
 # Fields both endpoints read, then each endpoint's own.
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
-                 "user", "ignore_eos"}
+                 "user", "ignore_eos", "return_token_ids"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
 
@@ -81,6 +81,8 @@ class GenerateRequest:
         stream: send server-sent events; include_usage: end the stream with a usage chunk.
         user: the caller's end-user id (OpenAI's field for abuse monitoring): accepted and checked, not used.
         max_tokens_name: the field ``max_tokens`` came from ("max_tokens" or "max_completion_tokens").
+        return_token_ids: vLLM's extra field: each choice (each stream chunk) also carries its
+            generated ``token_ids`` (a stream chunk: the ones it adds).
     """
 
     model: str | None
@@ -92,6 +94,7 @@ class GenerateRequest:
     include_usage: bool = False
     user: str | None = None
     max_tokens_name: str = "max_tokens"
+    return_token_ids: bool = False
 
     @property
     def prompt_field(self) -> str:
@@ -244,7 +247,10 @@ def _common(body: dict, prompt, max_tokens, max_tokens_name: str) -> GenerateReq
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise APIError(400, f"'user' must be a string, got {user!r}", "user")
-    return GenerateRequest(model, prompt, max_tokens, sampling, n, stream, include_usage, user, max_tokens_name)
+    return_token_ids = _get(body, "return_token_ids", False)
+    if not isinstance(return_token_ids, bool):
+        raise APIError(400, f"'return_token_ids' must be true or false, got {return_token_ids!r}", "return_token_ids")
+    return GenerateRequest(model, prompt, max_tokens, sampling, n, stream, include_usage, user, max_tokens_name, return_token_ids)
 
 
 def _get(body: dict, name: str, default):

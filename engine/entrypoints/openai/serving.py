@@ -98,7 +98,8 @@ class OpenAIServing:
 
     # ---- whole answers ------------------------------------------------------------------------
 
-    async def complete(self, raw: Request, request_id: int, num_prompt_tokens: int, n: int, chat: bool) -> JSONResponse:
+    async def complete(self, raw: Request, request_id: int, num_prompt_tokens: int, n: int, chat: bool,
+                       return_token_ids: bool = False) -> JSONResponse:
         """Wait for the request's end and answer with every choice. A client that goes away is
         noticed within DISCONNECT_POLL_S and its request aborted.
 
@@ -129,6 +130,8 @@ class OpenAIServing:
                                 "logprobs": None, "finish_reason": completion.finish_reason})
             else:
                 choices.append({"index": completion.index, "text": text, "logprobs": None, "finish_reason": completion.finish_reason})
+            if return_token_ids:
+                choices[-1]["token_ids"] = list(completion.token_ids)
         return JSONResponse({
             "id": _id(chat, request_id), "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": self.model_name, "choices": choices, "usage": _usage(num_prompt_tokens, output),
@@ -137,11 +140,13 @@ class OpenAIServing:
     # ---- streams ------------------------------------------------------------------------------
 
     def stream(self, request_id: int, num_prompt_tokens: int, n: int, chat: bool, include_usage: bool,
-               on_close: Callable[[], None]) -> StreamingResponse:
+               on_close: Callable[[], None], return_token_ids: bool = False) -> StreamingResponse:
         """Server-sent events: one ``data:`` chunk per choice per step that gave it text, the
         finish reason in its last chunk, a usage chunk (``include_usage``), then ``data: [DONE]``.
         A failure ends the stream with an ``{"error": ...}`` event. A client that disconnects
-        aborts the request: the engine frees its blocks at once."""
+        aborts the request: the engine frees its blocks at once. With ``return_token_ids`` (vLLM's
+        field) each chunk also carries the ``token_ids`` it adds, and a step whose text is held back
+        still sends its chunk (empty text, its token), as vLLM does."""
         llm = self.llm
         head = {"id": _id(chat, request_id), "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_name}
@@ -160,14 +165,15 @@ class OpenAIServing:
                     last = delta
                     for i in sorted(set(delta.texts) | set(delta.finish_reasons)):
                         text, reason = delta.texts.get(i, ""), delta.finish_reasons.get(i)
-                        if not text and reason is None:
+                        tokens = {"token_ids": delta.token_ids.get(i, [])} if return_token_ids else {}
+                        if not text and reason is None and not tokens.get("token_ids"):
                             continue  # text held back this step (a split character, the stop buffer)
                         if reason in ("abort", "error"):
                             continue  # said by the error event below
                         if chat:
-                            yield chunk([{"index": i, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": reason}])
+                            yield chunk([{"index": i, "delta": {"content": text} if text else {}, "logprobs": None, "finish_reason": reason, **tokens}])
                         else:
-                            yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": reason}])
+                            yield chunk([{"index": i, "text": text, "logprobs": None, "finish_reason": reason, **tokens}])
                 try:
                     _raise_for(last)
                 except APIError as error:
