@@ -205,7 +205,16 @@ def _add_serve(sub) -> None:
     register_cli(sub)
     from engine.tools.bench_serve import register_cli as register_bench_serve  # adds "bench-serve"
 
-    register_bench_serve(sub)
+    register_bench_serve(sub, _bench_serve)
+
+
+def _bench_serve(args) -> dict:
+    """bench-serve: one server (``engine/tools/bench_serve.py``), or the lab's and vLLM's side by side."""
+    if args.against:
+        from engine.tools import bench_serve_vllm as tool
+    else:
+        from engine.tools import bench_serve as tool
+    return tool.run_cli(args)
 
 
 def _add_vllm(sub) -> None:

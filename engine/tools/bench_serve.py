@@ -277,8 +277,10 @@ def format_result(result: dict, percentiles: list[float], selected: list[str], m
     return "\n".join(lines)
 
 
-def register_cli(sub) -> None:
-    """Add ``bench-serve`` to ``python -m engine``'s sub-commands (``vllm bench serve``'s flags)."""
+def register_cli(sub, func=None) -> None:
+    """Add ``bench-serve`` to ``python -m engine``'s sub-commands (``vllm bench serve``'s flags).
+    ``func``: what runs the parsed arguments (default :func:`run_cli`; ``engine/cli.py`` passes one
+    that sends ``--against vllm`` to ``engine/tools/bench_serve_vllm.py``)."""
     p = sub.add_parser("bench-serve", help="load an OpenAI-compatible server (this lab's or vLLM's) and measure TTFT, TPOT, ITL, throughput")
     p.add_argument("--base-url", default=None, help="server URL (default: http://HOST:PORT)")
     p.add_argument("--host", default="127.0.0.1")
@@ -324,7 +326,7 @@ def register_cli(sub) -> None:
     g.add_argument("--max-model-len", type=int, default=2048, help="default: 2048")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="--against: automatic prefix caching on both servers (default: off on both)")
-    p.set_defaults(func=run_cli)
+    p.set_defaults(func=func or run_cli)
 
 
 def parse_percentiles(args) -> tuple[list[str], list[float]]:
@@ -358,9 +360,7 @@ def run_cli(args) -> dict:
     selected, percentiles = parse_percentiles(args)
     goodput = parse_goodput(args.goodput)
     if args.against:
-        from engine.tools.bench_serve_vllm import run_against
-
-        return run_against(args, selected, percentiles, goodput)
+        raise ValueError("--against vllm runs through `python -m engine bench-serve` (engine/tools/bench_serve_vllm.run_cli)")
     base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:

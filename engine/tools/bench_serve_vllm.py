@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.tools.bench_serve import (benchmark, calculate_metrics, format_result, latencies, make_dataset, server_settings)
+from engine.tools.bench_serve import (benchmark, calculate_metrics, make_dataset, parse_goodput,
+                                      parse_percentiles, server_settings)
 
 STARTUP_TIMEOUT_S = 1200.0  # vLLM's start on 2 busy cores (torch.compile) has taken several minutes
 KV_CACHE_GIB = 1.0
@@ -324,3 +325,9 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_cli(args) -> dict:
+    """``python -m engine bench-serve --against vllm``: :func:`run_against` with the parsed flags."""
+    selected, percentiles = parse_percentiles(args)
+    return run_against(args, selected, percentiles, parse_goodput(args.goodput))
