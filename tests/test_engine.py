@@ -48,7 +48,7 @@ def engine_prefill_logits(engine: LLMEngine, prompt_ids: list[int]) -> torch.Ten
     batch = engine.scheduler.schedule()
     logits = engine.runner.execute(batch, engine.kv)
     for seq in batch.prefill_seqs:
-        engine.scheduler.finish(seq, "abort")
+        engine.scheduler.finish(engine.requests[seq.request_id], "abort")
     return logits[0]
 
 
