@@ -330,6 +330,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "vLLM 的 enable_chunked_prefill：每一步花同一份 token 预算——先给正在运行的解码，再给上一步没放下的提示词余下部分，"
         "最后给新的提示词，按预算切成若干分块（chunk）。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
     ),
+    "speculative": ("Speculative decoding (n-gram)", "投机解码（n-gram）"),
+    "speculative_help": (
+        "Prompt lookup (vLLM's method \"ngram\"): each step proposes up to k draft tokens by finding the last few tokens "
+        "earlier in the text, writes them to lookahead slots, and verifies them all in one forward pass; the rejected "
+        "drafts' slots are given back. At temperature 0 the text is the same as without it.",
+        "提示词查找（vLLM 的方法 \"ngram\"）：每一步在前文中查找最后几个 token，提出至多 k 个草稿 token，写入前瞻槽位，"
+        "并在一次前向计算中全部验证；被拒绝草稿的槽位归还。温度为 0 时生成的文本与不用它时完全相同。",
+    ),
+    "speculative_k": ("Draft tokens per step (k)", "每步草稿 token 数（k）"),
+    "speculative_paged_note": ("Speculative decoding needs the paged allocator (lookahead slots are taken block by block).",
+                               "投机解码需要分页分配器（前瞻槽位按块分配）。"),
     "token_budget": ("Token budget per step (max_num_batched_tokens)", "每步 token 预算（max_num_batched_tokens）"),
     "token_budget_help": (
         "Most tokens (prompt chunks + decodes) computed in one step. At least the max batch, since every running "
@@ -338,6 +349,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
+    "preset_speculative": ("Speculative decoding (n-gram, k = 4)", "投机解码（n-gram，k = 4）"),
+    "preset_speculative_note": (
+        "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Striped slots held "
+        "draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate.",
+        "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。带条纹的槽位本步存放草稿 token；"
+        "橙色框出的被拒绝并已归还。留意接受率。",
+    ),
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
         "The swapped-out requests' blocks, in CPU block ids, drawn like the GPU pool. Outlined: copied this step — "
@@ -365,6 +383,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ev_swap_in": ("swap in", "换入"),
     "ev_swap_out_detail": ("GPU block {src} (logical {logical}) → CPU block {dst}", "GPU 块 {src}（逻辑块 {logical}）→ CPU 块 {dst}"),
     "ev_swap_in_detail": ("CPU block {src} (logical {logical}) → GPU block {dst}", "CPU 块 {src}（逻辑块 {logical}）→ GPU 块 {dst}"),
+    "ev_spec_propose": ("propose draft", "提出草稿"),
+    "ev_spec_accept": ("accept draft", "接受草稿"),
+    "ev_spec_reject": ("reject draft", "拒绝草稿"),
+    "ev_spec_propose_detail": ("draft token {token} at position {position} → tentative slot {slot} (block {block})",
+                               "草稿 token {token}（位置 {position}）→ 暂定槽位 {slot}（块 {block}）"),
+    "ev_spec_accept_detail": ("the model agrees with draft token {token} at position {position}: slot {slot} (block {block}) is kept",
+                              "模型认可位置 {position} 的草稿 token {token}：槽位 {slot}（块 {block}）保留"),
+    "ev_spec_reject_detail": ("draft token {token} at position {position} rejected: slot {slot} (block {block}) given back",
+                              "位置 {position} 的草稿 token {token} 被拒绝：槽位 {slot}（块 {block}）已归还"),
     "ev_preempt_swap_detail": ("swapped out to the CPU swap space; resumes without recomputing",
                                "换出到 CPU 交换空间；恢复后无需重计算"),
     "ev_preempt_partial_prefill": ("evicted; will be recomputed (a partial prefill is recomputed, not swapped)",
@@ -413,6 +440,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "legend_shared": ("×n: n sequences share the block (its reference count)", "×n：n 个序列共享这个块（它的引用计数）"),
     "legend_cow_src": ("pink dashed: a shared block copied on write this step (the source)", "粉色虚线框：本步写时复制的共享块（源块）"),
     "legend_cow_dst": ("pink solid: the new copy", "粉色实线框：新的副本"),
+    "legend_tentative": ("white striped: lookahead slots that held draft tokens this step (tentative until verified)",
+                         "白色条纹：本步存放草稿 token 的前瞻槽位（验证前是暂定的）"),
+    "legend_rolled_back": ("orange dashed: slots given back at rollback (rejected drafts)", "橙色虚线框：回滚时归还的槽位（被拒绝的草稿）"),
+    "spec_slots": ("Speculative slots", "投机槽位"),
+    "spec_block_text": ("{tentative} tentative, {rolled_back} given back", "{tentative} 个暂定，{rolled_back} 个已归还"),
     "block": ("Block", "块"),
     "owner": ("Owner", "占用者"),
     "free": ("free", "空闲"),
@@ -447,6 +479,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "它的最后一步：在第 {step} 步被剪枝，其块已归还空闲列表"),
     "beam_live": ("live beam", "存活的束"),
     "memory_saved_by_sharing": ("Saved by sharing", "共享节省的显存"),
+    "spec_acceptance_rate": ("Acceptance rate", "接受率"),
+    "spec_acceptance_help": ("Speculative decoding, this step: drafts the model accepted / drafts proposed.",
+                             "投机解码，本步：模型接受的草稿数 / 提出的草稿数。"),
+    "spec_accepted_length": ("Mean accepted length", "平均接受长度"),
+    "spec_accepted_length_help": ("Tokens each verification gave, the model's own token included (1 to k + 1).",
+                                  "每次验证得到的 token 数，含模型自己生成的那个（1 到 k + 1）。"),
+    "spec_request_stats": ("drafts: {accepted}/{proposed} accepted · acceptance {rate:.0%} · {length:.2f} tokens per step",
+                           "草稿：接受 {accepted}/{proposed} · 接受率 {rate:.0%} · 每步 {length:.2f} 个 token"),
     "beam_tree_caption": (
         "Each dot is a live beam after that step (rank from the top); a coloured line joins a beam to the one it continues, "
         "a pink one to the beam it was forked from (its block table copied, refcounts + 1). A grey dot is a beam's last "
