@@ -330,12 +330,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "vLLM 的 enable_chunked_prefill：每一步花同一份 token 预算——先给正在运行的解码，再给上一步没放下的提示词余下部分，"
         "最后给新的提示词，按预算切成若干分块（chunk）。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
     ),
-    "speculative": ("Speculative decoding (n-gram)", "投机解码（n-gram）"),
+    "speculative": ("Speculative decoding (n-gram)", "投机解码（N 元语法）"),
     "speculative_help": (
-        "Prompt lookup (vLLM's method \"ngram\"): each step proposes up to k draft tokens by finding the last few tokens "
+        "Prompt lookup (vLLM's method `ngram`): each step proposes up to k draft tokens by finding the last few tokens "
         "earlier in the text, writes them to lookahead slots, and verifies them all in one forward pass; the rejected "
         "drafts' slots are given back. At temperature 0 the text is the same as without it.",
-        "提示词查找（vLLM 的方法 \"ngram\"）：每一步在前文中查找最后几个 token，提出至多 k 个草稿 token，写入前瞻槽位，"
+        "提示词查找（vLLM 的方法 `ngram`）：每一步在前文中查找最后几个 token，提出至多 k 个草稿 token，写入前瞻槽位，"
         "并在一次前向计算中全部验证；被拒绝草稿的槽位归还。温度为 0 时生成的文本与不用它时完全相同。",
     ),
     "speculative_k": ("Draft tokens per step (k)", "每步草稿 token 数（k）"),
@@ -349,7 +349,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
-    "preset_speculative": ("Speculative decoding (n-gram, k = 4)", "投机解码（n-gram，k = 4）"),
+    "preset_speculative": ("Speculative decoding (n-gram, k = 4)", "投机解码（N 元语法，k = 4）"),
     "preset_speculative_note": (
         "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Striped slots held "
         "draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate.",
