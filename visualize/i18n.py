@@ -1031,6 +1031,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                 "PASS：你预测每秒 {predicted:.2f} 个请求；服务器过载时实测每秒完成 {measured:.2f} 个请求。"
                 "请求到达得比这更快时就会排队，只要负载持续，TTFT 就一直增长"),
     # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
+    "l10_fail_none": ("FAIL: tokens_per_step or speedup_batch1 is still None", "FAIL：tokens_per_step 或 speedup_batch1 仍是 None"),
+    "l10_fail_tokens": ("FAIL: you predict {predicted:.2f} tokens per verification, but the engine's gave {measured:.2f}",
+                        "FAIL：你预测每次验证得到 {predicted:.2f} 个 token，但引擎的验证平均得到 {measured:.2f} 个"),
+    "l10_fail_speedup": ("FAIL: you predict a speed-up of {predicted:.2f}×, but while verifying the engine made tokens {measured:.2f}× "
+                         "as fast as plain decoding", "FAIL：你预测加速 {predicted:.2f} 倍，但引擎在验证步上生成 token 的速度是普通解码的 {measured:.2f} 倍"),
+    "l10_pass": ("PASS: {tokens:.2f} tokens per verification predicted, {measured_tokens:.2f} measured; speed-up {speedup:.2f}× "
+                 "predicted, {measured_speedup:.2f}× measured", "PASS：预测每次验证 {tokens:.2f} 个 token，实测 {measured_tokens:.2f} 个；"
+                 "预测加速 {speedup:.2f} 倍，实测 {measured_speedup:.2f} 倍"),
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -1078,6 +1086,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l9_tpot": ("mean TPOT (ms)", "平均 token 间延迟 TPOT（毫秒）"),
     "lc_l9_measured": ("measured through the server", "经服务器实测"),
     "lc_l9_simulated": ("simulator, cost model fitted on this machine", "模拟器（在本机拟合的步时模型）"),
+    "lc_l10_alpha": ("α = {alpha:.1f}", "α = {alpha:.1f}"),
+    "lc_l10_batch": ("batch size (sequences decoding together)", "批大小（一起解码的序列数）"),
+    "lc_l10_speedup": ("predicted speed-up (tokens/s)", "预测加速比（每秒 token 数）"),
+    "lc_l10_title": ("Speculative decoding, k = {k}: H100, Llama-3-8B (step-time model)", "投机解码，k = {k}：H100 上的 Llama-3-8B（步时模型）"),
     # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
@@ -1200,6 +1212,30 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "结束时服务器的指标：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
                     "空闲 KV 块 {free:.0f} 个，共 {blocks:.0f} 个"),
     "lp9_stopped": ("server stopped, exit code {code}", "服务器已停止，退出码 {code}"),
+    "lp10_prefill": ("prefill: block table {table}, num_computed_tokens = {computed}", "预填充：块表 {table}，num_computed_tokens = {computed}"),
+    "lp10_no_drafts": ("step {step}: lookup found no drafts, a plain decode; num_computed_tokens = {computed}",
+                       "第 {step} 步：查找没有找到草稿，普通解码；num_computed_tokens = {computed}"),
+    "lp10_step": ("step {step}: drafts {drafts} in tentative slots {slots}; accepted {accepted}, tokens emitted {emitted}; "
+                  "slots given back {back}, blocks freed {freed}; num_computed_tokens = {computed}",
+                  "第 {step} 步：草稿 {drafts} 放在暂定槽位 {slots}；接受 {accepted} 个，输出的 token {emitted}；"
+                  "归还的槽位 {back}，释放的块 {freed}；num_computed_tokens = {computed}"),
+    "lp10_events": ("its events (kind, slot): {events}", "这一步的事件（类型，槽位）：{events}"),
+    "lp10_table_before": ("before: block table {table}, num_computed_tokens = {computed}", "之前：块表 {table}，num_computed_tokens = {computed}"),
+    "lp10_table_after": ("after:  block table {table}, num_computed_tokens = {computed}, slots filled per block {filled}",
+                         "之后：块表 {table}，num_computed_tokens = {computed}，每块已填充的槽位 {filled}"),
+    "lp10_block_cells": ("block {block}: [{cells}]  {state}", "块 {block}：[{cells}]  {state}"),
+    "lp10_block_kept": ("still in the block table", "仍在块表中"),
+    "lp10_block_freed": ("freed at rollback", "回滚时已释放"),
+    "lp10_breakeven": ("α = {alpha:.1f}: speed-up {speedup:.2f}× at batch 1; slower than plain decoding from batch {batch}",
+                       "α = {alpha:.1f}：批大小为 1 时加速 {speedup:.2f} 倍；批大小从 {batch} 起比普通解码更慢"),
+    "lp10_no_breakeven": ("α = {alpha:.1f}: speed-up {speedup:.2f}× at batch 1; still faster at batch {batch}",
+                          "α = {alpha:.1f}：批大小为 1 时加速 {speedup:.2f} 倍；批大小为 {batch} 时仍然更快"),
+    "lp10_measured": ("batch {batch}: plain {plain_steps} decode steps of {plain_ms:.0f} ms; speculative {spec_steps} of {spec_ms:.0f} ms, "
+                      "α = {alpha:.2f}, {tokens:.2f} tokens per verification; measured speed-up {speedup:.2f}×",
+                      "批大小 {batch}：普通解码 {plain_steps} 步，每步 {plain_ms:.0f} 毫秒；投机解码 {spec_steps} 步，每步 {spec_ms:.0f} 毫秒，"
+                      "α = {alpha:.2f}，每次验证 {tokens:.2f} 个 token；实测加速 {speedup:.2f} 倍"),
+    "lp10_given": ("alpha = {alpha:.3f}, k = {k}, plain_step_ms = {plain:.1f}, verify_step_ms = {verify:.1f}",
+                   "alpha = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
 }
 
 
