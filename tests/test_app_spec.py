@@ -16,7 +16,7 @@ from app_pages.saved import current_workload
 from app_pages.state import clean_workload
 from engine.runfile import Run, load_run, run_json
 from visualize.i18n import t
-from visualize.pool import event_log_rows, pool_blocks
+from visualize.pool import event_log_rows, pool_blocks, pool_map_figure
 
 APP = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "app.py")
 
@@ -121,4 +121,8 @@ def test_a_saved_run_carries_what_the_pool_map_draws(stepped):
         assert (a.spec_acceptance_rate, a.spec_mean_accepted_length) == (b.spec_acceptance_rate, b.spec_mean_accepted_length)
     assert any(b["rolled_back"] for b in pool_blocks(back.steps[-1], bs))
     assert back.workload.settings["num_speculative_tokens"] == 4  # opening the file sets the sidebar's k again
+    # the slide figure (matplotlib) of the replayed step: its legend names both marks, in Chinese
+    fig = pool_map_figure(back.steps[-1], bs, "zh")
+    labels = [x.get_text() for x in fig.axes[0].get_legend().get_texts()]
+    assert t("legend_tentative", "zh") in labels and t("legend_rolled_back", "zh") in labels
     json.loads(run_json(run))
