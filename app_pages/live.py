@@ -20,7 +20,7 @@ from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, cle
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.classroom import blocks_of, highlight_blocks
-from visualize.colors import COW_COLOR, ROLLBACK_COLOR, TOUCHED_COLOR, request_color
+from visualize.colors import COW_COLOR, EDGE_COLOR, ROLLBACK_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
@@ -491,7 +491,7 @@ def pool_legend(report, lang: str) -> None:
     items = [(box(f"border:2.5px solid {TOUCHED_COLOR}"), t("legend_touched", lang))]
     spec = getattr(report, "spec", {})
     if any(s.tentative_slots for s in spec.values()):  # speculative decoding: the drafts' slots, those given back
-        items.append((box("background:repeating-linear-gradient(45deg,#fff 0 2px,#bbb 2px 4px);border:1px dashed #555"),
+        items.append((box(f"background:#eeeeee;border:1.5px dashed {EDGE_COLOR}"),
                       t("legend_tentative", lang)))
     if any(s.rolled_back_slots for s in spec.values()):
         items.append((box(f"border:2.5px dashed {ROLLBACK_COLOR}"), t("legend_rolled_back", lang)))

@@ -98,7 +98,7 @@ def test_chinese_counters_legend_and_events(stepped):
     assert not at.exception, [e.value for e in at.exception]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["接受率"] == f"{report.spec_acceptance_rate:.0%}" and metrics["平均接受长度"] == f"{report.spec_mean_accepted_length:.2f}"
-    assert "白色条纹" in legend(at) and "橙色虚线框" in legend(at)
+    assert "浅色虚线" in legend(at) and "橙色虚线框" in legend(at)
     rows = pool_rows(at)
     assert any(r["rolled_back_count"] for r in rows) and any("已归还" in r["spec_text"] for r in rows)
     events = at.dataframe[-1].value

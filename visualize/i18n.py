@@ -351,9 +351,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
     "preset_speculative": ("Speculative decoding (n-gram, k = 4)", "投机解码（N 元语法，k = 4）"),
     "preset_speculative_note": (
-        "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Striped slots held "
-        "draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate.",
-        "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。带条纹的槽位本步存放草稿 token；"
+        "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Pale slots with a dashed "
+        "border held draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate.",
+        "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。浅色虚线框内的槽位本步存放草稿 token；"
         "橙色框出的被拒绝并已归还。留意接受率。",
     ),
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
@@ -440,8 +440,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "legend_shared": ("×n: n sequences share the block (its reference count)", "×n：n 个序列共享这个块（它的引用计数）"),
     "legend_cow_src": ("pink dashed: a shared block copied on write this step (the source)", "粉色虚线框：本步写时复制的共享块（源块）"),
     "legend_cow_dst": ("pink solid: the new copy", "粉色实线框：新的副本"),
-    "legend_tentative": ("white striped: lookahead slots that held draft tokens this step (tentative until verified)",
-                         "白色条纹：本步存放草稿 token 的前瞻槽位（验证前是暂定的）"),
+    "legend_tentative": ("pale, dashed: lookahead slots that held draft tokens this step (tentative until verified)",
+                         "浅色虚线：本步存放草稿 token 的前瞻槽位（验证前是暂定的）"),
     "legend_rolled_back": ("orange dashed: slots given back at rollback (rejected drafts)", "橙色虚线框：回滚时归还的槽位（被拒绝的草稿）"),
     "spec_slots": ("Speculative slots", "投机槽位"),
     "spec_block_text": ("{tentative} tentative, {rolled_back} given back", "{tentative} 个暂定，{rolled_back} 个已归还"),

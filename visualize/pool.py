@@ -192,10 +192,10 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         *({"transform": [{"filter": f"datum.cow == '{side}'"}],
            "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3, "strokeDash": dash},
            "encoding": {**box, "tooltip": tooltip}} for side, dash in (("src", [4, 2]), ("dst", [1, 0]))),
-        # speculative decoding: the drafts' lookahead slots, tentative, as a pale striped band over their
+        # speculative decoding: the drafts' lookahead slots, tentative, as a pale dashed band over their
         # slot range; the slots given back at rollback outlined (dashed, in the rollback colour)
         {"transform": [{"filter": "datum.tentative_count > 0"}],
-         "mark": {"type": "rect", "color": "#ffffff", "opacity": 0.55, "stroke": "#555", "strokeWidth": 1, "strokeDash": [2, 2]},
+         "mark": {"type": "rect", "color": "#ffffff", "opacity": 0.55, "stroke": EDGE_COLOR, "strokeWidth": 1.5, "strokeDash": [2, 2]},
          "encoding": {**box, "x": {**x, "field": "tentative_x"}, "x2": {"field": "tentative_x2"}, "tooltip": tooltip}},
         {"transform": [{"filter": "datum.rolled_back_count > 0"}],
          "mark": {"type": "rect", "fillOpacity": 0, "stroke": ROLLBACK_COLOR, "strokeWidth": 2.5, "strokeDash": [3, 2]},
@@ -257,7 +257,7 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, fill=False, edgecolor=TOUCHED_COLOR, lw=2))
         if cell.tentative_count:  # speculative decoding: the drafts' slots hatched, those given back outlined
             ax.add_patch(Rectangle((cell.tentative_x, cell.y), cell.tentative_x2 - cell.tentative_x, CELL_H, facecolor="white",
-                                   alpha=0.5, hatch="///", edgecolor="#555", lw=0.8, label=t("legend_tentative", lang)))
+                                   alpha=0.5, hatch="///", edgecolor=EDGE_COLOR, lw=0.8, ls="--", label=t("legend_tentative", lang)))
         if cell.rolled_back_count:
             ax.add_patch(Rectangle((cell.rolled_back_x, cell.y), cell.rolled_back_x2 - cell.rolled_back_x, CELL_H, fill=False,
                                    edgecolor=ROLLBACK_COLOR, lw=2, ls="--", label=t("legend_rolled_back", lang)))
