@@ -271,7 +271,8 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
     ax.set_axis_off()
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per kind of mark
     if handles:
-        ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=2, frameon=False, fontsize=8)
+        ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), frameon=False, fontsize=8,
+                  ncol=1 if max(map(len, handles)) > 30 else 2)  # long labels (speculative decoding): one a row
     ax.set_title(f"{t('pool', lang)} — {t('step_summary', lang, step=report.step)}")
     if own_figure:
         fig.tight_layout()  # the title stood above the figure's top edge
