@@ -20,7 +20,7 @@ from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, cle
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.classroom import blocks_of, highlight_blocks
-from visualize.colors import COW_COLOR, TOUCHED_COLOR, request_color
+from visualize.colors import COW_COLOR, EDGE_COLOR, ROLLBACK_COLOR, TOUCHED_COLOR, request_color
 from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
@@ -254,6 +254,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
     at = replay_index(reports, lang)
     report, views = reports[at], request_views(prompts, reports, at, final_beams)
     split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
+    spec = spec_per_request(reports[: at + 1])
     cache = (caches or {}).get(report.step)
     step_summary(report, views, lang)
     if projector():  # the pool map and block tables large and first, the texts folded
@@ -263,12 +264,12 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
         block_tables_html(report, block_size, lang, large=True, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
-            requests_text(views, lang, split, labels)
+            requests_text(views, lang, split, labels, spec)
         memory_view(reports[: at + 1], lang)
     else:
         left, right = st.columns([1, 1.2])
         with left:
-            requests_text(views, lang, split, labels)
+            requests_text(views, lang, split, labels, spec)
             swap_panel.prefill_bars(reports, at, lang)
             block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         with right:
@@ -319,6 +320,11 @@ def step_summary(report, views, lang: str) -> None:
     c[4].metric(t("preemptions", lang), len(report.preempted))
     c[5].metric(t("memory_saved_by_sharing", lang), f"{getattr(report.memory, 'memory_saved_by_sharing', 0.0):.1%}",
                 help=t("memory_saved_help", lang))
+    if getattr(report, "spec", None):  # speculative decoding: the step's verifications
+        s = st.columns(6)
+        s[0].metric(t("spec_acceptance_rate", lang), f"{report.spec_acceptance_rate:.0%}", help=t("spec_acceptance_help", lang))
+        s[1].metric(t("spec_accepted_length", lang), f"{report.spec_mean_accepted_length:.2f}",
+                    help=t("spec_accepted_length_help", lang))
     colon = t("sep_colon", lang)  # the separators too are the reader's language: "：" and "、" in Chinese
     timings = t("sep_list", lang).join(f"{_timing_name(k, lang)} {v:.1f}" for k, v in report.timings_ms.items() if k != "total")
     count = {s: sum(1 for v in views if v.status == s) for s in ("running", "swapped", "finished")}
@@ -335,9 +341,24 @@ def _timing_name(key: str, lang: str) -> str:
     return t(f"timing_{key}", lang) if f"timing_{key}" in CATALOGUE else key
 
 
-def requests_text(views, lang: str, split: dict | None = None, labels: dict[int, str] | None = None) -> None:
+def spec_per_request(reports) -> dict[int, dict]:
+    """Speculative decoding so far, per request id that verified drafts: proposed and accepted drafts
+    (summed over ``reports``), and its acceptance rate and mean accepted length (the engine's, as of its
+    latest verification)."""
+    out: dict[int, dict] = {}
+    for report in reports:
+        for rid, o in getattr(report, "spec", {}).items():
+            row = out.setdefault(rid, dict(proposed=0, accepted=0))
+            row.update(proposed=row["proposed"] + len(o.proposed), accepted=row["accepted"] + o.accepted,
+                       rate=o.acceptance_rate, length=o.mean_accepted_length)
+    return out
+
+
+def requests_text(views, lang: str, split: dict | None = None, labels: dict[int, str] | None = None,
+                  spec: dict | None = None) -> None:
     """Each request's reply so far, in its colour; the prompt in grey; with prefix caching (``split``:
-    request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached."""
+    request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached;
+    with speculative decoding (``spec``: :func:`spec_per_request`) its drafts and acceptance."""
     st.markdown(f"**{t('requests', lang)}**")
     parts = []
     for v in views:
@@ -347,6 +368,8 @@ def requests_text(views, lang: str, split: dict | None = None, labels: dict[int,
             cached, computed = split[v.request_id]
             extra += (f' · <span data-testid="request-cached" title="{html.escape(t("cached_computed_help", lang))}">'
                       f'{t("cached_computed", lang, cached=cached, computed=computed)}</span>')
+        if spec and v.request_id in spec:
+            extra += f' · <span data-testid="request-spec">{html.escape(t("spec_request_stats", lang, **spec[v.request_id]))}</span>'
         parts.append(
             f'<div style="border-left:6px solid {color};padding:2px 8px;margin:4px 0">'
             f'<b style="color:{color}">{t("request", lang)} {v.request_id}{_label(v.request_id, labels)}</b> '
@@ -466,6 +489,12 @@ def pool_legend(report, lang: str) -> None:
         return f'<span style="display:inline-block;width:18px;height:11px;vertical-align:middle;{style}"></span>'
 
     items = [(box(f"border:2.5px solid {TOUCHED_COLOR}"), t("legend_touched", lang))]
+    spec = getattr(report, "spec", {})
+    if any(s.tentative_slots for s in spec.values()):  # speculative decoding: the drafts' slots, those given back
+        items.append((box(f"background:#eeeeee;border:1.5px dashed {EDGE_COLOR}"),
+                      t("legend_tentative", lang)))
+    if any(s.rolled_back_slots for s in spec.values()):
+        items.append((box(f"border:2.5px dashed {ROLLBACK_COLOR}"), t("legend_rolled_back", lang)))
     if any(r > 1 for snap in report.block_tables for r in snap.ref_counts):
         items.append((f'<b style="color:{COW_COLOR};font-size:11px">×n</b>', t("legend_shared", lang)))
         items.append((box(f"border:3px dashed {COW_COLOR}"), t("legend_cow_src", lang)))

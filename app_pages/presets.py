@@ -76,6 +76,14 @@ CHAT = (("We are talking about the KV cache. What does it store?", "我们在聊
         ("What does vLLM do when the cache is full?", "缓存满了，vLLM 会怎么做？"))
 
 
+# Speculative decoding by prompt lookup (vLLM's "ngram"): the prompts hold the text the model is asked to
+# write out, so the lookup finds drafts and the greedy model accepts many of them.
+SPEC_PROMPTS = (
+    "Fix the spelling in this text and write it out again: The quick brown fox jumpps over the lazy dog. "
+    "The dog sleeps in the sun all day long.",
+    "Copy this list and add one more item at the end: apples, bananas, cherries, grapes, lemons, oranges, pears.",
+)
+PRESETS["preset_speculative"] = dict(rows=[(p, 40) for p in SPEC_PROMPTS], num_blocks=32, speculative=True, spec_k=4)
 PRESETS["preset_shared_system_prompt"] = dict(
     rows=[(SYSTEM_PROMPT + "Question: " + q, 24) for q, _ in QUESTIONS], num_blocks=64, max_batch=2, prefix_caching=True)
 PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in CHAT], num_blocks=12, max_batch=1,
@@ -85,7 +93,8 @@ PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in
 # all of them (its own values over these), so no setting of an earlier preset is left behind.
 PRESET_DEFAULTS = dict(block_size=16, pool_unit="blocks", allocator="paged", prefix_caching=True,
                        preemption_mode="recompute", chunked_prefill=False, token_budget=64, max_batch=8,
-                       sample=False, temperature=0.7, seed=0, sharing="none", sharing_width=4, chat=False)
+                       sample=False, temperature=0.7, seed=0, sharing="none", sharing_width=4, chat=False,
+                       speculative=False, spec_k=4)
 
 
 def preset_settings(name: str) -> dict:
@@ -114,6 +123,8 @@ PROMPT_TRANSLATIONS = {
         ("a robot", "机器人"), ("the sea", "大海"), ("a city", "城市"))},
     **{SYSTEM_PROMPT + "Question: " + q: SYSTEM_PROMPT_ZH + "问题：" + zh for q, zh in QUESTIONS},
     **dict(CHAT),
+    SPEC_PROMPTS[0]: "改正这段文字的拼写并重新写出：The quick brown fox jumpps over the lazy dog. The dog sleeps in the sun all day long.",
+    SPEC_PROMPTS[1]: "抄下这个清单并在末尾再加一项：苹果、香蕉、樱桃、葡萄、柠檬、橙子、梨。",
 }
 
 

@@ -110,6 +110,9 @@ def apply_workload(workload: Workload) -> None:
         state["prefix_caching"] = s["enable_prefix_caching"]
     if s.get("max_num_batched_tokens"):
         state["token_budget"] = int(s["max_num_batched_tokens"])
+    state["speculative"] = bool(s.get("num_speculative_tokens"))
+    if s.get("num_speculative_tokens"):
+        state["spec_k"] = min(int(s["num_speculative_tokens"]), 8)
 
 
 def close_run() -> None:

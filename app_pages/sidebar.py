@@ -76,8 +76,9 @@ def engine_settings(lang: str) -> Settings:
 
 
 def scheduler_settings(sb, lang: str, allocator: str, max_seqs: int) -> dict:
-    """Preemption mode (paper §4.5; swap only with the paged allocator) and chunked prefill with its
-    token budget (vLLM's enable_chunked_prefill, max_num_batched_tokens), as Settings fields.
+    """Preemption mode (paper §4.5; swap only with the paged allocator), chunked prefill with its
+    token budget (vLLM's enable_chunked_prefill, max_num_batched_tokens) and speculative decoding by
+    prompt lookup with its k (paged only), as Settings fields.
     The budget box is kept in [max_seqs, 2048]: every running request decodes a token per step."""
     sb.subheader(t("scheduler", lang))
     state = st.session_state
@@ -94,7 +95,16 @@ def scheduler_settings(sb, lang: str, allocator: str, max_seqs: int) -> dict:
     if chunked:
         budget = int(bounded_number(sb, t("token_budget", lang), "token_budget", max_seqs, 2048, lang, step=16,
                                     help=t("token_budget_help", lang)))
-    return dict(preemption_mode=mode, enable_chunked_prefill=bool(chunked), max_num_batched_tokens=budget)
+    state.setdefault("speculative", False)
+    state.setdefault("spec_k", 4)
+    k = 0
+    if allocator == "paged":
+        if sb.toggle(t("speculative", lang), key="speculative", help=t("speculative_help", lang)):
+            k = int(sb.slider(t("speculative_k", lang), 1, 8, key="spec_k"))
+    else:
+        sb.caption(t("speculative_paged_note", lang))
+    return dict(preemption_mode=mode, enable_chunked_prefill=bool(chunked), max_num_batched_tokens=budget,
+                num_speculative_tokens=k)
 
 
 def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, int | None]:

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from engine import BeamSearchParams, EngineConfig, LLMEngine, SamplingParams
+from engine.config import SpeculativeConfig
 from engine.model_executor.model_loader import DEFAULT_MODEL, load_model, resolve_model
 
 MODEL_ENV = "PAGEDATTENTION_LAB_MODEL"  # tests point the app at a tiny model with this
@@ -84,12 +85,16 @@ class Settings:
     preemption_mode: str = "recompute"  # or "swap": a CPU swap space as large as the pool (paper §4.5)
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: int | None = None  # the step's token budget; None: the engine's default
+    num_speculative_tokens: int = 0  # speculative decoding by prompt lookup ("ngram"), k drafts per step; 0: off
 
     def engine_config(self, **overrides) -> EngineConfig:
         fields = asdict(self)
         model = fields.pop("model")
         for key in ("temperature", "sharing", "sharing_width"):
             fields.pop(key)
+        k = fields.pop("num_speculative_tokens")
+        if k:
+            fields["speculative_config"] = SpeculativeConfig(method="ngram", num_speculative_tokens=k)
         fields.update(overrides)
         return EngineConfig(model=None if model == DEFAULT_MODEL else model, device="cpu" if not _has_cuda() else "auto", **fields)
 

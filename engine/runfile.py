@@ -81,6 +81,7 @@ SETTINGS_DEFAULTS: dict = {
     "enable_chunked_prefill": False,
     "max_num_batched_tokens": None,
     "enable_prefix_caching": None,  # None: the engine's default (on with the paged allocator)
+    "num_speculative_tokens": 0,  # speculative decoding by prompt lookup ("ngram"), k drafts per step; 0: off
 }
 _OPTIONAL_INTS = ("num_gpu_blocks", "kv_cache_memory", "max_num_batched_tokens")
 # The values each string setting may take: engine.config's choices (not imported: no torch here).
@@ -100,6 +101,7 @@ SETTING_LIMITS = {
     "max_num_batched_tokens": 1 << 20,
     "seed": (1 << 63) - 1,  # torch.manual_seed's range; request i samples with seed + i (checked too)
     "temperature": 100.0,
+    "num_speculative_tokens": 64,
 }
 MAX_TOKENS_LIMIT = 1 << 20  # a request's max_tokens
 MAX_FILE_BYTES = 64 << 20  # a file is read up to this size (the app's uploads stop at 1 MB)
@@ -507,8 +509,8 @@ def _settings(raw, name: str, num_requests: int = 1) -> dict:
             value = float(value) if ok else value
         elif isinstance(default, bool):
             ok, want = isinstance(value, bool), "true or false"
-        elif isinstance(default, int):  # seed >= 0, block_size and max_num_seqs >= 1
-            low, high = (0, SETTING_LIMITS[key] - (num_requests - 1)) if key == "seed" else (1, SETTING_LIMITS[key])
+        elif isinstance(default, int):  # seed and num_speculative_tokens >= 0, block_size and max_num_seqs >= 1
+            low, high = (0, SETTING_LIMITS[key] - (num_requests - 1)) if key == "seed" else (0 if key == "num_speculative_tokens" else 1, SETTING_LIMITS[key])
             ok, want = _is_int(value) and low <= value <= high, f"an integer from {low} to {high}"
         elif key in SETTING_CHOICES:
             ok, want = value in SETTING_CHOICES[key], "one of " + ", ".join(map(repr, SETTING_CHOICES[key]))

@@ -44,7 +44,9 @@ CELL_TIMEOUT_S = 600
 # last part cannot pass on anything. Lesson 3: the saturation rate from the paged batch, not Orca (Max)'s.
 WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_per_s(paged_batch, 16) / mean_output",
                  # Lesson 9: Little's law with one request in the server instead of a full batch.
-                 "09_serving": "ttft_explodes_at = 1 / (output_tokens * step_s)"}
+                 "09_serving": "ttft_explodes_at = 1 / (output_tokens * step_s)",
+                 # Lesson 10: every draft judged (1 + alpha * k), as if a rejection did not end the verification.
+                 "10_speculative": "tokens_per_step = 1 + alpha * k"}
 
 
 def _tags(cell) -> list[str]:

@@ -18,6 +18,7 @@ CACHED_COLOR = "#8fd3c7"  # prefix caching: a free block that still holds cached
 HIT_COLOR = "#00695c"  # prefix caching: the dot on a block a prompt found cached this step
 EVICT_COLOR = "#b71c1c"  # prefix caching: the cross on a cached block evicted this step
 COW_COLOR = "#c2185b"  # sharing: the refcount badge and a copy-on-write's source and copy
+ROLLBACK_COLOR = "#e65100"  # speculative decoding: the outline of lookahead slots given back at rollback
 
 # Figure 2 categories (engine/core/accounting.py): useful memory green, waste in warm colours, free grey.
 CATEGORY_COLORS = {

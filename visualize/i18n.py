@@ -330,6 +330,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "vLLM 的 enable_chunked_prefill：每一步花同一份 token 预算——先给正在运行的解码，再给上一步没放下的提示词余下部分，"
         "最后给新的提示词，按预算切成若干分块（chunk）。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
     ),
+    "speculative": ("Speculative decoding (n-gram)", "投机解码（N 元语法）"),
+    "speculative_help": (
+        "Prompt lookup (vLLM's method `ngram`): each step proposes up to k draft tokens by finding the last few tokens "
+        "earlier in the text, writes them to lookahead slots, and verifies them all in one forward pass; the rejected "
+        "drafts' slots are given back. At temperature 0 the text is the same as without it.",
+        "提示词查找（vLLM 的方法 `ngram`）：每一步在前文中查找最后几个 token，提出至多 k 个草稿 token，写入前瞻槽位，"
+        "并在一次前向计算中全部验证；被拒绝草稿的槽位归还。温度为 0 时生成的文本与不用它时完全相同。",
+    ),
+    "speculative_k": ("Draft tokens per step (k)", "每步草稿 token 数（k）"),
+    "speculative_paged_note": ("Speculative decoding needs the paged allocator (lookahead slots are taken block by block).",
+                               "投机解码需要分页分配器（前瞻槽位按块分配）。"),
     "token_budget": ("Token budget per step (max_num_batched_tokens)", "每步 token 预算（max_num_batched_tokens）"),
     "token_budget_help": (
         "Most tokens (prompt chunks + decodes) computed in one step. At least the max batch, since every running "
@@ -338,6 +349,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
+    "preset_speculative": ("Speculative decoding (n-gram, k = 4)", "投机解码（N 元语法，k = 4）"),
+    "preset_speculative_note": (
+        "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Pale slots with a dashed "
+        "border held draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate.",
+        "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。浅色虚线框内的槽位本步存放草稿 token；"
+        "橙色框出的被拒绝并已归还。留意接受率。",
+    ),
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
         "The swapped-out requests' blocks, in CPU block ids, drawn like the GPU pool. Outlined: copied this step — "
@@ -365,6 +383,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ev_swap_in": ("swap in", "换入"),
     "ev_swap_out_detail": ("GPU block {src} (logical {logical}) → CPU block {dst}", "GPU 块 {src}（逻辑块 {logical}）→ CPU 块 {dst}"),
     "ev_swap_in_detail": ("CPU block {src} (logical {logical}) → GPU block {dst}", "CPU 块 {src}（逻辑块 {logical}）→ GPU 块 {dst}"),
+    "ev_spec_propose": ("propose draft", "提出草稿"),
+    "ev_spec_accept": ("accept draft", "接受草稿"),
+    "ev_spec_reject": ("reject draft", "拒绝草稿"),
+    "ev_spec_propose_detail": ("draft token {token} at position {position} → tentative slot {slot} (block {block})",
+                               "草稿 token {token}（位置 {position}）→ 暂定槽位 {slot}（块 {block}）"),
+    "ev_spec_accept_detail": ("the model agrees with draft token {token} at position {position}: slot {slot} (block {block}) is kept",
+                              "模型认可位置 {position} 的草稿 token {token}：槽位 {slot}（块 {block}）保留"),
+    "ev_spec_reject_detail": ("draft token {token} at position {position} rejected: slot {slot} (block {block}) given back",
+                              "位置 {position} 的草稿 token {token} 被拒绝：槽位 {slot}（块 {block}）已归还"),
     "ev_preempt_swap_detail": ("swapped out to the CPU swap space; resumes without recomputing",
                                "换出到 CPU 交换空间；恢复后无需重计算"),
     "ev_preempt_partial_prefill": ("evicted; will be recomputed (a partial prefill is recomputed, not swapped)",
@@ -413,6 +440,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "legend_shared": ("×n: n sequences share the block (its reference count)", "×n：n 个序列共享这个块（它的引用计数）"),
     "legend_cow_src": ("pink dashed: a shared block copied on write this step (the source)", "粉色虚线框：本步写时复制的共享块（源块）"),
     "legend_cow_dst": ("pink solid: the new copy", "粉色实线框：新的副本"),
+    "legend_tentative": ("pale, dashed: lookahead slots that held draft tokens this step (tentative until verified)",
+                         "浅色虚线：本步存放草稿 token 的前瞻槽位（验证前是暂定的）"),
+    "legend_rolled_back": ("orange dashed: slots given back at rollback (rejected drafts)", "橙色虚线框：回滚时归还的槽位（被拒绝的草稿）"),
+    "spec_slots": ("Speculative slots", "投机槽位"),
+    "spec_block_text": ("{tentative} tentative, {rolled_back} given back", "{tentative} 个暂定，{rolled_back} 个已归还"),
     "block": ("Block", "块"),
     "owner": ("Owner", "占用者"),
     "free": ("free", "空闲"),
@@ -447,6 +479,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "它的最后一步：在第 {step} 步被剪枝，其块已归还空闲列表"),
     "beam_live": ("live beam", "存活的束"),
     "memory_saved_by_sharing": ("Saved by sharing", "共享节省的显存"),
+    "spec_acceptance_rate": ("Acceptance rate", "接受率"),
+    "spec_acceptance_help": ("Speculative decoding, this step: drafts the model accepted / drafts proposed.",
+                             "投机解码，本步：模型接受的草稿数 / 提出的草稿数。"),
+    "spec_accepted_length": ("Mean accepted length", "平均接受长度"),
+    "spec_accepted_length_help": ("Tokens each verification gave, the model's own token included (1 to k + 1).",
+                                  "每次验证得到的 token 数，含模型自己生成的那个（1 到 k + 1）。"),
+    "spec_request_stats": ("drafts: {accepted}/{proposed} accepted · acceptance {rate:.0%} · {length:.2f} tokens per step",
+                           "草稿：接受 {accepted}/{proposed} · 接受率 {rate:.0%} · 每步 {length:.2f} 个 token"),
     "beam_tree_caption": (
         "Each dot is a live beam after that step (rank from the top); a coloured line joins a beam to the one it continues, "
         "a pink one to the beam it was forked from (its block table copied, refcounts + 1). A grey dot is a beam's last "
@@ -991,6 +1031,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                 "PASS：你预测每秒 {predicted:.2f} 个请求；服务器过载时实测每秒完成 {measured:.2f} 个请求。"
                 "请求到达得比这更快时就会排队，只要负载持续，TTFT 就一直增长"),
     # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
+    "l10_fail_none": ("FAIL: tokens_per_step or speedup_batch1 is still None", "FAIL：tokens_per_step 或 speedup_batch1 仍是 None"),
+    "l10_fail_tokens": ("FAIL: you predict {predicted:.2f} tokens per verification, but the engine's gave {measured:.2f}",
+                        "FAIL：你预测每次验证得到 {predicted:.2f} 个 token，但引擎的验证平均得到 {measured:.2f} 个"),
+    "l10_fail_speedup": ("FAIL: you predict a speed-up of {predicted:.2f}×, but while verifying the engine made tokens {measured:.2f}× "
+                         "as fast as plain decoding", "FAIL：你预测加速 {predicted:.2f} 倍，但引擎在验证步上生成 token 的速度是普通解码的 {measured:.2f} 倍"),
+    "l10_pass": ("PASS: {tokens:.2f} tokens per verification predicted, {measured_tokens:.2f} measured; speed-up {speedup:.2f}× "
+                 "predicted, {measured_speedup:.2f}× measured", "PASS：预测每次验证 {tokens:.2f} 个 token，实测 {measured_tokens:.2f} 个；"
+                 "预测加速 {speedup:.2f} 倍，实测 {measured_speedup:.2f} 倍"),
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -1038,6 +1086,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l9_tpot": ("mean TPOT (ms)", "平均 token 间延迟 TPOT（毫秒）"),
     "lc_l9_measured": ("measured through the server", "经服务器实测"),
     "lc_l9_simulated": ("simulator, cost model fitted on this machine", "模拟器（在本机拟合的步时模型）"),
+    "lc_l10_alpha": ("α = {alpha:.1f}", "α = {alpha:.1f}"),
+    "lc_l10_batch": ("batch size (sequences decoding together)", "批大小（一起解码的序列数）"),
+    "lc_l10_speedup": ("predicted speed-up (tokens/s)", "预测加速比（每秒 token 数）"),
+    "lc_l10_title": ("Speculative decoding, k = {k}: H100, Llama-3-8B (step-time model)", "投机解码，k = {k}：H100 上的 Llama-3-8B（步时模型）"),
     # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
@@ -1160,6 +1212,30 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "结束时服务器的指标：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
                     "空闲 KV 块 {free:.0f} 个，共 {blocks:.0f} 个"),
     "lp9_stopped": ("server stopped, exit code {code}", "服务器已停止，退出码 {code}"),
+    "lp10_prefill": ("prefill: block table {table}, num_computed_tokens = {computed}", "预填充：块表 {table}，num_computed_tokens = {computed}"),
+    "lp10_no_drafts": ("step {step}: lookup found no drafts, a plain decode; num_computed_tokens = {computed}",
+                       "第 {step} 步：查找没有找到草稿，普通解码；num_computed_tokens = {computed}"),
+    "lp10_step": ("step {step}: drafts {drafts} in tentative slots {slots}; accepted {accepted}, tokens emitted {emitted}; "
+                  "slots given back {back}, blocks freed {freed}; num_computed_tokens = {computed}",
+                  "第 {step} 步：草稿 {drafts} 放在暂定槽位 {slots}；接受 {accepted} 个，输出的 token {emitted}；"
+                  "归还的槽位 {back}，释放的块 {freed}；num_computed_tokens = {computed}"),
+    "lp10_events": ("its events (kind, slot): {events}", "这一步的事件（类型，槽位）：{events}"),
+    "lp10_table_before": ("before: block table {table}, num_computed_tokens = {computed}", "之前：块表 {table}，num_computed_tokens = {computed}"),
+    "lp10_table_after": ("after:  block table {table}, num_computed_tokens = {computed}, slots filled per block {filled}",
+                         "之后：块表 {table}，num_computed_tokens = {computed}，每块已填充的槽位 {filled}"),
+    "lp10_block_cells": ("block {block}: [{cells}]  {state}", "块 {block}：[{cells}]  {state}"),
+    "lp10_block_kept": ("still in the block table", "仍在块表中"),
+    "lp10_block_freed": ("freed at rollback", "回滚时已释放"),
+    "lp10_breakeven": ("α = {alpha:.1f}: speed-up {speedup:.2f}× at batch 1; slower than plain decoding from batch {batch}",
+                       "α = {alpha:.1f}：批大小为 1 时加速 {speedup:.2f} 倍；批大小从 {batch} 起比普通解码更慢"),
+    "lp10_no_breakeven": ("α = {alpha:.1f}: speed-up {speedup:.2f}× at batch 1; still faster at batch {batch}",
+                          "α = {alpha:.1f}：批大小为 1 时加速 {speedup:.2f} 倍；批大小为 {batch} 时仍然更快"),
+    "lp10_measured": ("batch {batch}: plain {plain_steps} decode steps of {plain_ms:.0f} ms; speculative {spec_steps} of {spec_ms:.0f} ms, "
+                      "α = {alpha:.2f}, {tokens:.2f} tokens per verification; measured speed-up {speedup:.2f}×",
+                      "批大小 {batch}：普通解码 {plain_steps} 步，每步 {plain_ms:.0f} 毫秒；投机解码 {spec_steps} 步，每步 {spec_ms:.0f} 毫秒，"
+                      "α = {alpha:.2f}，每次验证 {tokens:.2f} 个 token；实测加速 {speedup:.2f} 倍"),
+    "lp10_given": ("alpha = {alpha:.3f}, k = {k}, plain_step_ms = {plain:.1f}, verify_step_ms = {verify:.1f}",
+                   "变量 `alpha` = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
 }
 
 
@@ -1219,6 +1295,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
 ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
+    Leviathan Chen
     Split-K split-K Roofline vs ms id None slot Linux Prometheus
 """.split())  # slot: lesson 4's exercise variable, which its check message names
 

@@ -13,8 +13,10 @@ import pandas as pd
 from matplotlib.patches import Rectangle
 
 from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, PREEMPTED_BY_SWAP,
-                           RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SWAP_IN, SWAP_OUT, WRITE, StepReport)
-from visualize.colors import CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, TOUCHED_COLOR, request_color
+                           RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SPEC_ACCEPT, SPEC_PROPOSE, SPEC_REJECT, SWAP_IN,
+                           SWAP_OUT, WRITE, StepReport)
+from visualize.colors import (CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, ROLLBACK_COLOR,
+                              TOUCHED_COLOR, request_color)
 from visualize.i18n import finish_reason_text, t
 from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
 from visualize.style import as_svg, use_cjk_font
@@ -38,6 +40,18 @@ def copy_on_write_pairs(report: StepReport) -> list[tuple[int, int, int | None]]
     return [(e.block_id, e.dst_block_id, e.seq_id) for e in report.events if e.kind == COPY_ON_WRITE]
 
 
+def speculative_slots(report: StepReport, block_size: int) -> dict[int, dict[str, list[int]]]:
+    """Speculative decoding this step, per physical block: ``{"tentative": [...], "rolled_back": [...]}``,
+    the offsets (0 .. block_size - 1) of the lookahead slots the drafts were written to, and of those
+    given back at rollback (the rejected drafts'). From ``report.spec`` (so a saved run has them too)."""
+    out: dict[int, dict[str, list[int]]] = {}
+    for spec in getattr(report, "spec", {}).values():
+        for key, slots in (("tentative", spec.tentative_slots), ("rolled_back", spec.rolled_back_slots)):
+            for slot in slots:
+                out.setdefault(slot // block_size, {"tentative": [], "rolled_back": []})[key].append(slot % block_size)
+    return out
+
+
 def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: CacheEntries | None = None) -> list[dict]:
     """One row per physical block after the step, in block order.
 
@@ -50,7 +64,9 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: C
     source or the new copy of a copy-on-write this step, else None), cached_hash (prefix caching: a
     free block that still holds cached KV, evictable, has its block hash here, else None),
     block_hash (any cached block, in use or free: its hash, hex; from ``cache``, vLLM's block hash),
-    cache_mark ("hit": a prompt found it cached this step; "evict": its hash was dropped this step; else "").
+    cache_mark ("hit": a prompt found it cached this step; "evict": its hash was dropped this step; else ""),
+    tentative (speculative decoding: the block's lookahead slots that held draft tokens this step, as
+    offsets in the block), rolled_back (those of them given back at rollback: the rejected drafts').
 
     ``cache``: ``PrefixCache.entries()`` after the step (block -> (hash, parent hash)); without it
     (a saved run) only the free cached blocks' hashes are known, from the report.
@@ -58,9 +74,13 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: C
     blocks = [
         dict(block=b, row=b // columns, col=b % columns, owner=None, logical_index=None, filled=0,
              block_size=block_size, touched=False, owners=[], holders=[], ref_count=0, cow=None,
-             cached_hash=getattr(report, "cached_free", {}).get(b), block_hash=None, cache_mark="")
+             cached_hash=getattr(report, "cached_free", {}).get(b), block_hash=None, cache_mark="",
+             tentative=[], rolled_back=[])
         for b in range(num_blocks_of(report, block_size))
     ]
+    for b, slots in speculative_slots(report, block_size).items():
+        if b < len(blocks):
+            blocks[b].update(tentative=sorted(slots["tentative"]), rolled_back=sorted(slots["rolled_back"]))
     for b, block in enumerate(blocks):
         block["block_hash"] = cache[b][0] if cache and b in cache else block["cached_hash"]
     for b, mark in cache_marks(report).items():
@@ -89,7 +109,7 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
                cache: CacheEntries | None = None) -> pd.DataFrame:
     """``pool_blocks`` as a DataFrame with the drawing coordinates, colours and tooltip texts."""
     blocks = pool_blocks(report, block_size, columns, cache)
-    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash", "block_hash"])
+    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash", "block_hash", "tentative", "rolled_back"])
     df["x"], df["x2"] = df["col"], df["col"] + CELL_W
     df["fill_x2"] = df["col"] + CELL_W * df["filled"] / block_size
     df["y"], df["y2"] = df["row"], df["row"] + CELL_H
@@ -114,6 +134,13 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
     df["hash_text"] = [short_hash(b["block_hash"]) or "–" for b in blocks]
     df["parent_text"] = [parent_chain_text(b["block"], cache, lang) if cache and b["block"] in cache else "–" for b in blocks]
     df["mark_text"] = [t(f"mark_{b['cache_mark']}", lang) if b["cache_mark"] else "" for b in blocks]
+    # speculative decoding: the slot range of the drafts (tentative) and of the slots given back, inside the cell
+    for key in ("tentative", "rolled_back"):
+        df[f"{key}_count"] = [len(b[key]) for b in blocks]
+        df[f"{key}_x"] = [b["col"] + CELL_W * min(b[key]) / block_size if b[key] else b["col"] for b in blocks]
+        df[f"{key}_x2"] = [b["col"] + CELL_W * (max(b[key]) + 1) / block_size if b[key] else b["col"] for b in blocks]
+    df["spec_text"] = [t("spec_block_text", lang, tentative=len(b["tentative"]), rolled_back=len(b["rolled_back"]))
+                       if b["tentative"] else "–" for b in blocks]
     return df
 
 
@@ -145,6 +172,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"field": "cow_text", "type": "nominal", "title": t("copy_on_write", lang)},
         {"field": "hash_text", "type": "nominal", "title": t("block_hash", lang)},
         {"field": "parent_text", "type": "nominal", "title": t("parent_chain", lang)},
+        {"field": "spec_text", "type": "nominal", "title": t("spec_slots", lang)},
     ]
     marks = [t("mark_hit", lang), t("mark_evict", lang)]
     caching = getattr(report, "prefix_cache", None) is not None  # the marks and their legend only with prefix caching
@@ -164,6 +192,14 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         *({"transform": [{"filter": f"datum.cow == '{side}'"}],
            "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3, "strokeDash": dash},
            "encoding": {**box, "tooltip": tooltip}} for side, dash in (("src", [4, 2]), ("dst", [1, 0]))),
+        # speculative decoding: the drafts' lookahead slots, tentative, as a pale dashed band over their
+        # slot range; the slots given back at rollback outlined (dashed, in the rollback colour)
+        {"transform": [{"filter": "datum.tentative_count > 0"}],
+         "mark": {"type": "rect", "color": "#ffffff", "opacity": 0.55, "stroke": EDGE_COLOR, "strokeWidth": 1.5, "strokeDash": [2, 2]},
+         "encoding": {**box, "x": {**x, "field": "tentative_x"}, "x2": {"field": "tentative_x2"}, "tooltip": tooltip}},
+        {"transform": [{"filter": "datum.rolled_back_count > 0"}],
+         "mark": {"type": "rect", "fillOpacity": 0, "stroke": ROLLBACK_COLOR, "strokeWidth": 2.5, "strokeDash": [3, 2]},
+         "encoding": {**box, "x": {**x, "field": "rolled_back_x"}, "x2": {"field": "rolled_back_x2"}, "tooltip": tooltip}},
         # shared (refcount > 1): a "×n" badge in the block's corner
         {"transform": [{"filter": "datum.badge != ''"}, {"calculate": f"datum.x + {CELL_W - 0.05}", "as": "bx"},
                        {"calculate": "datum.y + 0.22", "as": "by"}],
@@ -219,6 +255,12 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W * cell.filled / block_size, CELL_H, facecolor=cell.color))
         if cell.touched:
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, fill=False, edgecolor=TOUCHED_COLOR, lw=2))
+        if cell.tentative_count:  # speculative decoding: the drafts' slots hatched, those given back outlined
+            ax.add_patch(Rectangle((cell.tentative_x, cell.y), cell.tentative_x2 - cell.tentative_x, CELL_H, facecolor="white",
+                                   alpha=0.5, hatch="///", edgecolor=EDGE_COLOR, lw=0.8, ls="--", label=t("legend_tentative", lang)))
+        if cell.rolled_back_count:
+            ax.add_patch(Rectangle((cell.rolled_back_x, cell.y), cell.rolled_back_x2 - cell.rolled_back_x, CELL_H, fill=False,
+                                   edgecolor=ROLLBACK_COLOR, lw=2, ls="--", label=t("legend_rolled_back", lang)))
         if cell.cache_mark:  # prefix caching: a hit (dot) or an eviction (cross) this step
             hit = cell.cache_mark == "hit"
             ax.plot(cell.x + 0.16, cell.y + 0.2, "o" if hit else "X", ms=5, color=HIT_COLOR if hit else EVICT_COLOR,
@@ -229,7 +271,8 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
     ax.set_axis_off()
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))  # one entry per kind of mark
     if handles:
-        ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), ncol=2, frameon=False, fontsize=8)
+        ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), frameon=False, fontsize=8,
+                  ncol=1 if max(map(len, handles)) > 30 else 2)  # long labels (speculative decoding): one a row
     ax.set_title(f"{t('pool', lang)} — {t('step_summary', lang, step=report.step)}")
     if own_figure:
         fig.tight_layout()  # the title stood above the figure's top edge
@@ -315,6 +358,9 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             detail = t(_PREEMPT_DETAIL.get(e.detail, "ev_preempt_detail"), lang)
         elif e.kind == FINISH:
             detail = finish_reason_text(e.detail, lang)
+        elif e.kind in (SPEC_PROPOSE, SPEC_ACCEPT, SPEC_REJECT):  # speculative decoding: one row per draft
+            token = (e.detail or "").removeprefix("draft token ").split(" ")[0]
+            detail = t(f"ev_{e.kind}_detail", lang, token=token, position=e.position, slot=e.slot, block=e.block_id)
         else:
             detail = e.detail
         rows.append(dict(request_id=e.request_id, kind=e.kind, detail=detail))
