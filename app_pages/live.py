@@ -293,13 +293,9 @@ def beam_tree_view(reports: list, lang: str) -> None:
 
 
 def live_prompts(llm, request_ids: list[int]) -> dict[int, str]:
-    """Each request's prompt as the user wrote it (the chat template's wrapping removed)."""
-    prompts = {}
-    for rid in sorted(request_ids):
-        text = llm.tokenizer.decode(llm.get_output(rid).prompt_token_ids, skip_special_tokens=True)
-        # The last user message: a chat turn's history (earlier turns) is not repeated in the request list.
-        prompts[rid] = text.rsplit("user\n", 1)[-1].replace("assistant\n", "").strip()
-    return prompts
+    """Each request's prompt as the user wrote it: a chat turn's last message (its history, the earlier
+    turns, is not repeated in the request list)."""
+    return {rid: llm.get_output(rid).prompt_text.strip() for rid in sorted(request_ids)}
 
 
 def _empty_report(llm):

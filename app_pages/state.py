@@ -256,5 +256,4 @@ def record(report, cache: dict | None = None) -> None:
 
 def prefix_cache_entries(llm: LLMEngine) -> dict | None:
     """The engine's cached blocks now (``PrefixCache.entries()``), None without prefix caching."""
-    cache = getattr(llm.kv, "prefix_cache", None)
-    return cache.entries() if cache is not None else None
+    return llm.prefix_cache_entries()

@@ -218,6 +218,12 @@ class LLMEngine:
         stats = self.scheduler.prefix_cache_stats
         return None if stats is None else dataclasses.replace(stats, evictions=self.kv.prefix_cache.num_evictions)
 
+    def prefix_cache_entries(self) -> dict | None:
+        """The cached blocks now, as ``PrefixCache.entries()`` gives them (block id -> its hash and
+        its parent's, for the app's pool map); None with prefix caching off."""
+        cache = getattr(self.kv, "prefix_cache", None)
+        return None if cache is None else cache.entries()
+
     def memory_usage(self):
         """The pool now, in the paper's categories (:class:`~engine.core.accounting.MemoryUsage`)."""
         waiting = self.scheduler.waiting

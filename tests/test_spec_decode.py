@@ -306,3 +306,19 @@ def test_rollback_on_a_block_boundary_frees_the_empty_block():
     kv.append_slot(seq)  # position 8: the block is taken again, by a verified token this time
     assert len(seq.block_table) == 3
     assert kv.allocator.num_free == 8 - 3
+
+
+def test_the_formulas_alpha_comes_from_the_mean_accepted_length_not_from_accepted_over_proposed():
+    from engine.sim.cost_model import expected_tokens_per_step
+    from engine.sim.speculative import alpha_from_mean_accepted_length
+
+    for alpha in (0.0, 0.2, 0.55, 0.9):
+        for k in (1, 3, 5):
+            assert alpha_from_mean_accepted_length(expected_tokens_per_step(alpha, k), k) == pytest.approx(alpha, abs=1e-9)
+    # k = 4 drafts each verification, 2.09 tokens per verification: accepted / proposed is
+    # (2.09 - 1) / 4 = 0.27, but the formula needs the per-draft α of 0.55.
+    assert alpha_from_mean_accepted_length(2.09, 4) == pytest.approx(0.55, abs=0.01)
+    with pytest.raises(ValueError, match="mean accepted length"):
+        alpha_from_mean_accepted_length(5.5, 4)
+    with pytest.raises(ValueError, match="k must be"):
+        alpha_from_mean_accepted_length(1.0, 0)

@@ -45,6 +45,32 @@ class SpeculativePrediction:
         return self.spec_tokens_per_s / self.plain_tokens_per_s
 
 
+def alpha_from_mean_accepted_length(mean_accepted_length: float, k: int) -> float:
+    """The per-draft acceptance probability α that gives a measured mean accepted length (tokens
+    per verification) with k drafts: the inverse of :func:`expected_tokens_per_step`, found by
+    bisection (it rises with α from 1 at α = 0 to k + 1 at α = 1).
+
+    This is the α of Leviathan et al.'s formula. It is not the engine's ``acceptance_rate``
+    (accepted / proposed, vLLM's draft acceptance rate): a draft after the first rejection is
+    never judged, so accepted / proposed is lower and gives exactly 1 + k · rate tokens per step.
+
+    Raises:
+        ValueError: k < 1 or a mean accepted length outside [1, k + 1].
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1 draft token, got {k}")
+    if not 1 <= mean_accepted_length <= k + 1:
+        raise ValueError(f"mean accepted length must be in [1, {k + 1}] with k = {k}, got {mean_accepted_length}")
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if expected_tokens_per_step(mid, k) < mean_accepted_length:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
 def predict_speedup(cost: CostModel, batches: list[int], context_len: int, alpha: float, k: int,
                     draft_cost: float = 0.0, block_size: int | None = 16) -> list[SpeculativePrediction]:
     """Predicted plain and speculative throughput at each batch size.

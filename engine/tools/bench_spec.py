@@ -25,7 +25,7 @@ from engine.llm_engine import LLMEngine
 from engine.model_executor.model_loader import load_model
 from engine.sampling_params import SamplingParams
 from engine.sim.cost_model import CostModel, get_setup
-from engine.sim.speculative import predict_speedup
+from engine.sim.speculative import alpha_from_mean_accepted_length, predict_speedup
 from engine.spec_decode.config import SpeculativeConfig
 
 TEXTS = [
@@ -112,7 +112,10 @@ def run_spec_bench(method: str, model: str | None = None, batches: tuple[int, ..
     draft_cost = (num_draft_layers / loaded.config.num_hidden_layers) if method == "draft_layers" else 0.0
     for row in rows:
         context = 64 + max_tokens // 2  # a chat prompt here is ~50-90 tokens; half the output on average
-        alpha = min(row["acceptance_rate"], 0.999)
+        # The formula's α (per judged draft), from the measured tokens per verification; not
+        # accepted / proposed, which counts the drafts after a rejection that nobody judged.
+        alpha = min(alpha_from_mean_accepted_length(min(max(row["mean_accepted_length"], 1.0), k + 1), k), 0.999)
+        row["alpha"] = alpha
         row["predicted_speedup"] = predict_speedup(cost, [row["batch"]], context, alpha, k, draft_cost, block_size)[0].speedup
     loses = {w: next((r["batch"] for r in rows if r["workload"] == w and r["speedup"] < 1), None) for w in workloads}
     return {"method": method, "k": k, "num_draft_layers": num_draft_layers, "model": plain_engine.model_name, "max_tokens": max_tokens,
