@@ -12,41 +12,19 @@ import re
 import socket
 import threading
 import time
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from engine import EngineConfig, LLMEngine
 from engine.entrypoints.lab import StepHub
-from engine.entrypoints.openai.api_server import ServerSettings, create_app
+from engine.entrypoints.openai.api_server import ServerSettings
 from engine.runfile import load_run
+from tests.serving import serving
 
 TEACHER = "teacher-secret-token"
 TEACHER_HEADERS = {"Authorization": f"Bearer {TEACHER}"}
-
-
-@contextmanager
-def serving(engine: LLMEngine, settings: ServerSettings):
-    """Serve ``engine`` on a free 127.0.0.1 port; yields (base URL, app)."""
-    app = create_app(engine, settings)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
-    finally:
-        app.state.hub.close()  # as a stop signal does: the step streams end
-        server.should_exit = True
-        thread.join(30)
 
 
 class Viewer:

@@ -17,40 +17,18 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
-from engine.entrypoints.openai.api_server import ServerSettings, bind_warning, create_app
+from engine.entrypoints.openai.api_server import ServerSettings, bind_warning
 from engine.report import FINISH
+from tests.serving import serving
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@contextmanager
-def serving(engine: LLMEngine, settings: ServerSettings | None = None):
-    """Serve ``engine`` on a free 127.0.0.1 port; yields (base URL, app). Stops it on exit."""
-    app = create_app(engine, settings)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
-    finally:
-        server.should_exit = True
-        thread.join(60)
-        assert not thread.is_alive(), "the server did not stop"
 
 
 def metrics(base: str) -> dict[str, float]:

@@ -1,0 +1,36 @@
+"""The lab's HTTP server in a test's own process: the OpenAI and lab endpoints on a free port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+
+from engine import LLMEngine
+from engine.entrypoints.openai.api_server import ServerSettings, create_app
+
+
+@contextmanager
+def serving(engine: LLMEngine, settings: ServerSettings | None = None, grace_s: float = 10):
+    """Serve ``engine`` on a free 127.0.0.1 port; yields (base URL, app). On exit the step streams
+    end (as a stop signal ends them) and the server stops within ``grace_s`` seconds of grace."""
+    app = create_app(engine, settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+    finally:
+        app.state.hub.close()
+        server.should_exit = True
+        thread.join(60)
+        assert not thread.is_alive(), "the server did not stop"
