@@ -473,9 +473,9 @@ def test_a_failed_step_loses_no_request_and_leaves_the_engine_usable(tiny_llama_
     rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.8, seed=1))
     with pytest.raises(RuntimeError):
         engine.step()
-    seq = engine.requests[rid]
-    assert seq in engine.scheduler.waiting and seq.finish_reason is None, "the request must still be queued"
-    assert engine.memory_usage().free == 64 and not seq.block_table, "its blocks must be back in the pool"
+    group = engine.requests[rid]
+    assert group in engine.scheduler.waiting and group.seqs[0].finish_reason is None, "the request must still be queued"
+    assert engine.memory_usage().free == 64 and not group.seqs[0].block_table, "its blocks must be back in the pool"
     norm.weight.data = weight
     run_until_done(engine)
     assert len(engine.get_output(rid).token_ids) == 3, "it runs once the fault is gone"

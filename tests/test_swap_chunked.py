@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine import EngineConfig, LLMEngine, SamplingParams
@@ -81,6 +81,9 @@ def model_free_step(scheduler: Scheduler, next_seq_id) -> tuple:
 
 
 @settings(max_examples=120, deadline=None)
+# A group re-prefilling alone overdraws the budget; the next prompt must not get a negative chunk.
+@example(requests=[(4, 4, 1), (2, 4, 2), (5, 1, 1)], block_size=4, num_blocks=5, num_cpu_blocks=1, max_num_seqs=2, chunked=True,
+         budget=5, caching=True, seed=0)
 @given(
     requests=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60), st.integers(1, 3)), min_size=2, max_size=8),
     block_size=st.sampled_from([1, 2, 4, 16]),

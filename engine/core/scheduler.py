@@ -290,7 +290,7 @@ class Scheduler:
             # A group re-prefilling several sequences is never chunked (they share its prompt
             # blocks in one pass); a one-sequence prompt is, to what is left of the budget.
             chunk = min(num_tokens, budget) if self.enable_chunked_prefill and len(group.unfinished_seqs()) == 1 else None
-            if chunk == 0:
+            if chunk is not None and chunk <= 0:  # no budget left (a re-prefilling group may have overdrawn it)
                 break
             # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
             # A group re-prefilling more than the budget still runs when it would run alone.
