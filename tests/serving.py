@@ -7,6 +7,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+import httpx
 import uvicorn
 
 from engine import LLMEngine
@@ -34,3 +35,23 @@ def serving(engine: LLMEngine, settings: ServerSettings | None = None, grace_s: 
         server.should_exit = True
         thread.join(60)
         assert not thread.is_alive(), "the server did not stop"
+
+
+def wait_until(condition, timeout: float = 30.0, what: str = "condition", poll_s: float = 0.02) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
+
+
+def wait_until_healthy(process, base: str, timeout: float = 180) -> None:
+    """Wait for a ``python -m engine serve`` subprocess to answer /health; fail with its stderr if it exits."""
+    def up() -> bool:
+        assert process.poll() is None, process.communicate()[1]
+        try:
+            return httpx.get(f"{base}/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(up, timeout=timeout, what="the server to start")

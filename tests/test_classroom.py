@@ -21,7 +21,7 @@ from engine import EngineConfig, LLMEngine
 from engine.entrypoints.lab import StepHub
 from engine.entrypoints.openai.api_server import ServerSettings
 from engine.runfile import load_run
-from tests.serving import serving
+from tests.serving import serving, wait_until, wait_until_healthy
 
 TEACHER = "teacher-secret-token"
 TEACHER_HEADERS = {"Authorization": f"Bearer {TEACHER}"}
@@ -60,13 +60,6 @@ class Viewer:
 
     def close(self) -> None:
         self._stop.set()
-
-
-def wait_until(condition, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def control(base: str, **body) -> dict:
@@ -323,14 +316,7 @@ def test_sigterm_in_step_mode_with_a_viewer_attached_stops_promptly(tiny_llama_d
                                cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                return httpx.get(f"{base}/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=180, what="the server to start")
+        wait_until_healthy(process, base)
         viewer = Viewer(base)
         done: dict = {}
         asker = threading.Thread(target=lambda: done.update(r=httpx.post(f"{base}/v1/completions", timeout=60, json={

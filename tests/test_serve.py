@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +25,7 @@ import pytest
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.entrypoints.openai.api_server import ServerSettings, bind_warning
 from engine.report import FINISH
-from tests.serving import serving
+from tests.serving import serving, wait_until, wait_until_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,13 +38,6 @@ def metrics(base: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             values[re.sub(r"\{.*\}", "", name)] = float(value)
     return values
-
-
-def wait_until(condition, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def all_blocks_free(engine: LLMEngine) -> bool:
@@ -280,14 +272,7 @@ def test_sigterm_aborts_running_requests_and_frees_every_block(tiny):
                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        def up() -> bool:
-            assert process.poll() is None, process.communicate()[1]
-            try:
-                return httpx.get(f"{base}/health").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=180, what="the server to start")
+        wait_until_healthy(process, base)
         body = {"prompt": "Once upon a time", "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True}
         events = []
         with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
