@@ -10,13 +10,13 @@ from contextlib import contextmanager
 import httpx
 import uvicorn
 
-from engine import LLMEngine
+from engine import EngineConfig, LLMEngine
 from engine.entrypoints.openai.api_server import ServerSettings, create_app
 
 
 @contextmanager
-def serving(engine: LLMEngine, settings: ServerSettings | None = None, grace_s: float = 10):
-    """Serve ``engine`` on a free 127.0.0.1 port; yields (base URL, app). On exit the step streams
+def serving(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = None, grace_s: float = 10):
+    """Serve ``engine`` (or an engine built from the config on the server's engine thread) on a free 127.0.0.1 port; yields (base URL, app). On exit the step streams
     end (as a stop signal ends them) and the server stops within ``grace_s`` seconds of grace."""
     app = create_app(engine, settings)
     sock = socket.socket()

@@ -573,3 +573,24 @@ def test_bench_cpu_without_a_compiler_says_so_in_one_line(tmp_path, tiny_llama_d
     assert result.returncode == 2, result.stderr[-2000:]
     assert "error: the engine's CPU kernels could not be built here" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_prefill_sized_matmuls_go_to_mkl_on_intel_cpus_only(kernel, monkeypatch):
+    """Which rows take the kernel is the CPU vendor's rule (engine.cpu.ops.kernel_max_rows): on Intel,
+    float32 inputs of more than 64 rows go to F.linear (MKL's sgemm is faster there); on AMD, and in
+    bfloat16, every row count takes the kernel. Either way a Linear gives F.linear's numbers."""
+    weight = torch.randn(48, 40)
+    for vendor, expected in (("GenuineIntel", cpu_ops.MKL_MIN_ROWS - 1), ("AuthenticAMD", None), ("", None)):
+        monkeypatch.setattr(cpu_ops, "_cpu_vendor", lambda vendor=vendor: vendor)
+        assert cpu_ops.kernel_max_rows(weight) == (expected if torch.backends.mkl.is_available() else None)
+        assert cpu_ops.kernel_max_rows(weight.bfloat16()) is None
+
+    layer = Linear(40, 48, bias=True)
+    layer.cpu_kernel, layer.packed_weight, layer.kernel_max_rows = True, cpu_ops.pack_weight(layer.weight.detach()), 4
+    calls = []
+    monkeypatch.setattr(cpu_ops, "small_batch_linear", lambda *a: calls.append(a[0].shape[0]) or kernel(*a))
+    with torch.inference_mode():
+        for rows in (1, 4, 5, 70):
+            x = torch.randn(rows, 40)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    assert calls == [1, 4]  # 5 and 70 rows went through F.linear

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import kernels
-from engine.model_executor.attention import paged_attention_reference, paged_prefill_reference, plan_step, write_kv_cache
+from engine.model_executor.attention import (paged_attention_reference, paged_prefill_reference, plan_step, prefill_varlen_reference,
+                                             write_kv_cache)
 from paged_cases import DEVICE, TOL, assert_decode_output, make_paged_kv, packed_query
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 and >2**31-element pools need a CUDA GPU")
@@ -240,6 +241,33 @@ def test_prefill_matches_reference(q_lens, prefix_lens, block_size, group, num_k
 
 def test_prefill_after_reshape_and_cache():
     check_prefill([6, 13], [10, 0], 16, 3, 3, 64, torch.float32, write_with_kernel=True)
+
+
+@pytest.mark.parametrize("q_lens,group,num_kv_heads,dtype", [
+    ([5, 17, 1, 16], 3, 3, torch.float32),  # SmolLM2's grouping, prompts of unequal lengths
+    ([32, 32, 32], 3, 3, torch.float32),  # equal lengths: no padding
+    ([9, 0, 4], 2, 2, torch.float16),  # an empty query in the batch
+    ([30], 5, 1, torch.float64),
+    ([7, 3], 1, 4, torch.float32),  # no grouping
+])
+def test_prefill_varlen_equals_the_paged_prefill(q_lens, group, num_kv_heads, dtype):
+    """A prompt with nothing cached before it: attention over the step's own K and V (the fast path) gives
+    what reading them back through the block table gives, row by row, with the same shape and dtype."""
+    block_size, head_dim = 16, 64
+    kc, vc, bt, cl = make_paged_kv(q_lens, block_size, num_kv_heads, head_dim, dtype)
+    starts = [0, *itertools.accumulate(q_lens)]
+    qsl = torch.tensor(starts, dtype=torch.int32, device=DEVICE)
+    q = packed_query(starts[-1], group * num_kv_heads, num_kv_heads, head_dim, dtype)
+    slots = torch.tensor([int(bt[s, i // block_size]) * block_size + i % block_size for s, n in enumerate(q_lens) for i in range(n)],
+                         dtype=torch.int64, device=DEVICE)
+    flat = lambda cache: cache.reshape(-1, num_kv_heads, head_dim)  # noqa: E731
+    key, value = flat(kc)[slots], flat(vc)[slots]  # the K and V the step computed, as the cache holds them
+    out = prefill_varlen_reference(q, key, value, qsl, head_dim ** -0.5)
+    ref = paged_prefill_reference(q, kc, vc, bt, cl, qsl, head_dim ** -0.5)
+    assert out.shape == q.shape and out.dtype == dtype and not torch.isnan(out).any()
+    torch.testing.assert_close(out.float(), ref.float(), **TOL.get(dtype, dict(atol=1e-12, rtol=1e-12)))
+    if q_lens[0]:  # causal: a prompt's first token sees only itself, so each query head returns its KV head's value
+        torch.testing.assert_close(out[0].float(), value[0].repeat_interleave(group, 0).float(), **TOL.get(dtype, {}))
 
 
 @NEEDS_CUDA

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter
 
@@ -231,6 +232,26 @@ def test_logits_of_the_uncached_suffix_match_the_uncached_run():
         computed = reports[0].scheduled[0].num_tokens
         assert (computed < len(outs[0].prompt_token_ids)) == caching
     assert torch.allclose(logits[True], logits[False], atol=1e-4, rtol=0), (logits[True] - logits[False]).abs().max()
+
+
+def test_only_a_prefill_with_nothing_cached_reads_its_own_k_and_v(tiny):
+    """A prompt with nothing in the cache attends over the step's own K and V (the backend's
+    ``prefill_varlen``); one that starts after a prefix-cache hit reads its context through the block
+    table (``prefill``); both give the uncached run's tokens."""
+    engine = tiny(enable_prefix_caching=True, num_gpu_blocks=16)
+    calls = []
+    backend = engine.runner.backend
+    spy = lambda name, fn: lambda *a, **k: calls.append(name) or fn(*a, **k)  # noqa: E731  (records, computes)
+    engine.runner.backend = dataclasses.replace(backend, prefill=spy("paged", backend.prefill),
+                                                prefill_varlen=spy("varlen", backend.prefill_varlen))
+    prompt = list(range(1, 14))  # 13 tokens: 3 whole blocks of 4 go into the cache
+    first, _ = run(engine, [prompt])
+    assert set(calls) == {"varlen"}
+    calls.clear()
+    second, reports = run(engine, [prompt + [20, 21]])
+    assert reports[0].scheduled[0].num_tokens == 3 and set(calls) == {"paged"}  # 12 tokens hit, 3 computed
+    plain, _ = run(tiny(), [prompt, prompt + [20, 21]])
+    assert [o.token_ids for o in first + second] == [o.token_ids for o in plain]
 
 
 # ---- properties after every step (model-free, groups too) -----------------------------------------

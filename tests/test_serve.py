@@ -24,6 +24,7 @@ import pytest
 
 from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.entrypoints.openai.api_server import ServerSettings, bind_warning
+from engine.model_executor.model_loader import ModelLoadError
 from engine.report import FINISH
 from tests.serving import serving, wait_until, wait_until_healthy
 
@@ -47,6 +48,25 @@ def all_blocks_free(engine: LLMEngine) -> bool:
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir) -> str:
     return str(tiny_llama_dir)
+
+
+def test_a_server_given_a_config_builds_its_engine_on_the_thread_that_steps_it(tiny, monkeypatch):
+    """OpenMP keeps a pool of worker threads per thread that starts parallel work: an engine built on
+    one thread and stepped on another leaves two pools (engine/entrypoints/async_llm.py). Given a
+    config, the server builds the engine on its engine thread, and every step runs there."""
+    threads = {"build": set(), "step": set()}
+    build, step = LLMEngine.__init__, LLMEngine.step
+    monkeypatch.setattr(LLMEngine, "__init__", lambda self, *a, **k: threads["build"].add(threading.current_thread().name) or build(self, *a, **k))
+    monkeypatch.setattr(LLMEngine, "step", lambda self: threads["step"].add(threading.current_thread().name) or step(self))
+    with serving(EngineConfig(model=tiny, num_gpu_blocks=64)) as (base, app):
+        body = httpx.post(f"{base}/v1/completions", json={"prompt": "Hello", "max_tokens": 3, "ignore_eos": True}, timeout=60).json()
+        assert body["usage"]["completion_tokens"] == 3
+        assert app.state.llm.engine.model_name in body["model"]
+    assert len(threads["build"]) == 1 and threads["build"] == threads["step"]
+    assert threads["build"] != {threading.current_thread().name}
+    with pytest.raises(ModelLoadError, match="Cannot find model"):  # an engine that cannot be built fails at once, as LLMEngine does
+        with serving(EngineConfig(model=str(ROOT / "no-such-model"))):
+            pass
 
 
 def test_openai_client_matches_offline_generate(tiny):

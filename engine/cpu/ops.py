@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -143,6 +144,38 @@ def supports(weight: torch.Tensor) -> bool:
     (elsewhere ``F.linear`` is faster)."""
     dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and matmul_bf16())
     return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() == "avx512"
+
+
+MKL_MIN_ROWS = 65  # from this many rows of x, float32 on an Intel CPU, F.linear (MKL's sgemm) beats the kernel
+
+
+def kernel_max_rows(weight: torch.Tensor) -> int | None:
+    """The most rows of x that should go through :func:`small_batch_linear` for this weight; more go
+    through ``F.linear``. None: every row count (the kernel is never slower here).
+
+    Which is faster depends on the CPU's vendor, not on the model. On Intel CPUs MKL's sgemm takes its
+    fast path: with prefill-sized inputs it ran 1.2-1.35x faster than the kernel from 80 rows up and
+    tied it at 48-64 rows, on SmolLM2's four projection shapes (576 x 576, 192 x 576, 1536 x 576,
+    576 x 1536, one 2-core Xeon), while the kernel won below 48 rows (up to 1.56x at 32 rows). On AMD
+    CPUs MKL takes a slower path and the kernel was 1.5-1.7x faster at 128-2,000 rows (Zen 5), so there
+    it takes every row count. Only float32: bfloat16 goes through the kernel (torch's bf16 GEMM on CPU
+    was not measured against it).
+    """
+    if weight.dtype != torch.float32 or not torch.backends.mkl.is_available() or _cpu_vendor() != "GenuineIntel":
+        return None
+    return MKL_MIN_ROWS - 1
+
+
+@functools.cache
+def _cpu_vendor() -> str:
+    """``vendor_id`` from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"), or "" where it is not known."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def packed_shape(weight: torch.Tensor) -> tuple[int, int, int]:

@@ -5,6 +5,14 @@ The :class:`~engine.LLMEngine` is not thread-safe, so it lives on one worker thr
 call into it (add, abort, step) runs there, one at a time, and the event loop only waits for them.
 The event loop so stays free to accept requests and stream text while a step computes.
 
+Build the engine on that thread too (:meth:`AsyncLLM.from_config`, what ``python -m engine serve``
+does). torch's CPU kernels run on OpenMP, and OpenMP keeps one pool of worker threads per thread that
+starts parallel work. An engine loaded on the main thread and stepped on the worker leaves two pools,
+more OpenMP threads than cores on a small machine; libgomp then lets its workers spin only briefly
+and puts them to sleep between parallel regions, and each of the hundreds of regions in a step pays
+a wake-up. On the 2-core machine of the README that made every step of the server 1.4-1.6x slower
+than the same step offline (a 128-token prefill 230 against 160 ms, a decode step 32 against 20 ms).
+
 For a class, the loop can be paced (:meth:`AsyncLLM.set_pace`, :meth:`AsyncLLM.step_once`; the lab
 endpoints in engine/entrypoints/lab.py): in step mode it runs one step per Step, in run mode it steps
 while there is work, at full speed or at most so many steps a second.
@@ -19,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable, Protocol
 
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.output_processor import RequestDelta
 from engine.core.prefix_cache import PrefixCacheStats
@@ -91,12 +100,19 @@ class _StepResult:
     failed: list[int] = field(default_factory=list)
 
 
+def engine_thread() -> ThreadPoolExecutor:
+    """The single worker thread an :class:`AsyncLLM` builds and steps its engine on."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+
+
 class AsyncLLM:
     """An :class:`~engine.LLMEngine` stepped by a background loop while requests come and go.
 
     Args:
         engine: the engine; from then on only this object's worker thread touches it.
         stat_logger: optional :class:`StatLogger` fed after every step and request.
+        executor: the one-thread executor to step it on (:func:`engine_thread`); None: a new one.
+            Pass the thread the engine was built on (see the module's docstring, and :meth:`from_config`).
 
     Use: ``await start()``; per request ``request_id = await add_request(ids, params)``, then
     ``async for delta in stream(request_id)``; leaving the stream early aborts the request (its
@@ -104,11 +120,11 @@ class AsyncLLM:
     aborts what still runs and stops the loop.
     """
 
-    def __init__(self, engine: LLMEngine, stat_logger: StatLogger | None = None):
+    def __init__(self, engine: LLMEngine, stat_logger: StatLogger | None = None, executor: ThreadPoolExecutor | None = None):
         self.engine = engine
         self.stat_logger = stat_logger
         self.step_callbacks: list[Callable[[StepReport], None]] = []  # called on the event loop after each step
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._executor = executor or engine_thread()
         self._states: dict[int, _RequestState] = {}  # requests in the engine
         self._unclaimed: dict[int, _RequestState] = {}  # added, their stream() not yet started
         self._aborts: list[int] = []
@@ -118,6 +134,22 @@ class AsyncLLM:
         self.num_aborted = 0
         self.num_finished = 0
         self._init_pacing()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, stat_logger: StatLogger | None = None) -> AsyncLLM:
+        """Build the :class:`~engine.LLMEngine` on the worker thread that will step it (see the module's
+        docstring for why), and wrap it.
+
+        Raises:
+            ValueError: a bad config (as ``LLMEngine``); the worker thread is stopped first.
+        """
+        executor = engine_thread()
+        try:
+            engine = executor.submit(LLMEngine, config).result()
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(engine, stat_logger, executor)
 
     @property
     def num_requests(self) -> int:

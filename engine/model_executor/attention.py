@@ -7,9 +7,12 @@ Cache layout (one pair of pools per transformer layer)::
 
 Token position ``i`` of a sequence lives in physical block ``block_table[i // block_size]``
 at offset ``i % block_size``; its *slot* is ``block_id * block_size + offset``
-(PagedAttention paper §4.1-4.2, vLLM's ``slot_mapping``). Every function here reads K and V
+(PagedAttention paper §4.1-4.2, vLLM's ``slot_mapping``). Every function here but one reads K and V
 only through block tables, never from a per-sequence contiguous tensor, so a wrong block
-table shows up as a wrong answer.
+table shows up as a wrong answer. The one, :func:`prefill_varlen_reference`, is the fast path of
+a prefill with nothing cached before it: its prompt's K and V are this step's own, so it reads them
+as computed (their copy still goes through the slot mapping, and every later step reads it back
+through the block table).
 """
 
 from __future__ import annotations
@@ -289,3 +292,53 @@ def paged_prefill_reference(
     )  # [S, Hkv, G * Qmax, D]; padded query rows see nothing and are dropped below
     out = out.view(num_seqs, num_kv_heads, group, q_max, head_dim).permute(0, 3, 1, 2, 4).reshape(num_seqs * q_max, num_heads, head_dim)
     return out[q_valid.flatten()].to(query.dtype)
+
+
+def prefill_varlen_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Prefill attention for prompts with nothing in the cache before them (no prefix-cache hit, no
+    earlier chunk): each prompt's tokens attend causally to the prompt's own K and V, taken from this
+    step's projections instead of gathered back through the block table.
+
+    The result equals :func:`paged_prefill_reference`'s for such prompts (the same keys and values,
+    only read from where they were computed). What it saves is the gather and the explicit mask: the
+    prompts are stacked right-padded and attention runs with ``is_causal`` (a padded row sits after every
+    real row of its prompt, so no real row sees it), which takes torch's flash-attention path on CPU.
+    A 128-token prompt's attention, SmolLM2's 9 query and 3 KV heads: 0.58 -> 0.23 ms a layer; 16 of
+    them at once: 8.4 -> 3.6 ms (2 cores). vLLM's torch-SDPA CPU backend runs such prompts the same
+    way, as ``flash_attn_varlen_func`` does on GPUs.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``, the prompts one after another.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, this step's K and V of the same tokens.
+        query_start_loc: ``[num_seqs + 1]`` int32, cumulative prompt lengths (vLLM's name).
+        scale: softmax scale.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in ``query.dtype`` (computed in fp32 at least).
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    starts = query_start_loc.tolist()
+    lens = [b - a for a, b in zip(starts, starts[1:])]
+    if num_tokens == 0 or not lens:
+        return torch.zeros_like(query)
+    num_seqs, longest = len(lens), max(lens)
+    compute = torch.float64 if query.dtype == torch.float64 else torch.float32
+    if all(n == longest for n in lens):
+        valid = None
+        pad = lambda x: x.reshape(num_seqs, longest, x.shape[1], head_dim)  # noqa: E731
+    else:  # padded rows repeat their prompt's last token: any finite values would do, no real row reads them
+        rows = torch.tensor([min(a + min(j, max(n - 1, 0)), num_tokens - 1) for a, n in zip(starts, lens) for j in range(longest)],
+                            device=query.device)
+        valid = torch.tensor([j < n for n in lens for j in range(longest)], device=query.device)
+        pad = lambda x: x.index_select(0, rows).view(num_seqs, longest, x.shape[1], head_dim)  # noqa: E731
+    q, k, v = (pad(x).transpose(1, 2).to(compute) for x in (query, key, value))  # [S, heads, longest, D]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_kv_heads != num_heads)
+    out = out.transpose(1, 2).reshape(num_seqs * longest, num_heads, head_dim)
+    return (out if valid is None else out[valid]).to(query.dtype)

@@ -49,6 +49,9 @@ class AttentionBackend:
     # write_kv is a plain copy into the pools and decode the engine's C++ kernel, so a decode step's
     # layers may each run as one C++ call that does both (engine.cpu.ops.decode_layer).
     cpu_decode_layer: bool = False
+    # (query, key, value, query_start_loc, scale): a step whose prefills have nothing cached before them
+    # may read their K and V as computed (attention.prefill_varlen_reference); None: always ``prefill``.
+    prefill_varlen: Callable | None = None
 
 
 @dataclass
@@ -64,6 +67,9 @@ class AttentionMetadata:
         prefill_block_tables, decode_block_tables: ``[num_*, max_blocks]`` int32.
         backend: which attention implementation runs.
         plan: what ``backend.plan`` precomputed for this step (None: the backend has no plan).
+        prefills_from_scratch: every prefill of the step starts at position 0 (nothing of its prompt
+            is in the cache yet: no prefix-cache hit, no earlier chunk), so ``backend.prefill_varlen``
+            may run instead of ``backend.prefill``.
     """
 
     slot_mapping: torch.Tensor
@@ -75,6 +81,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor
     backend: AttentionBackend
     plan: object | None = None
+    prefills_from_scratch: bool = False
 
 
 class Linear(nn.Linear):
@@ -82,16 +89,21 @@ class Linear(nn.Linear):
     CPU can go through the engine's small-batch kernel (:func:`engine.cpu.ops.small_batch_linear`).
 
     ``cpu_kernel`` is False until :meth:`CausalLM.use_cpu_kernels` sets it, with ``packed_weight``
-    (the weight in the kernel's panels, :func:`engine.cpu.ops.pack_weight`): then every input ``[M, in]``
-    with M >= 1 rows goes through the kernel, decode steps and prefills alike, when no gradient is being
-    recorded (the engine runs under ``torch.inference_mode()``); anything else goes through ``F.linear``.
+    (the weight in the kernel's panels, :func:`engine.cpu.ops.pack_weight`) and ``kernel_max_rows``
+    (:func:`engine.cpu.ops.kernel_max_rows`): then every input ``[M, in]`` with 1 <= M <= kernel_max_rows
+    rows (any M when None) goes through the kernel, decode steps and prefills alike, when no gradient is
+    being recorded (the engine runs under ``torch.inference_mode()``); anything else goes through
+    ``F.linear`` (on Intel CPUs, prefills of more than 64 tokens: MKL is faster there).
     """
 
     cpu_kernel: bool = False
     packed_weight: torch.Tensor | None = None
+    kernel_max_rows: int | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_kernel and x.dim() == 2 and x.shape[0] > 0 and not torch.is_grad_enabled():
+        rows = x.shape[0]
+        if (self.cpu_kernel and x.dim() == 2 and rows > 0 and (self.kernel_max_rows is None or rows <= self.kernel_max_rows)
+                and not torch.is_grad_enabled()):
             y = cpu_ops.small_batch_linear(x, self.weight, self.packed_weight)
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -212,7 +224,9 @@ class Attention(nn.Module):
         if not 0 <= p <= n or n == 0:
             raise ValueError(f"a batch of {n} query tokens with {p} prefill tokens: the scheduler gave the model nothing to compute")
         parts = []  # the prefill tokens' attention, then the decode tokens'
-        if p > 0:
+        if p > 0 and meta.prefills_from_scratch and meta.backend.prefill_varlen is not None:
+            parts.append(meta.backend.prefill_varlen(q[:p], k[:p], v[:p], meta.prefill_query_start_loc, self.scale))
+        elif p > 0:
             parts.append(meta.backend.prefill(
                 q[:p], key_cache, value_cache, meta.prefill_block_tables,
                 meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale,
@@ -401,7 +415,7 @@ class CausalLM(nn.Module):
 
     def use_cpu_kernels(self) -> None:
         """Run the engine's C++ CPU kernels (:mod:`engine.cpu.ops`) instead of torch where they apply:
-        matmuls of every row count in every projection and the LM head (each weight packed once into the
+        matmuls in every projection (up to :func:`engine.cpu.ops.kernel_max_rows` rows) and the LM head (each weight packed once into the
         kernel's panels, :func:`engine.cpu.ops.pack_weights`, shared with other models built on the same
         weights; only where the kernel was built with AVX-512, see :func:`engine.cpu.ops.supports`), the
         residual add with RMSNorm, RoPE, and SwiGLU's
@@ -420,6 +434,7 @@ class CausalLM(nn.Module):
                 if not module.weight.is_contiguous():
                     module.weight = nn.Parameter(module.weight.detach().contiguous(), requires_grad=False)
                 module.cpu_kernel = cpu_ops.supports(module.weight)
+                module.kernel_max_rows = cpu_ops.kernel_max_rows(module.weight)
             elif isinstance(module, (RMSNorm, Attention)):
                 module.cpu_kernel = self.model.norm.weight.dtype in (torch.float32, torch.bfloat16)
             elif isinstance(module, MLP):

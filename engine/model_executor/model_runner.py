@@ -13,18 +13,19 @@ from engine import config
 from engine.cpu import huge_pages, ops as cpu_ops
 from engine.model_executor.attention_capture import AttentionRecorder
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
-                              write_kv_cache)
+                              prefill_varlen_reference, write_kv_cache)
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.model_executor.model import AttentionBackend, AttentionMetadata, CausalLM
 from engine.core.scheduler import SchedulerOutput
 
 TORCH_BACKEND = AttentionBackend(
-    "torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step, copy_blocks_reference
+    "torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step, copy_blocks_reference,
+    prefill_varlen=prefill_varlen_reference,
 )
 # The torch backend with decode attention read in place by the engine's C++ kernel (engine/cpu/ops.py).
 CPU_KERNEL_BACKEND = AttentionBackend(
     "torch", write_kv_cache, paged_prefill_reference, cpu_ops.paged_attention_decode, plan_writes, copy_blocks_reference,
-    cpu_decode_layer=True,
+    cpu_decode_layer=True, prefill_varlen=prefill_varlen_reference,
 )
 
 
@@ -116,6 +117,7 @@ class ModelRunner:
             decode_context_lens=self._context_lens(batch.decode_seqs),
             decode_block_tables=self._block_tables(batch.decode_seqs, kv),
             backend=self.backend,
+            prefills_from_scratch=all(s.num_computed_tokens == 0 for s in batch.prefill_seqs),
         )
         if self.backend.plan is not None:
             block_size = kv.attention_block_size

@@ -32,6 +32,7 @@ from engine.entrypoints.lab import (DEFAULT_VIEWER_BUFFER, StepHub, add_lab_rout
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.protocol import APIError, error_body, parse_chat, parse_completion
 from engine.entrypoints.openai.serving import OpenAIServing
+from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("engine.serve")
@@ -121,9 +122,12 @@ class ClientLimits:
         self.tokens[client] -= num_tokens
 
 
-def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``engine``. The engine loop starts with the app's lifespan and stops
     with it (aborting what still runs and printing a summary to stderr).
+
+    Given an :class:`~engine.EngineConfig`, the engine is built on the worker thread that steps it
+    (:meth:`AsyncLLM.from_config`; faster steps on CPU, see engine/entrypoints/async_llm.py).
 
     The app's ``state`` holds ``llm`` (the :class:`AsyncLLM`), ``metrics`` (:class:`ServerMetrics`),
     ``settings``, ``limits``, ``hub`` (the lab's :class:`~engine.entrypoints.lab.StepHub`),
@@ -131,9 +135,10 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
     (engine/entrypoints/lab.py) sit beside the OpenAI ones under /lab.
     """
     settings = settings or ServerSettings()
+    llm = AsyncLLM.from_config(engine) if isinstance(engine, EngineConfig) else AsyncLLM(engine)
+    engine = llm.engine
     model_name = settings.served_model_name or engine.model_name
-    metrics = ServerMetrics(model_name)
-    llm = AsyncLLM(engine, stat_logger=metrics)
+    metrics = llm.stat_logger = ServerMetrics(model_name)
     limits = ClientLimits(settings)
     teacher_token = settings.teacher_token or new_teacher_token()
     hub = StepHub(engine_info(engine), run_settings(engine), settings.lab_viewer_buffer)
@@ -156,6 +161,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings | None = None) -> Fas
     app = FastAPI(title="PagedAttention Lab engine", lifespan=lifespan)
     app.state.llm, app.state.metrics, app.state.settings, app.state.limits = llm, metrics, settings, limits
     app.state.shutdown_summary = None
+    app.state.model_name = model_name
     app.state.hub, app.state.teacher_token = hub, teacher_token
     created = int(time.time())
     add_lab_routes(app, llm, hub, teacher_token, settings.api_keys)
@@ -274,7 +280,7 @@ def bind_warning(host: str, has_api_keys: bool) -> str | None:
             + ("" if has_api_keys else " with no API key: anyone who can reach it can use it (see --api-key)"))
 
 
-def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
+def run_server(engine: LLMEngine | EngineConfig, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
                shutdown_timeout_s: float = 30.0, log_level: str = "info") -> None:
     """Serve until SIGINT or SIGTERM. Then no new request is taken (503), the requests that run get
     ``shutdown_timeout_s`` seconds to finish, those still running are aborted (their streams end
@@ -287,7 +293,7 @@ def run_server(engine: LLMEngine, settings: ServerSettings, host: str = "127.0.0
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)
     server.hub = app.state.hub
-    print(f"serving '{settings.served_model_name or engine.model_name}' on http://{host}:{port} "
+    print(f"serving '{app.state.model_name}' on http://{host}:{port} "
           f"(OpenAI API at /v1, metrics at /metrics, classroom lab at /lab, {settings.lab_mode} mode)", file=sys.stderr, flush=True)
     if settings.teacher_token is None:
         print(f"teacher token (for POST /lab/control and the app's Step / Run controls): {app.state.teacher_token}",

@@ -111,7 +111,6 @@ def parse_api_keys(values: list[str]) -> dict[str, str]:
 
 def serve(args) -> None:
     from engine.entrypoints.openai.api_server import ServerSettings, run_server
-    from engine.llm_engine import LLMEngine
 
     settings = ServerSettings(
         served_model_name=args.served_model_name, api_keys=parse_api_keys(args.api_key),
@@ -120,5 +119,5 @@ def serve(args) -> None:
         teacher_token=args.teacher_token, lab_mode=args.lab_mode, lab_max_steps_per_s=args.lab_max_steps_per_s,
         lab_viewer_buffer=args.lab_viewer_buffer,
     )
-    engine = LLMEngine(engine_config(args))
-    run_server(engine, settings, host=args.host, port=args.port, shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)
+    # a config, not an engine: the engine is built on the thread that steps it (engine/entrypoints/async_llm.py)
+    run_server(engine_config(args), settings, host=args.host, port=args.port, shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)
