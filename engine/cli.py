@@ -257,13 +257,23 @@ def _add_calibrate(sub) -> None:
     p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--no-validate", action="store_true", help="skip predicting the mixed and preemption workloads")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: half the cores)")
+    p.add_argument("--server", default=None, metavar="URL",
+                   help="fit on the steps of the lab server at URL (python -m engine serve) while it serves a calibration load, "
+                        "instead of timing the engine alone (what bench-serve --predict should use)")
+    p.add_argument("--api-key", default=None, help="with --server: a key the server accepts")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.set_defaults(func=_calibrate)
 
 
 def _calibrate(args) -> None:
+    progress = (lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr))
+    if args.server:
+        from engine.tools.calibrate_server import calibrate_server, format_server_calibration
+
+        result = calibrate_server(args.server, api_key=args.api_key, progress=progress)
+        print(json.dumps(result, indent=2) if args.json else format_server_calibration(result))
+        return
     from engine.tools.calibrate import calibrate, format_calibration
 
-    result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads,
-                       progress=(lambda _: None) if args.json else (lambda line: print(line, file=sys.stderr)))
+    result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads, progress=progress)
     print(json.dumps(result, indent=2) if args.json else format_calibration(result))

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 
+import httpx
 import numpy as np
 import pytest
 
@@ -109,6 +110,34 @@ def test_prediction_takes_the_trace_as_sent():
     assert late_first["ttft_s"] == [pytest.approx(0.010), pytest.approx(0.010)]
     c = compare_prediction(alone, {"ttft": [0.020], "tpot": [0.010], "e2el": [None]})
     assert c["ttft"]["mean"]["error"] == pytest.approx(-0.5) and c["tpot"]["p90"]["error"] == pytest.approx(0.0) and "e2el" not in c
+
+
+def test_calibrating_on_a_servers_own_steps(tiny_llama_dir, monkeypatch, tmp_path):
+    """``calibrate --server`` fits the step-time model on the steps a lab server ran while it served
+    the calibration load: every step it counted is one the server reported, the fit predicts their
+    summed time, and the fit is saved where the simulator's "this-machine" preset reads it."""
+    from engine.sim import cost_model
+    from engine.sim.cost_model import THIS_MACHINE, get_setup
+    from engine.tools import calibrate, calibrate_server as cs
+
+    monkeypatch.setattr(cs, "CONCURRENCY", (1, 4))
+    monkeypatch.setattr(cs, "PROMPT_LENS", (8, 40))
+    monkeypatch.setattr(cs, "OUTPUT_LENS", (8, 24))
+    for module in (cost_model, calibrate):  # the fit goes to this test's directory, not the user's cache
+        monkeypatch.setattr(module, "calibration_path", lambda: tmp_path / "cost_model_this_machine.json")
+    with serving(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64)) as (base, app):
+        result = cs.calibrate_server(base, progress=lambda _: None)
+        served = metrics(base)
+        session = json.loads(app.state.hub.run_file())
+    assert served["vllm:request_success_total"] == 2 * 1 + 2 * 4  # the calibration load, all completed
+    fit = result["fit"]
+    assert result["server"]["steps"] == fit["steps"] == sum(1 for step in session["steps"] if step["scheduled"]) >= 50
+    assert fit["predicted_s"] == pytest.approx(fit["measured_s"], rel=0.05)
+    assert 0 < result["server"]["engine_share"] <= 1 and result["server"]["between_steps_ms"] >= 0
+    assert result["cost_model"]["step_overhead_s"] > 0 and result["kv_slots"] == 64 * 16
+    assert get_setup(THIS_MACHINE).cost_model.to_json() == result["cost_model"]
+    with pytest.raises(httpx.HTTPError):  # nothing listens there
+        cs.calibrate_server("http://127.0.0.1:9", progress=lambda _: None)
 
 
 def test_real_vllm_bench_serve_drives_the_lab_server(default_model_dir, tmp_path):

@@ -157,11 +157,16 @@ def calibrate(model: str | None = None, validate: bool = True, save: bool = True
             result["validation"][name] = _validate(fitted, s, wall, loop_s)
             result["cpu_time"]["validation"][name] = prediction_error(fitted_cpu, s, cpu_s)
     if save:
-        path = calibration_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
-        result["saved_to"] = str(path)
+        save_calibration(result)
     return result
+
+
+def save_calibration(result: dict) -> None:
+    """Keep a fit where the "this-machine" preset reads it (``calibration_path()``); sets ``result["saved_to"]``."""
+    path = calibration_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    result["saved_to"] = str(path)
 
 
 def _validate(model: CostModel, shapes: list[StepShape], seconds: list[float], loop_s: float) -> dict:
@@ -183,7 +188,7 @@ def format_calibration(r: dict) -> str:
         f"fitted ({THIS_MACHINE}): step {1e3 * c['step_overhead_s']:.2f} ms + {1e3 * c['seq_overhead_s']:.3f} ms/sequence "
         f"+ {1e3 * c['token_s']:.3f} ms/token + {1e9 * c['pair_s']:.1f} ns/attention pair "
         f"+ {1e9 * c['kv_token_s']:.1f} ns/KV token + {1e6 * c['block_s']:.2f} us/KV block",
-        _error_line("fit (grid)", r["fit"]),
+        _error_line("fit (server steps)" if "server" in r else "fit (grid)", r["fit"]),
     ]
     for name, v in r.get("validation", {}).items():
         lines.append(_error_line(f"validation: {name}", v) + f"; loop wall {v['loop_wall_s']:.2f} s ({v['wall_error']:+.1%})")
