@@ -231,7 +231,11 @@ def test_logits_of_the_uncached_suffix_match_the_uncached_run():
         logits[caching] = torch.cat(rows)
         computed = reports[0].scheduled[0].num_tokens
         assert (computed < len(outs[0].prompt_token_ids)) == caching
-    assert torch.allclose(logits[True], logits[False], atol=1e-4, rtol=0), (logits[True] - logits[False]).abs().max()
+    # The two runs multiply different row counts (the uncached prompt's, the suffix's), which on an Intel
+    # CPU go through different matmuls (MKL above 64 rows, the engine's kernel below): fp32 rounding
+    # differs by ~1e-4 on logits of ~10. A wrong block would be off by whole units.
+    difference = (logits[True] - logits[False]).abs().max()
+    assert difference < 1e-3, difference
 
 
 def test_only_a_prefill_with_nothing_cached_reads_its_own_k_and_v(tiny):
