@@ -44,8 +44,8 @@ def calibrate_server(base_url: str, api_key: str | None = None, save: bool = Tru
     calibration load (see the module's docstring); returns the figures as ``calibrate`` does.
 
     Raises:
-        ValueError: the server has no step stream (not a lab server), or it ran too few steps to fit.
-        httpx.HTTPError: the server cannot be reached.
+        ValueError: the server cannot be reached or names no model, has no step stream (not a lab
+            server), failed a calibration request, or ran too few steps to fit.
     """
     import httpx
 
@@ -56,7 +56,12 @@ def calibrate_server(base_url: str, api_key: str | None = None, save: bool = Tru
 
     base_url = base_url.rstrip("/")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    models = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30).json()["data"][0]
+    try:
+        answer = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30)
+        answer.raise_for_status()
+        models = answer.json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as error:
+        raise ValueError(f"cannot ask the server at {base_url} for its model (GET /v1/models): {error}") from error
     follower = _StepFollower(base_url, headers)
     follower.start()
     header = follower.wait_for_hello()
