@@ -8,6 +8,7 @@ reads the server's ``/lab/steps`` on a thread of its own, once.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -223,7 +224,9 @@ def start_server(port: int, token: str, flags: list[str], log_dir: Path) -> Serv
                "--teacher-token", token, "--lab-mode", "step", "--uvicorn-log-level", "warning", *flags]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
-    return ServerProcess(port, token, process, log)
+    server = ServerProcess(port, token, process, log)
+    atexit.register(server.stop)  # the app's exit (Ctrl-C, SIGTERM) stops the server it started: none outlives it
+    return server
 
 
 def wait_ready(server: ServerProcess, timeout_s: float = 300) -> bool:

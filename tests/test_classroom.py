@@ -337,3 +337,28 @@ def test_sigterm_in_step_mode_with_a_viewer_attached_stops_promptly(tiny_llama_d
     assert viewer.closed.wait(10), "the step stream did not end"
     assert viewer.steps() and viewer.steps() == list(range(len(viewer.steps())))
     assert re.search(r"teacher token \(for POST /lab/control and the app's Step / Run controls\): \S{16}", err), err
+
+
+def test_a_server_the_app_started_stops_when_the_app_exits(tiny_llama_dir, tmp_path):
+    """The Classroom page's "start a server here" (app_pages/classroom_link.start_server) leaves no server
+    behind: when the app's process exits, the server it started is stopped with it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = (f"from pathlib import Path\nfrom app_pages.classroom_link import start_server, wait_ready\n"
+              f"server = start_server({port}, 'teacher-token', ['--model', {str(tiny_llama_dir)!r}, '--num-gpu-blocks-override', '16'], Path({str(tmp_path)!r}))\n"
+              f"assert wait_ready(server, 180), server.log_tail()\nprint(server.process.pid, flush=True)\n")
+    app = subprocess.run([sys.executable, "-c", script], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                         capture_output=True, text=True, timeout=300)
+    assert app.returncode == 0, app.stderr[-2000:]
+    pid = int(app.stdout.split()[-1])
+    wait_until(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
+               timeout=40, what="the app's server to stop")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)

@@ -111,6 +111,22 @@ def test_prediction_takes_the_trace_as_sent():
     assert c["ttft"]["mean"]["error"] == pytest.approx(-0.5) and c["tpot"]["p90"]["error"] == pytest.approx(0.0) and "e2el" not in c
 
 
+def test_predict_checks_the_server_before_sending_anything(tiny_llama_dir, capsys):
+    """--predict against a lab server whose pool is not the one it would simulate stops before the load,
+    naming the flags; a server that caches prefixes (which the simulation does not) gets a warning."""
+    with serving(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=128, enable_prefix_caching=True)) as (base, _):
+        flags = ["bench-serve", "--base-url", base, "--num-prompts", "3", "--random-input-len", "16", "--random-output-len", "4", "--predict"]
+        with pytest.raises(SystemExit) as stopped:
+            main([*flags, "--num-gpu-blocks-override", "999"])
+        assert stopped.value.code == 2
+        assert "the server's KV pool has 128 blocks, the simulation 999" in capsys.readouterr().err
+        assert metrics(base)["vllm:prompt_tokens_total"] == 0  # nothing was sent
+        main([*flags, "--num-gpu-blocks-override", "128", "--json"])
+        captured = capsys.readouterr()
+    assert "the server caches prefixes and the simulation does not" in captured.err
+    assert json.loads(captured.out)["completed"] == 3
+
+
 def test_calibrating_on_a_servers_own_steps(tiny_llama_dir, monkeypatch, tmp_path):
     """``calibrate --server`` fits the step-time model on the steps a lab server ran while it served
     the calibration load: every step it counted is one the server reported, the fit predicts their

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -370,6 +371,8 @@ def run_cli(args) -> dict:
             raise OSError(f"cannot read the served model from {base_url}/v1/models ({error}); give --model") from None
         served = {}
     model = args.model or served["id"]
+    if args.predict:  # before any request: a wrong pool would waste the whole load
+        _check_server(base_url, server_settings(args), headers)
     requests = make_dataset(args, args.tokenizer or model, served.get("max_model_len") or args.max_model_len)
     results, duration = asyncio.run(benchmark(base_url, model, requests, args.request_rate, args.burstiness, args.max_concurrency,
                                               args.ignore_eos, args.seed, args.endpoint, args.api_key,
@@ -381,7 +384,6 @@ def run_cli(args) -> dict:
         result.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len)
     if args.predict:
         settings = server_settings(args)
-        _check_pool(base_url, settings)
         result["prediction"] = predict_results(results, requests, settings)
         result["server_settings"] = settings
         result["requests"] = [{"start_time": r.start_time, "prompt_len": q.prompt_len, "output_len": q.output_len, "success": r.success,
@@ -412,24 +414,27 @@ def server_settings(args) -> dict:
             "max_model_len": args.max_model_len, "max_num_batched_tokens": max(2048, args.max_model_len)}
 
 
-def _check_pool(base_url: str, settings: dict) -> None:
-    """Where the server is the lab's, its KV pool (``lab:kv_cache_blocks`` in /metrics) must be the one simulated.
+def _check_server(base_url: str, settings: dict, headers: dict) -> None:
+    """Where the server is the lab's (it answers ``/lab/snapshot``): its KV pool must be the one
+    simulated, and a prefix cache on it, which the simulation does not model, is warned about on stderr.
 
     Raises:
-        ValueError: it is not (naming --num-gpu-blocks-override).
+        ValueError: the pools differ (naming --num-gpu-blocks-override).
     """
     import httpx
 
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    except httpx.HTTPError:
-        return
-    for line in text.splitlines():
-        if line.startswith("lab:kv_cache_blocks"):
-            served = int(float(line.rsplit(" ", 1)[1]))
-            if served != settings["num_blocks"]:
-                raise ValueError(f"--predict: the server's KV pool has {served} blocks, the simulation {settings['num_blocks']}: give "
-                                 "the server's --block-size and --num-gpu-blocks-override")
+        header = httpx.get(f"{base_url}/lab/snapshot", headers=headers, timeout=10).json()
+        served, caching = int(header["engine"]["num_blocks"]), bool(header["settings"].get("enable_prefix_caching"))
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return  # not a lab server: nothing to check
+    if served != settings["num_blocks"]:
+        raise ValueError(f"--predict: the server's KV pool has {served} blocks, the simulation {settings['num_blocks']}: give "
+                         "the server's --block-size and --num-gpu-blocks-override")
+    if caching:
+        print("warning: --predict: the server caches prefixes and the simulation does not; prompts that share a prefix "
+              "will be served faster than predicted (start the server with --no-enable-prefix-caching to compare)",
+              file=sys.stderr, flush=True)
 
 
 def _jsonable(value):
