@@ -11,7 +11,7 @@ import streamlit as st
 # The Kernel lab runs the Triton kernels, under Triton's interpreter where there is no GPU: importing
 # kernels first sets TRITON_INTERPRET before anything else (torch's own Triton-backed ops included)
 # imports Triton.
-import kernels  # noqa: F401
+import paged_kernels  # noqa: F401
 import torch
 
 from app_pages import beside_vllm, classroom, compare, kernel_lab, lessons, live, send

@@ -89,16 +89,16 @@ def page() -> None:
 
 def run_kernel(captured, splits: int, lang: str) -> None:
     """The Triton decode kernel (and the torch reference) on ``captured`` (a ``CapturedAttention``), timed."""
-    import kernels  # sets the Triton interpreter on a machine without a GPU; imported only here
+    import paged_kernels  # sets the Triton interpreter on a machine without a GPU; imported only here
 
     c = captured
     query, key_cache, value_cache, block_tables, context_lens, scale = (c.query, c.key_cache, c.value_cache, c.block_tables,
                                                                         c.context_lens, c.scale)
 
     with torch.inference_mode():
-        kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)  # warm-up (compile)
+        paged_kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)  # warm-up (compile)
         t0 = time.perf_counter()
-        out = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)
+        out = paged_kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)
         t1 = time.perf_counter()
         ref = paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale)
         t2 = time.perf_counter()
@@ -107,7 +107,7 @@ def run_kernel(captured, splits: int, lang: str) -> None:
     c[1].metric(t("max_diff_engine", lang), f"{(out - captured.output).abs().max().item():.2e}", help=t("max_diff_engine_help", lang))
     c[2].metric(t("kernel_time", lang), f"{1e3 * (t1 - t0):.1f} ms")
     c[3].metric(t("reference_time", lang), f"{1e3 * (t2 - t1):.1f} ms")
-    if kernels.interpreted():
-        from kernels.paged_attention_decode import INTERPRETER_PAIRS
+    if paged_kernels.interpreted():
+        from paged_kernels.paged_attention_decode import INTERPRETER_PAIRS
 
         st.caption(t("interpreter_note", lang, pairs=INTERPRETER_PAIRS))

@@ -66,7 +66,7 @@ class EngineConfig:
         dtype: "auto" = float32 on CPU, bfloat16 on CUDA.
         device: "auto" = CUDA when present.
         attention_backend: "torch" (gather + softmax; on CPU with ``cpu_kernels`` its decode attention is the
-            engine's C++ kernel, reading the blocks in place), "triton" (kernels/), "auto" = triton on CUDA, torch on CPU.
+            engine's C++ kernel, reading the blocks in place), "triton" (paged_kernels/), "auto" = triton on CUDA, torch on CPU.
         allocator: "paged" (PagedAttention) or "contiguous" (one reserved range per request, as before vLLM).
         reservation: contiguous only: "max", "pow2", "pow2-total" or "oracle" (paper §3 and §6.1,
             Orca baselines; see ``engine/baselines/contiguous.py``).

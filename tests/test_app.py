@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 # The Kernel lab runs the Triton kernels in this process: under Triton's interpreter where there is no GPU,
-# which ``import kernels`` chooses, before anything (torch's own Triton-backed modules) imports Triton.
-import kernels  # noqa: F401, I001
+# which ``import paged_kernels`` chooses, before anything (torch's own Triton-backed modules) imports Triton.
+import paged_kernels  # noqa: F401, I001
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-import kernels  # noqa: F401, I001 - before anything imports Triton (see tests/test_app.py)
+import paged_kernels  # noqa: F401, I001 - before anything imports Triton (see tests/test_app.py)
 import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest

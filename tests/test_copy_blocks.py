@@ -1,6 +1,6 @@
-"""kernels.copy_blocks (the copy half of copy-on-write) against the torch oracle and a block-by-block expectation.
+"""paged_kernels.copy_blocks (the copy half of copy-on-write) against the torch oracle and a block-by-block expectation.
 
-Without a GPU these run under Triton's interpreter (``import kernels`` sets TRITON_INTERPRET=1 when no
+Without a GPU these run under Triton's interpreter (``import paged_kernels`` sets TRITON_INTERPRET=1 when no
 CUDA device exists), in fp32 and fp16. Every case is built to catch addressing bugs: src and dst ids
 are drawn anywhere in the pool (never the identity, never in order), every block that is neither a
 src nor a dst holds NaN, and the dst blocks start as NaN, so a copy from the wrong block leaves NaN in
@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
+import paged_kernels
 from engine.model_executor.attention import copy_blocks_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,7 +72,7 @@ def check_copy(keys, values, mapping):
     before_k, before_v = [k.clone() for k in keys], [v.clone() for v in values]
     ref_k, ref_v = [k.clone() for k in keys], [v.clone() for v in values]
     copy_blocks_reference(ref_k, ref_v, mapping)
-    kernels.copy_blocks(keys, values, mapping)
+    paged_kernels.copy_blocks(keys, values, mapping)
     pairs = [tuple(p) for p in mapping.tolist()]
     dsts = [d for _, d in pairs]
     for layer, (k, v) in enumerate(zip(keys, values)):
@@ -107,7 +107,7 @@ def test_copy_blocks_matches_reference(num_layers, num_blocks, block_size, num_k
 def test_copy_blocks_gpu_tiling_under_the_interpreter(monkeypatch):
     """The GPU launch layout (one pair per program, a block split over several tiles, the last one
     partly masked), run under the interpreter too: 48 * 3 * 80 = 11520 values = 2.8 tiles of 4096."""
-    mod = importlib.import_module("kernels.copy_blocks")  # the attribute kernels.copy_blocks is the function
+    mod = importlib.import_module("paged_kernels.copy_blocks")  # the attribute paged_kernels.copy_blocks is the function
     monkeypatch.setattr(mod, "interpreted", lambda: False)
     mapping = cow_mapping(9, 3, seed=5)
     keys, values = make_layers(2, 9, 48, 3, 80, torch.float32, mapping)
@@ -146,7 +146,7 @@ def test_empty_mapping_copies_nothing():
     mapping = torch.empty(0, 2, dtype=torch.int64, device=DEVICE)
     keys, values = make_layers(2, 5, 16, 3, 64, torch.float32, cow_mapping(5, 2, seed=1))
     check_copy(keys, values, mapping)
-    kernels.copy_blocks([], [], cow_mapping(5, 2, seed=1))  # no layers: nothing to copy either
+    paged_kernels.copy_blocks([], [], cow_mapping(5, 2, seed=1))  # no layers: nothing to copy either
 
 
 def test_copy_on_write_after_a_fork():
@@ -155,11 +155,11 @@ def test_copy_on_write_after_a_fork():
     kc = torch.randn(8, 4, 3, 64).to(DEVICE)
     vc = torch.randn(8, 4, 3, 64).to(DEVICE)
     shared_k, shared_v = kc[2].clone(), vc[2].clone()
-    kernels.copy_blocks([kc], [vc], torch.tensor([[2, 5]], device=DEVICE))
+    paged_kernels.copy_blocks([kc], [vc], torch.tensor([[2, 5]], device=DEVICE))
     assert torch.equal(kc[5], shared_k) and torch.equal(vc[5], shared_v)
     new = torch.randn(2, 1, 3, 64).to(DEVICE)
     slots = torch.tensor([2 * 4 + 3, 5 * 4 + 3], device=DEVICE)  # offset 3 of the original and of the copy
-    kernels.reshape_and_cache(new[:, 0], new[:, 0], kc, vc, slots)
+    paged_kernels.reshape_and_cache(new[:, 0], new[:, 0], kc, vc, slots)
     assert torch.equal(kc[2, :3], shared_k[:3]) and torch.equal(kc[5, :3], shared_k[:3])
     assert torch.equal(kc[2, 3], new[0, 0]) and torch.equal(kc[5, 3], new[1, 0])
 
@@ -201,21 +201,21 @@ def test_bad_inputs_raise_a_clear_error_and_change_nothing():
     ]
     for match, bad in wrong_pairs:
         with pytest.raises(ValueError, match=match):
-            kernels.copy_blocks(keys, values, bad)
+            paged_kernels.copy_blocks(keys, values, bad)
     with pytest.raises(ValueError, match="device"):
-        kernels.copy_blocks(keys, values, torch.zeros(1, 2, dtype=torch.int64, device="meta"))
+        paged_kernels.copy_blocks(keys, values, torch.zeros(1, 2, dtype=torch.int64, device="meta"))
     with pytest.raises(ValueError, match="2 key caches but 1 value caches"):
-        kernels.copy_blocks(keys, values[:1], mapping)
+        paged_kernels.copy_blocks(keys, values[:1], mapping)
     with pytest.raises(ValueError, match="value_cache shape"):
-        kernels.copy_blocks(keys, [values[0], values[1][:, :8]], mapping)
+        paged_kernels.copy_blocks(keys, [values[0], values[1][:, :8]], mapping)
     with pytest.raises(ValueError, match="layer 1 .* same shape and dtype"):
-        kernels.copy_blocks([keys[0], keys[1][:, :8]], [values[0], values[1][:, :8]], mapping)
+        paged_kernels.copy_blocks([keys[0], keys[1][:, :8]], [values[0], values[1][:, :8]], mapping)
     with pytest.raises(ValueError, match="layer 1 .* same shape and dtype"):
-        kernels.copy_blocks([keys[0], keys[1].half()], [values[0], values[1].half()], mapping)
+        paged_kernels.copy_blocks([keys[0], keys[1].half()], [values[0], values[1].half()], mapping)
     with pytest.raises(ValueError, match="num_blocks, block_size, num_kv_heads, head_dim"):
-        kernels.copy_blocks([k[0] for k in keys], [v[0] for v in values], mapping)
+        paged_kernels.copy_blocks([k[0] for k in keys], [v[0] for v in values], mapping)
     with pytest.raises(ValueError, match="not supported"):
-        kernels.copy_blocks([k.int() for k in keys], [v.int() for v in values], mapping)
+        paged_kernels.copy_blocks([k.int() for k in keys], [v.int() for v in values], mapping)
     assert all(same_bits(t, b) for t, b in zip(keys + values, before)), "a refused call wrote into a pool"
     check_copy(keys, values, mapping)  # and the kernel still works
 
@@ -239,6 +239,6 @@ def test_copy_blocks_offsets_overflow_int32():
     assert last * kc.stride(0) > 2**31
     kc[last].normal_()
     vc[5].normal_()
-    kernels.copy_blocks([kc], [vc], torch.tensor([[last, 3], [5, last - 1]], device="cuda"))
+    paged_kernels.copy_blocks([kc], [vc], torch.tensor([[last, 3], [5, last - 1]], device="cuda"))
     assert torch.equal(kc[3], kc[last]) and torch.equal(vc[last - 1], vc[5]) and vc[5].abs().sum() > 0
     assert torch.count_nonzero(kc[4]) == 0 and torch.count_nonzero(vc[last - 2]) == 0

@@ -13,7 +13,7 @@ Allowed on purpose:
 - Colours (``"#555"``, ``color:#888``), the browser or Streamlit session (``st.session_state``, "this
   browser session"), and counts of runs with a unit ("run 5 steps", "runs 30 layers").
 
-Scanned: README.md, docs/**/*.md, mkdocs.yml, and every text file under engine/, kernels/, visualize/,
+Scanned: README.md, docs/**/*.md, mkdocs.yml, and every text file under engine/, paged_kernels/, visualize/,
 app_pages/, lessons/ (the jupytext sources and READMEs; the .ipynb files are generated from them and
 checked against them by tests/test_lessons.py) and app.py, whole (comments, docstrings and UI strings
 alike). The mkdocs build itself (broken links, missing pages) is checked by ``mkdocs build --strict``
@@ -33,7 +33,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCANNED_DIRS = ("engine", "kernels", "visualize", "app_pages", "lessons", "docs")
+SCANNED_DIRS = ("engine", "paged_kernels", "visualize", "app_pages", "lessons", "docs")
 SCANNED_FILES = ("README.md", "app.py", "mkdocs.yml")
 SUFFIXES = {".py", ".md", ".cpp", ".h", ".toml", ".yml", ".yaml", ".txt"}
 
@@ -171,7 +171,7 @@ def test_scan_covers_the_product():
     for expected in ("README.md", "app.py", "engine/core/scheduler.py", "visualize/i18n.py", "lessons/README.md"):
         assert any(n == expected or n.endswith("/" + expected.split("/")[-1]) for n in names), expected
     assert any(n.startswith("docs/") and n.endswith(".md") for n in names)
-    assert any(n.startswith("kernels/") for n in names) and any(n.startswith("app_pages/") for n in names)
+    assert any(n.startswith("paged_kernels/") for n in names) and any(n.startswith("app_pages/") for n in names)
 
 
 DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))

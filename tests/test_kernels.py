@@ -1,6 +1,6 @@
 """Triton kernels against the torch oracle in engine.model_executor.attention.
 
-Without a GPU these run under Triton's interpreter (``import kernels`` sets TRITON_INTERPRET=1
+Without a GPU these run under Triton's interpreter (``import paged_kernels`` sets TRITON_INTERPRET=1
 when no CUDA device exists), so the matrix is a covering set, not a cross product: every listed
 block size, GQA group, head_dim, dtype and context edge appears at least once.
 
@@ -17,7 +17,7 @@ import itertools
 import pytest
 import torch
 
-import kernels
+import paged_kernels
 from engine.model_executor.attention import (paged_attention_reference, paged_prefill_reference, plan_step, prefill_varlen_reference,
                                              write_kv_cache)
 from paged_cases import DEVICE, TOL, assert_decode_output, make_paged_kv, packed_query
@@ -31,7 +31,7 @@ def check_decode(ctx_lens, block_size, group, num_kv_heads, head_dim, dtype, num
     kc, vc, bt, cl = make_paged_kv(ctx_lens, block_size, num_kv_heads, head_dim, dtype, value_scale=k_scale)
     q = packed_query(len(ctx_lens), num_heads, num_kv_heads, head_dim, dtype, scale=q_scale)
     scale = head_dim ** -0.5
-    out = kernels.paged_attention_decode(q, kc, vc, bt, cl, scale, num_splits=num_splits)
+    out = paged_kernels.paged_attention_decode(q, kc, vc, bt, cl, scale, num_splits=num_splits)
     ref = paged_attention_reference(q, kc, vc, bt, cl, scale)
     assert_decode_output(out, ref, q, ctx_lens, tol)
     return out
@@ -59,7 +59,7 @@ def test_torch_step_plan_changes_nothing():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU fallback")
 def test_interpreter_is_enabled_without_cuda():
-    assert kernels.interpreted()
+    assert paged_kernels.interpreted()
 
 
 # (block_size, group, num_kv_heads, head_dim, dtype, context lengths). Together these cover
@@ -107,8 +107,8 @@ def test_decode_one_pair_per_program(monkeypatch):
     """The GPU launch layout (one (sequence, KV head) per program), run under the interpreter too."""
     import importlib
 
-    # importlib: the attribute kernels.paged_attention_decode is the function, not the module.
-    mod = importlib.import_module("kernels.paged_attention_decode")
+    # importlib: the attribute paged_kernels.paged_attention_decode is the function, not the module.
+    mod = importlib.import_module("paged_kernels.paged_attention_decode")
 
     monkeypatch.setattr(mod, "INTERPRETER_PAIRS", 1)
     check_decode([1, 16, 0, 33], 16, 3, 3, 64, torch.float32)
@@ -123,7 +123,7 @@ def test_decode_large_logits_do_not_overflow(dtype):
     q = packed_query(2, 3, 1, 64, dtype, scale=q_scale)
     logits = torch.einsum("hd,d->h", q[0].float(), kc[bt[0, 0].long(), 0, 0].float()) * 64 ** -0.5
     assert logits.abs().max() > 1e3
-    out = kernels.paged_attention_decode(q, kc, vc, bt, cl, 64 ** -0.5)
+    out = paged_kernels.paged_attention_decode(q, kc, vc, bt, cl, 64 ** -0.5)
     ref = paged_attention_reference(q, kc, vc, bt, cl, 64 ** -0.5)
     assert torch.isfinite(out).all()
     # Logits this large carry ~1e-3 absolute rounding error in fp32, so the weights differ slightly.
@@ -152,12 +152,12 @@ def test_decode_block_offsets_overflow_int32():
     cl = torch.tensor([40], dtype=torch.int32, device="cuda")
     q = torch.randn(1, 4, head_dim, dtype=torch.float16, device="cuda")
     for splits in (1, 2):
-        out = kernels.paged_attention_decode(q, kc, vc, ids, cl, head_dim ** -0.5, num_splits=splits)
+        out = paged_kernels.paged_attention_decode(q, kc, vc, ids, cl, head_dim ** -0.5, num_splits=splits)
         ref = paged_attention_reference(q, kc, vc, ids, cl, head_dim ** -0.5)
         torch.testing.assert_close(out, ref, **TOL[torch.float16])
     k = torch.randn(1, num_kv_heads, head_dim, dtype=torch.float16, device="cuda")
     slot = torch.tensor([(num_blocks - 1) * block_size + 7], dtype=torch.int64, device="cuda")
-    kernels.reshape_and_cache(k, k, kc, vc, slot)
+    paged_kernels.reshape_and_cache(k, k, kc, vc, slot)
     assert torch.equal(kc[num_blocks - 1, 7], k[0])
 
 
@@ -180,7 +180,7 @@ def test_reshape_and_cache_matches_reference_and_skips_padding(dtype, block_size
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[[1, 4, 10]] = -1
     slots = slots.to(DEVICE)
-    kernels.reshape_and_cache(key, value, kc, vc, slots)
+    paged_kernels.reshape_and_cache(key, value, kc, vc, slots)
     write_kv_cache(key, value, kc_ref, vc_ref, slots)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
     written = (kc != 7.0).any(dim=(2, 3)).sum().item()
@@ -192,7 +192,7 @@ def test_reshape_and_cache_all_padding_writes_nothing():
     vc = kc.clone()
     key = torch.randn(5, 2, 64).to(DEVICE)
     slots = torch.full((5,), -1, dtype=torch.int64).to(DEVICE)
-    kernels.reshape_and_cache(key, key, kc, vc, slots)
+    paged_kernels.reshape_and_cache(key, key, kc, vc, slots)
     assert torch.isnan(kc).all() and torch.isnan(vc).all()
 
 
@@ -215,9 +215,9 @@ def check_prefill(q_lens, prefix_lens, block_size, group, num_kv_heads, head_dim
         for s, (ql, p) in enumerate(zip(q_lens, prefix_lens)):
             for pos in range(p, p + ql):
                 slots.append(int(bt[s, pos // block_size]) * block_size + pos % block_size)
-        kernels.reshape_and_cache(key, value, kc, vc, torch.tensor(slots, dtype=torch.int64, device=DEVICE))
+        paged_kernels.reshape_and_cache(key, value, kc, vc, torch.tensor(slots, dtype=torch.int64, device=DEVICE))
     scale = head_dim ** -0.5
-    out = kernels.paged_attention_prefill(q, kc, vc, bt, cl, qsl, scale)
+    out = paged_kernels.paged_attention_prefill(q, kc, vc, bt, cl, qsl, scale)
     ref = paged_prefill_reference(q, kc, vc, bt, cl, qsl, scale)
     assert out.shape == q.shape and out.dtype == dtype
     assert not torch.isnan(out).any()
@@ -280,8 +280,8 @@ def test_prefill_last_token_equals_decode():
     kc, vc, bt, cl = make_paged_kv([21, 40], 16, 3, 64, torch.float32)
     q = packed_query(8, 9, 3, 64, torch.float32)
     qsl = torch.tensor([0, 5, 8], dtype=torch.int32, device=DEVICE)
-    pre = kernels.paged_attention_prefill(q, kc, vc, bt, cl, qsl, 0.125)
-    dec = kernels.paged_attention_decode(q[[4, 7]], kc, vc, bt, cl, 0.125)
+    pre = paged_kernels.paged_attention_prefill(q, kc, vc, bt, cl, qsl, 0.125)
+    dec = paged_kernels.paged_attention_decode(q[[4, 7]], kc, vc, bt, cl, 0.125)
     torch.testing.assert_close(pre[[4, 7]], dec, atol=1e-5, rtol=1e-5)
 
 
@@ -292,23 +292,23 @@ def test_invalid_inputs_raise_value_error():
     kc, vc, bt, cl = make_paged_kv([5, 9], 8, 2, 64, torch.float32)
     q = torch.randn(2, 4, 64).to(DEVICE)
     with pytest.raises(ValueError, match="head_dim"):
-        kernels.paged_attention_decode(q[..., :32], kc, vc, bt, cl, 0.1)
+        paged_kernels.paged_attention_decode(q[..., :32], kc, vc, bt, cl, 0.1)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        kernels.paged_attention_decode(torch.randn(2, 3, 64).to(DEVICE), kc, vc, bt, cl, 0.1)
+        paged_kernels.paged_attention_decode(torch.randn(2, 3, 64).to(DEVICE), kc, vc, bt, cl, 0.1)
     with pytest.raises(ValueError, match="block_tables"):
-        kernels.paged_attention_decode(q, kc, vc, bt.long(), cl, 0.1)
+        paged_kernels.paged_attention_decode(q, kc, vc, bt.long(), cl, 0.1)
     with pytest.raises(ValueError, match="context_lens"):
-        kernels.paged_attention_decode(q, kc, vc, bt, cl[:1], 0.1)
+        paged_kernels.paged_attention_decode(q, kc, vc, bt, cl[:1], 0.1)
     with pytest.raises(ValueError, match="dtype"):
-        kernels.paged_attention_decode(q.half(), kc, vc, bt, cl, 0.1)
+        paged_kernels.paged_attention_decode(q.half(), kc, vc, bt, cl, 0.1)
     with pytest.raises(ValueError, match="num_splits"):
-        kernels.paged_attention_decode(q, kc, vc, bt, cl, 0.1, num_splits=0)
+        paged_kernels.paged_attention_decode(q, kc, vc, bt, cl, 0.1, num_splits=0)
     with pytest.raises(ValueError, match="value_cache"):
-        kernels.paged_attention_decode(q, kc, vc[:, :4], bt, cl, 0.1)
+        paged_kernels.paged_attention_decode(q, kc, vc[:, :4], bt, cl, 0.1)
     with pytest.raises(ValueError, match="slot_mapping"):
-        kernels.reshape_and_cache(q[:, :2], q[:, :2], kc, vc, torch.zeros(2, dtype=torch.int32, device=DEVICE))
+        paged_kernels.reshape_and_cache(q[:, :2], q[:, :2], kc, vc, torch.zeros(2, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="query_start_loc"):
-        kernels.paged_attention_prefill(q, kc, vc, bt, cl, torch.tensor([0, 1], dtype=torch.int32, device=DEVICE), 0.1)
+        paged_kernels.paged_attention_prefill(q, kc, vc, bt, cl, torch.tensor([0, 1], dtype=torch.int32, device=DEVICE), 0.1)
     with pytest.raises(ValueError, match="context_lens"):
         qsl = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
-        kernels.paged_attention_prefill(q, kc, vc, bt, torch.zeros_like(cl), qsl, 0.1)
+        paged_kernels.paged_attention_prefill(q, kc, vc, bt, torch.zeros_like(cl), qsl, 0.1)

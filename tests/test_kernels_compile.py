@@ -14,14 +14,14 @@ import sys
 
 import pytest
 
-from kernels.compile_check import CASES
+from paged_kernels.compile_check import CASES
 
 pytest.importorskip("triton")
 
 
 def test_every_kernel_compiles_for_sm90():
     env = dict(os.environ, TRITON_INTERPRET="0")
-    result = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--arch", "90", "--json"],
+    result = subprocess.run([sys.executable, "-m", "paged_kernels.compile_check", "--arch", "90", "--json"],
                             capture_output=True, text=True, timeout=900, env=env)
     rows = json.loads(result.stdout)
     failed = [f"{r['kernel']} ({r['case']}): {r['error']}" for r in rows if not r["ok"]]
@@ -39,6 +39,6 @@ def test_every_kernel_compiles_for_sm90():
 
 def test_an_unknown_architecture_is_refused_before_compiling():
     # LLVM would answer an unknown sm_XX with a crash, not an error.
-    result = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--arch", "999"],
+    result = subprocess.run([sys.executable, "-m", "paged_kernels.compile_check", "--arch", "999"],
                             capture_output=True, text=True, timeout=300, env=dict(os.environ, TRITON_INTERPRET="0"))
     assert result.returncode == 2 and "invalid choice: 999" in result.stderr

@@ -3,7 +3,7 @@ output identical with and without speculation, and the same as transformers' ass
 
 from __future__ import annotations
 
-import kernels  # noqa: F401  (first: it switches Triton to its CPU interpreter before anything imports Triton)
+import paged_kernels  # noqa: F401  (first: it switches Triton to its CPU interpreter before anything imports Triton)
 import pytest
 import torch
 import transformers

@@ -1,7 +1,7 @@
 """The decode kernel's program grid: which Triton program handles which sequence, KV head and
 context partition, and which physical blocks it reads through the block table.
 
-The layout follows ``kernels/paged_attention_decode.py`` on a GPU: one program per
+The layout follows ``paged_kernels/paged_attention_decode.py`` on a GPU: one program per
 (sequence, KV head) pair and per partition of the context (split-K); program id =
 ``pair * num_splits + partition`` with ``pair = sequence * num_kv_heads + kv_head``. A program
 serves the ``num_heads // num_kv_heads`` query heads that share its KV head (grouped-query attention).

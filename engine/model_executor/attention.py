@@ -55,7 +55,7 @@ def write_kv_cache(
 
 def copy_blocks_reference(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor) -> None:
     """Copy whole KV blocks in every layer, in place (vLLM's ``copy_blocks``): the copy half of
-    copy-on-write (PagedAttention paper §4.4). The Triton version is ``kernels.copy_blocks``.
+    copy-on-write (PagedAttention paper §4.4). The Triton version is ``paged_kernels.copy_blocks``.
 
     Args:
         key_caches, value_caches: one pool per layer, ``[num_blocks, block_size, num_kv_heads, head_dim]``.

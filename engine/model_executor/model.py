@@ -33,7 +33,7 @@ class WeightLoadError(ValueError):
 
 @dataclass
 class AttentionBackend:
-    """The three attention operations and the block copy, from engine/model_executor/attention.py (torch) or kernels/ (Triton).
+    """The three attention operations and the block copy, from engine/model_executor/attention.py (torch) or paged_kernels/ (Triton).
 
     ``plan``, when a backend has one, runs once per step on the step's metadata and returns what its
     operations would otherwise recompute in every layer (the torch backend: block tables translated

@@ -30,11 +30,11 @@ CPU_KERNEL_BACKEND = AttentionBackend(
 
 
 def triton_backend() -> AttentionBackend:
-    import kernels  # imported only when chosen: it may switch Triton to its CPU interpreter
+    import paged_kernels  # imported only when chosen: it may switch Triton to its CPU interpreter
 
     return AttentionBackend(
-        "triton", kernels.reshape_and_cache, kernels.paged_attention_prefill, kernels.paged_attention_decode,
-        copy_blocks=kernels.copy_blocks,
+        "triton", paged_kernels.reshape_and_cache, paged_kernels.paged_attention_prefill, paged_kernels.paged_attention_decode,
+        copy_blocks=paged_kernels.copy_blocks,
     )
 
 

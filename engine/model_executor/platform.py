@@ -56,11 +56,11 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
     if device.type == "cpu" and dtype not in (torch.float32, torch.float16):
         raise ValueError(f"the triton backend on CPU runs in Triton's interpreter, which supports float32/float16, not {dtype}")
     backend = triton_backend()
-    import kernels
+    import paged_kernels
 
-    if device.type == "cpu" and not kernels.interpreter_ready():
+    if device.type == "cpu" and not paged_kernels.interpreter_ready():
         raise ValueError(
             "the triton backend cannot run here: Triton was imported before TRITON_INTERPRET=1 was set "
-            "(import kernels before anything imports Triton, or set TRITON_INTERPRET=1 in the environment)"
+            "(import paged_kernels before anything imports Triton, or set TRITON_INTERPRET=1 in the environment)"
         )
     return backend

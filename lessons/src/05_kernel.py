@@ -24,7 +24,7 @@
 # 在一个解码步中，每个序列的每个头只有一个查询。内核要在该序列的整个上下文上计算 softmax(**q** Kᵀ · `scale`) V，而这些 K 和 V 分散在池中各处的块里。内核从不构造完整的一行 logits：它一次处理上下文中的一小段（tile）。
 
 # %%
-# Make `engine` and `kernels` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
+# Make `engine` and `paged_kernels` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
 import pathlib
 import sys
 
@@ -38,7 +38,7 @@ import time
 import matplotlib.pyplot as plt
 import torch
 
-import kernels  # on a machine without a GPU this switches Triton to its interpreter
+import paged_kernels  # on a machine without a GPU this switches Triton to its interpreter
 from engine import paged_attention_reference
 from visualize import program_grid, program_grid_figure
 
@@ -47,7 +47,7 @@ from visualize.style import use_cjk_font
 
 LANG = "en"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
-print(t("lp5_interpreter", LANG, on=t("yes" if kernels.interpreted() else "no", LANG)))
+print(t("lp5_interpreter", LANG, on=t("yes" if paged_kernels.interpreted() else "no", LANG)))
 
 # %% [markdown] lang="en"
 # ## 1. Online softmax
@@ -136,7 +136,7 @@ scale = head_dim**-0.5
 
 want = paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale)
 start = time.perf_counter()
-got = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
+got = paged_kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale)
 print(t("lp5_kernel", LANG, s=time.perf_counter() - start, diff=(got - want).abs().max()))
 
 # %% [markdown] lang="en"
@@ -165,7 +165,7 @@ plt.show()
 
 # %%
 for splits in (1, 2, 4):
-    out = kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)
+    out = paged_kernels.paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)
     print(t("lp5_splits", LANG, splits=splits, diff=(out - want).abs().max()))
 program_grid_figure(program_grid([0, 1, 2], context_lens.tolist(), tables, block_size, heads, kv_heads, num_splits=2), lang=LANG)
 plt.show()

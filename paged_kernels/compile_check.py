@@ -1,11 +1,11 @@
-"""``python -m kernels.compile_check``: compile every kernel for an NVIDIA GPU, on a machine without one.
+"""``python -m paged_kernels.compile_check``: compile every kernel for an NVIDIA GPU, on a machine without one.
 
 Under the interpreter (the CPU path) a kernel is executed by numpy, so nothing checks what only the
 GPU compiler checks: that every ``tl.dot`` has legal shapes, that bf16 lowers, that the kernel fits
 in shared memory. Triton compiles ahead of time without a device: the front end, the MLIR passes
 and LLVM run on the CPU, and the wheel bundles NVIDIA's ``ptxas`` for the last step to a cubin.
 
-How: the public launchers (:func:`kernels.paged_attention_decode` and the others) run as on a GPU
+How: the public launchers (:func:`paged_kernels.paged_attention_decode` and the others) run as on a GPU
 (``TRITON_INTERPRET=0``, a stand-in *driver* that only answers "the current target is sm_XX") on
 small CPU tensors of each case's shapes and dtypes; at the moment Triton would compile and launch,
 we take the exact signature, constants and options it chose and compile them with
@@ -60,7 +60,7 @@ class _TargetOnlyDriver:
 
 def _launch_cases(capture) -> None:
     """Call every launcher, as on a GPU, once per case (decode in one pass and split-K)."""
-    import kernels
+    import paged_kernels
 
     for name, dtype, num_heads, num_kv_heads, head_dim, block_size in CASES:
         case = f"{name} {str(dtype).replace('torch.', '')} H={num_heads} Hkv={num_kv_heads} D={head_dim} block={block_size}"
@@ -70,16 +70,16 @@ def _launch_cases(capture) -> None:
         tables = torch.arange(4, dtype=torch.int32).repeat(2, 1)
         lens = torch.tensor(ctx, dtype=torch.int32)
         k = torch.zeros(2, num_kv_heads, head_dim, dtype=dtype)
-        kernels.reshape_and_cache(k, k, cache, cache.clone(), torch.tensor([0, 1]))
-        kernels.copy_blocks([cache], [cache.clone()], torch.tensor([[0, 1], [0, 2]]))
+        paged_kernels.reshape_and_cache(k, k, cache, cache.clone(), torch.tensor([0, 1]))
+        paged_kernels.copy_blocks([cache], [cache.clone()], torch.tensor([[0, 1], [0, 2]]))
         q = torch.zeros(2, num_heads, head_dim, dtype=dtype)
         for splits in (1, 4):
             capture.case = f"{case} num_splits={splits}"
-            kernels.paged_attention_decode(q, cache, cache.clone(), tables, lens, head_dim**-0.5, num_splits=splits)
+            paged_kernels.paged_attention_decode(q, cache, cache.clone(), tables, lens, head_dim**-0.5, num_splits=splits)
         capture.case = case
         qp = torch.zeros(sum(ctx), num_heads, head_dim, dtype=dtype)
         starts = torch.tensor([0, ctx[0], sum(ctx)], dtype=torch.int32)
-        kernels.paged_attention_prefill(qp, cache, cache.clone(), tables, lens, starts, head_dim**-0.5)
+        paged_kernels.paged_attention_prefill(qp, cache, cache.clone(), tables, lens, starts, head_dim**-0.5)
 
 
 class _Capture:
@@ -104,18 +104,18 @@ def compile_all(arch: int) -> list[dict]:
     from triton.compiler import ASTSource
     from triton.runtime.driver import driver
 
-    import kernels._common
-    from kernels.copy_blocks import _copy_blocks_kernel
-    from kernels.paged_attention_decode import _paged_attention_decode_kernel
-    from kernels.paged_attention_prefill import _paged_attention_prefill_kernel
-    from kernels.paged_attention_reduce import _paged_attention_reduce_kernel
-    from kernels.reshape_and_cache import _reshape_and_cache_kernel
+    import paged_kernels._common
+    from paged_kernels.copy_blocks import _copy_blocks_kernel
+    from paged_kernels.paged_attention_decode import _paged_attention_decode_kernel
+    from paged_kernels.paged_attention_prefill import _paged_attention_prefill_kernel
+    from paged_kernels.paged_attention_reduce import _paged_attention_reduce_kernel
+    from paged_kernels.reshape_and_cache import _reshape_and_cache_kernel
 
     from triton.runtime.jit import JITFunction
 
     if not hasattr(JITFunction, "_do_compile"):
         raise RuntimeError(f"Triton {triton.__version__} has no JITFunction._do_compile step to stop at before a launch; "
-                           "kernels.compile_check needs a newer Triton (it was written against 3.9)")
+                           "paged_kernels.compile_check needs a newer Triton (it was written against 3.9)")
     target = GPUTarget("cuda", arch, 32)
     driver.set_active(_TargetOnlyDriver(target))
     capture = _Capture()
@@ -124,7 +124,7 @@ def compile_all(arch: int) -> list[dict]:
     for fn in jit_fns:
         fn._do_compile = capture.wrap(fn)
     # The inputs are CPU tensors standing for CUDA ones: let the launchers' device check pass.
-    kernels._common.check_runnable = lambda device: None
+    paged_kernels._common.check_runnable = lambda device: None
     try:
         _launch_cases(capture)
     finally:
@@ -150,7 +150,7 @@ def compile_all(arch: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m paged_kernels.compile_check", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, choices=SUPPORTED_ARCHS, metavar="ARCH",
                         help=f"compute capability as an integer, one of {', '.join(map(str, SUPPORTED_ARCHS))}: "
                              "80 = A100, 90 = H100/H200 (default), 100 = B200")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         # The kernels were (or would be) built for the interpreter in this process: start afresh.
         env = dict(os.environ, TRITON_INTERPRET="0")
-        cmd = [sys.executable, "-m", "kernels.compile_check", *(argv if argv is not None else sys.argv[1:])]
+        cmd = [sys.executable, "-m", "paged_kernels.compile_check", *(argv if argv is not None else sys.argv[1:])]
         return subprocess.run(cmd, env=env).returncode
     try:
         results = compile_all(args.arch)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_caches, check_device, interpreted, next_pow2
+from paged_kernels._common import check_caches, check_device, interpreted, next_pow2
 
 
 @triton.jit

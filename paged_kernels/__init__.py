@@ -19,7 +19,7 @@ that executes a kernel's programs one after another with numpy. The interpreter 
 ``@triton.jit`` decorates a function, by reading ``TRITON_INTERPRET`` at that moment, so it
 must be set before the kernel modules below are imported. We set it only when no CUDA device
 is available and the user has not chosen a value; an explicit ``TRITON_INTERPRET=0`` is kept.
-Import the kernels through ``import kernels`` so this always happens first.
+Import the kernels through ``import paged_kernels`` so this always happens first.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
 try:
     import triton  # noqa: F401
 except ImportError as error:  # Triton ships wheels for Linux only
-    # transformers imports a top-level package named "kernels" while probing for one of its own
-    # optional dependencies, so importing this package must never fail: the kernels raise when used.
+    # Triton ships wheels for Linux only: importing this package must never fail, so that every page
+    # and lesson that does not run a kernel still works; the kernels raise when used.
     _reason = f"Triton is not installed ({error}); use attention_backend='torch'"
 
     def _unavailable(*args, **kwargs):
@@ -50,10 +50,10 @@ except ImportError as error:  # Triton ships wheels for Linux only
         return False
 
 else:
-    from kernels._common import interpreted, interpreter_ready  # noqa: E402
-    from kernels.copy_blocks import copy_blocks  # noqa: E402
-    from kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
-    from kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
-    from kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
+    from paged_kernels._common import interpreted, interpreter_ready  # noqa: E402
+    from paged_kernels.copy_blocks import copy_blocks  # noqa: E402
+    from paged_kernels.paged_attention_decode import paged_attention_decode  # noqa: E402
+    from paged_kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
+    from paged_kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
 __all__ = ["copy_blocks", "interpreted", "interpreter_ready", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]

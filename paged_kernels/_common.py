@@ -16,7 +16,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def interpreted() -> bool:
     """True when Triton kernels run in Triton's CPU interpreter (``TRITON_INTERPRET`` set).
 
-    Triton reads the variable when a kernel is decorated, i.e. when :mod:`kernels` is imported,
+    Triton reads the variable when a kernel is decorated, i.e. when :mod:`paged_kernels` is imported,
     so this reports the mode the kernels were built in as long as the variable is left alone.
     """
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off", "no")
@@ -49,12 +49,12 @@ def check_runnable(device: torch.device) -> None:
     if device.type == "cpu" and not interpreted():
         raise ValueError(
             "inputs are CPU tensors but Triton is not in interpreter mode; set TRITON_INTERPRET=1 "
-            "before importing kernels (kernels/__init__.py does this when no CUDA device is available)"
+            "before importing kernels (paged_kernels/__init__.py does this when no CUDA device is available)"
         )
     if device.type == "cpu" and not interpreter_ready():
         raise RuntimeError(
             "Triton was imported before TRITON_INTERPRET=1 was set, so its library is compiled for a GPU and "
-            "cannot run on the CPU; set TRITON_INTERPRET=1 in the environment, or import kernels "
+            "cannot run on the CPU; set TRITON_INTERPRET=1 in the environment, or import paged_kernels "
             "before anything imports Triton"
         )
     if device.type not in ("cpu", "cuda"):

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import interpreted, next_pow2
+from paged_kernels._common import interpreted, next_pow2
 
 
 @triton.jit

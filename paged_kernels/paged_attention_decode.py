@@ -29,7 +29,7 @@ overhead per operation, one program handles many pairs at once, stacked as the l
 Split-K (vLLM v2, FlashDecoding). With few sequences and long contexts, one program per
 (sequence, KV head) leaves most GPU cores idle. Then the context is cut into ``num_splits``
 partitions, each program handles one partition and writes its partial output ``acc / l``
-together with its ``m`` and ``l``; :mod:`kernels.paged_attention_reduce` then combines them.
+together with its ``m`` and ``l``; :mod:`paged_kernels.paged_attention_reduce` then combines them.
 A partition that starts past the context (more partitions than blocks) writes
 ``m = -inf, l = 0`` and contributes nothing.
 
@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
-from kernels.paged_attention_reduce import paged_attention_reduce
+from paged_kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
+from paged_kernels.paged_attention_reduce import paged_attention_reduce
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
 INTERPRETER_PAIRS = 64  # (sequence, KV head) pairs per interpreted program (see the wrapper)

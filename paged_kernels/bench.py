@@ -1,10 +1,10 @@
-"""Benchmark decode attention: ``python -m kernels.bench`` (``--help`` for options).
+"""Benchmark decode attention: ``python -m paged_kernels.bench`` (``--help`` for options).
 
 What it measures. Decode attention is memory-bound: every step reads each sequence's whole K
 and V once. So besides time we report *achieved bandwidth* = K/V bytes read / time, and on a
 known GPU the fraction of its peak HBM bandwidth (H100 3.35 TB/s, H200 4.8 TB/s). Providers:
 
-* ``triton-1pass``: :func:`kernels.paged_attention_decode` with ``num_splits=1`` (vLLM v1 style);
+* ``triton-1pass``: :func:`paged_kernels.paged_attention_decode` with ``num_splits=1`` (vLLM v1 style);
 * ``triton-splitk``: the same with split-K (automatic choice, at least 2 partitions; vLLM v2 /
   FlashDecoding);
 * ``torch-sdpa``: ``scaled_dot_product_attention`` on a *contiguous* cache, a no-paging baseline;
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-import kernels
+import paged_kernels
 from engine.model_executor.attention import paged_attention_reference
 
 PEAK_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12}
@@ -78,13 +78,13 @@ def providers(query, key_cache, value_cache, block_tables, context_lens, scale, 
     """name -> zero-argument callable computing the decode attention."""
     num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
     out = {
-        "triton-1pass": lambda: kernels.paged_attention_decode(
+        "triton-1pass": lambda: paged_kernels.paged_attention_decode(
             query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=1),
     }
-    splits = kernels.paged_attention_decode.__globals__["_auto_num_splits"](
+    splits = paged_kernels.paged_attention_decode.__globals__["_auto_num_splits"](
         query, query.shape[0], num_kv_heads, block_tables.shape[1] * key_cache.shape[1])
     splits = max(2, min(splits if splits > 1 else -(-context // 512), 64))
-    out[f"triton-splitk({splits})"] = lambda: kernels.paged_attention_decode(
+    out[f"triton-splitk({splits})"] = lambda: paged_kernels.paged_attention_decode(
         query, key_cache, value_cache, block_tables, context_lens, scale, num_splits=splits)
     out["torch-gather"] = lambda: paged_attention_reference(
         query, key_cache, value_cache, block_tables, context_lens, scale)
@@ -156,7 +156,7 @@ def engine_step(repeats: int = 3, layers: int = 30) -> float:
 
     def step():
         for _ in range(layers):
-            kernels.paged_attention_decode(*inputs, scale)
+            paged_kernels.paged_attention_decode(*inputs, scale)
         if inputs[0].is_cuda:
             torch.cuda.synchronize()
 
@@ -170,7 +170,7 @@ def engine_step(repeats: int = 3, layers: int = 30) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m paged_kernels.bench", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 64])
     parser.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048, 8192])
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.engine_step:
         seconds = engine_step(args.repeats)
-        mode = "Triton interpreter" if kernels.interpreted() else torch.cuda.get_device_name()
+        mode = "Triton interpreter" if paged_kernels.interpreted() else torch.cuda.get_device_name()
         if args.json:
             print(json.dumps({"engine_step_seconds": seconds, "layers": 30, "mode": mode}))
         else:

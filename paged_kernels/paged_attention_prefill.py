@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
+from paged_kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -124,7 +124,7 @@ def paged_attention_prefill(
 ) -> torch.Tensor:
     """Causal prefill attention through block tables; same result as ``engine.model_executor.attention.paged_prefill_reference``.
 
-    The new tokens' K and V must already be in the cache (:func:`kernels.reshape_and_cache`).
+    The new tokens' K and V must already be in the cache (:func:`paged_kernels.reshape_and_cache`).
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` fp32/fp16/bf16, any strides; sequences packed
