@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from engine.model_executor.model_loader import resolve_model
+from engine.model_executor.model_loader import load_tokenizer, resolve_model
 
 TINY_SIZES = dict(
     hidden_size=64,
@@ -46,7 +46,7 @@ def default_model_dir() -> Path:
 
 def make_tiny_model(directory: Path, model_type: str, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
     """Save a randomly initialised llama / qwen2 / qwen3 model with the default tokenizer in ``directory``."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer = load_tokenizer(Path(tokenizer_dir))
     sizes = dict(TINY_SIZES, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     sizes.update(overrides)
     config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]

@@ -14,6 +14,7 @@ from tokenizers import Tokenizer, decoders, models
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.detokenizer import REPLACEMENT, Detokenizer, complete_text, concatenative
+from engine.model_executor.model_loader import load_tokenizer
 
 # Characters of 2-4 UTF-8 bytes, which byte-level BPE often cuts between tokens.
 AWKWARD = "é中文字符😀🚀ĳ€ﬁ𝔘ñ日本語"
@@ -21,7 +22,7 @@ AWKWARD = "é中文字符😀🚀ĳ€ﬁ𝔘ñ日本語"
 
 @pytest.fixture(scope="module")
 def tokenizer(default_model_dir):
-    return transformers.AutoTokenizer.from_pretrained(default_model_dir)
+    return load_tokenizer(default_model_dir)
 
 
 def test_the_default_tokenizer_is_concatenative(tokenizer):

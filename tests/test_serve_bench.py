@@ -57,11 +57,11 @@ def test_bench_serve_prints_vllms_report(tiny_llama_dir, capsys):
 
 
 def test_datasets_follow_vllms_conventions(default_model_dir):
-    from transformers import AutoTokenizer
+    from engine.model_executor.model_loader import load_tokenizer
 
     from engine.tools.serve_datasets import prefix_repetition_dataset, sharegpt_dataset
 
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    tokenizer = load_tokenizer(default_model_dir)
     requests = sharegpt_dataset(40, tokenizer, max_model_len=512, seed=1)
     assert all(len(tokenizer(r.prompt).input_ids) == r.prompt_len for r in requests)  # real text of exactly its length
     assert all(isinstance(r.prompt, str) and r.prompt_len + r.output_len <= 512 for r in requests)

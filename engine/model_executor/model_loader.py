@@ -525,6 +525,28 @@ def _check_config_fields(get: Callable[[str], object], config_file: Path, requir
         raise ModelLoadError(f"{config_file}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}.")
 
 
+def load_tokenizer(path: Path) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer saved in ``path``, also when another transformers release wrote it.
+
+    transformers 5 saves a fast tokenizer as class ``TokenizersBackend``, a name transformers 4 does not
+    know, and one lab cache is shared by every environment on a machine. ``tokenizer.json`` means the same
+    to both, so a class name this release lacks falls back to ``PreTrainedTokenizerFast`` over that file.
+
+    Raises:
+        ModelLoadError: no tokenizer can be read from ``path``, in one line.
+    """
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    except Exception as error:  # OSError, ValueError, TypeError, a tokenizers exception for a broken file
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if "does not exist or is not currently imported" in first and (path / "tokenizer.json").is_file():
+            try:
+                return transformers.PreTrainedTokenizerFast.from_pretrained(path)
+            except Exception:  # the fallback failed too: report the first error, which names the class
+                pass
+        raise ModelLoadError(f"Could not load a tokenizer from {path}: {first}") from None
+
+
 def load_model(
     model: str | None = None, dtype: torch.dtype = torch.float32, progress: ProgressCallback | None = None
 ) -> LoadedModel:
@@ -552,10 +574,6 @@ def load_model(
         if "model.embed_tokens.weight" not in state_dict:
             raise ModelLoadError(f"{path}: the weights hold no model.embed_tokens.weight (the embedding matrix).")
         state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except Exception as error:  # OSError, ValueError, TypeError, a tokenizers exception for a broken file
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ModelLoadError(f"Could not load a tokenizer from {path}: {first}") from None
+    tokenizer = load_tokenizer(path)
     name = model or DEFAULT_MODEL
     return LoadedModel(name=name, path=path, config=config, state_dict=state_dict, tokenizer=tokenizer)

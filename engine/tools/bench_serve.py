@@ -449,8 +449,6 @@ def _jsonable(value):
 
 def _tokenizer(name: str):
     """The tokenizer of ``name`` (a local directory, .gguf or hub id the lab can resolve)."""
-    from transformers import AutoTokenizer
+    from engine.model_executor.model_loader import load_tokenizer, resolve_model
 
-    from engine.model_executor.model_loader import resolve_model
-
-    return AutoTokenizer.from_pretrained(resolve_model(name))
+    return load_tokenizer(resolve_model(name))

@@ -1,4 +1,5 @@
-"""Import names: no top-level name of this project is owned by another installed distribution.
+"""A fresh machine: the README's first example answers, and no top-level name of this project is
+owned by another installed distribution.
 
 Python has one namespace for top-level imports. When two distributions install the same top-level name,
 the one found first on ``sys.path`` wins: from the repository root (``streamlit run app.py``,
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import sys
-import tomllib
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,8 +27,8 @@ def _our_top_level_names() -> set[str]:
     name in the repository root (packages and modules: app_pages, lessons, app), since the root is first
     on ``sys.path`` for the app, the tests and the lessons.
     """
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    names = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    include = re.search(r"\[tool\.setuptools\.packages\.find\]\s*include\s*=\s*\[([^\]]*)\]", (ROOT / "pyproject.toml").read_text())
+    names = {pattern.strip().strip('"').rstrip("*") for pattern in include.group(1).split(",") if pattern.strip()}
     for entry in ROOT.iterdir():
         if entry.name.startswith((".", "_")) or entry.name == "tests":
             continue
@@ -82,3 +83,36 @@ def test_transformers_model_classes_import_with_the_repository_root_first_on_sys
     result = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "transformers.models.llama" in result.stdout and str(ROOT / "paged_kernels") in result.stdout, result.stdout
+
+
+def test_the_readme_question_is_answered_from_the_repository_root():
+    """The README's first example, as a new user types it, from the repository root: the default model
+    loads (converted once per machine) and greedy decoding answers the question."""
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "generate", "What is the capital of France?", "--max-tokens", "12"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Paris" in result.stdout, result.stdout[-2000:]
+
+
+def test_a_tokenizer_saved_under_a_class_name_this_transformers_lacks_still_loads(tiny_llama_dir, tmp_path):
+    """One lab cache serves every environment on a machine (the floors job's transformers 4 and the
+    newest transformers 5 among them): transformers 5 saves ``tokenizer_class: TokenizersBackend``,
+    which transformers 4 cannot resolve. The loader reads tokenizer.json then, and tokenizes the same."""
+    import json
+    import shutil
+
+    from engine.model_executor.model_loader import load_model
+
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, copy)
+    config_file = copy / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "TokenizerClassFromAnotherRelease"
+    config_file.write_text(json.dumps(config))
+    original = load_model(str(tiny_llama_dir)).tokenizer
+    loaded = load_model(str(copy)).tokenizer
+    text = "What is the capital of France?"
+    assert loaded(text)["input_ids"] == original(text)["input_ids"]
+    assert loaded.decode(original(text)["input_ids"]) == original.decode(original(text)["input_ids"])
