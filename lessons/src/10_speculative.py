@@ -12,7 +12,7 @@
 # **Goal:** watch the engine propose draft tokens, verify them in one forward pass and roll back the
 # rejected ones, block table by block table; then see why this pays while a decode step is memory-bound
 # and stops paying as the batch grows, and predict the gain from a measured α, the chance that the model
-# accepts a draft it judges (the Live page's acceptance rate, accepted ÷ proposed drafts, is a lower number).
+# accepts a draft it judges (the Live engine page's acceptance rate, accepted ÷ proposed drafts, is a lower number).
 #
 # A decode step makes one token per sequence, and on a GPU it is memory-bound (lesson 1): reading the
 # weights costs the same whether the step computes 1 query token or 5. Speculative decoding (Leviathan
@@ -48,8 +48,8 @@ try:
 except ImportError:
     sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
 # The check's own recomputation, lessons/checks.py, sits in the repository beside the lessons
-sys.path.append(str(next(p for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().resolve().parents)
-                         if (p / "lessons" / "checks.py").is_file())))
+sys.path += [str(p) for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().resolve().parents)
+             if (p / "lessons" / "checks.py").is_file()][:1]
 
 import matplotlib.pyplot as plt
 
@@ -155,8 +155,10 @@ assert all(b not in snap.block_table for b in out.freed_blocks)
 # %% [markdown] lang="en"
 # ## 2. When it pays: a memory-bound step
 # Each verification gives 1 to k + 1 tokens. Let α be the chance that the model accepts a draft that it
-# judges (a draft after a rejection is never judged). If each judged draft is accepted with chance α
-# independently, a verification gives on average
+# judges (a draft after a rejection is never judged). It is not the Live engine page's acceptance rate (drafts
+# accepted ÷ drafts proposed), which counts the unjudged drafts too and is lower: put that one into the
+# formula below and E comes out too small. If each judged draft is accepted with chance α independently,
+# a verification gives on average
 #
 # $$E = 1 + \alpha + \alpha^2 + \dots + \alpha^k = \frac{1 - \alpha^{k+1}}{1 - \alpha}$$
 #
@@ -168,7 +170,7 @@ assert all(b not in snap.block_table for b in out.freed_blocks)
 
 # %% [markdown] lang="zh"
 # ## 2. 何时划算：访存受限的解码步
-# 每次验证得到 1 到 k + 1 个 token。设 α 为模型接受一个它判定过的草稿的概率（排在被拒绝草稿之后的草稿不会被判定）。如果每个被判定的草稿都以概率 α 独立地被接受，一次验证平均得到
+# 每次验证得到 1 到 k + 1 个 token。设 α 为模型接受一个它判定过的草稿的概率（排在被拒绝草稿之后的草稿不会被判定）。它不是实时引擎页面上的接受率（接受的草稿数 ÷ 提出的草稿数）：那个数把没有被判定的草稿也算进分母，所以更低，代入下面的公式得到的 E 会偏小。如果每个被判定的草稿都以概率 α 独立地被接受，一次验证平均得到
 #
 # $$E = 1 + \alpha + \alpha^2 + \dots + \alpha^k = \frac{1 - \alpha^{k+1}}{1 - \alpha}$$
 #
