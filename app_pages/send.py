@@ -127,5 +127,5 @@ def conversation() -> None:
         return
     report = reports[-1]
     blocks = blocks_of(report, mine)
-    st.caption(t("your_blocks", lang, blocks=", ".join(map(str, blocks))) if blocks else t("your_blocks_none", lang))
+    st.caption(t("your_blocks", lang, blocks=t("sep_list", lang).join(map(str, blocks))) if blocks else t("your_blocks_none", lang))
     live.pool_view(report, engine["block_size"], lang, cache=None, highlight=mine)

@@ -1,17 +1,40 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate, serve and bench-serve from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, calibrate, serve and bench-serve from the command line
+(the paper's figures: ``python -m visualize reproduce-paper``)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
 from tqdm.auto import tqdm
 
+EPILOG = """\
+The rest of the lab:
+  streamlit run app.py                 the app: the KV pool step by step, the paper's figures, the classroom
+  jupyter lab lessons/en/              ten lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
+  python -m visualize reproduce-paper  the PagedAttention paper's figures on the simulator, as tables, JSON or charts
+Each command's options: python -m engine COMMAND --help"""
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="PagedAttention Lab's step-through inference engine")
-    sub = parser.add_subparsers(dest="command", required=True)
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default (argparse's ``ArgumentDefaultsHelpFormatter``), unless the help
+    already names it or there is none to show (``None``, a flag that is off); descriptions and epilogs keep their lines."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text.lower() or any(action.default is x for x in (None, False, argparse.SUPPRESS)) or not action.option_strings:
+            return text
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m engine``'s parser: every sub-command, each with :class:`HelpFormatter`."""
+    parser = argparse.ArgumentParser(prog="python -m engine", description="PagedAttention Lab's step-through inference engine",
+                                     epilog=EPILOG, formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter))
     _add_generate(sub)
     _add_bench(sub)
     _add_bench_cpu(sub)
@@ -19,6 +42,14 @@ def main(argv: list[str] | None = None) -> None:
     _add_vllm(sub)
     _add_calibrate(sub)
     _add_serve(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["reproduce-paper"]:  # its options are visualize's: say where the command is, whatever follows
+        _reproduce_paper_moved(argv[1:])
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -39,13 +70,19 @@ def _add_generate(sub) -> None:
     p.add_argument("prompts", nargs="+", help="one or more prompts (sent through the chat template unless --raw)")
     p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block")
-    p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default 512)")
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None,
+                   help="KV pool size in blocks, vLLM's name (default: 512)")
+    p.add_argument("--num-blocks", type=int, dest="num_gpu_blocks_override", action=_Deprecated,
+                   replacement="--num-gpu-blocks-override", help=argparse.SUPPRESS)
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged")
-    p.add_argument("--reservation", choices=["max", "pow2", "oracle"], default="max")
-    p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--seed", type=int, default=0, help="seeds the engine and the sampling of every request")
+    p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged",
+                   help="paged (PagedAttention's blocks) or contiguous (one reserved range per request, as before vLLM)")
+    p.add_argument("--reservation", choices=["max", "pow2", "oracle"], default="max",
+                   help="contiguous allocator: what it reserves per request, the paper's Orca (Max), (Pow2) or (Oracle)")
+    p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto",
+                   help="torch (gather + softmax; the C++ kernel on CPU), triton (paged_kernels/); auto: triton on CUDA, torch on CPU")
     _add_cpu_kernels(p)
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
@@ -59,7 +96,7 @@ def _generate(args) -> None:
     from engine.sampling_params import SamplingParams
 
     config = EngineConfig(
-        model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
+        model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks_override, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
         cpu_kernels=args.cpu_kernels,
     )
@@ -91,6 +128,19 @@ def _generate(args) -> None:
         return
     for prompt, out in zip(args.prompts, outputs):
         print(f"\n### {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, preemptions={out.num_preemptions}]")
+
+
+class _Deprecated(argparse.Action):
+    """An old option name kept working, off the help: it stores its value where ``replacement`` does and
+    says on stderr to use ``replacement``."""
+
+    def __init__(self, *args, replacement: str, **kwargs):
+        self.replacement = replacement
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"warning: {option_string} is deprecated, use {self.replacement}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def _step_summary(report) -> dict:
@@ -192,11 +242,18 @@ def _bench_cpu(args) -> None:
 
 
 def _add_simulator(sub) -> None:
-    from engine.experiments.cli import register_cli as add_reproduce_paper
     from engine.sim.simulator import register_cli as add_simulate
 
     add_simulate(sub)
-    add_reproduce_paper(sub)
+    # The paper's figures are one command, python -m visualize reproduce-paper (tables, JSON and charts); here a pointer.
+    sub.add_parser("reproduce-paper", help="moved: python -m visualize reproduce-paper (the paper's figures)")
+
+
+def _reproduce_paper_moved(rest: list[str]) -> None:
+    """``python -m engine reproduce-paper ...``: one line naming the command that runs it, exit status 2."""
+    command = " ".join(["python -m visualize reproduce-paper", *rest])
+    print(f"reproduce-paper is a command of visualize, which also draws the charts: {command}", file=sys.stderr)
+    sys.exit(2)
 
 
 def _add_serve(sub) -> None:

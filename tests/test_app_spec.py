@@ -84,7 +84,7 @@ def test_the_preset_speculates_and_the_pool_map_shows_tentative_and_given_back_s
     assert metrics["Mean accepted length"] == f"{report.spec_mean_accepted_length:.2f}"
     html = "".join(m.value for m in at.markdown if "request-spec" in m.value)
     o = next(iter(report.spec.values()))
-    assert f"acceptance {o.acceptance_rate:.0%}" in html and f"{o.mean_accepted_length:.2f} tokens per step" in html
+    assert f"acceptance rate (accepted ÷ proposed) {o.acceptance_rate:.0%}" in html and f"{o.mean_accepted_length:.2f} tokens per step" in html
     # the event log: a row per draft, in words
     events = at.dataframe[-1].value
     assert {"propose draft", "reject draft"} <= set(events[t("event_kind", "en")])

@@ -95,6 +95,43 @@ def test_an_english_term_gets_the_same_chinese_in_every_entry(term):
     assert missing == {}, f"{term!r} is {chinese} in the glossary, but not in: {missing}"
 
 
+def test_the_lessons_chinese_lines_set_no_space_after_full_width_punctuation():
+    """A lesson's printed line or chart text in Chinese: no space after a full-width mark, written or made by a
+    padded placeholder right after one ("：{ms:6.1f}"), and no engine constant's name (COPY_ON_WRITE)."""
+    space = re.compile(r"[，。：；、！？（）](?: |\{[^}]*:[<>^=]?\d)")
+    constant = re.compile(r"(?<![\w.])[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9](?![\w.])")
+    found = {k: zh for k, (_, zh) in CATALOGUE.items()
+             if re.match(r"l[pc]?\d+_", k) and (space.search(zh) or constant.search(re.sub(r"`[^`]*`", "", zh)))}
+    assert found == {}, f"spaces after full-width punctuation or constant names in: {found}"
+
+
+# The words that have meant two things in the Chinese text, each with the rendering that was wrong.
+AMBIGUOUS = [
+    "投机解码（N 元语法）",  # prompt lookup named as an n-gram language model
+    "2 核笔记本上约 1 分钟",  # a laptop, where 笔记本 is the lessons' Jupyter notebook
+    "本实验室在驱逐请求的那一步计入抢占",  # a preemption called an eviction (驱逐 is a cached block's)
+    "本服务器启动时对其他机器开放",  # the Streamlit app, where 服务器 is the engine server
+    "根据实测的接受率 α 和 k",  # lesson 10's α (accepted / judged) is not the app's 接受率 (accepted / proposed)
+    "平均 token 间延迟 TPOT（毫秒）",  # token 间延迟 is ITL
+    "就像这个请求从未投机过一样",  # bare 投机
+    "每个系统用同一批请求",  # the same requests, not the same batch
+]
+
+
+@pytest.mark.parametrize("text", AMBIGUOUS)
+def test_gloss_mismatches_finds_the_ambiguous_words(text):
+    assert gloss_mismatches(text), f"{text!r}: no glossary mismatch found"
+
+
+def test_the_glossary_names_speculative_decoding_and_serving():
+    terms = ("speculative decoding", "draft", "proposer", "prompt lookup", "acceptance rate", "verification", "rollback",
+             "lookahead slot", "bonus token", "ttft", "tpot", "itl", "goodput", "request rate", "throughput", "preemption")
+    assert [term for term in terms if term not in GLOSSARY] == []
+    # each gloss of the new terms is accepted beside its rendering, and refused beside another
+    assert gloss_mismatches("提示词查找（prompt lookup）、前瞻槽位（lookahead slot）、首 token 延迟（TTFT）") == []
+    assert gloss_mismatches("草稿（proposer）")
+
+
 def test_every_forbidden_variant_differs_from_its_term():
     for term, variants in FORBIDDEN_VARIANTS.items():
         assert term in GLOSSARY.values() or term in ("显存", "注意力计算", "Roofline 模型"), term

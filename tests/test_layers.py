@@ -108,16 +108,3 @@ def test_no_import_cycles():
         if module not in index:
             visit(module)
     assert cycles == []
-
-
-def test_the_engine_command_leaves_charts_to_visualize(tmp_path):
-    """`python -m engine reproduce-paper --out FILE` still draws its chart: it hands the command to
-    `python -m visualize`, in a process of its own, and the engine's process never imports matplotlib."""
-    out = tmp_path / "figure.png"
-    code = ("import sys; from engine.cli import main\n"
-            "try:\n    main(['reproduce-paper', '--figure', '2', '--num-requests', '5', '--out', sys.argv[1]])\n"
-            "except SystemExit as e:\n    assert e.code in (0, None), e.code\n"
-            "assert 'matplotlib' not in sys.modules, 'the engine imported matplotlib'")
-    done = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -116,6 +116,25 @@ def _english_printed(stdout: str) -> list[str]:
     return untranslated(stdout) + sorted(set(words))
 
 
+# Chinese typesetting: a full-width punctuation mark carries its own space, so none follows it ("，  " or
+# "： x" comes from a padded {value:6.1f} or print's separator); an engine constant (COPY_ON_WRITE) is English.
+SPACE_AFTER_FULL_WIDTH = re.compile(r"[，。：；、！？（）] ")
+CONSTANT_NAME = re.compile(r"(?<![\w.])[A-Z][A-Z0-9]*_[A-Z0-9_]*[A-Z0-9](?![\w.])")
+
+
+def _chinese_typesetting(stdout: str) -> list[str]:
+    """Lines of a Chinese notebook's output (quoted data aside) with a space after full-width punctuation
+    or an ALL_CAPS constant name."""
+    return [line for line in QUOTED.sub("", stdout).splitlines()
+            if SPACE_AFTER_FULL_WIDTH.search(line) or CONSTANT_NAME.search(line)]
+
+
+def test_chinese_typesetting_finds_the_old_output():
+    old = ["第 1 步：解码  计算的 token 数 =  1", "COPY_ON_WRITE：序列 1，逻辑块 2", "块：  12.0", "节省  25.0%，   3"]
+    assert _chinese_typesetting("\n".join(old)) == old[1:]
+    assert _chinese_typesetting("写时复制：序列 1；块 [3, 4]，'FORK_X： a'") == []
+
+
 def _notebook(lang: str, name: str):
     return nbformat.read(LESSONS / lang / f"{name}.ipynb", as_version=4)
 
@@ -278,6 +297,8 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
     if lang == "zh":
         english = _english_printed(printed)
         assert english == [], f"zh/{name}: English in its printed output: {english}"
+        badly_set = _chinese_typesetting(printed)
+        assert badly_set == [], f"zh/{name}: a space after full-width punctuation, or a constant's name, in: {badly_set}"
 
 
 @pytest.mark.slow

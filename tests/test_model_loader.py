@@ -236,7 +236,7 @@ def test_ctrl_c_in_the_cli_is_one_line(tiny_llama_dir: Path) -> None:
     import sys
 
     cmd = [sys.executable, "-u", "-m", "engine", "generate", "Tell me a long story.", "--model", str(tiny_llama_dir),
-           "--max-tokens", "1000", "--num-blocks", "128"]
+           "--max-tokens", "1000", "--num-gpu-blocks-override", "128"]
     # SIGINT as a terminal's Ctrl-C delivers it (a shell's background job would inherit it ignored).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))

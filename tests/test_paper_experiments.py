@@ -69,11 +69,12 @@ def test_cli_prints_json_and_draws_the_chart(tmp_path, capsys):
 
 
 def test_the_engine_never_imports_matplotlib():
-    """The simulator, the experiments and the command line import no chart library; a chart (--out)
-    is drawn by `python -m visualize reproduce-paper`, in a process of its own."""
+    """The simulator, the experiments and the command line import no chart library; a figure's run gives
+    its numbers without one (its chart is drawn by `python -m visualize reproduce-paper --out`)."""
     code = ("import sys, engine, engine.sim.simulator, engine.experiments.figures, engine.sim.cost_model, engine.sim.clock, "
-            "engine.tools.calibrate, engine.cli; engine.cli.main(['reproduce-paper', '--figure', '2', '--num-requests', '50', "
-            "'--json']); assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
+            "engine.tools.calibrate, engine.cli, engine.experiments.cli; engine.cli.build_parser(); "
+            "engine.experiments.figures.reproduce_figure('2', num_requests=50, progress=False); "
+            "assert 'matplotlib' not in sys.modules and 'streamlit' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 

@@ -14,7 +14,6 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence
 from engine.sim.lockstep import LockstepScheduler
 from engine.sim.simulator import SimulationConfig, main, simulate
-from engine.cli import main as engine_main
 from engine.experiments.memory import reproduce_paper
 from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
 
@@ -339,9 +338,9 @@ def test_beam_search_model_prunes_and_forks_and_frees_everything():
 
 
 def test_reproduce_figure_15_prints_each_setting_beside_the_paper(capsys):
-    from engine.cli import main as engine_main  # reproduce-paper: engine/experiments/cli.py
+    from visualize.cli import main as visualize_main  # reproduce-paper: engine/experiments/cli.py
 
-    engine_main(["reproduce-paper", "--figure", "15", "--num-requests", "30", "--json"])
+    visualize_main(["reproduce-paper", "--figure", "15", "--num-requests", "30", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert {(r["workload"], r["mode"], r["k"]) for r in rows} == {
         (w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for k in (2, 4, 6)}
@@ -351,7 +350,9 @@ def test_reproduce_figure_15_prints_each_setting_beside_the_paper(capsys):
 
 def test_reproduce_figure_15_shows_one_progress_bar(capsys):
     """Without --json the figure's twelve runs share one progress bar, then the table."""
-    engine_main(["reproduce-paper", "--figure", "15", "--num-requests", "20"])
+    from visualize.cli import main as visualize_main
+
+    visualize_main(["reproduce-paper", "--figure", "15", "--num-requests", "20"])
     captured = capsys.readouterr()
     bars = [line for line in captured.err.split("\n") if "run" in line or "req" in line]  # one line per bar (\r between updates)
     assert len(bars) == 1 and "figure 15" in bars[0] and "12/12" in bars[0]

@@ -121,7 +121,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "open_failed": ("This file cannot be opened: {error}", "无法打开此文件：{error}"),
     "open_model_kept": (
         "The file names the model {model}; a file never chooses what this server loads, so the app keeps its model ({current}).",
-        "该文件指定了模型 {model}；文件不能决定本服务器加载哪个模型，因此应用保留当前模型（{current}）。",
+        "该文件指定了模型 {model}；文件不能决定本应用加载哪个模型，因此应用保留当前模型（{current}）。",
     ),
     "saved_run_banner": (
         "Replaying the saved run **{name}** ({steps} steps, {model}); the model is not needed. Close it to return to the live engine.",
@@ -190,13 +190,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "server_port": ("Port", "端口"),
     "server_starting": ("Starting the server and loading the model…", "正在启动服务器并加载模型……"),
-    "server_failed": ("The server did not start. Its last lines: {log}", "服务器未能启动。它的最后几行：{log}"),
+    "server_failed": ("The server did not start. The last lines of its log: {log}", "服务器未能启动。日志的最后几行：{log}"),
     "attached_to": ("Attached to {url}.", "已连接到 {url}。"),
     "not_attached": ("No server yet: attach to one or start one here.", "还没有服务器：请连接一个，或在这里启动一个。"),
-    "lab_stream_error": ("The step stream is interrupted ({error}); reconnecting.", "步骤流中断（{error}），正在重连。"),
+    "lab_stream_error": ("The step stream is interrupted ({error}); reconnecting.", "逐步数据流中断（{error}），正在重新连接。"),
     "change_needs_token": ("Only the teacher (with the teacher token) can change the server.",
                            "只有持有教师令牌的教师才能更换服务器。"),
-    "token_refused": ("The server refused the control: {error}", "服务器拒绝了控制：{error}"),
+    "token_refused": ("The server refused the action: {error}", "服务器拒绝了这次操作：{error}"),
     "join_title": ("Join the class", "加入课堂"),
     "join_address": ("Address students open", "学生打开的地址"),
     "join_address_help": (
@@ -207,7 +207,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "join_caption": ("Scan or type the address, write your name, send a prompt: your blocks light up in the pool.",
                      "扫码或输入地址，写上名字，发送提示词：你的块会在块池中亮起。"),
-    "mode_step": ("Step mode: the server advances one step per Step.", "单步模式：每按一次单步，服务器前进一步。"),
+    "mode_step": ("Step mode: the server advances one step per Step.", "单步模式：每按一次“单步”，服务器前进一步。"),
     "mode_run": ("Run mode: the server steps while there is work, {speed}.", "运行模式：有请求时服务器持续前进，{speed}。"),
     "speed_full": ("full speed", "全速"),
     "speed_per_s": ("{n:g} steps a second", "每秒 {n:g} 步"),
@@ -216,26 +216,26 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lab_nothing_to_step": ("Nothing to step: no request is waiting or running.", "没有可执行的步：没有等待中或运行中的请求。"),
     "lab_no_steps": ("Waiting for requests: the engine has not stepped yet. Requests so far: {n}.",
                      "等待请求：引擎还没有执行任何步。目前的请求数：{n}。"),
-    "lab_viewers": ("{n} viewers follow the step stream.", "{n} 个观看者在跟随步骤流。"),
-    "save_session": ("Download the session (run file)", "下载本次课堂（运行记录文件）"),
+    "lab_viewers": ("{n} viewers follow the step stream.", "{n} 个观看者在跟随逐步数据流。"),
+    "save_session": ("Download the session (run file)", "下载本节课的运行记录（运行文件）"),
     "save_session_help": ("Opens on the Live engine page like any saved run.", "可以像其他保存的运行记录一样在实时引擎页面打开。"),
     "student_name": ("Your name", "你的名字"),
-    "student_name_help": ("Labels your requests on the projector.", "在投影上标出你的请求。"),
+    "student_name_help": ("Labels your requests on the projector.", "用于在投影屏幕上标注你的请求。"),
     "name_first": ("Write your name first.", "请先写上你的名字。"),
     "chat_placeholder": ("Ask the model something", "向模型提个问题"),
-    "send_max_tokens": ("Longest answer (tokens)", "回答最长（token 数）"),
+    "send_max_tokens": ("Longest answer (tokens)", "回答最大长度（token 数）"),
     "your_blocks": ("Your blocks are outlined in pink on the shared pool: {blocks}.", "你的块在共享块池中以粉色框出：{blocks}。"),
     "your_blocks_none": ("None of your requests holds a block right now.", "你的请求目前没有占用块。"),
     "send_no_server": ("The teacher has not started a server yet.", "老师还没有启动服务器。"),
     "send_failed": ("The request failed: {error}", "请求失败：{error}"),
     "waiting_for_step": ("waiting for the next step…", "等待下一步……"),
     "serving_refused": (
-        "This server was started open to other machines or with a larger upload limit ({problem}), so the lab does not "
+        "This app (its Streamlit server) was started open to other machines or with a larger upload limit ({problem}), so the lab does not "
         "run. Start it with `streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` (the project's "
         ".streamlit/config.toml sets both), or set {env}=1 to serve other machines on purpose.",
-        "本服务器启动时对其他机器开放或上传限制更大（{problem}），因此实验室不运行。请用 "
+        "本应用（Streamlit 服务）启动时允许其他机器访问，或上传上限大于 1 MB（{problem}），因此实验室拒绝运行。请用 "
         "`streamlit run app.py --server.address 127.0.0.1 --server.maxUploadSize 1` 启动（项目的 "
-        ".streamlit/config.toml 已设置这两项），或设置 {env}=1 以有意为其他机器提供服务。",
+        ".streamlit/config.toml 已设好这两项）；如果确实要让其他机器访问，请设置 {env}=1。",
     ),
     "loading_model": ("Loading the model {model}…", "正在加载模型 {model}……"),
     "first_start_model": (
@@ -249,7 +249,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "stage_check": ("Checking the model file (SHA-256)…", "正在校验模型文件（SHA-256）……"),
     "stage_convert": (
         "Converting the 4-bit GGUF to float32 safetensors (once; about 1 minute on a 2-core laptop)…",
-        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本上约 1 分钟）……",
+        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本电脑上约 1 分钟）……",
     ),
     "stage_reconvert": (
         "The converted model on disk is damaged; converting it again from the checked GGUF file…",
@@ -259,7 +259,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "stage_kernels": (
         "Compiling the engine's C++ CPU kernels for this machine: {seconds} s so far (once per machine; 1–3 minutes on a "
         "2-core laptop). The page continues by itself.",
-        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本上 1–3 分钟）。完成后页面自动继续。",
+        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本电脑上 1–3 分钟）。完成后页面自动继续。",
     ),
     "stage_kernels_meanwhile": (
         "Meanwhile the engine's C++ CPU kernels compile in the background (once per machine).",
@@ -330,12 +330,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "vLLM 的 enable_chunked_prefill：每一步花同一份 token 预算——先给正在运行的解码，再给上一步没放下的提示词余下部分，"
         "最后给新的提示词，按预算切成若干分块（chunk）。长提示词因此分几步完成，而不是让某一步变得很长，解码每步都能进行。",
     ),
-    "speculative": ("Speculative decoding (n-gram)", "投机解码（N 元语法）"),
+    "speculative": ("Speculative decoding (prompt lookup)", "投机解码（提示词查找）"),
     "speculative_help": (
-        "Prompt lookup (vLLM's method `ngram`): each step proposes up to k draft tokens by finding the last few tokens "
-        "earlier in the text, writes them to lookahead slots, and verifies them all in one forward pass; the rejected "
+        "Prompt lookup (vLLM's method `ngram`): each step finds the last few tokens earlier in the text and proposes "
+        "the up to k tokens that followed them there as drafts, writes them to lookahead slots, and verifies them all in one forward pass; the rejected "
         "drafts' slots are given back. At temperature 0 the text is the same as without it.",
-        "提示词查找（vLLM 的方法 `ngram`）：每一步在前文中查找最后几个 token，提出至多 k 个草稿 token，写入前瞻槽位，"
+        "提示词查找（vLLM 的方法 `ngram`）：每一步在前文中查找最后几个 token 上一次出现的位置，把紧随其后的至多 k 个 token 作为草稿，写入前瞻槽位，"
         "并在一次前向计算中全部验证；被拒绝草稿的槽位归还。温度为 0 时生成的文本与不用它时完全相同。",
     ),
     "speculative_k": ("Draft tokens per step (k)", "每步草稿 token 数（k）"),
@@ -349,12 +349,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
-    "preset_speculative": ("Speculative decoding (n-gram, k = 4)", "投机解码（N 元语法，k = 4）"),
+    "preset_speculative": ("Speculative decoding (prompt lookup, k = 4)", "投机解码（提示词查找，k = 4）"),
     "preset_speculative_note": (
         "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Pale slots with a dashed "
-        "border held draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate.",
-        "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。浅色虚线框内的槽位本步存放草稿 token；"
-        "橙色框出的被拒绝并已归还。留意接受率。",
+        "border held draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate (drafts accepted ÷ proposed).",
+        "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。浅色、虚线边框的槽位在本步存放了草稿 token；"
+        "橙色框出的被拒绝并已归还。留意接受率（接受的草稿数 ÷ 提出的草稿数）。",
     ),
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
@@ -480,13 +480,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "beam_live": ("live beam", "存活的束"),
     "memory_saved_by_sharing": ("Saved by sharing", "共享节省的显存"),
     "spec_acceptance_rate": ("Acceptance rate", "接受率"),
-    "spec_acceptance_help": ("Speculative decoding, this step: drafts the model accepted / drafts proposed.",
-                             "投机解码，本步：模型接受的草稿数 / 提出的草稿数。"),
+    "spec_acceptance_help": ("Speculative decoding, this step: drafts the model accepted / drafts proposed. The drafts after a rejection count "
+                             "in the denominator, so this is lower than lesson 10's α (accepted / judged drafts).",
+                             "投机解码，本步：模型接受的草稿数 / 提出的草稿数。被拒绝草稿之后的草稿也计入分母，所以它比第 10 课公式中的 α"
+                             "（接受的草稿数 / 判定过的草稿数）低。"),
     "spec_accepted_length": ("Mean accepted length", "平均接受长度"),
     "spec_accepted_length_help": ("Tokens each verification gave, the model's own token included (1 to k + 1).",
                                   "每次验证得到的 token 数，含模型自己生成的那个（1 到 k + 1）。"),
-    "spec_request_stats": ("drafts: {accepted}/{proposed} accepted · acceptance {rate:.0%} · {length:.2f} tokens per step",
-                           "草稿：接受 {accepted}/{proposed} · 接受率 {rate:.0%} · 每步 {length:.2f} 个 token"),
+    "spec_request_stats": ("drafts: {accepted}/{proposed} accepted · acceptance rate (accepted ÷ proposed) {rate:.0%} · {length:.2f} tokens per step",
+                           "草稿：接受 {accepted}/{proposed} · 接受率（接受 ÷ 提出）{rate:.0%} · 每步 {length:.2f} 个 token"),
     "beam_tree_caption": (
         "Each dot is a live beam after that step (rank from the top); a coloured line joins a beam to the one it continues, "
         "a pink one to the beam it was forked from (its block table copied, refcounts + 1). A grey dot is a beam's last "
@@ -690,7 +692,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "({slots} slots) and longest request ({max_len} tokens). Normalized latency is the mean over requests of latency "
         "divided by output tokens (s/token). FasterTransformer is static batching: a batch runs until its longest request "
         "is done and nothing joins it.",
-        "每个点是一次模拟运行：该工作负载的 {n} 个请求以该速率按泊松过程到达，每个系统用同一批请求。每步的时间来自所选预设的"
+        "每个点是一次模拟运行：该工作负载的 {n} 个请求以该速率按泊松过程到达，每个系统用同一组请求。每步的时间来自所选预设的"
         "步时模型，KV 池与最长请求也取自该预设（{slots} 个槽位，最长 {max_len} 个 token）。归一化延迟是各请求“延迟 ÷ 输出 token 数”"
         "的平均值（秒/token）。FasterTransformer 是静态批处理：一批请求一直运行到其中最长的请求完成，期间没有新请求加入。",
     ),
@@ -715,7 +717,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "({capacity} req/s with {batch} requests running: Little's law on the pool and the step time) to that under the "
         "paper's ({paper_capacity} req/s), so the sweep spans vLLM's knee on this hardware too.",
         "请求速率：论文配置下的扫描速率 × {scale}，即此预设下 vLLM 的估计容量（{capacity} 请求/秒，同时运行 {batch} 个请求："
-        "由 KV 池与步时按利特尔定律估算）与论文配置下容量（{paper_capacity} 请求/秒）之比，这样扫描在这台硬件上也跨过 vLLM 的拐点。",
+        "由 KV 池与步时按利特尔定律（Little's law）估算）与论文配置下容量（{paper_capacity} 请求/秒）之比，这样扫描在这台硬件上也跨过 vLLM 的拐点。",
     ),
     "latency_requests_note": (
         "This preset runs up to {batch} requests at once; a trace must be many times longer than that before queues form, "
@@ -798,13 +800,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "workload with the same settings (block size, pool, max_num_seqs, chunked prefill off), and both runs are drawn side by side.",
         "回放文件记录了真实 vLLM 逐步处理某个已保存工作负载的过程（用 "
         "`python -m engine replay --against vllm WORKLOAD.json --json > replay.json` 生成）。本实验室的引擎用相同设置"
-        "（块大小、KV 池、max_num_seqs、不分块预填充）运行同一工作负载，两次运行并排绘制。",
+        "（块大小、KV 池、max_num_seqs、关闭分块预填充）运行同一工作负载，两次运行并排绘制。",
     ),
     "vllm_upload": ("Open a replay file (JSON)", "打开回放文件（JSON）"),
     "vllm_workload_upload": ("The replay's workload file (JSON)", "该回放的工作负载文件（JSON）"),
     "vllm_workload_missing": (
         "The replay names the workload {path}, which is not on this server: open that workload file here.",
-        "回放中的工作负载 {path} 不在本服务器上：请在这里打开该工作负载文件。",
+        "回放中的工作负载 {path} 不在运行本应用的机器上：请在这里打开该工作负载文件。",
     ),
     "vllm_example": ("or a recorded example", "或选择一个录制的示例"),
     "vllm_bad_file": ("This file is not a replay: {error}", "这个文件不是回放文件：{error}"),
@@ -826,19 +828,19 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_preempt_title": ("Preemptions so far (cumulative)", "累计抢占次数"),
     "vllm_preempt_axis": ("preemptions so far", "累计抢占次数"),
     "vllm_preempt_note": (
-        "The lab counts a preemption in the step that evicts the request. vLLM's counter (IterationStats.num_preempted_reqs) "
+        "The lab counts a preemption in the step that preempts the request. vLLM's counter (IterationStats.num_preempted_reqs) "
         "counts it when the preempted request next outputs a token: its PREEMPTED event travels with that output, i.e. after "
-        "the request is scheduled again and recomputed. So vLLM's line climbs later, in jumps when several evicted requests "
+        "the request is scheduled again and recomputed. So vLLM's line climbs later, in jumps when several preempted requests "
         "come back together, while the running requests and KV usage above show the same schedule; the totals compare.",
-        "本实验室在驱逐请求的那一步计入抢占。vLLM 的计数器（IterationStats.num_preempted_reqs）要等被抢占的请求再次输出 token 时"
-        "才计入：它的 PREEMPTED 事件随那次输出一起上报，也就是在该请求重新被调度并重新计算之后。所以 vLLM 的曲线上升得更晚，"
-        "几个被驱逐的请求一起回来时会跳一大步；而上面的运行中请求数和 KV 占用显示两边的调度相同。总数可以直接比较。",
+        "本实验室在抢占请求的那一步计入抢占。vLLM 的计数器（IterationStats.num_preempted_reqs）要等被抢占的请求再次输出 token 时"
+        "才计入：它的 PREEMPTED 事件随那次输出一起上报，也就是在该请求重新被调度并重计算之后。所以 vLLM 的曲线上升得更晚，"
+        "几个被抢占的请求一起回来时会跳一大步；而上面的运行中请求数和 KV 占用显示两边的调度相同。总数可以直接比较。",
     ),
     "vllm_metric": ("measure", "指标"),
     "vllm_m_steps": ("steps", "步数"),
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
-    "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
+    "vllm_m_mean": ("mean KV usage", "KV 占用均值"),
     "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 1 MB，只收 JSON 格式。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
@@ -1032,6 +1034,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                 "请求到达得比这更快时就会排队，只要负载持续，TTFT 就一直增长"),
     # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
     "l10_fail_none": ("FAIL: tokens_per_step or speedup_batch1 is still None", "FAIL：tokens_per_step 或 speedup_batch1 仍是 None"),
+    "l10_fail_formula": ("FAIL: {name} = {value:.3f} does not follow from α, k and the step times as section 2 says",
+                         "FAIL：{name} = {value:.3f}，不是按第 2 节的公式由 α、k 和步时算出的"),
     "l10_fail_tokens": ("FAIL: you predict {predicted:.2f} tokens per verification, but the engine's gave {measured:.2f}",
                         "FAIL：你预测每次验证得到 {predicted:.2f} 个 token，但引擎的验证平均得到 {measured:.2f} 个"),
     "l10_fail_speedup": ("FAIL: you predict a speed-up of {predicted:.2f}×, but while verifying the engine made tokens {measured:.2f}× "
@@ -1083,38 +1087,38 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l6_block_size": ("block size (tokens)", "块大小（token 数）"),
     "lc_l9_rate": ("request rate (requests/s, Poisson arrivals)", "请求速率（每秒请求数，泊松到达）"),
     "lc_l9_ttft": ("mean TTFT (ms)", "平均首 token 延迟 TTFT（毫秒）"),
-    "lc_l9_tpot": ("mean TPOT (ms)", "平均 token 间延迟 TPOT（毫秒）"),
+    "lc_l9_tpot": ("mean TPOT (ms)", "平均每输出 token 时间 TPOT（毫秒）"),
     "lc_l9_measured": ("measured through the server", "经服务器实测"),
     "lc_l9_simulated": ("simulator, cost model fitted on this machine", "模拟器（在本机拟合的步时模型）"),
     "lc_l10_alpha": ("α = {alpha:.1f}", "α = {alpha:.1f}"),
     "lc_l10_batch": ("batch size (sequences decoding together)", "批大小（一起解码的序列数）"),
-    "lc_l10_speedup": ("predicted speed-up (tokens/s)", "预测加速比（每秒 token 数）"),
+    "lc_l10_speedup": ("predicted speed-up (in tokens/s)", "预测加速比（按每秒 token 数计）"),
     "lc_l10_title": ("Speculative decoding, k = {k}: H100, Llama-3-8B (step-time model)", "投机解码，k = {k}：H100 上的 Llama-3-8B（步时模型）"),
     # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
     "lp1_step": ("step {step}: {phase:7s} tokens computed = {tokens:2d}  forward = {ms:6.1f} ms",
-                 "第 {step} 步：{phase:3s} 计算的 token 数 = {tokens:2d}  前向计算 = {ms:6.1f} ms"),
+                 "第 {step} 步：{phase}，计算的 token 数 = {tokens}，前向计算 = {ms:.1f} ms"),
     "lp1_weights": ("weights in the layers' linear projections: {linear:.1f} M; LM head: {head:.1f} M",
                     "各层线性投影的权重：{linear:.1f} M；语言模型头（LM head）：{head:.1f} M"),
     "lp1_flops": ("prefill of {n:4d} tokens: {prefill:7.2f} GFLOP   decode at context {n:4d}: {decode:5.3f} GFLOP",
-                  "预填充 {n:4d} 个 token：{prefill:7.2f} GFLOP   上下文为 {n:4d} 时解码一步：{decode:5.3f} GFLOP"),
-    "lp1_prefill_rate": ("prefill {n:4d} tokens: {rate:6.1f} GFLOP/s", "预填充 {n:4d} 个 token：{rate:6.1f} GFLOP/s"),
+                  "预填充 {n} 个 token：{prefill:.2f} GFLOP；上下文为 {n} 时解码一步：{decode:.3f} GFLOP"),
+    "lp1_prefill_rate": ("prefill {n:4d} tokens: {rate:6.1f} GFLOP/s", "预填充 {n} 个 token：{rate:.1f} GFLOP/s"),
     "lp1_decode_rate": ("decode  {b:4d} reqs  : {rate:6.1f} GFLOP/s, weights streamed at {bw:5.1f} GB/s",
-                        "解码 {b:4d} 个请求：{rate:6.1f} GFLOP/s，权重读取速度 {bw:5.1f} GB/s"),
+                        "解码 {b} 个请求：{rate:.1f} GFLOP/s，权重读取速度 {bw:.1f} GB/s"),
     "lp2_full_vs_cached": ("max |full - cached| over all {T} tokens: {diff:.2e}", "全部 {T} 个 token 上的最大 |无缓存 − 有缓存|：{diff:.2e}"),
     "lp2_engine_tokens": ("engine tokens == argmax of the cache-free logits: {same}", "引擎生成的 token == 不用缓存时 logits 的 argmax：{same}"),
     "lp2_formula": ("default model, formula: {b} B", "默认模型，按公式：{b} B"),
     "lp2_pools": ("default model, engine pools: {pool:,} B / {slots} slots = {per:,} B per token",
                   "默认模型，引擎的 KV 池：{pool:,} B / {slots} 个槽位 = 每个 token {per:,} B"),
     "lp2_model_bytes": ("{name:20s} {b:>9,} B/token   a 4096-token request: {gib:5.2f} GiB",
-                        "{name:20s} {b:>9,} B/token   一个 4096 token 的请求：{gib:5.2f} GiB"),
+                        "{name:20s} {b:>9,} B/token；一个 4096 token 的请求：{gib:.2f} GiB"),
     "lp3_memory": ("pool of {capacity} slots = {token_states} token states + {reserved} reserved + {internal_fragmentation} "
                    "internal fragmentation + {external_fragmentation} external fragmentation + {free} free ({bytes_per_slot:,} B per slot)",
                    "池共 {capacity} 个槽位 = {token_states} token 状态 + {reserved} 预留 + {internal_fragmentation} 内部碎片 + "
                    "{external_fragmentation} 外部碎片 + {free} 空闲（每个槽位 {bytes_per_slot:,} B）"),
     "lp3_steps": ("steps to serve all four: contiguous {contiguous}, paged {paged}", "服务完四个请求所用的步数：连续分配 {contiguous}，分页 {paged}"),
     "lp3_system": ("{system:14s} token states {share:6.1%} (paper {paper_share:.1%})   requests running {running:5.1f} (paper {paper_running})",
-                   "{system:14s} token 状态 {share:6.1%}（论文 {paper_share:.1%}）   同时运行的请求 {running:5.1f}（论文 {paper_running}）"),
+                   "{system:14s} token 状态 {share:.1%}（论文 {paper_share:.1%}）；同时运行的请求 {running:.1f}（论文 {paper_running}）"),
     "lp3_batch": ("{system:14s} batch {b:4d}   decode step {ms:5.1f} ms   {rate:7.0f} tokens/s",
                   "{system:14s} 批大小 {b:4d}   一步解码 {ms:5.1f} ms   每秒 {rate:7.0f} 个 token"),
     "lp3_sharegpt": ("ShareGPT: mean prompt {prompt:.0f} tokens, mean output {output:.0f} tokens",
@@ -1139,7 +1143,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                    "Triton 内核（解释执行 {s:.2f} s）：最大 |内核 - 参考| = {diff:.2e}"),
     "lp5_splits": ("num_splits={splits}: max |kernel - reference| = {diff:.2e}", "num_splits={splits}：最大 |内核 - 参考| = {diff:.2e}"),
     "lp6_batching": ("{name:10s}: {steps:3d} steps, {rate:5.1f} tokens/s, mean latency {latency:5.1f} steps",
-                     "{name}：{steps:3d} 步，每秒 {rate:5.1f} 个 token，平均延迟 {latency:5.1f} 步"),
+                     "{name}：{steps} 步，每秒 {rate:.1f} 个 token，平均延迟 {latency:.1f} 步"),
     "lp6_preempted": ("preemptions of request {rid}: {n}", "请求 {rid} 被抢占的次数：{n}"),
     "lp6_same_text": ("same text as with a roomy pool: {same}", "与宽裕的池生成的文本相同：{same}"),
     "lp6_preempt_events": ("PREEMPT events (step, request): {events}", "PREEMPT 事件（步, 请求）：{events}"),
@@ -1156,7 +1160,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                   "  样本 {index}（序列 {seq}）：块表 {table}，引用计数 {refs}，已填 {filled}"),
     "lp7_events": ("events (kind, seq, parent seq, block, detail): {events}", "事件（类型, 序列, 父序列, 块, 详情）：{events}"),
     "lp7_cow": ("COPY_ON_WRITE: seq {seq}, logical block {logical}, copied from block {src} to new block {dst}",
-                "COPY_ON_WRITE：序列 {seq}，逻辑块 {logical}，从块 {src} 复制到新块 {dst}"),
+                "写时复制：序列 {seq}，逻辑块 {logical}，从块 {src} 复制到新块 {dst}"),
     "lp7_unchanged": ("block {block}: its {held} prompt slots unchanged in all {layers} layers: {same}",
                       "块 {block}：其中 {held} 个提示词槽位在全部 {layers} 层中都没变：{same}"),
     "lp7_copied": ("block {block}: a full copy of them: {same}", "块 {block}：是它们的完整副本：{same}"),
@@ -1164,7 +1168,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "槽位 {slot}（位置 {position}）在两个块中不同：{differs}——每个序列的第一个 token：{first}"),
     "lp7_sample": ("sample {index}: {text!r}", "样本 {index}：{text!r}"),
     "lp7_step": ("step {k}: {with_sharing:2d} physical blocks, {without:2d} without sharing, saved {saved:5.1%} {events}",
-                 "第 {k} 步：{with_sharing:2d} 个物理块，不共享时 {without:2d} 个，节省 {saved:5.1%} {events}"),
+                 "第 {k} 步：{with_sharing} 个物理块，不共享时 {without} 个，节省 {saved:.1%} {events}"),
     "lp7_finished": ("finished", "完成"),
     "lp7_pruned": ("pruned", "剪枝"),
     "lp7_beam_step": ("step {k}: live beams {beams}, forks {forks}, copy-on-write {cows}, {gone} {freed} "
@@ -1185,36 +1189,37 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp8_sent_again": ("sent again later: cached {cached} tokens, computed {computed}", "之后再发一次：命中缓存 {cached} 个 token，计算 {computed}"),
     "lp8_block_size": ("block size {bs:>2}: the second request reuses {n:>2} of its 21 shared tokens",
                        "块大小 {bs:>2}：第二个请求复用了它 21 个共享 token 中的 {n:>2} 个"),
-    "lp9_ready": ("server ready at {url} after {seconds:.1f} s (process {pid})", "服务器 {seconds:.1f} s 后就绪：{url}（进程 {pid}）"),
+    "lp9_ready": ("server ready at {url} after {seconds:.1f} s (process {pid})", "服务器 {seconds:.1f} 秒后就绪：{url}（进程 {pid}）"),
+    "lp9_not_started": ("the server did not start; the end of its log:", "服务器未能启动，日志末尾："),
     "lp9_answer": ("{prompt} prompt tokens, {completion} generated, finish reason: {reason}",
                    "提示词 {prompt} 个 token，生成 {completion} 个，结束原因：{reason}"),
     "lp9_streamed": ("{n} text deltas streamed: the first after {ttft:.0f} ms, then one every {gap:.0f} ms (median); "
                      "joined, the same text as without streaming: {same}",
-                     "流式收到 {n} 个片段：第一个在 {ttft:.0f} ms 后到达，之后每 {gap:.0f} ms 一个（中位数）；拼起来与非流式的文本相同：{same}"),
+                     "流式收到 {n} 个片段：第一个在 {ttft:.0f} 毫秒后到达，之后每 {gap:.0f} 毫秒一个（中位数）；拼起来与非流式的文本相同：{same}"),
     "lp9_fitted": ("cost model fitted on {steps} engine steps: a decode step takes {alone:.0f} ms alone, {full:.0f} ms for "
                    "{batch} requests; a prefill of {prompt} tokens {prefill:.0f} ms",
-                   "在引擎的 {steps} 步上拟合步时模型：一步解码单独运行 {alone:.0f} ms，{batch} 个请求一起 {full:.0f} ms；"
-                   "预填充 {prompt} 个 token {prefill:.0f} ms"),
+                   "在引擎的 {steps} 步上拟合步时模型：单个请求的一步解码 {alone:.0f} 毫秒，{batch} 个请求一起解码一步 {full:.0f} 毫秒；"
+                   "预填充 {prompt} 个 token {prefill:.0f} 毫秒"),
     "lp9_through_server": ("through the server: {alone:.0f} ms per output token alone, {full:.0f} ms with {batch} requests "
-                           "together; the server adds {step:.1f} ms per step and {seq:.1f} ms per running request",
-                           "经过服务器：单独一个请求每个输出 token {alone:.0f} ms，{batch} 个请求一起 {full:.0f} ms；"
-                           "服务器每步多花 {step:.1f} ms，每个运行中的请求再多花 {seq:.1f} ms"),
+                           "together; the server adds {step:.1f} ms per step, and {seq:.1f} ms per running request per step",
+                           "经过服务器：单独一个请求每个输出 token {alone:.0f} 毫秒，{batch} 个请求一起 {full:.0f} 毫秒；"
+                           "服务器每步多花 {step:.1f} 毫秒，此外每个运行中的请求每步再多花 {seq:.1f} 毫秒"),
     "lp9_first_token_extra": ("before its first token a request also takes {ms:.0f} ms of the server's time outside the engine's steps",
-                              "在第一个 token 之前，一个请求还要在引擎的步之外占用服务器 {ms:.0f} ms"),
+                              "在第一个 token 之前，一个请求还要在引擎的步之外占用服务器 {ms:.0f} 毫秒"),
     "lp9_rate": ("{rate:5.2f} requests/s: TTFT {ttft:6.0f} ms (simulator {sim_ttft:6.0f}), TPOT {tpot:4.0f} ms "
                  "(simulator {sim_tpot:4.0f}), {n} requests in {seconds:4.1f} s",
-                 "每秒 {rate:5.2f} 个请求：TTFT {ttft:6.0f} ms（模拟器 {sim_ttft:6.0f}），TPOT {tpot:4.0f} ms"
-                 "（模拟器 {sim_tpot:4.0f}），{n} 个请求用时 {seconds:4.1f} s"),
+                 "每秒 {rate:.2f} 个请求：TTFT {ttft:.0f} 毫秒（模拟器 {sim_ttft:.0f}），TPOT {tpot:.0f} 毫秒"
+                 "（模拟器 {sim_tpot:.0f}），{n} 个请求用时 {seconds:.1f} 秒"),
     "lp9_given": ("max_num_seqs = {batch}, output_tokens = {tokens}, step_s = {step:.4f} s",
-                  "max_num_seqs = {batch}，output_tokens = {tokens}，step_s = {step:.4f} s"),
+                  "max_num_seqs = {batch}，output_tokens = {tokens}，step_s = {step:.4f} 秒"),
     "lp9_metrics": ("/metrics at the end: {done:.0f} requests finished, {running:.0f} running, {waiting:.0f} waiting; "
                     "KV blocks free {free:.0f} of {blocks:.0f}",
-                    "结束时服务器的指标：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
+                    "结束时的 /metrics：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
                     "空闲 KV 块 {free:.0f} 个，共 {blocks:.0f} 个"),
     "lp9_stopped": ("server stopped, exit code {code}", "服务器已停止，退出码 {code}"),
     "lp10_prefill": ("prefill: block table {table}, num_computed_tokens = {computed}", "预填充：块表 {table}，num_computed_tokens = {computed}"),
     "lp10_no_drafts": ("step {step}: lookup found no drafts, a plain decode; num_computed_tokens = {computed}",
-                       "第 {step} 步：查找没有找到草稿，普通解码；num_computed_tokens = {computed}"),
+                       "第 {step} 步：提示词查找未找到草稿，本步为普通解码；num_computed_tokens = {computed}"),
     "lp10_step": ("step {step}: drafts {drafts} in tentative slots {slots}; accepted {accepted}, tokens emitted {emitted}; "
                   "slots given back {back}, blocks freed {freed}; num_computed_tokens = {computed}",
                   "第 {step} 步：草稿 {drafts} 放在暂定槽位 {slots}；接受 {accepted} 个，输出的 token {emitted}；"
@@ -1235,7 +1240,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "批大小 {batch}：普通解码 {plain_steps} 步，每步 {plain_ms:.0f} 毫秒；投机解码 {spec_steps} 步，每步 {spec_ms:.0f} 毫秒，"
                       "α = {alpha:.2f}，每次验证 {tokens:.2f} 个 token；实测加速 {speedup:.2f} 倍"),
     "lp10_given": ("alpha = {alpha:.3f}, k = {k}, plain_step_ms = {plain:.1f}, verify_step_ms = {verify:.1f}",
-                   "变量 `alpha` = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
+                   "alpha = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
 }
 
 
@@ -1273,6 +1278,17 @@ GLOSSARY: dict[str, str] = {
     "swap in": "换入", "swap out": "换出", "swap space": "交换空间", "throughput": "吞吐量", "tile": "段",
     "token states": "token 状态", "value": "值", "weights": "权重", "chunked prefill": "分块预填充",
     "cumulative log-prob": "累积对数概率", "time per token": "token 间延迟",
+    # speculative decoding (vLLM's spec_decode, Leviathan et al. 2023)
+    "speculative decoding": "投机解码", "draft": "草稿", "draft token": "草稿 token", "proposer": "提议器",
+    "prompt lookup": "提示词查找", "acceptance rate": "接受率", "verification": "验证", "verify": "验证",
+    "rollback": "回滚", "roll back": "回滚", "lookahead slot": "前瞻槽位", "lookahead slots": "前瞻槽位",
+    "tentative": "暂定", "bonus token": "额外 token",
+    # serving (vllm bench serve's metrics)
+    "ttft": "首 token 延迟", "time to first token": "首 token 延迟", "tpot": "每输出 token 时间",
+    "time per output token": "每输出 token 时间", "itl": "token 间延迟", "inter-token latency": "token 间延迟",
+    "goodput": "有效吞吐量", "request rate": "请求速率", "preemption": "抢占", "eviction": "驱逐",
+    "server": "服务器", "app": "应用", "notebook": "笔记本", "laptop": "笔记本电脑", "step-time model": "步时模型",
+    "little's law": "利特尔定律",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -1287,6 +1303,15 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "注意力计算": ("注意到已缓存", r"关注（attend）", r"关注(?=它前面)"),
     "token 间延迟": ("每个 token 的等待时间",),
     "Roofline 模型": ("屋脊线模型",),
+    "投机解码": ("推测解码", r"投机(?!解码|槽位)"),  # bare 投机 reads "speculating, opportunism"
+    "提示词查找": (r"[Nn] ?元语法",),  # the NLP name of an n-gram *language model*, which proposes nothing here
+    # Two numbers: the app's 接受率 is accepted / proposed; lesson 10's α is accepted / judged, and higher.
+    "接受率": (r"接受率\s*[（(]?\s*α|α\s*[（(]?\s*(?:即|也就是)?\s*接受率",),
+    "每输出 token 时间": (r"token 间延迟\W{0,2}TPOT|TPOT\W{0,2}token 间延迟",),  # token 间延迟 is ITL
+    "笔记本电脑": (r"\d ?核笔记本(?!电脑)", r"笔记本(?!电脑)上"),  # a laptop; 笔记本 alone is a Jupyter notebook
+    "抢占": (r"驱逐(?:了|该|这个|一个)?请求", r"被驱逐的(?:请求|序列)"),  # 驱逐 is a prefix-cache block's eviction
+    "应用": ("本服务器",),  # the Streamlit app is 本应用; 服务器 is the engine server (python -m engine serve)
+    "批大小": ("批量", "同一批请求"),  # "the same requests", not "the same batch"
 }
 # English words a Chinese text may keep: the field's loan words, names, units and the lab's own words. Beside
 # these, a word with a digit, an underscore or a capital inside (SmolLM2, max_model_len, vLLM, ShareGPT), an
@@ -1296,15 +1321,15 @@ ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
     Leviathan Chen
-    Split-K split-K Roofline vs ms id None slot Linux Prometheus
-""".split())  # slot: lesson 4's exercise variable, which its check message names
+    Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus
+""".split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name
 
 
 def english_words(text: str) -> list[str]:
     """English words in a Chinese ``text`` that a Chinese reader should not meet: beside the kept ones
     (``ALLOWED_ENGLISH``, names, identifiers, code, math and glossary glosses), each word of Latin letters."""
     text = re.sub(r"\w*\{[^}]*\}\w*|`[^`]*`|\$\$.*?\$\$|\$[^$]*\$|\]\([^)]*\)|https?://\S+", " ", text, flags=re.S)
-    text = re.sub(r"[\w.-]*\w(?:/|\.(?=[a-z]))[\w./-]*|(?<![\w.])\.[a-z]{2,5}\b|python -m [\w.]+(?: [a-z]+)*", " ", text)  # paths, commands
+    text = re.sub(r"[\w.-]*\w(?:/|\.(?=[a-z]))[\w./-]*|(?<![\w.])\.[a-z]{2,5}\b|(?<![\w/])/[a-z][\w/]*|python -m [\w.]+(?: [a-z]+)*", " ", text)  # paths, commands
     text = re.sub(r"“[A-Za-z][^”]*（[^）]*[\u4e00-\u9fff][^）]*）”", " ", text)  # an English name quoted with its Chinese
     terms = "|".join(sorted(map(re.escape, GLOSSARY), key=len, reverse=True))
     while True:  # innermost parentheses first: a gloss may sit inside a longer parenthesis
@@ -1364,7 +1389,10 @@ def error_text(message: str, lang: str = "en") -> str:
 def untranslated(text: str) -> list[str]:
     """English texts of the catalogue (or their fixed parts around ``{placeholders}``) that occur in
     ``text`` as whole words although their Chinese differs: what a 中文 page or chart must not show.
-    Parts shorter than 4 characters, or present in the Chinese too (names like MiB, SmolLM2), are skipped."""
+    Parts shorter than 4 characters, or present in the Chinese too (names like MiB, SmolLM2), are skipped, and so
+    is a glossary term's English gloss after its Chinese, "写时复制（copy-on-write）"."""
+    terms = "|".join(sorted(map(re.escape, GLOSSARY), key=len, reverse=True))
+    text = re.sub(rf"（(?:{terms})）", "（）", text, flags=re.I)
     found = []
     for en, zh in CATALOGUE.values():
         for part in re.split(r"\{[^}]*\}", en):

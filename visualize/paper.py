@@ -197,7 +197,7 @@ def plot_sharing(rows: list[dict], out: str | None = None):
 
 
 def save_paper_figure(figure: str, result, out: str):
-    """Draw one ``python -m engine reproduce-paper`` result ("memory", "2", "12", "13", "15", "18b", "19") to ``out``."""
+    """Draw one ``python -m visualize reproduce-paper`` result ("memory", "2", "12", "13", "15", "18b", "19") to ``out``."""
     from visualize.swap_figure import plot_swap_vs_recompute
 
     draw = {"memory": plot_memory_breakdown, "2": plot_memory_breakdown, "12": plot_latency_vs_rate,

@@ -1,17 +1,14 @@
-"""``python -m engine reproduce-paper``: the paper's figures on the simulator, as tables or JSON.
+"""``python -m visualize reproduce-paper``: the paper's figures on the simulator, as tables, JSON or (``--out``) charts.
 
-Charts are drawn outside the engine, by ``python -m visualize reproduce-paper ... --out FILE`` (the
-same command, registered here with visualize's ``save_chart``): the engine never imports matplotlib.
-``python -m engine reproduce-paper ... --out FILE`` hands the whole command to that one, in a process
-of its own.
+The command's parser and its runs live here, beside the experiments; ``visualize/cli.py`` registers it with its
+``save_chart`` (matplotlib lives in visualize/, never in engine/). ``python -m engine reproduce-paper`` only
+points to it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from typing import Callable
 
 from engine.experiments.figures import format_figure, reproduce_figure
@@ -22,8 +19,6 @@ SaveChart = Callable[[str, object, str], object]  # (figure, result, out path)
 
 
 def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
-    if args.out and args.save_chart is None:  # a chart: visualize/ draws it, in its own process
-        raise SystemExit(subprocess.run([sys.executable, "-m", "visualize", *_argv(args)]).returncode)
     if args.figure:
         result = reproduce_figure(args.figure, num_requests=args.num_requests, seed=args.seed, progress=not args.json)
         print(json.dumps(result, indent=2) if args.json else format_figure(args.figure, result))
@@ -38,14 +33,6 @@ def _cmd_reproduce_paper(args: argparse.Namespace) -> None:
     _save_chart(args, "memory", rows)
 
 
-def _argv(args: argparse.Namespace) -> list[str]:
-    """The command line of ``args`` again, for ``python -m visualize``."""
-    argv = ["reproduce-paper", "--seed", str(args.seed), "--watermark", repr(args.watermark), "--out", args.out]
-    argv += ["--figure", args.figure] if args.figure else []
-    argv += ["--num-requests", str(args.num_requests)] if args.num_requests is not None else []
-    return argv + (["--json"] if args.json else [])
-
-
 def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
     if not args.out:
         return
@@ -54,9 +41,9 @@ def _save_chart(args: argparse.Namespace, figure: str, result) -> None:
         print(f"figure written to {args.out}")
 
 
-def register_cli(subparsers, save_chart: SaveChart | None = None) -> None:
-    """Add the ``reproduce-paper`` subcommand to an argparse subparsers object; ``save_chart`` draws
-    ``--out`` (visualize/ hands it in; without it ``--out`` runs ``python -m visualize`` instead)."""
+def register_cli(subparsers, save_chart: SaveChart) -> None:
+    """Add the ``reproduce-paper`` subcommand to an argparse subparsers object; ``save_chart(figure, result,
+    path)`` draws ``--out`` (``visualize.paper.save_paper_figure``)."""
     p = subparsers.add_parser("reproduce-paper", help="PagedAttention paper figures 2, 12, 13, 15, 16, 18b and 19 on the simulator")
     p.add_argument("--figure", choices=PAPER_FIGURES, default=None,
                    help="one figure with time (engine/experiments/figures.py); default: the memory table at saturation")
@@ -66,5 +53,5 @@ def register_cli(subparsers, save_chart: SaveChart | None = None) -> None:
     p.add_argument("--watermark", type=float, default=0.01,
                    help="vLLM: share of the blocks admission leaves free (vLLM's default 0.01)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--out", default=None, help="also save the figure's chart to this PNG (drawn by `python -m visualize reproduce-paper`)")
+    p.add_argument("--out", default=None, help="also save the figure's chart to this PNG")
     p.set_defaults(func=_cmd_reproduce_paper, save_chart=save_chart)

@@ -1,6 +1,6 @@
 """The paper's memory experiment at saturation (§6.2, Figures 2 and 13): the share of the KV pool
 holding token states and the number of requests batched, vLLM against Orca Max / Pow2 / Oracle, all
-requests at once on the simulator (``python -m engine reproduce-paper`` without ``--figure``)."""
+requests at once on the simulator (``python -m visualize reproduce-paper`` without ``--figure``)."""
 
 from __future__ import annotations
 

@@ -284,8 +284,8 @@ def register_cli(sub, func=None) -> None:
     that sends ``--against vllm`` to ``engine/tools/bench_serve_vllm.py``)."""
     p = sub.add_parser("bench-serve", help="load an OpenAI-compatible server (this lab's or vLLM's) and measure TTFT, TPOT, ITL, throughput")
     p.add_argument("--base-url", default=None, help="server URL (default: http://HOST:PORT)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="the server's address, without --base-url")
+    p.add_argument("--port", type=int, default=8000, help="the server's port, without --base-url")
     p.add_argument("--endpoint", default="/v1/completions", help="default: /v1/completions")
     p.add_argument("--model", default=None, help="the served model's name (default: the server's first, from /v1/models)")
     p.add_argument("--tokenizer", default=None, help="the tokenizer the datasets draw from (default: --model)")
@@ -303,13 +303,14 @@ def register_cli(sub, func=None) -> None:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps; 1 = Poisson (default: 1)")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no cap)")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="every request generates its whole output length (default: on)")
+                   help="every request generates its whole output length (default: on here, unlike `vllm bench serve`, "
+                        "whose default is off: --no-ignore-eos lets requests stop at EOS as vLLM's does)")
     p.add_argument("--return-token-ids", action="store_true", help="ask for vLLM's return_token_ids and keep each request's token ids")
     p.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el", help="of ttft, tpot, itl, e2el (default: all four)")
     p.add_argument("--metric-percentiles", default="50,90,99", help="percentiles to report (default: 50,90,99)")
     p.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
                    help="service-level objectives, e.g. ttft:1000 tpot:100 (ms; of ttft, tpot, e2el): adds request goodput")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the dataset's prompts and the arrival times")
     p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--save-result", action="store_true", help="write the result as JSON (--result-filename)")
     p.add_argument("--result-filename", default=None, help="default: bench-serve-<model>-<time>.json")

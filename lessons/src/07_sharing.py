@@ -101,7 +101,7 @@ def show_tables(report):
 # %%
 request_id = eng.add_request(prompt, SamplingParams(n=2, temperature=0.8, seed=2, max_tokens=3, ignore_eos=True))
 prefill = eng.step()
-print(t("lp7_events", LANG, events=[(e.kind, e.seq_id, e.parent_seq_id, e.block_id, e.detail) for e in prefill.events if e.kind != "write"]))
+print(t("lp7_events", LANG, events=[(t(f"ev_{e.kind}", LANG), e.seq_id, e.parent_seq_id, e.block_id, e.detail) for e in prefill.events if e.kind != "write"]))
 show_tables(prefill)
 last = prefill.block_tables[0].block_table[-1]  # the partly filled last prompt block, shared
 held = prefill.block_tables[0].filled[-1]  # its filled slots
@@ -170,7 +170,7 @@ for k, r in enumerate(p_live):
     m = r.memory
     events = sorted({e.kind for e in r.events if e.kind in (FORK, COPY_ON_WRITE)})
     print(t("lp7_step", LANG, k=k, with_sharing=m.blocks_with_sharing, without=m.blocks_without_sharing,
-            saved=m.memory_saved_by_sharing, events=events or ""))
+            saved=m.memory_saved_by_sharing, events=t("sep_list", LANG).join(t(f"ev_{kind}", LANG) for kind in events)))
 show_tables(p_live[-1])
 for o in parallel[0].outputs:
     print(t("lp7_sample", LANG, index=o.index, text=o.text))
@@ -265,9 +265,6 @@ plt.show()
 exercise_prompt = "Here is a list of five simple ways to save energy at home, each with a one-line explanation of why it helps:"
 exercise_len = len(eng.encode(exercise_prompt))
 output_len = 7
-e_reports = []
-llm.generate(exercise_prompt, SamplingParams(n=4, temperature=0.8, seed=1, max_tokens=output_len + 2, ignore_eos=True), on_step=e_reports.append)
-exercise_report = next(r for r in e_reports if r.block_tables and all(sum(s.filled) == exercise_len + output_len for s in r.block_tables))
 print("block_size =", block_size, " n = 4  prompt_len =", exercise_len, " output_len =", output_len)
 
 # %% tags=["exercise"]
@@ -277,7 +274,11 @@ memory_saved = None  # TODO(student): a fraction, 0..1
 # %% tags=["check"]
 def check():
     from visualize.i18n import t  # the check's messages, in the notebook's language
-    m = exercise_report.memory
+    # The engine runs the exercise only here, so that no report of it is on the page to read the answer from.
+    e_reports = []
+    llm.generate(exercise_prompt, SamplingParams(n=4, temperature=0.8, seed=1, max_tokens=output_len + 2, ignore_eos=True),
+                 on_step=e_reports.append)
+    m = next(r for r in e_reports if r.block_tables and all(sum(s.filled) == exercise_len + output_len for s in r.block_tables)).memory
     saved = m.blocks_without_sharing - m.blocks_with_sharing
     if blocks_saved is None or memory_saved is None:
         return t("l7_fail_none", LANG)

@@ -27,12 +27,12 @@
 # %% [markdown] lang="zh"
 # # 第 9 课　在线服务：负载下的 OpenAI 兼容服务器
 #
-# **目标**：把引擎作为服务器运行，用 `openai` 客户端与它对话，以三种速率的泊松到达给它加负载，并用利特尔定律预测首 token 延迟在什么速率下急剧增大。
+# **目标**：把引擎作为服务器运行，用 `openai` 客户端与它对话，以三种速率的泊松到达给它加负载，并用利特尔定律（Little's law）预测首 token 延迟在什么速率下急剧增大。
 #
 # 到目前为止，每一课都在 Python 里直接驱动引擎：所有请求事先已知，调用一次 `generate` 即可。服务器不同：请求随客户端发送而随时到达，每个请求在下一步加入正在运行的批（连续批处理，第 6 课），生成的 token 一边产生一边流式返回。`python -m engine serve` 就是这样的服务器，其 HTTP 接口与 `vllm serve` 相同（基于 `uvicorn` 的 FastAPI，服务器进程里运行一个引擎循环；见 docs/serving.md）。对用户来说有两种延迟最重要：
 #
 # - **TTFT**（首 token 延迟）：从发出请求到收到第一个流式 token 的时间，包括在队列中的等待和预填充那一步。
-# - **TPOT**（token 间延迟）：之后各个 token 之间的平均间隔，每个大约是引擎的一步。
+# - **TPOT**（每输出 token 时间）：之后各个 token 之间的平均间隔，每个大约是引擎的一步。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -85,7 +85,7 @@ use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 # ## 1. 启动服务器
 # 服务器运行在自己的进程里，这里用 `subprocess` 启动：命令和在终端里输入的一样。它用默认模型提供服务，KV 池很小（32 个块，每块 16 个槽位），每步最多运行 4 个请求（`--max-num-seqs`）。和 vLLM v1 一样开启分块预填充：先安排正在运行的请求的解码，新的提示词在同一步里计算（第 6 课），新来的请求不会单独占用一步、拖住其他请求。前缀缓存关闭，每个请求都完整计算自己的提示词。这个单元格一直等到 `/health` 返回 200。
 #
-# 服务器不能比笔记本活得更久。`stop_server` 发送 SIGTERM（服务器让正在运行的请求完成后退出）；它在最后一个单元格里运行，内核关闭时也会运行（`atexit`），所以任何单元格出错后也一样。在 Linux 上，内核意外终止时服务器同样会收到 SIGTERM。
+# 服务器不能在这个笔记本（内核）结束之后还继续运行。`stop_server` 发送 SIGTERM（服务器先让正在运行的请求完成，然后退出）；它在最后一个单元格中调用，内核关闭时也会自动调用（`atexit`），因此即使中途某个单元格出错，服务器也会被停止。在 Linux 上，内核意外终止时服务器同样会收到 SIGTERM。
 
 # %%
 MAX_NUM_SEQS, NUM_BLOCKS, BLOCK_SIZE = 4, 32, 16
@@ -136,7 +136,7 @@ while True:
         pass
     if server.poll() is not None or time.perf_counter() - start > 300:
         stop_server()
-        raise RuntimeError("the server did not start:\n" + pathlib.Path(server_log.name).read_text()[-3000:])
+        raise RuntimeError(t("lp9_not_started", LANG) + "\n" + pathlib.Path(server_log.name).read_text()[-3000:])
     time.sleep(0.25)
 print(repr(" ".join(["python", *command[1:]])))  # the command, as you would type it
 print(t("lp9_ready", LANG, url=base_url, seconds=time.perf_counter() - start, pid=server.pid))
@@ -186,8 +186,8 @@ print(t("lp9_streamed", LANG, n=len(chunks), ttft=1e3 * arrived[0], gap=1e3 * np
 # running request, is added to the cost model the simulator uses.
 
 # %% [markdown] lang="zh"
-# ## 3. 步时：拟合与实测
-# 要预测服务器的延迟，模拟器（第 3 课）需要知道一步要多长时间。下面的单元格做的就是 `python -m engine calibrate` 做的事，只是网格更小：在本笔记本里运行一个引擎，批大小分别为 1、2、4 个请求，记录每一步的形状和耗时，拟合 engine/sim/cost_model.py 中的步时模型（每步、每个请求、每个 token、每个 KV 块各一项时间）。
+# ## 3. 每步耗时：拟合与实测
+# 要预测服务器的延迟，模拟器（第 3 课）需要知道一步要多长时间。下面的单元格做的就是 `python -m engine calibrate` 做的事，只是参数网格更小：在本笔记本里运行一个引擎，批大小分别为 1、2、4 个请求，记录每一步的形状和耗时，拟合 engine/sim/cost_model.py 中的步时模型（每步、每个请求、每个 token、每个 KV 块各一项时间）。
 #
 # 然后让同样的批经过服务器：先单独发一个请求，再同时发 4 个，都用流式。它们的 TPOT 就是服务器在批大小为 1 和 4 时的步时。服务器每一步做的比引擎多（HTTP、每个请求一个流式片段、客户端和它共用同样的 CPU 核）：两者之差（每步一项、每个运行中的请求一项）会加到模拟器使用的步时模型上。
 
@@ -356,7 +356,7 @@ plt.show()
 # passes when your prediction is within 35% of that.
 
 # %% [markdown] lang="zh"
-# TPOT 随速率上升，直到批被填满，之后保持不变：无论有多少请求在等待，一步最多只有 4 个请求。负载轻时，TTFT 大约是一次预填充加上等待当前一步结束的时间；之后开始攀升：请求要等批里空出位置。一旦速率超过服务器完成请求的能力，只要负载持续，队列就一直变长，TTFT 也随之增大；运行时间再长，它就会无限增长。
+# TPOT 随速率上升，直到批被填满，之后保持不变：无论有多少请求在等待，一步最多只有 4 个请求。负载轻时，TTFT 大约是一次预填充加上等待当前一步结束的时间；之后开始攀升：请求要等批里空出位置。一旦速率超过服务器完成请求的能力，只要负载持续，队列就一直变长，TTFT 也随之增大；如果一直这样运行下去，它会无限增长。
 #
 # ## 练习：TTFT 在什么速率下急剧增大
 # 只根据步时预测这个速率（`ttft_explodes_at`，每秒请求数）：

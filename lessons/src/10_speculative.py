@@ -11,7 +11,8 @@
 #
 # **Goal:** watch the engine propose draft tokens, verify them in one forward pass and roll back the
 # rejected ones, block table by block table; then see why this pays while a decode step is memory-bound
-# and stops paying as the batch grows, and predict the gain from a measured acceptance rate.
+# and stops paying as the batch grows, and predict the gain from a measured α, the chance that the model
+# accepts a draft it judges (the Live engine page's acceptance rate, accepted ÷ proposed drafts, is a lower number).
 #
 # A decode step makes one token per sequence, and on a GPU it is memory-bound (lesson 1): reading the
 # weights costs the same whether the step computes 1 query token or 5. Speculative decoding (Leviathan
@@ -20,8 +21,8 @@
 # drafts up to the first one it disagrees with, plus its own token after them. At temperature 0 the text
 # is exactly the text plain greedy decoding writes. The engine's proposer here is **prompt lookup**
 # (vLLM's method `"ngram"`): find the last few tokens earlier in the text and propose what followed them
-# there. It costs nothing on the accelerator and pays off when the answer repeats the prompt: edits,
-# quotations, summaries.
+# there. It costs nothing on the accelerator and pays off only when the answer repeats much of the prompt:
+# edits, quotations, summaries.
 #
 # On a paged cache the drafts need KV slots before they are verified: the engine gives each sequence
 # **lookahead slots** (vLLM's `num_lookahead_tokens`), **tentative** until the model has judged them. After
@@ -31,9 +32,9 @@
 # %% [markdown] lang="zh"
 # # 第 10 课　分页缓存上的投机解码
 #
-# **目标**：观察引擎提出草稿 token、在一次前向计算中验证它们、回滚被拒绝的草稿，逐个查看块表的变化；然后理解为什么在解码步访存受限时这样做划算、批变大后就不再划算，并根据实测的接受率预测收益。
+# **目标**：观察引擎提出草稿 token、在一次前向计算中验证它们、回滚被拒绝的草稿，逐个查看块表的变化；然后理解为什么在解码步访存受限时这样做划算、批变大后就不再划算，并根据实测的 α（模型对判定过的草稿的接受概率）预测收益。实时引擎页面上的接受率是“接受的草稿数 ÷ 提出的草稿数”，是比 α 低的另一个数。
 #
-# 一步解码为每个序列生成一个 token，在 GPU 上它是访存受限的（第 1 课）：无论这一步计算 1 个还是 5 个查询 token，读取权重的开销都一样。投机解码（Leviathan 等，2023；Chen 等，2023）利用这些闲置的算力：一个廉价的**提议器**猜出接下来的 k 个 token（**草稿**），模型在一次前向计算中处理最新的 token 和这 k 个草稿，保留直到第一个它不认可的草稿之前的所有草稿，再加上它自己在其后生成的 token。温度为 0 时，生成的文本与普通贪心解码完全相同。这里引擎的提议器是**提示词查找**（vLLM 的方法 `"ngram"`）：在前文中找到最后几个 token 出现过的位置，把当时跟在后面的 token 作为草稿。它不占用加速器，当回答重复提示词的内容时收益最大：改写、引用、摘要。
+# 一步解码为每个序列生成一个 token，在 GPU 上它是访存受限的（第 1 课）：无论这一步计算 1 个还是 5 个查询 token，读取权重的开销都一样。投机解码（Leviathan 等，2023；Chen 等，2023）利用这些闲置的算力：一个廉价的**提议器**猜出接下来的 k 个 token（**草稿**），模型在一次前向计算中处理最新的 token 和这 k 个草稿，从第一个草稿起逐个比对，保留第一个与它不一致的草稿之前的所有草稿，再加上模型自己在这个位置给出的 token。温度为 0 时，生成的文本与普通贪心解码完全相同。这里引擎的提议器是**提示词查找**（vLLM 的方法 `"ngram"`）：在前文中找到最后几个 token 出现过的位置，把当时跟在后面的 token 作为草稿。它不占用加速器；只有当回答大段重复提示词的内容时才划算，例如修改文字、引用原文、写摘要。
 #
 # 在分页缓存上，草稿在验证之前就需要 KV 槽位：引擎给每个序列分配**前瞻槽位**（vLLM 的 `num_lookahead_tokens`），在模型判定之前它们是**暂定的**。验证之后，被拒绝草稿的槽位归还（**回滚**），变空的块回到空闲列表，`num_computed_tokens` 回退到被保留的 token 数。
 
@@ -46,6 +47,9 @@ try:
     import engine  # noqa: F401
 except ImportError:
     sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+# The check's own recomputation, lessons/checks.py, sits in the repository beside the lessons
+sys.path += [str(p) for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().resolve().parents)
+             if (p / "lessons" / "checks.py").is_file()][:1]
 
 import matplotlib.pyplot as plt
 
@@ -77,7 +81,7 @@ def new_engine(k: int | None = K, block_size: int = 16, num_blocks: int = 64) ->
 # %% [markdown] lang="en"
 # ## 1. Propose, verify, roll back — step by step
 # One request, blocks of 4 slots so that a step's drafts cross block boundaries. Each step prints the
-# request's block table and `num_computed_tokens` after it, the drafts and their tentative slots, how many
+# request's `num_computed_tokens` after it, the drafts and their tentative slots, how many
 # the model accepted, the slots given back and the blocks freed. We step until a rejection frees a block.
 
 # %% [markdown] lang="zh"
@@ -115,18 +119,18 @@ while True:
 
 # %% [markdown] lang="en"
 # The step with a rejection, slot by slot. Before it the request held `computed_before` tokens' KV. The step
-# wrote K and V for its newest token and every draft (the slots marked `T`, tentative), computed the
+# wrote K and V for its newest token and every draft (the drafts into tentative slots), computed the
 # model's token at each of those positions, and compared: the drafts up to the first disagreement are
 # kept, the rest are given back. After it `num_computed_tokens` counts only what was kept: the newest token
 # plus the accepted drafts. The model's own next token (the "bonus") is in the output, its KV not yet
 # written: the next step writes it, as in plain decoding.
 
 # %% [markdown] lang="zh"
-# 下面逐个槽位查看拒绝发生的那一步。在这一步之前，请求持有 `computed_before` 个 token 的 KV。这一步为最新的 token 和每个草稿写入 K 和 V（标为 `T` 的槽位，暂定），在每个位置上算出模型自己的 token 并比较：直到第一个不一致之前的草稿被保留，其余的归还。之后 `num_computed_tokens` 只计入被保留的部分：最新的 token 加上被接受的草稿。模型自己生成的下一个 token（“奖励” token）已经在输出中，它的 KV 还没有写入：和普通解码一样，下一步再写。
+# 下面逐个槽位查看拒绝发生的那一步。在这一步之前，请求持有 `computed_before` 个 token 的 KV。这一步为最新的 token 和每个草稿写入 K 和 V（草稿写在暂定槽位里），在每个位置上算出模型自己的 token 并比较：直到第一个不一致之前的草稿被保留，其余的归还。之后 `num_computed_tokens` 只计入被保留的部分：最新的 token 加上被接受的草稿。模型自己生成的下一个 token（额外的 token，即 bonus token）已经在输出中，它的 KV 还没有写入：和普通解码一样，下一步再写。
 
 # %%
 bs = eng.config.block_size
-events = [(e.kind, e.slot) for e in report.events if e.kind in (SPEC_PROPOSE, SPEC_ACCEPT, SPEC_REJECT)]
+events = [(t(f"ev_{e.kind}", LANG), e.slot) for e in report.events if e.kind in (SPEC_PROPOSE, SPEC_ACCEPT, SPEC_REJECT)]
 print(t("lp10_events", LANG, events=events))
 print(t("lp10_table_before", LANG, table=table_before, computed=computed_before))
 print(t("lp10_table_after", LANG, table=snap.block_table, computed=computed, filled=snap.filled))
@@ -141,18 +145,20 @@ assert all(b not in snap.block_table for b in out.freed_blocks)
 
 # %% [markdown] lang="en"
 # `.` is a slot that held no draft, `T` a draft kept (its KV stays: it was the right token), `x` a rejected
-# draft's slot, given back. A block whose slots were all rejected is freed at once (`freed_blocks`) and
+# draft's slot, given back. A block whose slots all held rejected drafts is freed at once (`freed_blocks`) and
 # leaves the block table; the allocator then holds exactly the blocks of the tokens kept, as if the
 # request had never speculated.
 
 # %% [markdown] lang="zh"
-# `.` 表示没有放草稿的槽位，`T` 表示被保留的草稿（它的 KV 保留：这个 token 是对的），`x` 表示被拒绝草稿的槽位，已归还。如果一个块的槽位全被拒绝，它会立即被释放（`freed_blocks`）并离开块表；此后分配器持有的块恰好是被保留 token 所需的块，就像这个请求从未投机过一样。
+# `.` 表示没有放草稿的槽位，`T` 表示被保留的草稿（它的 KV 保留：这个 token 是对的），`x` 表示被拒绝草稿的槽位，已归还。如果一个块里的槽位全都属于被拒绝的草稿，它会立即被释放（`freed_blocks`）并离开块表；此后分配器持有的块恰好是被保留 token 所需的块，就像这个请求从未做过投机解码一样。
 
 # %% [markdown] lang="en"
 # ## 2. When it pays: a memory-bound step
 # Each verification gives 1 to k + 1 tokens. Let α be the chance that the model accepts a draft that it
-# judges (a draft after a rejection is never judged). If each judged draft is accepted with chance α
-# independently, a verification gives on average
+# judges (a draft after a rejection is never judged). It is not the Live engine page's acceptance rate (drafts
+# accepted ÷ drafts proposed), which counts the unjudged drafts too and is lower: put that one into the
+# formula below and E comes out too small. If each judged draft is accepted with chance α independently,
+# a verification gives on average
 #
 # $$E = 1 + \alpha + \alpha^2 + \dots + \alpha^k = \frac{1 - \alpha^{k+1}}{1 - \alpha}$$
 #
@@ -163,11 +169,12 @@ assert all(b not in snap.block_table for b in out.freed_blocks)
 # an H100 serving Llama-3-8B (`engine/sim/speculative.py`) shows where.
 
 # %% [markdown] lang="zh"
-# 每次验证得到 1 到 k + 1 个 token。设 α 为模型接受一个它判定过的草稿的概率（被拒绝之后的草稿从未被判定）。如果每个被判定的草稿都以概率 α 独立地被接受，一次验证平均得到
+# ## 2. 何时划算：访存受限的解码步
+# 每次验证得到 1 到 k + 1 个 token。设 α 为模型接受一个它判定过的草稿的概率（排在被拒绝草稿之后的草稿不会被判定）。它不是实时引擎页面上的接受率（接受的草稿数 ÷ 提出的草稿数）：那个数把没有被判定的草稿也算进分母，所以更低，代入下面的公式得到的 E 会偏小。如果每个被判定的草稿都以概率 α 独立地被接受，一次验证平均得到
 #
 # $$E = 1 + \alpha + \alpha^2 + \dots + \alpha^k = \frac{1 - \alpha^{k+1}}{1 - \alpha}$$
 #
-# 个 token（Leviathan 等，2023，§3.3）。当验证 k + 1 个 token 的一步比 E 个普通步更便宜时就划算。解码步访存受限时，k + 1 个查询 token 的开销与一个差不多，收益接近 E。批变大后，这一步会碰到算力的上限：每多一个查询 token 都要付出它的 FLOPs，被拒绝草稿的计算白白浪费，投机就得不偿失。用 H100 上运行 Llama-3-8B 的步时模型（`engine/sim/speculative.py`）可以看到转折点在哪里。
+# 个 token（Leviathan 等，2023，§3.3）。当验证 k + 1 个 token 的一步比 E 个普通步更便宜时就划算。解码步访存受限时，k + 1 个查询 token 的开销与一个差不多，收益接近 E。批变大后，这一步会碰到算力的上限：每多一个查询 token 都要付出它的 FLOPs，被拒绝草稿的计算白白浪费，投机解码就得不偿失。用 H100 上运行 Llama-3-8B 的步时模型（`engine/sim/speculative.py`）可以看到转折点在哪里。
 
 # %%
 batches = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
@@ -196,7 +203,7 @@ plt.show()
 # compute shows, and speculation loses, as the model above predicts for a large batch.
 
 # %% [markdown] lang="zh"
-# 下面在本机上用真实引擎实测：同样的贪心请求，分别不用和使用投机解码（k = 4），先是一个请求，再是四个一起。两种方式的输出完全相同；表中给出解码步数、解码步的平均耗时、α 和每次验证得到的 token 数。在 CPU 上，小模型在批大小为 1 时一步的耗时大部分是固定开销（读取权重、引擎自身的工作），所以验证 5 个 token 远比 5 个普通步便宜；四个请求一起时，一步要计算 20 个查询 token，计算开销显现出来，投机就得不偿失，正如上面的模型对大批量的预测。
+# 下面在本机上用真实引擎实测：同样的贪心请求，分别不用和使用投机解码（k = 4），先是一个请求，再是四个一起。两种方式的输出完全相同；表中给出解码步数、解码步的平均耗时、α 和每次验证得到的 token 数。在 CPU 上，小模型在批大小为 1 时一步的耗时大部分是固定开销（读取权重、引擎自身的工作），所以验证 5 个 token 远比 5 个普通步便宜；四个请求一起时，一步要计算 20 个查询 token，计算开销显现出来，投机解码就得不偿失，正如上面的步时模型对大批的预测。
 
 # %%
 PROMPTS = [[{"role": "user", "content": "Repeat this text exactly: The library opens at nine in the morning and closes at "
@@ -248,8 +255,9 @@ for batch in (1, 4):
 #    a plain decode step makes 1 token in `plain_step_ms`; a verifying step makes `tokens_per_step` in
 #    `verify_step_ms`.
 #
-# The check compares your numbers with what the engine did: the tokens its verifications gave, and its
-# tokens per second over its verifying steps against plain decoding's. Within 20% passes.
+# The check first recomputes both numbers from α, k and the two step times (within 1%), then compares them
+# with what the engine did: the tokens its verifications gave, and its tokens per second over its
+# verifying steps against plain decoding's. Within 20% passes.
 
 # %% [markdown] lang="zh"
 # 提示词查找并不是每一步都能找到匹配；没有草稿的一步就是普通的解码步。练习只看那些验证了草稿的步。
@@ -258,9 +266,9 @@ for batch in (1, 4):
 # 根据批大小为 1 时实测的 α 和 k：
 #
 # 1. `tokens_per_step`：一次验证平均得到的 token 数，用上面的公式。
-# 2. `speedup_batch1`：投机时引擎生成 token 的速度是普通解码的多少倍：普通解码一步用 `plain_step_ms` 生成 1 个 token；验证的一步用 `verify_step_ms` 生成 `tokens_per_step` 个。
+# 2. `speedup_batch1`：使用投机解码时引擎生成 token 的速度是普通解码的多少倍：普通解码一步用 `plain_step_ms` 生成 1 个 token；验证的一步用 `verify_step_ms` 生成 `tokens_per_step` 个。
 #
-# 检查会把你的数字与引擎的实际表现比较：它的验证得到的 token 数，以及它在验证步上每秒生成的 token 数相对于普通解码的倍数。相差不超过 20% 即为通过。
+# 检查先根据 α、k 和两个步时重新计算这两个数（相差不超过 1%），再把你的数字与引擎的实际表现比较：它的验证得到的 token 数，以及它在验证步上每秒生成的 token 数相对于普通解码的倍数。相差不超过 20% 即为通过。
 
 # %%
 plain, spec = runs[1]
@@ -275,9 +283,15 @@ speedup_batch1 = None  # TODO(student): from tokens_per_step, plain_step_ms and 
 
 # %% tags=["check"]
 def check():
+    from lessons.checks import speculative_expectation  # the formula's values, recomputed apart from the page
     from visualize.i18n import t  # the check's messages, in the notebook's language
     if tokens_per_step is None or speedup_batch1 is None:
         return t("l10_fail_none", LANG)
+    want_tokens, want_speedup = speculative_expectation(alpha, k, plain_step_ms, verify_step_ms)
+    if abs(tokens_per_step / want_tokens - 1) > 0.01:  # a number copied from the measured table is not the formula's
+        return t("l10_fail_formula", LANG, name="tokens_per_step", value=tokens_per_step)
+    if abs(speedup_batch1 / want_speedup - 1) > 0.01:
+        return t("l10_fail_formula", LANG, name="speedup_batch1", value=speedup_batch1)
     measured_tokens = spec["tokens_per_verification"]
     measured_speedup = measured_tokens / verify_step_ms * plain_step_ms  # tokens per ms, verifying vs plain
     if not 0.8 <= tokens_per_step / measured_tokens <= 1.2:
@@ -301,5 +315,5 @@ print(check())
 
 # %% [markdown] lang="zh"
 # ## 要点
-# - 草稿的 KV 槽位在验证之前就已分配，是暂定的；回滚归还被拒绝草稿的槽位，并释放变空的块，因此没有未经验证的 token 能留过它所在的那一步（也不会进入前缀缓存）。
-# - 只要这一步是访存受限的，收益就是用一步的代价换来 E = (1 − α^(k+1)) / (1 − α) 个 token；批大到让这一步变成计算受限之后，投机的代价就超过了它的收益。vLLM 的文档也这样说：投机解码在访存受限、请求率低的场景下最有用。
+# - 草稿的 KV 槽位在验证之前就已分配，是暂定的；回滚归还被拒绝草稿的槽位，并释放变空的块，因此未通过验证的 token 不会在这一步之后继续占用槽位（也不会进入前缀缓存）。
+# - 只要这一步是访存受限的，收益就是用一步的代价换来 E = (1 − α^(k+1)) / (1 − α) 个 token；批大到让这一步变成计算受限之后，投机解码的代价就超过了它的收益。vLLM 的文档也这样说：投机解码在访存受限、请求率低的场景下最有用。

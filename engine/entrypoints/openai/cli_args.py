@@ -37,9 +37,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=False,
                    help="cut prompts into chunks that fit the step's token budget, decodes first")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
-    g.add_argument("--device", choices=DEVICES, default="auto")
+    g.add_argument("--device", choices=DEVICES, default="auto", help="where the model runs; auto: CUDA when present, else the CPU")
     g.add_argument("--seed", type=int, default=0, help="seeds requests that give no seed (default: 0)")
-    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                   help="torch (gather + softmax; the C++ kernel on CPU), triton (paged_kernels/); auto: triton on CUDA, torch on CPU")
     g.add_argument("--cpu-kernels", action=argparse.BooleanOptionalAction, default=True, help="the engine's C++ CPU kernels (default: on)")
     g.add_argument("--allocator", choices=ALLOCATORS, default="paged", help="paged (PagedAttention) or contiguous (before vLLM)")
     g.add_argument("--reservation", choices=RESERVATIONS, default="max", help="contiguous allocator: how much it reserves per request")
@@ -62,7 +63,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-request-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond; default: 1 MiB)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, seconds the running requests get to finish before they are aborted (default: 30)")
-    g.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"])
+    g.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug", "trace"],
+                   help="how much uvicorn, the HTTP server, logs")
     g = p.add_argument_group("classroom (the lab endpoints under /lab)")
     g.add_argument("--teacher-token", default=None,
                    help="the token the lab's control endpoint asks for (Step, Run); default: a random one, printed at start")
