@@ -236,7 +236,7 @@ def test_bad_input_and_limits_name_the_field(tiny):
         _error(_post(base, "/v1/chat/completions", {**chat, "tools": [{"type": "function"}]}, key="key-a"), 400, "tools")
         _error(_post(base, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "x " * 300}]}, key="key-a"), 400, "messages")
         assert "does not exist" in _error(_post(base, "/v1/completions", {**ok, "model": "gpt-4"}, key="key-a"), 404, "model")
-        assert "not valid JSON" in _error(httpx.post(f"{base}/v1/completions", content=b'{"prompt": ', headers={"Authorization": "Bearer key-a"}), 400, "body")
+        assert "not valid JSON" in _error(httpx.post(f"{base}/v1/completions", content=b'{"prompt": ', headers={"Authorization": "Bearer key-a", "Content-Type": "application/json"}), 400, "body")
         assert "4096 bytes" in _error(_post(base, "/v1/completions", {**ok, "prompt": "x" * 5000}, key="key-a"), 413, "body")
         assert "per-client limit" in _error(_post(base, "/v1/completions", {**ok, "max_tokens": 101}, key="key-a"), 400, "max_tokens")
 
