@@ -31,10 +31,10 @@ from tests.serving import serving, wait_until, wait_until_healthy
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def metrics(base: str) -> dict[str, float]:
-    """/metrics as {name: value}, labels dropped (one model per server)."""
+def metrics(base: str, key: str | None = None) -> dict[str, float]:
+    """/metrics as {name: value}, labels dropped (one model per server); ``key``: a server with API keys'."""
     values = {}
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
+    for line in httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {key}"} if key else {}).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             values[re.sub(r"\{.*\}", "", name)] = float(value)
@@ -271,7 +271,7 @@ def test_bad_input_and_limits_name_the_field(tiny):
             first.join(60)
             bob.join(60)
         assert bob_result[0].status_code == 200
-        m = metrics(base)
+        m = metrics(base, "key-a")
         assert m["vllm:num_requests_running"] == 0
     assert all_blocks_free(engine) and not engine.requests
 
