@@ -272,4 +272,5 @@ def test_a_full_disk_during_the_conversion_is_one_line_naming_the_cache(tmp_path
         model_loader._convert_gguf(default_gguf_path(), out_dir, None)
     message = str(caught.value)
     assert "\n" not in message and "no space left" in message and str(out_dir.parent) in message and "MB free" in message
+    assert "about 543 MB" in message, "4 bytes for each of the model's 135 M weights, and the tokenizer"
     assert list((tmp_path / "cache").iterdir()) == [], "the temporary directory is removed"
