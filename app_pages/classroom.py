@@ -26,6 +26,7 @@ from visualize.i18n import t
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "http://127.0.0.1:8000"
 DRAW_EVERY_S = 1.0  # the view's refresh while attached
+ROOM_TEMPERATURES = (0.0, 0.7, 1.0)  # the room's sampling a started server may get (0: greedy)
 
 
 class Classroom:
@@ -125,8 +126,11 @@ def connection(room: Classroom, lang: str) -> None:
         else:
             st.caption(t("start_server_help", lang))
             port = int(st.number_input(t("server_port", lang), 1024, 65535, 8000, key="lab_port"))
+            temperature = st.selectbox(t("room_sampling", lang), ROOM_TEMPERATURES, key="lab_temperature",
+                                       help=t("room_sampling_help", lang), format_func=lambda x: t(
+                                           "room_sampling_choice_t", lang, temperature=x) if x else t("room_sampling_choice", lang))
             if st.button(t("start_server", lang), type="primary", key="btn_lab_start"):
-                start_here(room, port, lang)
+                start_here(room, port, lang, temperature)
 
 
 def _token_entered(room: Classroom) -> None:
@@ -146,9 +150,10 @@ def _token_entered(room: Classroom) -> None:
     st.session_state["lab_token"] = typed
 
 
-def start_here(room: Classroom, port: int, lang: str) -> None:
+def start_here(room: Classroom, port: int, lang: str, temperature: float = 0.0) -> None:
     token = secrets.token_urlsafe(12)
-    server = start_server(port, token, engine_flags(st.session_state["settings"]), ROOT / "artifacts")
+    flags = [*engine_flags(st.session_state["settings"]), "--default-temperature", f"{temperature:g}"]
+    server = start_server(port, token, flags)
     with st.spinner(t("server_starting", lang)):
         ready = wait_ready(server)
     if not ready:
@@ -251,6 +256,7 @@ def lab_view() -> None:
             time.sleep(0.05)
     reports, requests, engine, mode = follower.view()
     mode_line(mode, lang)
+    sampling_line(follower.sampling, lang)
     if follower.error and not follower.connected:
         st.warning(t("lab_stream_error", lang, error=plain(follower.error)))
     if not reports or not engine:
@@ -273,6 +279,14 @@ def mode_line(mode: dict, lang: str) -> None:
     else:
         rate = mode.get("max_steps_per_s")
         st.caption(t("mode_run", lang, speed=t("speed_per_s", lang, n=rate) if rate else t("speed_full", lang)))
+
+
+def sampling_line(sampling: dict, lang: str) -> None:
+    """How the room's answers are sampled (the server's default temperature), on the page and the projector."""
+    if not sampling or sampling.get("temperature") is None:
+        return
+    temperature = sampling["temperature"]
+    st.caption(t("room_sampling_temperature", lang, temperature=temperature) if temperature else t("room_sampling_greedy", lang))
 
 
 def teacher_controls(url: str, token: str, lang: str) -> int | None:

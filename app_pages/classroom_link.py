@@ -22,6 +22,7 @@ import httpx
 
 from engine.report import StepReport
 from engine.runfile import from_json, load_run
+from engine.user_cache import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS_KEPT = 2000  # as the Live page and the server keep
@@ -47,6 +48,7 @@ class Follower:
     requests: dict = field(default_factory=dict)  # request id -> {"client", "prompt", "max_tokens"}
     engine: dict = field(default_factory=dict)  # the run file's engine object
     mode: dict = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)  # the room's: {"temperature"} of a request that sets none
     error: str | None = None
     connected: bool = False
 
@@ -107,6 +109,7 @@ class Follower:
         if event == "hello":
             with self._lock:
                 self.engine, self.mode = data["engine"], data["mode"]
+                self.sampling = data.get("sampling") or {}
                 self.requests.update({int(k): v for k, v in data["requests"].items()})
             self._catch_up(data["next_step"])
             self.connected, self.error = True, None
@@ -215,8 +218,10 @@ class ServerProcess:
                 self.process.kill()
 
 
-def start_server(port: int, token: str, flags: list[str], log_dir: Path) -> ServerProcess:
-    """Start ``python -m engine serve`` on 127.0.0.1:``port`` with ``flags`` (engine flags) in step mode."""
+def start_server(port: int, token: str, flags: list[str], log_dir: Path | None = None) -> ServerProcess:
+    """Start ``python -m engine serve`` on 127.0.0.1:``port`` with ``flags`` (engine flags) in step mode.
+    Its log goes to ``log_dir``, by default the user cache's ``classroom/`` (never the checkout)."""
+    log_dir = log_dir if log_dir is not None else cache_dir() / "classroom"
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"classroom_server_{port}.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

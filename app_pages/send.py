@@ -16,7 +16,7 @@ import httpx
 import streamlit as st
 
 from app_pages import live
-from app_pages.classroom import classroom
+from app_pages.classroom import classroom, sampling_line
 from app_pages.common import html_text
 from visualize.classroom import blocks_of
 from visualize.colors import request_color
@@ -35,6 +35,7 @@ def page() -> None:
     if follower is None:
         st.info(t("send_no_server", lang))
         return
+    sampling_line(follower.sampling, lang)
     name = st.text_input(t("student_name", lang), key="student_name", max_chars=MAX_NAME_CHARS,
                          help=t("student_name_help", lang)).strip()
     max_tokens = st.slider(t("send_max_tokens", lang), 8, 128, 48, step=8, key="send_max_tokens")

@@ -267,6 +267,7 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         assert not at.exception, [e.value for e in at.exception]
         text = _texts(at)
         assert f"第 {follower.reports[-1].step} 步" in text
+        assert "回答为贪心解码（温度 0）" in text  # the room's sampling, from the server
         assert 'data-testid="request-client">dora<' in text
         assert untranslated(text) == [], untranslated(text)
         assert [b.label for b in at.main.button][:4] == ["断开", "单步", "暂停", "运行"]  # the teacher's controls
@@ -276,6 +277,7 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         _open_page(at, "send")
         assert not at.exception, [e.value for e in at.exception]
         assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
+        assert "回答为贪心解码（温度 0）" in _texts(at)
         # Another browser (a student's): the view without controls, until the teacher token is typed.
         other = AppTest.from_file(APP, default_timeout=60)
         other.run()
@@ -341,7 +343,8 @@ def test_sigterm_in_step_mode_with_a_viewer_attached_stops_promptly(tiny_llama_d
 
 def test_a_server_the_app_started_stops_when_the_app_exits(tiny_llama_dir, tmp_path):
     """The Classroom page's "start a server here" (app_pages/classroom_link.start_server) leaves no server
-    behind: when the app's process exits, the server it started is stopped with it."""
+    behind: when the app's process exits, the server it started is stopped with it. Its log is in the
+    user cache, not in the checkout."""
     import os
     import subprocess
     import sys
@@ -352,12 +355,14 @@ def test_a_server_the_app_started_stops_when_the_app_exits(tiny_llama_dir, tmp_p
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     script = (f"from pathlib import Path\nfrom app_pages.classroom_link import start_server, wait_ready\n"
-              f"server = start_server({port}, 'teacher-token', ['--model', {str(tiny_llama_dir)!r}, '--num-gpu-blocks-override', '16'], Path({str(tmp_path)!r}))\n"
+              f"server = start_server({port}, 'teacher-token', ['--model', {str(tiny_llama_dir)!r}, '--num-gpu-blocks-override', '16', '--no-cpu-kernels'])\n"
               f"assert wait_ready(server, 180), server.log_tail()\nprint(server.process.pid, flush=True)\n")
-    app = subprocess.run([sys.executable, "-c", script], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+    cache = tmp_path / "cache"
+    app = subprocess.run([sys.executable, "-c", script], cwd=root, env=dict(os.environ, PYTHONPATH=str(root), PAGEDATTENTION_LAB_CACHE=str(cache)),
                          capture_output=True, text=True, timeout=300)
     assert app.returncode == 0, app.stderr[-2000:]
     pid = int(app.stdout.split()[-1])
+    assert (cache / "classroom" / f"classroom_server_{port}.log").is_file() and not (root / "artifacts" / f"classroom_server_{port}.log").exists()
     wait_until(lambda: not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower(),
                timeout=40, what="the app's server to stop")
     with pytest.raises(httpx.HTTPError):

@@ -247,3 +247,30 @@ def test_ctrl_c_in_the_cli_is_one_line(tiny_llama_dir: Path) -> None:
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+
+
+@pytest.mark.parametrize("failure", ["OSError", "SafetensorError"])
+def test_a_full_disk_during_the_conversion_is_one_line_naming_the_cache(tmp_path: Path, monkeypatch, failure: str) -> None:
+    """The conversion's writes fail as a full disk fails them: an OSError with ENOSPC, or safetensors'
+    own error wrapping it. The loader says so in one line (the CLI prints a ModelLoadError as one
+    line) naming the cache directory and the space needed, and leaves no half-written directory."""
+    import errno
+
+    import safetensors
+
+    from engine.model_executor import model_loader
+
+    def write_until_full(gguf_path: Path, out_dir: Path) -> None:
+        (out_dir / "model.safetensors").write_bytes(b"\0" * 1024)
+        if failure == "OSError":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(model_loader, "_save_gguf_as_hf", write_until_full)
+    out_dir = tmp_path / "cache" / "SmolLM2-135M-Instruct"
+    with pytest.raises(ModelLoadError) as caught:
+        model_loader._convert_gguf(default_gguf_path(), out_dir, None)
+    message = str(caught.value)
+    assert "\n" not in message and "no space left" in message and str(out_dir.parent) in message and "MB free" in message
+    assert "about 543 MB" in message, "4 bytes for each of the model's 135 M weights, and the tokenizer"
+    assert list((tmp_path / "cache").iterdir()) == [], "the temporary directory is removed"

@@ -31,10 +31,10 @@ from tests.serving import serving, wait_until, wait_until_healthy
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def metrics(base: str) -> dict[str, float]:
-    """/metrics as {name: value}, labels dropped (one model per server)."""
+def metrics(base: str, key: str | None = None) -> dict[str, float]:
+    """/metrics as {name: value}, labels dropped (one model per server); ``key``: a server with API keys'."""
     values = {}
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
+    for line in httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {key}"} if key else {}).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             values[re.sub(r"\{.*\}", "", name)] = float(value)
@@ -236,7 +236,7 @@ def test_bad_input_and_limits_name_the_field(tiny):
         _error(_post(base, "/v1/chat/completions", {**chat, "tools": [{"type": "function"}]}, key="key-a"), 400, "tools")
         _error(_post(base, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "x " * 300}]}, key="key-a"), 400, "messages")
         assert "does not exist" in _error(_post(base, "/v1/completions", {**ok, "model": "gpt-4"}, key="key-a"), 404, "model")
-        assert "not valid JSON" in _error(httpx.post(f"{base}/v1/completions", content=b'{"prompt": ', headers={"Authorization": "Bearer key-a"}), 400, "body")
+        assert "not valid JSON" in _error(httpx.post(f"{base}/v1/completions", content=b'{"prompt": ', headers={"Authorization": "Bearer key-a", "Content-Type": "application/json"}), 400, "body")
         assert "4096 bytes" in _error(_post(base, "/v1/completions", {**ok, "prompt": "x" * 5000}, key="key-a"), 413, "body")
         assert "per-client limit" in _error(_post(base, "/v1/completions", {**ok, "max_tokens": 101}, key="key-a"), 400, "max_tokens")
 
@@ -271,7 +271,7 @@ def test_bad_input_and_limits_name_the_field(tiny):
             first.join(60)
             bob.join(60)
         assert bob_result[0].status_code == 200
-        m = metrics(base)
+        m = metrics(base, "key-a")
         assert m["vllm:num_requests_running"] == 0
     assert all_blocks_free(engine) and not engine.requests
 

@@ -39,6 +39,20 @@ logger = logging.getLogger("engine.serve")
 STEP_MODE = "step"  # the loop steps only when told to (a class discusses each step)
 RUN_MODE = "run"  # the loop steps while there is work, at full speed or capped
 PACE_MODES = (STEP_MODE, RUN_MODE)
+MIN_STEPS_PER_S = 0.1  # run mode's slowest cap: a step every 10 s (slower would look like a frozen engine)
+MAX_STEPS_PER_S = 1000.0
+
+
+def check_steps_per_s(value, name: str = "max_steps_per_s") -> float:
+    """Run mode's speed cap, checked: a number of steps a second in [MIN_STEPS_PER_S, MAX_STEPS_PER_S].
+
+    Raises:
+        ValueError: naming ``name`` and the range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_STEPS_PER_S <= value <= MAX_STEPS_PER_S:
+        raise ValueError(f"{name} must be a number of steps a second from {MIN_STEPS_PER_S:g} to {MAX_STEPS_PER_S:g}, "
+                         f"or null (full speed), got {value!r}")
+    return float(value)
 
 
 class EngineStopping(RuntimeError):
@@ -162,8 +176,11 @@ class AsyncLLM:
         return self._stopping
 
     async def start(self) -> None:
-        """Start the loop on the running event loop."""
+        """Start the loop on the running event loop. The stat logger gets the pool's state at once,
+        not only after the first step."""
         self._wake = asyncio.Event()
+        if self.stat_logger:
+            self.stat_logger.record_step(await self._call(self._snapshot, None))
         self._task = asyncio.create_task(self._run(), name="engine-loop")
 
     async def _call(self, fn, *args):
@@ -381,13 +398,12 @@ class AsyncLLM:
         while there is work, at most ``max_steps_per_s`` steps a second; None = full speed).
 
         Raises:
-            ValueError: an unknown mode, or a cap that is not a positive finite number.
+            ValueError: an unknown mode, or a cap outside [MIN_STEPS_PER_S, MAX_STEPS_PER_S].
         """
         if mode not in PACE_MODES:
             raise ValueError(f"mode must be one of {', '.join(PACE_MODES)}, got {mode!r}")
-        if max_steps_per_s is not None and not (isinstance(max_steps_per_s, (int, float)) and not isinstance(max_steps_per_s, bool)
-                                                and 0 < max_steps_per_s < float("inf")):
-            raise ValueError(f"max_steps_per_s must be a positive number or null, got {max_steps_per_s!r}")
+        if max_steps_per_s is not None:
+            check_steps_per_s(max_steps_per_s)
         self.pace_mode = mode
         self.max_steps_per_s = float(max_steps_per_s) if max_steps_per_s is not None and mode == RUN_MODE else None
         if self._permit is None:

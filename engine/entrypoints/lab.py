@@ -9,14 +9,16 @@
   file, which the app replays like any saved run.
 - ``GET /lab/control``: the mode; ``POST /lab/control`` (the teacher token): ``{"action": "step"}``
   runs exactly one engine step and answers with it, ``{"action": "pause"}`` is step mode,
-  ``{"action": "run", "max_steps_per_s": 2}`` runs freely (null = full speed), ``{"action": "status"}``
+  ``{"action": "run", "max_steps_per_s": 2}`` runs freely (null = full speed; otherwise
+  :data:`~engine.entrypoints.async_llm.MIN_STEPS_PER_S` to ``MAX_STEPS_PER_S``), ``{"action": "status"}``
   changes nothing (it checks the token).
 
 The stream's events (``event:`` line, then one ``data:`` line of JSON):
 
 - ``hello`` (first): the run file's header, ``format``, ``version``, ``engine``, ``settings``, plus
-  ``requests`` (request id -> ``{"client", "prompt", "max_tokens"}``), ``mode`` and ``next_step``
-  (the step number of the first ``step`` event this viewer will get);
+  ``requests`` (request id -> ``{"client", "prompt", "max_tokens"}``), ``mode``, ``sampling`` (the
+  room's: ``{"temperature"}`` of a request that sets none, 0 = greedy) and ``next_step`` (the step
+  number of the first ``step`` event this viewer will get);
 - ``request``: a request accepted: ``{"request_id", "client", "prompt", "max_tokens"}``;
 - ``step``: a step report;
 - ``mode``: the teacher changed the mode: ``{"mode", "max_steps_per_s"}``;
@@ -29,9 +31,15 @@ is full is cut off: it still gets every event already in its buffer, then a ``la
 catches up from ``/lab/snapshot`` or ``/lab/session``. A viewer that goes away is dropped when its
 connection closes.
 
-Each request is labelled by its client: the OpenAI ``user`` field, else the name of its API key
-("anonymous" on a server without keys). With API keys, the read endpoints need a key too (or the
-teacher token): the step stream shows every student's prompt and answer.
+Each request is labelled by its client: with API keys the name of its key (a student cannot post
+as another), without keys its OpenAI ``user`` field ("anonymous" without one). With API keys, the read
+endpoints need a key too (or the teacher token): the step stream shows every student's prompt and
+answer.
+
+What the hub keeps from a request can never break what it serves to others: the server refuses
+text that cannot be encoded as UTF-8 before the hub sees it, labels and prompts are cut to
+:data:`MAX_CLIENT_CHARS` and :data:`MAX_PROMPT_CHARS`, and every event and response is encoded with
+unencodable characters replaced.
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.entrypoints.async_llm import RUN_MODE, STEP_MODE, AsyncLLM, EngineStopping
-from engine.entrypoints.openai.protocol import APIError
+from engine.entrypoints.auth import AuthFailures, bearer, key_name, same_secret
+from engine.entrypoints.openai.protocol import MAX_USER_CHARS, APIError, read_json_body
 from engine.report import StepReport
 from engine.runfile import (DEFAULT_MODEL, RUN_FORMAT, SETTING_CHOICES, SETTING_LIMITS, SETTINGS_DEFAULTS, VERSION, Run, Workload,
                             WorkloadRequest, run_json)
@@ -59,6 +68,7 @@ MAX_STEPS_KEPT = 2000  # steps kept for /lab/session (the app's Live page keeps 
 MAX_REQUESTS_KEPT = 10_000  # request labels and prompts kept
 KEEPALIVE_S = 15.0  # a comment line when nothing happened for this long (keeps proxies from closing the stream)
 MAX_PROMPT_CHARS = 2000  # a prompt as the step stream and the run file show it
+MAX_CLIENT_CHARS = MAX_USER_CHARS  # a client label as the step stream and the run file show it
 CONTROL_ACTIONS = ("step", "pause", "run", "status")
 
 
@@ -82,9 +92,48 @@ class _Viewer:
         self.lagged_at: int | None = None  # the first step it missed, once cut off
 
 
+def safe_json(data) -> str:
+    """Compact JSON whose text always encodes as UTF-8: a character that cannot (a lone UTF-16
+    surrogate) becomes U+FFFD."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(_clean(data), ensure_ascii=False, separators=(",", ":"))
+    return text
+
+
+def _clean(data):
+    """``data`` with every string (keys too) made UTF-8-encodable (U+FFFD for what is not)."""
+    if isinstance(data, str):
+        return clean_text(data)
+    if isinstance(data, dict):
+        return {clean_text(str(k)): _clean(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_clean(v) for v in data]
+    return data
+
+
+def clean_text(text: str) -> str:
+    """``text`` with each character UTF-8 cannot encode (a lone surrogate) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join(c if not 0xD800 <= ord(c) <= 0xDFFF else "\ufffd" for c in text)
+
+
+class SafeJSONResponse(JSONResponse):
+    """A JSONResponse rendered by :func:`safe_json`: whatever the hub holds, the response is sent."""
+
+    def render(self, content) -> bytes:
+        return safe_json(content).encode("utf-8")
+
+
 def sse(event: str, data) -> str:
-    """One server-sent event: ``event:`` and one ``data:`` line of compact JSON (no newline inside)."""
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """One server-sent event: ``event:`` and one ``data:`` line of compact JSON (no newline inside;
+    always encodable, :func:`safe_json`)."""
+    return f"event: {event}\ndata: {safe_json(data)}\n\n"
 
 
 class StepHub:
@@ -98,7 +147,7 @@ class StepHub:
     Used from the event loop only: :meth:`publish_step` is one of the AsyncLLM's step callbacks.
     """
 
-    def __init__(self, engine_info: dict, settings: dict, viewer_buffer: int = DEFAULT_VIEWER_BUFFER):
+    def __init__(self, engine_info: dict, settings: dict, viewer_buffer: int = DEFAULT_VIEWER_BUFFER, sampling: dict | None = None):
         if isinstance(viewer_buffer, bool) or not isinstance(viewer_buffer, int) or viewer_buffer < 1:
             raise ValueError(f"viewer_buffer must be a positive integer, got {viewer_buffer!r}")
         self.engine_info, self.settings, self.viewer_buffer = engine_info, settings, viewer_buffer
@@ -107,6 +156,7 @@ class StepHub:
         self.viewers: set[_Viewer] = set()
         self.num_lagged = 0  # viewers cut off for falling behind, since the start
         self.mode = {"mode": RUN_MODE, "max_steps_per_s": None}
+        self.sampling = dict(sampling or {"temperature": 1.0})  # the room's default sampling
         self.closed = False
 
     @property
@@ -117,12 +167,14 @@ class StepHub:
         """The run file's header and what a joining viewer needs before its first step."""
         return {"format": RUN_FORMAT, "version": VERSION, "engine": self.engine_info, "settings": self.settings,
                 "requests": {str(k): dataclasses.asdict(v) for k, v in self.requests.items()}, "mode": self.mode,
-                "next_step": self.next_step}
+                "sampling": self.sampling, "next_step": self.next_step}
 
     # ---- what happens ---------------------------------------------------------------------------
 
     def note_request(self, request_id: int, client: str, prompt: str, max_tokens: int) -> None:
-        info = RequestInfo(client, prompt[:MAX_PROMPT_CHARS], max_tokens)
+        """Keep a request's label and prompt (cut to :data:`MAX_CLIENT_CHARS` and :data:`MAX_PROMPT_CHARS`,
+        unencodable characters replaced) and tell every viewer."""
+        info = RequestInfo(clean_text(client[:MAX_CLIENT_CHARS]), clean_text(prompt[:MAX_PROMPT_CHARS]), max_tokens)
         self.requests[request_id] = info
         while len(self.requests) > MAX_REQUESTS_KEPT:
             self.requests.popitem(last=False)
@@ -186,7 +238,8 @@ class StepHub:
 
     def run_file(self) -> str | None:
         """The session as a run file's JSON text (engine/runfile.py), with one key more that older
-        readers ignore: ``clients``, request id -> client label. None before the first step."""
+        readers ignore: ``clients``, request id -> client label, and ``sampling``, the room's. None
+        before the first step."""
         if not self.steps:
             return None
         ids = sorted(self.requests)
@@ -197,8 +250,8 @@ class StepHub:
         run = Run(Workload(requests, dict(self.settings)), self.engine_info,
                   {i: self.requests[i].prompt for i in ids}, list(self.steps))
         text = run_json(run)
-        clients = json.dumps({str(i): self.requests[i].client for i in ids}, ensure_ascii=False, separators=(",", ":"))
-        return text[:-1] + f',"clients":{clients}}}'
+        clients = safe_json({str(i): self.requests[i].client for i in ids})
+        return clean_text(text[:-1] + f',"clients":{clients},"sampling":{safe_json(self.sampling)}}}')
 
 
 def engine_info(engine) -> dict:
@@ -239,30 +292,39 @@ def prompt_text(prompt, tokenizer) -> str:
 # ---- the endpoints --------------------------------------------------------------------------------
 
 
-def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_keys: dict[str, str]) -> None:
+def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_keys: dict[str, str],
+                   auth_failures: AuthFailures | None = None, max_body_bytes: int = 1 << 20) -> None:
     """The lab endpoints on ``app`` (module docstring).
 
     Args:
         teacher_token: what ``POST /lab/control`` asks for, as ``Authorization: Bearer TOKEN``.
         read_keys: the server's API keys (key -> name); when any, the read endpoints need one of
             them or the teacher token.
+        auth_failures: wrong keys and tokens by address, shared with the OpenAI endpoints (429 beyond
+            the limit; engine/entrypoints/auth.py).
+        max_body_bytes: the largest body of ``POST /lab/control`` (413 beyond), the server's own cap.
     """
+    failures = auth_failures or AuthFailures()
 
     def may_read(raw: Request) -> None:
         if not read_keys:
             return
-        key = _bearer(raw)
+        key = bearer(raw)
         if key is None:
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "authorization", {"WWW-Authenticate": "Bearer"})
-        if key not in read_keys and not secrets.compare_digest(key, teacher_token):
+        failures.check(raw)
+        if key_name(key, read_keys) is None and not same_secret(key, teacher_token):
+            failures.failed(raw)
             raise APIError(401, "invalid API key", "authorization", {"WWW-Authenticate": "Bearer"})
 
     def teacher(raw: Request) -> None:
-        key = _bearer(raw)
+        key = bearer(raw)
         if key is None:
             raise APIError(401, "the lab's control needs the teacher token: send 'Authorization: Bearer <teacher token>'",
                            "authorization", {"WWW-Authenticate": "Bearer"})
-        if not secrets.compare_digest(key, teacher_token):
+        failures.check(raw)
+        if not same_secret(key, teacher_token):
+            failures.failed(raw)
             raise APIError(403, "this is not the teacher token (--teacher-token, or the one printed at start)", "authorization")
 
     def control_state() -> dict:
@@ -280,8 +342,8 @@ def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_ke
         may_read(raw)
         queues = await llm.run_on_engine(_queues, llm.engine)
         last = hub.steps[-1] if hub.steps else None
-        return JSONResponse({**hub.header(), "queues": queues, "control": control_state(),
-                             "step": dataclasses.asdict(last) if last is not None else None})
+        return SafeJSONResponse({**hub.header(), "queues": queues, "control": control_state(),
+                                 "step": dataclasses.asdict(last) if last is not None else None})
 
     @app.get(f"{LAB_PREFIX}/session")
     async def session(raw: Request) -> Response:
@@ -289,7 +351,7 @@ def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_ke
         text = hub.run_file()
         if text is None:
             raise APIError(409, "nothing to save yet: the engine has not stepped")
-        return Response(text, media_type="application/json",
+        return Response(text.encode("utf-8"), media_type="application/json",
                         headers={"Content-Disposition": 'attachment; filename="classroom_session.json"'})
 
     @app.get(f"{LAB_PREFIX}/control")
@@ -300,10 +362,7 @@ def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_ke
     @app.post(f"{LAB_PREFIX}/control")
     async def post_control(raw: Request) -> JSONResponse:
         teacher(raw)
-        try:
-            body = json.loads(await raw.body() or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise APIError(400, f"the request body is not valid JSON: {error}", "body") from None
+        body = await read_json_body(raw, max_body_bytes, empty={})
         if not isinstance(body, dict):
             raise APIError(400, "the body must be a JSON object such as {\"action\": \"step\"}", "body")
         unknown = sorted(set(body) - {"action", "max_steps_per_s"})
@@ -339,12 +398,6 @@ def add_lab_routes(app, llm: AsyncLLM, hub: StepHub, teacher_token: str, read_ke
 def _mode_changed(llm: AsyncLLM, hub: StepHub) -> None:
     if (llm.pace_mode, llm.max_steps_per_s) != (hub.mode["mode"], hub.mode["max_steps_per_s"]):
         hub.publish_mode(llm.pace_mode, llm.max_steps_per_s)
-
-
-def _bearer(raw: Request) -> str | None:
-    scheme, _, key = raw.headers.get("authorization", "").partition(" ")
-    key = key.strip()
-    return key if scheme.lower() == "bearer" and key else None
 
 
 def _queues(engine) -> dict:

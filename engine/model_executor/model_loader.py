@@ -35,6 +35,7 @@ a change by any program that writes the file is caught for free.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.metadata
 import json
@@ -239,8 +240,15 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache should be readable like any other
     try:
         with _stage(progress, f"Converting {gguf_path.name} to float32 safetensors ({CONVERT_TIME}, once)"):
-            _save_gguf_as_hf(gguf_path, tmp)
-            _write_cache_record(tmp)
+            try:
+                _save_gguf_as_hf(gguf_path, tmp)
+                _write_cache_record(tmp)
+            except Exception as error:
+                if _disk_full(error):
+                    raise ModelLoadError(f"no space left on the disk of the cache directory {out_dir.parent} while converting "
+                                         f"{gguf_path.name}: the converted model needs about {_converted_size_mb(gguf_path)} MB "
+                                         f"free there (or set {CACHE_ENV_VAR} to a directory on a larger disk)") from None
+                raise
         if out_dir.exists() and cache_problem(out_dir) is not None:
             broken = out_dir.with_name(f".{out_dir.name}-broken-{os.getpid()}")
             with contextlib.suppress(OSError):
@@ -256,6 +264,26 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
 
 
 CONVERT_TIME = "about 1 minute on a 2-core laptop"
+
+
+def _disk_full(error: BaseException) -> bool:
+    """The error is a full disk: an OSError with ENOSPC, or safetensors' own error that wraps one
+    (its Rust writer reports "No space left on device (os error 28)")."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    return "No space left on device" in str(error) or f"os error {errno.ENOSPC})" in str(error)
+
+
+def _converted_size_mb(gguf_path: Path) -> int:
+    """A float32 copy's size, MB: 4 bytes per weight of the GGUF's tensors, plus the tokenizer's
+    few MB (SmolLM2-135M: 135 M weights, about 540 MB)."""
+    import gguf
+
+    try:
+        weights = sum(int(tensor.n_elements) for tensor in gguf.GGUFReader(str(gguf_path)).tensors)
+    except Exception:  # noqa: BLE001 - only a figure for the message: a guess from the file's size instead
+        return max(1, 6 * gguf_path.stat().st_size // 1_000_000) if gguf_path.exists() else 540
+    return 4 * weights // 1_000_000 + 5
 
 
 def _write_cache_record(directory: Path) -> None:

@@ -4,16 +4,22 @@ Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/mo
 ``GET /metrics`` (Prometheus). FastAPI on uvicorn, one :class:`~engine.entrypoints.async_llm.AsyncLLM`
 loop in the server's process.
 
-Safe by default: it binds 127.0.0.1; with API keys every /v1 route needs ``Authorization: Bearer KEY``
-(401 otherwise) and the key's name labels the request's client; each client has a cap on requests in
-flight and on the tokens they may generate (429 with ``Retry-After``); request bodies are capped (413).
+Safe by default: it binds 127.0.0.1 and, bound there, answers only requests addressed to a loopback
+name (``Host``: a DNS-rebinding page is refused); every body must be JSON sent as JSON (415
+otherwise: no cross-site "simple" POST) and at most ``--max-request-body-bytes`` (413), and no text in
+it may be unencodable. With API keys every /v1 route, /metrics and the lab's read endpoints need
+``Authorization: Bearer KEY`` (401 otherwise), the key's name is the request's client, and the
+interactive API docs are off; keys and the teacher token are compared in constant time, and an
+address that sends too many wrong ones gets 429 (engine/entrypoints/auth.py). Each client (the key's
+name, or without keys the request's ``user``) has a cap on requests in flight and on the tokens they
+may generate (429 with ``Retry-After``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import math
 import sys
 import time
 from collections import Counter
@@ -23,21 +29,25 @@ from dataclasses import dataclass, field
 import uvicorn
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from engine.entrypoints.async_llm import PACE_MODES, AsyncLLM
+from engine.entrypoints.async_llm import PACE_MODES, AsyncLLM, check_steps_per_s
+from engine.entrypoints.auth import AuthFailures, bearer, key_name, same_secret
 from engine.entrypoints.lab import (DEFAULT_VIEWER_BUFFER, StepHub, add_lab_routes, engine_info, new_teacher_token, prompt_text,
                                     run_settings)
 from engine.entrypoints.openai.metrics import ServerMetrics
-from engine.entrypoints.openai.protocol import APIError, error_body, parse_chat, parse_completion
+from engine.entrypoints.openai.protocol import APIError, error_body, parse_chat, parse_completion, read_json_body
 from engine.entrypoints.openai.serving import OpenAIServing
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
 logger = logging.getLogger("engine.serve")
 
-ANONYMOUS = "anonymous"  # the client name of every request when the server has no API keys
+ANONYMOUS = "anonymous"  # the client of a request on a server without API keys that gives no `user`
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+LOOPBACK_HOST_HEADERS = ("127.0.0.1", "localhost", "[::1]")  # the Host names a loopback-bound server answers
 
 
 @dataclass
@@ -46,7 +56,8 @@ class ServerSettings:
 
     Attributes:
         served_model_name: the ``model`` clients ask for; None = the engine's model name.
-        api_keys: key -> client name; empty = no authentication (every request is client "anonymous").
+        api_keys: key -> client name; empty = no authentication (a request's client is its ``user``,
+            "anonymous" without one).
         max_concurrent_requests_per_client: requests one client may have in flight (429 beyond).
         max_tokens_per_client: tokens (``max_tokens`` x ``n``) one client's requests in flight may
             ask for together (429 beyond; 400 for one request that asks for more on its own);
@@ -58,6 +69,8 @@ class ServerSettings:
         lab_mode: "run" (the engine steps while there is work) or "step" (only on the teacher's Step).
         lab_max_steps_per_s: run mode's speed cap, steps a second; None = full speed.
         lab_viewer_buffer: events a step-stream viewer may be behind before it is cut off.
+        default_temperature: the room's sampling: the temperature of a request that sets none
+            (0 = greedy, the default, so that a class's answers repeat; OpenAI's own default is 1.0).
     """
 
     served_model_name: str | None = None
@@ -70,6 +83,7 @@ class ServerSettings:
     lab_mode: str = "run"
     lab_max_steps_per_s: float | None = None
     lab_viewer_buffer: int = DEFAULT_VIEWER_BUFFER
+    default_temperature: float = 0.0
 
     def __post_init__(self) -> None:
         if self.teacher_token is not None and (not isinstance(self.teacher_token, str) or len(self.teacher_token.strip()) < 8
@@ -83,6 +97,11 @@ class ServerSettings:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.max_tokens_per_client is not None and (isinstance(self.max_tokens_per_client, bool) or not isinstance(self.max_tokens_per_client, int) or self.max_tokens_per_client < 1):
             raise ValueError(f"max_tokens_per_client must be a positive integer or None, got {self.max_tokens_per_client!r}")
+        if self.lab_max_steps_per_s is not None:
+            check_steps_per_s(self.lab_max_steps_per_s, "lab_max_steps_per_s")
+        t = self.default_temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < math.inf:
+            raise ValueError(f"default_temperature must be a number >= 0 (0 = greedy), got {t!r}")
 
 
 class ClientLimits:
@@ -120,11 +139,16 @@ class ClientLimits:
     def release(self, client: str, num_tokens: int) -> None:
         self.requests[client] -= 1
         self.tokens[client] -= num_tokens
+        if not self.requests[client]:  # every `user` is a client: forget the ones with nothing in flight
+            del self.requests[client], self.tokens[client]
 
 
-def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = None, host: str = "127.0.0.1") -> FastAPI:
     """The FastAPI app serving ``engine``. The engine loop starts with the app's lifespan and stops
     with it (aborting what still runs and printing a summary to stderr).
+
+    ``host`` is the address the server binds: bound to loopback, the app answers only requests
+    whose ``Host`` is a loopback name (400 otherwise; DNS rebinding).
 
     Given an :class:`~engine.EngineConfig`, the engine is built on the worker thread that steps it
     (:meth:`AsyncLLM.from_config`; faster steps on CPU, see engine/entrypoints/async_llm.py).
@@ -141,8 +165,10 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
     metrics = llm.stat_logger = ServerMetrics(model_name)
     limits = ClientLimits(settings)
     teacher_token = settings.teacher_token or new_teacher_token()
-    hub = StepHub(engine_info(engine), run_settings(engine), settings.lab_viewer_buffer)
+    hub = StepHub(engine_info(engine), run_settings(engine), settings.lab_viewer_buffer,
+                  sampling={"temperature": float(settings.default_temperature)})
     llm.step_callbacks.append(hub.publish_step)
+    auth_failures = AuthFailures()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -158,13 +184,41 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
         print(f"engine stopped: {summary['finished']} requests completed, {summary['aborted']} aborted{late}; KV pool: "
               f"{summary['num_free_blocks']} of {summary['num_blocks']} blocks free", file=sys.stderr, flush=True)
 
-    app = FastAPI(title="PagedAttention Lab engine", lifespan=lifespan)
+    keyed = bool(settings.api_keys)
+    # With keys, the interactive docs (which also load their scripts from a CDN) are off.
+    app = FastAPI(title="PagedAttention Lab engine", lifespan=lifespan, **(
+        {"docs_url": None, "redoc_url": None, "openapi_url": None} if keyed else {}))
+    if host in LOOPBACK_HOSTS:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOST_HEADERS), www_redirect=False)
     app.state.llm, app.state.metrics, app.state.settings, app.state.limits = llm, metrics, settings, limits
     app.state.shutdown_summary = None
     app.state.model_name = model_name
     app.state.hub, app.state.teacher_token = hub, teacher_token
+    app.state.auth_failures = auth_failures
     created = int(time.time())
-    add_lab_routes(app, llm, hub, teacher_token, settings.api_keys)
+    add_lab_routes(app, llm, hub, teacher_token, settings.api_keys, auth_failures, settings.max_request_body_bytes)
+
+    def authenticate(raw: Request) -> str | None:
+        """The name of the request's API key; None on a server without keys.
+
+        Raises:
+            APIError: 401 without a known ``Authorization: Bearer KEY``; 429 from an address with
+                too many wrong ones.
+        """
+        if not keyed:
+            raw.state.client = ANONYMOUS
+            return None
+        raw.state.client = "unauthenticated"
+        key = bearer(raw)
+        if key is None:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "authorization", {"WWW-Authenticate": "Bearer"})
+        auth_failures.check(raw)
+        name = key_name(key, settings.api_keys)
+        if name is None:
+            auth_failures.failed(raw)
+            raise APIError(401, "invalid API key", "authorization", {"WWW-Authenticate": "Bearer"})
+        raw.state.client = name
+        return name
 
     @app.exception_handler(APIError)
     async def api_error(raw: Request, error: APIError):
@@ -177,16 +231,26 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
 
     @app.get("/health")
     async def health() -> Response:
-        """200 while the engine loop serves; 503 once it is shutting down."""
+        """200 while the server serves. (A stop signal closes the listening socket at once, so a
+        probe then finds no server; a request already on its way while the engine drains gets 503.)"""
         return Response(status_code=503 if llm.stopping else 200)
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(raw: Request) -> Response:
+        """Prometheus' text format. With API keys it needs one (or the teacher token): it names every key's client."""
+        if keyed:
+            key = bearer(raw)
+            if key is None:
+                raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "authorization", {"WWW-Authenticate": "Bearer"})
+            auth_failures.check(raw)
+            if key_name(key, settings.api_keys) is None and not same_secret(key, teacher_token):
+                auth_failures.failed(raw)
+                raise APIError(401, "invalid API key", "authorization", {"WWW-Authenticate": "Bearer"})
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models(raw: Request) -> JSONResponse:
-        _authenticate(raw, settings)
+        authenticate(raw)
         return JSONResponse({"object": "list", "data": [{
             "id": model_name, "object": "model", "created": created, "owned_by": "pagedattention-lab",
             "root": engine.model_name, "max_model_len": engine.max_model_len}]})
@@ -200,9 +264,12 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
         return await _generate(raw, chat=True)
 
     async def _generate(raw: Request, chat: bool):
-        client = _authenticate(raw, settings)
-        body = await _read_json(raw, settings.max_request_body_bytes)
-        request = parse_chat(body) if chat else parse_completion(body)
+        key_holder = authenticate(raw)
+        body = await read_json_body(raw, settings.max_request_body_bytes)
+        parse = parse_chat if chat else parse_completion
+        request = parse(body, default_temperature=settings.default_temperature)
+        # The request's client: its API key's name (a student cannot post as another), else its `user`.
+        client = key_holder if key_holder is not None else request.user or ANONYMOUS
         if request.model is not None and request.model != model_name:
             raise APIError(404, f"the model '{request.model}' does not exist; this server serves '{model_name}'", "model")
         serving: OpenAIServing = raw.app.state.serving
@@ -212,9 +279,9 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
         limits.acquire(client, reserved, request.max_tokens_name)
         streaming = False
         try:
-            request_id = await serving.add(ids, request, max_tokens, client)
-            # The classroom's label: the request's own `user`, else its API key's name.
-            hub.note_request(request_id, request.user or client, prompt_text(request.prompt, serving.tokenizer), max_tokens)
+            # Metrics count by key (a bounded set of names), not by `user`.
+            request_id = await serving.add(ids, request, max_tokens, key_holder or ANONYMOUS)
+            hub.note_request(request_id, client, prompt_text(request.prompt, serving.tokenizer), max_tokens)
             if request.stream:
                 response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage,
                                           on_close=lambda: limits.release(client, reserved), return_token_ids=request.return_token_ids)
@@ -228,53 +295,9 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
     return app
 
 
-def _authenticate(raw: Request, settings: ServerSettings) -> str:
-    """The request's client name: the name of its API key, or "anonymous" on a server without keys.
-
-    Raises:
-        APIError: 401 without a known ``Authorization: Bearer KEY``.
-    """
-    if not settings.api_keys:
-        raw.state.client = ANONYMOUS
-        return ANONYMOUS
-    raw.state.client = "unauthenticated"
-    header = raw.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key:
-        raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", "authorization", {"WWW-Authenticate": "Bearer"})
-    name = settings.api_keys.get(key.strip())
-    if name is None:
-        raise APIError(401, "invalid API key", "authorization", {"WWW-Authenticate": "Bearer"})
-    raw.state.client = name
-    return name
-
-
-async def _read_json(raw: Request, limit: int):
-    """The body as JSON, read up to ``limit`` bytes.
-
-    Raises:
-        APIError: 413 beyond ``limit`` (said by Content-Length or found while reading), 400 when
-            the body is not JSON.
-    """
-    declared = raw.headers.get("content-length")
-    too_big = APIError(413, f"the request body is larger than {limit} bytes (--max-request-body-bytes)", "body")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in raw.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise APIError(400, f"the request body is not valid JSON: {error}", "body") from None
-
-
 def bind_warning(host: str, has_api_keys: bool) -> str | None:
     """The warning printed when ``host`` exposes the server beyond this machine (None for loopback)."""
-    if host in ("127.0.0.1", "localhost", "::1"):
+    if host in LOOPBACK_HOSTS:
         return None
     return (f"warning: binding {host} exposes the server beyond this machine"
             + ("" if has_api_keys else " with no API key: anyone who can reach it can use it (see --api-key)"))
@@ -282,19 +305,21 @@ def bind_warning(host: str, has_api_keys: bool) -> str | None:
 
 def run_server(engine: LLMEngine | EngineConfig, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
                shutdown_timeout_s: float = 30.0, log_level: str = "info") -> None:
-    """Serve until SIGINT or SIGTERM. Then no new request is taken (503), the requests that run get
+    """Serve until SIGINT or SIGTERM. Then the server stops listening (a new connection is refused,
+    as uvicorn closes its socket and its idle connections at once), the requests that run get
     ``shutdown_timeout_s`` seconds to finish, those still running are aborted (their streams end
     with an error event, their blocks are freed), and the engine's summary is printed."""
     warning = bind_warning(host, bool(settings.api_keys))
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    app = create_app(engine, settings)
+    app = create_app(engine, settings, host)
     # uvicorn's own grace period is a backstop: the drain below ends every request before it.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)
     server.hub = app.state.hub
     print(f"serving '{app.state.model_name}' on http://{host}:{port} "
-          f"(OpenAI API at /v1, metrics at /metrics, classroom lab at /lab, {settings.lab_mode} mode)", file=sys.stderr, flush=True)
+          f"(OpenAI API at /v1, metrics at /metrics, classroom lab at /lab, {settings.lab_mode} mode, "
+          f"{'greedy' if not settings.default_temperature else f'temperature {settings.default_temperature:g}'} by default)", file=sys.stderr, flush=True)
     if settings.teacher_token is None:
         print(f"teacher token (for POST /lab/control and the app's Step / Run controls): {app.state.teacher_token}",
               file=sys.stderr, flush=True)

@@ -70,9 +70,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="the token the lab's control endpoint asks for (Step, Run); default: a random one, printed at start")
     g.add_argument("--lab-mode", choices=("run", "step"), default="run",
                    help="run: the engine steps while there is work; step: only when the teacher presses Step (default: run)")
-    g.add_argument("--lab-max-steps-per-s", type=float, default=None, help="run mode's speed cap, steps a second (default: full speed)")
+    g.add_argument("--lab-max-steps-per-s", type=float, default=None,
+                   help="run mode's speed cap, steps a second, 0.1 to 1000 (default: full speed)")
     g.add_argument("--lab-viewer-buffer", type=int, default=256,
                    help="step-stream events a viewer may be behind before it is cut off (default: 256)")
+    g.add_argument("--default-temperature", type=float, default=0.0,
+                   help="the room's sampling: the temperature of a request that sets none (default: 0, greedy, so that "
+                        "answers repeat; OpenAI's own default is 1.0). A request's own temperature wins")
 
 
 def engine_config(args) -> EngineConfig:
@@ -119,7 +123,7 @@ def serve(args) -> None:
         max_concurrent_requests_per_client=args.max_concurrent_requests_per_client,
         max_tokens_per_client=args.max_tokens_per_client, max_request_body_bytes=args.max_request_body_bytes,
         teacher_token=args.teacher_token, lab_mode=args.lab_mode, lab_max_steps_per_s=args.lab_max_steps_per_s,
-        lab_viewer_buffer=args.lab_viewer_buffer,
+        lab_viewer_buffer=args.lab_viewer_buffer, default_temperature=args.default_temperature,
     )
     # a config, not an engine: the engine is built on the thread that steps it (engine/entrypoints/async_llm.py)
     run_server(engine_config(args), settings, host=args.host, port=args.port, shutdown_timeout_s=args.shutdown_timeout, log_level=args.uvicorn_log_level)

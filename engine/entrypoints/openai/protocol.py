@@ -19,14 +19,15 @@ class APIError(Exception):
     """A request refused with an HTTP status and OpenAI's error body.
 
     Args:
-        status_code: 400 (a bad field), 401, 403 (not the teacher token), 404 (unknown model), 409, 413, 429, 500, 503.
+        status_code: 400 (a bad field), 401, 403 (not the teacher token), 404 (unknown model), 409, 413, 415 (not
+            JSON), 429, 500, 503.
         message: what is wrong, naming the field and the value.
         param: the request field at fault (None when none is).
         headers: extra response headers (429's ``Retry-After``, 401's ``WWW-Authenticate``).
     """
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-             409: "conflict_error", 413: "invalid_request_error",
+             409: "conflict_error", 413: "invalid_request_error", 415: "invalid_request_error",
              429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
     def __init__(self, status_code: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
@@ -41,6 +42,11 @@ def error_body(message: str, type_: str, param: str | None, code: int | str | No
     """OpenAI's error object."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
+
+MAX_USER_CHARS = 128  # a `user` label: the classroom shows it on a projector and re-sends it to every viewer
+MAX_STOP_STRINGS = 64  # the engine looks for every stop string in the text on every step (vLLM does not cap them)
+MAX_STOP_CHARS = 4096  # all of a request's stop strings together
+JSON_CONTENT_TYPES = ("application/json",)  # and any application/*+json
 
 # Fields both endpoints read, then each endpoint's own.
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
@@ -79,7 +85,8 @@ class GenerateRequest:
         sampling: the SamplingParams fields, checked (``max_tokens`` and ``n`` apart).
         n: choices (parallel samples, paper §4.4).
         stream: send server-sent events; include_usage: end the stream with a usage chunk.
-        user: the caller's end-user id (OpenAI's field for abuse monitoring): accepted and checked, not used.
+        user: the caller's end-user id (OpenAI's field): on a server without API keys, the request's
+            client (its label in the classroom, its per-client limits); at most :data:`MAX_USER_CHARS`.
         max_tokens_name: the field ``max_tokens`` came from ("max_tokens" or "max_completion_tokens").
         return_token_ids: vLLM's extra field: each choice (each stream chunk) also carries its
             generated ``token_ids`` (a stream chunk: the ones it adds).
@@ -113,9 +120,10 @@ class GenerateRequest:
             raise APIError(400, str(error), str(error).split(" ", 1)[0]) from None
 
 
-def parse_completion(body) -> GenerateRequest:
+def parse_completion(body, default_temperature: float = 1.0) -> GenerateRequest:
     """A /v1/completions body: ``prompt`` is a string, a list of token ids, or a list of one of them.
-    ``max_tokens`` defaults to 16, OpenAI's and vLLM's default for completions.
+    ``max_tokens`` defaults to 16, OpenAI's and vLLM's default for completions; ``temperature`` to
+    ``default_temperature`` (OpenAI's 1.0; the server passes its room's sampling, ``--default-temperature``).
 
     Raises:
         APIError: 400 naming the first bad field.
@@ -133,13 +141,13 @@ def parse_completion(body) -> GenerateRequest:
             raise APIError(400, "'prompt' is empty", "prompt")
     elif not (isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt)):
         raise APIError(400, "'prompt' must be a non-empty string or a non-empty list of token ids", "prompt")
-    return _common(body, prompt, body.get("max_tokens", 16), "max_tokens")
+    return _common(body, prompt, body.get("max_tokens", 16), "max_tokens", default_temperature)
 
 
-def parse_chat(body) -> GenerateRequest:
+def parse_chat(body, default_temperature: float = 1.0) -> GenerateRequest:
     """A /v1/chat/completions body: ``messages`` of ``{"role", "content"}``, content a string or a
     list of text parts. ``max_completion_tokens`` (OpenAI's newer name) or ``max_tokens``; neither
-    = the room left in max_model_len.
+    = the room left in max_model_len. ``temperature`` defaults to ``default_temperature``.
 
     Raises:
         APIError: 400 naming the first bad field.
@@ -163,7 +171,7 @@ def parse_chat(body) -> GenerateRequest:
     if "max_completion_tokens" in body and body.get("max_tokens") is not None:
         raise APIError(400, "give 'max_completion_tokens' or 'max_tokens', not both", "max_tokens")
     name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    return _common(body, checked, body.get(name), name)
+    return _common(body, checked, body.get(name), name, default_temperature)
 
 
 def _message_text(content, where: str) -> str:
@@ -192,14 +200,14 @@ def _check_fields(body, supported: set[str]) -> None:
         raise APIError(400, f"unknown field '{name}': this server does not implement it", name)
 
 
-def _common(body: dict, prompt, max_tokens, max_tokens_name: str) -> GenerateRequest:
+def _common(body: dict, prompt, max_tokens, max_tokens_name: str, default_temperature: float = 1.0) -> GenerateRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise APIError(400, f"'model' must be a string, got {model!r}", "model")
     if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
         raise APIError(400, f"'{max_tokens_name}' must be an integer >= 1, got {max_tokens!r}", max_tokens_name)
     sampling = {}
-    temperature = _get(body, "temperature", 1.0)  # OpenAI's default
+    temperature = _get(body, "temperature", default_temperature)
     if not _is_number(temperature) or not 0 <= temperature < math.inf:
         raise APIError(400, f"'temperature' must be a number >= 0 (0 = greedy), got {temperature!r}", "temperature")
     sampling["temperature"] = float(temperature)
@@ -220,6 +228,10 @@ def _common(body: dict, prompt, max_tokens, max_tokens_name: str) -> GenerateReq
         stop = [stop]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise APIError(400, f"'stop' must be a string or a list of non-empty strings, got {stop!r}", "stop")
+    if stop and len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' holds {len(stop)} strings; this server takes at most {MAX_STOP_STRINGS}", "stop")
+    if stop and sum(map(len, stop)) > MAX_STOP_CHARS:
+        raise APIError(400, f"'stop' holds {sum(map(len, stop))} characters in all; this server takes at most {MAX_STOP_CHARS}", "stop")
     sampling["stop"] = stop or []
     ignore_eos = _get(body, "ignore_eos", False)
     if not isinstance(ignore_eos, bool):
@@ -247,6 +259,8 @@ def _common(body: dict, prompt, max_tokens, max_tokens_name: str) -> GenerateReq
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise APIError(400, f"'user' must be a string, got {user!r}", "user")
+    if user is not None and len(user) > MAX_USER_CHARS:
+        raise APIError(400, f"'user' has {len(user)} characters; at most {MAX_USER_CHARS} (it labels the request)", "user")
     return_token_ids = _get(body, "return_token_ids", False)
     if not isinstance(return_token_ids, bool):
         raise APIError(400, f"'return_token_ids' must be true or false, got {return_token_ids!r}", "return_token_ids")
@@ -264,3 +278,78 @@ def _is_int(value) -> bool:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# ---- the body ---------------------------------------------------------------------------------------
+
+
+async def read_json_body(raw, limit: int, empty=None):
+    """The request body as JSON: a JSON content type, at most ``limit`` bytes, well-formed, and every
+    string in it (keys included) encodable as UTF-8. Every endpoint that takes a body reads it here,
+    so that nothing a request carries can break what the server later sends to others.
+
+    Args:
+        raw: the Starlette request.
+        limit: the largest body, bytes.
+        empty: what an empty body stands for (None: an empty body is not JSON, 400).
+
+    Raises:
+        APIError: 415 (a body whose ``Content-Type`` is not JSON: a browser sends JSON as
+            ``text/plain`` cross-site without asking first, CORS' "simple request"), 413 beyond
+            ``limit``, 400 naming ``body`` (not JSON, nested too deeply, an integer of more digits
+            than Python parses) or the field whose text holds a lone UTF-16 surrogate.
+    """
+    declared = raw.headers.get("content-length")
+    too_big = APIError(413, f"the request body is larger than {limit} bytes (--max-request-body-bytes)", "body")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in raw.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    if not data and empty is not None:
+        return empty
+    media_type = raw.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if not (media_type in JSON_CONTENT_TYPES or (media_type.startswith("application/") and media_type.endswith("+json"))):
+        raise APIError(415, f"the request body must be JSON sent with 'Content-Type: application/json', got "
+                       f"{media_type or 'no Content-Type'!r}", "body")
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError, an integer of > 4300 digits
+        what = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        raise APIError(400, f"the request body is not valid JSON: {what}", "body") from None
+    check_text(body)
+    return body
+
+
+def check_text(value, where: str = "") -> None:
+    """Every string in a parsed JSON value (keys included) can be encoded as UTF-8.
+
+    Python's ``json`` accepts an escaped lone UTF-16 surrogate (``"\\ud800"``), which no UTF-8
+    encoder, tokenizer or JSON response takes later.
+
+    Raises:
+        APIError: 400 naming the field, e.g. ``user``, ``messages[0].content``, ``stop[2]``.
+    """
+    stack = [(value, where)]
+    while stack:  # not recursive: the value may be as deep as the JSON parser allows
+        item, path = stack.pop()
+        if isinstance(item, str):
+            _encodable(item, path or "body")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                _encodable(key, path or "body")
+                stack.append((child, f"{path}.{key}" if path else key))
+        elif isinstance(item, list):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+
+
+def _encodable(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise APIError(400, f"'{path}' holds text that cannot be encoded as UTF-8 (a lone UTF-16 surrogate, "
+                       f"{text[error.start]!r} at character {error.start})", path) from None
