@@ -839,7 +839,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
     "vllm_m_mean": ("mean KV usage", "KV 平均占用"),
-    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 1 MB，只收 JSON 格式。"),
+    "uploader_words": ("A JSON file of up to {mb} MB: a larger one is refused by the uploader before it is sent (its name turns red) and does not open.",
+                       "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 {mb} MB，只收 JSON 格式。"
+                       "更大的文件在发送前就被上传框拒收（文件名变红），不会打开。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     # lesson 3, section 4 (why memory is throughput) and its exercise's new part
