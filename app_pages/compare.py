@@ -193,7 +193,7 @@ def simulator_comparison(lang: str) -> None:
                 box.metric(label_text, value, help=t("token_share_help", lang))
             m = st.columns(3)
             m[0].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
-            m[1].metric(t("preemptions", lang), res.preemptions)
+            m[1].metric(t("preemptions_run", lang), res.preemptions)
             frame = simulation_memory_frame(res)
             st.altair_chart(memory_chart(frame, "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
             png_download(t("save_png", lang), lambda f=frame, l=system_label(label, lang): memory_figure(f, "tokens", lang, title=l),

@@ -313,7 +313,7 @@ def step_summary(report, views, lang: str) -> None:
     c[1].metric(t("scheduled", lang), len(report.scheduled))
     c[2].metric(t("tokens_processed", lang), report.num_tokens)
     c[3].metric(t("step_time", lang), f"{report.timings_ms.get('total', 0):.0f} ms")
-    c[4].metric(t("preemptions", lang), len(report.preempted))
+    c[4].metric(t("preemptions_step", lang), len(report.preempted))
     c[5].metric(t("memory_saved_by_sharing", lang), f"{getattr(report.memory, 'memory_saved_by_sharing', 0.0):.1%}",
                 help=t("memory_saved_help", lang))
     if getattr(report, "spec", None):  # speculative decoding: the step's verifications

@@ -1,16 +1,19 @@
 """One colour per request, the same everywhere: its text, its blocks, its block table, its events.
 
-The palette is Tableau's 10 categorical colours followed by their light variants (matplotlib's
-``tab20`` reordered, greys left out), so neighbouring request ids never look alike. Free memory is grey; the
+Every request colour is readable as text on white, on a projector too: a contrast ratio of at least
+3:1 (WCAG's for bold text and graphics; pastels such as tab20's light half have 1.5-2:1), and the block
+numbers drawn in dark grey on it stay legible. The first nine are Tableau's 10 categorical colours
+(greys out), the too-light ones darkened; the other nine are further hues at the same strength, each at
+least 15 CIELAB units from every other, so two requests never look alike. Free memory is grey; the
 memory categories of the paper's Figure 2 have fixed colours of their own.
 """
 
 from __future__ import annotations
 
 PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
-    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5",
-)  # tab20 without its two greys, which would look like free blocks
+    "#1f77b4", "#e8590c", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#d6338f", "#808000", "#0e8a96",
+    "#4655c4", "#b36b00", "#1b9e77", "#a5243d", "#7a3fa0", "#5b8c1a", "#c9503a", "#2f6f8f", "#b24fc4",
+)  # no grey, which would look like a free block
 FREE_COLOR = "#e6e6e6"  # a free block
 EDGE_COLOR = "#555555"  # block borders
 TOUCHED_COLOR = "#000000"  # border of a block allocated, written or freed this step

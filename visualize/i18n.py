@@ -295,6 +295,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_processed": ("Tokens processed", "处理的 token 数"),
     "step_time": ("Step time", "步耗时"),
     "preemptions": ("Preemptions", "抢占次数"),
+    "preemptions_step": ("Preemptions this step", "本步抢占次数"),
+    "preemptions_run": ("Preemptions in the run", "整个运行的抢占次数"),
     "time_per_phase": ("Time per phase (ms)", "各阶段耗时（毫秒）"),
     # separators the pages put between catalogue strings (Chinese text takes full-width punctuation)
     "sep_colon": (": ", "："),
@@ -924,7 +926,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "kv_head": ("KV head", "KV 头"),
     "query_heads": ("Query heads", "查询头"),
     "partition": ("Partition", "分区"),
-    "token_range": ("Tokens", "token 范围"),
+    "token_range": ("Token positions", "token 位置"),
+    "token_span": ("{first}–{last} ({n} tokens)", "{first}–{last}（{n} 个 token）"),
     "physical_blocks": ("Physical blocks read", "读取的物理块"),
     "context_len": ("Context length", "上下文长度"),
     # --- lessons
