@@ -695,3 +695,44 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_shared_blocks_are_drawn_as_shared_not_as_copies_in_a_browser(tiny_llama_dir):
+    """Parallel sampling, after the prompts' prefill and the forks (no copy-on-write yet): the browser
+    draws a shared block's cell in the block tables with a dotted slate border, and the legend beside
+    it explains that border and no pink one, in English and in 中文 (tiny model)."""
+    in_browser(tiny_llama_dir, shared_block_borders, "failure_shared_blocks.png")
+
+
+def shared_block_borders(page, sync_api, port, server) -> None:
+    from visualize.colors import SHARED_COLOR
+    from visualize.i18n import t
+
+    slate = "rgb({}, {}, {})".format(*(int(SHARED_COLOR[i : i + 2], 16) for i in (1, 3, 5)))
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.get_by_role("button", name="Load preset").wait_for()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
+    page.get_by_role("option", name=t("preset_parallel_sampling", "en")).click()
+    page.get_by_role("button", name="Load preset").click()
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    step = step_button(page)
+    step.wait_for(timeout=180_000)
+    step.click()
+    step_title(page, "Step 0", 300)
+    for lang in ("en", "zh"):
+        if lang == "zh":
+            page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+            step_title(page, "第 0 步", 300)
+        cells = page.locator('[data-testid="block-table-cell"]')
+        cells.first.wait_for(timeout=60_000)
+        shared = [c for c in cells.all() if re.search(r" [2-9]$", c.get_attribute("title") or "")]
+        assert shared, "the samples share their prompt's blocks"
+        for cell in shared:
+            style = cell.evaluate("e => { const s = getComputedStyle(e); return [s.borderTopStyle, s.borderTopColor]; }")
+            assert style == ["dotted", slate], (lang, cell.get_attribute("title"), style)
+            assert re.search(r"×[2-9]", cell.inner_text())
+        legend = page.locator('[data-testid="pool-legend"]').inner_text()
+        assert t("legend_shared", lang) in legend and t("legend_cow_dst", lang) not in legend, legend
+        no_exception_box(page)

@@ -20,7 +20,13 @@ TOUCHED_COLOR = "#000000"  # border of a block allocated, written or freed this 
 CACHED_COLOR = "#8fd3c7"  # prefix caching: a free block that still holds cached KV (evictable)
 HIT_COLOR = "#00695c"  # prefix caching: the dot on a block a prompt found cached this step
 EVICT_COLOR = "#b71c1c"  # prefix caching: the cross on a cached block evicted this step
-COW_COLOR = "#c2185b"  # sharing: the refcount badge and a copy-on-write's source and copy
+COW_COLOR = "#c2185b"  # copy-on-write this step: its source (dashed) and its new copy (solid)
+SHARED_COLOR = "#37474f"  # sharing: a block with refcount > 1, a dotted border and its "×n" badge
+# How each is drawn, the same in the block tables, the pool map, their legend and the PNG exports:
+# (colour, CSS border style, Vega-Lite strokeDash, matplotlib linestyle).
+SHARED_BORDER = (SHARED_COLOR, "dotted", [2, 2], ":")
+COW_SRC_BORDER = (COW_COLOR, "dashed", [4, 2], "--")
+COW_DST_BORDER = (COW_COLOR, "solid", [1, 0], "-")
 ROLLBACK_COLOR = "#e65100"  # speculative decoding: the outline of lookahead slots given back at rollback
 
 # Figure 2 categories (engine/core/accounting.py): useful memory green, waste in warm colours, free grey.
