@@ -276,6 +276,31 @@ CHARTS_DRAWN_JS = """count => [...document.querySelectorAll('[data-testid="stVeg
 SLACK_EM = 0.3
 
 
+# Every metric's and widget's text the browser cut: an element that clips its overflow (an ellipsis,
+# overflow hidden) and whose text is wider than its box, as Streamlit cuts a long metric label or a
+# select box's chosen option. Stale elements (a rerun's previous copy) are left out.
+WIDGET_TEXTS_JS = """() => {
+  const roots = document.querySelectorAll('[data-testid="stMetric"], [data-testid="stSelectbox"], [data-testid="stNumberInput"], '
+    + '[data-testid="stRadio"], [data-testid="stCheckbox"], [data-testid="stSlider"], [data-testid="stButton"]');
+  const cut = [];
+  for (const root of roots) {
+    if (root.closest('[data-stale="true"]')) continue;
+    for (const el of [root, ...root.querySelectorAll('*')]) {
+      const s = getComputedStyle(el);
+      if (!el.textContent.trim() || s.display === 'none' || s.visibility === 'hidden' || el.clientWidth === 0) continue;
+      const clips = s.textOverflow === 'ellipsis' || s.overflowX === 'hidden' || s.overflowX === 'clip';
+      if (clips && el.scrollWidth > el.clientWidth + 1) cut.push(el.textContent.trim());
+    }
+  }
+  return [...new Set(cut)];
+}"""
+
+
+def widget_text_problems(page) -> list[str]:
+    """The metrics' and widgets' texts the browser cut (labels, values, a select box's option)."""
+    return [f"cut: {text!r}" for text in page.evaluate(WIDGET_TEXTS_JS)]
+
+
 def wait_for_charts(page, count: int, timeout_s: float = 300) -> None:
     """Until the page shows ``count`` Vega charts with text in their svg (Vega draws after the page's
     text), and a moment more for the last one to finish."""
@@ -616,7 +641,8 @@ def beam_trees(page, sync_api, port, server) -> None:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_every_page_opens_by_its_url_and_the_simulator_charts_keep_their_text(tiny_llama_dir):
     """A link to any page (/live, /compare, /vllm, /kernel, /lessons) opens that page, not "Page not found";
-    and the Paged vs contiguous page's simulator charts, at the default width, cut none of their text."""
+    and the Paged vs contiguous page's simulator charts, at the default width, cut none of their text,
+    nor its metrics and widgets theirs (in English and 中文)."""
     in_browser(tiny_llama_dir, pages_by_url, "failure_pages_by_url.png")
 
 
@@ -636,6 +662,12 @@ def pages_by_url(page, sync_api, port, server) -> None:
     wait_for_charts(page, 3)  # the two memory charts and concurrent requests (the latency sweep may still run)
     no_exception_box(page)
     assert chart_text_problems(page, "en") == []
+    assert widget_text_problems(page) == []  # the metric labels and the scheduler's choice, whole
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    page.get_by_text(t("sched_rule", "zh"), exact=True).first.wait_for(timeout=180_000)
+    wait_for_charts(page, 3)
+    no_exception_box(page)
+    assert widget_text_problems(page) == []
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
@@ -736,3 +768,4 @@ def shared_block_borders(page, sync_api, port, server) -> None:
         legend = page.locator('[data-testid="pool-legend"]').inner_text()
         assert t("legend_shared", lang) in legend and t("legend_cow_dst", lang) not in legend, legend
         no_exception_box(page)
+        assert widget_text_problems(page) == [], lang  # the step's metrics ("Preemptions this step") whole

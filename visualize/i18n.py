@@ -610,8 +610,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
     "token_state_share": ("token states share", "token 状态占比"),
-    "token_share_pool": ("token states, share of the pool", "token 状态占 KV 池"),
-    "token_share_in_use": ("token states, share of memory in use", "token 状态占已用显存"),
+    "token_share_pool": ("token states / pool", "token 状态占 KV 池"),  # metric labels: short, a third of half a page
+    "token_share_in_use": ("token states / in use", "token 状态占已用显存"),
     "not_in_use": ("not in use (free)", "未使用（空闲）"),
     "token_share_help": (
         "Averaged over the run's steps. Share of the pool: token states over the whole KV pool, free memory included. "
