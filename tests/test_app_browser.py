@@ -769,3 +769,31 @@ def shared_block_borders(page, sync_api, port, server) -> None:
         assert t("legend_shared", lang) in legend and t("legend_cow_dst", lang) not in legend, legend
         no_exception_box(page)
         assert widget_text_problems(page) == [], lang  # the step's metrics ("Preemptions this step") whole
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_a_file_over_the_upload_limit_is_explained_under_the_uploader(tiny_llama_dir, tmp_path):
+    """The browser refuses a file over server.maxUploadSize before sending it (the app never sees it):
+    the line under the uploader says the limit and what that refusal looks like, in English and 中文."""
+    big = tmp_path / "session.json"
+    big.write_bytes(b'{"format": "pagedattention-lab/run", "pad": "' + b"x" * (9 << 20) + b'"}')
+    in_browser(tiny_llama_dir, lambda *args: upload_refusal(*args, big), "failure_upload_refusal.png")
+
+
+def upload_refusal(page, sync_api, port, server, big) -> None:
+    from app_pages.common import MAX_UPLOAD_MB
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text=t("open_file", "en"))
+    uploader.locator('input[type="file"]').set_input_files(str(big))
+    page.get_by_text(re.compile(rf"{MAX_UPLOAD_MB}(\.0)? ?MB or smaller")).wait_for(timeout=60_000)  # Streamlit's chip
+    page.get_by_text(t("uploader_words", "en", mb=MAX_UPLOAD_MB), exact=True).first.wait_for(timeout=10_000)
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    words = page.get_by_text(t("uploader_words", "zh", mb=MAX_UPLOAD_MB), exact=True).first
+    words.wait_for(state="attached", timeout=180_000)
+    if not words.is_visible():  # the expander, renamed, may have folded
+        page.locator('[data-testid="stExpander"] summary').filter(has_text=t("workload", "zh")).click()
+    words.wait_for(timeout=30_000)
+    no_exception_box(page)
