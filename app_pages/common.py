@@ -42,13 +42,13 @@ def html_text(text) -> str:
 
 
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
-MAX_UPLOAD_MB = 1  # .streamlit/config.toml's server.maxUploadSize: workload and run files are a few KB to 1 MB
+MAX_UPLOAD_MB = 8  # .streamlit/config.toml's server.maxUploadSize: workload files are a few KB, a 700-step class session's run file about 1 MB
 REMOTE_ENV = "PAGEDATTENTION_LAB_ALLOW_REMOTE"  # "1": serve other machines too (a teacher's own choice)
 
 
 def serving_problem() -> str | None:
     """What is wrong with how this server was started, or None: it serves this machine only (``server.address``
-    a loopback address) and takes uploads of at most 1 MB (``server.maxUploadSize``), whichever directory
+    a loopback address) and takes uploads of at most ``MAX_UPLOAD_MB`` (``server.maxUploadSize``), whichever directory
     ``streamlit run`` was started from (Streamlit reads ``.streamlit/config.toml`` next to app.py from 1.46
     on, and the working directory's too; flags and ``STREAMLIT_*`` variables override both).
     ``PAGEDATTENTION_LAB_ALLOW_REMOTE=1`` lets a teacher serve other machines on purpose."""

@@ -168,12 +168,13 @@ def simulator_comparison(lang: str) -> None:
     from engine.experiments.paper_data import SCHEDULER_RULES
 
     settings = st.session_state["settings"]
-    c = st.columns([1, 1, 1, 1, 2])
+    c = st.columns(4)
     workload = c[0].selectbox(t("sim_workload", lang), ("sharegpt", "alpaca"), key="sim_workload")
     num_requests = int(c[1].number_input(t("num_requests", lang), 10, MAX_SIM_REQUESTS, 500, step=100, key="sim_requests"))
     kv_slots = int(c[2].number_input(t("kv_slots", lang), 2048, 200_000, 15_700, step=1000, key="sim_slots"))
     reservation = c[3].selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="sim_reservation")
-    rule = localized_choice(c[4].selectbox, t("sched_rule", lang), tuple(SCHEDULER_RULES), "sim_rule", lang,
+    # A row of its own: its choices are whole phrases ("decodes first, 2,560-token budget (the paper's, vLLM 0.1)").
+    rule = localized_choice(st.selectbox, t("sched_rule", lang), tuple(SCHEDULER_RULES), "sim_rule", lang,
                             lambda k: t(f"sched_rule_{k}", lang), help=t("sched_rule_help", lang))
     st.caption(t("sched_rule_run", lang, rule=t(f"sched_rule_{rule}", lang)))
     results = {}
@@ -188,12 +189,12 @@ def simulator_comparison(lang: str) -> None:
     for col, (label, res) in zip(cols, results.items()):
         with col:
             st.markdown(f"### {system_label(label, lang)}")
-            m = st.columns(3)
-            for box, (label_text, value) in zip(m, share_metrics(res.fragmentation, lang)):
+            shares = share_metrics(res.fragmentation, lang)
+            m = st.columns(2) + st.columns(3)  # the shares two to a row: their labels stay whole in 中文 too
+            for box, (label_text, value) in zip(m, shares):
                 box.metric(label_text, value, help=t("token_share_help", lang))
-            m = st.columns(3)
-            m[0].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
-            m[1].metric(t("preemptions", lang), res.preemptions)
+            m[3].metric(t("mean_running", lang), f"{res.mean_concurrent_requests:.1f}")
+            m[4].metric(t("preemptions_run", lang), res.preemptions)
             frame = simulation_memory_frame(res)
             st.altair_chart(memory_chart(frame, "tokens", lang, height=180, legend_columns=2), width="stretch", height=280)
             png_download(t("save_png", lang), lambda f=frame, l=system_label(label, lang): memory_figure(f, "tokens", lang, title=l),

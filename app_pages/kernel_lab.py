@@ -78,13 +78,19 @@ def page() -> None:
     table = pd.DataFrame([
         {t("program_grid", lang): p["program"], t("request", lang): p["request_id"], t("kv_head", lang): p["kv_head"],
          t("query_heads", lang): ", ".join(map(str, p["query_heads"])), t("partition", lang): p["partition"],
-         t("token_range", lang): f"{p['start']}–{p['end']}", t("physical_blocks", lang): ", ".join(map(str, p["blocks"]))}
+         t("token_range", lang): token_span(p["start"], p["end"], lang), t("physical_blocks", lang): ", ".join(map(str, p["blocks"]))}
         for p in programs
     ])
     st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 300))
 
     if st.button(t("run_kernel", lang), type="primary", key="btn_kernel"):
         run_kernel(captured, splits, lang)
+
+
+def token_span(start: int, end: int, lang: str) -> str:
+    """A program's half-open token range [start, end) as the positions it reads, first and last
+    inclusive, and how many: [0, 39) is "0–38 (39 tokens)"."""
+    return t("token_span", lang, first=start, last=end - 1, n=end - start) if end > start else "–"
 
 
 def run_kernel(captured, splits: int, lang: str) -> None:

@@ -20,10 +20,12 @@ from app_pages.state import (MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_REQUESTS, cle
 from engine.report import FORK
 from visualize.beam_tree import beam_tree_spec
 from visualize.classroom import blocks_of, highlight_blocks
-from visualize.colors import COW_COLOR, EDGE_COLOR, ROLLBACK_COLOR, TOUCHED_COLOR, request_color
+from visualize.colors import (COW_DST_BORDER, COW_SRC_BORDER, EDGE_COLOR, ROLLBACK_COLOR, SHARED_BORDER, SHARED_COLOR,
+                              TOUCHED_COLOR, request_color)
 from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
-from visualize.pool import block_tables_figure, event_log_rows, free_queue_cells, pool_map_figure, pool_map_spec
+from visualize.pool import (block_tables_figure, copy_on_write_pairs, cow_sides, event_log_rows, free_queue_cells, pool_map_figure,
+                            pool_map_spec)
 from visualize.prefix import cached_and_computed
 
 
@@ -313,7 +315,7 @@ def step_summary(report, views, lang: str) -> None:
     c[1].metric(t("scheduled", lang), len(report.scheduled))
     c[2].metric(t("tokens_processed", lang), report.num_tokens)
     c[3].metric(t("step_time", lang), f"{report.timings_ms.get('total', 0):.0f} ms")
-    c[4].metric(t("preemptions", lang), len(report.preempted))
+    c[4].metric(t("preemptions_step", lang), len(report.preempted))
     c[5].metric(t("memory_saved_by_sharing", lang), f"{getattr(report.memory, 'memory_saved_by_sharing', 0.0):.1%}",
                 help=t("memory_saved_help", lang))
     if getattr(report, "spec", None):  # speculative decoding: the step's verifications
@@ -434,15 +436,16 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
         return
     rows, font = [], 20 if large else 11
     several = Counter(snap.request_id for snap in report.block_tables)
+    cow = cow_sides(report)
     for snap in report.block_tables:
         color = request_color(snap.request_id)
         refs = snap.ref_counts or [1] * len(snap.block_table)
         cells = "".join(
-            f'<span title="{t("logical_index", lang)} {i} → {t("block", lang)} {b}: {f}/{block_size}; {t("ref_count", lang)} {r}" '
-            f'style="display:inline-block;min-width:34px;margin:1px;padding:1px 3px;border:{2 if r > 1 else 1}px solid '
-            f'{COW_COLOR if r > 1 else "#555"};'
+            f'<span data-testid="block-table-cell" title="{t("logical_index", lang)} {i} → {t("block", lang)} {b}: {f}/{block_size}; '
+            f'{t("ref_count", lang)} {r}" '
+            f'style="display:inline-block;min-width:34px;margin:1px;padding:1px 3px;border:{_cell_border(r, cow.get((b, snap.seq_id)))};'
             f'background:linear-gradient(90deg,{color} {100 * f / block_size:.0f}%,{color}40 0);font-size:{font}px;text-align:center">'
-            f'<sup>{i}</sup>{b}{f"<sub>×{r}</sub>" if r > 1 else ""}</span>'
+            f'<sup>{i}</sup>{b}{f"<sub style=color:{SHARED_COLOR}>×{r}</sub>" if r > 1 else ""}</span>'
             for i, (b, f, r) in enumerate(zip(snap.block_table, snap.filled, refs))
         )
         extra = (f' <small>{t("paren", lang, text=t("slot_range", lang, start=snap.slot_range[0], end=snap.slot_range[1]))}</small>'
@@ -454,6 +457,14 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
         rows.append(f'<div><b style="color:{color}">{who}</b>{extra}{t("sep_colon", lang)}{cells}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)
     png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
+
+
+def _cell_border(ref_count: int, cow: str | None) -> str:
+    """A block table cell's CSS border, as the pool map draws the block: a copy-on-write of this step
+    (source dashed, new copy solid, pink), else shared (dotted, slate), else plain."""
+    (color, style, _, _), width = {"src": (COW_SRC_BORDER, 3), "dst": (COW_DST_BORDER, 3)}.get(
+        cow or "", (SHARED_BORDER, 2) if ref_count > 1 else (("#555555", "solid", None, None), 1))
+    return f"{width}px {style} {color}"
 
 
 def pool_view(report, block_size: int, lang: str, large: bool = False, cache: dict | None = None,
@@ -492,9 +503,11 @@ def pool_legend(report, lang: str) -> None:
     if any(s.rolled_back_slots for s in spec.values()):
         items.append((box(f"border:2.5px dashed {ROLLBACK_COLOR}"), t("legend_rolled_back", lang)))
     if any(r > 1 for snap in report.block_tables for r in snap.ref_counts):
-        items.append((f'<b style="color:{COW_COLOR};font-size:11px">×n</b>', t("legend_shared", lang)))
-        items.append((box(f"border:3px dashed {COW_COLOR}"), t("legend_cow_src", lang)))
-        items.append((box(f"border:3px solid {COW_COLOR}"), t("legend_cow_dst", lang)))
+        items.append((box(f"border:2px {SHARED_BORDER[1]} {SHARED_BORDER[0]}")
+                      + f' <b style="color:{SHARED_COLOR};font-size:11px">×n</b>', t("legend_shared", lang)))
+    if copy_on_write_pairs(report):  # only a step that copied on write: the outlines it draws
+        items.append((box(f"border:3px {COW_SRC_BORDER[1]} {COW_SRC_BORDER[0]}"), t("legend_cow_src", lang)))
+        items.append((box(f"border:3px {COW_DST_BORDER[1]} {COW_DST_BORDER[0]}"), t("legend_cow_dst", lang)))
     st.markdown('<div data-testid="pool-legend" style="font-size:0.8rem;color:#555">'
                 + " &nbsp; ".join(f"{mark} {html.escape(text)}" for mark, text in items) + "</div>", unsafe_allow_html=True)
 

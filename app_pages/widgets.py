@@ -32,11 +32,14 @@ def localized_choice(widget, label: str, options, key: str, lang: str, format_fu
 
 
 def json_uploader(container, label: str, key: str, lang: str, **kwargs):
-    """``container.file_uploader`` for one JSON file. Its button and size line ("Upload", "1MB per file
-    • JSON") are Streamlit's own English; in 中文 a caption under it says what they mean, once."""
+    """``container.file_uploader`` for one JSON file, with a line under it that gives the size limit and
+    what a file over it looks like: the browser refuses it before sending, so the app never sees it
+    (Streamlit's chip turns red). Its button and size line ("Upload", "8MB per file • JSON") are
+    Streamlit's own English; in 中文 the line says what they mean too."""
+    from app_pages.common import MAX_UPLOAD_MB
+
     upload = container.file_uploader(label, type=["json"], key=key, **kwargs)
-    if lang != "en":
-        container.caption(t("uploader_words", lang))
+    container.caption(t("uploader_words", lang, mb=MAX_UPLOAD_MB))
     return upload
 
 

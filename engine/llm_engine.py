@@ -242,12 +242,14 @@ class LLMEngine:
         """
         timer = _Timer()
         batch = self.scheduler.schedule()
-        scheduled = _scheduled_requests(batch)
         timer.lap("schedule")
         self._swap(batch)
         timer.lap("swap")
         logits = self._execute(batch)
         timer.lap("forward")
+        # After the pass (speculation picks its drafts in it), before the outputs advance any sequence.
+        drafts = {seq_id: len(proposal.draft_token_ids) for seq_id, (proposal, _) in self._spec_rows.items()}
+        scheduled = _scheduled_requests(batch, drafts)
         out = StepOutputs()
         if logits is not None:
             samples = self._sample(batch, logits)
@@ -414,6 +416,9 @@ class LLMEngine:
         for rid in dict.fromkeys([s.request_id for s in scheduled] + list(out.finished)):
             out.sharing[rid] = self.output_processor.sharing(self.requests[rid])
         swapped, cpu = self.scheduler.swapped, bool(self.num_cpu_blocks)
+        # A verification's cache keeps its newest token and the accepted drafts (the rejected ones rolled back).
+        scheduled = [dataclasses.replace(s, num_computed_tokens=s.num_computed_tokens + out.spec[s.request_id].accepted)
+                     if s.phase == "decode" and s.request_id in out.spec else s for s in scheduled]
         return StepReport(
             step=self.step_index, phase=batch.phase, scheduled=scheduled,
             new_token_ids=out.new_token_ids, new_text=out.new_text, finished=out.finished,
@@ -471,13 +476,19 @@ def _rate(spec: dict) -> tuple[float, float]:
     return (accepted / proposed if proposed else 0.0), ((accepted + len(spec)) / len(spec) if spec else 0.0)
 
 
-def _scheduled_requests(batch: SchedulerOutput) -> list[ScheduledRequest]:
-    """Each scheduled sequence's share of the step, as the report shows it (before it is computed)."""
+def _scheduled_requests(batch: SchedulerOutput, drafts: dict[int, int]) -> list[ScheduledRequest]:
+    """Each scheduled sequence's share of the step, as the report shows it (before its outputs are
+    processed): the query tokens the forward pass computed for it. ``drafts``: seq_id -> the draft
+    tokens a speculating sequence was verified over this step; its decode computes its newest token
+    and those drafts, 1 + drafts query tokens, its last one attending to ``num_tokens + drafts``."""
     scheduled = []
     for s in batch.prefill_seqs:
         n = batch.num_tokens_of(s)
         scheduled.append(ScheduledRequest(s.request_id, "prefill", n, s.num_computed_tokens + n, s.num_computed_tokens + n, s.num_tokens))
-    return scheduled + [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens, s.num_tokens) for s in batch.decode_seqs]
+    for s in batch.decode_seqs:
+        k = drafts.get(s.seq_id, 0)
+        scheduled.append(ScheduledRequest(s.request_id, "decode", 1 + k, s.num_tokens + k, s.num_tokens))
+    return scheduled
 
 
 def _eos_token_ids(config, tokenizer) -> set[int]:

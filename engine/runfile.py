@@ -26,8 +26,8 @@ tool (e.g. a replay on real vLLM). The file is plain JSON, UTF-8::
 - Keys this version does not know are ignored on load (a newer writer may add some), so a reader
   never fails on a field added later; a wrong type or value of a known key is an error naming it.
 
-A **run file** (format ``"pagedattention-lab/run"``, version 1) is a whole run, to replay it later
-without the model: the same ``settings`` and ``requests`` as a workload file, plus
+A **run file** (format ``"pagedattention-lab/run"``, version 2; version 1 is read too) is a whole run,
+to replay it later without the model: the same ``settings`` and ``requests`` as a workload file, plus
 
 - ``engine``: ``model_name``, ``block_size`` (slots per block), ``num_blocks``, ``bytes_per_slot``
   (bytes of one token's K and V over all layers);
@@ -37,6 +37,20 @@ without the model: the same ``settings`` and ``requests`` as a workload file, pl
   objects, dict keys become strings). Fields added to StepReport later are written the same way;
   on load, fields the reader's StepReport does not have are ignored, and missing ones take their
   defaults (a missing field without a default is an error).
+
+Version 2 writes the same steps about four times smaller (a 400-step run of 35 requests: 2.6 MB in
+version 1, 0.6 MB), so that a class session fits an upload:
+
+- a field equal to its default is left out (an event's empty fields, a decode's 0 prefill tokens);
+- ``columns`` (top level) names, for each list of records in a step (``scheduled``, ``events``,
+  ``block_tables``, ``cpu_block_tables``), the order of their fields; each record is then a row of
+  values in that order, the trailing defaults left out;
+- each step after the first is a delta of the one before: ``same`` lists the fields equal to the
+  previous step's (``memory``, ``free_queue``, ...); a block table's ``keep`` says how many of its first
+  entries (block, filled, refcount) equal the previous step's table of the same sequence, and only
+  the rest follows; ``cached_free`` is written as ``cached_free_added`` and ``cached_free_removed``.
+
+Version 1 files hold every step whole, as ``dataclasses.asdict`` writes it.
 
 Every size a file states is checked against what the file itself holds before anything is built from
 it: a run's pool (``engine.num_blocks``) has at most :data:`MAX_RUN_BLOCKS` blocks and no more blocks than
@@ -64,7 +78,8 @@ from engine.config import DEFAULT_MODEL
 
 WORKLOAD_FORMAT = "pagedattention-lab/workload"
 RUN_FORMAT = "pagedattention-lab/run"
-VERSION = 1
+VERSION = 1  # a workload file's (the classroom server's stream of full steps says this one too)
+RUN_VERSION = 2  # a run file's: version 2 writes each step lean and as a delta of the one before
 
 SETTINGS_DEFAULTS: dict = {
     "model": DEFAULT_MODEL,
@@ -107,6 +122,9 @@ MAX_TOKENS_LIMIT = 1 << 20  # a request's max_tokens
 MAX_FILE_BYTES = 64 << 20  # a file is read up to this size (the app's uploads stop at 1 MB)
 MAX_JSON_DEPTH = 64  # the files nest 5 levels; deeper JSON is refused before it is parsed
 MAX_RUN_BLOCKS = 1 << 16  # blocks in a run's pool (the app's pools have at most 512)
+# Entries a version-2 run's steps take from the steps before them, in all: a class session of 5,000
+# steps takes about a million; a small file naming a long table again in every step stops here.
+MAX_COPIED_ITEMS = 1 << 22
 MAX_BLOCK_SIZE = SETTING_LIMITS["block_size"]
 
 
@@ -162,12 +180,196 @@ ENGINE_KEYS = ("model_name", "block_size", "num_blocks", "bytes_per_slot")
 
 
 def run_json(run: Run) -> str:
-    """The run as the JSON text of a version-1 run file (module docstring)."""
+    """The run as the JSON text of a version-2 run file: each step lean and as a delta of the one
+    before (module docstring)."""
     data = _workload_dict(run.workload, RUN_FORMAT)
+    data["version"] = RUN_VERSION
     data["engine"] = {k: run.engine[k] for k in ENGINE_KEYS}
     data["prompts"] = {str(k): v for k, v in run.prompts.items()}
-    data["steps"] = [dataclasses.asdict(r) for r in run.steps]
+    columns = _columns()
+    data["columns"] = {k: [c for c, _ in cols] for k, cols in columns.items()}
+    data["steps"], previous = [], None
+    for report in run.steps:
+        step = _lean(report)
+        data["steps"].append(_as_rows(_step_delta(step, previous), columns))
+        previous = step
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+# ---- version 2: lean steps, each a delta of the one before ---------------------------------------
+
+SAME = "same"  # a version-2 step's list of fields equal to the previous step's
+KEEP = "keep"  # a version-2 block table's first entries, equal to the previous step's table of that sequence
+_SAME_FIELDS = ("memory", "cpu_memory", "prefix_cache", "free_queue", "swapped", "cpu_block_tables", "sharing")
+_TABLE_LISTS = ("block_table", "filled", "ref_counts")
+
+
+# The step fields that are lists of records: each record written as a row of values, in an order of
+# columns the file states once (``columns``); the fields named here first, any others after them.
+_ROW_ORDER = {
+    "scheduled": ("request_id", "phase", "num_tokens", "context_len", "num_computed_tokens", "num_prefill_tokens"),
+    "events": ("kind", "request_id", "block_id", "slot", "position", "logical_index", "seq_id", "detail"),
+    "block_tables": ("request_id", "seq_id", KEEP, "block_table", "filled", "ref_counts", "index"),
+    "cpu_block_tables": ("request_id", "seq_id", KEEP, "block_table", "filled", "ref_counts", "index"),
+}
+
+
+def _columns() -> dict[str, list[tuple[str, object]]]:
+    """Per row field of a step, its columns as (name, JSON default); :data:`KEEP` defaults to None (absent)."""
+    from engine.report import StepReport
+
+    hints = typing.get_type_hints(StepReport)
+    out = {}
+    for name, first in _ROW_ORDER.items():
+        record = typing.get_args(hints[name])[0]
+        defaults = {KEEP: None}
+        for f in dataclasses.fields(record):
+            defaults[f.name] = _lean(f.default if f.default is not dataclasses.MISSING else
+                                     f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out[name] = [(c, defaults[c]) for c in first] + [(c, d) for c, d in defaults.items() if c not in first]
+    return out
+
+
+def _as_rows(step: dict, columns: dict) -> dict:
+    """A step's record lists as rows of values in ``columns``' order, trailing defaults left out."""
+    out = dict(step)
+    for name, cols in columns.items():
+        if name in step:
+            out[name] = [_row(record, cols) for record in step[name]]
+    return out
+
+
+def _row(record: dict, cols: list[tuple[str, object]]) -> list:
+    row = [record.get(c, default) for c, default in cols]
+    while row and row[-1] == cols[len(row) - 1][1]:
+        row.pop()
+    return row
+
+
+def _from_rows(step, columns: dict[str, list[str]]):
+    """A version-2 step's rows back as records (a name with the value None is left out)."""
+    if not isinstance(step, dict):
+        return step
+    out = dict(step)
+    for name, cols in columns.items():
+        if name in step:
+            out[name] = [dict((c, v) for c, v in zip(cols, _expect(row, list)) if v is not None) for row in _expect(step[name], list)]
+    return out
+
+
+def _lean(value):
+    """``dataclasses.asdict`` without the fields that equal their defaults (the reader's
+    :func:`from_json` puts them back)."""
+    if dataclasses.is_dataclass(value):
+        out = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if default is dataclasses.MISSING or v != default:
+                out[f.name] = _lean(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_lean(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _lean(v) for k, v in value.items()}
+    return value
+
+
+def _step_delta(step: dict, previous: dict | None) -> dict:
+    """``step`` (a lean StepReport) as written: fields equal to ``previous``'s listed under
+    :data:`SAME`, each block table as its change from the same sequence's table in ``previous``,
+    ``cached_free`` as the blocks that became cached (``cached_free_added``) and stopped being
+    (``cached_free_removed``). :func:`_step_from_delta` undoes it."""
+    if previous is None:
+        return step
+    out = dict(step)
+    same = [k for k in _SAME_FIELDS if step.get(k) == previous.get(k) and k in previous]
+    for k in same:
+        del out[k]
+    if same:
+        out[SAME] = same
+    before = {(t["request_id"], t.get("seq_id")): t for t in previous.get("block_tables", [])}
+    out["block_tables"] = [_table_delta(t, before.get((t["request_id"], t.get("seq_id")))) for t in step["block_tables"]]
+    old, new = previous.get("cached_free", {}), step.get("cached_free", {})
+    out.pop("cached_free", None)
+    added = {b: h for b, h in new.items() if old.get(b) != h}
+    removed = [int(b) for b in old if b not in new]
+    if added:
+        out["cached_free_added"] = added
+    if removed:
+        out["cached_free_removed"] = removed
+    return out
+
+
+def _table_delta(table: dict, before: dict | None) -> dict:
+    """A block table as its first :data:`KEEP` entries' count (equal to ``before``'s) and the rest."""
+    if before is None:
+        return table
+    if bool(table.get("ref_counts")) != bool(before.get("ref_counts")):
+        return table
+    lists = [(table.get(k, []), before.get(k, [])) for k in _TABLE_LISTS if table.get(k) or before.get(k)]
+    keep = 0
+    while all(keep < len(a) and keep < len(b) and a[keep] == b[keep] for a, b in lists):
+        keep += 1
+    if not keep:
+        return table
+    out = {k: v for k, v in table.items() if k not in _TABLE_LISTS}
+    out[KEEP] = keep
+    for k in _TABLE_LISTS:
+        if table.get(k):
+            out[k] = table[k][keep:]
+    return out
+
+
+def _step_from_delta(step, previous: dict | None, copied: list[int]) -> dict:
+    """A version-2 step in full lean form, from what the file holds and the previous step's full form.
+    ``copied``: a one-item counter of the list and object entries taken from previous steps so far.
+
+    Raises:
+        ValueError: a delta that names something the previous step does not have, or a run whose
+            steps would take more than :data:`MAX_COPIED_ITEMS` entries from the steps before them
+            (a small file must not unfold into a huge run).
+    """
+    if not isinstance(step, dict):
+        raise ValueError(f"an object expected, got {type(step).__name__}")
+    if previous is None:
+        if any(k in step for k in (SAME, "cached_free_added", "cached_free_removed")) or any(
+                isinstance(t, dict) and KEEP in t for t in _expect(step.get("block_tables", []), list)):
+            raise ValueError("the first step cannot refer to a previous one")
+        return step
+    out = {k: v for k, v in step.items() if k not in (SAME, "cached_free_added", "cached_free_removed")}
+    for k in _expect(step.get(SAME, []), list):
+        if k not in _SAME_FIELDS:
+            raise ValueError(f"{short_repr(k)} in \"{SAME}\" is not one of {', '.join(_SAME_FIELDS)}")
+        if k in previous:
+            out[k] = previous[k]
+            copied[0] += len(previous[k]) if isinstance(previous[k], (list, dict)) else 1
+    before = {(t.get("request_id"), t.get("seq_id")): t for t in previous.get("block_tables", [])}
+    tables = []
+    for table in _expect(step.get("block_tables", []), list):
+        if isinstance(table, dict) and KEEP in table:
+            old = before.get((table.get("request_id"), table.get("seq_id")))
+            keep = table[KEEP]
+            if old is None or not _is_int(keep) or keep > len(old.get("block_table", [])):
+                raise ValueError(f"block_tables: request {short_repr(table.get('request_id'))}: "
+                                 f"\"{KEEP}\" {short_repr(keep)} names entries the previous step does not have")
+            copied[0] += keep * len(_TABLE_LISTS)
+            table = {**{k: v for k, v in table.items() if k != KEEP},
+                     **{k: old.get(k, [])[:keep] + _expect(table.get(k, []), list) for k in _TABLE_LISTS if old.get(k) or table.get(k)}}
+        tables.append(table)
+    out["block_tables"] = tables
+    cached = {k: v for k, v in previous.get("cached_free", {}).items()}
+    copied[0] += len(cached)
+    if copied[0] > MAX_COPIED_ITEMS:
+        raise ValueError(f"the steps so far take over {MAX_COPIED_ITEMS:,} entries from the steps before them "
+                         "(more than a run this lab saves)")
+    for b in _expect(step.get("cached_free_removed", []), list):
+        cached.pop(str(b), None)
+    cached.update(_expect(step.get("cached_free_added", {}), dict))
+    if cached:
+        out["cached_free"] = cached
+    return out
 
 
 def load_run(source: str | Path | bytes, name: str | None = None) -> Run:
@@ -229,9 +431,15 @@ def _run(data: dict, name: str, size: int) -> Run:
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise RunFileError(f"{name}: \"steps\" must be a non-empty list of step reports")
-    reports = []
+    columns = data.get("columns", {}) if data["version"] >= 2 else {}
+    if not isinstance(columns, dict) or not all(k in _ROW_ORDER and isinstance(v, list) and all(isinstance(c, str) for c in v)
+                                                for k, v in columns.items()):
+        raise RunFileError(f"{name}: \"columns\" must map {', '.join(_ROW_ORDER)} to lists of field names")
+    reports, previous, copied = [], None, [0]
     for i, step in enumerate(steps):
         try:
+            if data["version"] >= 2:
+                step = previous = _step_from_delta(_from_rows(step, columns), previous, copied)
             report = from_json(StepReport, step)
             _check_step(report, block_size, num_blocks)
         except (TypeError, ValueError, KeyError) as error:
@@ -464,8 +672,9 @@ def _check_header(data: dict, fmt: str, name: str) -> None:
     version = data.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise RunFileError(f"{name}: bad \"version\" {version!r} (a positive integer expected)")
-    if version > VERSION:
-        raise RunFileError(f"{name}: version {version} was written by a newer PagedAttention Lab; this one reads version {VERSION}")
+    newest = RUN_VERSION if fmt == RUN_FORMAT else VERSION
+    if version > newest:
+        raise RunFileError(f"{name}: version {version} was written by a newer PagedAttention Lab; this one reads version {newest}")
 
 
 def _workload(data: dict, name: str) -> Workload:

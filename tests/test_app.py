@@ -48,6 +48,7 @@ def test_step_run_and_reset(app: AppTest):
     assert subheaders(app) == ["Step 0"]
     m = metrics(app)
     assert m["Phase"] == "prefill" and m["Requests scheduled"] == "4" and int(m["Tokens processed"]) > 4
+    assert m["Preemptions this step"] == "0"  # this step's, not the run's (Paged vs contiguous shows the run's)
     assert "· 1 tok" in request_html(app)  # every request sampled its first token
     events = app.dataframe[-1].value
     assert {"allocate", "write"} <= set(events["Event"])
@@ -73,7 +74,7 @@ def test_language_switch(app: AppTest):
     assert app.button(key="btn_step").label == "单步"
     assert app.title[0].value == "PagedAttention 实验室"
     app.button(key="btn_step").click().run()
-    assert metrics(app)["阶段"] == "预填充"
+    assert metrics(app)["阶段"] == "预填充" and metrics(app)["本步抢占次数"] == "0"
     assert subheaders(app) == ["第 0 步"]
 
 
@@ -723,6 +724,22 @@ def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
         diffs = {m.label: float(m.value) for m in app.metric if m.label.startswith("max |kernel")}
         assert len(diffs) == 2 and max(diffs.values()) < 1e-4, (name, diffs)  # against the reference and the engine
         _open_page(app, "")  # the default page (Live engine)
+
+
+def test_kernel_lab_gives_each_program_its_token_positions_first_to_last(app: AppTest):
+    """A program reads the half-open range [start, end) of its sequence's tokens: shown as the first and
+    the last position it reads and how many ("0–38 (39 tokens)" for 39 tokens, not "0–39")."""
+    import re
+
+    app.button(key="btn_step").click().run()
+    report = app.session_state["reports"][-1]
+    _open_page(app, "kernel")
+    assert not app.exception, [e.value for e in app.exception]
+    reads = app.dataframe[0].value
+    context = {s.request_id: s.context_len for s in report.scheduled}
+    for request, shown in zip(reads["Request"], reads["Token positions"]):
+        first, last, n = map(int, re.fullmatch(r"(\d+)–(\d+) \((\d+) tokens\)", shown).groups())
+        assert (first, last, n) == (0, context[request] - 1, context[request])  # one split: the whole context
 
 
 @pytest.mark.parametrize("name", list(PRESETS))

@@ -276,6 +276,31 @@ CHARTS_DRAWN_JS = """count => [...document.querySelectorAll('[data-testid="stVeg
 SLACK_EM = 0.3
 
 
+# Every metric's and widget's text the browser cut: an element that clips its overflow (an ellipsis,
+# overflow hidden) and whose text is wider than its box, as Streamlit cuts a long metric label or a
+# select box's chosen option. Stale elements (a rerun's previous copy) are left out.
+WIDGET_TEXTS_JS = """() => {
+  const roots = document.querySelectorAll('[data-testid="stMetric"], [data-testid="stSelectbox"], [data-testid="stNumberInput"], '
+    + '[data-testid="stRadio"], [data-testid="stCheckbox"], [data-testid="stSlider"], [data-testid="stButton"]');
+  const cut = [];
+  for (const root of roots) {
+    if (root.closest('[data-stale="true"]')) continue;
+    for (const el of [root, ...root.querySelectorAll('*')]) {
+      const s = getComputedStyle(el);
+      if (!el.textContent.trim() || s.display === 'none' || s.visibility === 'hidden' || el.clientWidth === 0) continue;
+      const clips = s.textOverflow === 'ellipsis' || s.overflowX === 'hidden' || s.overflowX === 'clip';
+      if (clips && el.scrollWidth > el.clientWidth + 1) cut.push(el.textContent.trim());
+    }
+  }
+  return [...new Set(cut)];
+}"""
+
+
+def widget_text_problems(page) -> list[str]:
+    """The metrics' and widgets' texts the browser cut (labels, values, a select box's option)."""
+    return [f"cut: {text!r}" for text in page.evaluate(WIDGET_TEXTS_JS)]
+
+
 def wait_for_charts(page, count: int, timeout_s: float = 300) -> None:
     """Until the page shows ``count`` Vega charts with text in their svg (Vega draws after the page's
     text), and a moment more for the last one to finish."""
@@ -616,7 +641,8 @@ def beam_trees(page, sync_api, port, server) -> None:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_every_page_opens_by_its_url_and_the_simulator_charts_keep_their_text(tiny_llama_dir):
     """A link to any page (/live, /compare, /vllm, /kernel, /lessons) opens that page, not "Page not found";
-    and the Paged vs contiguous page's simulator charts, at the default width, cut none of their text."""
+    and the Paged vs contiguous page's simulator charts, at the default width, cut none of their text,
+    nor its metrics and widgets theirs (in English and 中文)."""
     in_browser(tiny_llama_dir, pages_by_url, "failure_pages_by_url.png")
 
 
@@ -636,6 +662,12 @@ def pages_by_url(page, sync_api, port, server) -> None:
     wait_for_charts(page, 3)  # the two memory charts and concurrent requests (the latency sweep may still run)
     no_exception_box(page)
     assert chart_text_problems(page, "en") == []
+    assert widget_text_problems(page) == []  # the metric labels and the scheduler's choice, whole
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    page.get_by_text(t("sched_rule", "zh"), exact=True).first.wait_for(timeout=180_000)
+    wait_for_charts(page, 3)
+    no_exception_box(page)
+    assert widget_text_problems(page) == []
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
@@ -695,3 +727,73 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_shared_blocks_are_drawn_as_shared_not_as_copies_in_a_browser(tiny_llama_dir):
+    """Parallel sampling, after the prompts' prefill and the forks (no copy-on-write yet): the browser
+    draws a shared block's cell in the block tables with a dotted slate border, and the legend beside
+    it explains that border and no pink one, in English and in 中文 (tiny model)."""
+    in_browser(tiny_llama_dir, shared_block_borders, "failure_shared_blocks.png")
+
+
+def shared_block_borders(page, sync_api, port, server) -> None:
+    from visualize.colors import SHARED_COLOR
+    from visualize.i18n import t
+
+    slate = "rgb({}, {}, {})".format(*(int(SHARED_COLOR[i : i + 2], 16) for i in (1, 3, 5)))
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    page.get_by_role("button", name="Load preset").wait_for()
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Classroom preset").click()
+    page.get_by_role("option", name=t("preset_parallel_sampling", "en")).click()
+    page.get_by_role("button", name="Load preset").click()
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    step = step_button(page)
+    step.wait_for(timeout=180_000)
+    step.click()
+    step_title(page, "Step 0", 300)
+    for lang in ("en", "zh"):
+        if lang == "zh":
+            page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+            step_title(page, "第 0 步", 300)
+        cells = page.locator('[data-testid="block-table-cell"]')
+        cells.first.wait_for(timeout=60_000)
+        shared = [c for c in cells.all() if re.search(r" [2-9]$", c.get_attribute("title") or "")]
+        assert shared, "the samples share their prompt's blocks"
+        for cell in shared:
+            style = cell.evaluate("e => { const s = getComputedStyle(e); return [s.borderTopStyle, s.borderTopColor]; }")
+            assert style == ["dotted", slate], (lang, cell.get_attribute("title"), style)
+            assert re.search(r"×[2-9]", cell.inner_text())
+        legend = page.locator('[data-testid="pool-legend"]').inner_text()
+        assert t("legend_shared", lang) in legend and t("legend_cow_dst", lang) not in legend, legend
+        no_exception_box(page)
+        assert widget_text_problems(page) == [], lang  # the step's metrics ("Preemptions this step") whole
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_a_file_over_the_upload_limit_is_explained_under_the_uploader(tiny_llama_dir, tmp_path):
+    """The browser refuses a file over server.maxUploadSize before sending it (the app never sees it):
+    the line under the uploader says the limit and what that refusal looks like, in English and 中文."""
+    big = tmp_path / "session.json"
+    big.write_bytes(b'{"format": "pagedattention-lab/run", "pad": "' + b"x" * (9 << 20) + b'"}')
+    in_browser(tiny_llama_dir, lambda *args: upload_refusal(*args, big), "failure_upload_refusal.png")
+
+
+def upload_refusal(page, sync_api, port, server, big) -> None:
+    from app_pages.common import MAX_UPLOAD_MB
+    from visualize.i18n import t
+
+    open_app(page, sync_api, port, server)
+    page.locator('[data-testid="stExpander"] summary').filter(has_text="Workload").click()
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text=t("open_file", "en"))
+    uploader.locator('input[type="file"]').set_input_files(str(big))
+    page.get_by_text(re.compile(rf"{MAX_UPLOAD_MB}(\.0)? ?MB or smaller")).wait_for(timeout=60_000)  # Streamlit's chip
+    page.get_by_text(t("uploader_words", "en", mb=MAX_UPLOAD_MB), exact=True).first.wait_for(timeout=10_000)
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    words = page.get_by_text(t("uploader_words", "zh", mb=MAX_UPLOAD_MB), exact=True).first
+    words.wait_for(state="attached", timeout=180_000)
+    if not words.is_visible():  # the expander, renamed, may have folded
+        page.locator('[data-testid="stExpander"] summary').filter(has_text=t("workload", "zh")).click()
+    words.wait_for(timeout=30_000)
+    no_exception_box(page)

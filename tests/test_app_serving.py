@@ -1,4 +1,4 @@
-"""The app serves this machine only, with 1 MB uploads, wherever it is started from (.streamlit/config.toml
+"""The app serves this machine only, with uploads of at most MAX_UPLOAD_MB, wherever it is started from (.streamlit/config.toml
 next to app.py, read by Streamlit >= 1.46; and the app's own check when a start overrides it)."""
 
 from __future__ import annotations

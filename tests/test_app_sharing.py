@@ -13,6 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages.state import MODEL_ENV
+from visualize.colors import COW_COLOR, SHARED_COLOR
 from visualize.i18n import t
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -59,8 +60,20 @@ def test_parallel_sampling_preset_shows_shared_blocks_and_the_saving(app: AppTes
         assert row.startswith(f"{t('request', lang)} 0 · {sample}"), row
     assert "×4" in html, "a refcount of 4 on the shared prompt blocks"
     legend = "".join(m.value for m in app.markdown if "pool-legend" in m.value)
-    assert t("legend_shared", lang) in legend and t("legend_cow_src", lang) in legend, "the badge and borders explained"
-    step(app, 2)
+    assert t("legend_shared", lang) in legend, "the badge and the dotted border explained"
+    assert t("legend_cow_src", lang) not in legend, "no copy-on-write this step: no pink outline to explain"
+    cells = re.findall(r'<span data-testid="block-table-cell" title="[^"]*; [^"]* (\d+)" style="[^"]*border:([^;]*);', html)
+    shared = {border for ref, border in cells if int(ref) > 1}
+    assert shared == {f"2px dotted {SHARED_COLOR}"}, "a shared block is dotted slate, not a copy's pink"
+    assert COW_COLOR not in html
+    step(app)  # the first decode: each sample writes into the shared last prompt block, copying it
+    report = app.session_state["reports"][-1]
+    assert any(e.kind == "copy_on_write" for e in report.events)
+    html = block_table_html(app)
+    legend = "".join(m.value for m in app.markdown if "pool-legend" in m.value)
+    assert t("legend_cow_src", lang) in legend and t("legend_cow_dst", lang) in legend
+    assert f"3px solid {COW_COLOR}" in html and f"3px dashed {COW_COLOR}" in html, "this step's copies and their source"
+    step(app)
     request = _request_block(app, 0)
     labels = re.findall(r'<small style="color:#888">([^<]*)</small> <span[^>]*data-testid="sequence-text">', request)
     assert labels == [t("sample_label", lang, index=i) for i in range(4)], "one line per sample"

@@ -82,6 +82,10 @@ def test_the_preset_speculates_and_the_pool_map_shows_tentative_and_given_back_s
     # the counters: the step's acceptance rate and accepted length, as the report has them
     assert metrics["Acceptance rate"] == f"{report.spec_acceptance_rate:.0%}"
     assert metrics["Mean accepted length"] == f"{report.spec_mean_accepted_length:.2f}"
+    # Tokens processed: the step's query tokens, 1 + drafts per verifying request (10 for the two at k = 4)
+    writes = sum(1 for e in report.events if e.kind == "write")
+    assert int(metrics["Tokens processed"]) == writes == sum(1 + len(o.proposed) for o in report.spec.values()) + sum(
+        1 for s in report.scheduled if s.request_id not in report.spec)
     html = "".join(m.value for m in at.markdown if "request-spec" in m.value)
     o = next(iter(report.spec.values()))
     assert f"acceptance rate (accepted ÷ proposed) {o.acceptance_rate:.0%}" in html and f"{o.mean_accepted_length:.2f} tokens per step" in html

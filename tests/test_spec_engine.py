@@ -304,3 +304,36 @@ def test_triton_backend_verifies_the_same(tiny_llama_dir):
     engine = make(SpeculativeConfig("ngram", 3))
     ours, _ = run(engine, prompts, params)
     assert ours == plain and engine.spec.stats.verifications > 0
+
+
+def test_a_verification_counts_every_query_token_it_computes(tiny_family, monkeypatch):
+    """A verification step computes the newest token and its k drafts, 1 + k query tokens per request:
+    the report's scheduled tokens (the app's "Tokens processed"), its WRITE events and the cost
+    model's verification shape all count them."""
+    from engine.report import WRITE
+    from engine.sim.cost_model import speculative_step_shape
+    from engine.tools.calibrate import shape_of_report
+
+    directory, loaded, prompts, expected = tiny_family
+    k = 3
+    engine = LLMEngine(EngineConfig(model=str(directory), dtype="float64", block_size=4, num_gpu_blocks=64,
+                                    speculative_config=SpeculativeConfig("ngram", k)), loaded_model=loaded)
+    full = prompts[0] + expected[0]
+    # One right draft, then two wrong ones: 3 drafts verified, 1 accepted.
+    monkeypatch.setattr(engine.spec.ngram, "propose", lambda ids, n: full[len(ids) : len(ids) + 1] + [1, 2]
+                        if n >= k and len(ids) + k < len(full) else [])
+    rid = engine.add_request(prompts[0], SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    seen = 0
+    while engine.has_unfinished_requests():
+        before = engine.requests[rid].seqs[0].num_tokens
+        report = engine.step()
+        if rid not in report.spec:
+            continue
+        seen += 1
+        (scheduled,) = report.scheduled
+        writes = [e for e in report.events if e.kind == WRITE]
+        assert scheduled.phase == "decode" and scheduled.num_tokens == 1 + k == report.num_tokens == len(writes)
+        assert scheduled.context_len == before + k == max(e.position for e in writes) + 1
+        assert scheduled.num_computed_tokens == before + report.spec[rid].accepted
+        assert shape_of_report(report, 4) == speculative_step_shape(1, before - 1, k, 4)
+    assert seen >= 4

@@ -261,3 +261,48 @@ def test_memory_chart_axis_ends_at_the_last_step(paged):
     chart = memory_chart(memory_frame(reports)).to_dict()
     scale = chart["encoding"]["x"]["scale"]
     assert scale["domain"] == [reports[0].step - 0.5, reports[-1].step + 0.5] and scale["nice"] is False
+
+
+def _luminance(color: str) -> float:
+    """WCAG 2 relative luminance of ``#rrggbb``."""
+    def channel(c: int) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (int(color[i : i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def _contrast(a: str, b: str) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def _lab(color: str) -> tuple[float, float, float]:
+    """CIELAB (D65) of ``#rrggbb``."""
+    def channel(c: int) -> float:
+        c /= 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+    r, g, b = (channel(int(color[i : i + 2], 16)) for i in (1, 3, 5))
+    x, y, z = ((0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+               (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883)
+    f = lambda v: v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116  # noqa: E731
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def test_every_request_colour_is_readable_on_white_and_unlike_the_others():
+    """A request's text is drawn in its colour on white, a block number in dark grey on it (a projector
+    washes pale colours out): WCAG's 3:1 for bold text and graphics against white, 2:1 against the
+    numbers; and any two requests at least 15 CIELAB units apart."""
+    import itertools
+    import math
+
+    from visualize.colors import FREE_COLOR, request_color
+
+    colors = [request_color(i) for i in range(40)]  # a class of 35 requests and more
+    for i, color in enumerate(colors):
+        assert _contrast(color, "#ffffff") >= 3, f"request {i}: {color} on white"
+        assert _contrast(color, "#222222") >= 2, f"request {i}: block numbers on {color}"
+    distinct = sorted(set(colors))
+    assert FREE_COLOR not in distinct
+    for a, b in itertools.combinations(distinct, 2):
+        assert math.dist(_lab(a), _lab(b)) >= 15, f"{a} and {b} look alike"

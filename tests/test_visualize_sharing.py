@@ -60,6 +60,34 @@ def test_pool_map_shows_refcounts_holders_and_the_copy_on_write(engine, lang):
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
+def test_sharing_and_copy_on_write_are_drawn_apart_in_the_map_and_the_pngs(engine, lang):
+    """A shared block (refcount > 1) is dotted slate with its ×n in every view; only this step's
+    copy-on-write is pink (source dashed, copy solid): the pool map, and both PNG exports."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from visualize.colors import COW_COLOR, SHARED_COLOR
+    from visualize.pool import block_tables_figure, pool_map_figure
+
+    _, reports = run(engine, SamplingParams(n=3, max_tokens=3, temperature=1.0, seed=1))
+    forked, copied = reports[0], reports[1]
+    spec = pool_map_spec(forked, 4, lang)
+    strokes = {(layer["mark"].get("stroke"), str(layer["mark"].get("strokeDash"))) for layer in spec["layer"]
+               if layer.get("transform") and "ref_count > 1" in layer["transform"][0].get("filter", "")}
+    assert strokes == {(SHARED_COLOR, "[2, 2]")}
+    for report, cow in ((forked, False), (copied, True)):
+        for fig in (pool_map_figure(report, 4, lang), block_tables_figure(report, 4, lang)):
+            ax = fig.axes[0]
+            borders = {(to_hex(p.get_edgecolor()), p.get_linestyle()) for p in ax.patches}
+            texts = [x.get_text() for x in ax.texts]
+            assert (SHARED_COLOR, ":") in borders and "×3" in texts, "shared: dotted slate and its refcount"
+            assert ((COW_COLOR, "--") in borders and (COW_COLOR, "-") in borders) == cow, "pink only for a copy this step"
+            legend = [x.get_text() for x in ax.get_legend().get_texts()]
+            assert t("legend_shared", lang) in legend and (t("legend_cow_dst", lang) in legend) == cow
+            plt.close(fig)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
 def test_beam_tree_shows_forks_and_pruned_branches_returning_blocks(engine, lang):
     request_id, reports = run(engine, BeamSearchParams(beam_width=3, max_tokens=8))
     nodes, edges = beam_tree_rows(reports, request_id)

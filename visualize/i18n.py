@@ -305,6 +305,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_processed": ("Tokens processed", "处理的 token 数"),
     "step_time": ("Step time", "步耗时"),
     "preemptions": ("Preemptions", "抢占次数"),
+    "preemptions_step": ("Preemptions this step", "本步抢占次数"),
+    "preemptions_run": ("Preemptions in the run", "整个运行的抢占次数"),
     "time_per_phase": ("Time per phase (ms)", "各阶段耗时（毫秒）"),
     # separators the pages put between catalogue strings (Chinese text takes full-width punctuation)
     "sep_colon": (": ", "："),
@@ -447,7 +449,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "每格是一个物理块，颜色表示占用它的请求（空闲为灰色）。深色条是已填充部分。鼠标悬停查看详情。",
     ),
     "legend_touched": ("black border: allocated, written or freed this step", "黑框：本步分配、写入或释放的块"),
-    "legend_shared": ("×n: n sequences share the block (its reference count)", "×n：n 个序列共享这个块（它的引用计数）"),
+    "legend_shared": ("dotted grey border and ×n: n sequences share the block (its reference count; nothing is copied)",
+                      "灰色点线框和 ×n：n 个序列共享这个块（它的引用计数；没有复制）"),
     "legend_cow_src": ("pink dashed: a shared block copied on write this step (the source)", "粉色虚线框：本步写时复制的共享块（源块）"),
     "legend_cow_dst": ("pink solid: the new copy", "粉色实线框：新的副本"),
     "legend_tentative": ("pale, dashed: lookahead slots that held draft tokens this step (tentative until verified)",
@@ -619,8 +622,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "tokens_per_step": ("tokens / step", "token / 步"),
     "mean_running": ("mean running requests", "平均运行请求数"),
     "token_state_share": ("token states share", "token 状态占比"),
-    "token_share_pool": ("token states, share of the pool", "token 状态占 KV 池"),
-    "token_share_in_use": ("token states, share of memory in use", "token 状态占已用显存"),
+    "token_share_pool": ("token states / pool", "token 状态占 KV 池"),  # metric labels: short, a third of half a page
+    "token_share_in_use": ("token states / in use", "token 状态占已用显存"),
     "not_in_use": ("not in use (free)", "未使用（空闲）"),
     "token_share_help": (
         "Averaged over the run's steps. Share of the pool: token states over the whole KV pool, free memory included. "
@@ -851,7 +854,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "vllm_m_preemptions": ("preemptions", "抢占次数"),
     "vllm_m_peak": ("peak KV usage", "KV 占用峰值"),
     "vllm_m_mean": ("mean KV usage", "KV 占用均值"),
-    "uploader_words": ("“Upload” opens a JSON file of up to 1 MB.", "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 1 MB，只收 JSON 格式。"),
+    "uploader_words": ("A JSON file of up to {mb} MB: a larger one is refused by the uploader before it is sent (its name turns red) and does not open.",
+                       "上传框里的英文是 Streamlit 自带的：“Upload（上传）”是上传按钮；“per file（每个文件）”一行表示每个文件不超过 {mb} MB，只收 JSON 格式。"
+                       "更大的文件在发送前就被上传框拒收（文件名变红），不会打开。"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     # lesson 3, section 4 (why memory is throughput) and its exercise's new part
@@ -934,7 +939,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "kv_head": ("KV head", "KV 头"),
     "query_heads": ("Query heads", "查询头"),
     "partition": ("Partition", "分区"),
-    "token_range": ("Tokens", "token 范围"),
+    "token_range": ("Token positions", "token 位置"),
+    "token_span": ("{first}–{last} ({n} tokens)", "{first}–{last}（{n} 个 token）"),
     "physical_blocks": ("Physical blocks read", "读取的物理块"),
     "context_len": ("Context length", "上下文长度"),
     # --- lessons

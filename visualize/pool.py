@@ -15,8 +15,8 @@ from matplotlib.patches import Rectangle
 from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, PREEMPTED_BY_SWAP,
                            RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SPEC_ACCEPT, SPEC_PROPOSE, SPEC_REJECT, SWAP_IN,
                            SWAP_OUT, WRITE, StepReport)
-from visualize.colors import (CACHED_COLOR, COW_COLOR, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR, ROLLBACK_COLOR,
-                              TOUCHED_COLOR, request_color)
+from visualize.colors import (CACHED_COLOR, COW_DST_BORDER, COW_SRC_BORDER, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR,
+                              ROLLBACK_COLOR, SHARED_BORDER, SHARED_COLOR, TOUCHED_COLOR, request_color)
 from visualize.i18n import finish_reason_text, t
 from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
 from visualize.style import as_svg, use_cjk_font
@@ -38,6 +38,20 @@ def touched_blocks(report: StepReport) -> set[int]:
 def copy_on_write_pairs(report: StepReport) -> list[tuple[int, int, int | None]]:
     """The step's copy-on-writes as ``(src block, dst block, sequence)`` (paper §4.4, Figure 8)."""
     return [(e.block_id, e.dst_block_id, e.seq_id) for e in report.events if e.kind == COPY_ON_WRITE]
+
+
+def cow_sides(report: StepReport) -> dict[tuple[int, int | None], str]:
+    """A block table's entries in this step's copy-on-writes, ``(block, seq_id)`` -> "src" or "dst":
+    the new copy in the table of the sequence that wrote, the source in the tables still holding it."""
+    sides: dict[tuple[int, int | None], str] = {}
+    sources = {src for src, _, _ in copy_on_write_pairs(report)}
+    for snap in report.block_tables:
+        for b in snap.block_table:
+            if b in sources:
+                sides[(b, snap.seq_id)] = "src"
+    for _, dst, seq in copy_on_write_pairs(report):
+        sides[(dst, seq)] = "dst"
+    return sides
 
 
 def speculative_slots(report: StepReport, block_size: int) -> dict[int, dict[str, list[int]]]:
@@ -187,11 +201,14 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"transform": [{"filter": "datum.touched"}],
          "mark": {"type": "rect", "fillOpacity": 0, "stroke": TOUCHED_COLOR, "strokeWidth": 2.5},
          "encoding": {**box, "tooltip": tooltip}},
-        # copy-on-write this step: the source dashed, the new copy solid, both in the COW colour (a dash
-        # per layer, not a strokeDash scale: layers share scales, and the swap marks add one too)
-        *({"transform": [{"filter": f"datum.cow == '{side}'"}],
-           "mark": {"type": "rect", "fillOpacity": 0, "stroke": COW_COLOR, "strokeWidth": 3, "strokeDash": dash},
-           "encoding": {**box, "tooltip": tooltip}} for side, dash in (("src", [4, 2]), ("dst", [1, 0]))),
+        # shared (refcount > 1): a dotted border; copy-on-write this step: the source dashed, the new copy
+        # solid, both in the COW colour (a dash per layer, not a strokeDash scale: layers share scales,
+        # and the swap marks add one too)
+        *({"transform": [{"filter": test}],
+           "mark": {"type": "rect", "fillOpacity": 0, "stroke": color, "strokeWidth": width, "strokeDash": dash},
+           "encoding": {**box, "tooltip": tooltip}}
+          for test, (color, _, dash, _), width in (("datum.ref_count > 1 && !datum.cow", SHARED_BORDER, 2),
+                                                    ("datum.cow == 'src'", COW_SRC_BORDER, 3), ("datum.cow == 'dst'", COW_DST_BORDER, 3))),
         # speculative decoding: the drafts' lookahead slots, tentative, as a pale dashed band over their
         # slot range; the slots given back at rollback outlined (dashed, in the rollback colour)
         {"transform": [{"filter": "datum.tentative_count > 0"}],
@@ -203,7 +220,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         # shared (refcount > 1): a "×n" badge in the block's corner
         {"transform": [{"filter": "datum.badge != ''"}, {"calculate": f"datum.x + {CELL_W - 0.05}", "as": "bx"},
                        {"calculate": "datum.y + 0.22", "as": "by"}],
-         "mark": {"type": "text", "fontSize": 8, "fontWeight": "bold", "align": "right", "color": COW_COLOR},
+         "mark": {"type": "text", "fontSize": 8, "fontWeight": "bold", "align": "right", "color": SHARED_COLOR},
          "encoding": {"x": {**x, "field": "bx"}, "y": {**y, "field": "by"}, "text": {"field": "badge", "type": "nominal"},
                       "tooltip": tooltip}},
         # prefix caching this step: a dot on a block hit, a cross on a block evicted (with the legend)
@@ -255,6 +272,7 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W * cell.filled / block_size, CELL_H, facecolor=cell.color))
         if cell.touched:
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, fill=False, edgecolor=TOUCHED_COLOR, lw=2))
+        _share_marks(ax, cell.x, cell.y, cell.ref_count, cell.cow, lang)
         if cell.tentative_count:  # speculative decoding: the drafts' slots hatched, those given back outlined
             ax.add_patch(Rectangle((cell.tentative_x, cell.y), cell.tentative_x2 - cell.tentative_x, CELL_H, facecolor="white",
                                    alpha=0.5, hatch="///", edgecolor=EDGE_COLOR, lw=0.8, ls="--", label=t("legend_tentative", lang)))
@@ -279,6 +297,19 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
     return fig
 
 
+def _share_marks(ax, x: float, y: float, ref_count: int, cow: str | None, lang: str) -> None:
+    """A block's sharing drawn on a matplotlib cell as on the app's: a copy-on-write's source dashed and
+    its copy solid (pink), else a shared block dotted (slate); a shared block's "×n" in its corner."""
+    border = {"src": (COW_SRC_BORDER, "legend_cow_src"), "dst": (COW_DST_BORDER, "legend_cow_dst")}.get(cow or "")
+    if border is None and ref_count > 1:
+        border = (SHARED_BORDER, "legend_shared")
+    if border is not None:
+        (color, _, _, style), key = border
+        ax.add_patch(Rectangle((x, y), CELL_W, CELL_H, fill=False, edgecolor=color, lw=2, ls=style, label=t(key, lang)))
+    if ref_count > 1:
+        ax.text(x + CELL_W - 0.04, y + 0.2, f"×{ref_count}", ha="right", va="center", fontsize=6, fontweight="bold", color=SHARED_COLOR)
+
+
 def block_table_rows(report: StepReport) -> list[dict]:
     """One row per (request, logical block): request_id, logical_index, physical_block, filled."""
     return [
@@ -289,7 +320,8 @@ def block_table_rows(report: StepReport) -> list[dict]:
 
 
 def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", ax=None):
-    """Each live request's block table as a row of boxes: logical index above, physical block inside."""
+    """Each live request's block table as a row of boxes: logical index above, physical block inside;
+    shared blocks and this step's copy-on-writes outlined as in the app (``_share_marks``), with a legend."""
     use_cjk_font()
     snaps = report.block_tables
     width = max((len(s.block_table) for s in snaps), default=1)
@@ -298,12 +330,18 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
         fig, ax = plt.subplots(figsize=(1.2 + 0.7 * width, 0.6 + 0.6 * max(len(snaps), 1)))
     else:
         fig = ax.figure
+    cow = cow_sides(report)
     for row, snap in enumerate(snaps):
         color = request_color(snap.request_id)
         ax.text(-0.2, row + 0.4, f"{t('request', lang)} {snap.request_id}", ha="right", va="center", color=color, fontsize=9)
-        for i, (b, f) in enumerate(zip(snap.block_table, snap.filled)):
+        refs = snap.ref_counts or [1] * len(snap.block_table)
+        for i, (b, f, r) in enumerate(zip(snap.block_table, snap.filled, refs)):
             ax.add_patch(Rectangle((i, row), 0.9, 0.8, facecolor=color, alpha=0.25 + 0.75 * f / block_size, edgecolor=EDGE_COLOR))
+            _share_marks(ax, i, row, r, cow.get((b, snap.seq_id)), lang)
             ax.text(i + 0.45, row + 0.4, str(b), ha="center", va="center", fontsize=8)
+    handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
+    if handles:
+        ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), frameon=False, fontsize=8, ncol=1)
     ax.set_xlim(-2.5, width)
     ax.set_ylim(max(len(snaps), 1), -0.5)
     ax.set_xticks([i + 0.45 for i in range(width)], [str(i) for i in range(width)])

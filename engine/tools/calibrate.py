@@ -18,6 +18,8 @@ The fit is kept in the user cache (``engine.sim.cost_model.calibration_path()``)
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import platform
 import time
@@ -79,10 +81,17 @@ def prediction_error(model: CostModel, shapes: list[StepShape], seconds: list[fl
 
 
 def shape_of_report(report, block_size: int | None) -> StepShape:
-    """A real engine step's :class:`StepShape`, from its StepReport's scheduled requests."""
-    prefills = [(r.num_tokens, r.context_len) for r in report.scheduled if r.phase == "prefill"]
-    decodes = [r.context_len for r in report.scheduled if r.phase == "decode"]
-    return StepShape.of_batch(prefills, decodes, block_size)
+    """A real engine step's :class:`StepShape`, from its StepReport's scheduled requests.
+
+    A speculative verification (a decode of 1 + k query tokens) is prefill-shaped work over its
+    cached context, as :func:`~engine.sim.cost_model.speculative_step_shape` models it."""
+    verifying = [r for r in report.scheduled if r.phase == "decode" and r.num_tokens > 1]
+    prefills = [(r.num_tokens, r.context_len) for r in report.scheduled if r.phase == "prefill" or r in verifying]
+    decodes = [r.context_len for r in report.scheduled if r.phase == "decode" and r not in verifying]
+    shape = StepShape.of_batch(prefills, decodes, block_size)
+    if not verifying:
+        return shape
+    return dataclasses.replace(shape, cached_context=sum(r.context_len - r.num_tokens for r in verifying))
 
 
 def run_engine(engine, prompts: list, max_tokens: list[int]) -> tuple[list[StepShape], list[float], float, list[float]]:
