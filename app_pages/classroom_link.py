@@ -46,6 +46,7 @@ class Follower:
     reports: list = field(default_factory=list)
     requests: dict = field(default_factory=dict)  # request id -> {"client", "prompt", "max_tokens"}
     engine: dict = field(default_factory=dict)  # the run file's engine object
+    settings: dict = field(default_factory=dict)  # the run file's settings object: the server's engine settings
     mode: dict = field(default_factory=dict)
     error: str | None = None
     connected: bool = False
@@ -106,7 +107,7 @@ class Follower:
     def _on(self, event: str | None, data: dict) -> None:
         if event == "hello":
             with self._lock:
-                self.engine, self.mode = data["engine"], data["mode"]
+                self.engine, self.settings, self.mode = data["engine"], data.get("settings") or {}, data["mode"]
                 self.requests.update({int(k): v for k, v in data["requests"].items()})
             self._catch_up(data["next_step"])
             self.connected, self.error = True, None
