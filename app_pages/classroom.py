@@ -168,6 +168,9 @@ def server_sidebar(room: Classroom, lang: str) -> None:
     follower = room.follower
     if follower is None:
         return
+    deadline = time.monotonic() + 5  # just attached: the stream's hello brings them in a moment (the sidebar
+    while not follower.settings and follower.error is None and time.monotonic() < deadline:  # is not redrawn every second)
+        time.sleep(0.05)
     _, _, engine, _ = follower.view()
     settings = follower.settings
     sb = st.sidebar

@@ -222,7 +222,7 @@ def start_server(port: int, token: str, flags: list[str], log_dir: Path) -> Serv
     log = log_dir / f"classroom_server_{port}.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "engine", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--teacher-token", token, "--lab-mode", "step", "--uvicorn-log-level", "warning", *flags]
+               f"--teacher-token={token}", "--lab-mode", "step", "--uvicorn-log-level", "warning", *flags]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     server = ServerProcess(port, token, process, log)
