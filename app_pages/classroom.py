@@ -29,7 +29,7 @@ from app_pages import live
 from app_pages.classroom_link import SPEEDS, Follower, ServerProcess, control, start_server, wait_ready
 from app_pages.common import html_text, plain
 from visualize.classroom import qr_svg
-from visualize.i18n import t
+from visualize.i18n import CATALOGUE, t
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -125,7 +125,7 @@ def local_browser() -> bool:
 
 
 def held_token() -> str | None:
-    """The teacher token this browser holds: typed in this session, or kept in its cookie."""
+    """The teacher token this browser holds: typed on this page since it was opened, or kept in its cookie."""
     return st.session_state.get("lab_token") or kept_token()
 
 
@@ -179,18 +179,22 @@ def server_sidebar(room: Classroom, lang: str) -> None:
         sb.caption(t("server_engine_waiting", lang))
         return
     sb.caption(t("server_engine_help", lang))
-    yes_no = lambda v: t("yes" if v else "no", lang)  # noqa: E731
-    allocator = settings.get("allocator", "paged")
-    prefix = settings.get("enable_prefix_caching")
+    def yes_no(value) -> str:
+        return t("yes" if value else "no", lang)
+
+    def choice(key: str, value) -> str:  # a run file's choice, in words where the catalogue has them
+        return t(f"{key}_{value}", lang) if f"{key}_{value}" in CATALOGUE else value
+
+    allocator, prefix = settings.get("allocator", "paged"), settings.get("enable_prefix_caching")
     rows = [
         (t("model", lang), engine.get("model_name")),
         (t("block_size", lang), engine.get("block_size")),
         (t("pool_blocks", lang), engine.get("num_blocks")),
-        (t("allocator", lang), t(f"allocator_{allocator}", lang) if allocator in ("paged", "contiguous") else allocator),
+        (t("allocator", lang), choice("allocator", allocator)),
         (t("prefix_caching", lang), yes_no(allocator == "paged" if prefix is None else prefix)),
         (t("backend", lang), settings.get("attention_backend")),
         (t("max_batch", lang), settings.get("max_num_seqs")),
-        (t("preemption_mode", lang), t(f"preemption_{settings.get('preemption_mode', 'recompute')}", lang)),
+        (t("preemption_mode", lang), choice("preemption", settings.get("preemption_mode", "recompute"))),
         (t("chunked_prefill", lang), yes_no(settings.get("enable_chunked_prefill"))),
     ]
     if settings.get("enable_chunked_prefill") and settings.get("max_num_batched_tokens"):

@@ -197,6 +197,7 @@ def test_the_teacher_keeps_control_across_reloads_and_only_the_teacher(tiny_llam
                 heading(student, "发送请求")
                 student.get_by_role("textbox", name="你的名字").wait_for(timeout=30_000)
                 student.get_by_placeholder("向模型提个问题").wait_for(timeout=30_000)
+                assert student.get_by_text("Page not found").count() == 0
                 assert student.locator('[data-testid="stSidebarNav"]').count() == 0, "the teacher's pages are listed"
                 sidebar = student.locator('[data-testid="stSidebar"]')
                 assert sidebar.count() == 0 or "引擎设置" not in sidebar.inner_text()
