@@ -16,7 +16,7 @@ import torch
 
 from app_pages import beside_vllm, classroom, compare, kernel_lab, lessons, live, send
 from app_pages.common import refuse_unsafe_serving
-from app_pages.sidebar import engine_settings, language
+from app_pages.sidebar import engine_settings, language, student_mode
 from app_pages.state import torch_threads
 from visualize.i18n import t
 
@@ -25,19 +25,30 @@ torch.set_num_threads(torch_threads())  # every rerun: cheap, and each script ru
 
 lang = language()
 refuse_unsafe_serving(lang)  # this machine only, 1 MB uploads: wherever `streamlit run` was started from
-settings = engine_settings(lang)
-st.session_state["settings"] = settings
-
-pages = [
-    # The default page is served at the root ("/"); /live opens the same page (hidden from the menu), so
-    # every page is reachable by its URL path.
-    st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="home", default=True),
-    st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="live", visibility="hidden"),
-    st.Page(compare.page, title=t("page_compare", lang), icon=":material/compare:", url_path="compare"),
-    st.Page(beside_vllm.page, title=t("page_vllm", lang), icon=":material/difference:", url_path="vllm"),
-    st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),
-    st.Page(lessons.page, title=t("page_lessons", lang), icon=":material/menu_book:", url_path="lessons"),
-    st.Page(classroom.page, title=t("page_classroom", lang), icon=":material/co_present:", url_path="classroom"),
-    st.Page(send.page, title=t("page_send", lang), icon=":material/send:", url_path="send"),
-]
-st.navigation(pages).run()
+room = classroom.classroom()  # made at the app's first visit, which prints the teacher token in the terminal
+if student_mode():  # the classroom's join link: the Send page only, no other page, no engine settings
+    st.navigation([st.Page(send.page, title=t("page_send", lang), icon=":material/send:", url_path="home", default=True),
+                   st.Page(send.page, title=t("page_send", lang), icon=":material/send:", url_path="send")],
+                  position="hidden").run()
+else:
+    pages = [
+        # The default page is served at the root ("/"); /live opens the same page (hidden from the menu), so
+        # every page is reachable by its URL path.
+        st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="home", default=True),
+        st.Page(live.page, title=t("page_live", lang), icon=":material/view_module:", url_path="live", visibility="hidden"),
+        st.Page(compare.page, title=t("page_compare", lang), icon=":material/compare:", url_path="compare"),
+        st.Page(beside_vllm.page, title=t("page_vllm", lang), icon=":material/difference:", url_path="vllm"),
+        st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),
+        st.Page(lessons.page, title=t("page_lessons", lang), icon=":material/menu_book:", url_path="lessons"),
+        st.Page(classroom.page, title=t("page_classroom", lang), icon=":material/co_present:", url_path="classroom"),
+        st.Page(send.page, title=t("page_send", lang), icon=":material/send:", url_path="send"),
+    ]
+    page = st.navigation(pages)
+    if page.url_path == "classroom" and room.follower is not None:
+        # The attached server's engine first; this browser's own settings (the Live engine page's) folded under it.
+        classroom.server_sidebar(room, lang)
+        settings = engine_settings(lang, st.sidebar.expander(t("own_settings", lang)))
+    else:
+        settings = engine_settings(lang)
+    st.session_state["settings"] = settings
+    page.run()

@@ -47,6 +47,7 @@ class Follower:
     reports: list = field(default_factory=list)
     requests: dict = field(default_factory=dict)  # request id -> {"client", "prompt", "max_tokens"}
     engine: dict = field(default_factory=dict)  # the run file's engine object
+    settings: dict = field(default_factory=dict)  # the run file's settings object: the server's engine settings
     mode: dict = field(default_factory=dict)
     sampling: dict = field(default_factory=dict)  # the room's: {"temperature"} of a request that sets none
     error: str | None = None
@@ -108,7 +109,7 @@ class Follower:
     def _on(self, event: str | None, data: dict) -> None:
         if event == "hello":
             with self._lock:
-                self.engine, self.mode = data["engine"], data["mode"]
+                self.engine, self.settings, self.mode = data["engine"], data.get("settings") or {}, data["mode"]
                 self.sampling = data.get("sampling") or {}
                 self.requests.update({int(k): v for k, v in data["requests"].items()})
             self._catch_up(data["next_step"])
@@ -226,7 +227,7 @@ def start_server(port: int, token: str, flags: list[str], log_dir: Path | None =
     log = log_dir / f"classroom_server_{port}.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "engine", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--teacher-token", token, "--lab-mode", "step", "--uvicorn-log-level", "warning", *flags]
+               f"--teacher-token={token}", "--lab-mode", "step", "--uvicorn-log-level", "warning", *flags]
     with open(log, "wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     server = ServerProcess(port, token, process, log)

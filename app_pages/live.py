@@ -246,13 +246,16 @@ def finished_beams(llm, request_ids) -> dict[int, list]:
 
 
 def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str, caches: dict | None = None,
-              final_beams: dict | None = None, labels: dict[int, str] | None = None, highlight: set[int] | None = None) -> None:
+              final_beams: dict | None = None, labels: dict[int, str] | None = None, highlight: set[int] | None = None,
+              fold_finished: bool = False) -> None:
     """The step the replay slider points at (the newest by default): summary, texts, pool, tables, memory, events.
 
     ``caches``: step -> ``PrefixCache.entries()`` after it (the live engine's; a saved run has none).
     ``final_beams``: finished beam searches' hypotheses (see ``replay.request_views``).
     ``labels``: request id -> its client's name (a classroom server's requests); ``highlight``:
-    request ids whose blocks are outlined on the pool map (a student's own)."""
+    request ids whose blocks are outlined on the pool map (a student's own); ``fold_finished``: the
+    desk layout lists finished requests folded under the others (a class's many requests would push
+    the block tables screens down)."""
     at = replay_index(reports, lang)
     report, views = reports[at], request_views(prompts, reports, at, final_beams)
     split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
@@ -271,7 +274,11 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
     else:
         left, right = st.columns([1, 1.2])
         with left:
-            requests_text(views, lang, split, labels, spec)
+            done = [v for v in views if fold_finished and v.status == "finished"]
+            requests_text([v for v in views if not (fold_finished and v.status == "finished")], lang, split, labels, spec)
+            if done:
+                with st.expander(t("finished_requests", lang, n=len(done))):
+                    requests_text(done, lang, split, labels, spec, heading=False)
             swap_panel.prefill_bars(reports, at, lang)
             block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         with right:
@@ -353,11 +360,12 @@ def spec_per_request(reports) -> dict[int, dict]:
 
 
 def requests_text(views, lang: str, split: dict | None = None, labels: dict[int, str] | None = None,
-                  spec: dict | None = None) -> None:
+                  spec: dict | None = None, heading: bool = True) -> None:
     """Each request's reply so far, in its colour; the prompt in grey; with prefix caching (``split``:
     request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached;
     with speculative decoding (``spec``: :func:`spec_per_request`) its drafts and acceptance."""
-    st.markdown(f"**{t('requests', lang)}**")
+    if heading:
+        st.markdown(f"**{t('requests', lang)}**")
     parts = []
     for v in views:
         color = request_color(v.request_id)

@@ -15,13 +15,32 @@ MIB = 1 << 20
 
 
 def language() -> str:
-    """The language radio (kept in session_state["lang"])."""
-    return st.sidebar.radio("Language / 语言", LANGUAGES, format_func=LANGUAGE_NAMES.get, key="lang", horizontal=True)
+    """The language radio (kept in session_state["lang"]). A session starts in the language of its
+    link (``?lang=zh``, as the classroom's join link carries it), on whichever page it opens; the
+    link of a page in another language than English says it too, so a reload or a copied address
+    keeps it."""
+    state, query = st.session_state, st.query_params
+    if "lang" not in state:
+        asked = query.get("lang")
+        state["lang"] = asked if asked in LANGUAGES else LANGUAGES[0]
+    lang = st.sidebar.radio("Language / 语言", LANGUAGES, format_func=LANGUAGE_NAMES.get, key="lang", horizontal=True)
+    if query.get("lang", LANGUAGES[0]) != lang:
+        query["lang"] = lang
+    return lang
 
 
-def engine_settings(lang: str) -> Settings:
-    """Every engine knob of the sidebar, as a :class:`Settings`."""
-    sb = st.sidebar
+def student_mode() -> bool:
+    """The session came by the classroom's join link (``?mode=student``): it sees the Send page only,
+    without the teacher's pages and engine settings, for the rest of the session."""
+    state = st.session_state
+    if st.query_params.get("mode") == "student":
+        state["student_mode"] = True
+    return bool(state.get("student_mode"))
+
+
+def engine_settings(lang: str, sb=None) -> Settings:
+    """Every engine knob of the sidebar (or of ``sb``, a container in it), as a :class:`Settings`."""
+    sb = sb if sb is not None else st.sidebar
     sb.header(t("settings", lang))
     sb.caption(t("settings_help", lang))
     start = default_model()

@@ -234,6 +234,7 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
     UI text left; the Send page shows the shared pool."""
     from streamlit.testing.v1 import AppTest
 
+    from app_pages import classroom as classroom_page
     from app_pages.classroom import classroom
     from app_pages.classroom_link import session_clients
     from app_pages.state import MODEL_ENV
@@ -278,15 +279,18 @@ def test_classroom_and_send_pages_attached_in_chinese(server, tiny_llama_dir, cp
         assert not at.exception, [e.value for e in at.exception]
         assert at.title[0].value == "发送请求" and untranslated(_texts(at)) == []
         assert "回答为贪心解码（温度 0）" in _texts(at)
-        # Another browser (a student's): the view without controls, until the teacher token is typed.
+        # A browser on another machine (a student's): the view without controls, until the teacher token is typed.
+        monkeypatch.setattr(classroom_page, "local_browser", lambda: False)
         other = AppTest.from_file(APP, default_timeout=60)
         other.run()
         _open_page(other, "classroom")
         assert "Step" not in [b.label for b in other.main.button] and 'request-client">dora<' in _texts(other)
+        assert "Detach" not in [b.label for b in other.main.button]
         other.text_input(key="lab_token_entry").set_value("not-the-token").run()
         assert "Step" not in [b.label for b in other.main.button] and other.main.error
         other.text_input(key="lab_token_entry").set_value(TEACHER).run()
         assert not other.exception and [b.label for b in other.main.button][:4] == ["Detach", "Step", "Pause", "Run"]
+        monkeypatch.setattr(classroom_page, "local_browser", lambda: True)
         # The saved session replays on the Live engine page like any run, each request with its client.
         raw = httpx.get(f"{base}/lab/session").content
         at.session_state["loaded_run"], at.session_state["loaded_run_name"] = load_run(raw, name="s.json"), "s.json"
@@ -367,3 +371,118 @@ def test_a_server_the_app_started_stops_when_the_app_exits(tiny_llama_dir, tmp_p
                timeout=40, what="the app's server to stop")
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def _finished_request(base: str, engine, user: str) -> None:
+    """A request from ``user``, stepped (step mode) until it finished."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+    asker = threading.Thread(target=lambda: client.completions.create(model=engine.model_name, prompt="Hi", max_tokens=2,
+                                                                       user=user, extra_body={"ignore_eos": True}), daemon=True)
+    before = httpx.get(f"{base}/lab/control").json()["num_requests"]
+    asker.start()
+    wait_until(lambda: httpx.get(f"{base}/lab/control").json()["num_requests"] == before + 1, what=f"{user}'s request")
+    while asker.is_alive() and control(base, action="step")["stepped"]:
+        pass
+    asker.join(10)
+
+
+def _app(tiny_llama_dir, monkeypatch, query: dict | None = None):
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.state import MODEL_ENV
+    from tests.test_app import APP
+
+    monkeypatch.setenv(MODEL_ENV, str(tiny_llama_dir))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params.update(query or {})
+    return at.run()
+
+
+def test_only_the_teacher_attaches_or_starts_a_server(tiny_llama_dir, cpu_kernels_built, monkeypatch):
+    """Before any server is attached, a browser on another machine gets no attach or start form (it
+    would let a student make the teacher's machine fetch any address, or start a server with any
+    model): it is asked for the teacher token and a wrong one is refused; the app's teacher token
+    (printed in the app's terminal) makes it the teacher's. A browser on this machine is the teacher's."""
+    from app_pages import classroom as classroom_page
+    from app_pages.common import plain
+    from tests.test_app import _open_page
+    from visualize.i18n import t
+
+    room = classroom_page.classroom()
+    room.close()
+    monkeypatch.setattr(classroom_page, "local_browser", lambda: False)
+    student = _open_page(_app(tiny_llama_dir, monkeypatch), "classroom")
+    assert not student.exception, [e.value for e in student.exception]
+    assert [w.key for w in student.main.text_input] == ["lab_token_entry"]
+    assert not {"Attach", "Start the server"} & {b.label for b in student.main.button} and not student.main.radio[1:]
+    assert t("teacher_only", "en") in [c.value for c in student.main.caption]
+    student.text_input(key="lab_token_entry").set_value("a-guess").run()
+    assert [e.value for e in student.main.error] == [t("token_entry_refused", "en", error=plain(t("token_not_teacher", "en")))]
+    assert [w.key for w in student.main.text_input] == ["lab_token_entry"]
+    student.text_input(key="lab_token_entry").set_value(room.key).run()  # the token from the teacher's terminal
+    assert "lab_url" in [w.key for w in student.main.text_input] and "Attach" in [b.label for b in student.main.button]
+    monkeypatch.setattr(classroom_page, "local_browser", lambda: True)
+    teacher = _open_page(_app(tiny_llama_dir, monkeypatch), "classroom")
+    assert "lab_url" in [w.key for w in teacher.main.text_input] and "Attach" in [b.label for b in teacher.main.button]
+
+
+def test_the_join_link_carries_the_language_and_opens_the_send_page_only(server, tiny_llama_dir, cpu_kernels_built, monkeypatch):
+    """The join link (and its QR code) is the Send page in student mode in the class's language; a
+    session opened by it starts in that language and has the Send page only, without the teacher's
+    pages and engine settings. Any page opened with ?lang=zh starts in Chinese."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from app_pages.classroom import classroom
+    from tests.test_app import _open_page
+
+    base, _, _ = server
+    at = _app(tiny_llama_dir, monkeypatch, {"lang": "zh"})
+    assert not at.exception and at.radio(key="lang").value == "zh" and at.title[0].value == "PagedAttention 实验室"
+    try:
+        _open_page(at, "classroom")
+        at.text_input(key="lab_url").set_value(base)
+        at.text_input(key="lab_token_typed").set_value(TEACHER)
+        at.button(key="btn_lab_attach").click().run()
+        link = urlsplit(at.text_input(key="join_url").value)
+        assert link.path == "/send" and parse_qs(link.query) == {"mode": ["student"], "lang": ["zh"]}
+        at.radio(key="lang").set_value("en").run()
+        assert parse_qs(urlsplit(at.text_input(key="join_url").value).query)["lang"] == ["en"]
+        phone = _app(tiny_llama_dir, monkeypatch, {"mode": "student", "lang": "zh"})
+        assert not phone.exception, [e.value for e in phone.exception]
+        assert phone.title[0].value == "发送请求" and [r.key for r in phone.sidebar.radio] == ["lang"]
+        assert sorted(p["url_pathname"] for p in phone._registered_pages.values()) == ["", "send"]  # both the Send page
+        assert not phone.sidebar.slider and not phone.sidebar.number_input and not phone.sidebar.header
+        phone.radio(key="lang").set_value("en").run()  # the student's own switch: still the Send page only
+        assert phone.title[0].value == "Send a request" and not phone.sidebar.slider
+    finally:
+        classroom().close()
+
+
+def test_classroom_sidebar_shows_the_servers_engine_and_folds_finished_requests(server, tiny_llama_dir, cpu_kernels_built, monkeypatch):
+    """Attached, the Classroom page's sidebar shows the server's engine (32 blocks of 4 slots here, not
+    this browser's 64 of 16), this browser's settings folded under it; the desk layout lists the
+    finished requests folded, so the block tables stay near the top."""
+    from app_pages.classroom import classroom
+    from tests.test_app import _open_page
+
+    base, _, engine = server
+    _finished_request(base, engine, "erin")
+    at = _open_page(_app(tiny_llama_dir, monkeypatch), "classroom")
+    try:
+        at.text_input(key="lab_url").set_value(base)
+        at.text_input(key="lab_token_typed").set_value(TEACHER)
+        at.button(key="btn_lab_attach").click().run()
+        follower = classroom().follower
+        wait_until(lambda: follower.reports and follower.settings, what="the follower's catch-up")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert [h.value for h in at.sidebar.header][:2] == ["The server's engine", "Engine settings"]
+        sidebar = " ".join(m.value for m in at.sidebar.markdown)
+        assert "KV pool (blocks): **32**" in sidebar and "Block size (tokens per block): **4**" in sidebar
+        assert "This browser's engine settings (Live engine)" in [e.label for e in at.sidebar.expander]
+        folded = next(e for e in at.main.expander if e.label.startswith("Finished requests ("))
+        inside = " ".join(m.value for m in folded.markdown)
+        assert 'request-client">erin<' in inside
+        assert sum('request-client">erin<' in m.value for m in at.main.markdown) == sum('request-client">erin<' in m.value for m in folded.markdown)
+    finally:
+        classroom().close()

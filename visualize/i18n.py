@@ -175,11 +175,40 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                            "`python -m engine serve` 打印的地址，例如 http://127.0.0.1:8000。"),
     "teacher_token": ("Teacher token", "教师令牌"),
     "teacher_token_help": (
-        "The token `python -m engine serve` prints at start (or the one given with `--teacher-token`). With it this page "
-        "shows the Step and Run controls; without it, the view only.",
-        "`python -m engine serve` 启动时打印的令牌（或用 `--teacher-token` 指定的令牌）。有了它，本页显示单步和运行控制；"
+        "The app's teacher token (printed in the terminal that started the app) or the server's (printed by "
+        "`python -m engine serve`, or given with `--teacher-token`). With it this browser is the teacher's: it shows the "
+        "Step and Run controls and may change the server, also after a reload; without it, the view only.",
+        "应用的教师令牌（打印在启动应用的终端里）或服务器的教师令牌（`python -m engine serve` 启动时打印，或用 "
+        "`--teacher-token` 指定）。有了它，这个浏览器就是教师的：显示单步和运行控制，可以更换服务器，刷新后也一样；"
         "没有它，只能观看。",
     ),
+    "teacher_only": (
+        "Only the teacher can attach a server or start one: open this page on the computer that runs the app, or type "
+        "the teacher token printed in the terminal that started the app.",
+        "只有教师才能连接或启动服务器：请在运行应用的电脑上打开本页，或输入启动应用的终端里打印的教师令牌。",
+    ),
+    "teacher_token_here": ("Teacher token (keep it off the projector)", "教师令牌（不要投到投影上）"),
+    "teacher_token_here_help": (
+        "Type it on the Classroom page of another browser, the projector PC's say, to control the class from there; that "
+        "browser keeps it across reloads. The terminal that started the app printed it too. A browser on this computer "
+        "needs none.",
+        "在另一个浏览器（比如投影电脑上的）的课堂页面输入它，就能在那里控制课堂；那个浏览器刷新后仍保留它。"
+        "启动应用的终端里也打印了它。本机上的浏览器不需要它。",
+    ),
+    "token_not_teacher": ("this is not the teacher token.", "这不是教师令牌。"),
+    "token_entry_refused": ("The token was refused: {error}", "令牌被拒绝：{error}"),
+    "stop_server": ("Stop the server", "停止服务器"),
+    "server_still_running": ("The server started here is still running at {url}.", "在本机启动的服务器仍在 {url} 运行。"),
+    "attach_again": ("Attach again", "重新连接"),
+    "server_engine": ("The server's engine", "服务器的引擎"),
+    "server_engine_help": (
+        "The settings of the server this page is attached to. This browser's own settings, for the Live engine page, "
+        "are folded below; they do not change the server.",
+        "本页所连接的服务器的设置。本浏览器自己的设置（用于实时引擎页面）折叠在下面，它们不会改变服务器。",
+    ),
+    "server_engine_waiting": ("Waiting for the server's settings…", "正在等待服务器的设置……"),
+    "own_settings": ("This browser's engine settings (Live engine)", "本浏览器的引擎设置（实时引擎）"),
+    "finished_requests": ("Finished requests ({n})", "已完成的请求（{n} 个）"),
     "classroom_api_key": ("API key (only if the server asks for one)", "API 密钥（仅当服务器要求时）"),
     "attach": ("Attach", "连接"),
     "detach": ("Detach", "断开"),
