@@ -194,8 +194,10 @@ def _bench_cpu(args) -> None:
 def _add_simulator(sub) -> None:
     from engine.experiments.cli import register_cli as add_reproduce_paper
     from engine.sim.simulator import register_cli as add_simulate
+    from engine.sim.whatif import register_cli as add_whatif
 
     add_simulate(sub)
+    add_whatif(sub)
     add_reproduce_paper(sub)
 
 
