@@ -111,15 +111,14 @@ def page() -> None:
     m[0].metric(t("whatif_fit", lang), f"{chosen.requests_fit:,}", help=t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}",
                 per_request=f"{chosen.slots_per_request:,}", system=system_name(system, lang)))
     m[1].metric(t("whatif_ridge", lang), f"{result.ridge_batch:,}", help=t("whatif_ridge_formula", lang))
-    m[2].metric(t("whatif_throughput", lang), f"{chosen.sim_tokens_per_s:,.0f} tokens/s")
+    m[2].metric(t("whatif_throughput", lang), f"{chosen.sim_tokens_per_s:,.0f}")
     m[3].metric(t("whatif_rate", lang), f"{chosen.sim_requests_per_s:,.2f} req/s",
                 help=t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
                        preemptions=chosen.sim_preemptions))
     st.caption(t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}", per_request=f"{chosen.slots_per_request:,}",
                  system=system_name(system, lang)) + " · " + t("whatif_ridge_formula", lang))
-    c = st.columns(2)
-    c[0].vega_lite_chart(systems_spec(result, lang), width="stretch")
-    c[1].vega_lite_chart(decode_roofline_spec(result, lang), width="stretch", height=320)
+    st.vega_lite_chart(systems_spec(result, lang))
+    st.vega_lite_chart(decode_roofline_spec(result, lang), width="stretch", height=320)
     st.markdown(t("whatif_explain", lang))
     st.caption(t("whatif_sim_source", lang, n=result.sim_num_requests, ms=1e3 * result.sim_wall_s,
                  call=result.formulas["simulate"], command=result.command))

@@ -903,7 +903,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_kv_slots": ("KV token slots", "KV token 槽位"),
     "whatif_fit": ("Requests that fit", "可容纳的请求数"),
     "whatif_ridge": ("Compute-bound from batch", "计算受限的起始批大小"),
-    "whatif_throughput": ("Throughput (simulator)", "吞吐量（模拟器）"),
+    "whatif_throughput": ("Output tokens/s (simulator)", "每秒输出 token 数（模拟器）"),
     "whatif_rate": ("The queue explodes above", "队列在此速率以上爆炸"),
     "whatif_model_source": (
         "{model}: {layers} layers, {kv_heads} KV heads × {head_dim} (head_dim), {params} parameters. Source: {source}",

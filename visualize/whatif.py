@@ -51,7 +51,7 @@ def decode_roofline_spec(result, lang: str = "en") -> dict:
                  "encoding": {"x": {**x, "field": "batch"}, "text": {"field": "label"}}},
             ]},
             {"data": {"values": points}, "mark": {"type": "point", "filled": True, "size": 120, "tooltip": True},
-             "encoding": {"x": x, "y": y, "color": _color(result, lang), "shape": {"field": "system", "type": "nominal", "legend": None}}},
+             "encoding": {"x": x, "y": y, "color": _color(result, lang)}},
         ],
     })
 

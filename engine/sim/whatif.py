@@ -46,7 +46,7 @@ SYSTEMS = ("paged", "max", "pow2", "oracle")  # the paged allocator; contiguous 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
 MAX_NUM_SEQS = 256  # vLLM's default: the most requests one step runs
 STEP_OVERHEAD_S = 1e-3  # per step, as the simulator's GPU presets (engine/sim/cost_model.py)
-MAX_SIM_REQUESTS = 500  # the simulator run serves at most this many of the users' requests (it stays under 0.5 s)
+MAX_SIM_REQUESTS = 400  # the simulator run serves at most this many of the users' requests (it stays under 0.5 s)
 
 
 @dataclass(frozen=True)
@@ -326,9 +326,9 @@ def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult
 
 
 def sim_requests(cfg: WhatIfConfig, systems: list[SystemResult]) -> int:
-    """Requests the simulator serves: the users', at most four times the largest batch (enough rounds
+    """Requests the simulator serves: the users', at most three times the largest batch (enough rounds
     for a steady rate) and at most ``MAX_SIM_REQUESTS``, at least 64."""
-    return min(cfg.num_users, MAX_SIM_REQUESTS, max(64, 4 * max(s.batch for s in systems)))
+    return min(cfg.num_users, MAX_SIM_REQUESTS, max(64, 3 * max(s.batch for s in systems)))
 
 
 def command(cfg: WhatIfConfig) -> str:
