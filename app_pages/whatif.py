@@ -93,15 +93,21 @@ def page() -> None:
     st.caption(t("whatif_gpu_source", lang, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30,
                  bandwidth=gpu.mem_bandwidth / 1e9, tflops=2 * model.num_params / peak / 1e12, dtype=cfg.dtype,
                  source=_source(gpu.source)))
+    nbytes = DTYPE_BYTES[cfg.dtype]
+    formula = {
+        "weights": t("whatif_weights_formula", lang, params=f"{model.num_params:.4g}", nbytes=nbytes),
+        "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=nbytes),
+        "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.0f}"),
+        "slots": t("whatif_slots_formula", lang),
+    }
     m = st.columns(4)
-    m[0].metric(t("whatif_weights", lang), f"{result.weight_bytes / 1e9:,.2f} GB", help=t("whatif_from_formula", lang, formula=result.formulas["weights"]))
-    m[1].metric(t("whatif_kv_per_token", lang), f"{result.kv_bytes_per_token:,} B",
-                help=t("whatif_from_formula", lang, formula=result.formulas["kv_per_token"]))
-    m[2].metric(t("whatif_kv_memory", lang), f"{result.kv_memory_bytes / 2**30:,.2f} GiB",
-                help=t("whatif_from_formula", lang, formula=result.formulas["kv_memory"]))
-    m[3].metric(t("whatif_kv_slots", lang), f"{result.kv_slots:,}", help=t("whatif_from_formula", lang, formula=result.formulas["kv_slots"]))
-    st.caption(" · ".join(f"{t(k, lang)} {t('whatif_from_formula', lang, formula=result.formulas[f])}"
-                          for k, f in (("whatif_kv_per_token", "kv_per_token"), ("whatif_kv_memory", "kv_memory"))))
+    for box, (label, value, key) in zip(m, (("whatif_weights", f"{result.weight_bytes / 1e9:,.2f} GB", "weights"),
+                                            ("whatif_kv_per_token", f"{result.kv_bytes_per_token:,} B", "kv"),
+                                            ("whatif_kv_memory", f"{result.kv_memory_bytes / 2**30:,.2f} GiB", "memory"),
+                                            ("whatif_kv_slots", f"{result.kv_slots:,}", "slots"))):
+        box.metric(t(label, lang), value, help=t("whatif_from_formula", lang, formula=formula[key]))
+    st.caption(" · ".join(f"{t(k, lang)} {t('whatif_from_formula', lang, formula=formula[f])}"
+                          for k, f in (("whatif_weights", "weights"), ("whatif_kv_per_token", "kv"), ("whatif_kv_memory", "memory"))))
     if not result.fits:
         st.error(t("whatif_not_fit", lang, model=model.name, weights=result.weight_bytes / 1e9, context=cfg.max_model_len,
                    util=cfg.gpu_memory_utilization, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30))
@@ -112,7 +118,7 @@ def page() -> None:
                 per_request=f"{chosen.slots_per_request:,}", system=system_name(system, lang)))
     m[1].metric(t("whatif_ridge", lang), f"{result.ridge_batch:,}", help=t("whatif_ridge_formula", lang))
     m[2].metric(t("whatif_throughput", lang), f"{chosen.sim_tokens_per_s:,.0f}")
-    m[3].metric(t("whatif_rate", lang), f"{chosen.sim_requests_per_s:,.2f} req/s",
+    m[3].metric(t("whatif_rate", lang), f"{chosen.sim_requests_per_s:,.2f}",
                 help=t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
                        preemptions=chosen.sim_preemptions))
     st.caption(t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}", per_request=f"{chosen.slots_per_request:,}",

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.test_app_browser import CHROMIUM, SHOTS, chart_text_problems, in_browser, no_exception_box, wait_for_charts
-from visualize.i18n import t
+from visualize.i18n import t, untranslated
 
 pytestmark = pytest.mark.slow
 
@@ -24,6 +24,13 @@ def metric(page, label: str) -> str:
 
 def number(text: str) -> float:
     return float(re.sub(r"[^\d.]", "", text.split()[0]))
+
+
+def prose(page) -> str:
+    """The main area's text without its code (the simulator call and the command, which are Python and shell)."""
+    return page.evaluate("""() => { const main = document.querySelector('[data-testid="stMain"]').cloneNode(true);
+        main.querySelectorAll('code').forEach(c => c.remove()); document.body.appendChild(main);
+        const text = main.innerText; main.remove(); return text; }""")
 
 
 def choose(page, label: str, option: str) -> None:
@@ -58,6 +65,7 @@ def whatif(page, sync_api, port, server) -> None:
     no_exception_box(page)
     # Llama-3-8B in bf16 (the default): 2 x 32 layers x 8 KV heads x 128 x 2 bytes.
     assert metric(page, t("whatif_kv_per_token", "en")) == "131,072 B"
+    assert "2 × 32 layers × 8 KV heads × 128 (head_dim) × 2 B" in page.locator('[data-testid="stMain"]').inner_text()
     fit = metric(page, t("whatif_fit", "en"))  # the paged allocator's, the default choice
     labels = bar_labels(page)
     assert {t("system_paged", "en"), "contiguous (Max)", "contiguous (Pow2)", "contiguous (Oracle)"} <= set(labels), labels
@@ -84,6 +92,9 @@ def whatif(page, sync_api, port, server) -> None:
     labels = bar_labels(page)
     assert {t("system_paged", "zh"), "连续（Max）", "连续（Oracle）"} <= set(labels), labels
     assert t("whatif_fit_axis", "zh") in labels
-    assert "1.57 万" in page.locator('[data-testid="stMain"]').inner_text()  # the paper check, in 中文
+    text = page.locator('[data-testid="stMain"]').inner_text()
+    assert "1.57 万" in text  # the paper check, in 中文
+    assert "2 × 40 层 × 40 个 KV 头 × 128（head_dim）× 2 B" in text
+    assert untranslated(prose(page)) == []
     assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "whatif_zh.png"), full_page=True)

@@ -904,7 +904,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_fit": ("Requests that fit", "可容纳的请求数"),
     "whatif_ridge": ("Compute-bound from batch", "计算受限的起始批大小"),
     "whatif_throughput": ("Output tokens/s (simulator)", "每秒输出 token 数（模拟器）"),
-    "whatif_rate": ("The queue explodes above", "队列在此速率以上爆炸"),
+    "whatif_rate": ("The queue explodes above (requests/s)", "队列爆炸的起点（每秒请求数）"),
     "whatif_model_source": (
         "{model}: {layers} layers, {kv_heads} KV heads × {head_dim} (head_dim), {params} parameters. Source: {source}",
         "{model}：{layers} 层，{kv_heads} 个 KV 头 × {head_dim}（head_dim），{params} 个参数。出处：{source}",
@@ -914,6 +914,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{gpu}：{memory:.0f} GiB，{bandwidth:,.0f} GB/s，`{dtype}` 下 {tflops:,.1f} TFLOP/s。出处：{source}",
     ),
     "whatif_from_formula": ("= {formula}", "= {formula}"),
+    "whatif_weights_formula": ("{params} parameters × {nbytes} B", "{params} 个参数 × {nbytes} B"),
+    "whatif_kv_formula": (
+        "2 × {layers} layers × {kv_heads} KV heads × {head_dim} (head_dim) × {nbytes} B",
+        "2 × {layers} 层 × {kv_heads} 个 KV 头 × {head_dim}（head_dim）× {nbytes} B",
+    ),
+    "whatif_memory_formula": ("{util} × {memory} GiB − weights", "{util} × {memory} GiB − 权重"),
+    "whatif_slots_formula": ("KV cache memory ÷ KV bytes per token", "KV 缓存显存 ÷ 每 token 的 KV 字节数"),
     "whatif_fit_formula": (
         "= {slots} slots ÷ {per_request} slots per request ({system})",
         "= {slots} 个槽位 ÷ 每个请求 {per_request} 个槽位（{system}）",
