@@ -64,8 +64,8 @@ def controls(lang: str) -> tuple[WhatIfConfig, str]:
     c = st.columns(3)
     context = _kept(c[0].select_slider, t("whatif_context", lang), "whatif_context", lang, 4096, options=contexts,
                     clamp=lambda v: v if v in contexts else min(contexts, key=lambda x: abs(x - v)))
-    prompt = _kept(c[1].slider, t("whatif_prompt", lang), "whatif_prompt", lang, 512, min_value=1, max_value=context - 1,
-                   clamp=lambda v: min(v, context - 1))
+    prompt = _kept(c[1].slider, t("whatif_prompt", lang), "whatif_prompt", lang, 512, min_value=1, max_value=context - 16,
+                   clamp=lambda v: min(v, context - 16))  # room for an output slider of 1..16 at least
     output = _kept(c[2].slider, t("whatif_output", lang), "whatif_output", lang, 256, min_value=1, max_value=context - prompt,
                    clamp=lambda v: min(v, context - prompt))
     c = st.columns(3)
@@ -122,7 +122,9 @@ def page() -> None:
                 help=t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
                        preemptions=chosen.sim_preemptions))
     st.caption(t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}", per_request=f"{chosen.slots_per_request:,}",
-                 system=system_name(system, lang)) + " · " + t("whatif_ridge_formula", lang))
+                 system=system_name(system, lang)) + " · " + t("whatif_ridge_formula", lang) + " · "
+               + t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
+                   preemptions=chosen.sim_preemptions))
     st.vega_lite_chart(systems_spec(result, lang))
     st.vega_lite_chart(decode_roofline_spec(result, lang), width="stretch", height=320)
     st.markdown(t("whatif_explain", lang))

@@ -187,7 +187,7 @@ class SystemResult:
             (prompt + output / 2): batch / step time (the cost model; 0 when nothing fits).
         sim_requests_per_s, sim_tokens_per_s: the simulator run's throughput (requests/s, output
             tokens/s): the request rate where the queue explodes. sim_mean_running: requests running
-            per step. sim_preemptions. sim_command: the run, as a Python call.
+            per step. sim_preemptions: preemptions (recompute). sim_seconds: the simulated time (s).
     """
 
     system: str
@@ -241,8 +241,7 @@ class WhatIfResult:
         return next(s for s in self.systems if s.system == name)
 
     def to_json(self) -> dict:
-        data = asdict(self)
-        return data
+        return asdict(self)
 
 
 def cost_model_of(model: ModelConfig, gpu: GPUSpec, dtype: str) -> CostModel:
