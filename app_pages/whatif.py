@@ -97,7 +97,7 @@ def page() -> None:
     formula = {
         "weights": t("whatif_weights_formula", lang, params=f"{model.num_params:.4g}", nbytes=nbytes),
         "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=nbytes),
-        "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.0f}"),
+        "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.1f}"),
         "slots": t("whatif_slots_formula", lang),
     }
     m = st.columns(4)

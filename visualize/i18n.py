@@ -910,8 +910,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{model}：{layers} 层，{kv_heads} 个 KV 头 × {head_dim}（head_dim），{params} 个参数。出处：{source}",
     ),
     "whatif_gpu_source": (
-        "{gpu}: {memory:.0f} GiB, {bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s in {dtype}. Source: {source}",
-        "{gpu}：{memory:.0f} GiB，{bandwidth:,.0f} GB/s，`{dtype}` 下 {tflops:,.1f} TFLOP/s。出处：{source}",
+        "{gpu}: {memory:.1f} GiB, {bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s in {dtype}. Source: {source}",
+        "{gpu}：{memory:.1f} GiB，{bandwidth:,.0f} GB/s，`{dtype}` 下 {tflops:,.1f} TFLOP/s。出处：{source}",
     ),
     "whatif_from_formula": ("= {formula}", "= {formula}"),
     "whatif_weights_formula": ("{params} parameters × {nbytes} B", "{params} 个参数 × {nbytes} B"),
@@ -942,17 +942,19 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "whatif_not_fit": (
         "{model}'s weights ({weights:.1f} GB) and one request of {context} tokens do not fit in {util:.0%} of the {gpu}'s "
-        "{memory:.0f} GiB: choose a larger GPU, a smaller model or data type, or a shorter context.",
-        "{model} 的权重（{weights:.1f} GB）加上一个 {context} token 的请求，放不进 {gpu} 的 {memory:.0f} GiB 的 {util:.0%}："
+        "{memory:.1f} GiB: choose a larger GPU, a smaller model or data type, or a shorter context.",
+        "{model} 的权重（{weights:.1f} GB）加上一个 {context} token 的请求，放不进 {gpu} 的 {memory:.1f} GiB 的 {util:.0%}："
         "请选择更大的 GPU、更小的模型或数据类型，或更短的上下文。",
     ),
     "whatif_bad_input": ("These settings cannot run: {error}", "这些设置无法运行：{error}"),
     "whatif_explain": (
         "Below the ridge point a decode step reads every weight once whatever the batch, so tokens/s grows with the batch "
         "almost for free; the batch an allocator allows is what its KV slots hold. The paged allocator wastes at most one "
-        "block per request; a contiguous reservation holds its whole range from the start.",
+        "block per request; a contiguous reservation holds its whole range from the start. Where every allocator reaches "
+        "max_num_seqs (256), the paged one is a little slower: its kernel walks block tables (paper §7.1: 20–26 %).",
         "在屋脊点以下，一个解码步无论批大小多少都只读一遍全部权重，因此每秒 token 数几乎随批大小免费增长；"
-        "分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住整段范围。",
+        "分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住整段范围。"
+        "当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
     ),
     "whatif_paper_check": (
         "Paper check (PagedAttention, Table 1): OPT-13B on one A100-40GB leaves 12 GB for the KV cache, 15.7K token slots; "

@@ -24,9 +24,10 @@ Why KV memory decides throughput, in four numbers, each from one formula or one 
 ``python -m engine whatif --model llama-3-8b --gpu h100`` prints the same result as JSON.
 
 Model figures are the Hugging Face ``config.json`` of each model; GPU figures the vendor's datasheet
-(SXM parts; 16-bit dense tensor FLOP/s, without sparsity). A datasheet's "40 GB" of HBM is taken as
-40 GiB, what the device reports (an A100-40GB shows 40,960 MiB): with it OPT-13B on one A100-40GB
-gets the paper's Table 1 (12 GB of KV, 15.7K token slots).
+(SXM parts; 16-bit dense tensor FLOP/s, without sparsity), except memory: what the device reports
+as its total (``nvidia-smi``'s MiB, what vLLM's ``gpu_memory_utilization`` is a share of; an
+A100-40GB's "40 GB" is 40,960 MiB). With it OPT-13B on one A100-40GB gets the paper's Table 1 (12 GB
+of KV, 15.7K token slots).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from engine.sim.cost_model import CostModel, Hardware, ModelSpec, StepShape
 from engine.sim.workloads import Request
 
 GIB = 2**30
+MIB = 2**20
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 SYSTEMS = ("paged", "max", "pow2", "oracle")  # the paged allocator; contiguous with each Orca reservation
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
@@ -77,7 +79,7 @@ class GPUSpec:
     """One accelerator's figures from its vendor datasheet (``source``).
 
     Attributes:
-        memory_bytes: device memory, bytes. mem_bandwidth: bytes/s.
+        memory_bytes: device memory, bytes, as the device reports it (``nvidia-smi``'s total). mem_bandwidth: bytes/s.
         peak_flops: dense 16-bit (bf16/fp16) tensor FLOP/s. peak_flops_fp32: float32 FLOP/s.
     """
 
@@ -114,13 +116,13 @@ def _this_cpu_memory() -> float:
 
 
 GPUS: dict[str, GPUSpec] = {g.key: g for g in (
-    GPUSpec("a100-40gb", "A100-40GB", 40 * GIB, 1.555e12, 312e12, 19.5e12,
+    GPUSpec("a100-40gb", "A100-40GB", 40_960 * MIB, 1.555e12, 312e12, 19.5e12,
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    GPUSpec("a100-80gb", "A100-80GB", 80 * GIB, 2.039e12, 312e12, 19.5e12,
+    GPUSpec("a100-80gb", "A100-80GB", 81_920 * MIB, 2.039e12, 312e12, 19.5e12,
             "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
-    GPUSpec("h100", "H100-SXM-80GB", 80 * GIB, 3.35e12, 989e12, 67e12, "https://www.nvidia.com/en-us/data-center/h100/"),
-    GPUSpec("h200", "H200-SXM-141GB", 141 * GIB, 4.8e12, 989e12, 67e12, "https://www.nvidia.com/en-us/data-center/h200/"),
-    GPUSpec("l4", "L4-24GB", 24 * GIB, 300e9, 121e12, 30.3e12, "https://www.nvidia.com/en-us/data-center/l4/"),
+    GPUSpec("h100", "H100-SXM-80GB", 81_559 * MIB, 3.35e12, 989e12, 67e12, "https://www.nvidia.com/en-us/data-center/h100/"),
+    GPUSpec("h200", "H200-SXM-141GB", 143_771 * MIB, 4.8e12, 989e12, 67e12, "https://www.nvidia.com/en-us/data-center/h200/"),
+    GPUSpec("l4", "L4-24GB", 23_034 * MIB, 300e9, 121e12, 30.3e12, "https://www.nvidia.com/en-us/data-center/l4/"),
     GPUSpec(THIS_CPU, "this CPU", _this_cpu_memory(), 45e9, 391e9, 149e9,
             "engine/tools/roofline.py (measured on the lab's VM; `python -m engine bench` measures yours); memory: os.sysconf"),
 )}
@@ -342,7 +344,7 @@ def formulas(cfg: WhatIfConfig, model: ModelConfig, gpu: GPUSpec, num_requests: 
     return {
         "weights": f"{model.num_params:.4g} parameters × {nbytes} B",
         "kv_per_token": f"2 × {model.num_layers} layers × {model.num_kv_heads} KV heads × {model.head_dim} head_dim × {nbytes} B",
-        "kv_memory": f"{cfg.gpu_memory_utilization:g} × {gpu.memory_bytes / GIB:.0f} GiB − weights",
+        "kv_memory": f"{cfg.gpu_memory_utilization:g} × {gpu.memory_bytes / GIB:.1f} GiB − weights",
         "kv_slots": "KV memory ÷ KV bytes per token",
         "ridge": "weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth)",
         "simulate": (f"simulate(requests=[Request(0, {cfg.prompt_len}, {cfg.output_len})] × {num_requests}, "
