@@ -46,6 +46,10 @@ def _gpu_name(key: str, lang: str) -> str:
     return t("whatif_this_cpu", lang) if key == THIS_CPU else GPUS[key].name
 
 
+def _count(n: float) -> str:
+    return f"{n / 1e9:.4g}B" if n >= 1e9 else f"{n / 1e6:.4g}M"
+
+
 def _source(url: str) -> str:
     return f"[config.json]({url})" if url.endswith("config.json") else (f"<{url}>" if url.startswith("http") else f"`{url}`")
 
@@ -88,14 +92,14 @@ def page() -> None:
     result = _what_if(cfg)
     model, gpu = result.model, result.gpu
     st.caption(t("whatif_model_source", lang, model=model.name, layers=model.num_layers, kv_heads=model.num_kv_heads,
-                 head_dim=model.head_dim, params=f"{model.num_params / 1e9:.3g}B", source=_source(model.source)))
+                 head_dim=model.head_dim, params=_count(model.num_params), source=_source(model.source)))
     peak = result.cost_model["token_s"]  # FLOP/s back from the cost model: flops_per_token / token_s
     st.caption(t("whatif_gpu_source", lang, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30,
                  bandwidth=gpu.mem_bandwidth / 1e9, tflops=2 * model.num_params / peak / 1e12, dtype=cfg.dtype,
                  source=_source(gpu.source)))
     nbytes = DTYPE_BYTES[cfg.dtype]
     formula = {
-        "weights": t("whatif_weights_formula", lang, params=f"{model.num_params:.4g}", nbytes=nbytes),
+        "weights": t("whatif_weights_formula", lang, params=_count(model.num_params), nbytes=nbytes),
         "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=nbytes),
         "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.1f}"),
         "slots": t("whatif_slots_formula", lang),
@@ -119,8 +123,7 @@ def page() -> None:
     m[1].metric(t("whatif_ridge", lang), f"{result.ridge_batch:,}", help=t("whatif_ridge_formula", lang))
     m[2].metric(t("whatif_throughput", lang), f"{chosen.sim_tokens_per_s:,.0f}")
     m[3].metric(t("whatif_rate", lang), f"{chosen.sim_requests_per_s:,.2f}",
-                help=t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
-                       preemptions=chosen.sim_preemptions))
+                help=t("whatif_rate_help", lang))
     st.caption(t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}", per_request=f"{chosen.slots_per_request:,}",
                  system=system_name(system, lang)) + " · " + t("whatif_ridge_formula", lang) + " · "
                + t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,

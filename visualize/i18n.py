@@ -904,7 +904,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_fit": ("Requests that fit", "可容纳的请求数"),
     "whatif_ridge": ("Compute-bound from batch", "计算受限的起始批大小"),
     "whatif_throughput": ("Output tokens/s (simulator)", "每秒输出 token 数（模拟器）"),
-    "whatif_rate": ("The queue explodes above (requests/s)", "队列爆炸的起点（每秒请求数）"),
+    "whatif_rate": ("Max request rate (/s)", "最高请求速率（每秒）"),
+    "whatif_rate_help": (
+        "The simulator's requests/s: above this rate of arrivals the queue grows without bound.",
+        "模拟器测得的每秒请求数：到达速率高于它时，队列会无限增长。",
+    ),
     "whatif_model_source": (
         "{model}: {layers} layers, {kv_heads} KV heads × {head_dim} (head_dim), {params} parameters. Source: {source}",
         "{model}：{layers} 层，{kv_heads} 个 KV 头 × {head_dim}（head_dim），{params} 个参数。出处：{source}",
