@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.config import kv_bytes_per_slot
 from engine.sim.cost_model import CostModel, Hardware, ModelSpec, StepShape
+from engine.sim.simulator import simulate
 from engine.sim.workloads import Request
 
 GIB = 2**30
@@ -287,8 +288,6 @@ def decode_step(cost: CostModel, batch: int, context: int, block_size: int | Non
 
 def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult:
     """Every figure of one what-if (module docstring); ``simulate_throughput=False`` skips the simulator runs."""
-    from engine.sim.simulator import simulate
-
     model, gpu = MODELS[cfg.model], GPUS[cfg.gpu]
     nbytes = DTYPE_BYTES[cfg.dtype]
     weight_bytes = model.num_params * nbytes
