@@ -926,6 +926,101 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "而你的预测正是队列开始无限增长的那个速率。",
     ),
     # --- end of the compare page's latency chart and vLLM replay
+    # --- what-ifs at production scale (app_pages/whatif.py, visualize/whatif.py)
+    "page_whatif": ("What-ifs at scale", "规模假设"),
+    "whatif_intro": (
+        "A real model on a real GPU, before any engine runs: the memory left after the weights decides how many requests "
+        "run at once, and below the ridge point the batch decides throughput. Every number says where it comes from.",
+        "在任何引擎运行之前，看一个真实模型在真实 GPU 上：权重之后剩下的显存决定了能同时运行多少请求；在屋脊点以下，"
+        "批大小决定吞吐量。每个数字都注明出处。",
+    ),
+    "whatif_model": ("Model", "模型"),
+    "whatif_gpu": ("GPU", "GPU"),
+    "whatif_this_cpu": ("this CPU", "本机 CPU"),
+    "whatif_dtype": ("Data type (weights and KV)", "数据类型（权重和 KV）"),
+    "whatif_context": ("Context length (max_model_len, tokens)", "上下文长度（max_model_len，token 数）"),
+    "whatif_users": ("Users (requests sent at once)", "用户数（同时发送的请求数）"),
+    "whatif_prompt": ("Prompt length (tokens)", "提示词长度（token 数）"),
+    "whatif_output": ("Output length (tokens)", "输出长度（token 数）"),
+    "whatif_allocator": ("Allocator shown in the figures above", "上方数字所示的分配器"),
+    "whatif_weights": ("Weights", "权重"),
+    "whatif_kv_per_token": ("KV bytes per token", "每 token 的 KV 字节数"),
+    "whatif_kv_memory": ("KV cache memory", "KV 缓存显存"),
+    "whatif_kv_slots": ("KV token slots", "KV token 槽位"),
+    "whatif_fit": ("Requests that fit", "可容纳的请求数"),
+    "whatif_ridge": ("Compute-bound from batch", "计算受限的起始批大小"),
+    "whatif_throughput": ("Output tokens/s (simulator)", "每秒输出 token 数（模拟器）"),
+    "whatif_rate": ("Max request rate (/s)", "最高请求速率（每秒）"),
+    "whatif_rate_help": (
+        "The simulator's requests/s: above this rate of arrivals the queue grows without bound.",
+        "模拟器测得的每秒请求数：到达速率高于它时，队列会无限增长。",
+    ),
+    "whatif_model_source": (
+        "{model}: {layers} layers, {kv_heads} KV heads × {head_dim} (head_dim), {params} parameters. Source: {source}",
+        "{model}：{layers} 层，{kv_heads} 个 KV 头 × {head_dim}（head_dim），{params} 个参数。出处：{source}",
+    ),
+    "whatif_gpu_source": (
+        "{gpu}: {memory:.1f} GiB, {bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s in {dtype}. Source: {source}",
+        "{gpu}：{memory:.1f} GiB，{bandwidth:,.0f} GB/s，`{dtype}` 下 {tflops:,.1f} TFLOP/s。出处：{source}",
+    ),
+    "whatif_from_formula": ("= {formula}", "= {formula}"),
+    "whatif_weights_formula": ("{params} parameters × {nbytes} B", "{params} 个参数 × {nbytes} B"),
+    "whatif_kv_formula": (
+        "2 × {layers} layers × {kv_heads} KV heads × {head_dim} (head_dim) × {nbytes} B",
+        "2 × {layers} 层 × {kv_heads} 个 KV 头 × {head_dim}（head_dim）× {nbytes} B",
+    ),
+    "whatif_memory_formula": ("{util} × {memory} GiB − weights", "{util} × {memory} GiB − 权重"),
+    "whatif_slots_formula": ("KV cache memory ÷ KV bytes per token", "KV 缓存显存 ÷ 每 token 的 KV 字节数"),
+    "whatif_fit_formula": (
+        "= {slots} slots ÷ {per_request} slots per request ({system})",
+        "= {slots} 个槽位 ÷ 每个请求 {per_request} 个槽位（{system}）",
+    ),
+    "whatif_ridge_formula": (
+        "The cost model's weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth); engine/sim/cost_model.py",
+        "代价模型的 weights_s ÷ token_s = 峰值 FLOP/s × 数据类型字节数 ÷（2 × 带宽）；engine/sim/cost_model.py",
+    ),
+    "whatif_rate_formula": (
+        "{tokens:,.0f} output tokens/s; {running:.1f} requests running on average, {preemptions} preemptions",
+        "每秒 {tokens:,.0f} 个输出 token；平均同时运行 {running:.1f} 个请求，抢占 {preemptions} 次",
+    ),
+    "whatif_sim_source": (
+        "Throughput: the simulator (the engine's own scheduler and allocators, step times from the cost model at peak "
+        "figures) serving {n} of the users' requests, all at once, per allocator, in {ms:.0f} ms: `{call}`. "
+        "The same figures as JSON: `{command}`",
+        "吞吐量：模拟器（引擎自己的调度器和分配器，每步时间来自按峰值算的代价模型）为每个分配器一次性服务用户的 {n} 个请求，"
+        "用时 {ms:.0f} ms：`{call}`。同样的数字以 JSON 输出：`{command}`",
+    ),
+    "whatif_not_fit": (
+        "{model}'s weights ({weights:.1f} GB) and one request of {context} tokens do not fit in {util:.0%} of the {gpu}'s "
+        "{memory:.1f} GiB: choose a larger GPU, a smaller model or data type, or a shorter context.",
+        "{model} 的权重（{weights:.1f} GB）加上一个 {context} token 的请求，放不进 {gpu} 的 {memory:.1f} GiB 的 {util:.0%}："
+        "请选择更大的 GPU、更小的模型或数据类型，或更短的上下文。",
+    ),
+    "whatif_bad_input": ("These settings cannot run: {error}", "这些设置无法运行：{error}"),
+    "whatif_explain": (
+        "Below the ridge point a decode step reads every weight once whatever the batch, so tokens/s grows with the batch "
+        "almost for free; the batch an allocator allows is what its KV slots hold. The paged allocator wastes at most one "
+        "block per request; a contiguous reservation holds its whole range from the start. Where every allocator reaches "
+        "max_num_seqs (256), the paged one is a little slower: its kernel walks block tables (paper §7.1: 20–26 %).",
+        "在屋脊点以下，一个解码步无论批大小多少都只读一遍全部权重，因此每秒 token 数几乎随批大小免费增长；"
+        "分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住整段范围。"
+        "当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
+    ),
+    "whatif_paper_check": (
+        "Paper check (PagedAttention, Table 1): OPT-13B on one A100-40GB leaves 12 GB for the KV cache, 15.7K token slots; "
+        "the same formulas give {gib:.1f} GiB and {slots:,} slots ({diff:+.1%}).",
+        "论文核对（PagedAttention 表 1）：OPT-13B 在一块 A100-40GB 上留给 KV 缓存 12 GB，即 1.57 万个 token 槽位；"
+        "同样的公式得到 {gib:.1f} GiB、{slots:,} 个槽位（{diff:+.1%}）。",
+    ),
+    "whatif_roofline_title": ("Decode throughput against batch (cost model)", "解码吞吐量随批大小的变化（代价模型）"),
+    "whatif_batch_axis": ("batch (requests per decode step)", "批大小（每个解码步的请求数）"),
+    "whatif_tokens_axis": ("tokens/s", "每秒 token 数"),
+    "whatif_ridge_label": ("ridge point: batch {batch}", "屋脊点：批大小 {batch}"),
+    "whatif_systems_title": ("Paged vs contiguous: KV memory → batch → throughput", "分页 vs 连续：KV 显存 → 批大小 → 吞吐量"),
+    "whatif_fit_axis": ("requests that fit", "可容纳的请求数"),
+    "whatif_rate_axis": ("requests/s (simulator)", "每秒请求数（模拟器）"),
+    "whatif_timing": ("Computed in {ms:.0f} ms.", "计算用时 {ms:.0f} ms。"),
+    # --- end of what-ifs
     # --- kernel lab
     "kernel_intro": (
         "Runs the Triton PagedAttention decode kernel on the real state of the last step: for every request "

@@ -205,6 +205,9 @@ for r in rows:
 # requests have, runs several times the batch and gets several times the tokens per second from the same
 # GPU: the paper's 2-4x the throughput at the same latency (abstract, §6.2) comes from here.
 #
+# The same arithmetic for other models and GPUs (Llama-3-8B on an H100, Qwen3-32B on an H200): the app's
+# [What-ifs at scale](http://localhost:8501/whatif) page (`streamlit run app.py`).
+#
 # ## Exercise: the waste of a request mix, by hand, and the batch it costs
 # An Orca (Max) server with `max_model_len` = 256 and a pool of 800 slots receives four requests at
 # time 0 (prompt tokens, output tokens): (40, 10), (100, 60), (16, 200), (30, 30). Each admitted request
@@ -230,6 +233,8 @@ for r in rows:
 
 # %% [markdown] lang="zh"
 # 在读取权重主导一步耗时的范围内（步时几乎不变），曲线几乎与批大小成正比地上升；之后读取 KV 缓存和每个请求的开销占了上风，曲线变缓。Orca (Max) 停在 7 个请求附近：15,700 个槽位只放得下 7 个 2,048 槽位的预留。vLLM 只保存请求已有的 token，批大了好几倍，在同一张 GPU 上每秒的 token 数也高出好几倍：论文所说“相同延迟下吞吐量提高 2–4 倍”（摘要、§6.2）正源于此。
+#
+# 换成其他模型和 GPU（H100 上的 Llama-3-8B、H200 上的 Qwen3-32B）做同样的算术：见应用的[规模假设](http://localhost:8501/whatif)页面（`streamlit run app.py`）。
 #
 # ## 练习：手算一组请求的浪费，以及它让批缩小了多少
 # 一台 Orca (Max) 服务器，`max_model_len` = 256，池中有 800 个槽位。在时刻 0 收到四个请求（提示词 token 数，输出 token 数）：(40, 10)、(100, 60)、(16, 200)、(30, 30)。每个被接纳的请求预留 256 个槽位；按先来先服务（first come, first served）的顺序接纳，直到放不下为止。

@@ -1,0 +1,139 @@
+"""What-ifs at production scale: a real model on a real GPU, before any engine runs.
+
+Only wiring: the figures are ``engine.sim.whatif.what_if``'s (formulas and simulator runs), the charts
+``visualize.whatif``'s.
+"""
+
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from app_pages.widgets import localized_choice
+from engine.sim.whatif import DTYPE_BYTES, GPUS, MODELS, SYSTEMS, THIS_CPU, WhatIfConfig, what_if
+from visualize.i18n import t
+from visualize.whatif import decode_roofline_spec, system_name, systems_spec
+
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+PAPER_SLOTS = 15_700  # PagedAttention Table 1: OPT-13B on one A100-40GB
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _what_if(cfg: WhatIfConfig):
+    return what_if(cfg)
+
+
+def _kept(widget, label: str, key: str, lang: str, default, clamp=None, **kwargs):
+    """``widget`` whose value survives a language switch (its label changes) and is kept inside
+    ``clamp(value)`` when other choices move its range."""
+    state = st.session_state
+    value = state.get(key, default)
+    if clamp is not None:
+        value = clamp(value)
+    widget_key = f"{key}__{lang}"
+    state[widget_key] = value
+
+    def remember() -> None:
+        state[key] = state[widget_key]
+
+    chosen = widget(label, key=widget_key, on_change=remember, **kwargs)
+    state[key] = chosen
+    return chosen
+
+
+def _gpu_name(key: str, lang: str) -> str:
+    return t("whatif_this_cpu", lang) if key == THIS_CPU else GPUS[key].name
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.4g}B" if n >= 1e9 else f"{n / 1e6:.4g}M"
+
+
+def _source(url: str) -> str:
+    return f"[config.json]({url})" if url.endswith("config.json") else (f"<{url}>" if url.startswith("http") else f"`{url}`")
+
+
+def controls(lang: str) -> tuple[WhatIfConfig, str]:
+    c = st.columns(4)
+    model = localized_choice(c[0].selectbox, t("whatif_model", lang), tuple(MODELS), "whatif_model", lang,
+                             lambda k: MODELS[k].name, default="llama-3-8b")
+    gpu = localized_choice(c[1].selectbox, t("whatif_gpu", lang), tuple(GPUS), "whatif_gpu", lang,
+                           lambda k: _gpu_name(k, lang), default="h100")
+    dtype = localized_choice(c[2].selectbox, t("whatif_dtype", lang), tuple(DTYPE_BYTES), "whatif_dtype", lang, str)
+    system = localized_choice(c[3].selectbox, t("whatif_allocator", lang), SYSTEMS, "whatif_system", lang,
+                              lambda s: system_name(s, lang))
+    limit = MODELS[model].max_position_embeddings
+    contexts = sorted({2**i for i in range(9, 17) if 2**i <= limit} | {limit})
+    c = st.columns(3)
+    context = _kept(c[0].select_slider, t("whatif_context", lang), "whatif_context", lang, 4096, options=contexts,
+                    clamp=lambda v: v if v in contexts else min(contexts, key=lambda x: abs(x - v)))
+    prompt = _kept(c[1].slider, t("whatif_prompt", lang), "whatif_prompt", lang, 512, min_value=1, max_value=context - 16,
+                   clamp=lambda v: min(v, context - 16))  # room for an output slider of 1..16 at least
+    output = _kept(c[2].slider, t("whatif_output", lang), "whatif_output", lang, 256, min_value=1, max_value=context - prompt,
+                   clamp=lambda v: min(v, context - prompt))
+    c = st.columns(3)
+    users = _kept(c[0].slider, t("whatif_users", lang), "whatif_users", lang, 1000, min_value=1, max_value=4000)
+    block = _kept(c[1].select_slider, t("block_size", lang), "whatif_block", lang, 16, options=BLOCK_SIZES)
+    util = _kept(c[2].slider, "gpu_memory_utilization", "whatif_util", lang, 0.9, min_value=0.5, max_value=1.0, step=0.05)
+    return WhatIfConfig(model, gpu, dtype, context, users, prompt, output, block, util), system
+
+
+def page() -> None:
+    lang = st.session_state["lang"]
+    st.title(t("page_whatif", lang))
+    st.caption(t("whatif_intro", lang))
+    try:
+        cfg, system = controls(lang)
+    except ValueError as error:
+        st.error(t("whatif_bad_input", lang, error=error))
+        return
+    started = time.perf_counter()
+    result = _what_if(cfg)
+    model, gpu = result.model, result.gpu
+    st.caption(t("whatif_model_source", lang, model=model.name, layers=model.num_layers, kv_heads=model.num_kv_heads,
+                 head_dim=model.head_dim, params=_count(model.num_params), source=_source(model.source)))
+    peak = result.cost_model["token_s"]  # FLOP/s back from the cost model: flops_per_token / token_s
+    st.caption(t("whatif_gpu_source", lang, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30,
+                 bandwidth=gpu.mem_bandwidth / 1e9, tflops=2 * model.num_params / peak / 1e12, dtype=cfg.dtype,
+                 source=_source(gpu.source)))
+    nbytes = DTYPE_BYTES[cfg.dtype]
+    formula = {
+        "weights": t("whatif_weights_formula", lang, params=_count(model.num_params), nbytes=nbytes),
+        "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=nbytes),
+        "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.1f}"),
+        "slots": t("whatif_slots_formula", lang),
+    }
+    m = st.columns(4)
+    for box, (label, value, key) in zip(m, (("whatif_weights", f"{result.weight_bytes / 1e9:,.2f} GB", "weights"),
+                                            ("whatif_kv_per_token", f"{result.kv_bytes_per_token:,} B", "kv"),
+                                            ("whatif_kv_memory", f"{result.kv_memory_bytes / 2**30:,.2f} GiB", "memory"),
+                                            ("whatif_kv_slots", f"{result.kv_slots:,}", "slots"))):
+        box.metric(t(label, lang), value, help=t("whatif_from_formula", lang, formula=formula[key]))
+    st.caption(" · ".join(f"{t(k, lang)} {t('whatif_from_formula', lang, formula=formula[f])}"
+                          for k, f in (("whatif_weights", "weights"), ("whatif_kv_per_token", "kv"), ("whatif_kv_memory", "memory"))))
+    if not result.fits:
+        st.error(t("whatif_not_fit", lang, model=model.name, weights=result.weight_bytes / 1e9, context=cfg.max_model_len,
+                   util=cfg.gpu_memory_utilization, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30))
+        return
+    chosen = result.system(system)
+    m = st.columns(4)
+    m[0].metric(t("whatif_fit", lang), f"{chosen.requests_fit:,}", help=t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}",
+                per_request=f"{chosen.slots_per_request:,}", system=system_name(system, lang)))
+    m[1].metric(t("whatif_ridge", lang), f"{result.ridge_batch:,}", help=t("whatif_ridge_formula", lang))
+    m[2].metric(t("whatif_throughput", lang), f"{chosen.sim_tokens_per_s:,.0f}")
+    m[3].metric(t("whatif_rate", lang), f"{chosen.sim_requests_per_s:,.2f}",
+                help=t("whatif_rate_help", lang))
+    st.caption(t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}", per_request=f"{chosen.slots_per_request:,}",
+                 system=system_name(system, lang)) + " · " + t("whatif_ridge_formula", lang) + " · "
+               + t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
+                   preemptions=chosen.sim_preemptions))
+    st.vega_lite_chart(systems_spec(result, lang))
+    st.vega_lite_chart(decode_roofline_spec(result, lang), width="stretch", height=320)
+    st.markdown(t("whatif_explain", lang))
+    st.caption(t("whatif_sim_source", lang, n=result.sim_num_requests, ms=1e3 * result.sim_wall_s,
+                 call=result.formulas["simulate"], command=result.command))
+    check = _what_if(WhatIfConfig("opt-13b", "a100-40gb", "float16", 2048, 1, 161, 338))
+    st.caption(t("whatif_paper_check", lang, gib=check.kv_memory_bytes / 2**30, slots=check.kv_slots,
+                 diff=check.kv_slots / PAPER_SLOTS - 1))
+    st.caption(t("whatif_timing", lang, ms=1e3 * (time.perf_counter() - started)))

@@ -1,0 +1,378 @@
+"""What-ifs at production scale: a real model on a real GPU, before any engine runs.
+
+Why KV memory decides throughput, in four numbers, each from one formula or one simulator run:
+
+1. **Bytes.** The weights take ``parameters x dtype bytes``; one token's K and V take
+   ``2 x layers x KV heads x head_dim x dtype bytes`` (:func:`engine.config.kv_bytes_per_slot`).
+2. **Token slots.** What is left for the KV cache, as vLLM sizes it: ``gpu_memory_utilization x GPU
+   memory - weights`` (vLLM's default utilization 0.9; activations are not modelled), divided by the
+   bytes per token. How many requests fit: the slots over what one request holds at its longest,
+   paged (its final length, rounded up to whole blocks) or contiguous (paper §3 and §6.1: Orca Max
+   reserves ``max_model_len``, Pow2 the prompt plus its output length rounded up to a power of two,
+   Oracle exactly the final length).
+3. **The ridge point.** A decode step reads every weight once however many requests it batches, and
+   computes ``2 x parameters`` FLOPs per request: its linear layers stay bound by memory until the
+   batch reaches ``weights_s / token_s`` = ``peak FLOP/s x dtype bytes / (2 x bandwidth)`` (the
+   cost model's own coefficients, :class:`engine.sim.cost_model.CostModel`; A100 in 16-bit: about
+   200). Below that batch, throughput grows with the batch nearly for free; and the batch is what the
+   KV memory lets in.
+4. **Throughput.** The model-free simulator (``engine/sim/simulator.py``: the engine's own scheduler
+   and allocators) serves the users' requests, all arriving at once, with this model and GPU's step
+   times (:meth:`CostModel.from_figures`, peak figures): its requests/s is the request rate beyond
+   which a queue grows without bound (the paper's §6.1 "highest request rate it sustains").
+
+``python -m engine whatif --model llama-3-8b --gpu h100`` prints the same result as JSON.
+
+Model figures are the Hugging Face ``config.json`` of each model; GPU figures the vendor's datasheet
+(SXM parts; 16-bit dense tensor FLOP/s, without sparsity), except memory: what the device reports
+as its total (``nvidia-smi``'s MiB, what vLLM's ``gpu_memory_utilization`` is a share of; an
+A100-40GB's "40 GB" is 40,960 MiB). With it OPT-13B on one A100-40GB gets the paper's Table 1 (12 GB
+of KV, 15.7K token slots).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from engine.config import kv_bytes_per_slot
+from engine.sim.cost_model import CostModel, Hardware, ModelSpec, StepShape
+from engine.sim.simulator import simulate
+from engine.sim.workloads import Request
+
+GIB = 2**30
+MIB = 2**20
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+SYSTEMS = ("paged", "max", "pow2", "oracle")  # the paged allocator; contiguous with each Orca reservation
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
+MAX_NUM_SEQS = 256  # vLLM's default: the most requests one step runs
+STEP_OVERHEAD_S = 1e-3  # per step, as the simulator's GPU presets (engine/sim/cost_model.py)
+MAX_SIM_REQUESTS = 400  # the simulator run serves at most this many of the users' requests (it stays under 0.5 s)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One model's shape, from its Hugging Face ``config.json`` (``source``).
+
+    Attributes:
+        num_layers: ``num_hidden_layers``. num_attention_heads: query heads. num_kv_heads:
+            ``num_key_value_heads`` (= query heads without grouped-query attention).
+        head_dim: ``head_dim``, or ``hidden_size / num_attention_heads`` where the config has none.
+        num_params: parameters (the model card's count).
+        max_position_embeddings: the longest context it was trained for (tokens).
+    """
+
+    key: str
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_params: float
+    max_position_embeddings: int
+    source: str
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator's figures from its vendor datasheet (``source``).
+
+    Attributes:
+        memory_bytes: device memory, bytes, as the device reports it (``nvidia-smi``'s total). mem_bandwidth: bytes/s.
+        peak_flops: dense 16-bit (bf16/fp16) tensor FLOP/s. peak_flops_fp32: float32 FLOP/s.
+    """
+
+    key: str
+    name: str
+    memory_bytes: float
+    mem_bandwidth: float
+    peak_flops: float
+    peak_flops_fp32: float
+    source: str
+
+
+HF = "https://huggingface.co/{}/blob/main/config.json"
+MODELS: dict[str, ModelConfig] = {m.key: m for m in (
+    ModelConfig("smollm2-135m", "SmolLM2-135M", 30, 9, 3, 64, 134.5e6, 8192, HF.format("HuggingFaceTB/SmolLM2-135M")),
+    ModelConfig("llama-3-8b", "Llama-3-8B", 32, 32, 8, 128, 8.03e9, 8192, HF.format("meta-llama/Meta-Llama-3-8B")),
+    ModelConfig("llama-2-13b", "Llama-2-13B", 40, 40, 40, 128, 13.0e9, 4096, HF.format("meta-llama/Llama-2-13b-hf")),
+    ModelConfig("opt-13b", "OPT-13B", 40, 40, 40, 128, 12.85e9, 2048, HF.format("facebook/opt-13b")),
+    ModelConfig("qwen3-32b", "Qwen3-32B", 64, 64, 8, 128, 32.8e9, 40960, HF.format("Qwen/Qwen3-32B")),
+    ModelConfig("llama-3-70b", "Llama-3-70B", 80, 64, 8, 128, 70.6e9, 8192, HF.format("meta-llama/Meta-Llama-3-70B")),
+)}
+
+# "this CPU": the lab's own machine. Memory is this machine's RAM; bandwidth and FLOP/s are what
+# engine/tools/roofline.py measured on the project's Zen 4 VM (its docstring): about 45 GB/s read,
+# 391 GFLOP/s bf16 and 149 GFLOP/s fp32 (torch.mm). `python -m engine bench` measures yours.
+THIS_CPU = "this-cpu"
+
+
+def _this_cpu_memory() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: a stated 16 GiB
+        return 16.0 * GIB
+
+
+GPUS: dict[str, GPUSpec] = {g.key: g for g in (
+    GPUSpec("a100-40gb", "A100-40GB", 40_960 * MIB, 1.555e12, 312e12, 19.5e12,
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    GPUSpec("a100-80gb", "A100-80GB", 81_920 * MIB, 2.039e12, 312e12, 19.5e12,
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"),
+    GPUSpec("h100", "H100-SXM-80GB", 81_559 * MIB, 3.35e12, 989e12, 67e12, "https://www.nvidia.com/en-us/data-center/h100/"),
+    GPUSpec("h200", "H200-SXM-141GB", 143_771 * MIB, 4.8e12, 989e12, 67e12, "https://www.nvidia.com/en-us/data-center/h200/"),
+    GPUSpec("l4", "L4-24GB", 23_034 * MIB, 300e9, 121e12, 30.3e12, "https://www.nvidia.com/en-us/data-center/l4/"),
+    GPUSpec(THIS_CPU, "this CPU", _this_cpu_memory(), 45e9, 391e9, 149e9,
+            "engine/tools/roofline.py (measured on the lab's VM; `python -m engine bench` measures yours); memory: os.sysconf"),
+)}
+
+
+@dataclass(frozen=True)
+class WhatIfConfig:
+    """One what-if.
+
+    Attributes:
+        model: a key of :data:`MODELS`. gpu: a key of :data:`GPUS`. dtype: a key of :data:`DTYPE_BYTES`
+            (weights and KV alike).
+        max_model_len: the context length (tokens): what Orca (Max) reserves per request.
+        num_users: requests sent at once (the simulator serves them all).
+        prompt_len, output_len: each request's tokens (prompt + output <= max_model_len).
+        block_size: token slots per KV block (paged).
+        gpu_memory_utilization: share of the device memory for weights and KV (vLLM's, default 0.9).
+        max_num_seqs: the most requests one step runs (vLLM's default 256).
+
+    Raises:
+        ValueError: an unknown model, GPU or dtype; a length, count or block size below 1; a
+            request longer than max_model_len, or max_model_len beyond the model's positions; a
+            utilization outside (0, 1] (each names its field).
+    """
+
+    model: str = "llama-3-8b"
+    gpu: str = "h100"
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    num_users: int = 1000
+    prompt_len: int = 512
+    output_len: int = 256
+    block_size: int = 16
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    max_num_seqs: int = MAX_NUM_SEQS
+
+    def __post_init__(self) -> None:
+        for name, choices in (("model", MODELS), ("gpu", GPUS), ("dtype", DTYPE_BYTES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
+        for name in ("max_model_len", "num_users", "prompt_len", "output_len", "block_size", "max_num_seqs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.prompt_len + self.output_len > self.max_model_len:
+            raise ValueError(f"a request of prompt_len + output_len = {self.prompt_len + self.output_len} tokens is longer "
+                             f"than max_model_len ({self.max_model_len})")
+        limit = MODELS[self.model].max_position_embeddings
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds {MODELS[self.model].name}'s {limit} positions")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+@dataclass
+class SystemResult:
+    """One allocator's figures: ``system`` is "paged" or a contiguous reservation ("max", "pow2", "oracle").
+
+    Attributes:
+        slots_per_request: token slots one request holds at its longest (reserved, for contiguous).
+        requests_fit: requests the KV slots hold at once, all at their longest: ``kv_slots // slots_per_request``.
+        batch: the batch they allow: ``min(requests_fit, max_num_seqs, num_users)``.
+        decode_tokens_per_s: one decode step at that batch, every request at its mean context
+            (prompt + output / 2): batch / step time (the cost model; 0 when nothing fits).
+        sim_requests_per_s, sim_tokens_per_s: the simulator run's throughput (requests/s, output
+            tokens/s): the request rate where the queue explodes. sim_mean_running: requests running
+            per step. sim_preemptions: preemptions (recompute). sim_seconds: the simulated time (s).
+    """
+
+    system: str
+    slots_per_request: int
+    requests_fit: int
+    batch: int
+    decode_tokens_per_s: float
+    sim_requests_per_s: float = 0.0
+    sim_tokens_per_s: float = 0.0
+    sim_mean_running: float = 0.0
+    sim_preemptions: int = 0
+    sim_seconds: float = 0.0
+
+
+@dataclass
+class WhatIfResult:
+    """Plain data: everything the what-if page shows (see the module docstring for each formula).
+
+    Attributes:
+        weight_bytes: parameters x dtype bytes. kv_bytes_per_token: 2 x layers x KV heads x head_dim x dtype bytes.
+        kv_memory_bytes: gpu_memory_utilization x memory - weights (<= 0: the weights do not fit).
+        kv_slots: kv_memory_bytes // kv_bytes_per_token (0 when the weights do not fit).
+        fits: the weights fit and the KV slots hold one request of max_model_len.
+        ridge_batch: the batch at which a decode step's linear layers turn compute-bound
+            (ceil(weights_s / token_s) of the cost model).
+        decode_curve: rows {"batch", "step_ms", "memory_ms", "compute_ms", "tokens_per_s"} of one
+            decode step at each batch (log-spaced up to beyond the ridge and the largest fit).
+        systems: a :class:`SystemResult` per entry of :data:`SYSTEMS`.
+        cost_model: the coefficients used (:meth:`CostModel.to_json`). sim_wall_s: the simulator's
+            wall time, all systems. sim_num_requests: requests each simulator run serves. command: the CLI command that prints this result.
+    """
+
+    config: WhatIfConfig
+    model: ModelConfig
+    gpu: GPUSpec
+    weight_bytes: float
+    kv_bytes_per_token: int
+    kv_memory_bytes: float
+    kv_slots: int
+    fits: bool
+    ridge_batch: int
+    decode_curve: list[dict]
+    systems: list[SystemResult]
+    cost_model: dict
+    sim_wall_s: float = 0.0
+    sim_num_requests: int = 0
+    command: str = ""
+    formulas: dict = field(default_factory=dict)
+
+    def system(self, name: str) -> SystemResult:
+        return next(s for s in self.systems if s.system == name)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def cost_model_of(model: ModelConfig, gpu: GPUSpec, dtype: str) -> CostModel:
+    """The simulator's roofline step-time model (:meth:`CostModel.from_figures`) for ``model`` on ``gpu`` in ``dtype``."""
+    nbytes = DTYPE_BYTES[dtype]
+    peak = gpu.peak_flops if nbytes == 2 else gpu.peak_flops_fp32
+    hardware = Hardware(gpu.name, peak_flops=peak, mem_bandwidth=gpu.mem_bandwidth, step_overhead_s=STEP_OVERHEAD_S)
+    spec = ModelSpec(model.name, param_bytes=model.num_params * nbytes, flops_per_token=2 * model.num_params,
+                     attn_flops_per_pair=4 * model.num_layers * model.num_attention_heads * model.head_dim,
+                     kv_bytes_per_token=kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, nbytes),
+                     num_layers=model.num_layers)
+    return CostModel.from_figures(hardware, spec)
+
+
+def slots_per_request(system: str, cfg: WhatIfConfig) -> int:
+    """Token slots one request holds at its longest: paged, its final length in whole blocks; contiguous,
+    its reservation (``ContiguousAllocator.reservation_size``'s rules, paper §6.1)."""
+    final = cfg.prompt_len + cfg.output_len
+    if system == "paged":
+        return -(-final // cfg.block_size) * cfg.block_size
+    if system == "max":
+        return cfg.max_model_len
+    if system == "pow2":
+        return min(cfg.prompt_len + 2 ** math.ceil(math.log2(cfg.output_len)), cfg.max_model_len)
+    if system == "oracle":
+        return final
+    raise ValueError(f"system must be one of {', '.join(SYSTEMS)}; got {system!r}")
+
+
+def decode_step(cost: CostModel, batch: int, context: int, block_size: int | None) -> dict:
+    """One decode step of ``batch`` requests of ``context`` tokens each: its time (ms) from the cost
+    model, its memory-side and compute-side parts (ms), and tokens/s."""
+    # StepShape.of_batch([], [context] * batch, block_size), without a list of a million contexts
+    shape = StepShape(num_decodes=batch, decode_context=batch * context, kv_blocks=batch * -(-context // block_size) if block_size else 0)
+    step = cost.step_time(shape)
+    memory = cost.weights_s + shape.decode_context * cost.kv_token_s
+    compute = batch * cost.token_s + shape.decode_context * cost.pair_s
+    return {"batch": batch, "step_ms": 1e3 * step, "memory_ms": 1e3 * memory, "compute_ms": 1e3 * compute,
+            "tokens_per_s": batch / step}
+
+
+def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult:
+    """Every figure of one what-if (module docstring); ``simulate_throughput=False`` skips the simulator runs."""
+    model, gpu = MODELS[cfg.model], GPUS[cfg.gpu]
+    nbytes = DTYPE_BYTES[cfg.dtype]
+    weight_bytes = model.num_params * nbytes
+    kv_per_token = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, nbytes)
+    kv_memory = cfg.gpu_memory_utilization * gpu.memory_bytes - weight_bytes
+    kv_slots = max(int(kv_memory // kv_per_token), 0)
+    fits = kv_slots // cfg.block_size * cfg.block_size >= cfg.max_model_len
+    cost = cost_model_of(model, gpu, cfg.dtype)
+    ridge = math.ceil(cost.weights_s / cost.token_s)
+    context = cfg.prompt_len + cfg.output_len // 2
+    systems = []
+    for name in SYSTEMS:
+        per_request = slots_per_request(name, cfg)
+        fit = kv_slots // per_request if fits else 0
+        batch = min(fit, cfg.max_num_seqs, cfg.num_users)
+        tokens = decode_step(cost, batch, context, cfg.block_size if name == "paged" else None)["tokens_per_s"] if batch else 0.0
+        systems.append(SystemResult(name, per_request, fit, batch, tokens))
+    top = max([ridge, cfg.max_num_seqs] + [s.requests_fit for s in systems])
+    batches = sorted({max(1, round(2 ** (i / 4))) for i in range(0, 4 * math.ceil(math.log2(2 * top)) + 1)})
+    curve = [decode_step(cost, b, context, cfg.block_size) for b in batches]
+    wall, num = 0.0, sim_requests(cfg, systems)
+    if simulate_throughput and fits:
+        t0 = time.perf_counter()
+        requests = [Request(0.0, cfg.prompt_len, cfg.output_len)] * num
+        for s in systems:
+            allocator = "paged" if s.system == "paged" else "contiguous"
+            res = simulate(requests=requests, kv_slots=kv_slots, block_size=cfg.block_size, allocator=allocator,
+                           reservation="max" if allocator == "paged" else s.system, max_num_seqs=cfg.max_num_seqs,
+                           max_model_len=cfg.max_model_len, cost_model=cost, schedule_first="decodes",
+                           max_num_batched_tokens=max(2048, cfg.max_model_len))
+            s.sim_requests_per_s, s.sim_tokens_per_s = res.throughput_requests_per_s, res.throughput_tokens_per_s
+            s.sim_mean_running, s.sim_preemptions, s.sim_seconds = res.mean_concurrent_requests, res.preemptions, res.simulated_seconds
+        wall = time.perf_counter() - t0
+    return WhatIfResult(cfg, model, gpu, weight_bytes, kv_per_token, kv_memory, kv_slots, fits, ridge, curve, systems,
+                        cost.to_json(), wall, num, command(cfg), formulas(cfg, model, gpu, num))
+
+
+def sim_requests(cfg: WhatIfConfig, systems: list[SystemResult]) -> int:
+    """Requests the simulator serves: the users', at most three times the largest batch (enough rounds
+    for a steady rate) and at most ``MAX_SIM_REQUESTS``, at least 64."""
+    return min(cfg.num_users, MAX_SIM_REQUESTS, max(64, 3 * max(s.batch for s in systems)))
+
+
+def command(cfg: WhatIfConfig) -> str:
+    """The CLI command that prints ``cfg``'s result as JSON."""
+    return (f"python -m engine whatif --model {cfg.model} --gpu {cfg.gpu} --dtype {cfg.dtype} --max-model-len {cfg.max_model_len} "
+            f"--num-users {cfg.num_users} --prompt-len {cfg.prompt_len} --output-len {cfg.output_len} --block-size {cfg.block_size}")
+
+
+def formulas(cfg: WhatIfConfig, model: ModelConfig, gpu: GPUSpec, num_requests: int) -> dict[str, str]:
+    """Where each figure comes from, filled in with this what-if's numbers (language-neutral)."""
+    nbytes = DTYPE_BYTES[cfg.dtype]
+    return {
+        "weights": f"{model.num_params:.4g} parameters × {nbytes} B",
+        "kv_per_token": f"2 × {model.num_layers} layers × {model.num_kv_heads} KV heads × {model.head_dim} head_dim × {nbytes} B",
+        "kv_memory": f"{cfg.gpu_memory_utilization:g} × {gpu.memory_bytes / GIB:.1f} GiB − weights",
+        "kv_slots": "KV memory ÷ KV bytes per token",
+        "ridge": "weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth)",
+        "simulate": (f"simulate(requests=[Request(0, {cfg.prompt_len}, {cfg.output_len})] × {num_requests}, "
+                     f"kv_slots=…, block_size={cfg.block_size}, allocator=…, reservation=…, max_num_seqs={cfg.max_num_seqs}, "
+                     f"cost_model=CostModel.from_figures(…))"),
+    }
+
+
+def register_cli(subparsers) -> None:
+    """Add ``whatif``: one what-if, printed as JSON."""
+    import json
+
+    p = subparsers.add_parser("whatif", help="KV memory, batch and throughput of a real model on a real GPU (no engine runs)")
+    p.add_argument("--model", choices=sorted(MODELS), default="llama-3-8b")
+    p.add_argument("--gpu", choices=sorted(GPUS), default="h100")
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=4096, help="context length, tokens (what Orca (Max) reserves)")
+    p.add_argument("--num-users", type=int, default=1000, help="requests sent at once")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
+    p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
+
+    def run(args) -> None:
+        cfg = WhatIfConfig(args.model, args.gpu, args.dtype, args.max_model_len, args.num_users, args.prompt_len,
+                           args.output_len, args.block_size, args.gpu_memory_utilization, args.max_num_seqs)
+        data = what_if(cfg).to_json()
+        data.pop("decode_curve")
+        print(json.dumps(data, indent=2))
+
+    p.set_defaults(func=run)

@@ -1,0 +1,76 @@
+"""The what-if page's figures (Vega-Lite specs, drawn as SVG) from ``engine.sim.whatif.WhatIfResult``.
+
+- :func:`decode_roofline_spec`: decode throughput (tokens/s) against the batch, from the cost model,
+  with the ridge point (where the linear layers turn compute-bound) and the batch each allocator's KV
+  memory allows;
+- :func:`systems_spec`: paged and contiguous side by side: requests that fit, and the simulator's
+  throughput (requests/s, the rate where the queue explodes).
+"""
+
+from __future__ import annotations
+
+from visualize.i18n import t
+from visualize.paper import PAPER_SYSTEM_OF, SYSTEM_COLORS
+from visualize.style import as_svg
+
+RESERVATION_NAMES = {"max": "Max", "pow2": "Pow2", "oracle": "Oracle"}
+
+
+def system_name(system: str, lang: str) -> str:
+    """"paged" or a contiguous reservation ("max", "pow2", "oracle") in the reader's language."""
+    if system == "paged":
+        return t("system_paged", lang)
+    return t("system_contiguous", lang, reservation=RESERVATION_NAMES[system])
+
+
+def _color(result, lang: str) -> dict:
+    names = [system_name(s.system, lang) for s in result.systems]
+    colors = [SYSTEM_COLORS[PAPER_SYSTEM_OF["paged" if s.system == "paged" else f"contiguous ({s.system})"]] for s in result.systems]
+    return {"field": "system", "type": "nominal", "title": t("system_axis", lang), "scale": {"domain": names, "range": colors},
+            "legend": {"labelLimit": 0, "orient": "bottom"}}
+
+
+def decode_roofline_spec(result, lang: str = "en") -> dict:
+    """Tokens/s of one decode step against the batch (log axes), the cost model's roofline
+    (``result.decode_curve``); a dashed rule at ``result.ridge_batch``; a point per allocator at the
+    batch its KV memory allows. Data: the line's rows in the first layer's ``data.values`` (batch,
+    tokens_per_s), the points' in the third's (system, batch, tokens_per_s)."""
+    curve = [{"batch": r["batch"], "tokens_per_s": r["tokens_per_s"]} for r in result.decode_curve]
+    points = [{"system": system_name(s.system, lang), "batch": s.batch, "tokens_per_s": s.decode_tokens_per_s}
+              for s in result.systems if s.batch > 0]
+    x = {"field": "batch", "type": "quantitative", "title": t("whatif_batch_axis", lang), "scale": {"type": "log"}}
+    y = {"field": "tokens_per_s", "type": "quantitative", "title": t("whatif_tokens_axis", lang), "scale": {"type": "log"}}
+    ridge = [{"batch": result.ridge_batch, "label": t("whatif_ridge_label", lang, batch=result.ridge_batch)}]
+    return as_svg({
+        "title": t("whatif_roofline_title", lang),
+        "layer": [
+            {"data": {"values": curve}, "mark": {"type": "line", "color": "#555555"}, "encoding": {"x": x, "y": y}},
+            {"data": {"values": ridge}, "layer": [
+                {"mark": {"type": "rule", "strokeDash": [6, 4], "color": "#2ca02c"}, "encoding": {"x": {**x, "field": "batch"}}},
+                {"mark": {"type": "text", "align": "right", "dx": -4, "dy": 8, "baseline": "top", "color": "#2ca02c", "y": 0},
+                 "encoding": {"x": {**x, "field": "batch"}, "text": {"field": "label"}}},
+            ]},
+            {"data": {"values": points}, "mark": {"type": "point", "filled": True, "size": 120, "tooltip": True},
+             "encoding": {"x": x, "y": y, "color": _color(result, lang)}},
+        ],
+    })
+
+
+def systems_spec(result, lang: str = "en") -> dict:
+    """Two bar charts side by side, one bar per allocator: the requests its KV slots hold at once
+    (``requests_fit``) and the simulator's throughput in requests/s (``sim_requests_per_s``). Data: the
+    top-level ``data.values`` rows (system, requests_fit, requests_per_s)."""
+    rows = [{"system": system_name(s.system, lang), "requests_fit": s.requests_fit, "requests_per_s": round(s.sim_requests_per_s, 2)}
+            for s in result.systems]
+    y = {"field": "system", "type": "nominal", "title": None, "sort": None, "axis": {"labelLimit": 0}}
+
+    def bars(field: str, title: str, fmt: str) -> dict:
+        x = {"field": field, "type": "quantitative", "title": title}
+        return {"width": 260, "layer": [
+            {"mark": {"type": "bar", "tooltip": True}, "encoding": {"y": y, "x": x, "color": {**_color(result, lang), "legend": None}}},
+            {"mark": {"type": "text", "align": "left", "dx": 3}, "encoding": {"y": y, "x": x, "text": {"field": field, "format": fmt}}},
+        ]}
+
+    return as_svg({"data": {"values": rows}, "hconcat": [bars("requests_fit", t("whatif_fit_axis", lang), ",d"),
+                                                          bars("requests_per_s", t("whatif_rate_axis", lang), ",.2f")],
+                   "title": t("whatif_systems_title", lang)})
