@@ -101,6 +101,8 @@ class LLMEngine:
             config.speculative_config.verify_for_engine(model.num_layers, self.kv.num_usable_blocks * config.block_size, self.max_model_len)
             self.spec = SpeculativeDecoder(config.speculative_config, self.runner, self.kv, self.max_model_len, self.events)
         self.step_index = 0
+        self.clock_ms = 0.0  # the engine's busy time: the sum of its steps' durations (StepReport.start_ms)
+        self._arrived: dict[int, float] = {}  # requests queued since the last step, at clock_ms
         self._next_request_id = 0
 
     # ---- requests ---------------------------------------------------------------------------
@@ -175,6 +177,7 @@ class LLMEngine:
                                            for i in range(request.num_samples)]
         self.output_processor.add_request(request, self._prompt_text(prompt, ids))
         self.scheduler.add(request)
+        self._arrived[request_id] = self.clock_ms
         return request_id
 
     def _prompt_text(self, prompt: Prompt, ids: list[int]) -> str:
@@ -256,6 +259,8 @@ class LLMEngine:
         report = self._make_report(batch, scheduled, out)
         timer.lap("report")
         report.timings_ms = timer.timings_ms()
+        report.start_ms, report.arrived, self._arrived = self.clock_ms, self._arrived, {}
+        self.clock_ms += report.timings_ms["total"]
         self.step_index += 1
         return report
 
@@ -433,7 +438,7 @@ class LLMEngine:
             cpu_memory=self.kv.cpu_usage(swapped) if cpu else None,
             cpu_block_tables=self.kv.cpu_snapshot(swapped) if cpu else [],
             seq_new_text=out.seq_new_text, seq_finished=out.seq_finished, sharing=out.sharing,
-            beam_scores=out.beam_scores, errors=out.errors,
+            beam_scores=out.beam_scores, errors=out.errors, waiting=batch.waiting,
         )
 
     def _make_kv_manager(self) -> KVCacheManager:

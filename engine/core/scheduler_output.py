@@ -23,6 +23,8 @@ class SchedulerOutput:
         swapped_out, swapped_in: requests swapped out to / back in from the CPU pool this step.
         blocks_to_swap_out: ``(gpu_block, cpu_block)`` copies to run first, before any other copy
             or write of the step; blocks_to_swap_in: ``(cpu_block, gpu_block)`` copies, next.
+        waiting: the waiting queue after scheduling, head first: request id -> why it was not
+            admitted (``engine.report.WAIT_REASONS``).
     """
 
     prefill_seqs: list[Sequence] = field(default_factory=list)
@@ -34,6 +36,7 @@ class SchedulerOutput:
     swapped_in: list[SequenceGroup] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
