@@ -13,6 +13,7 @@ import math
 import pandas as pd
 import streamlit as st
 
+from app_pages import timeline_panel
 from app_pages.common import category_help, plain, png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
@@ -126,6 +127,9 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
     rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
+    for index, (label, reports) in enumerate(runs.items()):
+        st.markdown(f"#### {system_label(label, lang)}")
+        timeline_panel.timeline_view(reports, lang, key=f"compare_timeline_{index}")
 
 
 def _paper_row(workload: str, system: str, frame: pd.DataFrame, weights=None) -> dict:

@@ -245,7 +245,7 @@ class LLMEngine:
         """
         timer = _Timer()
         batch = self.scheduler.schedule()
-        scheduled = _scheduled_requests(batch)
+        scheduled = batch.scheduled_requests()
         timer.lap("schedule")
         self._swap(batch)
         timer.lap("swap")
@@ -474,15 +474,6 @@ def _rate(spec: dict) -> tuple[float, float]:
     proposed = sum(len(s.proposed) for s in spec.values())
     accepted = sum(s.accepted for s in spec.values())
     return (accepted / proposed if proposed else 0.0), ((accepted + len(spec)) / len(spec) if spec else 0.0)
-
-
-def _scheduled_requests(batch: SchedulerOutput) -> list[ScheduledRequest]:
-    """Each scheduled sequence's share of the step, as the report shows it (before it is computed)."""
-    scheduled = []
-    for s in batch.prefill_seqs:
-        n = batch.num_tokens_of(s)
-        scheduled.append(ScheduledRequest(s.request_id, "prefill", n, s.num_computed_tokens + n, s.num_computed_tokens + n, s.num_tokens))
-    return scheduled + [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens, s.num_tokens) for s in batch.decode_seqs]
 
 
 def _eos_token_ids(config, tokenizer) -> set[int]:

@@ -24,9 +24,10 @@ request, one "X" slice per step), which ui.perfetto.dev and chrome://tracing ope
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
-from engine.report import PREEMPT, PREEMPTED_BY_SWAP, StepReport
+from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, WAIT_QUEUE, StepReport
 
 # A request's state in one step (Span.state).
 WAITING = "waiting"  # in the waiting queue, not admitted (Span.reason says why)
@@ -50,13 +51,13 @@ class Span:
         num_tokens: tokens this request computed in the step (prefill chunk, or its decodes).
         reason: WAITING: a ``engine.report.WAIT_*`` code ("" in run files without it);
             PREEMPTED: the PREEMPT event's detail (recompute, swap, or why a swap recomputed).
-        blocker: WAITING: WAIT_BUDGET: the request with the step's largest prefill; WAIT_QUEUE:
-            the head of the queue it waits behind; else None.
-        blocker_tokens: WAIT_BUDGET: that prefill's tokens.
+        blocker: WAITING with WAIT_QUEUE: the head of the queue it waits behind; else None.
         computed, prompt_tokens: PREFILL: the tokens with KV after the step and the tokens the
             whole (re)prefill computes, so a chunk is ``computed / prompt_tokens`` of the way.
         new_tokens: output tokens the step gave the request.
         rejected: speculative decoding: draft tokens given back (rejected) this step.
+        largest_prefill, largest_prefill_tokens: the request with the step's largest prefill (or
+            chunk) and its tokens; None when the step prefilled nothing.
     """
 
     request_id: int
@@ -69,11 +70,12 @@ class Span:
     num_tokens: int = 0
     reason: str = ""
     blocker: int | None = None
-    blocker_tokens: int = 0
     computed: int = 0
     prompt_tokens: int = 0
     new_tokens: int = 0
     rejected: int = 0
+    largest_prefill: int | None = None
+    largest_prefill_tokens: int = 0
 
 
 @dataclass
@@ -177,8 +179,10 @@ def build_timeline(reports: list[StepReport]) -> list[RequestTimeline]:
 
 def _spans(report: StepReport, start: float, end: float, rows: dict[int, RequestTimeline]) -> list[Span]:
     """Each request's span in one step."""
+    prefills = [(s.num_tokens, s.request_id) for s in report.scheduled if s.phase == "prefill"]
+    tokens, largest = max(prefills) if prefills else (0, None)
     base = dict(step=report.step, start_ms=start, end_ms=end, batch_size=len({s.request_id for s in report.scheduled}),
-                step_tokens=report.num_tokens)
+                step_tokens=report.num_tokens, largest_prefill=largest, largest_prefill_tokens=tokens)
     spans: dict[int, Span] = {}
     for s in report.scheduled:  # several sequences of one request: one span, their tokens summed
         old = spans.get(s.request_id)
@@ -192,19 +196,12 @@ def _spans(report: StepReport, start: float, end: float, rows: dict[int, Request
         spans[rid] = replace(span, new_tokens=len(report.new_token_ids.get(rid, ())), rejected=rejected)
     how = {e.request_id: e.detail for e in report.events if e.kind == PREEMPT}
     for rid in report.preempted:
-        spans[rid] = Span(rid, state=PREEMPTED, reason=how.get(rid, PREEMPTED_BY_SWAP if rid in report.swapped_out else ""), **base)
+        spans[rid] = Span(rid, state=PREEMPTED, reason=how.get(rid, PREEMPTED_BY_SWAP if rid in report.swapped_out else PREEMPTED_BY_RECOMPUTE), **base)
     waiting = getattr(report, "waiting", {})
-    prefills = [(s.num_tokens, s.request_id) for s in report.scheduled if s.phase == "prefill"]
     head = next(iter(waiting), None)
     for rid, reason in waiting.items():
-        if rid in spans:
-            continue
-        blocker, tokens = None, 0
-        if reason == "budget" and prefills:
-            tokens, blocker = max(prefills)
-        elif reason == "queue":
-            blocker = head
-        spans[rid] = Span(rid, state=WAITING, reason=reason, blocker=blocker, blocker_tokens=tokens, **base)
+        if rid not in spans:
+            spans[rid] = Span(rid, state=WAITING, reason=reason, blocker=head if reason == WAIT_QUEUE else None, **base)
     for rid in report.swapped:
         spans.setdefault(rid, Span(rid, state=SWAPPED, **base))
     live = {b.request_id for b in report.block_tables}
@@ -259,6 +256,13 @@ def chrome_trace(reports: list[StepReport], name: str = "PagedAttention Lab") ->
             "otherData": {"source": name, "clock": "the engine's busy time (simulated time for the simulator)"}}
 
 
+def write_chrome_trace(reports: list[StepReport], path: str, name: str = "PagedAttention Lab") -> None:
+    """Write :func:`chrome_trace` of ``reports`` to ``path`` as JSON (UTF-8). Raises OSError when the
+    file cannot be written."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(chrome_trace(reports, name), f)
+
+
 def _us(ms: float) -> float:
     return round(ms * 1000.0, 3)
 
@@ -277,4 +281,6 @@ def _span_args(span: Span) -> dict:
         args["reason"] = span.reason
     if span.blocker is not None:
         args["behind_request"] = span.blocker
+    if span.largest_prefill is not None and span.largest_prefill != span.request_id:
+        args["largest_prefill"] = f"request {span.largest_prefill}: {span.largest_prefill_tokens} tokens"
     return args

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.report import ScheduledRequest
 
 
 @dataclass
@@ -51,3 +52,12 @@ class SchedulerOutput:
     def num_tokens_of(self, seq: Sequence) -> int:
         """Tokens ``seq`` computes this step (before :meth:`Scheduler.update_from_output`)."""
         return self.num_scheduled_tokens.get(seq.seq_id, seq.num_new_tokens)
+
+    def scheduled_requests(self) -> list[ScheduledRequest]:
+        """Each scheduled sequence's share of the step, as a StepReport shows it (call it before
+        :meth:`Scheduler.update_from_output`: it reads what was computed before the step)."""
+        scheduled = []
+        for s in self.prefill_seqs:
+            n = self.num_tokens_of(s)
+            scheduled.append(ScheduledRequest(s.request_id, "prefill", n, s.num_computed_tokens + n, s.num_computed_tokens + n, s.num_tokens))
+        return scheduled + [ScheduledRequest(s.request_id, "decode", 1, s.num_tokens, s.num_tokens) for s in self.decode_seqs]
