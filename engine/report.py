@@ -47,7 +47,7 @@ WAIT_BUDGET = "budget"  # its prompt (or chunk) does not fit the token budget th
 WAIT_NO_FREE_BLOCK = "no_free_block"  # the pool cannot give its prompt the blocks it needs
 WAIT_MAX_NUM_SEQS = "max_num_seqs"  # max_num_seqs requests are running already
 WAIT_SWAPPED = "swapped"  # requests are swapped out: they come back before anyone new is admitted (paper §4.5)
-WAIT_PREEMPTION = "preemption"  # the step preempted a running request: nothing new is admitted
+WAIT_PREEMPTION = "preemption"  # the step preempted a running request (this one, or another): nothing new is admitted
 WAIT_QUEUE = "queue"  # behind the head of the queue, which could not be admitted
 WAIT_STATIC_BATCH = "static_batch"  # static batching: the running batch runs until its longest request finishes
 WAIT_REASONS = (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS, WAIT_SWAPPED, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_STATIC_BATCH)
@@ -231,7 +231,8 @@ class StepReport:
             :class:`SpecDecodeOutput`.
         spec_acceptance_rate, spec_mean_accepted_length: the step's, over its verifications (0 without any).
         waiting: the waiting queue after the step was scheduled, head first: request id -> why it was
-            not admitted (one of WAIT_REASONS; the head's own reason, WAIT_QUEUE behind it).
+            not admitted (one of WAIT_REASONS: the head's own reason, WAIT_QUEUE behind it;
+            WAIT_PREEMPTION for a request preempted in this step).
         start_ms: when the step started on the engine's clock, ms: the engine's busy time (the sum of
             its earlier steps' ``timings_ms["total"]``; a pause between steps is not counted); the
             simulator's simulated clock. None in run files written before the field existed.

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, WAIT_QUEUE, StepReport
+from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, WAIT_PREEMPTION, WAIT_QUEUE, StepReport
 
 # A request's state in one step (Span.state).
 WAITING = "waiting"  # in the waiting queue, not admitted (Span.reason says why)
@@ -198,7 +198,7 @@ def _spans(report: StepReport, start: float, end: float, rows: dict[int, Request
     for rid in report.preempted:
         spans[rid] = Span(rid, state=PREEMPTED, reason=how.get(rid, PREEMPTED_BY_SWAP if rid in report.swapped_out else PREEMPTED_BY_RECOMPUTE), **base)
     waiting = getattr(report, "waiting", {})
-    head = next(iter(waiting), None)
+    head = next((rid for rid, reason in waiting.items() if reason not in (WAIT_QUEUE, WAIT_PREEMPTION)), None)
     for rid, reason in waiting.items():
         if rid not in spans:
             spans[rid] = Span(rid, state=WAITING, reason=reason, blocker=head if reason == WAIT_QUEUE else None, **base)

@@ -121,7 +121,7 @@ class Scheduler:
         if self.schedule_first == "prefills" and admit:
             stop = self._schedule_prefills(out, self.max_num_batched_tokens)
             if out.prefill_seqs:
-                out.waiting = self._why_waiting(stop)
+                out.waiting = self._why_waiting(out, stop)
                 return out  # vLLM v0: a prefill step; the running requests decode in the next one
             admit = False  # the head of the queue does not fit: decodes only
         budget = self._schedule_running(out)
@@ -131,14 +131,23 @@ class Scheduler:
             stop = WAIT_PREEMPTION
         elif admit:
             stop = self._schedule_prefills(out, budget)
-        out.waiting = self._why_waiting(stop)
+        out.waiting = self._why_waiting(out, stop)
         return out
 
-    def _why_waiting(self, stop: str | None) -> dict[int, str]:
-        """Every waiting request's reason, head first: ``stop`` for the head; behind it the same when
-        no one could be admitted whoever they were (batch full, swapped, preemption), else WAIT_QUEUE."""
+    def _why_waiting(self, out: SchedulerOutput, stop: str | None) -> dict[int, str]:
+        """Every waiting request's reason, in queue order: WAIT_PREEMPTION for one preempted this
+        step; ``stop`` for the first other one (the head); behind it the same when no one could be
+        admitted whoever they were (batch full, swapped, preemption), else WAIT_QUEUE."""
         own = stop in (WAIT_BUDGET, WAIT_NO_FREE_BLOCK)
-        return {g.request_id: stop if i == 0 or not own else WAIT_QUEUE for i, g in enumerate(self.waiting)}
+        preempted = {id(g) for g in out.preempted}
+        reasons, head = {}, True
+        for group in self.waiting:
+            if id(group) in preempted:
+                reasons[group.request_id] = WAIT_PREEMPTION
+                continue
+            reasons[group.request_id] = stop if head or not own else WAIT_QUEUE
+            head = False
+        return reasons
 
     def update_from_output(self, out: SchedulerOutput) -> list[Sequence]:
         """After the step's forward pass: advance every scheduled sequence's ``num_computed_tokens``
