@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.test_app_browser import CHROMIUM, chart_text_problems, download, in_browser, no_exception_box, open_app, wait_for_charts
+from tests.test_app_browser import CHROMIUM, SHOTS, chart_text_problems, download, in_browser, no_exception_box, open_app, wait_for_charts
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +83,7 @@ def drive(page, sync_api, port, server, tmp_path) -> None:
         assert int(waited.inner_text()) > 1, lang  # it waited behind the long prompt's chunks
         assert chart_text_problems(page, lang) == [], lang
         no_exception_box(page)
+        chart = page.locator('[data-testid="stVegaLiteChart"]').filter(has_text="等待" if lang == "zh" else "waiting")
+        chart.scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        chart.screenshot(path=str(SHOTS / f"timeline_{lang}.png"))
