@@ -66,7 +66,7 @@ def summary_table(timelines, lang: str, key: str) -> None:
     st.markdown(f"**{t('latency_summary_title', lang)}**")
     stats = (("mean", "latency_mean"), ("median", "latency_median"), ("p99", "latency_p99"))
     head = "".join(f"<th>{html.escape(t(title, lang))}</th>" for _, title in stats)
-    rows = "".join(f'<tr data-metric="{m}"><td>{m.upper()} (ms)</td>'
+    rows = "".join(f'<tr data-metric="{m}"><td>{html.escape(t(f"latency_{m}", lang))}</td>'
                    + "".join(f'<td style="text-align:right">{summary[f"{s}_{m}_ms"]:.1f}</td>' for s, _ in stats) + "</tr>"
                    for m in ("ttft", "tpot", "itl", "e2el"))
     st.markdown(f'<table data-testid="timeline-summary" data-key="{key}" style="font-size:0.85rem">'

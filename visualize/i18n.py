@@ -422,6 +422,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_ttft_steps": ("TTFT (steps)", "TTFT（步数）"),
     "latency_tpot": ("TPOT (ms)", "token 间延迟 TPOT（毫秒）"),
     "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
+    "latency_itl": ("ITL (ms)", "相邻 token 间隔 ITL（毫秒）"),
     "latency_arrival": ("Arrival (ms)", "到达（毫秒）"),
     "latency_output_tokens": ("Output tokens", "输出 token 数"),
     "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已结束的请求）"),
