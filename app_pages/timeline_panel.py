@@ -14,7 +14,7 @@ import streamlit as st
 from app_pages.widgets import localized_choice
 from engine.timeline import build_timeline, chrome_trace
 from visualize.i18n import t
-from visualize.timeline import bench_serve_summary, latency_rows, request_label, timeline_chart
+from visualize.timeline import CHART_EXTRA_PX, bench_serve_summary, latency_rows, request_label, timeline_chart
 
 LATENCY_COLUMNS = (("arrival_ms", "latency_arrival"), ("ttft_ms", "latency_ttft"), ("ttft_steps", "latency_ttft_steps"),
                    ("tpot_ms", "latency_tpot"), ("e2el_ms", "latency_e2el"), ("output_tokens", "latency_output_tokens"))
@@ -29,7 +29,8 @@ def timeline_view(reports: list, lang: str, key: str = "timeline", labels: dict[
         return
     unit = localized_choice(st.radio, t("timeline_unit", lang), ("ms", "step"), f"{key}_unit", lang,
                             lambda u: t(f"timeline_unit_{u}", lang), horizontal=True)
-    st.altair_chart(timeline_chart(timelines, lang, unit), width="stretch")
+    chart = timeline_chart(timelines, lang, unit)
+    st.altair_chart(chart, width="stretch", height=chart.height + CHART_EXTRA_PX)
     st.caption(t("timeline_caption", lang))
     latency_table(timelines, lang, key, labels)
     summary_table(timelines, lang, key)

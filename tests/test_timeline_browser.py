@@ -14,7 +14,9 @@ pytestmark = pytest.mark.slow
 
 # Each chart's texts (the app draws charts as SVG), to find the timeline's among them.
 CHART_TEXTS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(
-  chart => [...chart.querySelectorAll('svg text')].map(t => t.textContent))"""
+  chart => [...chart.querySelectorAll('svg text')]
+    .filter(t => getComputedStyle(t).visibility !== 'hidden' && +getComputedStyle(t).opacity !== 0)
+    .map(t => t.textContent))"""
 ROWS = 7  # the preset: one long prompt, six short ones
 
 

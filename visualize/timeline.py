@@ -21,6 +21,8 @@ STATE_COLORS = {WAITING: "#d9d9d9", PREFILL: "#ff7f0e", DECODE: "#1f77b4", PREEM
 MARKS = (("arrival", "triangle-right", "#000000"), ("first_token", "diamond", "#2ca02c"), ("finished", "square", "#000000"))
 PREEMPT_KEYS = {PREEMPTED_BY_RECOMPUTE: "ev_preempt_detail", PREEMPTED_BY_SWAP: "ev_preempt_swap_detail",
                 RECOMPUTE_CPU_POOL_FULL: "ev_preempt_cpu_full", RECOMPUTE_PARTIAL_PREFILL: "ev_preempt_partial_prefill"}
+ROW_PX = 24  # height of one request's row
+CHART_EXTRA_PX = 130  # the x axis, its title and the legend below the rows
 LONG_PREFILL_SHARE = 0.5  # a prefill is "long" when it takes at least this share of its step's tokens
 
 
@@ -106,7 +108,7 @@ def timeline_chart(timelines: list[RequestTimeline], lang: str = "en", unit: str
     marks on top; hover a bar for its step, batch, what and why."""
     frame, marks = timeline_frame(timelines, lang, unit), marks_frame(timelines, lang, unit)
     order = [request_label(r.request_id, lang) for r in timelines]
-    y = alt.Y("request:N", sort=order, title=None, axis=alt.Axis(labelLimit=0))
+    y = alt.Y("request:N", sort=order, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False))
     x_title = t("timeline_unit_ms", lang) if unit == "ms" else t("step_axis", lang)
     color = alt.Color("state_label:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0, columns=6),
                       scale=alt.Scale(domain=[t(f"state_{s}", lang) for s in STATES], range=[STATE_COLORS[s] for s in STATES]))
@@ -124,8 +126,7 @@ def timeline_chart(timelines: list[RequestTimeline], lang: str = "en", unit: str
             layers.append(alt.Chart(points).mark_point(shape=shape, filled=True, size=70, color=fill, opacity=1).encode(
                 x="x:Q", y=y, tooltip=[alt.Tooltip("request:N", title=t("request", lang)), alt.Tooltip("label:N", title=t("timeline_state", lang)),
                                       alt.Tooltip("text:N", title=t("timeline_time", lang))]))
-    height = 22 * max(len(order), 1) + 20
-    return as_svg(alt.layer(*layers).properties(height=height, width=width))
+    return as_svg(alt.layer(*layers).properties(height=ROW_PX * max(len(order), 1), width=width))
 
 
 def latency_rows(timelines: list[RequestTimeline]) -> list[dict]:
