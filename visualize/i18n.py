@@ -438,7 +438,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "一个 1,500 个 token 的提示词，后面八个 50 个 token 的提示词，全部在时刻 0 到达，每个生成 32 个 token；"
         "A100 上的 OPT-13B（步耗时模型），模拟时间。",
     ),
-    "sim_timeline_whole": ("Whole prompts (vLLM v0's prefill-first rule)", "整段预填充（vLLM v0 的预填充优先规则）"),
+    "sim_timeline_whole": ("Whole prompts (vLLM v0's prefill-first rule)", "整段提示词预填充（vLLM v0 的预填充优先规则）"),
     "sim_timeline_chunked": ("Chunked prefill, 512 tokens a step (decodes first)", "分块预填充，每步 512 个 token（解码优先）"),
     "timeline_download_help": ("Opens in ui.perfetto.dev or chrome://tracing: one track per request, one slice per step.",
                                "可在 ui.perfetto.dev 或 `chrome://tracing` 中打开：每个请求一条轨道，每一步一个切片。"),
