@@ -35,7 +35,7 @@ PREFILL = "prefill"  # computing its prompt, or a chunk of it
 DECODE = "decode"  # computing its newest token (with speculative decoding: verifying drafts too)
 PREEMPTED = "preempted"  # evicted this step (Span.reason: recompute or swap)
 SWAPPED = "swapped"  # waiting in the CPU pool, swapped out
-STALLED = "stalled"  # admitted, holding its blocks, but not in this step's batch
+STALLED = "stalled"  # admitted, holding its blocks, but not in this step's batch (the token budget went to others)
 STATES = (WAITING, PREFILL, DECODE, PREEMPTED, SWAPPED, STALLED)
 
 

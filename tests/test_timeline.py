@@ -205,3 +205,20 @@ def test_the_trace_and_the_chart_agree_on_the_spans(head_of_line_run):
     slices = [e for e in chrome_trace(reports)["traceEvents"] if e["ph"] == "X"]
     assert len(frame) == len(slices)
     assert set(frame["request"]) == {f"请求 {i}" for i in range(4)} and "预填充" in set(frame["state_label"])
+
+
+def test_a_long_run_is_drawn_with_one_bar_per_stretch_of_equal_steps():
+    """Thousands of step spans are merged into stretches for the chart; every step stays covered once."""
+    from visualize.timeline import MAX_BARS, coalesce, timeline_chart, timeline_frame
+
+    reports = simulate(num_requests=16, kv_slots=4000, max_model_len=1024, cost_model="a100-opt-13b", record_steps=True).step_reports
+    rows = build_timeline(reports)
+    frame = timeline_frame(rows)
+    merged = coalesce(frame)
+    assert len(frame) > MAX_BARS > len(merged)
+    for rid, group in merged.groupby("request_id"):
+        own = frame[frame["request_id"] == rid]
+        assert group["start"].iloc[0] == own["start"].iloc[0] and group["end"].iloc[-1] == own["end"].iloc[-1]
+        assert group["start"].iloc[1:].to_numpy() == pytest.approx(group["end"].iloc[:-1].to_numpy())  # no gap, no overlap
+    datasets = timeline_chart(rows).to_dict()["datasets"].values()
+    assert max(len(values) for values in datasets) == len(merged)  # the chart draws the stretches

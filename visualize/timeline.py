@@ -22,6 +22,7 @@ MARKS = (("arrival", "triangle-right", "#000000"), ("first_token", "diamond", "#
 PREEMPT_KEYS = {PREEMPTED_BY_RECOMPUTE: "ev_preempt_detail", PREEMPTED_BY_SWAP: "ev_preempt_swap_detail",
                 RECOMPUTE_CPU_POOL_FULL: "ev_preempt_cpu_full", RECOMPUTE_PARTIAL_PREFILL: "ev_preempt_partial_prefill"}
 ROW_PX = 24  # height of one request's row
+MAX_BARS = 3000  # more spans than this are drawn coalesced (``coalesce``): an SVG of many thousand bars is slow to draw
 CHART_EXTRA_PX = 130  # the x axis, its title and the legend below the rows
 LONG_PREFILL_SHARE = 0.5  # a prefill is "long" when it takes at least this share of its step's tokens
 
@@ -74,12 +75,32 @@ def timeline_frame(timelines: list[RequestTimeline], lang: str = "en", unit: str
             what, why = span_texts(span, lang)
             start, end = (span.start_ms, span.end_ms) if unit == "ms" else (span.step, span.step + 1)
             rows.append(dict(request_id=row.request_id, request=request_label(row.request_id, lang), state=span.state,
-                             state_label=t(f"state_{span.state}", lang), start=start, end=end, step=span.step,
+                             state_label=t(f"state_{span.state}", lang), start=start, end=end, step=str(span.step),
                              time=f"{span.start_ms:.0f}–{span.end_ms:.0f}",
                              batch=t("timeline_batch_value", lang, n=span.batch_size, tokens=span.step_tokens),
                              what=what, why=why))
     columns = ["request_id", "request", "state", "state_label", "start", "end", "step", "time", "batch", "what", "why"]
     return pd.DataFrame(rows, columns=columns)
+
+
+def coalesce(frame: pd.DataFrame) -> pd.DataFrame:
+    """Consecutive rows of one request with the same state, what and why merged into one bar
+    (its ``step`` and ``time`` then ranges, its ``batch`` the first step's): a long run draws
+    far fewer marks. Rows are in request order, then step order (as :func:`timeline_frame` makes them)."""
+    if frame.empty:
+        return frame
+    key = frame[["request_id", "state", "what", "why"]].astype(str).agg("|".join, axis=1)
+    run = (key != key.shift()).cumsum()
+    merged = frame.groupby(run, sort=False).agg(
+        request_id=("request_id", "first"), request=("request", "first"), state=("state", "first"),
+        state_label=("state_label", "first"), start=("start", "first"), end=("end", "last"), first_step=("step", "first"),
+        last_step=("step", "last"), first_time=("time", "first"), last_time=("time", "last"), batch=("batch", "first"),
+        what=("what", "first"), why=("why", "first"))
+    single = merged["first_step"] == merged["last_step"]
+    merged["step"] = merged["first_step"].where(single, merged["first_step"] + "–" + merged["last_step"])
+    merged["time"] = merged["first_time"].where(single, merged["first_time"].str.split("–").str[0] + "–"
+                                                 + merged["last_time"].str.split("–").str[1])
+    return merged[list(frame.columns)].reset_index(drop=True)
 
 
 def marks_frame(timelines: list[RequestTimeline], lang: str = "en", unit: str = "ms") -> pd.DataFrame:
@@ -104,16 +125,19 @@ def marks_frame(timelines: list[RequestTimeline], lang: str = "en", unit: str = 
 
 
 def timeline_chart(timelines: list[RequestTimeline], lang: str = "en", unit: str = "ms", width: int | str = "container") -> alt.LayerChart:
-    """The timeline (Altair, drawn as SVG): a bar per request per step coloured by its state, the
-    marks on top; hover a bar for its step, batch, what and why."""
+    """The timeline (Altair, drawn as SVG): a bar per request per step coloured by its state (beyond
+    MAX_BARS steps' bars, one per stretch of equal steps: :func:`coalesce`), the marks on top; hover
+    a bar for its step, batch, what and why."""
     frame, marks = timeline_frame(timelines, lang, unit), marks_frame(timelines, lang, unit)
+    if len(frame) > MAX_BARS:  # a long run: one bar per stretch of equal steps, not per step
+        frame = coalesce(frame)
     order = [request_label(r.request_id, lang) for r in timelines]
     y = alt.Y("request:N", sort=order, title=None, axis=alt.Axis(labelLimit=0, labelOverlap=False))
     x_title = t("timeline_unit_ms", lang) if unit == "ms" else t("step_axis", lang)
     color = alt.Color("state_label:N", title=None, legend=alt.Legend(orient="bottom", labelLimit=0, columns=6),
                       scale=alt.Scale(domain=[t(f"state_{s}", lang) for s in STATES], range=[STATE_COLORS[s] for s in STATES]))
     tooltip = [alt.Tooltip("request:N", title=t("request", lang)), alt.Tooltip("state_label:N", title=t("timeline_state", lang)),
-               alt.Tooltip("step:Q", title=t("step_axis", lang)), alt.Tooltip("time:N", title=t("timeline_time", lang)),
+               alt.Tooltip("step:N", title=t("step_axis", lang)), alt.Tooltip("time:N", title=t("timeline_time", lang)),
                alt.Tooltip("batch:N", title=t("timeline_batch", lang)), alt.Tooltip("what:N", title=t("timeline_what", lang)),
                alt.Tooltip("why:N", title=t("timeline_why", lang))]
     bars = alt.Chart(frame).mark_bar(stroke="#ffffff", strokeWidth=0.5).encode(
