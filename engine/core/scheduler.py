@@ -69,6 +69,8 @@ class Scheduler:
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
+        report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
+            every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
 
     Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
     blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
@@ -86,7 +88,7 @@ class Scheduler:
 
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
-                 schedule_first: str = "decodes"):
+                 schedule_first: str = "decodes", report_waiting: bool = True):
         check_schedule_first(schedule_first, enable_chunked_prefill)
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
@@ -98,6 +100,7 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.enable_chunked_prefill = enable_chunked_prefill
         self.schedule_first = schedule_first
+        self.report_waiting = report_waiting
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
@@ -138,6 +141,8 @@ class Scheduler:
         """Every waiting request's reason, in queue order: WAIT_PREEMPTION for one preempted this
         step; ``stop`` for the first other one (the head); behind it the same when no one could be
         admitted whoever they were (batch full, swapped, preemption), else WAIT_QUEUE."""
+        if not self.report_waiting:
+            return {}
         own = stop in (WAIT_BUDGET, WAIT_NO_FREE_BLOCK)
         preempted = {id(g) for g in out.preempted}
         reasons, head = {}, True

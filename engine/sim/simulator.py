@@ -371,6 +371,8 @@ class _Run:
         else:
             self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill,
                                    cfg.scheduler_rule)
+        if not self.lockstep:  # why each waiting request waits: a pass over the queue per step, only when recorded
+            self.sched.report_waiting = cfg.record_steps
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
