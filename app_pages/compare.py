@@ -13,6 +13,7 @@ import math
 import pandas as pd
 import streamlit as st
 
+from app_pages import timeline_panel
 from app_pages.common import category_help, plain, png_download, progress_bar, workload_rows
 from app_pages.state import add_workload, build_engine, run_to_end
 from app_pages.widgets import localized_choice
@@ -126,6 +127,9 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
     png_download(t("save_png", lang), lambda: series_figure(series, t("concurrency", lang), lang), "concurrency.png", "png_conc")
     rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
+    for index, (label, reports) in enumerate(runs.items()):
+        st.markdown(f"#### {system_label(label, lang)}")
+        timeline_panel.timeline_view(reports, lang, key=f"compare_timeline_{index}")
 
 
 def _paper_row(workload: str, system: str, frame: pd.DataFrame, weights=None) -> dict:
@@ -205,7 +209,27 @@ def simulator_comparison(lang: str) -> None:
     rows = [dict(workload=workload, system=label, fragmentation=res.fragmentation, token_state_fraction=res.token_state_fraction)
             for label, res in results.items()]
     paper_bars(rows, lang)
+    head_of_line_timelines(lang)
     latency_against_rate(workload, settings.seed, lang)
+
+
+@st.cache_data(show_spinner=False, max_entries=2)
+def _head_of_line_steps(chunked: bool) -> list:
+    from engine.sim.simulator import simulate
+    from engine.sim.workloads import head_of_line_workload
+
+    return simulate(requests=head_of_line_workload(), kv_slots=15_700, cost_model="a100-opt-13b", record_steps=True,
+                    enable_chunked_prefill=chunked, max_num_batched_tokens=512 if chunked else None).step_reports
+
+
+def head_of_line_timelines(lang: str) -> None:
+    """The simulator's head-of-line demo (one long prompt, then eight short ones) on its A100 clock,
+    with whole prompts and with chunked prefill, each as a per-request timeline."""
+    st.markdown(f"**{t('sim_timeline_title', lang)}**")
+    st.caption(t("sim_timeline_caption", lang))
+    for chunked in (False, True):
+        st.markdown(t("sim_timeline_chunked" if chunked else "sim_timeline_whole", lang))
+        timeline_panel.timeline_view(_head_of_line_steps(chunked), lang, key=f"sim_timeline_{int(chunked)}")
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

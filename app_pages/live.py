@@ -8,7 +8,7 @@ from collections import Counter
 import pandas as pd
 import streamlit as st
 
-from app_pages import swap_panel
+from app_pages import swap_panel, timeline_panel
 from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
@@ -287,6 +287,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
             swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
     beam_tree_view(reports[: at + 1], lang)
+    timeline_panel.timeline_view(reports[: at + 1], lang, labels=labels)
     events_view(report, lang)
 
 

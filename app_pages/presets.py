@@ -59,6 +59,13 @@ PRESETS = {
         num_blocks=64, chunked_prefill=True, token_budget=48,
     ),
 }
+# Head-of-line blocking: one long prompt arrives first, then six short ones (all at once; the queue keeps their
+# order). Whole prompts: the short ones share the long prefill's step. Chunked: they wait behind its chunks.
+SHORT_QUESTIONS = ("What is 2 + 2?", "Name a primary colour.", "Name three fruits.", "What is the capital of France?",
+                   "Name a planet.", "Say hello.")
+HEAD_OF_LINE_ROWS = [(LONG_PROMPT, 16)] + [(q, 16) for q in SHORT_QUESTIONS]
+PRESETS["preset_head_of_line"] = dict(rows=HEAD_OF_LINE_ROWS, num_blocks=64)
+PRESETS["preset_head_of_line_chunked"] = dict(rows=HEAD_OF_LINE_ROWS, num_blocks=64, chunked_prefill=True, token_budget=64)
 # Prefix caching: later requests begin with tokens an earlier one computed. A block is cached
 # only once its KV is written, so these presets limit the batch: requests admitted in one step cannot hit
 # each other (see the "_note" texts in visualize/i18n.py).
@@ -117,6 +124,8 @@ PROMPT_TRANSLATIONS = {
     "Tell me a short story about a cat.": "给我讲一个关于猫的短故事。",
     "Name three colours.": "说出三种颜色。",
     "Tell a long fairy tale about a dragon and a baker.": "讲一个关于龙和面包师的长篇童话。",
+    "Name a planet.": "说出一颗行星。",
+    "Say hello.": "打个招呼。",
     LONG_PROMPT: "用一句话概括这段文字（一位灯塔看守人每晚登上灯塔、记录天气与船只，灯塔自动化后他仍习惯每晚上去看灯旋转）。",
     **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
         ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),

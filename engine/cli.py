@@ -87,6 +87,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
     p.add_argument("--json", action="store_true", help="print results as JSON")
+    p.add_argument("--chrome-trace", default=None, metavar="OUT.json",
+                   help="write the per-request timeline as a Chrome / Perfetto trace (one track per request, one slice per step)")
     p.set_defaults(func=_generate)
 
 
@@ -111,14 +113,20 @@ def _generate(args) -> None:
         if prompt_len + args.max_tokens > engine.max_model_len:
             print(f"note: request {request_id} ({prompt_len} prompt tokens) stops at max_model_len = {engine.max_model_len} "
                   f"tokens ({why}), i.e. after {engine.max_model_len - prompt_len} new tokens, finish_reason=length", file=sys.stderr)
-    steps = []
+    steps, reports = [], []
     with tqdm(total=len(ids), disable=not args.quiet or args.json, desc="requests") as bar:
         while engine.has_unfinished_requests():
             report = engine.step()
             bar.update(len(report.finished))
             steps.append(_step_summary(report))
+            if args.chrome_trace:
+                reports.append(report)
             if not args.quiet and not args.json:
                 print(_step_line(report), file=sys.stderr)
+    if args.chrome_trace:
+        from engine.timeline import write_chrome_trace
+
+        write_chrome_trace(reports, args.chrome_trace, f"python -m engine generate ({engine.model_name})")
     outputs = [engine.get_output(i) for i in ids]
     if args.json:
         print(json.dumps({

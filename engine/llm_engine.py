@@ -101,6 +101,8 @@ class LLMEngine:
             config.speculative_config.verify_for_engine(model.num_layers, self.kv.num_usable_blocks * config.block_size, self.max_model_len)
             self.spec = SpeculativeDecoder(config.speculative_config, self.runner, self.kv, self.max_model_len, self.events)
         self.step_index = 0
+        self.clock_ms = 0.0  # the engine's busy time: the sum of its steps' durations (StepReport.start_ms)
+        self._arrived: dict[int, float] = {}  # requests queued since the last step, at clock_ms
         self._next_request_id = 0
 
     # ---- requests ---------------------------------------------------------------------------
@@ -175,6 +177,7 @@ class LLMEngine:
                                            for i in range(request.num_samples)]
         self.output_processor.add_request(request, self._prompt_text(prompt, ids))
         self.scheduler.add(request)
+        self._arrived[request_id] = self.clock_ms
         return request_id
 
     def _prompt_text(self, prompt: Prompt, ids: list[int]) -> str:
@@ -249,7 +252,7 @@ class LLMEngine:
         timer.lap("forward")
         # After the pass (speculation picks its drafts in it), before the outputs advance any sequence.
         drafts = {seq_id: len(proposal.draft_token_ids) for seq_id, (proposal, _) in self._spec_rows.items()}
-        scheduled = _scheduled_requests(batch, drafts)
+        scheduled = batch.scheduled_requests(drafts)
         out = StepOutputs()
         if logits is not None:
             samples = self._sample(batch, logits)
@@ -258,6 +261,8 @@ class LLMEngine:
         report = self._make_report(batch, scheduled, out)
         timer.lap("report")
         report.timings_ms = timer.timings_ms()
+        report.start_ms, report.arrived, self._arrived = self.clock_ms, self._arrived, {}
+        self.clock_ms += report.timings_ms["total"]
         self.step_index += 1
         return report
 
@@ -438,7 +443,7 @@ class LLMEngine:
             cpu_memory=self.kv.cpu_usage(swapped) if cpu else None,
             cpu_block_tables=self.kv.cpu_snapshot(swapped) if cpu else [],
             seq_new_text=out.seq_new_text, seq_finished=out.seq_finished, sharing=out.sharing,
-            beam_scores=out.beam_scores, errors=out.errors,
+            beam_scores=out.beam_scores, errors=out.errors, waiting=batch.waiting,
         )
 
     def _make_kv_manager(self) -> KVCacheManager:
@@ -474,21 +479,6 @@ def _rate(spec: dict) -> tuple[float, float]:
     proposed = sum(len(s.proposed) for s in spec.values())
     accepted = sum(s.accepted for s in spec.values())
     return (accepted / proposed if proposed else 0.0), ((accepted + len(spec)) / len(spec) if spec else 0.0)
-
-
-def _scheduled_requests(batch: SchedulerOutput, drafts: dict[int, int]) -> list[ScheduledRequest]:
-    """Each scheduled sequence's share of the step, as the report shows it (before its outputs are
-    processed): the query tokens the forward pass computed for it. ``drafts``: seq_id -> the draft
-    tokens a speculating sequence was verified over this step; its decode computes its newest token
-    and those drafts, 1 + drafts query tokens, its last one attending to ``num_tokens + drafts``."""
-    scheduled = []
-    for s in batch.prefill_seqs:
-        n = batch.num_tokens_of(s)
-        scheduled.append(ScheduledRequest(s.request_id, "prefill", n, s.num_computed_tokens + n, s.num_computed_tokens + n, s.num_tokens))
-    for s in batch.decode_seqs:
-        k = drafts.get(s.seq_id, 0)
-        scheduled.append(ScheduledRequest(s.request_id, "decode", 1 + k, s.num_tokens + k, s.num_tokens))
-    return scheduled
 
 
 def _eos_token_ids(config, tokenizer) -> set[int]:

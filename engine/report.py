@@ -41,6 +41,17 @@ PREEMPTED_BY_SWAP = "swap"
 RECOMPUTE_CPU_POOL_FULL = "recompute (the CPU swap space is full)"
 RECOMPUTE_PARTIAL_PREFILL = "recompute (a partial prefill: recomputed, not swapped)"
 
+# Why a waiting request was not admitted this step (StepReport.waiting's values). Admission is first
+# come, first served: the head of the queue names its own reason, the requests behind it WAIT_QUEUE.
+WAIT_BUDGET = "budget"  # its prompt (or chunk) does not fit the token budget the step has left
+WAIT_NO_FREE_BLOCK = "no_free_block"  # the pool cannot give its prompt the blocks it needs
+WAIT_MAX_NUM_SEQS = "max_num_seqs"  # max_num_seqs requests are running already
+WAIT_SWAPPED = "swapped"  # requests are swapped out: they come back before anyone new is admitted (paper §4.5)
+WAIT_PREEMPTION = "preemption"  # the step preempted a running request (this one, or another): nothing new is admitted
+WAIT_QUEUE = "queue"  # behind the head of the queue, which could not be admitted
+WAIT_STATIC_BATCH = "static_batch"  # static batching: the running batch runs until its longest request finishes
+WAIT_REASONS = (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS, WAIT_SWAPPED, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_STATIC_BATCH)
+
 
 @dataclass(frozen=True)
 class Event:
@@ -219,6 +230,14 @@ class StepReport:
         spec: speculative decoding: per request id that verified drafts this step, its
             :class:`SpecDecodeOutput`.
         spec_acceptance_rate, spec_mean_accepted_length: the step's, over its verifications (0 without any).
+        waiting: the waiting queue after the step was scheduled, head first: request id -> why it was
+            not admitted (one of WAIT_REASONS: the head's own reason, WAIT_QUEUE behind it;
+            WAIT_PREEMPTION for a request preempted in this step).
+        start_ms: when the step started on the engine's clock, ms: the engine's busy time (the sum of
+            its earlier steps' ``timings_ms["total"]``; a pause between steps is not counted); the
+            simulator's simulated clock. None in run files written before the field existed.
+        arrived: requests queued since the previous step: request id -> its arrival on the same
+            clock as ``start_ms``, ms (the engine: when ``add_request`` was called).
     """
 
     step: int
@@ -250,6 +269,9 @@ class StepReport:
     spec_acceptance_rate: float = 0.0
     spec_mean_accepted_length: float = 0.0
     errors: dict[int, str] = field(default_factory=dict)
+    waiting: dict[int, str] = field(default_factory=dict)
+    start_ms: float | None = None
+    arrived: dict[int, float] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

@@ -476,6 +476,7 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     assert chart_text_problems(page, "en") == []
     page.screenshot(path=str(SHOTS / "compare_en.png"), full_page=True)
     sidebar.get_by_role("link", name="Live engine").click()
+    step_button(page).wait_for(timeout=180_000)  # on the Live page before the language changes (a rerun of the page shown)
 
     # 中文: every page, no English UI text from the catalogue.
     sidebar.get_by_text("中文").click()

@@ -390,6 +390,99 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
+    # --- the per-request timeline (visualize/timeline.py; Live, Classroom and Paged vs contiguous pages)
+    "preset_head_of_line": ("Head-of-line blocking: a long prompt first", "队头阻塞：长提示词在前"),
+    "preset_head_of_line_note": (
+        "One long prompt, then six short ones, whole prompts: the short ones are prefilled in the same step as the long "
+        "one, so their first tokens wait for its prefill. Compare the TTFTs below with the chunked preset's.",
+        "一个长提示词，后面六个短提示词，整段预填充：短请求与长请求在同一步预填充，它们的首 token 要等长预填充算完。"
+        "把下面的 TTFT 与分块预设的对比。",
+    ),
+    "preset_head_of_line_chunked": ("Head-of-line blocking, chunked prefill", "队头阻塞，分块预填充"),
+    "preset_head_of_line_chunked_note": (
+        "The same requests with chunked prefill (a budget of 64 tokens): the long prompt's chunks take the budget step "
+        "after step and the short ones wait behind them, first come, first served. Chunked prefill keeps each step short "
+        "(the decodes of running requests are not stalled); it does not move a short request past a long one.",
+        "同样的请求，开启分块预填充（预算 64 个 token）：长提示词的分块一步接一步占满预算，短请求按先来先服务排在后面等待。"
+        "分块预填充让每一步都不长（运行中请求的解码不被卡住），但不会让短请求越过长请求。",
+    ),
+    "timeline_title": ("Request timeline", "请求时间线"),
+    "timeline_caption": (
+        "One row per request, the engine's time across (its busy time: a pause between steps is not counted). "
+        "▶ arrival, ◆ first token, ■ end; ✕ draft tokens given back. Hover a bar for its step, its batch and why the "
+        "request waited.",
+        "每个请求一行，横轴是引擎时间（引擎忙碌的时间：两步之间的停顿不计）。▶ 到达，◆ 首 token，■ 结束；✕ 归还的草稿 token。"
+        "把鼠标移到色条上，可看到它所在的步、该步的批次，以及请求为什么在等待。",
+    ),
+    "timeline_unit": ("Time axis", "时间轴"),
+    "timeline_unit_ms": ("engine time (ms)", "引擎时间（毫秒）"),
+    "timeline_unit_step": ("steps", "步数"),
+    "timeline_request": ("Request {id}", "请求 {id}"),
+    "timeline_state": ("State", "状态"),
+    "timeline_time": ("Time (ms)", "时间（毫秒）"),
+    "timeline_batch": ("Batch", "本步批次"),
+    "timeline_batch_value": ("batch of {n}, {tokens} tokens", "{n} 个请求，{tokens} 个 token"),
+    "timeline_what": ("What", "内容"),
+    "timeline_why": ("Why", "原因"),
+    "state_waiting": ("waiting", "等待"),
+    "state_prefill": ("prefill", "预填充"),
+    "state_decode": ("decode", "解码"),
+    "state_preempted": ("preempted", "被抢占"),
+    "state_swapped": ("swapped out", "已换出"),
+    "state_stalled": ("admitted, not scheduled", "已接纳、本步未调度"),
+    "why_budget": ("the step's token budget is spent", "本步的 token 预算已用完"),
+    "why_budget_long": ("behind a long prefill: request {rid} prefills {n} of the step's {total} tokens",
+                        "排在长预填充之后：请求 {rid} 预填充了本步 {total} 个 token 中的 {n} 个"),
+    "why_no_free_block": ("no free block for its prompt", "没有空闲块放它的提示词"),
+    "why_max_num_seqs": ("the batch is full (max_num_seqs requests run)", "批已满（已有 max_num_seqs 个请求在运行）"),
+    "why_swapped": ("requests are swapped out: they come back before anyone new", "有请求被换出：它们先于新请求回来"),
+    "why_preemption": ("the step preempted a request: nothing new is admitted", "本步抢占了一个请求：不接纳新请求"),
+    "why_queue": ("behind request {rid} in the queue (first come, first served)", "在队列中排在请求 {rid} 之后（先来先服务）"),
+    "why_static_batch": ("a static batch runs until its longest request ends", "静态批处理：当前这批要等最长的请求结束"),
+    "why_unknown": ("the run file does not say", "运行文件没有记录"),
+    "why_shares_long_prefill": ("shares the step with a long prefill: request {rid}'s {n} of {total} tokens",
+                                "与长预填充同在一步：请求 {rid} 占本步 {total} 个 token 中的 {n} 个"),
+    "why_stalled": ("admitted, but not in this step's batch: the token budget went to other requests",
+                    "已接纳，但不在本步的批次中：token 预算给了其他请求"),
+    "what_prefill_whole": ("whole prompt: {n} tokens", "整个提示词：{n} 个 token"),
+    "what_prefill_chunk": ("chunk of {n} tokens: {computed} of {total} done", "{n} 个 token 的分块：已完成 {computed}/{total}"),
+    "what_decode": ("new tokens: {n}", "新 token：{n} 个"),
+    "what_rejected": ("draft tokens given back: {n}", "归还的草稿 token：{n} 个"),
+    "what_swapped": ("in the CPU swap space, waiting to be swapped in", "在 CPU 交换空间中，等待换入"),
+    "mark_arrival": ("arrival", "到达"),
+    "mark_first_token": ("first token", "首 token"),
+    "mark_finished": ("end", "结束"),
+    "latency_title": ("Latency per request", "每个请求的延迟"),
+    "latency_caption": (
+        "The definitions of bench-serve (vLLM's bench serve), on the engine's clock: TTFT = first token − arrival; "
+        "E2EL = end − arrival; TPOT = (E2EL − TTFT) / (output tokens − 1). A token counts when its step ends.",
+        "与 `bench-serve`（vLLM 的 `bench serve`）定义相同，按引擎时间计：TTFT = 首 token − 到达；E2EL = 结束 − 到达；"
+        "TPOT = (E2EL − TTFT) / (输出 token 数 − 1)。一个 token 在它所在的步结束时计入。",
+    ),
+    "latency_ttft": ("TTFT (ms)", "首 token 延迟 TTFT（毫秒）"),
+    "latency_ttft_steps": ("TTFT (steps)", "TTFT（步数）"),
+    "latency_tpot": ("TPOT (ms)", "token 间延迟 TPOT（毫秒）"),
+    "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
+    "latency_itl": ("ITL (ms)", "相邻 token 间隔 ITL（毫秒）"),
+    "latency_arrival": ("Arrival (ms)", "到达（毫秒）"),
+    "latency_output_tokens": ("Output tokens", "输出 token 数"),
+    "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已结束的请求）"),
+    "latency_metric": ("Metric", "指标"),
+    "latency_mean": ("Mean", "平均"),
+    "latency_median": ("Median", "中位数"),
+    "latency_p99": ("P99", "P99"),
+    "timeline_download": ("Download the timeline as a trace (Chrome / Perfetto JSON)", "下载时间线追踪文件（Chrome / Perfetto 的 JSON）"),
+    "sim_timeline_title": ("Head-of-line blocking on the simulator", "模拟器上的队头阻塞"),
+    "sim_timeline_caption": (
+        "One prompt of 1,500 tokens, then eight of 50, all at time 0, each generating 32 tokens; OPT-13B on an A100 "
+        "(the step-time model), simulated time.",
+        "一个 1,500 个 token 的提示词，后面八个 50 个 token 的提示词，全部在时刻 0 到达，每个生成 32 个 token；"
+        "A100 上的 OPT-13B（步耗时模型），模拟时间。",
+    ),
+    "sim_timeline_whole": ("Whole prompts (vLLM v0's prefill-first rule)", "整段提示词预填充（vLLM v0 的预填充优先规则）"),
+    "sim_timeline_chunked": ("Chunked prefill, 512 tokens a step (decodes first)", "分块预填充，每步 512 个 token（解码优先）"),
+    "timeline_download_help": ("Opens in ui.perfetto.dev or chrome://tracing: one track per request, one slice per step.",
+                               "可在 ui.perfetto.dev 或 `chrome://tracing` 中打开：每个请求一条轨道，每一步一个切片。"),
     "preset_speculative": ("Speculative decoding (prompt lookup, k = 4)", "投机解码（提示词查找，k = 4）"),
     "preset_speculative_note": (
         "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Pale slots with a dashed "
@@ -1460,7 +1553,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
 ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
-    Leviathan Chen
+    Leviathan Chen Chrome Perfetto
     Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus
 """.split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name
 

@@ -27,6 +27,7 @@ from typing import Callable
 
 from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.report import WAIT_STATIC_BATCH
 
 POLICIES = ("continuous", "static")
 
@@ -47,9 +48,10 @@ class StaticBatchScheduler(Scheduler):
         self.on_batch_end = on_batch_end
         self.done_in_batch: list[int] = []  # finished requests of the running batch, not yet returned
 
-    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> str | None:
         if not self.running:  # a new batch; nothing joins a running one
-            super()._schedule_prefills(out, budget)
+            return super()._schedule_prefills(out, budget)
+        return WAIT_STATIC_BATCH if self.waiting else None
 
     def finish(self, seq: Group, reason: str) -> None:
         super().finish(seq, reason)

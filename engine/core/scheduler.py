@@ -51,7 +51,8 @@ from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
-from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL
+from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
+                           WAIT_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_SWAPPED)
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -68,6 +69,8 @@ class Scheduler:
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
+        report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
+            every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
 
     Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
     blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
@@ -85,7 +88,7 @@ class Scheduler:
 
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
-                 schedule_first: str = "decodes"):
+                 schedule_first: str = "decodes", report_waiting: bool = True):
         check_schedule_first(schedule_first, enable_chunked_prefill)
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
@@ -97,6 +100,7 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.enable_chunked_prefill = enable_chunked_prefill
         self.schedule_first = schedule_first
+        self.report_waiting = report_waiting
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
@@ -116,17 +120,39 @@ class Scheduler:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
         out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
         admit = not self.swapped  # nothing new is admitted while any request is swapped out (§4.5)
+        stop = WAIT_SWAPPED  # why the head of the queue waits
         if self.schedule_first == "prefills" and admit:
-            self._schedule_prefills(out, self.max_num_batched_tokens)
+            stop = self._schedule_prefills(out, self.max_num_batched_tokens)
             if out.prefill_seqs:
+                out.waiting = self._why_waiting(out, stop)
                 return out  # vLLM v0: a prefill step; the running requests decode in the next one
             admit = False  # the head of the queue does not fit: decodes only
         budget = self._schedule_running(out)
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)  # swapped requests come back first
-        if not out.preempted and admit:
-            self._schedule_prefills(out, budget)
+        if out.preempted and admit:
+            stop = WAIT_PREEMPTION
+        elif admit:
+            stop = self._schedule_prefills(out, budget)
+        out.waiting = self._why_waiting(out, stop)
         return out
+
+    def _why_waiting(self, out: SchedulerOutput, stop: str | None) -> dict[int, str]:
+        """Every waiting request's reason, in queue order: WAIT_PREEMPTION for one preempted this
+        step; ``stop`` for the first other one (the head); behind it the same when no one could be
+        admitted whoever they were (batch full, swapped, preemption), else WAIT_QUEUE."""
+        if not self.report_waiting:
+            return {}
+        own = stop in (WAIT_BUDGET, WAIT_NO_FREE_BLOCK)
+        preempted = {id(g) for g in out.preempted}
+        reasons, head = {}, True
+        for group in self.waiting:
+            if id(group) in preempted:
+                reasons[group.request_id] = WAIT_PREEMPTION
+                continue
+            reasons[group.request_id] = stop if head or not own else WAIT_QUEUE
+            head = False
+        return reasons
 
     def update_from_output(self, out: SchedulerOutput) -> list[Sequence]:
         """After the step's forward pass: advance every scheduled sequence's ``num_computed_tokens``
@@ -282,8 +308,13 @@ class Scheduler:
             budget -= self._run(group, out, 0)
         return budget
 
-    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and len(self.running) < self.max_num_seqs:
+    def _schedule_prefills(self, out: SchedulerOutput, budget: int) -> str | None:
+        """Admit waiting requests, first come, first served, while they fit. Returns why the head of
+        the queue was left waiting (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS), None when
+        no one is left."""
+        while self.waiting:
+            if len(self.running) >= self.max_num_seqs:
+                return WAIT_MAX_NUM_SEQS
             group = self.waiting[0]
             computed = self.kv.get_computed_blocks(group) if self.kv.enable_caching else _NO_HIT  # once per admission
             num_tokens = self.kv.num_prefill_tokens(group, computed[0])
@@ -291,13 +322,15 @@ class Scheduler:
             # blocks in one pass); a one-sequence prompt is, to what is left of the budget.
             chunk = min(num_tokens, budget) if self.enable_chunked_prefill and len(group.unfinished_seqs()) == 1 else None
             if chunk is not None and chunk <= 0:  # no budget left (a re-prefilling group may have overdrawn it)
-                break
+                return WAIT_BUDGET
             # Head-of-line blocking: the first request that does not fit stops admission (FCFS).
             # A group re-prefilling more than the budget still runs when it would run alone.
             alone = not self.running and not out.prefill_seqs
             too_long = chunk is None and num_tokens > budget and not (len(group.unfinished_seqs()) > 1 and alone)
-            if too_long or not self.kv.can_allocate(group, chunk, computed[0]):
-                break
+            if too_long:
+                return WAIT_BUDGET
+            if not self.kv.can_allocate(group, chunk, computed[0]):
+                return WAIT_NO_FREE_BLOCK
             self.waiting.popleft()
             self._admit(group, chunk, computed)
             self._set_status(group, SequenceStatus.RUNNING)
@@ -307,6 +340,7 @@ class Scheduler:
                 if chunk is not None:
                     out.num_scheduled_tokens[seq.seq_id] = chunk
             budget -= num_tokens if chunk is None else chunk
+        return None
 
     def _admit(self, group: SequenceGroup, chunk: int | None = None, computed: tuple[list[int], int] = ([], 0)) -> None:
         """Allocate an admitted group's KV, its prefix-cache hit first: its first sequence starts

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.core.sequence import Sequence, SequenceGroup
+from engine.report import ScheduledRequest
 
 
 @dataclass
@@ -23,6 +24,8 @@ class SchedulerOutput:
         swapped_out, swapped_in: requests swapped out to / back in from the CPU pool this step.
         blocks_to_swap_out: ``(gpu_block, cpu_block)`` copies to run first, before any other copy
             or write of the step; blocks_to_swap_in: ``(cpu_block, gpu_block)`` copies, next.
+        waiting: the waiting queue after scheduling, head first: request id -> why it was not
+            admitted (``engine.report.WAIT_REASONS``).
     """
 
     prefill_seqs: list[Sequence] = field(default_factory=list)
@@ -34,6 +37,7 @@ class SchedulerOutput:
     swapped_in: list[SequenceGroup] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -48,3 +52,19 @@ class SchedulerOutput:
     def num_tokens_of(self, seq: Sequence) -> int:
         """Tokens ``seq`` computes this step (before :meth:`Scheduler.update_from_output`)."""
         return self.num_scheduled_tokens.get(seq.seq_id, seq.num_new_tokens)
+
+    def scheduled_requests(self, drafts: dict[int, int] | None = None) -> list[ScheduledRequest]:
+        """Each scheduled sequence's share of the step, as a StepReport shows it (call it before
+        :meth:`Scheduler.update_from_output`: it reads what was computed before the step): the query
+        tokens the forward pass computed for it. ``drafts``: seq_id -> the draft tokens a speculating
+        sequence was verified over this step; its decode computes its newest token and those drafts,
+        1 + drafts query tokens, its last one attending to ``num_tokens + drafts``."""
+        drafts = drafts or {}
+        scheduled = []
+        for s in self.prefill_seqs:
+            n = self.num_tokens_of(s)
+            scheduled.append(ScheduledRequest(s.request_id, "prefill", n, s.num_computed_tokens + n, s.num_computed_tokens + n, s.num_tokens))
+        for s in self.decode_seqs:
+            k = drafts.get(s.seq_id, 0)
+            scheduled.append(ScheduledRequest(s.request_id, "decode", 1 + k, s.num_tokens + k, s.num_tokens))
+        return scheduled

@@ -48,6 +48,7 @@ from engine.core.accounting import CATEGORIES, in_use_shares
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.block_manager import PagedBlockManager
 from engine.core.events import NullEventLog
+from engine.report import StepReport
 from engine.baselines.contiguous import ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
@@ -122,6 +123,12 @@ class SimulationConfig:
             allocator prefix caching is on (``engine/core/prefix_cache.py``, the engine's own code) and
             every step goes through ``Scheduler.schedule()``; the contiguous allocator stores the
             prefix in every request's range.
+        record_steps: keep a :class:`~engine.report.StepReport` per step in
+            ``SimulationResult.step_reports`` (what ran, who waited and why, the pool's usage, the
+            step's start and duration on the simulated clock, arrivals), for the per-request timeline
+            (``engine/timeline.py``). Every step then goes through ``Scheduler.schedule()``. The
+            simulator has no token ids: a sampled token is reported as id -1. Meant for small runs:
+            a report names every waiting request.
     """
 
     workload: str = "sharegpt"
@@ -151,6 +158,7 @@ class SimulationConfig:
     swap_slots: int | None = None
     enable_chunked_prefill: bool = False
     schedule_first: str | None = None
+    record_steps: bool = False
 
     @property
     def scheduler_rule(self) -> str:
@@ -231,6 +239,8 @@ class SimulationResult:
         series_step, series_num_steps, series_running, series_waiting: numpy int arrays.
         series_end_s: the simulated clock at the end of each row (s).
         series_memory: category -> numpy float array, mean slots per step over the row.
+
+    step_reports: with ``SimulationConfig.record_steps``, one StepReport per step, oldest first; else empty.
     """
 
     config: SimulationConfig
@@ -264,6 +274,7 @@ class SimulationResult:
     series_waiting: np.ndarray
     series_end_s: np.ndarray
     series_memory: dict[str, np.ndarray]
+    step_reports: list[StepReport] = field(default_factory=list)
 
     def saturated(self) -> tuple[dict[str, float], float]:
         """(share per category, mean running requests) over the steps in which requests were
@@ -349,7 +360,7 @@ class _Run:
         # The simulator picks the path itself: the lock-step fast path exists for one policy only:
         # one-sequence requests, recompute, whole prompts, no prefix caching.
         self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
-                         and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill)
+                         and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill and not cfg.record_steps)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         if self.lockstep:
@@ -360,6 +371,8 @@ class _Run:
         else:
             self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill,
                                    cfg.scheduler_rule)
+        if not self.lockstep:  # why each waiting request waits: a pass over the queue per step, only when recorded
+            self.sched.report_waiting = cfg.record_steps
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
@@ -372,6 +385,8 @@ class _Run:
         self.rows: list[tuple] = []
         self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
+        self.step_reports: list[StepReport] = []
+        self.arrived: dict[int, float] = {}  # record_steps: requests queued since the last step, at their arrival (ms)
 
     def run(self) -> None:
         if not self.lockstep:
@@ -415,6 +430,8 @@ class _Run:
                 self.bar.update(1)
             else:
                 self.sched.add(seq)
+                if self.cfg.record_steps:
+                    self.arrived[self.next_request - 1] = r.arrival * 1e3
 
     def _sequence(self, r: Request) -> Sequence:
         """A request's sequence; with a shared prefix, its prompt's token ids (prefix ids 0..P-1,
@@ -442,12 +459,15 @@ class _Run:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         shape = self.clock.shape_of(out)
         self._count_preemptions(out)
+        start, step, scheduled = self.clock.now, self.step, out.scheduled_requests() if self.cfg.record_steps else []
         ready = {id(s) for s in self.sched.update_from_output(out)}  # a partial prefill samples nothing
         self.clock.run_step(shape, [s for s in out.prefill_seqs if id(s) in ready])
         decoded = {id(s) for s in out.decode_seqs}
+        sampled = []
         for group in self.sched.running:
             if id(group.seqs[0]) not in ready:
                 continue
+            sampled.append(group.request_id)
             if len(group.seqs) < group.num_samples:  # after the prompt's one prefill
                 fork_samples(group, self.sched.fork, self._seq_id)
             elif group.beam_search is not None and id(group.seqs[0]) in decoded:
@@ -459,7 +479,16 @@ class _Run:
         self.blocks_without_sharing += usage.blocks_without_sharing
         self._record(1, {c: getattr(usage, c) for c in CATEGORIES}, len(self.sched.running))
         # Every sample has the request's length, so a group's sequences finish together.
-        self._finish([g for g in self.sched.running if g.seqs[0].num_tokens >= g.seqs[0].max_len])
+        done = [g for g in self.sched.running if g.seqs[0].num_tokens >= g.seqs[0].max_len]
+        self._finish(done)
+        if self.cfg.record_steps:
+            self.step_reports.append(StepReport(
+                step=step, phase=out.phase, scheduled=scheduled, new_token_ids={rid: [-1] for rid in sampled}, new_text={},
+                finished={g.request_id: "length" for g in done}, preempted=[g.request_id for g in out.preempted], events=[],
+                block_tables=[], memory=usage, timings_ms={"total": (self.clock.now - start) / 1e9},
+                swapped=[g.request_id for g in self.sched.swapped], swapped_out=[g.request_id for g in out.swapped_out],
+                swapped_in=[g.request_id for g in out.swapped_in], waiting=out.waiting, start_ms=start / 1e9, arrived=self.arrived))
+            self.arrived = {}
 
     def _count_preemptions(self, out: SchedulerOutput) -> None:
         self.preemptions += len(out.preempted)
@@ -554,6 +583,7 @@ class _Run:
             series_waiting=rows[:, 3],
             series_end_s=np.array(self.row_end_times, dtype=np.float64) / 1e12,
             series_memory={c: rows[:, 4 + i] / np.maximum(num_steps, 1) for i, c in enumerate(CATEGORIES)},
+            step_reports=self.step_reports,
         )
 
 
@@ -633,10 +663,14 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
         shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
-        schedule_first=args.schedule_first,
+        schedule_first=args.schedule_first, record_steps=bool(args.chrome_trace),
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
+    if args.chrome_trace:
+        from engine.timeline import write_chrome_trace
+
+        write_chrome_trace(result.step_reports, args.chrome_trace, "python -m engine simulate")
     summary = result.summary()
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -707,6 +741,9 @@ help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first wit
                    help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
+    p.add_argument("--chrome-trace", default=None, metavar="OUT.json",
+                   help="write the per-request timeline as a Chrome / Perfetto trace (one track per request, one slice per "
+                        "step, simulated time); steps one by one, for small runs")
     p.set_defaults(func=_cmd_simulate)
 
 

@@ -95,6 +95,18 @@ def make_workload(
     return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompt, output)]
 
 
+def head_of_line_workload(long_prompt: int = 1500, num_short: int = 8, short_prompt: int = 50, output_len: int = 32) -> list[Request]:
+    """One long prompt, then ``num_short`` short ones, all at time 0 and queued in that order: the
+    head-of-line blocking demo (``engine/timeline.py`` draws who waits behind whom).
+
+    Raises:
+        ValueError: a length < 1 or ``num_short`` < 0.
+    """
+    if num_short < 0:
+        raise ValueError(f"num_short must be >= 0, got {num_short}")
+    return [Request(0.0, long_prompt, output_len)] + [Request(0.0, short_prompt, output_len) for _ in range(num_short)]
+
+
 def poisson_arrivals(rng: np.random.Generator, num_requests: int, request_rate: float) -> np.ndarray:
     """Arrival times in seconds of a Poisson process of ``request_rate`` requests/s (> 0)."""
     if not request_rate > 0 or math.isinf(request_rate):
