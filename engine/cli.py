@@ -57,13 +57,15 @@ def _generate(args) -> None:
     from engine.llm_engine import LLMEngine
     from engine.config import EngineConfig
     from engine.sampling_params import SamplingParams
+    from engine.stage_clock import StageClock
 
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
         cpu_kernels=args.cpu_kernels,
     )
-    engine = LLMEngine(config)
+    clock = StageClock()  # each stage of the start (a first one: fetch, conversion, the kernels' build) with its seconds
+    engine = LLMEngine(config, progress=clock)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     chat = not args.raw and engine.tokenizer.chat_template
     ids = [engine.add_request([{"role": "user", "content": p}] if chat else p, params) for p in args.prompts]
@@ -78,6 +80,8 @@ def _generate(args) -> None:
     with tqdm(total=len(ids), disable=not args.quiet or args.json, desc="requests") as bar:
         while engine.has_unfinished_requests():
             report = engine.step()
+            if not steps:
+                clock.mark("first token")
             bar.update(len(report.finished))
             steps.append(_step_summary(report))
             if not args.quiet and not args.json:

@@ -69,11 +69,16 @@ try:
 except ImportError:  # Windows: no build lock of our own (torch's lock file only)
     fcntl = None
 
-SOURCES = [Path(__file__).parent / "csrc" / name
+# What the compiler is given: two translation units (a "unity build"), each including some of the kernels' files, so
+# that the torch headers (~8 s of parsing each time, most of a build) are parsed twice, not once per file, and the
+# two compile at once on two cores; see csrc/unity_kernels.cpp.
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("unity_kernels.cpp", "unity_layers.cpp")]
+# Included by the sources: part of the fingerprint, not compiled alone.
+HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp",
-                        "sampling.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_exp.h", "ops.h")]  # included by the sources: part of the fingerprint, not compiled alone
+                        "sampling.cpp", "vec_exp.h", "ops.h")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+BUILD_TIME = "15-30 s on a 2-core laptop"  # the first build, measured: docs/performance.md, "The first start"
 LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10 s on a many-core machine, 1-3 min on a 2-core laptop)
 
 _lock = threading.Lock()
@@ -113,6 +118,17 @@ def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, f
                     stacklevel=2,
                 )
         return bool(_state["ok"])
+
+
+def load_kernel_in_background(progress: Callable[[str, float], None] | None = None) -> threading.Thread | None:
+    """Start :func:`load_kernel` in a thread of its own, so that a first start builds the kernels while the model is
+    fetched and converted; a later :func:`load_kernel` waits for it and returns its answer. None when it has
+    already run in this process (nothing to wait for)."""
+    if attempted():
+        return None
+    thread = threading.Thread(target=load_kernel, kwargs={"progress": progress}, name="cpu-kernel-build", daemon=True)
+    thread.start()
+    return thread
 
 
 def attempted() -> bool:
@@ -531,8 +547,10 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
         for path in build_dir.iterdir():
             if path.name != "build.lock":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
-    if not library.exists():
-        _say(f"Building the engine's CPU kernels for this machine (1-3 min on a 2-core laptop, once; kept once built) in {build_dir}", progress)
+    building = not library.exists()
+    said = f"Building the engine's CPU kernels for this machine ({BUILD_TIME}, once; kept once built) in {build_dir}"
+    if building:
+        _say(said, progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
     # (on failure) says what matters.
     _building.set()
@@ -546,6 +564,8 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
         _building.clear()
         atexit.unregister(_exit_quietly_if_building)
     loaded_once.touch()
+    if building and progress is not None:
+        progress(said, 1.0)
 
 
 @contextlib.contextmanager

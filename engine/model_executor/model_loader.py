@@ -215,14 +215,6 @@ def default_gguf_path(progress: ProgressCallback | None = None) -> Path:
 # --------------------------------------------------------------------------- GGUF -> safetensors
 
 
-def _gguf_field(gguf_path: Path, key: str) -> str | None:
-    """One string metadata field of a GGUF file (e.g. ``general.architecture``), or None."""
-    import gguf  # the `gguf` package from llama.cpp, which transformers also uses to read GGUF
-
-    field = gguf.GGUFReader(str(gguf_path)).fields.get(key)
-    return None if field is None else str(field.contents())
-
-
 def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | None) -> None:
     """Dequantize a GGUF model to float32 and save it, with its tokenizer, in HF format at ``out_dir``,
     with the record of its files (:data:`CACHE_RECORD`).
@@ -231,9 +223,6 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
     end, so an interrupted conversion never leaves a half-written cache; a broken ``out_dir`` is
     moved aside and deleted first.
     """
-    architecture = _gguf_field(gguf_path, "general.architecture")
-    if architecture not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(_unsupported_message(architecture, gguf_path))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache should be readable like any other
@@ -255,7 +244,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CONVERT_TIME = "about 1 minute on a 2-core laptop"
+CONVERT_TIME = "5-10 s on a 2-core laptop"  # measured: docs/performance.md, "The first start"
 
 
 def _write_cache_record(directory: Path) -> None:
@@ -326,20 +315,126 @@ def _say(text: str, progress: ProgressCallback | None) -> None:
         print(f"engine: {text}", file=sys.stderr, flush=True)
 
 
-def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
-    """Load the GGUF with transformers (dequantizing it) and save model and tokenizer in ``out_dir``."""
-    folder, name = str(gguf_path.parent), gguf_path.name
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    # The loaded weights are plain float32 now, but the config still says "quantized with gguf",
-    # which makes save_pretrained refuse. Drop that note: the saved copy is not quantized.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out_dir, safe_serialization=True)
+# GGUF metadata key (after "<architecture>.") -> Hugging Face config field, for the architectures above;
+# the same fields transformers reads from a GGUF file (its GGUF_CONFIG_MAPPING), so the config.json is its.
+GGUF_CONFIG_FIELDS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "rope.freq_base": "rope_theta",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
+GGUF_HEAD_DIM_FIELD = {"llama": "rope.dimension_count", "qwen3": "attention.key_length"}  # qwen2: hidden / heads
+GGUF_TOKEN_ID_FIELDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
+                        "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
+HF_CAUSAL_LM_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = _gguf_field(gguf_path, "tokenizer.chat_template")
+
+def _gguf_value(field):
+    """A GGUF metadata field's value: a str, int, float or bool, or a list of them for an array."""
+    return field.contents()
+
+
+def _gguf_config(reader, architecture: str) -> dict:
+    """The Hugging Face config fields of a GGUF file of a supported architecture (``reader``: a ``gguf.GGUFReader``)."""
+    fields = reader.fields
+    config: dict = {"model_type": architecture}
+    if "general.name" in fields:
+        config["_model_name_or_path"] = _gguf_value(fields["general.name"])
+    for key, name in GGUF_CONFIG_FIELDS.items():
+        if f"{architecture}.{key}" in fields:
+            config[name] = _gguf_value(fields[f"{architecture}.{key}"])
+    head_dim = GGUF_HEAD_DIM_FIELD.get(architecture)
+    if head_dim and f"{architecture}.{head_dim}" in fields:
+        config["head_dim"] = _gguf_value(fields[f"{architecture}.{head_dim}"])
+    for key, name in GGUF_TOKEN_ID_FIELDS.items():
+        if f"tokenizer.ggml.{key}" in fields:
+            config[name] = _gguf_value(fields[f"tokenizer.ggml.{key}"])
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in fields:
+        config["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
+    config["tie_word_embeddings"] = all(tensor.name != "output.weight" for tensor in reader.tensors)
+    return config
+
+
+def _gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
+    """GGUF tensor name (``blk.0.attn_q.weight``) -> Hugging Face name (``model.layers.0.self_attn.q_proj.weight``),
+    by llama.cpp's own table (``gguf.get_tensor_name_map``), for every tensor a llama/qwen2/qwen3 model can have."""
+    import gguf
+
+    arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
+    table = gguf.get_tensor_name_map(arch, num_layers)
+    layer_parts = ["input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                   *(f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"))]
+    modules = ["model.embed_tokens", "model.norm", "lm_head"]
+    modules += [f"model.layers.{i}.{part}" for i in range(num_layers) for part in layer_parts]
+    names = {}
+    for module in modules:
+        gguf_name = table.get_name(module)
+        if gguf_name is not None:
+            for suffix in (".weight", ".bias"):
+                names[gguf_name + suffix] = module + suffix
+    return names
+
+
+def _unpermute_rows(weight, heads: int):
+    """Undo llama.cpp's permutation of a llama q or k projection's rows (its convert_hf_to_gguf.py interleaves
+    the two halves of each head for its rotary; the Hugging Face layout keeps them apart), as transformers does."""
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(2, 1).reshape(weight.shape)
+
+
+def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF model to float32 and save it in ``out_dir`` in Hugging Face format: ``model.safetensors``,
+    ``config.json``, ``generation_config.json`` and the tokenizer files.
+
+    The tensors are what transformers' own GGUF loading gives, bit for bit (tests/test_model_loader.py compares
+    every one): the ``gguf`` package (llama.cpp's) reads and dequantizes each tensor, llama's q and k rows are put
+    back in Hugging Face order, and the names are llama.cpp's table read backwards. No transformers model is
+    built, so nothing of transformers' model loading (its hub kernels among them) runs.
+    """
+    import gguf  # the `gguf` package from llama.cpp
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields.get("general.architecture")
+    architecture = None if field is None else str(field.contents())
+    if architecture not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(_unsupported_message(architecture, gguf_path))
+    config_fields = _gguf_config(reader, architecture)
+    names = _gguf_to_hf_names(architecture, int(config_fields["num_hidden_layers"]))
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = names.get(tensor.name)
+        if name is None:  # e.g. llama 3's rope_freqs: not a parameter of the Hugging Face model
+            continue
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        if architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config_fields["num_attention_heads"] if "q_proj" in name else config_fields.get("num_key_value_heads", config_fields["num_attention_heads"])
+            weights = _unpermute_rows(weights, heads)
+        tensors[name] = torch.from_numpy(np.array(weights, dtype=np.float32, order="C", copy=not weights.flags.writeable))
+    if config_fields["tie_word_embeddings"]:
+        tensors.pop("lm_head.weight", None)
+    safetensors.torch.save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+
+    config = transformers.AutoConfig.for_model(**config_fields)
+    config.architectures = [HF_CAUSAL_LM_CLASS[architecture]]
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        config.dtype = torch.float32
+    else:  # transformers 4 calls it torch_dtype
+        config.torch_dtype = torch.float32
+    config.save_pretrained(out_dir)
+    transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+
+    # The tokenizer class itself, not AutoTokenizer: AutoTokenizer first builds a config from the GGUF file with a
+    # second full read of its metadata (2-3 s), only to choose this class.
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
+    if not tokenizer.chat_template and "tokenizer.chat_template" in reader.fields:
+        tokenizer.chat_template = str(reader.fields["tokenizer.chat_template"].contents())
     tokenizer.save_pretrained(out_dir)
 
 
