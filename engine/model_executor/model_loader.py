@@ -120,6 +120,48 @@ def _stage(
     progress(text, 1.0)
 
 
+# --------------------------------------------------------------------------- import failures
+
+
+def import_failure(error: BaseException) -> str | None:
+    """When ``error`` is, or was caused by, a module that failed to import: one line naming the module, the
+    distribution that installs it and that distribution's version (from ``importlib.metadata``); else None.
+
+    transformers imports a model's modules lazily and wraps a failure in a ``RuntimeError`` ("Failed to import
+    transformers.models.llama..."); the ``ImportError`` at the end of the chain names the module that failed.
+    """
+    seen: set[int] = set()
+    failure = None
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ImportError):
+            failure = error  # keep going: the innermost one names the module that really failed
+        error = error.__cause__ or error.__context__
+    if failure is None:
+        return None
+    module = failure.name
+    if not module and str(failure).count("'") >= 2:  # "cannot import name 'x' from 'y'" names no module in .name
+        module = str(failure).split("'")[-2]
+    text = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+    if not module:
+        return f"a module failed to import ({type(failure).__name__}: {text})"
+    top = module.split(".")[0]
+    try:
+        distributions = importlib.metadata.packages_distributions().get(top, [])
+    except Exception:  # noqa: BLE001 - a broken installation may not even list its distributions
+        distributions = []
+    versions = []
+    for distribution in dict.fromkeys(distributions):
+        try:
+            versions.append(f"{distribution} {importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(distribution)
+    source = (f"it is installed by the distribution {' and '.join(versions)}" if versions
+              else f"no installed distribution provides {top!r}")
+    return (f"the module {module} failed to import ({type(failure).__name__}: {text}); {source}. "
+            f"Reinstalling that distribution (pip install --force-reinstall) usually mends it.")
+
+
 # --------------------------------------------------------------------------- cache
 
 
@@ -588,6 +630,8 @@ def _load_config(path: Path) -> transformers.PretrainedConfig:
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as error:  # ValueError, TypeError, KeyError, OSError from transformers' parsing
+        if (failed := import_failure(error)) is not None:
+            raise ModelLoadError(f"Cannot load the model configuration {config_file}: {failed}") from error
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"{config_file} cannot be read as a model configuration ({type(error).__name__}: {first}).") from None
     _check_config_fields(lambda field: getattr(config, field, None), config_file, required=True)  # with transformers' defaults
@@ -640,7 +684,14 @@ def load_model(
             type; a weights file that is not readable safetensors; missing/broken tokenizer files.
             Each says in one line which file and what.
     """
-    path = resolve_model(model, progress)
+    try:
+        path = resolve_model(model, progress)
+    except ModelLoadError:
+        raise
+    except Exception as error:  # a module the conversion needs (gguf, a transformers model's) failed to import
+        if (failed := import_failure(error)) is not None:
+            raise ModelLoadError(f"Cannot prepare the model {model or DEFAULT_MODEL}: {failed}") from error
+        raise
     config = _load_config(path)
     state_dict = _load_state_dict(path, dtype, progress)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state_dict:
@@ -650,6 +701,8 @@ def load_model(
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as error:  # OSError, ValueError, TypeError, a tokenizers exception for a broken file
+        if (failed := import_failure(error)) is not None:
+            raise ModelLoadError(f"Could not load a tokenizer from {path}: {failed}") from error
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"Could not load a tokenizer from {path}: {first}") from None
     name = model or DEFAULT_MODEL
