@@ -1,10 +1,12 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate, serve and bench-serve from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate, serve, bench-serve and prepare-room
+from the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -19,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_vllm(sub)
     _add_calibrate(sub)
     _add_serve(sub)
+    _add_prepare_room(sub)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -32,6 +35,32 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(error, VLLMUnavailable):
             raise
         parser.exit(3, f"vLLM unavailable: {error}\n")
+
+
+def _add_prepare_room(sub) -> None:
+    p = sub.add_parser("prepare-room", help="for a classroom without a fast network: a wheelhouse and a filled lab cache in DIR")
+    p.add_argument("directory", type=Path, help="where to write wheels/ (pip download), cache/ (model and kernels) and README.txt")
+    p.add_argument("--no-wheels", action="store_true", help="the cache only (no pip download)")
+    p.add_argument("--print-pip-command", action="store_true", help="print the pip download command and stop")
+    p.add_argument("--pip-args", default="", help="more arguments for pip download, e.g. \"--platform win_amd64 --only-binary=:all:\"")
+    p.set_defaults(func=_prepare_room)
+
+
+def _prepare_room(args) -> None:
+    import shlex
+
+    from engine.stage_clock import StageClock
+    from engine.tools.prepare_room import pip_download_command, prepare_room
+
+    pip_args = shlex.split(args.pip_args)
+    if args.print_pip_command:
+        print(shlex.join(pip_download_command(args.directory.expanduser().resolve() / "wheels", pip_args)))
+        return
+    done = prepare_room(args.directory, wheels=not args.no_wheels, pip_args=pip_args, progress=StageClock())
+    print(f"cache: {done['cache']} (the CPU kernels {'built' if done['kernels'] else 'could not be built here'})")
+    if done["wheels"]:
+        print(f"wheels: {done['wheels']}")
+    print(f"what students run: {args.directory.expanduser().resolve() / 'README.txt'}")
 
 
 def _add_generate(sub) -> None:

@@ -121,22 +121,74 @@ except ModelLoadError as error:
 
 
 OFFLINE_LOAD = """
-import sys
+import socket, sys
+asked = []
+def refuse(self, address, *args):  # no network: any connection is recorded and refused
+    asked.append(repr(address))
+    raise OSError("no network in this test")
+socket.socket.connect = refuse
+try:
+    import transformers.integrations.hub_kernels as hub_kernels  # transformers 5: Hugging Face's kernels, from the Hub
+    def fetch(*args, **kwargs):
+        asked.append(f"hub kernel {args}")
+        raise OSError("no network in this test")
+    hub_kernels.get_kernel = fetch
+except ImportError:  # transformers 4
+    pass
 from engine.model_executor.model_loader import load_model
 loaded = load_model(None, progress=lambda *_: None)
 ids = loaded.tokenizer("What is the capital of France?").input_ids
-print("LOADED", len(loaded.state_dict), len(ids), "kernels" in sys.modules and sys.modules["kernels"] is not None)
+print("ASKED", asked)
+print("LOADED", len(loaded.state_dict), len(ids))
 """
 # Any request to the Hub fails at once: offline, and an endpoint where nothing listens.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
 
 
 @pytest.mark.slow
-def test_the_default_model_converts_and_loads_offline_without_hugging_faces_kernels(gguf_cache):
-    """transformers 5 turns use_kernels on in from_pretrained (and its GGUF loading asks the Hub for a kernel);
-    the lab builds no transformers model, so nothing of Hugging Face's `kernels` is even imported."""
+def test_the_default_model_converts_and_loads_offline_with_or_without_hugging_faces_kernels(gguf_cache):
+    """transformers 5 turns use_kernels on in from_pretrained, and its GGUF loading then asks the Hub for a ggml
+    kernel (through Hugging Face's `kernels`); the lab builds no transformers model, so it asks nothing."""
     converted = _run(OFFLINE_LOAD, gguf_cache, **OFFLINE)  # `kernels` installed (transformers 5 brings it)
     assert "LOADED 273 " in converted.stdout, converted.stderr[-3000:]  # 272 tensors + the tied lm_head
-    assert converted.stdout.split()[-1] == "False", "the load imported Hugging Face's kernels"
+    assert "ASKED []" in converted.stdout, converted.stdout
     absent = _run(OFFLINE_LOAD, gguf_cache, absent=["kernels"], **OFFLINE)  # converted now: the load alone
-    assert "LOADED 273 " in absent.stdout, absent.stderr[-3000:]
+    assert "LOADED 273 " in absent.stdout and "ASKED []" in absent.stdout, absent.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_prepare_room_fills_a_cache_with_which_a_later_start_converts_and_builds_nothing(tmp_path, gguf_cache, cpu_kernels_built):
+    from engine.cpu import ops as cpu_ops
+
+    room = tmp_path / "room"
+    (room / "cache").mkdir(parents=True)
+    shutil.copytree(gguf_cache / "downloads", room / "cache" / "downloads")  # the GGUF, as if fetched from PyPI
+    if cpu_kernels_built:  # this machine's build (the fixture's) stands in for the command's own, saving 30 s
+        built = cpu_ops.build_directory()
+        shutil.copytree(built, cpu_ops.build_directory(room / "cache" / "cpu_kernels"), ignore=shutil.ignore_patterns("*lock"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    made = subprocess.run([sys.executable, "-m", "engine", "prepare-room", str(room), "--no-wheels"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert "Converting" in made.stderr and (room / "cache" / "models" / model_loader.DEFAULT_MODEL / "model.safetensors").is_file()
+    assert "PAGEDATTENTION_LAB_CACHE" in (room / "README.txt").read_text()
+    student = tmp_path / "student-cache"
+    shutil.copytree(room / "cache", student)  # cp -a: what docs/classroom.md tells a student to do
+    started = subprocess.run([sys.executable, "-m", "engine", "generate", "What is the capital of France?", "--max-tokens", "12",
+                              "--json"], cwd=ROOT, env={**env, model_loader.CACHE_ENV_VAR: str(student)},
+                             capture_output=True, text=True, timeout=900)
+    assert started.returncode == 0, started.stderr[-3000:]
+    for stage in ("Downloading", "Converting", "Building the engine's CPU kernels"):
+        assert stage not in started.stderr, started.stderr[-3000:]
+    assert "first token" in started.stderr  # the CLI's stage lines, with their seconds
+    assert "Paris" in json.loads(started.stdout)["outputs"][0]["text"]
+
+
+def test_prepare_room_downloads_torchs_cpu_build_and_the_projects_requirements(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "engine", "prepare-room", str(tmp_path), "--print-pip-command"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert " -m pip download --dest " in line and "https://download.pytorch.org/whl/cpu" in line
+    for requirement in ("'torch>=", "'transformers>=", "'gguf>=", "'streamlit>=", "'jupyterlab>=", "'setuptools>="):
+        assert requirement in line, requirement

@@ -513,34 +513,44 @@ def _tail(text: str, limit: int) -> str:
 
 
 def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
-    # Imported here: it is slow to import and only needed once. Where a CUDA toolkit is installed but
+    build_dir = build_directory(build_root)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with build_lock(build_dir, progress):
+        _build_locked(build_dir.name, build_dir, progress)
+
+
+def build_directory(build_root: str | Path | None = None) -> Path:
+    """Where this machine's build of the kernels lives: ``<build_root>/<fingerprint>`` (default root:
+    ``<cache>/cpu_kernels``); the fingerprint covers the sources, torch's version, the flags and the CPU."""
+    from engine.user_cache import cache_dir
+
+    sources = [path.read_text() for path in SOURCES + HEADERS]
+    # Not the sources' directory: a library once built and loaded is loaded directly (no ninja, which would
+    # compare the sources' paths and times), so another checkout, or a lab cache copied from a teacher's
+    # machine (python -m engine prepare-room), finds it.
+    key = "\n".join([*sources, torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
+
+
+def _build_locked(fingerprint: str, build_dir: Path, progress) -> None:
+    """Build (if needed) and load, while this process holds the build directory's lock."""
+    name = f"pagedattention_lab_cpu_{fingerprint}"
+    library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
+    if library.exists() and loaded_once.exists():  # built, and loaded by a process before: nothing to compile
+        torch.ops.load_library(str(library))
+        return
+    # Imported here: it is slow to import and only needed to build. Where a CUDA toolkit is installed but
     # torch is a CPU build (or no GPU is there), its import warns "No CUDA runtime is found, using
     # CUDA_HOME=...": nothing to do with these CPU kernels, so not shown.
     with _cpp_extension_quiet():
         from torch.utils import cpp_extension
 
-    from engine.user_cache import cache_dir
-
-    sources = [path.read_text() for path in SOURCES + HEADERS]
-    # The sources' directory too: torch's ninja file names the sources by path, and a second checkout
-    # (another clone, a CI copy) sharing the cache would make ninja rebuild the other's library each time.
-    key = "\n".join([*sources, str(SOURCES[0].parent.resolve()), torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
-    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
-    build_dir = (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with build_lock(build_dir, progress):
-        _build_locked(cpp_extension, fingerprint, build_dir, progress)
-
-
-def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) -> None:
-    """Build (if needed) and load, while this process holds the build directory's lock."""
     # torch's own lock file (a "baton" it waits on while it exists) can only be left by a build that
     # died, since no live process of ours builds while we hold the lock: remove it, or we would wait.
     baton = build_dir / "lock"
     if fcntl is not None or (baton.exists() and time.time() - baton.stat().st_mtime > LOCK_TIMEOUT_S):
         baton.unlink(missing_ok=True)  # without an OS lock (Windows): only once older than any build
-    name = f"pagedattention_lab_cpu_{fingerprint}"
-    library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
     # A library that no process has loaded yet may be the half-written output of a killed build (or of
     # a full disk); loading it can kill the process (SIGBUS), so it is built again from scratch.
     if library.exists() and not loaded_once.exists():
