@@ -135,6 +135,11 @@ try:
     hub_kernels.get_kernel = fetch
 except ImportError:  # transformers 4
     pass
+import transformers
+def build(cls, *args, **kwargs):  # from_pretrained of a model is where transformers 5 turns use_kernels on
+    asked.append(f"{cls.__name__}.from_pretrained")
+    raise RuntimeError("no transformers model in this test")
+transformers.PreTrainedModel.from_pretrained = classmethod(build)
 from engine.model_executor.model_loader import load_model
 loaded = load_model(None, progress=lambda *_: None)
 ids = loaded.tokenizer("What is the capital of France?").input_ids
@@ -147,8 +152,10 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_ENDPOINT": "h
 
 @pytest.mark.slow
 def test_the_default_model_converts_and_loads_offline_with_or_without_hugging_faces_kernels(gguf_cache):
-    """transformers 5 turns use_kernels on in from_pretrained, and its GGUF loading then asks the Hub for a ggml
-    kernel (through Hugging Face's `kernels`); the lab builds no transformers model, so it asks nothing."""
+    """transformers 5's PreTrainedModel.from_pretrained turns use_kernels on when it is not given and USE_HUB_KERNELS
+    is not set, and its GGUF loading may then ask the Hub for a ggml kernel (through Hugging Face's `kernels`);
+    the lab builds no transformers model (no from_pretrained of a model), so none of that runs, and no connection
+    is opened."""
     converted = _run(OFFLINE_LOAD, gguf_cache, **OFFLINE)  # `kernels` installed (transformers 5 brings it)
     assert "LOADED 273 " in converted.stdout, converted.stderr[-3000:]  # 272 tensors + the tied lm_head
     assert "ASKED []" in converted.stdout, converted.stdout
@@ -192,3 +199,49 @@ def test_prepare_room_downloads_torchs_cpu_build_and_the_projects_requirements(t
     assert " -m pip download --dest " in line and "https://download.pytorch.org/whl/cpu" in line
     for requirement in ("'torch>=", "'transformers>=", "'gguf>=", "'streamlit>=", "'jupyterlab>=", "'setuptools>="):
         assert requirement in line, requirement
+
+
+GENERATE = """
+import runpy, sys
+sys.argv = ["engine", "generate", "What is the capital of France?", "--max-tokens", "4", "--json"]
+runpy.run_module("engine", run_name="__main__")
+"""
+
+KERNEL_LAB = """
+from streamlit.testing.v1 import AppTest
+import paged_kernels
+assert paged_kernels.unavailable_reason() is not None
+PAGE = '''
+import streamlit as st
+st.session_state["lang"] = {lang!r}
+from app_pages import kernel_lab
+kernel_lab.page()
+'''
+for lang in ("en", "zh"):
+    at = AppTest.from_string(PAGE.format(lang=lang), default_timeout=120).run()
+    assert not at.exception, at.exception
+    print("WARNING", lang, [w.value for w in at.warning])
+"""
+
+
+@pytest.mark.slow
+def test_without_triton_or_a_compiler_the_engine_runs_and_the_kernel_lab_says_so_in_one_line(tmp_path, default_model_dir):
+    cache = tmp_path / "cache"
+    (cache / "models").mkdir(parents=True)
+    (cache / "models" / default_model_dir.name).symlink_to(default_model_dir)  # the model, but no built CPU kernels
+    bare = tmp_path / "bin"  # a PATH with no compiler on it
+    bare.mkdir()
+    no_compiler = {"PATH": str(bare), "CXX": str(bare / "c++"), "CC": str(bare / "cc")}
+    generated = _run(GENERATE, cache, absent=["triton"], **no_compiler)
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    assert json.loads(generated.stdout)["outputs"][0]["token_ids"], generated.stdout
+    assert "could not be built" in generated.stderr  # the one warning: torch runs the steps instead
+    assert not list((cache / "cpu_kernels").glob("*/*.so"))
+    lab = _run(KERNEL_LAB, cache, absent=["triton"], **no_compiler)
+    assert lab.returncode == 0, lab.stderr[-3000:]
+    from visualize.i18n import t
+
+    for lang in ("en", "zh"):
+        line = next(line for line in lab.stdout.splitlines() if line.startswith(f"WARNING {lang}"))
+        assert t("kernel_no_triton", lang) in line and "\\n" not in t("kernel_no_triton", lang)
+    assert "Triton" in t("kernel_no_triton", "en") and "Triton" in t("kernel_no_triton", "zh")

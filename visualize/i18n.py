@@ -893,6 +893,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "layer": ("Layer", "层"),
     "num_splits": ("Partitions (split-K)", "分区数（split-K）"),
     "run_kernel": ("Run the kernel", "运行内核"),
+    "kernel_no_triton": (
+        "The Triton kernels cannot run on this machine (Triton is not installed: it ships for Linux only); the rest of this "
+        "page and every other page work without it.",
+        "本机无法运行 Triton 内核（未安装 Triton：它只提供 Linux 版本）；本页其余部分和其他所有页面无需它也能使用。",
+    ),
     "kernel_need_step": ("Run at least one step on the Live engine page first.", "请先在“实时引擎”页面运行至少一步。"),
     "kernel_no_rows": (
         "No request scheduled in the last step still holds its blocks (all finished). Reset and step again.",
