@@ -79,7 +79,7 @@ HEADERS = [Path(__file__).parent / "csrc" / name
                         "sampling.cpp", "vec_exp.h", "ops.h")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 BUILD_TIME = "15-30 s on a 2-core laptop"  # the first build, measured: docs/performance.md, "The first start"
-LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10 s on a many-core machine, 1-3 min on a 2-core laptop)
+LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 15-30 s on a 2-core laptop, several minutes on a busy one)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
@@ -88,7 +88,7 @@ INTERRUPTED = "interrupted during the build of the engine's CPU kernels; it star
 
 
 def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
-    """Build (first use on a machine: 10 s to 3 min, by its cores) and load the kernels; True when they can be used.
+    """Build (first use on a machine: 15-30 s on 2 cores) and load the kernels; True when they can be used.
 
     Runs once per process; later calls return the first answer. Never raises: a failed build
     (no compiler, no OpenMP, no ninja, a CPU the compiler cannot target) issues one
