@@ -1139,6 +1139,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                             "一个持有者释放它：引用计数 {ref}——仍在使用，不在空闲列表 {free} 中"),
     "lp4_worst_step": ("worst step: {wasted} wasted slots for {n} requests (bound: {n} × {block_size})",
                        "最差的一步：{n} 个请求浪费了 {wasted} 个槽位（上界：{n} × {block_size}）"),
+    "lp5_no_triton": (
+        "This lesson runs the Triton kernels, which cannot run on this machine (Triton ships for Linux only): read it here, "
+        "or run it on Linux.",
+        "本课运行 Triton 内核，本机无法运行（Triton 只提供 Linux 版本）：可在此阅读，或在 Linux 上运行。",
+    ),
     "lp5_interpreter": ("Triton interpreter (CPU): {on}", "Triton 解释器（CPU）：{on}"),
     "lp5_online": ("max |online - softmax @ V| = {diff}", "最大 |在线 softmax - softmax @ V| = {diff}"),
     "lp5_kernel": ("Triton kernel ({s:.2f} s interpreted): max |kernel - reference| = {diff:.2e}",
