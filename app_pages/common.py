@@ -94,12 +94,14 @@ def progress_bar(lang: str, model: str):
     """A progress bar and the ``progress(stage, fraction)`` callback that drives it (model fetch/convert),
     with a plain note of what the default model is while it is fetched."""
     bar, note = st.empty(), st.empty()
+    started = time.monotonic()
 
     def progress(stage: str, fraction: float) -> None:
         if model == DEFAULT_MODEL:
             note.caption(t("first_start_model", lang))
         text = stage_text(stage, lang, kernel_build_running())
-        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{t('loading_model', lang, model=plain(model))} {text}")
+        seconds = t("stage_elapsed", lang, seconds=int(time.monotonic() - started))
+        bar.progress(min(max(fraction, 0.0), 1.0), text=f"{t('loading_model', lang, model=plain(model))} {text}  \n{seconds}")
 
     class Both:  # bar.empty() clears the note too
         def empty(self) -> None:

@@ -49,6 +49,10 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("page_kernel", lang))
     st.caption(t("kernel_intro", lang))
+    import paged_kernels  # sets the Triton interpreter on a machine without a GPU; never fails without Triton
+
+    if paged_kernels.unavailable_reason() is not None:
+        st.warning(t("kernel_no_triton", lang), icon=":material/block:")
     llm, reports = st.session_state.get("engine"), st.session_state.get("reports", [])
     if llm is None or not reports or st.session_state.get("attention") is None:
         st.info(t("kernel_need_step", lang))
@@ -83,7 +87,7 @@ def page() -> None:
     ])
     st.dataframe(table, hide_index=True, width="stretch", height=min(38 + 35 * len(table), 300))
 
-    if st.button(t("run_kernel", lang), type="primary", key="btn_kernel"):
+    if st.button(t("run_kernel", lang), type="primary", key="btn_kernel", disabled=paged_kernels.unavailable_reason() is not None):
         run_kernel(captured, splits, lang)
 
 

@@ -1,5 +1,5 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate, calibrate, serve and bench-serve from the command line
-(the paper's figures: ``python -m visualize reproduce-paper``)."""
+"""``python -m engine``: generate, bench, bench-cpu, simulate, whatif, calibrate, serve, bench-serve and prepare-room
+from the command line (the paper's figures: ``python -m visualize reproduce-paper``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import functools
 import json
 import sys
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_vllm(sub)
     _add_calibrate(sub)
     _add_serve(sub)
+    _add_prepare_room(sub)
     return parser
 
 
@@ -63,6 +65,32 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(error, VLLMUnavailable):
             raise
         parser.exit(3, f"vLLM unavailable: {error}\n")
+
+
+def _add_prepare_room(sub) -> None:
+    p = sub.add_parser("prepare-room", help="for a classroom without a fast network: a wheelhouse and a filled lab cache in DIR")
+    p.add_argument("directory", type=Path, help="where to write wheels/ (pip download), cache/ (model and kernels) and README.txt")
+    p.add_argument("--no-wheels", action="store_true", help="the cache only (no pip download)")
+    p.add_argument("--print-pip-command", action="store_true", help="print the pip download command and stop")
+    p.add_argument("--pip-args", default="", help="more arguments for pip download, e.g. \"--platform win_amd64 --only-binary=:all:\"")
+    p.set_defaults(func=_prepare_room)
+
+
+def _prepare_room(args) -> None:
+    import shlex
+
+    from engine.stage_clock import StageClock
+    from engine.tools.prepare_room import pip_download_command, prepare_room
+
+    pip_args = shlex.split(args.pip_args)
+    if args.print_pip_command:
+        print(shlex.join(pip_download_command(args.directory.expanduser().resolve() / "wheels", pip_args)))
+        return
+    done = prepare_room(args.directory, wheels=not args.no_wheels, pip_args=pip_args, progress=StageClock())
+    print(f"cache: {done['cache']} (the CPU kernels {'built' if done['kernels'] else 'could not be built here'})")
+    if done["wheels"]:
+        print(f"wheels: {done['wheels']}")
+    print(f"what students run: {args.directory.expanduser().resolve() / 'README.txt'}")
 
 
 def _add_generate(sub) -> None:
@@ -96,13 +124,15 @@ def _generate(args) -> None:
     from engine.llm_engine import LLMEngine
     from engine.config import EngineConfig
     from engine.sampling_params import SamplingParams
+    from engine.stage_clock import StageClock
 
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks_override, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
         cpu_kernels=args.cpu_kernels,
     )
-    engine = LLMEngine(config)
+    clock = StageClock()  # each stage of the start (a first one: fetch, conversion, the kernels' build) with its seconds
+    engine = LLMEngine(config, progress=clock)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     chat = not args.raw and engine.tokenizer.chat_template
     ids = [engine.add_request([{"role": "user", "content": p}] if chat else p, params) for p in args.prompts]
@@ -117,6 +147,8 @@ def _generate(args) -> None:
     with tqdm(total=len(ids), disable=not args.quiet or args.json, desc="requests") as bar:
         while engine.has_unfinished_requests():
             report = engine.step()
+            if not steps:
+                clock.mark("first token")
             bar.update(len(report.finished))
             steps.append(_step_summary(report))
             if args.chrome_trace:

@@ -6,7 +6,8 @@ Torch-free: the simulator (``engine/sim/``) and the run files (``engine/runfile.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
@@ -98,6 +99,9 @@ class EngineConfig:
         reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
             placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable
             ones. Off by default; turn it on to run beside vLLM with the same ``num_gpu_blocks``.
+        speculative_config: speculative decoding (:class:`SpeculativeConfig`), or its settings as a dict, as
+            vLLM's ``LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4, ...})`` takes them;
+            None: off.
 
     Raises:
         ValueError: on any field out of range, naming the field; prefix caching, swap or the null
@@ -127,9 +131,11 @@ class EngineConfig:
     enable_chunked_prefill: bool = False
     schedule_first: str = "decodes"
     reserve_null_block: bool = False
-    speculative_config: SpeculativeConfig | None = None
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, Mapping):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         _positive_int("block_size", self.block_size)
         if self.num_gpu_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("give either num_gpu_blocks or kv_cache_memory, not both")
@@ -177,7 +183,8 @@ class EngineConfig:
                              "every running request decodes one token per step within that budget")
         if self.speculative_config is not None:
             if not isinstance(self.speculative_config, SpeculativeConfig):
-                raise ValueError(f"speculative_config must be a SpeculativeConfig or None, got {self.speculative_config!r}")
+                raise ValueError(f"speculative_config must be a SpeculativeConfig, a dict of its settings or None, "
+                                 f"got {self.speculative_config!r}")
             if self.allocator != "paged":
                 raise ValueError("speculative_config needs allocator='paged': lookahead slots are taken and given back block by block")
         if self.enable_prefix_caching and self.allocator == "contiguous":
@@ -277,6 +284,20 @@ class SpeculativeConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     num_draft_layers: int | None = None
+
+    @classmethod
+    def from_dict(cls, settings: Mapping) -> SpeculativeConfig:
+        """A SpeculativeConfig from vLLM's dict form, e.g. ``{"method": "ngram", "num_speculative_tokens": 4}``.
+
+        Raises:
+            ValueError: a key that is not one of the fields above (named, with those that are), or a value
+                :meth:`__post_init__` refuses.
+        """
+        known = [field.name for field in fields(cls)]
+        for key in settings:
+            if key not in known:
+                raise ValueError(f"speculative_config has no setting {key!r}; the settings are: {', '.join(known)}")
+        return cls(**settings)
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:

@@ -67,11 +67,13 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         backend = resolve_backend(config.attention_backend, self.device, self.dtype)
+        kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
+        if kernels:  # a machine's first run builds them (saying so), meanwhile the model is fetched and converted
+            cpu_ops.load_kernel_in_background(progress)
         loaded = loaded_model or load_model(config.model, dtype=torch.float32, progress=progress)
         self.model_name, self.tokenizer, self.hf_config = loaded.name, loaded.tokenizer, loaded.config
-        kernels = config.cpu_kernels and self.device.type == "cpu" and self.dtype in (torch.float32, torch.bfloat16)
         if kernels:
-            kernels = cpu_ops.load_kernel(progress=progress)  # builds them on a machine's first run, saying so
+            kernels = cpu_ops.load_kernel(progress=progress)  # waits for the build started above
         model = build_model(loaded.config, loaded.state_dict, self.dtype, self.device, config.cpu_kernels)
         if kernels and backend is TORCH_BACKEND:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables

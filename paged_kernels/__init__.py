@@ -56,4 +56,12 @@ else:
     from paged_kernels.paged_attention_prefill import paged_attention_prefill  # noqa: E402
     from paged_kernels.reshape_and_cache import reshape_and_cache  # noqa: E402
 
-__all__ = ["copy_blocks", "interpreted", "interpreter_ready", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache"]
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here (Triton is not installed, or fails to import), or None when they can."""
+    return globals().get("_reason")
+
+
+__all__ = ["copy_blocks", "interpreted", "interpreter_ready", "paged_attention_decode", "paged_attention_prefill", "reshape_and_cache",
+           "unavailable_reason"]

@@ -1,6 +1,6 @@
 """Tests for engine.model_executor.model_loader: the default model, local HF directories, and every refusal.
 
-The first run converts SmolLM2-135M-Instruct from GGUF (about a minute, once per cache);
+The first run converts SmolLM2-135M-Instruct from GGUF (5-10 s, once per cache);
 later runs read the cached safetensors in about a second.
 """
 

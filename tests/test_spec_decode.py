@@ -322,3 +322,21 @@ def test_the_formulas_alpha_comes_from_the_mean_accepted_length_not_from_accepte
         alpha_from_mean_accepted_length(5.5, 4)
     with pytest.raises(ValueError, match="k must be"):
         alpha_from_mean_accepted_length(1.0, 0)
+
+
+def test_speculative_config_takes_vllms_dict_form_and_names_a_bad_key(tiny_llama_dir):
+    from engine import LLM, EngineConfig, SamplingParams
+    from engine.config import SpeculativeConfig
+
+    settings = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    config = EngineConfig(speculative_config=settings)
+    assert config.speculative_config == SpeculativeConfig(**settings)
+    with pytest.raises(ValueError, match=r"speculative_config has no setting 'ngram_window'.*num_speculative_tokens"):
+        EngineConfig(speculative_config={"method": "ngram", "ngram_window": 3})
+    with pytest.raises(ValueError, match=r"speculative_config.num_speculative_tokens"):
+        EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    llm = LLM(str(tiny_llama_dir), speculative_config=settings, num_gpu_blocks=64)
+    assert llm.engine.spec is not None and llm.engine.config.speculative_config.num_speculative_tokens == 4
+    [out] = llm.generate("1, 2, 3, 1, 2, 3, 1, 2,", SamplingParams(max_tokens=6, temperature=0.0))
+    plain = LLM(str(tiny_llama_dir), num_gpu_blocks=64).generate("1, 2, 3, 1, 2, 3, 1, 2,", SamplingParams(max_tokens=6, temperature=0.0))[0]
+    assert out.token_ids == plain.token_ids  # greedy speculative decoding gives the tokens plain decoding gives

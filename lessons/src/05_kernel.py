@@ -48,6 +48,8 @@ from visualize.style import use_cjk_font
 LANG = "en"  # the language of the charts and of the check's messages
 use_cjk_font()  # so that 中文 chart labels are drawn, not boxes
 print(t("lp5_interpreter", LANG, on=t("yes" if paged_kernels.interpreted() else "no", LANG)))
+if paged_kernels.unavailable_reason() is not None:  # no Triton here (it ships for Linux only)
+    print(t("lp5_no_triton", LANG))
 
 # %% [markdown] lang="en"
 # ## 1. Online softmax

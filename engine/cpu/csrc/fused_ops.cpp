@@ -18,7 +18,8 @@
 //
 // Built with the matmul kernel by engine/cpu_ops.py. Inference only: no autograd (the Python wrappers refuse inputs that need it).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // not ATen/ATen.h, which declares every operator: a third of a build's time
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
@@ -40,16 +41,16 @@
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+constexpr int64_t kSumLanes = 16;
 
 // Sum of squares of n floats in 16 interleaved partial sums, then a pairwise tree.
 float sum_of_squares(const float* __restrict__ v, int64_t n) {
-  float part[kLanes] = {};
+  float part[kSumLanes] = {};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) part[l] += v[i + l] * v[i + l];
+  for (; i + kSumLanes <= n; i += kSumLanes)
+    for (int64_t l = 0; l < kSumLanes; ++l) part[l] += v[i + l] * v[i + l];
   for (int64_t l = 0; i < n; ++i, ++l) part[l] += v[i] * v[i];
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)
+  for (int64_t width = kSumLanes / 2; width > 0; width /= 2)
     for (int64_t l = 0; l < width; ++l) part[l] += part[l + width];
   return part[0];
 }

@@ -3,7 +3,7 @@
 // for what each takes and returns.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // not ATen/ATen.h, which declares every operator: a third of a build's time
 
 #include <string>
 #include <tuple>

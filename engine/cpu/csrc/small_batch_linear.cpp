@@ -46,7 +46,9 @@
 // 8-16 rows. small_batch_linear_simd() says which was built, and the engine multiplies with F.linear
 // where it is "generic".
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>  // not ATen/ATen.h, which declares every operator: a third of a build's time
+#include <ATen/ops/empty.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
