@@ -190,8 +190,14 @@ def test_readme_commands_match_ci():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert 'pip install -e . && streamlit run app.py' in readme
     assert 'pip install -e ".[test]" && python -m pytest' in readme
-    assert 'pip install --quiet -e ".[test]"' in ci and "python3 -m pytest" in ci
+    # CI installs as a newcomer does: a brand-new virtual environment, the README's two installs, its test command.
+    assert 'python3 -m venv "$WORK/newest"' in ci
+    assert '"$NEWEST" -m pip install --quiet -e .  ' in ci and '"$NEWEST" -m pip install --quiet -e ".[test]"' in ci
+    assert '"$NEWEST" -m pytest' in ci
     assert "mkdocs build --strict" in ci
+    # ... and checks the declared floors and the class's pinned set, each in a new venv of its own.
+    assert "--resolution lowest-direct" in ci and "-c constraints.txt" in ci
+    assert (ROOT / "constraints.txt").is_file() and (ROOT / ".ci" / "smoke-tests.txt").is_file()
 
 
 def test_relative_links_in_readme_and_docs_exist():
