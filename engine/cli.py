@@ -10,7 +10,10 @@ from tqdm.auto import tqdm
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m engine", description="PagedAttention Lab's step-through inference engine")
+    argv = _take_impl(sys.argv[1:] if argv is None else list(argv))
+    parser = argparse.ArgumentParser(prog="python -m engine", description="PagedAttention Lab's step-through inference engine",
+                                     epilog="--impl solution|starter|PATH (any command): run the labs' parts from there "
+                                            "(the LAB_IMPL environment variable; engine/core/lab_impl.py)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_bench(sub)
@@ -32,6 +35,25 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(error, VLLMUnavailable):
             raise
         parser.exit(3, f"vLLM unavailable: {error}\n")
+
+
+def _take_impl(argv: list[str]) -> list[str]:
+    """Take ``--impl X`` (or ``--impl=X``) from anywhere in ``argv`` into ``LAB_IMPL`` before any engine
+    module is imported: each lab's module plugs the chosen part in as it is imported."""
+    import os
+
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--impl" and i + 1 < len(argv):
+            os.environ["LAB_IMPL"] = argv[i + 1]
+            i += 2
+            continue
+        if argv[i].startswith("--impl="):
+            os.environ["LAB_IMPL"] = argv[i].split("=", 1)[1]
+        else:
+            out.append(argv[i])
+        i += 1
+    return out
 
 
 def _add_generate(sub) -> None:

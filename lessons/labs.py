@@ -242,7 +242,7 @@ def cut(lab: Lab, keep_solution: bool = False, seed_bug: bool = True) -> str:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "" in by_class:
             for part in by_class[""]:
-                if part.node is node:
+                if part.node.lineno == node.lineno:
                     body += ["\n\n", _function_text(part, lines, lab.name, keep_solution)]
         elif isinstance(node, ast.ClassDef) and node.name in by_class:
             body += ["\n\n", f"class {node.name}:\n"]
@@ -251,7 +251,7 @@ def cut(lab: Lab, keep_solution: bool = False, seed_bug: bool = True) -> str:
                 first = node.body[0]
                 body.append("".join(lines[first.lineno - 1 : first.end_lineno]))
             init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-            if init is not None and all(p.node is not init for p in by_class[node.name]):
+            if init is not None and all(p.node.lineno != init.lineno for p in by_class[node.name]):
                 body.append("\n    # Given (the engine's own, not swapped): the attributes the parts below use.\n")
                 body.append("".join(lines[init.lineno - 1 : init.end_lineno]))
             for part in by_class[node.name]:

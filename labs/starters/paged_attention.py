@@ -38,3 +38,70 @@ import torch
 from torch.nn import functional as F
 
 LAB = "paged_attention"  # the lab whose parts this file holds
+
+
+def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> GatherIndex:
+    """Translate block tables into per-position slots (``block_table[i // block_size] * block_size + i % block_size``).
+
+    Args:
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32, tokens.
+        block_size: slots per block.
+    """
+    # TODO(paged_attention): write this part (see the docstring and labs/README.md)
+    raise NotImplementedError("lab paged_attention: gather_index")
+
+
+def gather_kv(
+    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, index: GatherIndex | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read each sequence's K (or V) through its block table into a padded tensor.
+
+    Args:
+        cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32.
+        index: the same tables already translated by :func:`gather_index` (computed here when None).
+
+    Returns:
+        (``[num_seqs, max_blocks * block_size, num_kv_heads, head_dim]`` with zeros past each context,
+        ``live`` ``[num_seqs, max_blocks * block_size]`` bool: the position is inside the context).
+        Positions past a context never carry what the pool holds there (stale K/V, or NaN).
+    """
+    # TODO(paged_attention): write this part (see the docstring and labs/README.md)
+    raise NotImplementedError("lab paged_attention: gather_kv")
+
+
+def paged_attention_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    plan: TorchStepPlan | None = None,
+) -> torch.Tensor:
+    """Decode attention: one query token per sequence against its whole context, through its block table.
+
+    Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
+    With one query token, the ``num_heads // num_kv_heads`` query heads of a group are like that many
+    queries against the same keys, so each (sequence, KV head) is one small attention problem.
+    A sequence with ``context_lens == 0`` (a padded row) gets zeros, and cache slots outside a
+    sequence's context are never read into the result, even if they hold NaN.
+
+    Args:
+        query: ``[num_seqs, num_heads, head_dim]`` (fp32/fp16/bf16/fp64; may be a strided view).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        block_tables: ``[num_seqs, max_blocks]`` int32; entries past a sequence's blocks are ignored.
+        context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
+        scale: softmax scale, usually ``head_dim ** -0.5``.
+        plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
+
+    Returns:
+        ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
+
+    Source: PagedAttention paper §4.1 (attention over non-contiguous KV blocks); vLLM's
+    ``paged_attention_v1`` computes the same thing.
+    """
+    # TODO(paged_attention): write this part (see the docstring and labs/README.md)
+    raise NotImplementedError("lab paged_attention: paged_attention_reference")

@@ -38,3 +38,17 @@ import torch
 from engine.sampling_params import SamplingParams
 
 LAB = "spec_verify"  # the lab whose parts this file holds
+
+
+def verify_greedy(draft_token_ids: list[int], target_token_ids: list[int]) -> tuple[int, list[int]]:
+    """Greedy verification: the longest prefix of the drafts that the target's argmax agrees with.
+
+    Args:
+        draft_token_ids: the k drafts.
+        target_token_ids: the target's argmax at each of the k + 1 positions.
+
+    Returns:
+        (accepted drafts a, the a accepted tokens followed by the target's token at position a).
+    """
+    # TODO(spec_verify): write this part (see the docstring and labs/README.md)
+    raise NotImplementedError("lab spec_verify: verify_greedy")
