@@ -110,23 +110,28 @@ def _hint(text: str) -> str:
     if match:
         return f"not written yet: {match[2]} (lab {match[1]})"
     lines = [line for line in text.strip().splitlines() if line.strip()]
+    raised = [line[1:].strip() for line in lines if line.startswith("E ")]  # pytest's lines of the exception
+    if raised and not lines[0].startswith("AssertionError"):
+        return "\n".join(raised[:6])[:1200]
     return "\n".join(lines[:6])[:1200]
 
 
 def _location(text: str) -> str:
     """The student's file and line in a traceback, when the failure happened there."""
-    found = [m for m in re.finditer(r"^([^\s:][^:\n]*\.py):(\d+): ", text, re.MULTILINE)
-             if "labs/tests" not in m[1] and "/engine/" not in m[1] and "site-packages" not in m[1]]
-    return f" ({found[-1][1]}:{found[-1][2]})" if found else ""
+    found = [(m[1] or m[3], m[2] or m[4]) for m in re.finditer(r'^([^\s:][^:\n]*\.py):(\d+): |File "([^"]+\.py)", line (\d+)', text, re.MULTILINE)]
+    ours = ("engine/", "paged_kernels/", "labs/tests/", "site-packages", "/lib/python", "<frozen")
+    found = [(f, n) for f, n in found if not any(part in f for part in ours) and not f.startswith(str(ROOT / "engine"))]
+    return f" ({found[-1][0]}:{found[-1][1]})" if found else ""
 
 
-def run_lab(lab: Lab, impl: str, hidden_dir: Path | None = None, timeout_s: int = LAB_TIMEOUT_S) -> LabResult:
+def run_lab(lab: Lab, impl: str, hidden_dir: Path | None = None, timeout_s: int = LAB_TIMEOUT_S,
+            test_timeout_s: int = TEST_TIMEOUT_S) -> LabResult:
     own, hidden = test_files(lab, hidden_dir)
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", f"--timeout={TEST_TIMEOUT_S}",
-               "--tb=short", f"--junitxml={report}", "--rootdir", str(ROOT), *map(str, own + hidden)]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", f"--timeout={test_timeout_s}",
+               "--tb=short", "-o", "junit_family=xunit1", f"--junitxml={report}", "--rootdir", str(ROOT), *map(str, own + hidden)]
         chosen = impl_env(lab, impl)
         env = {k: v for k, v in os.environ.items() if k not in (LAB_IMPL_ENV, LAB_ONLY_ENV)}
         env.update(chosen, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -139,10 +144,8 @@ def run_lab(lab: Lab, impl: str, hidden_dir: Path | None = None, timeout_s: int 
         seconds = time.monotonic() - start
         tests = _parse(report, {str(p.resolve()) for p in hidden}) if report.is_file() else []
     result = LabResult(lab.name, lab.title[0], 0.0, POINTS, round(seconds, 1), tests)
-    if not tests or all(t.name.endswith("::collection") for t in tests):
+    if not tests:  # pytest itself failed, or the run was stopped
         result.error = _hint(log[-4000:]) if done is not None else log
-        for t in tests:
-            t.output = t.output or result.error
         return result
     share = POINTS / len(tests)
     for t in tests:
@@ -161,14 +164,13 @@ def _parse(report: Path, hidden_files: set[str]) -> list[TestResult]:
         if skipped is not None and problem is None:
             continue
         file = case.get("file") or ""
-        hidden = any(Path(h).stem == classname.rsplit(".", 1)[-1] for h in hidden_files)
-        if problem is not None and not name:
-            name = "collection"
+        hidden = bool(file) and str((ROOT / file).resolve()) in hidden_files
+        classname = classname or Path(file).stem
+        collection = problem is not None and (problem.get("message") == "collection failure" or not name)
         output = ""
         if problem is not None:
-            text = (problem.get("message") or "") + "\n" + (problem.text or "")
-            output = _hint(text) + _location(problem.text or "")
-        label = f"{classname.rsplit('.', 1)[-1]}::{name}" if name != "collection" else f"{classname or file}::collection"
+            output = _hint(problem.text or "" if collection else problem.get("message") or problem.text or "") + _location(problem.text or "")
+        label = f"{(name or classname or file).rsplit('.', 1)[-1]}::collection" if collection else f"{classname.rsplit('.', 1)[-1]}::{name}"
         out.append(TestResult(label, 0.0, 0.0, problem is None, output, hidden))
     return out
 
@@ -217,13 +219,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--gradescope", type=Path, metavar="RESULTS_JSON", help="also write Gradescope's results.json there")
     parser.add_argument("--tests", type=Path, metavar="DIR", help="a directory of hidden tests to add (test_lab_<lab>*.py)")
+    parser.add_argument("--timeout", type=int, default=TEST_TIMEOUT_S, metavar="S",
+                        help=f"seconds one test may run before it fails (default {TEST_TIMEOUT_S}: an endless loop costs one test)")
     args = parser.parse_args(argv)
     if args.tests is not None and not args.tests.is_dir():
         parser.error(f"--tests {args.tests}: not a directory")
     labs = labs_for(args.impl, args.labs)
     results = []
     for lab in labs:
-        results.append(run_lab(lab, args.impl, args.tests))
+        results.append(run_lab(lab, args.impl, args.tests, test_timeout_s=args.timeout))
         if not args.json:  # one lab at a time, as it is graded
             print("\n".join(format_text(results[-1:], args.impl).splitlines()[1:-1]), flush=True)
     if args.gradescope:
