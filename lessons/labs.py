@@ -92,23 +92,23 @@ LABS: list[Lab] = [
          "shared block gets its own copy first (COPY_ON_WRITE event, the (src, dst) pair the engine copies).",
          "fork 让子序列共享父序列的所有块（引用计数加一，发出 FORK 事件）；序列要写入共享块之前先得到自己的副本（COPY_ON_WRITE 事件，"
          "返回引擎要复制的 (src, dst)）。")),
-    Lab("prefix_cache", ("Prefix caching: the block hash chain, hits, eviction", "前缀缓存：块哈希链、命中与淘汰"), 8, 60,
+    Lab("prefix_cache", ("Prefix caching: the block hash chain, hits, eviction", "前缀缓存：块哈希链、命中与驱逐"), 8, 60,
         ("The hash chain of a prompt's full blocks (each hash covers its parent's), the longest run of cached leading "
          "blocks (token ids and parent checked), caching a written block, and dropping a cached block's hash when "
          "the least recently freed block at the head of the free queue is handed out again (LRU eviction).",
          "提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对词元 ID 与父哈希）、缓存一个写好的块，"
-         "以及空闲队列队头最久未用的块被重新分配时删除它的哈希（LRU 淘汰）。")),
+         "以及空闲队列队头最久未用的块被重新分配时删除它的哈希（LRU 驱逐）。")),
     Lab("admission", ("Scheduler admission (vLLM v1)", "调度器的准入规则（vLLM v1）"), 6, 30,
         ("Whether the request at the head of the waiting queue joins this step: its prompt must fit the token budget "
          "left of max_num_batched_tokens (a chunk always does) and its blocks the free pool less the watermark.",
          "等待队列队头的请求能否加入本步：它的提示词必须放得进 max_num_batched_tokens 剩下的词元预算（分块总能放下），"
          "它的块必须放得进扣除水位线后的空闲块。")),
-    Lab("preemption", ("Preemption: the victim, recompute or swap", "抢占：选择牺牲者，重算或交换"), 6, 45,
+    Lab("preemption", ("Preemption: the victim, recompute or swap", "抢占：选择牺牲者，重计算或交换"), 6, 45,
         ("Who is preempted when a running request cannot get its next slot (the newest not yet served this step), "
          "and how: swap its blocks out to the CPU pool when allowed and possible, else free them and put it back at "
          "the front of the waiting queue to be recomputed.",
          "运行中的请求拿不到下一个槽位时抢占谁（本步尚未轮到的最新请求），以及如何抢占：允许且放得下时把它的块换出到 CPU 池，"
-         "否则释放它的块，把它放回等待队列最前面等待重算。")),
+         "否则释放它的块，把它放回等待队列最前面等待重计算。")),
     Lab("swap", ("Swapping: the block mapping out and in", "交换：换出与换入的块映射"), 6, 40,
         ("Whether the CPU pool has room for a group's distinct blocks, and moving a group's block tables between the "
          "pools: one new block per distinct block (shared ones once, shared again), the (src, dst) copies, the "
@@ -129,7 +129,7 @@ LABS: list[Lab] = [
     Lab("triton_decode", ("A Triton paged-attention decode kernel", "Triton 分页注意力解码内核"), 5, 90,
         ("Inside the engine's Triton kernel: gather one block id per token of a tile through the block table, and "
          "the online-softmax update (running max, rescaled sum and accumulator). Runs in Triton's interpreter on a CPU.",
-         "在引擎的 Triton 内核里：按块表为一个分片的每个词元取出块号，以及在线 softmax 的更新（运行最大值、重新缩放的和与累加器）。"
+         "在引擎的 Triton 内核里：按块表为一个分片的每个词元取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。"
          "在 CPU 上由 Triton 解释器运行。"), core=False),
     Lab("spec_verify", ("Speculative decoding: greedy verification", "投机解码：贪心验证"), 10, 20,
         ("Keep the longest prefix of the draft tokens that the target model's argmax agrees with, then the target's "
@@ -139,6 +139,12 @@ LABS: list[Lab] = [
         ("Tentative slots for k draft tokens from free blocks only (fewer when the pool runs short), and after "
          "verification giving back the rejected drafts' slots, freeing every block left with no verified token.",
          "只用空闲块为 k 个草稿词元分配暂定槽位（池子不够时少给），验证之后归还被拒草稿的槽位，并释放不再含有已验证词元的块。"), core=False),
+    Lab("open_scheduler", ("Open lab: a scheduling policy of your own", "开放实验：自己设计的调度策略"), 9, 90,
+        ("Design the order in which waiting requests are offered admission (order_waiting, the scheduler's policy hook, "
+         "as vLLM's --scheduler-cls). The simulator runs it on a fixed trace: beat FCFS's TTFT p90 by 10% while keeping "
+         "95% of its throughput; grade prints your place against FCFS and the model answer.",
+         "设计等待中的请求获得准入机会的顺序（order_waiting，调度器的策略接口，类似 vLLM 的 --scheduler-cls）。模拟器在固定的请求轨迹上运行它："
+         "TTFT p90 要比先来先服务低 10%，同时保持其 95% 的吞吐量；grade 会打印你的策略相对先来先服务与参考答案的名次。"), core=False),
     Lab("bug_refcount", ("Find the bug: the block pool", "找错误：块池"), 4, 30,
         ("A copy of the block pool with one bug seeded. Run the tests, read the failing hint, find and fix the line.",
          "块池的一个副本，其中埋了一个错误。运行测试、读失败提示，找到并修正那一行。"), base="block_pool"),
@@ -324,7 +330,7 @@ def build(names: list[str] | None = None) -> list[Path]:
 
 
 def stale(names: list[str] | None = None) -> list[Path]:
-    """Committed starters that differ from what the engine's modules cut today (or are missing),
+    """Committed starters that differ from what the engine's modules cut now (or are missing),
     and starters of no lab."""
     out = [starter_path(lab) for lab in ([get(n) for n in names] if names else LABS)
            if not starter_path(lab).is_file() or starter_path(lab).read_text(encoding="utf-8") != cut(lab)]
