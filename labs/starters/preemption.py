@@ -1,10 +1,10 @@
-"""Lab preemption: Preemption: the victim, recompute or swap / 抢占：选择牺牲者，重算或交换.
+"""Lab preemption: Preemption: the victim, recompute or swap / 抢占：选择牺牲者，重计算或交换.
 
 Who is preempted when a running request cannot get its next slot (the newest not yet served this
 step), and how: swap its blocks out to the CPU pool when allowed and possible, else free them and
 put it back at the front of the waiting queue to be recomputed.
 
-运行中的请求拿不到下一个槽位时抢占谁（本步尚未轮到的最新请求），以及如何抢占：允许且放得下时把它的块换出到 CPU 池，否则释放它的块，把它放回等待队列最前面等待重算。
+运行中的请求拿不到下一个槽位时抢占谁（本步尚未轮到的最新请求），以及如何抢占：允许且放得下时把它的块换出到 CPU 池，否则释放它的块，把它放回等待队列最前面等待重计算。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
 scope here). Run its tests on your file:
