@@ -1,7 +1,8 @@
 """``python -m lessons build [PREFIX...]`` writes the notebooks from their sources;
 ``python -m lessons check [PREFIX...]`` exits 1 if a committed notebook is out of date;
 ``python -m lessons labs build|check|handout DIR|autograder ZIP`` cuts the labs from the engine
-(``lessons/labs.py``); ``python -m lessons grade [LAB...] [--impl ...]`` grades them (``lessons/grade.py``)."""
+(``lessons/labs.py``); ``python -m lessons grade [LAB...] [--impl ...]`` grades them (``lessons/grade.py``);
+``python -m lessons compare --impl ...`` runs a student's parts beside the engine's (``lessons/compare.py``)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["labs"]:
         return labs_main(argv[1:])
+    if argv[:1] == ["compare"]:
+        from lessons.compare import main as compare_main
+
+        return compare_main(argv[1:])
     if argv[:1] == ["grade"]:
         from lessons.grade import main as grade_main
 

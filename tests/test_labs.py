@@ -242,3 +242,21 @@ def test_the_autograder_zip(tmp_path):
         assert {"setup.sh", "run_autograder", "labs/hidden/test_lab_block_pool_more.py", "engine/core/lab_impl.py"} <= names
         assert "--tests labs/hidden" in zf.read("run_autograder").decode()
         assert zf.getinfo("run_autograder").external_attr >> 16 & 0o111
+
+
+def test_compare_finds_the_first_step_a_seeded_bug_diverges_and_names_a_students_exception():
+    from lessons import compare
+
+    reference = compare.run("solution")
+    assert reference["error"] is None and len(reference["steps"]) > 5
+    kinds = {e["kind"] for step in reference["steps"] for e in step["events"]}
+    assert {"fork", "copy_on_write", "cache_hit", "evict", "preempt"} <= kinds, "the workload exercises every part"
+    assert compare.first_divergence(reference, reference) is None
+    found = compare.first_divergence(reference, compare.run(str(labs.starter_path(labs.get("bug_cow")))))
+    assert found["field"] == "events" and found["reference_event"]["kind"] == "copy_on_write", found
+    assert "event" in compare.describe(found) and f"step {found['step']}" in compare.describe(found)
+    crashed = compare.first_divergence(reference, compare.run("starter", ["block_pool"]))
+    assert crashed["field"] == "error" and crashed["step"] == 0
+    error = crashed["error"]
+    assert error["lab"] == "block_pool" and error["file"].endswith("labs/starters/block_pool.py") and error["line"] > 0
+    assert "NotImplementedError" in compare.describe(crashed)
