@@ -149,6 +149,10 @@ def run_lab(lab: Lab, impl: str, hidden_dir: Path | None = None, timeout_s: int 
 
 
 def _run_tests(lab: Lab, impl: str, hidden_dir: Path | None, timeout_s: int, test_timeout_s: int) -> LabResult:
+    folder = Path(impl).expanduser()
+    if impl not in ("solution", "starter") and folder.is_dir() and not (folder / f"{lab.name}.py").is_file():
+        # Without the student's file the engine's own part would run: no points for a lab not handed in.
+        return LabResult(lab.name, lab.title[0], 0.0, POINTS, 0.0, error=f"no {lab.name}.py in {impl}: this lab was not handed in")
     own, hidden = test_files(lab, hidden_dir)
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:

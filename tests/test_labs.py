@@ -214,7 +214,11 @@ def test_a_crash_a_loop_and_an_import_error_cost_their_own_lab_only(tmp_path):
     assert by_name["spec_verify"]["score"] == 0 and "SyntaxError" in json.dumps(by_name["spec_verify"])
     swap_failed = [t["output"] for t in by_name["swap"]["tests"] if not t["passed"]]
     assert swap_failed and all("ZeroDivisionError" in o and "swap.py" in o for o in swap_failed), swap_failed
-    chunked = by_name["chunked_prefill"]
+    assert by_name["chunked_prefill"]["score"] == 0 and "not handed in" in by_name["chunked_prefill"]["error"], \
+        "a lab without the student's file scores nothing (the engine's own part would pass)"
+    (mine / "chunked_prefill.py").write_text(labs.cut(labs.get("chunked_prefill"), keep_solution=True))
+    done = _run(["-m", "lessons", "grade", "chunked_prefill", "--impl", str(mine), "--json", "--tests", str(hidden)], timeout=600)
+    chunked = json.loads(done.stdout)["labs"][0]
     hidden_outputs = [t["output"] for t in chunked["tests"] if t["hidden"]]
     assert len(hidden_outputs) == 1 and hidden_outputs[0].startswith("AssertionError: the hidden hint"), hidden_outputs
     assert chunked["score"] < chunked["max_score"], "a hidden test counts"
