@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import random
+
 from engine.core.lab_impl import plug_lab_parts
 
 

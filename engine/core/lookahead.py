@@ -12,9 +12,9 @@ hashed into the prefix cache: ``PagedBlockManager.cache_blocks`` hashes up to
 
 from __future__ import annotations
 
+from engine.core.lab_impl import plug_lab_parts
 from engine.core.sequence import Sequence
 from engine.report import FREE
-from engine.core.lab_impl import plug_lab_parts
 
 
 class LookaheadSlotsMixin:

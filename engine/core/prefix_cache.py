@@ -26,6 +26,7 @@ import json
 import struct
 from dataclasses import dataclass
 from typing import Callable, Sequence
+
 from engine.core.lab_impl import plug_lab_parts
 
 BlockHash = bytes

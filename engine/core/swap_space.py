@@ -11,8 +11,8 @@ from __future__ import annotations
 from engine.core.accounting import MemoryUsage, swap_space_usage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group
-from engine.report import SWAP_IN, SWAP_OUT, BlockTableSnapshot
 from engine.core.lab_impl import plug_lab_parts
+from engine.report import SWAP_IN, SWAP_OUT, BlockTableSnapshot
 
 
 class SwapSpaceMixin:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn import functional as F
+
 from engine.core.lab_impl import plug_lab_parts
 
 

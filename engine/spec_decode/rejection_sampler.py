@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling_params import SamplingParams
 from engine.core.lab_impl import plug_lab_parts
+from engine.sampling_params import SamplingParams
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
