@@ -15,13 +15,16 @@ def main(argv: list[str] | None = None) -> None:
                                      epilog="--impl solution|starter|PATH (any command): run the labs' parts from there "
                                             "(the LAB_IMPL environment variable; engine/core/lab_impl.py)")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_generate(sub)
-    _add_bench(sub)
-    _add_bench_cpu(sub)
-    _add_simulator(sub)
-    _add_vllm(sub)
-    _add_calibrate(sub)
-    _add_serve(sub)
+    try:  # registering some commands imports the engine's modules, which plug the --impl parts in
+        _add_generate(sub)
+        _add_bench(sub)
+        _add_bench_cpu(sub)
+        _add_simulator(sub)
+        _add_vllm(sub)
+        _add_calibrate(sub)
+        _add_serve(sub)
+    except ValueError as error:  # an --impl that cannot be used (engine/core/lab_impl.py's LabImplError)
+        parser.exit(2, f"error: {error}\n")
     args = parser.parse_args(argv)
     try:
         args.func(args)

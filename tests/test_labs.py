@@ -264,3 +264,14 @@ def test_compare_finds_the_first_step_a_seeded_bug_diverges_and_names_a_students
     error = crashed["error"]
     assert error["lab"] == "block_pool" and error["file"].endswith("labs/starters/block_pool.py") and error["line"] > 0
     assert "NotImplementedError" in compare.describe(crashed)
+
+
+def test_an_impl_the_engine_cannot_use_is_one_clear_line(tmp_path):
+    missing = _run(["-m", "engine", "generate", "hi", "--impl", str(tmp_path / "nowhere.py")], timeout=300)
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+        f"error: LAB_IMPL={tmp_path / 'nowhere.py'}: no such file or directory (solution, starter, a directory or a .py file)"]
+    empty = tmp_path / "block_pool.py"
+    empty.write_text('LAB = "block_pool"\n')
+    lacking = _run(["-m", "engine", "generate", "hi", "--impl", str(empty)], timeout=300)
+    assert lacking.returncode == 2 and "lab block_pool needs `FreeBlockQueue.popleft`" in lacking.stderr
+    assert "Traceback" not in lacking.stderr

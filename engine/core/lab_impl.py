@@ -56,7 +56,7 @@ END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
 LAB_LINE = re.compile(r'^LAB = "(?P<lab>[A-Za-z_][A-Za-z0-9_]*)"', re.MULTILINE)
 
 
-class LabImplError(RuntimeError):
+class LabImplError(ValueError):
     """A ``LAB_IMPL`` that cannot be used: a missing file, a file without its lab's parts, a marker
     out of place. The message names the file and the lab."""
 
