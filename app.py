@@ -14,7 +14,7 @@ import streamlit as st
 import paged_kernels  # noqa: F401
 import torch
 
-from app_pages import beside_vllm, classroom, compare, kernel_lab, lessons, live, send, whatif
+from app_pages import beside_vllm, classroom, compare, kernel_lab, labs_page, lessons, live, send, whatif
 from app_pages.common import refuse_unsafe_serving
 from app_pages.sidebar import engine_settings, language, student_mode
 from app_pages.state import torch_threads
@@ -41,6 +41,7 @@ else:
         st.Page(beside_vllm.page, title=t("page_vllm", lang), icon=":material/difference:", url_path="vllm"),
         st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),
         st.Page(lessons.page, title=t("page_lessons", lang), icon=":material/menu_book:", url_path="lessons"),
+        st.Page(labs_page.page, title=t("page_labs", lang), icon=":material/construction:", url_path="labs"),
         st.Page(classroom.page, title=t("page_classroom", lang), icon=":material/co_present:", url_path="classroom"),
         st.Page(send.page, title=t("page_send", lang), icon=":material/send:", url_path="send"),
     ]

@@ -16,6 +16,9 @@ The rest of the lab:
   streamlit run app.py                 the app: the KV pool step by step, the paper's figures, the classroom
   jupyter lab lessons/en/              ten lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
   python -m visualize reproduce-paper  the PagedAttention paper's figures on the simulator, as tables, JSON or charts
+  python -m lessons grade              the graded labs (docs/labs.md)
+--impl solution|starter|PATH (any command): run the labs' parts from there (the LAB_IMPL environment variable;
+engine/core/lab_impl.py)
 Each command's options: python -m engine COMMAND --help"""
 
 
@@ -48,10 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _take_impl(sys.argv[1:] if argv is None else list(argv))
     if argv[:1] == ["reproduce-paper"]:  # its options are visualize's: say where the command is, whatever follows
         _reproduce_paper_moved(argv[1:])
-    parser = build_parser()
+    try:  # registering some commands imports the engine's modules, which plug the --impl parts in
+        parser = build_parser()
+    except ValueError as error:  # an --impl that cannot be used (engine/core/lab_impl.py's LabImplError)
+        sys.exit(f"error: {error}")
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -91,6 +97,25 @@ def _prepare_room(args) -> None:
     if done["wheels"]:
         print(f"wheels: {done['wheels']}")
     print(f"what students run: {args.directory.expanduser().resolve() / 'README.txt'}")
+
+
+def _take_impl(argv: list[str]) -> list[str]:
+    """Take ``--impl X`` (or ``--impl=X``) from anywhere in ``argv`` into ``LAB_IMPL`` before any engine
+    module is imported: each lab's module plugs the chosen part in as it is imported."""
+    import os
+
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--impl" and i + 1 < len(argv):
+            os.environ["LAB_IMPL"] = argv[i + 1]
+            i += 2
+            continue
+        if argv[i].startswith("--impl="):
+            os.environ["LAB_IMPL"] = argv[i].split("=", 1)[1]
+        else:
+            out.append(argv[i])
+        i += 1
+    return out
 
 
 def _add_generate(sub) -> None:

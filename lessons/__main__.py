@@ -1,15 +1,63 @@
 """``python -m lessons build [PREFIX...]`` writes the notebooks from their sources;
-``python -m lessons check [PREFIX...]`` exits 1 if a committed notebook is out of date."""
+``python -m lessons check [PREFIX...]`` exits 1 if a committed notebook is out of date;
+``python -m lessons labs build|check|handout DIR|autograder ZIP`` cuts the labs from the engine
+(``lessons/labs.py``); ``python -m lessons grade [LAB...] [--impl ...]`` grades them (``lessons/grade.py``);
+``python -m lessons compare --impl ...`` runs a student's parts beside the engine's (``lessons/compare.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from lessons.build import LESSONS, LessonSourceError, build, stale
+
+def labs_main(argv: list[str]) -> int:
+    from lessons import labs
+
+    parser = argparse.ArgumentParser(prog="python -m lessons labs", description=labs.__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("build", "write labs/starters/ from the engine's modules"), ("check", "exit 1 if a committed starter is out of date")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("names", nargs="*", metavar="LAB")
+    p = sub.add_parser("handout", help="write the students' tree (no model answers) to a new directory")
+    p.add_argument("dest", type=Path)
+    p = sub.add_parser("autograder", help="write Gradescope's autograder zip")
+    p.add_argument("zip", type=Path)
+    p.add_argument("--tests", type=Path, metavar="DIR", help="hidden tests to add (test_lab_<lab>*.py)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("build", "check"):
+            paths = labs.build(args.names) if args.command == "build" else labs.stale(args.names)
+            for path in paths:
+                print(path.relative_to(labs.ROOT))
+            if args.command == "check" and paths:
+                print("out of date: run `python -m lessons labs build`", file=sys.stderr)
+                return 1
+        elif args.command == "handout":
+            written = labs.write_handout(args.dest)
+            print(f"{len(written)} files written to {args.dest}")
+        else:
+            print(labs.write_autograder(args.zip, args.tests))
+    except labs.LabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["labs"]:
+        return labs_main(argv[1:])
+    if argv[:1] == ["compare"]:
+        from lessons.compare import main as compare_main
+
+        return compare_main(argv[1:])
+    if argv[:1] == ["grade"]:
+        from lessons.grade import main as grade_main
+
+        return grade_main(argv[1:])
+    from lessons.build import LESSONS, LessonSourceError, build, stale
+
     parser = argparse.ArgumentParser(prog="python -m lessons", description=__doc__)
     parser.add_argument("command", choices=("build", "check"))
     parser.add_argument("prefixes", nargs="*", metavar="PREFIX", help="only the lessons whose name starts so (e.g. 04)")

@@ -112,9 +112,11 @@ def _paged_attention_decode_kernel(
         tok = tile_start + offs  # [TILE] token positions
         tok_ok = tok[None, :] < end[:, None]  # [PAIRS, TILE]
         # Gather one block id per token: a tile may cover several blocks (or part of one).
+        # BEGIN SOLUTION triton_decode
         block_id = tl.load(bt_row[:, None] + (tok // BLOCK_SIZE)[None, :] * stride_btb, mask=tok_ok, other=0)
         block_id = block_id.to(tl.int64)
         in_block = (tok % BLOCK_SIZE)[None, :]
+        # END SOLUTION
         kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
         k_offs = (block_id * stride_kb + in_block * stride_ko)[:, :, None] + d[None, None, :] * stride_kd
         k = tl.load(k_head[:, None, None] + k_offs, mask=kv_mask, other=0.0)  # [PAIRS, TILE, HEAD_DIM_PAD]
@@ -125,16 +127,20 @@ def _paged_attention_decode_kernel(
 
         # Online softmax. A pair whose context ended before this tile sees only -inf: m_safe
         # keeps exp2(-inf - -inf) = NaN out (alpha = 1 or 0, p = 0 for such rows).
+        # BEGIN SOLUTION triton_decode
         m_new = tl.maximum(m, tl.max(s, axis=2))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)  # rescales what was accumulated under the old max
         p = tl.exp2(s - m_safe[:, :, None])  # masked tokens: exp2(-inf) = 0
         l = l * alpha + tl.sum(p, axis=2)
+        # END SOLUTION
 
         v_offs = (block_id * stride_vb + in_block * stride_vo)[:, :, None] + d[None, None, :] * stride_vd
         v = tl.load(v_head[:, None, None] + v_offs, mask=kv_mask, other=0.0)
+        # BEGIN SOLUTION triton_decode
         acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
+        # END SOLUTION
 
     # Empty context or empty partition: l == 0, write zeros instead of 0/0.
     out = acc / tl.where(l > 0, l, 1.0)[:, :, None]

@@ -26,6 +26,36 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "page_vllm": ("Beside real vLLM", "对照真实 vLLM"),
     "page_classroom": ("Classroom", "课堂"),
     "page_send": ("Send a request", "发送请求"),
+    # --- Your parts (app_pages/labs_page.py): a lab implementation beside the engine's own parts
+    "page_labs": ("Your parts", "你的部件"),
+    "labs_intro": ("Run a lab implementation beside the engine's own parts on the same workload (six requests with "
+                   "prefix caching, parallel sampling and preemption; no model), step for step, and find the first step "
+                   "where they differ.",
+                   "在同一个负载上（六个请求，含前缀缓存、并行采样与抢占；不用模型）把一个实验实现与引擎自己的部件逐步并排运行，"
+                   "找出两者第一次不同的那一步。"),
+    "labs_impl": ("Lab implementation", "实验实现"),
+    "labs_impl_help": ("A starter or a find-the-bug file from labs/starters/, or your own file or folder.",
+                       "labs/starters/ 中的起始代码或找错误文件，或者你自己的文件或目录。"),
+    "labs_custom": ("Your own file or folder…", "你自己的文件或目录…"),
+    "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
+    "labs_run": ("Run beside the engine", "与引擎并排运行"),
+    "labs_running": ("Running the engine's parts and yours…", "正在运行引擎的部件和你的部件…"),
+    "labs_same": ("The same as the engine's own parts at every one of {steps} steps.", "全部 {steps} 步都与引擎自己的部件相同。"),
+    "labs_diverged": ("First difference at step {step}: {what}.", "第一次不同出现在第 {step} 步：{what}。"),
+    "labs_what_events": ("event {index} differs", "第 {index} 个事件不同"),
+    "labs_what_scheduled": ("the scheduled batch differs", "调度的批次不同"),
+    "labs_what_preempted": ("the preempted requests differ", "被抢占的请求不同"),
+    "labs_what_slots": ("the slots written differ", "写入的槽位不同"),
+    "labs_what_block_tables": ("the block tables differ", "块表不同"),
+    "labs_what_free_queue": ("the free queue differs", "空闲队列不同"),
+    "labs_what_tokens": ("the sampled tokens differ", "采样的 token 不同"),
+    "labs_what_steps": ("the number of steps differs", "步数不同"),
+    "labs_traceback": ("Traceback", "回溯"),
+    "labs_engine": ("The engine's own parts", "引擎自己的部件"),
+    "labs_yours": ("Yours", "你的"),
+    "labs_error": ("Your part raised at step {step}: {exception} (lab {lab}, {file}, line {line}). That run ended there; "
+                   "the app keeps working.",
+                   "你的部件在第 {step} 步抛出异常：{exception}（实验 {lab}，{file}，第 {line} 行）。这次运行到此结束，应用照常工作。"),
     "live_intro": (
         "A real model generates text one scheduler step at a time. Watch its KV cache fill the block pool.",
         "一个真实模型按调度步逐步生成文本。观察它的 KV 缓存如何填满块池。",

@@ -19,6 +19,7 @@ from __future__ import annotations
 from engine.core.accounting import MemoryUsage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group, KVCacheManager
+from engine.core.lab_impl import plug_lab_parts
 from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
@@ -89,7 +90,10 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         return self.allocator.num_free
 
     def blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size) (0 tokens, 0 blocks)."""
+        # BEGIN SOLUTION slot_mapping
         return -(-num_tokens // self.block_size)
+        # END SOLUTION
 
     @property
     def num_usable_blocks(self) -> int:
@@ -188,8 +192,13 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Grow ``seq.block_table`` so that positions ``0 .. num_computed_tokens + num_new_tokens - 1``
+        all have a slot: one new block (``self._take_block(seq)``, which appends it) per missing
+        block, none when the table is long enough already. The caller checked there is room."""
+        # BEGIN SOLUTION slot_mapping
         for _ in range(self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)):
             self._take_block(seq)
+        # END SOLUTION
 
     def can_append_slot(self, seq: Sequence) -> bool:
         return self._blocks_to_append([seq]) <= self.allocator.num_free
@@ -198,11 +207,34 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         return self._blocks_to_append(group.unfinished_seqs()) <= self.allocator.num_free
 
     def append_slot(self, seq: Sequence) -> tuple[int, int] | None:
+        """Make room for the token at position ``seq.num_tokens - 1`` (decode; the token is already
+        counted in ``num_tokens``). A new block (``self._take_block(seq)``) only when that position is
+        past the last block of ``seq.block_table``: a request never holds a block ahead of its tokens,
+        so its waste is the unfilled tail of its last block, under ``block_size`` slots. A position
+        inside an existing block goes to :meth:`_copy_on_write` (a shared block is copied first).
+
+        Returns:
+            the copy-on-write pair ``(src, dst)`` from :meth:`_copy_on_write`, or None.
+        """
+        # BEGIN SOLUTION append_slot
         table, pos = seq.block_table, seq.num_tokens - 1
         if pos >= len(table) * self.block_size:
             self._take_block(seq)
             return None
-        logical_index = pos // self.block_size
+        return self._copy_on_write(seq, pos // self.block_size)
+        # END SOLUTION
+
+    def _copy_on_write(self, seq: Sequence, logical_index: int) -> tuple[int, int] | None:
+        """Before ``seq`` writes into its logical block ``logical_index``: if that block is shared
+        (refcount > 1), give ``seq`` a copy (paper §4.4, Figure 8). Take a new block
+        (``self._allocate_block(seq)``), drop ``seq``'s reference to the shared one, point the block
+        table at the new block, emit a ``COPY_ON_WRITE`` event (``block_id=src, dst_block_id=dst,
+        logical_index=..., seq_id=...``) and return ``(src, dst)``: the engine copies the KV of src
+        into dst before the step's forward pass. A block ``seq`` holds alone (refcount 1) is written
+        in place: return None.
+        """
+        # BEGIN SOLUTION fork_cow
+        table = seq.block_table
         src = table[logical_index]
         if self.allocator.ref_counts[src] == 1:
             return None  # its own block (or the last holder of a shared one): write in place
@@ -212,8 +244,14 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         self.events.emit(COPY_ON_WRITE, seq.request_id, block_id=src, dst_block_id=dst, logical_index=logical_index,
                          seq_id=seq.seq_id)
         return src, dst
+        # END SOLUTION
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Give ``child`` the blocks ``parent`` holds, shared, not copied (paper §4.4): each block's
+        refcount + 1 (``self.allocator.incref``), ``child.block_table`` a new list with the same ids,
+        and a ``FORK`` event (``seq_id=child.seq_id, parent_seq_id=parent.seq_id``). Prefix caching:
+        the child has offered as many blocks to the cache as its parent (``num_committed_blocks``)."""
+        # BEGIN SOLUTION fork_cow
         for block_id in parent.block_table:
             self.allocator.incref(block_id)
         child.block_table = list(parent.block_table)
@@ -221,6 +259,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             self.num_committed_blocks[child.seq_id] = self.num_committed_blocks[parent.seq_id]
         self.events.emit(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
                          detail=f"{len(parent.block_table)} blocks shared")
+        # END SOLUTION
 
     def free(self, seq: Sequence) -> None:
         # Freed in reverse, so the request's first block goes back last (as vLLM does).
@@ -291,8 +330,15 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         return needed
 
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
+        """The physical slot of each token position in ``[start, end)`` of ``seq`` (PagedAttention
+        paper §4.2): position ``pos`` lies in logical block ``pos // block_size`` at offset
+        ``pos % block_size``, so its slot is ``block_table[pos // block_size] * block_size + pos %
+        block_size``. A prefill maps its whole chunk, a decode one position. Returns ``end - start``
+        ints; every position must lie inside ``seq.block_table``."""
+        # BEGIN SOLUTION slot_mapping
         bs, table = self.block_size, seq.block_table
         return [table[pos // bs] * bs + pos % bs for pos in range(start, end)]
+        # END SOLUTION
 
     def attention_block_table(self, seq: Sequence) -> list[int]:
         return seq.block_table
@@ -353,3 +399,6 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         block_id = self._allocate_block(seq)
         self.events.emit(ALLOCATE, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id)
         seq.block_table.append(block_id)
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+from engine.core.lab_impl import plug_lab_parts
+
 
 class NoFreeBlocksError(RuntimeError):
     """Raised when a block is asked for and the free list is empty (the scheduler checks first)."""
@@ -32,16 +34,27 @@ class FreeBlockQueue:
         return block_id in self._blocks
 
     def popleft(self) -> int:
+        """Take the head (the block to hand out next, least recently freed) off the queue and
+        return it; the queue is not empty (the allocator checks)."""
+        # BEGIN SOLUTION block_pool
         block_id = next(iter(self._blocks))
         del self._blocks[block_id]
         return block_id
+        # END SOLUTION
 
     def append(self, block_id: int) -> None:
+        """Put a freed block at the tail: it is handed out again after every block already free.
+        A block free already is a bug (AssertionError)."""
+        # BEGIN SOLUTION block_pool
         assert block_id not in self._blocks, f"block {block_id} is free already"
         self._blocks[block_id] = None
+        # END SOLUTION
 
     def remove(self, block_id: int) -> None:
+        """Take a block out of the middle of the queue (a cached free block hit again), in O(1)."""
+        # BEGIN SOLUTION block_pool
         del self._blocks[block_id]
+        # END SOLUTION
 
 
 class BlockAllocator:
@@ -77,30 +90,37 @@ class BlockAllocator:
 
     def allocate(self) -> int:
         """Take one block from the free list with refcount 1. Raises NoFreeBlocksError when empty."""
+        # BEGIN SOLUTION block_pool
         if not self.free_blocks:
             raise NoFreeBlocksError("no free KV blocks")
         block_id = self.free_blocks.popleft()
         assert self.ref_counts[block_id] == 0
         self.ref_counts[block_id] = 1
         return block_id
+        # END SOLUTION
 
     def incref(self, block_id: int) -> None:
         """Share a referenced block (copy-on-write forks and prefix caching share blocks this way)."""
+        # BEGIN SOLUTION block_pool
         assert self.ref_counts[block_id] >= 1, f"block {block_id} is free"
         self.ref_counts[block_id] += 1
         self.shared.add(block_id)
+        # END SOLUTION
 
     def touch(self, block_id: int) -> None:
         """Take one more reference to a cached block, free or not (vLLM's ``BlockPool.touch``): a
         free one leaves the free queue first, so no allocation can evict it now."""
+        # BEGIN SOLUTION block_pool
         if self.ref_counts[block_id] == 0:
             self.free_blocks.remove(block_id)
         self.ref_counts[block_id] += 1
         if self.ref_counts[block_id] > 1:
             self.shared.add(block_id)
+        # END SOLUTION
 
     def free(self, block_id: int) -> bool:
         """Drop one reference; the block returns to the free list at refcount 0. Returns True then."""
+        # BEGIN SOLUTION block_pool
         assert self.ref_counts[block_id] >= 1, f"block {block_id} freed twice"
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 1:
@@ -109,3 +129,7 @@ class BlockAllocator:
             self.free_blocks.append(block_id)
             return True
         return False
+        # END SOLUTION
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

@@ -12,6 +12,7 @@ hashed into the prefix cache: ``PagedBlockManager.cache_blocks`` hashes up to
 
 from __future__ import annotations
 
+from engine.core.lab_impl import plug_lab_parts
 from engine.core.sequence import Sequence
 from engine.report import FREE
 
@@ -32,6 +33,7 @@ class LookaheadSlotsMixin:
         Returns:
             how many lookahead slots ``seq`` now holds (0 .. num_lookahead).
         """
+        # BEGIN SOLUTION lookahead
         assert seq.seq_id not in self.lookahead, f"sequence {seq.seq_id} already holds lookahead slots"
         assert len(seq.block_table) >= self.blocks_needed(seq.num_tokens), "the newest token's slot comes first (append_slot)"
         granted = num_lookahead
@@ -42,6 +44,7 @@ class LookaheadSlotsMixin:
         if granted:
             self.lookahead[seq.seq_id] = (seq.num_tokens, seq.num_tokens + granted)
         return granted
+        # END SOLUTION
 
     def tentative_slots(self, seq: Sequence) -> list[int]:
         """The physical slots of ``seq``'s lookahead positions this step ([] without any)."""
@@ -56,6 +59,7 @@ class LookaheadSlotsMixin:
         Returns:
             (the rolled-back slots, the block ids freed).
         """
+        # BEGIN SOLUTION lookahead
         start, end = self.lookahead.pop(seq.seq_id, (0, 0))
         keep_from = max(start, seq.num_computed_tokens)
         rolled_back = self.slot_mapping(seq, keep_from, end) if end > keep_from else []
@@ -68,3 +72,7 @@ class LookaheadSlotsMixin:
             self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
                              detail="rolled back: no verified token left in it")
         return rolled_back, freed
+        # END SOLUTION
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

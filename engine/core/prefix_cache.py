@@ -27,6 +27,8 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from engine.core.lab_impl import plug_lab_parts
+
 BlockHash = bytes
 HashFn = Callable[[BlockHash | None, Sequence[int], tuple], BlockHash]
 
@@ -101,17 +103,20 @@ class PrefixCache:
     def block_hashes(self, token_ids: list[int], num_blocks: int, known: list[BlockHash]) -> list[BlockHash]:
         """The hash chain of the first ``num_blocks`` full blocks of ``token_ids``, extending ``known``
         (the hashes already computed for this sequence) in place."""
+        # BEGIN SOLUTION prefix_cache
         bs = self.block_size
         while len(known) < num_blocks:
             i = len(known)
             known.append(self.hash_fn(known[-1] if known else None, token_ids[i * bs : (i + 1) * bs], ()))
         return known[:num_blocks]
+        # END SOLUTION
 
     def lookup(self, token_ids: list[int], hashes: list[BlockHash]) -> list[int]:
         """Cached blocks for the leading blocks of a prompt: the longest run of hits from block 0.
 
         A hit needs the hash in the map *and* the block's stored token ids and parent hash equal to
         the prompt's; the first miss ends the run (a block's KV depends on its whole prefix)."""
+        # BEGIN SOLUTION prefix_cache
         bs, hits = self.block_size, []
         for i, block_hash in enumerate(hashes):
             block_id = self.cached_blocks.get(block_hash)
@@ -121,11 +126,13 @@ class PrefixCache:
                 break
             hits.append(block_id)
         return hits
+        # END SOLUTION
 
     def insert(self, block_id: int, block_hash: BlockHash, parent_hash: BlockHash | None, token_ids: Sequence[int]) -> bool:
         """Cache a full block whose KV has been written. False (nothing changes) when the block is
         cached already (a hit, or shared by a fork) or another block holds this hash (two requests
         computed the same tokens in one step: the map keeps the first, the other block stays plain)."""
+        # BEGIN SOLUTION prefix_cache
         if self.block_hash[block_id] is not None or block_hash in self.cached_blocks:
             return False
         self.cached_blocks[block_hash] = block_id
@@ -133,9 +140,11 @@ class PrefixCache:
         self.parent_hash[block_id] = parent_hash
         self.block_token_ids[block_id] = tuple(token_ids)
         return True
+        # END SOLUTION
 
     def evict(self, block_id: int) -> BlockHash | None:
         """Drop a block's hash as it is handed out again; returns the hash (None: it had none)."""
+        # BEGIN SOLUTION prefix_cache
         block_hash = self.block_hash[block_id]
         if block_hash is None:
             return None
@@ -143,9 +152,13 @@ class PrefixCache:
         self.block_hash[block_id] = self.parent_hash[block_id] = self.block_token_ids[block_id] = None
         self.num_evictions += 1
         return block_hash
+        # END SOLUTION
 
     def entries(self) -> dict[int, tuple[str, str | None]]:
         """Every cached block (in use or free) -> (its block hash, its parent's hash), hex; the parent is
         None for a prompt's first block. Plain data for the app's pool map (hash and parent chain)."""
         return {b: (h.hex(), p.hex() if p is not None else None)
                 for b, (h, p) in enumerate(zip(self.block_hash, self.parent_hash)) if h is not None}
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

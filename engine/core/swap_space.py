@@ -11,6 +11,7 @@ from __future__ import annotations
 from engine.core.accounting import MemoryUsage, swap_space_usage
 from engine.core.block_pool import BlockAllocator
 from engine.core.kv_cache_manager import Group
+from engine.core.lab_impl import plug_lab_parts
 from engine.report import SWAP_IN, SWAP_OUT, BlockTableSnapshot
 
 
@@ -24,7 +25,9 @@ class SwapSpaceMixin:
 
     def can_swap_out(self, group: Group) -> bool:
         """Room in the CPU pool for every block ``group`` holds (shared ones once)?"""
+        # BEGIN SOLUTION swap
         return self.cpu_allocator is not None and len(self._distinct_blocks(group)) <= self.cpu_allocator.num_free
+        # END SOLUTION
 
     def swap_out(self, group: Group) -> list[tuple[int, int]]:
         """Move ``group``'s blocks to the CPU pool; returns the ``(gpu_block, cpu_block)`` copies to
@@ -44,6 +47,7 @@ class SwapSpaceMixin:
         return self._move(group, self.cpu_allocator, self.allocator, SWAP_IN, self._allocate_block)
 
     def _move(self, group: Group, src: BlockAllocator, dst: BlockAllocator, kind: str, take) -> list[tuple[int, int]]:
+        # BEGIN SOLUTION swap
         mapping: dict[int, int] = {}
         for seq in group.unfinished_seqs():
             table = []
@@ -60,6 +64,7 @@ class SwapSpaceMixin:
             seq.block_table = table
             self.num_committed_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
         return list(mapping.items())
+        # END SOLUTION
 
     def free_swapped(self, group: Group) -> None:
         """Release a swapped-out group's CPU blocks (it is aborted, or recomputed after a failed step)."""
@@ -79,3 +84,6 @@ class SwapSpaceMixin:
     def cpu_snapshot(self, swapped: list[Group]) -> list[BlockTableSnapshot]:
         """The swapped requests' block tables, in CPU block ids (the CPU pool lane of the app)."""
         return self._snapshot(swapped, self.cpu_allocator.ref_counts) if self.cpu_allocator else []
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

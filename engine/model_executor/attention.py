@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from engine.core.lab_impl import plug_lab_parts
+
 
 def write_kv_cache(
     key: torch.Tensor,
@@ -124,6 +126,7 @@ def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_s
         context_lens: ``[num_seqs]`` int32, tokens.
         block_size: slots per block.
     """
+    # BEGIN SOLUTION paged_attention
     num_seqs, max_blocks = block_tables.shape
     device = block_tables.device
     positions = torch.arange(max_blocks * block_size, device=device)
@@ -133,6 +136,7 @@ def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_s
     live = positions[None, :] < lens[:, None]
     dead_rows = torch.nonzero(~live.flatten()).squeeze(1)
     return GatherIndex(slots.flatten(), dead_rows, live, bool((lens == 0).any()) if num_seqs else False)
+    # END SOLUTION
 
 
 @dataclass
@@ -177,6 +181,7 @@ def gather_kv(
         ``live`` ``[num_seqs, max_blocks * block_size]`` bool: the position is inside the context).
         Positions past a context never carry what the pool holds there (stale K/V, or NaN).
     """
+    # BEGIN SOLUTION paged_attention
     num_seqs = block_tables.shape[0]
     num_blocks, block_size, num_kv_heads, head_dim = cache.shape
     if index is None:
@@ -184,6 +189,7 @@ def gather_kv(
     rows = cache.reshape(num_blocks * block_size, num_kv_heads * head_dim).index_select(0, index.slots)
     rows.index_fill_(0, index.dead_rows, 0.0)
     return rows.view(num_seqs, -1, num_kv_heads, head_dim), index.live
+    # END SOLUTION
 
 
 def paged_attention_reference(
@@ -217,6 +223,7 @@ def paged_attention_reference(
     Source: PagedAttention paper §4.1 (attention over non-contiguous KV blocks); vLLM's
     ``paged_attention_v1`` computes the same thing.
     """
+    # BEGIN SOLUTION paged_attention
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     index = plan.decode if plan is not None and plan.decode is not None else gather_index(block_tables, context_lens, key_cache.shape[1])
@@ -231,6 +238,7 @@ def paged_attention_reference(
     if index.any_empty:
         out = out.nan_to_num_(0.0)  # an empty context masks every position: softmax of nothing
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+    # END SOLUTION
 
 
 def paged_prefill_reference(
@@ -342,3 +350,6 @@ def prefill_varlen_reference(
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_kv_heads != num_heads)
     out = out.transpose(1, 2).reshape(num_seqs * longest, num_heads, head_dim)
     return (out if valid is None else out[valid]).to(query.dtype)
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

@@ -15,6 +15,7 @@ from engine.model_executor.attention_capture import AttentionRecorder
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               prefill_varlen_reference, write_kv_cache)
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.lab_impl import plug_module
 from engine.model_executor.model import AttentionBackend, AttentionMetadata, CausalLM
 from engine.core.scheduler import SchedulerOutput
 
@@ -30,8 +31,12 @@ CPU_KERNEL_BACKEND = AttentionBackend(
 
 
 def triton_backend() -> AttentionBackend:
+    import sys
+
     import paged_kernels  # imported only when chosen: it may switch Triton to its CPU interpreter
 
+    # labs: a student's decode kernel in place of the engine's (the kernels import nothing of the engine)
+    plug_module(sys.modules["paged_kernels.paged_attention_decode"])
     return AttentionBackend(
         "triton", paged_kernels.reshape_and_cache, paged_kernels.paged_attention_prefill, paged_kernels.paged_attention_decode,
         copy_blocks=paged_kernels.copy_blocks,

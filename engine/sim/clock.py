@@ -169,6 +169,7 @@ class SimClock:
             "throughput_requests_per_s": int(done.sum()) / seconds if seconds else 0.0,
             "throughput_tokens_per_s": int(out_len[done].sum()) / seconds if seconds else 0.0,
             "request_latency_s": latency,
+            "request_ttft_s": np.where(done, (self.first_token - arrival) / PS_PER_S, np.nan),
         }
 
 

@@ -129,6 +129,10 @@ class SimulationConfig:
             (``engine/timeline.py``). Every step then goes through ``Scheduler.schedule()``. The
             simulator has no token ids: a sampled token is reported as id -1. Meant for small runs:
             a report names every waiting request.
+        scheduler_cls: a :class:`~engine.core.scheduler.Scheduler` subclass to schedule with (vLLM's
+            ``--scheduler-cls``), e.g. one that overrides ``order_waiting`` (the open lab's policy);
+            None = the engine's. Continuous batching only; every step then goes through
+            ``schedule()`` (no lock-step fast path).
     """
 
     workload: str = "sharegpt"
@@ -159,6 +163,7 @@ class SimulationConfig:
     enable_chunked_prefill: bool = False
     schedule_first: str | None = None
     record_steps: bool = False
+    scheduler_cls: type | None = field(default=None, repr=False)
 
     @property
     def scheduler_rule(self) -> str:
@@ -227,7 +232,8 @@ class SimulationResult:
             the end (``engine/sim/clock.py``). wall_seconds: real time the simulation took.
         normalized_latency_s (s/token, the paper's metric), mean_latency_s, mean_ttft_s, mean_tpot_s:
             over completed requests; throughput_requests_per_s, throughput_tokens_per_s (output
-            tokens): over the simulated time. request_latency_s: per request (NaN if not completed).
+            tokens): over the simulated time. request_latency_s, request_ttft_s: per request (NaN if
+            not completed).
         memory_saved_by_sharing: paper §6.3 over the run: 1 - (physical blocks held) / (blocks the
             sequences' tables would hold unshared), both summed over steps; 0 without sharing.
         swap_outs, swap_ins: requests swapped out / in. blocks_swapped_out, blocks_swapped_in: blocks
@@ -268,6 +274,7 @@ class SimulationResult:
     throughput_requests_per_s: float
     throughput_tokens_per_s: float
     request_latency_s: np.ndarray
+    request_ttft_s: np.ndarray
     series_step: np.ndarray
     series_num_steps: np.ndarray
     series_running: np.ndarray
@@ -309,6 +316,8 @@ class SimulationResult:
         config = {f.name: getattr(self.config, f.name) for f in fields(self.config) if f.name != "requests"}
         if isinstance(config["cost_model"], CostModel):
             config["cost_model"] = config["cost_model"].name
+        if config["scheduler_cls"] is not None:
+            config["scheduler_cls"] = config["scheduler_cls"].__qualname__
         config["scheduler_rule"] = self.config.scheduler_rule  # schedule_first with None resolved
         keys = ("token_state_fraction", "token_state_share_of_in_use", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
@@ -359,8 +368,9 @@ class _Run:
                                                                                     cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one policy only:
         # one-sequence requests, recompute, whole prompts, no prefix caching.
-        self.lockstep = (cfg.fast_forward and cfg.n == 1 and cfg.beam_width == 1 and not (cfg.shared_prefix and cfg.allocator == "paged")
-                         and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill and not cfg.record_steps)
+        self.lockstep = (cfg.fast_forward and cfg.scheduler_cls is None and cfg.n == 1 and cfg.beam_width == 1
+                         and not (cfg.shared_prefix and cfg.allocator == "paged") and cfg.preemption_mode == "recompute"
+                         and not cfg.enable_chunked_prefill and not cfg.record_steps)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         if self.lockstep:
@@ -369,8 +379,8 @@ class _Run:
         elif cfg.policy == "static":  # recompute, whole prompts (SimulationConfig checks it)
             self.sched = StaticBatchScheduler(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
         else:
-            self.sched = Scheduler(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode, cfg.enable_chunked_prefill,
-                                   cfg.scheduler_rule)
+            self.sched = (cfg.scheduler_cls or Scheduler)(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode,
+                                                          cfg.enable_chunked_prefill, cfg.scheduler_rule)
         if not self.lockstep:  # why each waiting request waits: a pass over the queue per step, only when recorded
             self.sched.report_waiting = cfg.record_steps
         self.sampling = SamplingParams(n=cfg.n)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.core.lab_impl import plug_lab_parts
 from engine.sampling_params import SamplingParams
 
 
@@ -56,12 +57,14 @@ def verify_greedy(draft_token_ids: list[int], target_token_ids: list[int]) -> tu
     Returns:
         (accepted drafts a, the a accepted tokens followed by the target's token at position a).
     """
+    # BEGIN SOLUTION spec_verify
     if len(target_token_ids) != len(draft_token_ids) + 1:
         raise ValueError(f"{len(draft_token_ids)} drafts need {len(draft_token_ids) + 1} target tokens, got {len(target_token_ids)}")
     accepted = 0
     while accepted < len(draft_token_ids) and draft_token_ids[accepted] == target_token_ids[accepted]:
         accepted += 1
     return accepted, list(draft_token_ids[:accepted]) + [target_token_ids[accepted]]
+    # END SOLUTION
 
 
 def acceptance_probability(p_x: float, q_x: float) -> float:
@@ -107,3 +110,6 @@ def rejection_sample(draft_token_ids: list[int], target: torch.Tensor, draft: to
         return i, out
     out.append(int(torch.multinomial(target[k], 1, generator=generator)))
     return k, out
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

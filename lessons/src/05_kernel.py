@@ -234,3 +234,10 @@ def check():
 
 
 print(check())
+
+# %% [markdown] lang="en"
+# ## Labs
+# Write this lesson's parts of the engine yourself, graded in the engine: `triton_decode` (A Triton paged-attention decode kernel, 90 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
+# %% [markdown] lang="zh"
+# ## 实验
+# 亲手写出本课讲到的引擎部件，并在引擎里评分：`triton_decode`（Triton 分页注意力解码内核，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。

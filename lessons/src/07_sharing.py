@@ -290,3 +290,10 @@ def check():
 
 
 print(check())
+
+# %% [markdown] lang="en"
+# ## Labs
+# Write this lesson's parts of the engine yourself, graded in the engine: `fork_cow` (Fork and copy-on-write, 45 min), `bug_cow` (Find the bug, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
+# %% [markdown] lang="zh"
+# ## 实验
+# 亲手写出本课讲到的引擎部件，并在引擎里评分：`fork_cow`（派生与写时复制，45 分钟）、`bug_cow`（找错误：派生与写时复制，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。

@@ -412,3 +412,10 @@ for line in httpx.get(f"{base_url}/metrics").text.splitlines():
 print(t("lp9_metrics", LANG, done=values["vllm:request_success_total"], running=values["vllm:num_requests_running"],
         waiting=values["vllm:num_requests_waiting"], free=values["lab:kv_cache_free_blocks"], blocks=values["lab:kv_cache_blocks"]))
 print(t("lp9_stopped", LANG, code=stop_server()))
+
+# %% [markdown] lang="en"
+# ## Labs
+# Write this lesson's parts of the engine yourself, graded in the engine: `open_scheduler` (Open lab: a scheduling policy of your own, 90 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
+# %% [markdown] lang="zh"
+# ## 实验
+# 亲手写出本课讲到的引擎部件，并在引擎里评分：`open_scheduler`（开放实验：自己设计的调度策略，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。

@@ -317,3 +317,10 @@ print(check())
 # ## 要点
 # - 草稿的 KV 槽位在验证之前就已分配，是暂定的；回滚归还被拒绝草稿的槽位，并释放变空的块，因此未通过验证的 token 不会在这一步之后继续占用槽位（也不会进入前缀缓存）。
 # - 只要这一步是访存受限的，收益就是用一步的代价换来 E = (1 − α^(k+1)) / (1 − α) 个 token；批大到让这一步变成计算受限之后，投机解码的代价就超过了它的收益。vLLM 的文档也这样说：投机解码在访存受限、请求率低的场景下最有用。
+
+# %% [markdown] lang="en"
+# ## Labs
+# Write this lesson's parts of the engine yourself, graded in the engine: `spec_verify` (Speculative decoding: greedy verification, 20 min), `lookahead` (Speculative decoding: lookahead slots and rollback, 45 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
+# %% [markdown] lang="zh"
+# ## 实验
+# 亲手写出本课讲到的引擎部件，并在引擎里评分：`spec_verify`（投机解码：贪心验证，20 分钟）、`lookahead`（投机解码：前瞻槽位与回滚，45 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。

@@ -1,0 +1,54 @@
+"""Your parts: a lab implementation beside the engine's own, step for step (``lessons/compare.py``).
+
+The implementation is chosen in the sidebar: a starter or find-the-bug file of ``labs/starters/``, or
+a student's own file or folder. Both runs happen in processes of their own (the seam swaps parts when
+the engine's modules are imported, ``engine/core/lab_impl.py``), so a student's exception ends that run
+alone and the app keeps working.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from lessons.compare import first_divergence, run
+from lessons.labs import STARTERS
+from visualize.i18n import t
+
+CUSTOM = "__custom__"
+
+
+def page() -> None:
+    lang = st.session_state.get("lang", "en")
+    st.title(t("page_labs", lang))
+    st.caption(t("labs_intro", lang))
+    options = [p.stem for p in sorted(STARTERS.glob("*.py"))] + [CUSTOM]
+    choice = st.sidebar.selectbox(t("labs_impl", lang), options, key="labs_impl", help=t("labs_impl_help", lang),
+                                  format_func=lambda o: t("labs_custom", lang) if o == CUSTOM else o)
+    impl = st.sidebar.text_input(t("labs_path", lang), key="labs_path").strip() if choice == CUSTOM else str(STARTERS / f"{choice}.py")
+    if st.button(t("labs_run", lang), type="primary", disabled=not impl):
+        with st.spinner(t("labs_running", lang)):
+            reference, mine = run("solution"), run(impl)
+        st.session_state["labs_result"] = (impl, len(reference["steps"]), first_divergence(reference, mine))
+    result = st.session_state.get("labs_result")
+    if result is None or result[0] != impl:
+        return
+    _, steps, found = result
+    if found is None:
+        st.success(t("labs_same", lang, steps=steps))
+    elif found["field"] == "error":
+        e = found["error"]
+        st.error(t("labs_error", lang, step=e["step"], exception=e["exception"], lab=e["lab"] or "?", file=e["file"] or "?",
+                   line=e["line"] or "?"))
+        if e["code"]:
+            st.code(e["code"], language="python")
+        with st.expander(t("labs_traceback", lang)):
+            st.code(e["traceback"])
+    else:
+        events = found["field"] == "events" and found.get("event") is not None
+        what = t("labs_what_events", lang, index=found["event"]) if events else t(f"labs_what_{found['field']}", lang)
+        st.warning(t("labs_diverged", lang, step=found["step"], what=what))
+        left, right = st.columns(2)
+        left.markdown(f"**{t('labs_engine', lang)}**")
+        left.json(found.get("reference_event") if events else found["reference"])
+        right.markdown(f"**{t('labs_yours', lang)}**")
+        right.json(found.get("student_event") if events else found["student"])

@@ -1,0 +1,254 @@
+"""The labs' seam: the engine runs a student's part in place of its own, through the same interface.
+
+A *lab* is one part of the engine a student writes: some functions or methods of one engine module.
+The model answer is the engine's own code, marked in that module (otter-grader's and nbgrader's
+markers, with the lab's name)::
+
+    def allocate(self) -> int:
+        \"\"\"Take one block from the free list ...\"\"\"
+        # BEGIN SOLUTION block_pool
+        ...
+        # END SOLUTION
+
+The functions that hold a lab's regions are its *parts* (a method as ``Class.method``). ``python -m
+lessons labs build`` cuts each lab's starter from the module (``labs/starters/<lab>.py``: the parts with
+their signatures and docstrings, each region replaced by a TODO and ``raise NotImplementedError``).
+
+Choosing an implementation: the environment variable ``LAB_IMPL`` (``python -m engine --impl``,
+``python -m lessons grade --impl``):
+
+- unset or ``solution``: the engine's own parts;
+- ``starter``: every lab's starter (``labs/starters/<lab>.py``);
+- a directory: ``<dir>/<lab>.py`` for each lab that file exists for (a student's copy of the starters);
+- a file: one file, whose ``LAB = "<lab>"`` line names the lab whose parts it holds (a find-the-bug
+  lab's file names the lab it is a seeded copy of);
+- several of these joined by ``os.pathsep``: for each lab, the last entry that has it.
+
+``LAB_ONLY`` (comma-separated lab names) limits the swap to those labs: the grader swaps one lab at a
+time, so that the rest of the engine is its own.
+
+Each engine module that holds labs calls :func:`plug_lab_parts` with its ``globals()`` on its last
+line, so the swap happens before any other module imports a name from it. The student's file runs
+in a namespace that starts as a copy of the engine module's (its imports and helpers are there); a
+top-level part replaces the module's name, a method part is set on the engine's class (with any new
+helper method the student's class adds). A Triton kernel module (``paged_kernels``, which imports
+nothing of the engine) is plugged by the engine when it chooses the kernels (:func:`plug_module`).
+
+Standard library only: this is the engine's lowest layer (``engine.core``, model-free).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+LAB_IMPL_ENV = "LAB_IMPL"
+LAB_ONLY_ENV = "LAB_ONLY"
+REPO = Path(__file__).resolve().parents[2]
+STARTERS = REPO / "labs" / "starters"
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?:[ \t]+(?P<lab>[A-Za-z_][A-Za-z0-9_]*))?[ \t]*$")
+END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
+LAB_LINE = re.compile(r'^LAB = "(?P<lab>[A-Za-z_][A-Za-z0-9_]*)"', re.MULTILINE)
+
+
+class LabImplError(ValueError):
+    """A ``LAB_IMPL`` that cannot be used: a missing file, a file without its lab's parts, a marker
+    out of place. The message names the file and the lab."""
+
+
+@dataclass(frozen=True)
+class Region:
+    """One ``# BEGIN SOLUTION <lab>`` ... ``# END SOLUTION`` region: 1-based line numbers of its two
+    marker lines, and the indentation of the BEGIN line."""
+
+    lab: str
+    begin: int
+    end: int
+    indent: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """A function of an engine module that holds a lab's solution regions.
+
+    Attributes:
+        qualname: ``name`` (module level) or ``Class.name`` (a method).
+        node: its ``ast.FunctionDef`` (decorators included from ``node.decorator_list``).
+        regions: its solution regions, in order.
+    """
+
+    qualname: str
+    node: ast.FunctionDef
+    regions: tuple[Region, ...]
+
+
+def solution_regions(source: str, filename: str = "<source>") -> list[Region]:
+    """Every solution region of a module's source, in order.
+
+    Raises:
+        LabImplError: a BEGIN without a lab name, nested or unclosed regions, an END without BEGIN.
+    """
+    regions, open_at = [], None
+    for number, line in enumerate(source.splitlines(), 1):
+        begin = BEGIN.match(line)
+        if begin:
+            if open_at is not None:
+                raise LabImplError(f"{filename}:{number}: BEGIN SOLUTION inside the region opened on line {open_at[0]}")
+            if not begin["lab"]:
+                raise LabImplError(f"{filename}:{number}: BEGIN SOLUTION names no lab (write `# BEGIN SOLUTION <lab>`)")
+            open_at = (number, begin["lab"], begin["indent"])
+        elif END.match(line):
+            if open_at is None:
+                raise LabImplError(f"{filename}:{number}: END SOLUTION without a BEGIN SOLUTION")
+            regions.append(Region(open_at[1], open_at[0], number, open_at[2]))
+            open_at = None
+    if open_at is not None:
+        raise LabImplError(f"{filename}:{open_at[0]}: BEGIN SOLUTION is never closed")
+    return regions
+
+
+def lab_parts(source: str, filename: str = "<source>") -> dict[str, list[Part]]:
+    """A module's labs -> their parts, in source order: the functions (module level, or methods of a
+    module-level class) that enclose each lab's regions.
+
+    Raises:
+        LabImplError: a region outside any such function, or a function holding regions of two labs.
+    """
+    regions = solution_regions(source, filename)
+    if not regions:
+        return {}
+    functions: list[tuple[str, ast.FunctionDef]] = []
+    for node in ast.parse(source, filename).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.append((node.name, node))
+        elif isinstance(node, ast.ClassDef):
+            functions += [(f"{node.name}.{f.name}", f) for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    labs: dict[str, list[Part]] = {}
+    owner: dict[str, list[Region]] = {}
+    nodes = {}
+    for region in regions:
+        for qualname, node in functions:
+            if node.lineno < region.begin <= node.end_lineno:  # END comes after the last statement
+                break
+        else:
+            raise LabImplError(f"{filename}:{region.begin}: a solution region must sit inside a function or method")
+        owner.setdefault(qualname, []).append(region)
+        nodes[qualname] = node
+    for qualname, held in owner.items():
+        names = {r.lab for r in held}
+        if len(names) > 1:
+            raise LabImplError(f"{filename}: {qualname} holds regions of labs {sorted(names)}; one function, one lab")
+        labs.setdefault(held[0].lab, []).append(Part(qualname, nodes[qualname], tuple(held)))
+    return labs
+
+
+def chosen_file(lab: str, spec: str | None = None) -> Path | None:
+    """The file whose parts replace ``lab``'s under ``LAB_IMPL`` (or ``spec``); None: the engine's own.
+
+    Raises:
+        LabImplError: ``LAB_IMPL`` names a path that does not exist.
+    """
+    spec = os.environ.get(LAB_IMPL_ENV, "") if spec is None else spec
+    spec = spec.strip()
+    if spec in ("", "solution"):
+        return None
+    only = os.environ.get(LAB_ONLY_ENV, "").strip()
+    if only and lab not in {name.strip() for name in only.split(",")}:
+        return None
+    if os.pathsep in spec:  # several entries: the last one that has the lab wins
+        found = [chosen_file(lab, entry) for entry in spec.split(os.pathsep) if entry.strip()]
+        return next((path for path in reversed(found) if path is not None), None)
+    if spec == "starter":
+        path = STARTERS / f"{lab}.py"
+        return path if path.is_file() else None
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        candidate = path / f"{lab}.py"
+        return candidate if candidate.is_file() else None
+    if not path.is_file():
+        raise LabImplError(f"{LAB_IMPL_ENV}={spec}: no such file or directory (solution, starter, a directory or a .py file)")
+    found = LAB_LINE.search(path.read_text(encoding="utf-8"))
+    if found is None:
+        raise LabImplError(f"{path}: no `LAB = \"<lab>\"` line naming the lab whose parts it holds")
+    return path if found["lab"] == lab else None
+
+
+def _load(path: Path, lab: str, namespace: dict) -> types.ModuleType:
+    """Run a student's file in a copy of the engine module's namespace."""
+    module = types.ModuleType(f"lab_impl_{lab}", namespace.get("__doc__"))
+    module.__dict__.update({k: v for k, v in namespace.items() if not k.startswith("__")})
+    module.__file__ = str(path)
+    sys.modules[module.__name__] = module  # dataclasses, pickling and Triton look a function's module up
+    code = compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
+    exec(code, module.__dict__)
+    return module
+
+
+def plug_lab_parts(namespace: dict) -> list[str]:
+    """Swap the chosen labs' parts into the engine module whose ``globals()`` this is (its last line
+    calls it). Returns the names of the labs swapped (none without ``LAB_IMPL``).
+
+    Raises:
+        LabImplError: the chosen file lacks a part (the message names the file, lab and part).
+        Any exception the student's file raises at import, with its own file and line.
+    """
+    if os.environ.get(LAB_IMPL_ENV, "").strip() in ("", "solution"):
+        return []
+    filename = namespace["__file__"]
+    labs = lab_parts(Path(filename).read_text(encoding="utf-8"), filename)
+    swapped = []
+    for lab, parts in labs.items():
+        path = chosen_file(lab)
+        if path is None:
+            continue
+        module = _load(path, lab, namespace)
+        classes: dict[str, object] = {}
+        for part in parts:
+            cls_name, _, name = part.qualname.rpartition(".")
+            if not cls_name:
+                if name not in module.__dict__:
+                    raise LabImplError(f"{path}: lab {lab} needs a function `{name}`; the file defines none")
+                namespace[name] = module.__dict__[name]
+                continue
+            stub = module.__dict__.get(cls_name)
+            if not isinstance(stub, type) or stub is namespace[cls_name] or name not in stub.__dict__:
+                raise LabImplError(f"{path}: lab {lab} needs `{part.qualname}`: a class `{cls_name}` with a method `{name}`")
+            setattr(namespace[cls_name], name, stub.__dict__[name])
+            classes[cls_name] = stub
+        for cls_name, stub in classes.items():  # helpers the student added to the class
+            target = namespace[cls_name]
+            for attr, value in stub.__dict__.items():
+                if not attr.startswith("__") and not hasattr(target, attr):
+                    setattr(target, attr, value)
+            module.__dict__[cls_name] = target  # the student's code sees the engine's class by its name
+        swapped.append(lab)
+    return swapped
+
+
+def plug_module(module: types.ModuleType) -> list[str]:
+    """:func:`plug_lab_parts` for a module that cannot import this one (the Triton kernels); its
+    user calls it once it has imported the module."""
+    if getattr(module, "_lab_parts_plugged", False):
+        return []
+    module._lab_parts_plugged = True
+    return plug_lab_parts(module.__dict__)
+
+
+def lab_modules(root: Path = REPO) -> dict[str, Path]:
+    """Every lab with solution regions under ``root``'s ``engine`` and ``paged_kernels`` -> its module's file."""
+    found: dict[str, Path] = {}
+    for package in ("engine", "paged_kernels"):
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            if "# BEGIN SOLUTION" not in text or path == Path(__file__).resolve():  # this docstring's example
+                continue
+            for lab in lab_parts(text, str(path)):
+                if lab in found:
+                    raise LabImplError(f"lab {lab} has parts in {found[lab]} and {path}; a lab's parts sit in one module")
+                found[lab] = path
+    return found

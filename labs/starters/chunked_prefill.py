@@ -1,0 +1,152 @@
+"""Lab chunked_prefill: Chunked prefill: the chunk boundary and num_computed_tokens / 分块预填充：分块边界与 num_computed_tokens.
+
+How many prompt tokens a waiting request computes this step under the token budget, and after the
+step advancing each sequence's num_computed_tokens by what it computed; only a sequence with every
+token computed samples.
+
+在词元预算下一个等待中的请求本步计算多少个提示词词元，以及一步之后按实际计算量推进每个序列的 num_computed_tokens；只有全部词元都已计算的序列才采样。
+
+Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
+scope here). Run its tests on your file:
+
+    python -m lessons grade chunked_prefill --impl path/to/chunked_prefill.py
+
+Cut by `python -m lessons labs build` from engine/core/scheduler.py; work on a copy.
+
+The module engine/core/scheduler.py, for context:
+
+Iteration-level scheduling: which requests run in the next step, and who is preempted.
+
+Continuous batching (Orca's iteration-level scheduling, vLLM's scheduler): every step, each running
+request decodes one token and, if no one had to be preempted, waiting requests are admitted first
+come, first served, with their whole prompt as a prefill in the same batch. When the pool cannot
+give a running request its next slot, the most recently admitted request is preempted (PagedAttention
+paper §4.5), in one of two ways:
+
+- *recompute* (the default): its blocks are freed and it goes back to the front of the waiting
+  queue, to be prefilled again later with its prompt and the tokens it had produced;
+- *swap*: its blocks are copied to the CPU swap space and it waits in the ``swapped`` queue. While
+  any request is swapped out no new request is admitted, and swapped requests come back (their
+  blocks copied in again) before waiting ones; when the CPU pool is full it falls back to recompute.
+
+With *chunked prefill* (vLLM's ``enable_chunked_prefill``) each step spends one token budget,
+``max_num_batched_tokens``: running decodes first, then the prompt that did not fit last step (a
+partial prefill), then new requests, whose prompts may be cut into chunks. A long prompt then
+spans several steps and no longer stalls every decode.
+
+Which part of the batch comes first is ``schedule_first``, the one place where vLLM's two schedulers differ:
+
+- ``"decodes"``: running requests decode first and waiting prompts join the same step within the
+  token budget those decodes leave. This is vLLM v1's scheduler, v0's with chunked prefill, and
+  also the scheduler of the paper's own prototype and of vLLM 0.1 (2023: decodes reserved their
+  slots first, then prompts were admitted while ``running + prompt tokens <= max_num_batched_tokens``,
+  2,560 by default). Without chunked prefill, and with a budget under ``max_model_len +
+  max_num_seqs``, a long prompt at the head of the queue can wait until enough running requests
+  have finished for it to fit beside their decodes (head-of-line blocking), however much memory
+  is free.
+- ``"prefills"`` (vLLM v0's default scheduler from 0.2 on, without chunked prefill): while no
+  request is swapped out, waiting prompts are admitted first with the whole token budget, and a
+  step that admits any runs prefills only; the running requests decode in the next step without
+  one. Whole prompts only: vLLM v0's chunked prefill put decodes first.
+
+The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/core/sequence.py``):
+a group's sequences decode together, a preemption frees or swaps all of them, and it is finished as
+a whole. Every request is one, whether it holds one sequence or several (the simulator's lock-step
+path alone schedules a bare ``Sequence``, which answers the same interface).
+
+The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
+simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
+requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``).
+"""
+
+from __future__ import annotations
+import bisect
+from collections import deque
+from engine.config import PREEMPTION_MODES, check_schedule_first
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.prefix_cache import PrefixCacheStats
+from engine.core.scheduler_output import SchedulerOutput
+from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
+                           WAIT_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_SWAPPED)
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+LAB = "chunked_prefill"  # the lab whose parts this file holds
+
+
+class Scheduler:
+    """First come, first served continuous batching over a :class:`KVCacheManager`.
+
+    Args:
+        kv_manager: the paged or contiguous allocator.
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: most tokens per step (prefill tokens + one per decode).
+        preemption_mode: "recompute" or "swap" (paper §4.5; swap needs the paged allocator with a
+            CPU pool, ``PagedBlockManager(num_cpu_blocks=...)``).
+        enable_chunked_prefill: cut prompts to fit the token budget (vLLM's name).
+        schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
+            "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
+            admits any runs no decodes); see the module docstring.
+        report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
+            every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
+
+    Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
+    blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
+    sets ``num_computed_tokens`` and counts queries and hits in ``prefix_cache_stats``.
+
+    Invariants: ``running`` is in admission order (oldest first); a request (a sequence group) is
+    in exactly one of ``waiting``, ``running``, ``swapped``, or none
+    (finished). ``swapped`` is in arrival order. With chunked prefill at most one running request
+    is a partial prefill, the newest.
+
+    Raises:
+        ValueError: an unknown preemption_mode or schedule_first; swap without a CPU pool;
+            schedule_first="prefills" with chunked prefill.
+    """
+
+    # Given (the engine's own, not swapped): the attributes the parts below use.
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
+                 schedule_first: str = "decodes", report_waiting: bool = True):
+        check_schedule_first(schedule_first, enable_chunked_prefill)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
+        if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:
+            raise ValueError("preemption_mode='swap' needs a CPU swap space: the paged allocator with num_cpu_blocks > 0")
+        self.kv = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.schedule_first = schedule_first
+        self.report_waiting = report_waiting
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.num_swap_fallbacks = 0  # swap preemptions that had to recompute: the CPU pool was full
+        # Prefix caching: tokens looked up and found at admissions (evictions: the allocator's).
+        self.prefix_cache_stats = PrefixCacheStats() if kv_manager.enable_caching else None
+        self.events = kv_manager.events  # one ordered log (engine/core/events.py): the allocator's and the scheduler's
+
+    def update_from_output(self, out: SchedulerOutput) -> list[Sequence]:
+        """After the step's forward pass: advance every scheduled sequence's ``num_computed_tokens``
+        by what it computed and cache the blocks it filled. Returns the sequences whose tokens are
+        now all computed, in batch order: they sample a token (a partial prefill does not)."""
+        seqs = out.prefill_seqs + out.decode_seqs
+        # TODO(chunked_prefill): write this part (see the docstring and labs/README.md)
+        raise NotImplementedError("lab chunked_prefill: Scheduler.update_from_output")
+        self.kv.cache_blocks(seqs)  # their KV is written now: hashed before anyone frees them
+        return ready
+
+    def _prefill_chunk(self, group: SequenceGroup, num_tokens: int, budget: int) -> int | None:
+        """Chunked prefill (vLLM's ``enable_chunked_prefill``): how many of a waiting request's
+        ``num_tokens`` prompt tokens this step computes, given the ``budget`` tokens the step has left.
+
+        Returns:
+            None: the whole prompt, unchunked (chunking off, or a group re-prefilling several
+            sequences, which share its prompt blocks in one pass); else ``min(num_tokens, budget)``
+            (0 or less: no budget left, admission stops). The rest of the prompt follows in later
+            steps as a partial prefill, its ``num_computed_tokens`` advanced by
+            :meth:`update_from_output`.
+        """
+        # TODO(chunked_prefill): write this part (see the docstring and labs/README.md)
+        raise NotImplementedError("lab chunked_prefill: Scheduler._prefill_chunk")

@@ -1,0 +1,156 @@
+"""Lab preemption: Preemption: the victim, recompute or swap / 抢占：选择牺牲者，重计算或交换.
+
+Who is preempted when a running request cannot get its next slot (the newest not yet served this
+step), and how: swap its blocks out to the CPU pool when allowed and possible, else free them and
+put it back at the front of the waiting queue to be recomputed.
+
+运行中的请求拿不到下一个槽位时抢占谁（本步尚未轮到的最新请求），以及如何抢占：允许且放得下时把它的块换出到 CPU 池，否则释放它的块，把它放回等待队列最前面等待重计算。
+
+Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
+scope here). Run its tests on your file:
+
+    python -m lessons grade preemption --impl path/to/preemption.py
+
+Cut by `python -m lessons labs build` from engine/core/scheduler.py; work on a copy.
+
+The module engine/core/scheduler.py, for context:
+
+Iteration-level scheduling: which requests run in the next step, and who is preempted.
+
+Continuous batching (Orca's iteration-level scheduling, vLLM's scheduler): every step, each running
+request decodes one token and, if no one had to be preempted, waiting requests are admitted first
+come, first served, with their whole prompt as a prefill in the same batch. When the pool cannot
+give a running request its next slot, the most recently admitted request is preempted (PagedAttention
+paper §4.5), in one of two ways:
+
+- *recompute* (the default): its blocks are freed and it goes back to the front of the waiting
+  queue, to be prefilled again later with its prompt and the tokens it had produced;
+- *swap*: its blocks are copied to the CPU swap space and it waits in the ``swapped`` queue. While
+  any request is swapped out no new request is admitted, and swapped requests come back (their
+  blocks copied in again) before waiting ones; when the CPU pool is full it falls back to recompute.
+
+With *chunked prefill* (vLLM's ``enable_chunked_prefill``) each step spends one token budget,
+``max_num_batched_tokens``: running decodes first, then the prompt that did not fit last step (a
+partial prefill), then new requests, whose prompts may be cut into chunks. A long prompt then
+spans several steps and no longer stalls every decode.
+
+Which part of the batch comes first is ``schedule_first``, the one place where vLLM's two schedulers differ:
+
+- ``"decodes"``: running requests decode first and waiting prompts join the same step within the
+  token budget those decodes leave. This is vLLM v1's scheduler, v0's with chunked prefill, and
+  also the scheduler of the paper's own prototype and of vLLM 0.1 (2023: decodes reserved their
+  slots first, then prompts were admitted while ``running + prompt tokens <= max_num_batched_tokens``,
+  2,560 by default). Without chunked prefill, and with a budget under ``max_model_len +
+  max_num_seqs``, a long prompt at the head of the queue can wait until enough running requests
+  have finished for it to fit beside their decodes (head-of-line blocking), however much memory
+  is free.
+- ``"prefills"`` (vLLM v0's default scheduler from 0.2 on, without chunked prefill): while no
+  request is swapped out, waiting prompts are admitted first with the whole token budget, and a
+  step that admits any runs prefills only; the running requests decode in the next step without
+  one. Whole prompts only: vLLM v0's chunked prefill put decodes first.
+
+The unit of scheduling is the *sequence group* (a request and all its sequences, ``engine/core/sequence.py``):
+a group's sequences decode together, a preemption frees or swaps all of them, and it is finished as
+a whole. Every request is one, whether it holds one sequence or several (the simulator's lock-step
+path alone schedules a bare ``Sequence``, which answers the same interface).
+
+The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
+simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
+requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``).
+"""
+
+from __future__ import annotations
+import bisect
+from collections import deque
+from engine.config import PREEMPTION_MODES, check_schedule_first
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.prefix_cache import PrefixCacheStats
+from engine.core.scheduler_output import SchedulerOutput
+from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
+                           WAIT_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_SWAPPED)
+from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+LAB = "preemption"  # the lab whose parts this file holds
+
+
+class Scheduler:
+    """First come, first served continuous batching over a :class:`KVCacheManager`.
+
+    Args:
+        kv_manager: the paged or contiguous allocator.
+        max_num_seqs: most running requests.
+        max_num_batched_tokens: most tokens per step (prefill tokens + one per decode).
+        preemption_mode: "recompute" or "swap" (paper §4.5; swap needs the paged allocator with a
+            CPU pool, ``PagedBlockManager(num_cpu_blocks=...)``).
+        enable_chunked_prefill: cut prompts to fit the token budget (vLLM's name).
+        schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
+            "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
+            admits any runs no decodes); see the module docstring.
+        report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
+            every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
+
+    Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
+    blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
+    sets ``num_computed_tokens`` and counts queries and hits in ``prefix_cache_stats``.
+
+    Invariants: ``running`` is in admission order (oldest first); a request (a sequence group) is
+    in exactly one of ``waiting``, ``running``, ``swapped``, or none
+    (finished). ``swapped`` is in arrival order. With chunked prefill at most one running request
+    is a partial prefill, the newest.
+
+    Raises:
+        ValueError: an unknown preemption_mode or schedule_first; swap without a CPU pool;
+            schedule_first="prefills" with chunked prefill.
+    """
+
+    # Given (the engine's own, not swapped): the attributes the parts below use.
+    def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
+                 schedule_first: str = "decodes", report_waiting: bool = True):
+        check_schedule_first(schedule_first, enable_chunked_prefill)
+        if preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
+        if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:
+            raise ValueError("preemption_mode='swap' needs a CPU swap space: the paged allocator with num_cpu_blocks > 0")
+        self.kv = kv_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.preemption_mode = preemption_mode
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.schedule_first = schedule_first
+        self.report_waiting = report_waiting
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        self.swapped: list[SequenceGroup] = []
+        self.num_swap_fallbacks = 0  # swap preemptions that had to recompute: the CPU pool was full
+        # Prefix caching: tokens looked up and found at admissions (evictions: the allocator's).
+        self.prefix_cache_stats = PrefixCacheStats() if kv_manager.enable_caching else None
+        self.events = kv_manager.events  # one ordered log (engine/core/events.py): the allocator's and the scheduler's
+
+    @staticmethod
+    def _pick_victim(pending: deque[SequenceGroup] | list[SequenceGroup], group: SequenceGroup) -> SequenceGroup:
+        """Who is preempted when running request ``group`` cannot get its memory (paper §4.5,
+        vLLM's rule): the newest request that has not had its turn this step, else ``group``
+        itself; requests served before it keep what they got.
+
+        Args:
+            pending: the running requests whose turn comes after ``group``'s, in running order;
+                the victim is taken off its end. (The lock-step path passes all of ``running``,
+                ``group`` and the requests before it included: its end is the same request.)
+        """
+        # TODO(preemption): write this part (see the docstring and labs/README.md)
+        raise NotImplementedError("lab preemption: Scheduler._pick_victim")
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        """Preempt running request ``group`` (paper §4.5): count it (``group.num_preemptions``),
+        add it to ``out.preempted``, then either
+
+        - swap (``preemption_mode == "swap"``, the group is not a partial prefill and
+          ``self.kv.can_swap_out(group)``): :meth:`_swap_out`, and nothing else; or
+        - recompute: emit ``PREEMPT`` with the reason as detail (``PREEMPTED_BY_RECOMPUTE``;
+          under swap ``RECOMPUTE_PARTIAL_PREFILL`` or ``RECOMPUTE_CPU_POOL_FULL``, the latter also
+          counted in ``num_swap_fallbacks``), free its blocks (:meth:`_release`), reset it
+          (:meth:`_reset`) and put it back at the *front* of ``waiting``.
+        """
+        # TODO(preemption): write this part (see the docstring and labs/README.md)
+        raise NotImplementedError("lab preemption: Scheduler._preempt")
