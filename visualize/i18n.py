@@ -492,7 +492,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "latency_ttft": ("TTFT (ms)", "首 token 延迟 TTFT（毫秒）"),
     "latency_ttft_steps": ("TTFT (steps)", "TTFT（步数）"),
-    "latency_tpot": ("TPOT (ms)", "token 间延迟 TPOT（毫秒）"),
+    "latency_tpot": ("TPOT (ms)", "每输出 token 时间 TPOT（毫秒）"),
     "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
     "latency_itl": ("ITL (ms)", "相邻 token 间隔 ITL（毫秒）"),
     "latency_arrival": ("Arrival (ms)", "到达（毫秒）"),
