@@ -22,6 +22,7 @@ from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
+from engine.core.radix_cache import RadixCache, RadixFreeQueue
 from engine.core.events import EventLog
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
@@ -61,12 +62,14 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             second pool of the same layout that swap preemption moves whole requests to; 0 = none.
         null_block: keep block 0 out of the pool as vLLM v1 does (see :class:`BlockAllocator`), so
             that a run beside vLLM can use the same number of usable blocks.
+        prefix_cache: with ``enable_caching``, "hash" (vLLM v1's hash chain, ``engine/core/prefix_cache.py``)
+            or "radix" (SGLang's radix tree, ``engine/core/radix_cache.py``).
         events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
-                 null_block: bool = False, events: EventLog | None = None):
+                 null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash"):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         if null_block and num_blocks < 2:
@@ -79,7 +82,13 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
         self.events = events if events is not None else EventLog()
         self.watermark_blocks = int(watermark * num_blocks)
-        self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
+        if prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"prefix_cache must be one of hash, radix; got {prefix_cache!r}")
+        self.prefix_cache = None
+        if enable_caching:
+            self.prefix_cache = (RadixCache if prefix_cache == "radix" else PrefixCache)(num_blocks, block_size, hash_fn)
+        if isinstance(self.prefix_cache, RadixCache):  # free cached blocks leave in the tree's order: LRU over leaves
+            self.allocator.free_blocks = RadixFreeQueue(list(self.allocator.free_blocks), self.prefix_cache)
         self.enable_caching = enable_caching
         self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
         self.lookahead: dict[int, tuple[int, int]] = {}  # speculative decoding: seq_id -> tentative positions [start, end)
@@ -154,8 +163,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
             return []
         num_blocks = min(seq.num_tokens - 1, len(seq.token_ids)) // self.block_size
-        hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
-        return self.prefix_cache.lookup(seq.token_ids, hashes)
+        return self.prefix_cache.match(seq.token_ids, num_blocks, seq.block_hashes)
 
     def _touch_computed_blocks(self, seq: Sequence, hits: list[int]) -> None:
         """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
@@ -167,6 +175,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             seq.block_table.append(block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
                              block_hash=self.prefix_cache.block_hash[block_id].hex())
+        self.prefix_cache.lock(seq.seq_id, hits)
         self.num_committed_blocks[seq.seq_id] = len(hits)
 
     def cache_blocks(self, seqs: list[Sequence]) -> None:
@@ -178,11 +187,21 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             start = self.num_committed_blocks.get(seq.seq_id, 0)
             if num_full <= start:
                 continue
-            hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
-            bs = self.block_size
-            for i in range(start, num_full):
-                cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
+            for logical_index, block_id in cache.commit(seq.seq_id, seq.token_ids, seq.block_table, start, num_full, seq.block_hashes):
+                self._use_cached_copy(seq, logical_index, block_id)
             self.num_committed_blocks[seq.seq_id] = num_full
+
+    def _use_cached_copy(self, seq: Sequence, logical_index: int, block_id: int) -> None:
+        """The radix cache holds this block's tokens already, in ``block_id``: ``seq`` takes that
+        block and frees its own copy (same tokens after the same prefix, so the same KV)."""
+        own = seq.block_table[logical_index]
+        self.allocator.touch(block_id)
+        seq.block_table[logical_index] = block_id
+        self.allocator.free(own)
+        self.events.emit(FREE, seq.request_id, block_id=own, logical_index=logical_index, seq_id=seq.seq_id,
+                         detail=f"a copy of cached block {block_id}")
+        self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
+                         block_hash=self.prefix_cache.block_hash[block_id].hex())
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
@@ -219,6 +238,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         child.block_table = list(parent.block_table)
         if parent.seq_id in self.num_committed_blocks:
             self.num_committed_blocks[child.seq_id] = self.num_committed_blocks[parent.seq_id]
+            self.prefix_cache.fork(parent.seq_id, child.seq_id)
         self.events.emit(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
                          detail=f"{len(parent.block_table)} blocks shared")
 
@@ -233,7 +253,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
                     detail = "cached, evictable"
                 self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id, detail=detail)
         seq.block_table = []
-        self.num_committed_blocks.pop(seq.seq_id, None)
+        if self.num_committed_blocks.pop(seq.seq_id, None) is not None:
+            self.prefix_cache.release(seq.seq_id)
         self.lookahead.pop(seq.seq_id, None)
 
     def _is_cached(self, block_id: int) -> bool:

@@ -1,0 +1,130 @@
+"""The radix-tree prefix cache (engine/core/radix_cache.py, SGLang's RadixAttention) on the real
+scheduler and allocator: its invariants after every step under preemption (recompute and swap),
+chunked prefill and forks; its eviction order; and greedy outputs equal to no caching and to the
+hash chain on the default model."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import SamplingParams
+from engine.core.block_manager import PagedBlockManager
+from engine.core.radix_cache import RadixCache, RadixFreeQueue
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.sequence import fork_samples
+from tests.test_swap_chunked import check_pools
+
+
+def path_of(node):
+    nodes = []
+    while node.parent is not None:
+        nodes.append(node)
+        node = node.parent
+    return nodes[::-1]
+
+
+def check_radix_invariants(kv: PagedBlockManager, scheduler: Scheduler, written: dict[int, tuple]) -> None:
+    """No evictable node is held, every node's lock count is the number of sequences holding it and
+    equals its blocks' refcounts, and the tree's tokens are the tokens its blocks hold."""
+    cache, alloc, bs = kv.prefix_cache, kv.allocator, kv.block_size
+    running = [s for g in scheduler.running for s in g.unfinished_seqs()]
+    holders = Counter()
+    for seq in running:
+        node = cache.seq_node.get(seq.seq_id)
+        if node is None:
+            continue
+        path = path_of(node)
+        holders.update(id(n) for n in path)
+        blocks = [b for n in path for b in n.blocks]
+        assert blocks == seq.block_table[: len(blocks)], f"sequence {seq.seq_id} does not hold its path's blocks"
+        assert len(blocks) == kv.num_committed_blocks[seq.seq_id]
+        assert [t for n in path for t in n.key] == seq.token_ids[: len(blocks) * bs]
+    held_ids = {s.seq_id for s in running}
+    assert set(cache.seq_node) <= held_ids, "a sequence that holds no blocks still locks a path"
+    cached_free = set()
+    for node in cache.nodes():
+        assert node.blocks and len(node.key) == len(node.blocks) * bs
+        assert node.parent.children[tuple(node.key[:bs])] is node
+        assert node.lock_ref == holders[id(node)], f"node {node.node_id}: lock_ref {node.lock_ref}, {holders[id(node)]} holders"
+        for j, block in enumerate(node.blocks):
+            assert cache.node_of[block] is node
+            assert alloc.ref_counts[block] == node.lock_ref, f"block {block}: refcount {alloc.ref_counts[block]}, lock_ref {node.lock_ref}"
+            assert tuple(node.key[j * bs : (j + 1) * bs]) == written[block], f"block {block} holds other tokens than its node"
+            if node.lock_ref == 0:
+                cached_free.add(block)
+        if node.lock_ref:  # a held node is never evictable, nor is any node above it
+            assert not cache._evictable(node)
+    assert sum(n is not None for n in cache.node_of) == sum(len(n.blocks) for n in cache.nodes())
+    assert set(alloc.free_blocks.cached) == cached_free, "the free queue's cached blocks are the unlocked nodes' blocks"
+
+
+def record_written(kv: PagedBlockManager, seqs: list[Sequence], written: dict[int, tuple]) -> None:
+    """What each full block holds, by the tables that wrote it (a free block keeps its last tokens)."""
+    bs = kv.block_size
+    for seq in seqs:
+        for i in range(min(seq.num_computed_tokens, len(seq.token_ids)) // bs):
+            written[seq.block_table[i]] = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+
+
+def model_free_step(scheduler: Scheduler, rng: random.Random, next_seq_id, written: dict[int, tuple]) -> None:
+    """One engine step without a model (as tests/test_swap_chunked.py's), whose sampled tokens come
+    from a vocabulary of 3, so that decoded blocks repeat and hit too, and samples end at random."""
+    batch = scheduler.schedule()
+    ready = {s.seq_id for s in scheduler.update_from_output(batch)}
+    record_written(scheduler.kv, batch.prefill_seqs + batch.decode_seqs, written)
+    for group in list(scheduler.running):
+        if group.seqs[0].seq_id in ready:  # after the prompt's one prefill
+            ready.update(child.seq_id for child in fork_samples(group, scheduler.fork, next_seq_id))
+        for seq in group.unfinished_seqs():
+            if seq.seq_id in ready:
+                seq.append_token(rng.randrange(3))
+                if len(group.unfinished_seqs()) > 1 and rng.random() < 0.05:
+                    scheduler.finish_seq(seq, "stop")
+        if all(s.num_tokens >= s.max_len for s in group.unfinished_seqs()):
+            scheduler.finish(group, "length")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    requests=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 30), st.integers(1, 30), st.integers(1, 3)), min_size=2, max_size=8),
+    block_size=st.sampled_from([1, 2, 4]),
+    num_blocks=st.integers(6, 40),
+    num_cpu_blocks=st.integers(0, 30),
+    max_num_seqs=st.integers(1, 5),
+    chunked=st.booleans(),
+    budget=st.integers(5, 64),
+    seed=st.integers(0, 1000),
+)
+def test_radix_invariants_hold_after_every_step(requests, block_size, num_blocks, num_cpu_blocks, max_num_seqs, chunked, budget, seed):
+    rng = random.Random(seed)
+    kv = PagedBlockManager(num_blocks, block_size, shuffle_seed=seed, num_cpu_blocks=num_cpu_blocks, enable_caching=True,
+                           prefix_cache="radix")
+    budget = max(budget, max_num_seqs * 3) if chunked else 10_000
+    mode = "swap" if num_cpu_blocks else "recompute"
+    scheduler = Scheduler(kv, max_num_seqs, budget, preemption_mode=mode, enable_chunked_prefill=chunked)
+    ids = iter(range(1000, 10**6))
+    prefixes = [[rng.randrange(3) for _ in range(16)] for _ in range(3)]  # shared system prompts, a tiny vocabulary
+    for i, (prefix, prompt, output, n) in enumerate(requests):
+        tokens = (prefixes[prefix] + [rng.randrange(3) for _ in range(prompt)])[:prompt]
+        seq = Sequence(i, prompt, max_len=min(prompt + output, num_blocks * block_size), seq_id=next(ids), token_ids=tokens)
+        group = SequenceGroup(i, [seq], SamplingParams(n=n))
+        if prompt + 1 <= seq.max_len and kv.fits_ever(group):
+            scheduler.add(group)
+    written: dict[int, tuple] = {}
+    steps = 0
+    while scheduler.has_unfinished():
+        model_free_step(scheduler, rng, lambda: next(ids), written)
+        check_pools(kv, scheduler)
+        check_radix_invariants(kv, scheduler, written)
+        for group in scheduler.swapped + list(scheduler.waiting):
+            assert all(s.seq_id not in kv.prefix_cache.seq_node for s in group.unfinished_seqs()), "a request off the GPU locks a path"
+        steps += 1
+        assert steps < 5_000, "the scheduler stopped making progress"
+    assert kv.allocator.num_free == num_blocks, "blocks leaked"
+    assert not kv.prefix_cache.seq_node and all(n.lock_ref == 0 for n in kv.prefix_cache.nodes())
