@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.core.accounting import MemoryUsage
 from engine.core.prefix_cache import PrefixCacheStats
+from engine.core.kv_offload import KVOffloadStats
 
 # Event kinds, in the order they can happen to a request.
 ALLOCATE = "allocate"  # a physical block given to a request's logical block
@@ -219,6 +220,11 @@ class StepReport:
         spec: speculative decoding: per request id that verified drafts this step, its
             :class:`SpecDecodeOutput`.
         spec_acceptance_rate, spec_mean_accepted_length: the step's, over its verifications (0 without any).
+        admissions: scheduling_policy "lpm": ``(request id, reason, cached prompt tokens)`` of each
+            request admitted this step, in admission order; reason "longest-prefix", "starved" (the
+            starvation guard) or "preempted" (``engine/core/scheduling_policy.py``). None under FCFS.
+        kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
+            blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
     """
 
     step: int
@@ -250,6 +256,8 @@ class StepReport:
     spec_acceptance_rate: float = 0.0
     spec_mean_accepted_length: float = 0.0
     errors: dict[int, str] = field(default_factory=dict)
+    admissions: list[tuple[int, str, int]] | None = None
+    kv_offload: KVOffloadStats | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -12,7 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import SamplingParams
+from app_pages.presets import PRESETS, preset_settings
+from app_pages.state import ChatTurns, Settings, add_next_chat_turn, add_workload
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.config import SpeculativeConfig
 from engine.core.block_manager import PagedBlockManager
 from engine.core.radix_cache import RadixCache, RadixFreeQueue
 from engine.core.scheduler import Scheduler
@@ -64,6 +67,25 @@ def check_radix_invariants(kv: PagedBlockManager, scheduler: Scheduler, written:
     assert set(alloc.free_blocks.cached) == cached_free, "the free queue's cached blocks are the unlocked nodes' blocks"
 
 
+def check_offload_tier(kv: PagedBlockManager, written: dict[int, tuple]) -> None:
+    """The CPU tier holds at most its capacity, every CPU block once, the tokens of the GPU block it
+    was copied from; a loaded block holds the tokens of the CPU block it came from."""
+    tier = kv.offload
+    assert len(tier.entries) + len(tier.free) == tier.num_blocks and not tier.pinned and not tier.copies_out
+    assert sorted(list(tier.entries.values()) + tier.free) == list(range(tier.base, tier.base + tier.num_blocks))
+    for block_hash, cpu in tier.entries.items():
+        assert tier.meta[cpu][0] == block_hash
+        assert written[("cpu", cpu)] == tier.meta[cpu][2], f"CPU block {cpu} holds other tokens than its entry"
+
+
+def apply_copies(batch, written: dict) -> None:
+    """What the step's copies do to the blocks' contents: offloads first, then loads."""
+    for gpu, cpu in batch.kv_offload_out:
+        written[("cpu", cpu)] = written[gpu]
+    for cpu, gpu in batch.kv_offload_in:
+        written[gpu] = written[("cpu", cpu)]
+
+
 def record_written(kv: PagedBlockManager, seqs: list[Sequence], written: dict[int, tuple]) -> None:
     """What each full block holds, by the tables that wrote it (a free block keeps its last tokens)."""
     bs = kv.block_size
@@ -76,6 +98,7 @@ def model_free_step(scheduler: Scheduler, rng: random.Random, next_seq_id, writt
     """One engine step without a model (as tests/test_swap_chunked.py's), whose sampled tokens come
     from a vocabulary of 3, so that decoded blocks repeat and hit too, and samples end at random."""
     batch = scheduler.schedule()
+    apply_copies(batch, written)
     ready = {s.seq_id for s in scheduler.update_from_output(batch)}
     record_written(scheduler.kv, batch.prefill_seqs + batch.decode_seqs, written)
     for group in list(scheduler.running):
@@ -99,12 +122,15 @@ def model_free_step(scheduler: Scheduler, rng: random.Random, next_seq_id, writt
     max_num_seqs=st.integers(1, 5),
     chunked=st.booleans(),
     budget=st.integers(5, 64),
+    cache=st.sampled_from(["radix", "radix", "hash"]),
+    offload=st.sampled_from([0, 0, 1, 3, 12]),
     seed=st.integers(0, 1000),
 )
-def test_radix_invariants_hold_after_every_step(requests, block_size, num_blocks, num_cpu_blocks, max_num_seqs, chunked, budget, seed):
+def test_radix_invariants_hold_after_every_step(requests, block_size, num_blocks, num_cpu_blocks, max_num_seqs, chunked, budget,
+                                                cache, offload, seed):
     rng = random.Random(seed)
     kv = PagedBlockManager(num_blocks, block_size, shuffle_seed=seed, num_cpu_blocks=num_cpu_blocks, enable_caching=True,
-                           prefix_cache="radix")
+                           prefix_cache=cache, kv_offload_blocks=offload)
     budget = max(budget, max_num_seqs * 3) if chunked else 10_000
     mode = "swap" if num_cpu_blocks else "recompute"
     scheduler = Scheduler(kv, max_num_seqs, budget, preemption_mode=mode, enable_chunked_prefill=chunked)
@@ -121,10 +147,70 @@ def test_radix_invariants_hold_after_every_step(requests, block_size, num_blocks
     while scheduler.has_unfinished():
         model_free_step(scheduler, rng, lambda: next(ids), written)
         check_pools(kv, scheduler)
+        if offload:
+            check_offload_tier(kv, written)
+        if cache == "hash":
+            continue
         check_radix_invariants(kv, scheduler, written)
         for group in scheduler.swapped + list(scheduler.waiting):
             assert all(s.seq_id not in kv.prefix_cache.seq_node for s in group.unfinished_seqs()), "a request off the GPU locks a path"
         steps += 1
         assert steps < 5_000, "the scheduler stopped making progress"
     assert kv.allocator.num_free == num_blocks, "blocks leaked"
+    if cache == "hash":
+        return
     assert not kv.prefix_cache.seq_node and all(n.lock_ref == 0 for n in kv.prefix_cache.nodes())
+
+
+# ---- greedy outputs on the default model: radix = hash chain = no caching, on every preset of the app ----
+
+def preset_config(name: str, caching: str | None) -> tuple[EngineConfig, list[tuple[str, int]], dict]:
+    """The engine a preset runs on (app_pages/presets.py), greedy and cut short: at most 12 new tokens
+    per request, and the presets that preempt keep their pressure in a pool of 12 blocks."""
+    preset = PRESETS[name]
+    settings = preset_settings(name)
+    num_blocks = 12 if settings["preemption_mode"] == "swap" or name == "preset_preemption" else settings["num_blocks"]
+    config = EngineConfig(
+        block_size=settings["block_size"], num_gpu_blocks=num_blocks, max_num_seqs=settings["max_batch"],
+        preemption_mode=settings["preemption_mode"], enable_chunked_prefill=settings["chunked_prefill"],
+        max_num_batched_tokens=settings["token_budget"] if settings["chunked_prefill"] else None,
+        speculative_config=SpeculativeConfig(num_speculative_tokens=settings["spec_k"]) if settings["speculative"] else None,
+        enable_prefix_caching=caching is not None, prefix_cache=caching or "hash")
+    rows = [(prompt, min(n, 12)) for prompt, n in preset["rows"]]
+    return config, rows, settings
+
+
+def run_preset(loaded, name: str, caching: str | None):
+    config, rows, settings = preset_config(name, caching)
+    llm = LLMEngine(config, loaded_model=loaded)
+    ids: list[int] = []
+    first = rows[:1] if settings["chat"] else rows
+    assert not add_workload(llm, first, 0.0, 0, settings["sharing"], settings["sharing_width"], ids)
+    chat = ChatTurns(rows, request_id=ids[0]) if settings["chat"] else None
+    chat_settings = Settings(temperature=0.0)
+    reports = []
+    while llm.has_unfinished_requests():
+        reports.append(llm.step())
+        if (turn := add_next_chat_turn(llm, chat, chat_settings)) is not None:
+            ids.append(turn)
+    outputs = [llm.get_output(i) for i in ids]
+    tokens = [[c.token_ids for c in o.outputs] or o.token_ids for o in outputs]
+    return tokens, outputs, reports
+
+
+@pytest.fixture(scope="module")
+def default_loaded():
+    from engine.model_executor.model_loader import load_model
+
+    return load_model(None)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_radix_gives_the_greedy_outputs_of_no_caching_and_of_the_hash_chain(default_loaded, name):
+    runs = {caching: run_preset(default_loaded, name, caching) for caching in (None, "hash", "radix")}
+    assert runs["radix"][0] == runs[None][0] == runs["hash"][0]
+    if name in ("preset_preemption", "preset_swap"):
+        assert any(r.preempted for r in runs["radix"][2]), "the small pool was meant to preempt"
+    if name in ("preset_shared_system_prompt", "preset_multi_turn_chat"):
+        hits = {c: sum(o.num_cached_tokens for o in runs[c][1]) for c in ("hash", "radix")}
+        assert hits["radix"] >= hits["hash"] > 0

@@ -23,6 +23,7 @@ from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
 from engine.core.radix_cache import RadixCache, RadixFreeQueue
+from engine.core.kv_offload import KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
@@ -64,12 +65,15 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             that a run beside vLLM can use the same number of usable blocks.
         prefix_cache: with ``enable_caching``, "hash" (vLLM v1's hash chain, ``engine/core/prefix_cache.py``)
             or "radix" (SGLang's radix tree, ``engine/core/radix_cache.py``).
+        kv_offload_blocks: with ``enable_caching``, blocks of a CPU tier that evicted cached blocks are
+            copied to and hits are loaded back from (``engine/core/kv_offload.py``); 0 = none. Its
+            block ids start at ``num_cpu_blocks`` in the host cache, after the swap space's.
         events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
-                 null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash"):
+                 null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash", kv_offload_blocks: int = 0):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         if null_block and num_blocks < 2:
@@ -89,6 +93,9 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             self.prefix_cache = (RadixCache if prefix_cache == "radix" else PrefixCache)(num_blocks, block_size, hash_fn)
         if isinstance(self.prefix_cache, RadixCache):  # free cached blocks leave in the tree's order: LRU over leaves
             self.allocator.free_blocks = RadixFreeQueue(list(self.allocator.free_blocks), self.prefix_cache)
+        if kv_offload_blocks and not enable_caching:
+            raise ValueError("kv_offload_blocks needs prefix caching (enable_caching=True): the CPU tier keeps evicted cached blocks")
+        self.offload = KVOffloadTier(kv_offload_blocks, base=num_cpu_blocks) if kv_offload_blocks else None
         self.enable_caching = enable_caching
         self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
         self.lookahead: dict[int, tuple[int, int]] = {}  # speculative decoding: seq_id -> tentative positions [start, end)
@@ -163,13 +170,21 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
             return []
         num_blocks = min(seq.num_tokens - 1, len(seq.token_ids)) // self.block_size
-        return self.prefix_cache.match(seq.token_ids, num_blocks, seq.block_hashes)
+        hits = self.prefix_cache.match(seq.token_ids, num_blocks, seq.block_hashes)
+        if self.offload is None or not self.offload.entries or len(hits) == num_blocks:
+            return hits
+        hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
+        return hits + [-1 - cpu for cpu in self.offload.lookup(seq.token_ids, hashes, len(hits), self.block_size)]
 
     def _touch_computed_blocks(self, seq: Sequence, hits: list[int]) -> None:
         """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
-        allocation cannot evict them (the scheduler sets ``num_computed_tokens`` and counts them)."""
+        allocation cannot evict them (the scheduler sets ``num_computed_tokens`` and counts them).
+        Hits in the CPU tier (negative entries ``-1 - cpu_block``, after the GPU ones) get a GPU block
+        each and a copy back, and enter the GPU cache."""
         if self.prefix_cache is None:
             return
+        on_cpu = [-1 - b for b in hits if b < 0]
+        hits = hits[: len(hits) - len(on_cpu)]
         for logical_index, block_id in enumerate(hits):
             self.allocator.touch(block_id)
             seq.block_table.append(block_id)
@@ -177,6 +192,32 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
                              block_hash=self.prefix_cache.block_hash[block_id].hex())
         self.prefix_cache.lock(seq.seq_id, hits)
         self.num_committed_blocks[seq.seq_id] = len(hits)
+        if on_cpu:
+            self._load_back(seq, on_cpu)
+
+    def _load_back(self, seq: Sequence, cpu_blocks: list[int]) -> None:
+        """CPU-tier hits continue ``seq``'s GPU hits: a GPU block each, the copy queued, then cached."""
+        start = len(seq.block_table)
+        for cpu in cpu_blocks:
+            block_id = self._allocate_block(seq)
+            block_hash = self.offload.load(cpu, block_id)
+            self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id,
+                             block_hash=block_hash.hex(), detail=f"loaded back from CPU block {cpu}")
+            seq.block_table.append(block_id)
+        end = len(seq.block_table)
+        replaced = self.prefix_cache.commit(seq.seq_id, seq.token_ids, seq.block_table, start, end, seq.block_hashes)
+        assert not replaced, "a block loaded back was on the GPU already"
+        self.num_committed_blocks[seq.seq_id] = end
+
+    def take_offload_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The CPU tier's copies queued since the last step: ``(gpu, cpu)`` offloads, ``(cpu, gpu)`` loads."""
+        return self.offload.take_copies() if self.offload is not None else ([], [])
+
+    def offload_stats(self) -> KVOffloadStats | None:
+        """The step's traffic between the GPU cache and the CPU tier (None without a tier)."""
+        if self.offload is None:
+            return None
+        return self.offload.take_stats(sum(h is not None for h in self.prefix_cache.block_hash))
 
     def cache_blocks(self, seqs: list[Sequence]) -> None:
         cache = self.prefix_cache
@@ -286,7 +327,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         seqs = group.unfinished_seqs()
         shared = self._shared_prompt_blocks(group)
         hits = self._computed_blocks(seqs[0]) if computed_blocks is None else computed_blocks
-        free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
+        free_hits = sum(1 for b in hits if b < 0 or self.allocator.ref_counts[b] == 0)  # a CPU-tier hit takes a free block
         if num_new_tokens is not None:
             return self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits) + free_hits
         return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared - len(hits) + free_hits
@@ -365,6 +406,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         """A block from the head of the free queue; a cached one is evicted (its hash dropped)."""
         block_id = self.allocator.allocate()
         if self.prefix_cache is not None:
+            if self.offload is not None and self.prefix_cache.block_hash[block_id] is not None:
+                self.offload.offload(block_id, *self.prefix_cache.describe(block_id))
             block_hash = self.prefix_cache.evict(block_id)
             if block_hash is not None:
                 self.events.emit(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex())

@@ -160,6 +160,10 @@ class PrefixCache:
             self.insert(block_table[i], hashes[i], hashes[i - 1] if i else None, token_ids[i * bs : (i + 1) * bs])
         return []
 
+    def describe(self, block_id: int) -> tuple[BlockHash, BlockHash | None, tuple[int, ...]]:
+        """A cached block's hash, its parent's hash and its token ids (what the CPU tier keeps)."""
+        return self.block_hash[block_id], self.parent_hash[block_id], self.block_token_ids[block_id]
+
     def lock(self, seq_id: int, blocks: list[int]) -> None:
         """A sequence took a hit's blocks: their reference counts protect them here."""
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterator
 
-from engine.core.prefix_cache import BlockHash, HashFn, hash_block_tokens
+from engine.core.prefix_cache import BlockHash, HashFn, PrefixCache, hash_block_tokens
 
 
 class RadixNode:
@@ -106,6 +106,15 @@ class RadixCache:
             node = child
             self._access(node)
         return hits
+
+    block_hashes = PrefixCache.block_hashes  # the hash chain of a prompt's blocks: the CPU tier is keyed by it
+
+    def describe(self, block_id: int) -> tuple[BlockHash, BlockHash | None, tuple[int, ...]]:
+        """A cached block's hash, the previous block's on its path and its token ids (what the CPU tier keeps)."""
+        node, bs = self.node_of[block_id], self.block_size
+        j = node.blocks.index(block_id)
+        prev = node.blocks[j - 1] if j else (node.parent.blocks[-1] if node.parent.blocks else None)
+        return self.block_hash[block_id], None if prev is None else self.block_hash[prev], tuple(node.key[j * bs : (j + 1) * bs])
 
     def lock(self, seq_id: int, blocks: list[int]) -> None:
         """Sequence ``seq_id`` now holds ``blocks``, a :meth:`match` just made: lock their path."""

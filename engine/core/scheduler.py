@@ -51,6 +51,7 @@ from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
+from engine.core.scheduling_policy import lpm_order
 from engine.report import PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -68,6 +69,10 @@ class Scheduler:
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
+        scheduling_policy: "fcfs" (waiting requests in arrival order) or "lpm" (longest cached
+            prefix first, with a starvation guard of ``lpm_max_wait_steps`` steps;
+            ``engine/core/scheduling_policy.py``). Each LPM admission is recorded in
+            ``SchedulerOutput.admissions`` with its reason.
 
     Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
     blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
@@ -85,8 +90,16 @@ class Scheduler:
 
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
-                 schedule_first: str = "decodes"):
+                 schedule_first: str = "decodes", scheduling_policy: str = "fcfs", lpm_max_wait_steps: int = 64):
         check_schedule_first(schedule_first, enable_chunked_prefill)
+        if scheduling_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"scheduling_policy must be one of fcfs, lpm; got {scheduling_policy!r}")
+        if scheduling_policy == "lpm" and not kv_manager.enable_caching:
+            raise ValueError("scheduling_policy='lpm' orders requests by their cached prefix: it needs prefix caching")
+        self.scheduling_policy = scheduling_policy
+        self.lpm_max_wait_steps = lpm_max_wait_steps
+        self.num_steps = 0
+        self.waiting_since: dict[int, int] = {}  # lpm: request id -> the step it was queued
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
         if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:
@@ -108,14 +121,24 @@ class Scheduler:
     def add(self, group: SequenceGroup) -> None:
         self._set_status(group, SequenceStatus.WAITING)
         self.waiting.append(group)
+        if self.scheduling_policy == "lpm":
+            self.waiting_since[group.request_id] = self.num_steps
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
+        out = self._schedule_step()
+        out.kv_offload_out, out.kv_offload_in = self.kv.take_offload_copies()  # the CPU tier's copies (prefix caching)
+        return out
+
+    def _schedule_step(self) -> SchedulerOutput:
         out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
         admit = not self.swapped  # nothing new is admitted while any request is swapped out (§4.5)
+        self.num_steps += 1
+        if self.scheduling_policy == "lpm" and admit and self.waiting:
+            out.admission_reasons = lpm_order(self.waiting, self.kv, self.num_steps, self.waiting_since, self.lpm_max_wait_steps)
         if self.schedule_first == "prefills" and admit:
             self._schedule_prefills(out, self.max_num_batched_tokens)
             if out.prefill_seqs:
@@ -299,6 +322,9 @@ class Scheduler:
             if too_long or not self.kv.can_allocate(group, chunk, computed[0]):
                 break
             self.waiting.popleft()
+            if out.admission_reasons is not None:
+                out.admissions.append((group.request_id, out.admission_reasons[group.request_id][0], computed[1]))
+                self.waiting_since.pop(group.request_id, None)
             self._admit(group, chunk, computed)
             self._set_status(group, SequenceStatus.RUNNING)
             self.running.append(group)
