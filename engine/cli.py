@@ -1,10 +1,12 @@
-"""``python -m engine``: generate, bench, bench-cpu, simulate, reproduce-paper, calibrate, serve and bench-serve from the command line."""
+"""``python -m engine``: generate, bench, bench-cpu, bench-prefix, simulate, reproduce-paper, calibrate, serve and bench-serve from the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from engine.config import PREFIX_CACHES, SCHEDULING_POLICIES
 
 from tqdm.auto import tqdm
 
@@ -19,6 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     _add_vllm(sub)
     _add_calibrate(sub)
     _add_serve(sub)
+    _add_bench_prefix(sub)
     args = parser.parse_args(argv)
     try:
         args.func(args)
@@ -46,6 +49,12 @@ def _add_generate(sub) -> None:
     p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged")
     p.add_argument("--reservation", choices=["max", "pow2", "oracle"], default="max")
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--prefix-cache", choices=PREFIX_CACHES, default="hash",
+                   help="prefix caching: hash = vLLM v1's hash chain, radix = SGLang's radix tree (default: hash)")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="fcfs = first come first served; lpm = longest cached prefix first, with a starvation guard (SGLang)")
+    p.add_argument("--kv-offload-blocks", type=int, default=0,
+                   help="blocks of a CPU tier for evicted cached blocks, loaded back on a hit (default: 0, none)")
     _add_cpu_kernels(p)
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
@@ -61,7 +70,8 @@ def _generate(args) -> None:
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_blocks, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
-        cpu_kernels=args.cpu_kernels,
+        cpu_kernels=args.cpu_kernels, prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy,
+        kv_offload_blocks=args.kv_offload_blocks,
     )
     engine = LLMEngine(config)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
@@ -197,6 +207,12 @@ def _add_simulator(sub) -> None:
 
     add_simulate(sub)
     add_reproduce_paper(sub)
+
+
+def _add_bench_prefix(sub) -> None:
+    from engine.tools.bench_prefix import register_cli
+
+    register_cli(sub)
 
 
 def _add_serve(sub) -> None:

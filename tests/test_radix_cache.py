@@ -165,18 +165,20 @@ def test_radix_invariants_hold_after_every_step(requests, block_size, num_blocks
 # ---- greedy outputs on the default model: radix = hash chain = no caching, on every preset of the app ----
 
 def preset_config(name: str, caching: str | None) -> tuple[EngineConfig, list[tuple[str, int]], dict]:
-    """The engine a preset runs on (app_pages/presets.py), greedy and cut short: at most 12 new tokens
-    per request, and the presets that preempt keep their pressure in a pool of 12 blocks."""
+    """The engine a preset runs on (app_pages/presets.py), greedy and cut short: at most 8 new tokens
+    per request; the presets that preempt keep their pressure with 16 tokens in a pool of 12 blocks
+    (4 prompts of 37 tokens fill it, and each needs a 4th block at its 12th token)."""
     preset = PRESETS[name]
     settings = preset_settings(name)
-    num_blocks = 12 if settings["preemption_mode"] == "swap" or name == "preset_preemption" else settings["num_blocks"]
+    pressure = settings["preemption_mode"] == "swap" or name == "preset_preemption"
+    num_blocks, max_tokens = (12, 16) if pressure else (settings["num_blocks"], 8)
     config = EngineConfig(
         block_size=settings["block_size"], num_gpu_blocks=num_blocks, max_num_seqs=settings["max_batch"],
         preemption_mode=settings["preemption_mode"], enable_chunked_prefill=settings["chunked_prefill"],
         max_num_batched_tokens=settings["token_budget"] if settings["chunked_prefill"] else None,
         speculative_config=SpeculativeConfig(num_speculative_tokens=settings["spec_k"]) if settings["speculative"] else None,
         enable_prefix_caching=caching is not None, prefix_cache=caching or "hash")
-    rows = [(prompt, min(n, 12)) for prompt, n in preset["rows"]]
+    rows = [(prompt, min(n, max_tokens)) for prompt, n in preset["rows"]]
     return config, rows, settings
 
 
@@ -214,3 +216,94 @@ def test_radix_gives_the_greedy_outputs_of_no_caching_and_of_the_hash_chain(defa
     if name in ("preset_shared_system_prompt", "preset_multi_turn_chat"):
         hits = {c: sum(o.num_cached_tokens for o in runs[c][1]) for c in ("hash", "radix")}
         assert hits["radix"] >= hits["hash"] > 0
+
+
+# ---- the tree's eviction order, cache-aware scheduling, the CPU tier ------------------------------
+
+def finish_request(scheduler: Scheduler, kv: PagedBlockManager, tokens: list[int], request_id: int) -> None:
+    """Run one request of ``tokens`` (its prompt) through a prefill and one decode, then finish it."""
+    seq = Sequence(request_id, len(tokens), max_len=len(tokens) + 1, seq_id=request_id, token_ids=list(tokens))
+    scheduler.add(SequenceGroup(request_id, [seq], SamplingParams()))
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        scheduler.update_from_output(batch)
+        seq.append_token(0)
+        scheduler.finish(scheduler.running[0], "length")
+
+
+def test_a_partial_match_splits_a_node_and_eviction_is_lru_over_leaves():
+    kv = PagedBlockManager(8, 1, enable_caching=True, prefix_cache="radix")  # token granularity
+    scheduler = Scheduler(kv, 1, 100)
+    finish_request(scheduler, kv, [1, 2, 3, 5], 0)  # caches its prompt: one node 1 2 3 5
+    finish_request(scheduler, kv, [1, 2, 4], 1)  # hits 1 2: the node splits there; 4 becomes a sibling of 3 5
+    tree = {tuple(row["token_ids"]): row for row in kv.prefix_cache.tree()}
+    assert set(tree) == {(1, 2), (3, 5), (4,)}
+    assert tree[(3, 5)]["parent_id"] == tree[(4,)]["parent_id"] == tree[(1, 2)]["node_id"]
+    assert all(row["lock_ref"] == 0 for row in tree.values())
+    order, evicted = [], []
+    for _ in range(8):  # what the allocator does for each new block: take the free queue's choice, evict it
+        order.append(kv.allocator.allocate())
+        evicted.append(kv.prefix_cache.evict(order[-1]) is not None)
+    # Plain free blocks first, then the least recently used leaf's blocks from its end: 5 3 (the older
+    # branch), then 4, and only then the shared 2 1, which became a leaf last.
+    assert evicted == [False] * 3 + [True] * 5  # 3 plain free blocks, then the 5 cached ones
+    assert order[3:] == [*tree[(3, 5)]["blocks"][::-1], *tree[(4,)]["blocks"], *tree[(1, 2)]["blocks"][::-1]]
+
+
+def test_lpm_admits_the_longest_cached_prefix_first_and_a_starved_request_before_it():
+    kv = PagedBlockManager(64, 2, enable_caching=True, prefix_cache="radix")
+    scheduler = Scheduler(kv, 1, 1000, scheduling_policy="lpm", lpm_max_wait_steps=3)
+    shared = list(range(100, 120))
+    finish_request(scheduler, kv, shared + [1], 0)
+    for rid, tokens in ((1, list(range(200, 221))), (2, shared + [2]), (3, shared + [3])):  # 1 shares nothing, came first
+        scheduler.add(SequenceGroup(rid, [Sequence(rid, 21, max_len=23, seq_id=rid, token_ids=tokens)], SamplingParams()))
+    admitted = []
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        admitted += batch.admissions
+        scheduler.update_from_output(batch)
+        for group in list(scheduler.running):
+            group.seqs[0].append_token(0)
+            if group.seqs[0].num_tokens >= group.seqs[0].max_len:
+                scheduler.finish(group, "length")
+    assert [(rid, reason) for rid, reason, _ in admitted] == [(2, "longest-prefix"), (1, "starved"), (3, "starved")]
+    assert admitted[0][2] == 20 and admitted[1][2] == 0  # 1 shares nothing, yet goes before 3 once it waited 3 steps
+
+
+def test_fcfs_records_no_admissions_and_lpm_needs_prefix_caching():
+    kv = PagedBlockManager(16, 2, enable_caching=True)
+    assert Scheduler(kv, 1, 100).schedule().admission_reasons is None
+    with pytest.raises(ValueError, match="needs prefix caching"):
+        EngineConfig(enable_prefix_caching=False, scheduling_policy="lpm")
+    with pytest.raises(ValueError, match="prefix_cache must be one of hash, radix"):
+        EngineConfig(prefix_cache="trie")
+    with pytest.raises(ValueError, match="kv_offload_blocks must be a number of blocks"):
+        EngineConfig(kv_offload_blocks=-1)
+
+
+@pytest.mark.parametrize("cache", ["hash", "radix"])
+def test_evicted_blocks_come_back_from_the_cpu_tier_with_the_same_outputs(tiny_llama_dir, cache):
+    def make(**overrides):
+        return LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float64", block_size=4, num_gpu_blocks=6, **overrides))
+
+    prompts = [list(range(10, 23)), list(range(40, 53)), list(range(10, 23)) + [7]]  # the third hits the first, evicted by the second
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+
+    def run(engine):
+        outs, reports = [], []
+        for prompt in prompts:  # one at a time: the second evicts the first's blocks
+            rid = engine.add_request(prompt, params)
+            while engine.has_unfinished_requests():
+                reports.append(engine.step())
+            outs.append(engine.get_output(rid))
+        return outs, reports
+
+    plain, _ = run(make(enable_prefix_caching=False))
+    dropped, _ = run(make(prefix_cache=cache))
+    offloaded, reports = run(make(prefix_cache=cache, kv_offload_blocks=16))
+    assert [o.token_ids for o in offloaded] == [o.token_ids for o in dropped] == [o.token_ids for o in plain]
+    # The second prompt's 4 blocks evict the first's third full block: without the tier the third
+    # prompt hits 2 blocks, with it all 3 (the third loaded back).
+    assert dropped[2].num_cached_tokens == 8 and offloaded[2].num_cached_tokens == 12
+    assert sum(len(r.kv_offload.offloaded) for r in reports) >= 1 and sum(len(r.kv_offload.loaded) for r in reports) == 1
+    assert reports[-1].kv_offload.cpu_blocks <= 16

@@ -137,7 +137,7 @@ class Scheduler:
         out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
         admit = not self.swapped  # nothing new is admitted while any request is swapped out (§4.5)
         self.num_steps += 1
-        if self.scheduling_policy == "lpm" and admit and self.waiting:
+        if self.scheduling_policy == "lpm" and admit and self.waiting and len(self.running) < self.max_num_seqs:
             out.admission_reasons = lpm_order(self.waiting, self.kv, self.num_steps, self.waiting_since, self.lpm_max_wait_steps)
         if self.schedule_first == "prefills" and admit:
             self._schedule_prefills(out, self.max_num_batched_tokens)

@@ -50,7 +50,7 @@ def lpm_order(waiting: deque[SequenceGroup], kv: KVCacheManager, step: int, wait
             hit = kv.get_computed_blocks(group)[1]
             reason = STARVED if step - waiting_since.get(group.request_id, step) >= max_wait_steps else LONGEST_PREFIX
         reasons[group.request_id] = (reason, hit)
-        keys[id(group)] = (0, position) if reason != LONGEST_PREFIX else (1, -hit, position)
+        keys[id(group)] = {PREEMPTED: (0, position), STARVED: (1, group.arrival_time, group.request_id)}.get(reason, (2, -hit, position))
     window.sort(key=lambda g: keys[id(g)])
     waiting.extendleft(reversed(window))
     return reasons

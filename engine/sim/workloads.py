@@ -112,9 +112,9 @@ def make_workload(
     if max_model_len < 2:
         raise ValueError(f"max_model_len must be >= 2 tokens, got {max_model_len}")
     if name == "multiturn":
-        return _multiturn(num_requests, seed, max_model_len, request_rate, **TOKEN_WORKLOADS[name])
+        return multiturn_workload(num_requests, seed, max_model_len, request_rate, **TOKEN_WORKLOADS[name])
     if name == "fewshot":
-        return _fewshot(num_requests, seed, max_model_len, request_rate, **TOKEN_WORKLOADS[name])
+        return fewshot_workload(num_requests, seed, max_model_len, request_rate, **TOKEN_WORKLOADS[name])
     spec = WORKLOADS[name]
     rng = np.random.default_rng(seed)
     prompt = _calibrated_lengths(rng.standard_normal(num_requests), spec.sigma_prompt, spec.mean_prompt, max_model_len - 1)
@@ -128,10 +128,13 @@ def _lognormal(rng: np.random.Generator, mean: float, sigma: float = 0.8) -> int
     return max(1, int(round(rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma))))
 
 
-def _multiturn(num_requests: int, seed: int, max_model_len: int, request_rate: float | None,
-               mean_user: int, mean_answer: int, mean_turns: int, think_s: float) -> list[Request]:
+def multiturn_workload(num_requests: int, seed: int, max_model_len: int, request_rate: float | None,
+                       mean_user: int, mean_answer: int, mean_turns: int, think_s: float) -> list[Request]:
     """Conversations replayed turn by turn: turn t's prompt is every earlier message and the new
-    user message; its output is the answer the next turn's prompt will contain."""
+    user message; its output is the answer the next turn's prompt will contain. Lengths in tokens
+    (lognormal around each mean), ``think_s`` the mean gap between turns (s); ``make_workload``'s
+    "multiturn" gives them ``TOKEN_WORKLOADS``' values. Sorted by arrival; with ``request_rate``
+    None all arrive at 0, first turns first."""
     rng = np.random.default_rng(seed)
     requests: list[Request] = []
     next_id, start = 0, 0.0
@@ -154,9 +157,10 @@ def _multiturn(num_requests: int, seed: int, max_model_len: int, request_rate: f
     return sorted(requests, key=lambda r: r.arrival)
 
 
-def _fewshot(num_requests: int, seed: int, max_model_len: int, request_rate: float | None,
-             num_tasks: int, prefix_len: int, mean_question: int, mean_answer: int) -> list[Request]:
-    """Prompts that begin with one of ``num_tasks`` few-shot prefixes, then a question of their own."""
+def fewshot_workload(num_requests: int, seed: int, max_model_len: int, request_rate: float | None,
+                     num_tasks: int, prefix_len: int, mean_question: int, mean_answer: int) -> list[Request]:
+    """Prompts that begin with one of ``num_tasks`` few-shot prefixes of ``prefix_len`` tokens, then
+    a question of their own (lengths in tokens, lognormal around each mean)."""
     rng = np.random.default_rng(seed)
     prefix_len = min(prefix_len, max_model_len // 2)
     prefixes = [list(range(t * prefix_len, (t + 1) * prefix_len)) for t in range(num_tasks)]
