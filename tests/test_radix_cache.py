@@ -307,3 +307,25 @@ def test_evicted_blocks_come_back_from_the_cpu_tier_with_the_same_outputs(tiny_l
     assert dropped[2].num_cached_tokens == 8 and offloaded[2].num_cached_tokens == 12
     assert sum(len(r.kv_offload.offloaded) for r in reports) >= 1 and sum(len(r.kv_offload.loaded) for r in reports) == 1
     assert reports[-1].kv_offload.cpu_blocks <= 16
+
+
+def test_the_simulator_runs_the_token_workloads_on_either_cache_and_defaults_read_as_before():
+    from engine.sim.simulator import simulate
+    from engine.sim.workloads import make_workload
+
+    first = make_workload("multiturn", 60, seed=1)
+    assert [r.token_ids for r in first] == [r.token_ids for r in make_workload("multiturn", 60, seed=1)]  # seeded
+    turns = [r for r in first if r.prompt_len > 100]
+    assert any(r.token_ids[:50] == s.token_ids[:50] for r in turns for s in first if s is not r), "a later turn resends its history"
+    fewshot = make_workload("fewshot", 40, seed=1)
+    assert len({r.token_ids[:800] for r in fewshot}) == 4  # four few-shot prefixes
+    run = dict(workload="multiturn", num_requests=150, kv_slots=3200, request_rate=2.0, cost_model="a100-opt-13b")
+    results = {c: simulate(**run, prefix_cache=c) for c in ("hash", "radix")}
+    offloaded = simulate(**run, prefix_cache="radix", kv_offload_blocks=400)
+    for r in (*results.values(), offloaded):
+        assert r.completed == 150 and r.prefix_cache_hit_rate == r.prefix_cache_hits / r.prefix_cache_queries > 0
+    assert offloaded.kv_loaded_blocks > 0 and offloaded.prefix_cache_hit_rate > results["radix"].prefix_cache_hit_rate
+    assert offloaded.summary()["config"]["kv_offload_blocks"] == 400
+    plain = simulate(num_requests=20).summary()
+    assert not {"prefix_cache", "scheduling_policy", "kv_offload_blocks", "enable_prefix_caching"} & set(plain["config"])
+    assert "prefix_cache_hit_rate" not in plain
