@@ -173,6 +173,7 @@ class Scheduler:
             self._release(group)
         elif group in self.waiting:
             self.waiting.remove(group)
+            self.waiting_since.pop(group.request_id, None)
         elif group in self.swapped:
             self.swapped.remove(group)
             self.kv.free_swapped(group)
