@@ -8,9 +8,11 @@ the prefill tokens computed, TTFT p50 and p99, and output tokens/s.
 - The simulator (``engine/sim/``) runs the engine's scheduler and allocator on ``--sim-requests``
   requests of the "multiturn" and "fewshot" workloads (``engine/sim/workloads.py``) with Poisson
   arrivals, its clock the ``--cost-model`` step-time model (the CPU tier's copies cost PCIe time).
-- The engine runs the default model on CPU: a small few-shot workload (4 tasks, 96-token prefixes,
-  questions of ~24 tokens, 8 new tokens each), all queued at once, and a multi-turn replay where each
-  conversation sends its next turn when the last one finished. Times are wall-clock.
+- The engine runs the default model on CPU, at most 4 requests at a time: a small few-shot workload
+  (4 tasks, 96-token prefixes, questions of ~24 tokens, 8 new tokens each), all queued at once, and a
+  multi-turn replay where each conversation sends its next turn when the last one finished. Times
+  are wall-clock. Requests admitted in the same step cannot hit each other (a block is cached once
+  its KV is written), so the first few requests of a run always miss.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def run_engine(loaded, workload: str, num_blocks: int, caching: bool, cache: str
     produced the first token."""
     from engine import EngineConfig, LLMEngine, SamplingParams
 
-    engine = LLMEngine(EngineConfig(num_gpu_blocks=num_blocks, block_size=16, max_num_seqs=8, seed=seed, enable_prefix_caching=caching,
+    engine = LLMEngine(EngineConfig(num_gpu_blocks=num_blocks, block_size=16, max_num_seqs=4, seed=seed, enable_prefix_caching=caching,
                                     prefix_cache=cache, scheduling_policy=policy if caching else "fcfs",
                                     kv_offload_blocks=offload_blocks if caching else 0), loaded_model=loaded)
     requests = engine_requests(workload, num_requests, seed, engine.hf_config.vocab_size)
