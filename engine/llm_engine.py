@@ -83,11 +83,11 @@ class LLMEngine:
         sizes = config.resolve(self.bytes_per_slot, getattr(self.hf_config, "max_position_embeddings", None))
         self.num_blocks, self.num_cpu_blocks, self.max_model_len = sizes.num_blocks, sizes.num_cpu_blocks, sizes.max_model_len
         max_batched = sizes.max_num_batched_tokens
-        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks)
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks + config.kv_offload_blocks)
         self.events = EventLog()
         self.kv = self._make_kv_manager()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
-                                   config.schedule_first)
+                                   config.schedule_first, config.scheduling_policy, config.lpm_max_wait_steps)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.events, self.eos_token_ids, self.max_model_len)
         self.requests: dict[int, SequenceGroup] = self.output_processor.requests
@@ -271,9 +271,9 @@ class LLMEngine:
     def _swap(self, batch: SchedulerOutput) -> None:
         """The step's swap copies, before anything else: a block swapped out may be handed out
         again in this very step."""
-        if batch.blocks_to_swap_out or batch.blocks_to_swap_in:
+        if batch.blocks_to_swap_out or batch.blocks_to_swap_in or batch.kv_offload_out or batch.kv_offload_in:
             try:
-                self.runner.swap(batch.blocks_to_swap_out, batch.blocks_to_swap_in)
+                self.runner.swap(batch.blocks_to_swap_out + batch.kv_offload_out, batch.blocks_to_swap_in + batch.kv_offload_in)
             except Exception:
                 self.scheduler.requeue(batch)
                 raise
@@ -440,6 +440,8 @@ class LLMEngine:
             swapped=[g.request_id for g in swapped],
             swapped_out=[g.request_id for g in batch.swapped_out],
             swapped_in=[g.request_id for g in batch.swapped_in],
+            admissions=list(batch.admissions) if batch.admission_reasons is not None else None,
+            kv_offload=self.kv.offload_stats(),
             blocks_to_swap_out=list(batch.blocks_to_swap_out),
             blocks_to_swap_in=list(batch.blocks_to_swap_in),
             cpu_memory=self.kv.cpu_usage(swapped) if cpu else None,
@@ -453,7 +455,8 @@ class LLMEngine:
         seed = cfg.seed if cfg.shuffle_blocks else None
         if cfg.allocator == "paged":
             return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed, enable_caching=cfg.enable_prefix_caching,
-                                     num_cpu_blocks=self.num_cpu_blocks, null_block=cfg.reserve_null_block, events=self.events)
+                                     num_cpu_blocks=self.num_cpu_blocks, null_block=cfg.reserve_null_block, events=self.events,
+                                     prefix_cache=cfg.prefix_cache, kv_offload_blocks=cfg.kv_offload_blocks)
         from engine.baselines.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement,

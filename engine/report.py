@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.core.accounting import MemoryUsage
 from engine.core.prefix_cache import PrefixCacheStats
+from engine.core.kv_offload import KVOffloadStats
 
 # Event kinds, in the order they can happen to a request.
 ALLOCATE = "allocate"  # a physical block given to a request's logical block
@@ -238,6 +239,11 @@ class StepReport:
             simulator's simulated clock. None in run files written before the field existed.
         arrived: requests queued since the previous step: request id -> its arrival on the same
             clock as ``start_ms``, ms (the engine: when ``add_request`` was called).
+        admissions: scheduling_policy "lpm": ``(request id, reason, cached prompt tokens)`` of each
+            request admitted this step, in admission order; reason "longest-prefix", "starved" (the
+            starvation guard) or "preempted" (``engine/core/scheduling_policy.py``). None under FCFS.
+        kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
+            blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
     """
 
     step: int
@@ -272,6 +278,8 @@ class StepReport:
     waiting: dict[int, str] = field(default_factory=dict)
     start_ms: float | None = None
     arrived: dict[int, float] = field(default_factory=dict)
+    admissions: list[tuple[int, str, int]] | None = None
+    kv_offload: KVOffloadStats | None = None
 
     @property
     def num_tokens(self) -> int:

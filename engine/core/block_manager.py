@@ -23,6 +23,8 @@ from engine.core.lab_impl import plug_lab_parts
 from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
+from engine.core.radix_cache import RadixCache, RadixFreeQueue
+from engine.core.kv_offload import KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
@@ -62,12 +64,17 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             second pool of the same layout that swap preemption moves whole requests to; 0 = none.
         null_block: keep block 0 out of the pool as vLLM v1 does (see :class:`BlockAllocator`), so
             that a run beside vLLM can use the same number of usable blocks.
+        prefix_cache: with ``enable_caching``, "hash" (vLLM v1's hash chain, ``engine/core/prefix_cache.py``)
+            or "radix" (SGLang's radix tree, ``engine/core/radix_cache.py``).
+        kv_offload_blocks: with ``enable_caching``, blocks of a CPU tier that evicted cached blocks are
+            copied to and hits are loaded back from (``engine/core/kv_offload.py``); 0 = none. Its
+            block ids start at ``num_cpu_blocks`` in the host cache, after the swap space's.
         events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
-                 null_block: bool = False, events: EventLog | None = None):
+                 null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash", kv_offload_blocks: int = 0):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         if null_block and num_blocks < 2:
@@ -80,7 +87,16 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
         self.events = events if events is not None else EventLog()
         self.watermark_blocks = int(watermark * num_blocks)
-        self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
+        if prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"prefix_cache must be one of hash, radix; got {prefix_cache!r}")
+        self.prefix_cache = None
+        if enable_caching:
+            self.prefix_cache = (RadixCache if prefix_cache == "radix" else PrefixCache)(num_blocks, block_size, hash_fn)
+        if isinstance(self.prefix_cache, RadixCache):  # free cached blocks leave in the tree's order: LRU over leaves
+            self.allocator.free_blocks = RadixFreeQueue(list(self.allocator.free_blocks), self.prefix_cache)
+        if kv_offload_blocks and not enable_caching:
+            raise ValueError("kv_offload_blocks needs prefix caching (enable_caching=True): the CPU tier keeps evicted cached blocks")
+        self.offload = KVOffloadTier(kv_offload_blocks, base=num_cpu_blocks) if kv_offload_blocks else None
         self.enable_caching = enable_caching
         self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
         self.lookahead: dict[int, tuple[int, int]] = {}  # speculative decoding: seq_id -> tentative positions [start, end)
@@ -158,20 +174,54 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         if self.prefix_cache is None or seq.num_computed_tokens or not seq.token_ids:
             return []
         num_blocks = min(seq.num_tokens - 1, len(seq.token_ids)) // self.block_size
+        hits = self.prefix_cache.match(seq.token_ids, num_blocks, seq.block_hashes)
+        if self.offload is None or not self.offload.entries or len(hits) == num_blocks:
+            return hits
         hashes = self.prefix_cache.block_hashes(seq.token_ids, num_blocks, seq.block_hashes)
-        return self.prefix_cache.lookup(seq.token_ids, hashes)
+        return hits + [-1 - cpu for cpu in self.offload.lookup(seq.token_ids, hashes, len(hits), self.block_size)]
 
     def _touch_computed_blocks(self, seq: Sequence, hits: list[int]) -> None:
         """Put the cache hits in ``seq``'s block table before any new block is allocated, so the
-        allocation cannot evict them (the scheduler sets ``num_computed_tokens`` and counts them)."""
+        allocation cannot evict them (the scheduler sets ``num_computed_tokens`` and counts them).
+        Hits in the CPU tier (negative entries ``-1 - cpu_block``, after the GPU ones) get a GPU block
+        each and a copy back, and enter the GPU cache."""
         if self.prefix_cache is None:
             return
+        on_cpu = [-1 - b for b in hits if b < 0]
+        hits = hits[: len(hits) - len(on_cpu)]
         for logical_index, block_id in enumerate(hits):
             self.allocator.touch(block_id)
             seq.block_table.append(block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
                              block_hash=self.prefix_cache.block_hash[block_id].hex())
+        self.prefix_cache.lock(seq.seq_id, hits)
         self.num_committed_blocks[seq.seq_id] = len(hits)
+        if on_cpu:
+            self._load_back(seq, on_cpu)
+
+    def _load_back(self, seq: Sequence, cpu_blocks: list[int]) -> None:
+        """CPU-tier hits continue ``seq``'s GPU hits: a GPU block each, the copy queued, then cached."""
+        start = len(seq.block_table)
+        for cpu in cpu_blocks:
+            block_id = self._allocate_block(seq)
+            block_hash = self.offload.load(cpu, block_id)
+            self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id,
+                             block_hash=block_hash.hex(), detail=f"loaded back from CPU block {cpu}")
+            seq.block_table.append(block_id)
+        end = len(seq.block_table)
+        replaced = self.prefix_cache.commit(seq.seq_id, seq.token_ids, seq.block_table, start, end, seq.block_hashes)
+        assert not replaced, "a block loaded back was on the GPU already"
+        self.num_committed_blocks[seq.seq_id] = end
+
+    def take_offload_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The CPU tier's copies queued since the last step: ``(gpu, cpu)`` offloads, ``(cpu, gpu)`` loads."""
+        return self.offload.take_copies() if self.offload is not None else ([], [])
+
+    def offload_stats(self) -> KVOffloadStats | None:
+        """The step's traffic between the GPU cache and the CPU tier (None without a tier)."""
+        if self.offload is None:
+            return None
+        return self.offload.take_stats(sum(h is not None for h in self.prefix_cache.block_hash))
 
     def cache_blocks(self, seqs: list[Sequence]) -> None:
         cache = self.prefix_cache
@@ -182,11 +232,21 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             start = self.num_committed_blocks.get(seq.seq_id, 0)
             if num_full <= start:
                 continue
-            hashes = cache.block_hashes(seq.token_ids, num_full, seq.block_hashes)
-            bs = self.block_size
-            for i in range(start, num_full):
-                cache.insert(seq.block_table[i], hashes[i], hashes[i - 1] if i else None, seq.token_ids[i * bs : (i + 1) * bs])
+            for logical_index, block_id in cache.commit(seq.seq_id, seq.token_ids, seq.block_table, start, num_full, seq.block_hashes):
+                self._use_cached_copy(seq, logical_index, block_id)
             self.num_committed_blocks[seq.seq_id] = num_full
+
+    def _use_cached_copy(self, seq: Sequence, logical_index: int, block_id: int) -> None:
+        """The radix cache holds this block's tokens already, in ``block_id``: ``seq`` takes that
+        block and frees its own copy (same tokens after the same prefix, so the same KV)."""
+        own = seq.block_table[logical_index]
+        self.allocator.touch(block_id)
+        seq.block_table[logical_index] = block_id
+        self.allocator.free(own)
+        self.events.emit(FREE, seq.request_id, block_id=own, logical_index=logical_index, seq_id=seq.seq_id,
+                         detail=f"a copy of cached block {block_id}")
+        self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
+                         block_hash=self.prefix_cache.block_hash[block_id].hex())
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= self.allocator.num_free
@@ -257,6 +317,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         child.block_table = list(parent.block_table)
         if parent.seq_id in self.num_committed_blocks:
             self.num_committed_blocks[child.seq_id] = self.num_committed_blocks[parent.seq_id]
+            self.prefix_cache.fork(parent.seq_id, child.seq_id)
         self.events.emit(FORK, child.request_id, seq_id=child.seq_id, parent_seq_id=parent.seq_id,
                          detail=f"{len(parent.block_table)} blocks shared")
         # END SOLUTION
@@ -272,7 +333,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
                     detail = "cached, evictable"
                 self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id, detail=detail)
         seq.block_table = []
-        self.num_committed_blocks.pop(seq.seq_id, None)
+        if self.num_committed_blocks.pop(seq.seq_id, None) is not None:
+            self.prefix_cache.release(seq.seq_id)
         self.lookahead.pop(seq.seq_id, None)
 
     def _is_cached(self, block_id: int) -> bool:
@@ -304,7 +366,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         seqs = group.unfinished_seqs()
         shared = self._shared_prompt_blocks(group)
         hits = self._computed_blocks(seqs[0]) if computed_blocks is None else computed_blocks
-        free_hits = sum(1 for b in hits if self.allocator.ref_counts[b] == 0)
+        free_hits = sum(1 for b in hits if b < 0 or self.allocator.ref_counts[b] == 0)  # a CPU-tier hit takes a free block
         if num_new_tokens is not None:
             return self.blocks_needed(len(hits) * self.block_size + num_new_tokens) - len(hits) + free_hits
         return sum(self.blocks_needed(s.num_tokens) for s in seqs) - (len(seqs) - 1) * shared - len(hits) + free_hits
@@ -390,6 +452,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         """A block from the head of the free queue; a cached one is evicted (its hash dropped)."""
         block_id = self.allocator.allocate()
         if self.prefix_cache is not None:
+            if self.offload is not None and self.prefix_cache.block_hash[block_id] is not None:
+                self.offload.offload(block_id, *self.prefix_cache.describe(block_id))
             block_hash = self.prefix_cache.evict(block_id)
             if block_hash is not None:
                 self.events.emit(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex())

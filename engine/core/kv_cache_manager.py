@@ -127,6 +127,15 @@ class KVCacheManager(ABC):
         """Free blocks that still hold cached KV -> their block hash (hex); prefix caching only."""
         return {}
 
+    def take_offload_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The prefix cache's CPU-tier copies queued since the last step (``engine/core/kv_offload.py``):
+        ``(gpu, cpu)`` offloads and ``(cpu, gpu)`` loads; none without a tier."""
+        return [], []
+
+    def offload_stats(self):
+        """The step's :class:`~engine.core.kv_offload.KVOffloadStats` (None without a CPU tier)."""
+        return None
+
     def take_pending_copies(self) -> list[tuple[int, int]]:
         """Copies (in attention blocks) that forks queued since the last step, to run before the
         next forward pass; the paged allocator shares instead and queues none."""

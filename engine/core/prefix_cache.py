@@ -154,6 +154,35 @@ class PrefixCache:
         return block_hash
         # END SOLUTION
 
+    # The interface the allocator calls, which the radix tree (engine/core/radix_cache.py) also answers.
+
+    def match(self, token_ids: list[int], num_blocks: int, known: list[BlockHash]) -> list[int]:
+        """The cached blocks of the first ``num_blocks`` full blocks of ``token_ids`` (hashes
+        computed into ``known``, then :meth:`lookup`)."""
+        return self.lookup(token_ids, self.block_hashes(token_ids, num_blocks, known))
+
+    def commit(self, seq_id: int, token_ids: list[int], block_table: list[int], start: int, end: int,
+               known: list[BlockHash]) -> list[tuple[int, int]]:
+        """Cache blocks ``start .. end - 1`` of a sequence, full and written (:meth:`insert`). A
+        block already cached under another physical block stays a plain block: returns []."""
+        hashes, bs = self.block_hashes(token_ids, end, known), self.block_size
+        for i in range(start, end):
+            self.insert(block_table[i], hashes[i], hashes[i - 1] if i else None, token_ids[i * bs : (i + 1) * bs])
+        return []
+
+    def describe(self, block_id: int) -> tuple[BlockHash, BlockHash | None, tuple[int, ...]]:
+        """A cached block's hash, its parent's hash and its token ids (what the CPU tier keeps)."""
+        return self.block_hash[block_id], self.parent_hash[block_id], self.block_token_ids[block_id]
+
+    def lock(self, seq_id: int, blocks: list[int]) -> None:
+        """A sequence took a hit's blocks: their reference counts protect them here."""
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """A sequence was forked: nothing to record beyond the blocks' reference counts."""
+
+    def release(self, seq_id: int) -> None:
+        """A sequence gave its blocks up: nothing to record beyond the blocks' reference counts."""
+
     def entries(self) -> dict[int, tuple[str, str | None]]:
         """Every cached block (in use or free) -> (its block hash, its parent's hash), hex; the parent is
         None for a prompt's first block. Plain data for the app's pool map (hash and parent chain)."""

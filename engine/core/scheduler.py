@@ -52,6 +52,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.lab_impl import plug_lab_parts
 from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
+from engine.core.scheduling_policy import lpm_order
 from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
                            WAIT_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_SWAPPED)
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -70,6 +71,10 @@ class Scheduler:
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
+        scheduling_policy: "fcfs" (waiting requests in arrival order) or "lpm" (longest cached
+            prefix first, with a starvation guard of ``lpm_max_wait_steps`` steps;
+            ``engine/core/scheduling_policy.py``). Each LPM admission is recorded in
+            ``SchedulerOutput.admissions`` with its reason.
         report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
             every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
 
@@ -89,8 +94,17 @@ class Scheduler:
 
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
-                 schedule_first: str = "decodes", report_waiting: bool = True):
+                 schedule_first: str = "decodes", scheduling_policy: str = "fcfs", lpm_max_wait_steps: int = 64,
+                 report_waiting: bool = True):
         check_schedule_first(schedule_first, enable_chunked_prefill)
+        if scheduling_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"scheduling_policy must be one of fcfs, lpm; got {scheduling_policy!r}")
+        if scheduling_policy == "lpm" and not kv_manager.enable_caching:
+            raise ValueError("scheduling_policy='lpm' orders requests by their cached prefix: it needs prefix caching")
+        self.scheduling_policy = scheduling_policy
+        self.lpm_max_wait_steps = lpm_max_wait_steps
+        self.num_steps = 0
+        self.waiting_since: dict[int, int] = {}  # lpm: request id -> the step it was queued
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
         if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:
@@ -113,15 +127,25 @@ class Scheduler:
     def add(self, group: SequenceGroup) -> None:
         self._set_status(group, SequenceStatus.WAITING)
         self.waiting.append(group)
+        if self.scheduling_policy == "lpm":
+            self.waiting_since[group.request_id] = self.num_steps
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
+        out = self._schedule_step()
+        out.kv_offload_out, out.kv_offload_in = self.kv.take_offload_copies()  # the CPU tier's copies (prefix caching)
+        return out
+
+    def _schedule_step(self) -> SchedulerOutput:
         out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
         admit = not self.swapped  # nothing new is admitted while any request is swapped out (§4.5)
         stop = WAIT_SWAPPED  # why the head of the queue waits
+        self.num_steps += 1
+        if self.scheduling_policy == "lpm" and admit and self.waiting and len(self.running) < self.max_num_seqs:
+            out.admission_reasons = lpm_order(self.waiting, self.kv, self.num_steps, self.waiting_since, self.lpm_max_wait_steps)
         if self.schedule_first == "prefills" and admit:
             stop = self._schedule_prefills(out, self.max_num_batched_tokens)
             if out.prefill_seqs:
@@ -179,6 +203,7 @@ class Scheduler:
             self._release(group)
         elif group in self.waiting:
             self.waiting.remove(group)
+            self.waiting_since.pop(group.request_id, None)
         elif group in self.swapped:
             self.swapped.remove(group)
             self.kv.free_swapped(group)
@@ -355,6 +380,9 @@ class Scheduler:
             if not self._can_admit(group, num_tokens, chunk, budget, out, computed[0]):
                 return self._why_not_admitted(group, num_tokens, chunk, budget, out)
             self.waiting.popleft()
+            if out.admission_reasons is not None:
+                out.admissions.append((group.request_id, out.admission_reasons[group.request_id][0], computed[1]))
+                self.waiting_since.pop(group.request_id, None)
             self._admit(group, chunk, computed)
             self._set_status(group, SequenceStatus.RUNNING)
             self.running.append(group)

@@ -26,6 +26,13 @@ class SchedulerOutput:
             or write of the step; blocks_to_swap_in: ``(cpu_block, gpu_block)`` copies, next.
         waiting: the waiting queue after scheduling, head first: request id -> why it was not
             admitted (``engine.report.WAIT_REASONS``).
+        admissions: scheduling_policy "lpm": ``(request id, reason, cached prompt tokens)`` of each
+            request admitted this step, in order (reasons: ``engine/core/scheduling_policy.py``).
+        admission_reasons: "lpm": the order's reason for each waiting request it looked at; None
+            under FCFS.
+        kv_offload_out, kv_offload_in: the prefix cache's CPU tier (``engine/core/kv_offload.py``):
+            ``(gpu_block, cpu_block)`` copies of evicted cached blocks, run with the swap-outs, and
+            ``(cpu_block, gpu_block)`` loads of CPU hits, run with the swap-ins.
     """
 
     prefill_seqs: list[Sequence] = field(default_factory=list)
@@ -38,6 +45,10 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     waiting: dict[int, str] = field(default_factory=dict)
+    admissions: list[tuple[int, str, int]] = field(default_factory=list)
+    admission_reasons: dict[int, tuple[str, int]] | None = None
+    kv_offload_out: list[tuple[int, int]] = field(default_factory=list)
+    kv_offload_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -62,7 +62,8 @@ class SwapSpaceMixin:
             for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
                 src.free(block_id)
             seq.block_table = table
-            self.num_committed_blocks.pop(seq.seq_id, None)  # swapped in: its blocks are offered to the cache again
+            if self.num_committed_blocks.pop(seq.seq_id, None) is not None:  # swapped in: its blocks are offered to the cache again
+                self.prefix_cache.release(seq.seq_id)
         return list(mapping.items())
         # END SOLUTION
 

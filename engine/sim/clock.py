@@ -82,7 +82,7 @@ class SimClock:
         contexts = [s.num_tokens for s in out.decode_seqs]
         bs = self.block_size
         blocks = sum(-(-c // bs) for _, c in prefills) + sum(-(-c // bs) for c in contexts) if bs else 0
-        swap_blocks = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
+        swap_blocks = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in) + len(out.kv_offload_out) + len(out.kv_offload_in)
         return StepShape(len(prefills), sum(q for q, _ in prefills), sum(q * c - q * (q - 1) // 2 for q, c in prefills),
                          len(contexts), sum(contexts), blocks, swap_blocks, swap_blocks * self.kv.block_size)
 

@@ -236,6 +236,14 @@ class CostModel:
         shape = StepShape.of_batch([(num_tokens, num_tokens)], [], block_size)
         return self.step_time(shape) - self.step_overhead_s
 
+    def load_beats_recompute(self, num_tokens: int, block_size: int) -> bool:
+        """Is loading a cached prefix of ``num_tokens`` tokens back from the CPU tier (whole blocks of
+        ``block_size`` over PCIe, :meth:`swap_time`) faster than recomputing it (:meth:`recompute_time`)?
+        The prefix cache's CPU tier (``engine/core/kv_offload.py``) asks the question SGLang's
+        hierarchical cache and vLLM's KV offloading answer by measurement."""
+        num_blocks = -(-num_tokens // block_size)
+        return self.swap_time(num_blocks, num_blocks * block_size) < self.recompute_time(num_tokens, block_size)
+
     def to_json(self) -> dict:
         return asdict(self)
 

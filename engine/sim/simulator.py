@@ -52,14 +52,15 @@ from engine.report import StepReport
 from engine.baselines.contiguous import ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.config import (ALLOCATORS, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, SCHEDULE_FIRST, default_max_num_batched_tokens,
+from engine.config import (ALLOCATORS, DEFAULT_LPM_MAX_WAIT_STEPS, PLACEMENTS, PREEMPTION_MODES, PREFIX_CACHES, RESERVATIONS,
+                           SCHEDULE_FIRST, SCHEDULING_POLICIES, check_prefix_cache_options, default_max_num_batched_tokens,
                            kv_bytes_per_slot)
 from engine.core.scheduler import Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim.clock import SimClock, resolve_cost_model
 from engine.sim.lockstep import LockstepScheduler
 from engine.baselines.static_batching import POLICIES, StaticBatchScheduler
 from engine.core.sequence import Sequence, SequenceGroup, fork_samples
-from engine.sim.workloads import WORKLOADS, Request, load_trace, make_workload
+from engine.sim.workloads import TOKEN_WORKLOADS, WORKLOADS, Request, load_trace, make_workload
 
 
 
@@ -133,6 +134,10 @@ class SimulationConfig:
             ``--scheduler-cls``), e.g. one that overrides ``order_waiting`` (the open lab's policy);
             None = the engine's. Continuous batching only; every step then goes through
             ``schedule()`` (no lock-step fast path).
+        enable_prefix_caching, prefix_cache, scheduling_policy, lpm_max_wait_steps, kv_offload_blocks:
+            as :class:`~engine.EngineConfig`'s (engine/config.py). ``enable_prefix_caching`` None
+            (default) = on with the paged allocator when the prompts carry token ids (``shared_prefix``,
+            the "multiturn" and "fewshot" workloads, requests with ``token_ids``), else off.
     """
 
     workload: str = "sharegpt"
@@ -164,6 +169,20 @@ class SimulationConfig:
     schedule_first: str | None = None
     record_steps: bool = False
     scheduler_cls: type | None = field(default=None, repr=False)
+    enable_prefix_caching: bool | None = None
+    prefix_cache: str = "hash"
+    scheduling_policy: str = "fcfs"
+    lpm_max_wait_steps: int = DEFAULT_LPM_MAX_WAIT_STEPS
+    kv_offload_blocks: int = 0
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether this run caches prefixes (``enable_prefix_caching`` with None resolved)."""
+        if self.enable_prefix_caching is not None:
+            return self.enable_prefix_caching
+        carries_ids = self.shared_prefix > 0 or (self.requests is None and self.trace is None and self.workload in TOKEN_WORKLOADS) \
+            or any(r.token_ids is not None for r in self.requests or ())
+        return self.allocator == "paged" and carries_ids
 
     @property
     def scheduler_rule(self) -> str:
@@ -217,6 +236,12 @@ class SimulationConfig:
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 requests/s, got {self.request_rate}")
         resolve_cost_model(self.cost_model, self.step_ms)  # an unknown preset fails here, by name
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
+        check_prefix_cache_options(self.prefix_caching, self.allocator, self.prefix_cache, self.scheduling_policy,
+                                   self.kv_offload_blocks, self.lpm_max_wait_steps)
+        if self.shared_prefix and self.requests is None and self.trace is None and self.workload in TOKEN_WORKLOADS:
+            raise ValueError(f"shared_prefix is for the length workloads; the {self.workload!r} workload has its own prompts' token ids")
 
 
 @dataclass
@@ -282,6 +307,22 @@ class SimulationResult:
     series_end_s: np.ndarray
     series_memory: dict[str, np.ndarray]
     step_reports: list[StepReport] = field(default_factory=list)
+    prefill_tokens_computed: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    kv_offloaded_blocks: int = 0
+    kv_loaded_blocks: int = 0
+    kv_dropped_blocks: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Prompt tokens found cached / prompt tokens looked up, first prefills (0..1; 0 without caching)."""
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    def ttft_percentile_s(self, q: float) -> float:
+        """The q-th percentile (0..100) of the completed requests' time to first token, in seconds."""
+        ttft = self.request_ttft_s[~np.isnan(self.request_ttft_s)]
+        return float(np.percentile(ttft, q)) if ttft.size else float("nan")
 
     def saturated(self) -> tuple[dict[str, float], float]:
         """(share per category, mean running requests) over the steps in which requests were
@@ -319,11 +360,18 @@ class SimulationResult:
         if config["scheduler_cls"] is not None:
             config["scheduler_cls"] = config["scheduler_cls"].__qualname__
         config["scheduler_rule"] = self.config.scheduler_rule  # schedule_first with None resolved
+        for name in _PREFIX_CACHE_FIELDS:  # shown where set: a run without them reads as it always did
+            if config[name] == SimulationConfig.__dataclass_fields__[name].default:
+                del config[name]
         keys = ("token_state_fraction", "token_state_share_of_in_use", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
                 "preemptions", "completed", "rejected", "steps", "simulated_seconds", "wall_seconds",
                 "memory_saved_by_sharing", "swap_outs", "swap_ins", "blocks_swapped_out", "blocks_swapped_in",
                 "swap_fallbacks", "tokens_recomputed", "normalized_latency_s", "mean_latency_s", "mean_ttft_s", "mean_tpot_s",
                 "throughput_requests_per_s", "throughput_tokens_per_s")
+        if self.config.prefix_caching:
+            keys += ("prefix_cache_hit_rate", "prefill_tokens_computed")
+        if self.config.kv_offload_blocks:
+            keys += ("kv_offloaded_blocks", "kv_loaded_blocks", "kv_dropped_blocks")
         return {"config": config, **{k: getattr(self, k) for k in keys}}
 
     def write_trace(self, path: str) -> None:
@@ -335,14 +383,18 @@ class SimulationResult:
         np.savetxt(path, table, fmt=fmt, delimiter=",", header=header, comments="")
 
 
+_PREFIX_CACHE_FIELDS = ("enable_prefix_caching", "prefix_cache", "scheduling_policy", "lpm_max_wait_steps", "kv_offload_blocks")
+
+
 def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     """The allocator the config names, over ``kv_slots // block_size`` blocks. Its events go
     nowhere: on 100,000 requests they would be millions of objects nobody reads."""
     num_blocks = cfg.kv_slots // cfg.block_size
     if cfg.allocator == "paged":
         num_cpu_blocks = (cfg.kv_slots if cfg.swap_slots is None else cfg.swap_slots) // cfg.block_size if cfg.preemption_mode == "swap" else 0
-        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.shared_prefix > 0,
-                                 num_cpu_blocks=num_cpu_blocks, events=NullEventLog())
+        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.prefix_caching,
+                                 num_cpu_blocks=num_cpu_blocks, events=NullEventLog(), prefix_cache=cfg.prefix_cache,
+                                 kv_offload_blocks=cfg.kv_offload_blocks)
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len, events=NullEventLog())
 
 
@@ -369,8 +421,8 @@ class _Run:
         # The simulator picks the path itself: the lock-step fast path exists for one policy only:
         # one-sequence requests, recompute, whole prompts, no prefix caching.
         self.lockstep = (cfg.fast_forward and cfg.scheduler_cls is None and cfg.n == 1 and cfg.beam_width == 1
-                         and not (cfg.shared_prefix and cfg.allocator == "paged") and cfg.preemption_mode == "recompute"
-                         and not cfg.enable_chunked_prefill and not cfg.record_steps)
+                         and not cfg.prefix_caching and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill
+                         and not cfg.record_steps)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         if self.lockstep:
@@ -380,9 +432,11 @@ class _Run:
             self.sched = StaticBatchScheduler(self.kv, cfg.max_num_seqs, max_batched, on_batch_end=self.clock.return_together)
         else:
             self.sched = (cfg.scheduler_cls or Scheduler)(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode,
-                                                          cfg.enable_chunked_prefill, cfg.scheduler_rule)
+                                                          cfg.enable_chunked_prefill, cfg.scheduler_rule, cfg.scheduling_policy,
+                                                          cfg.lpm_max_wait_steps)
         if not self.lockstep:  # why each waiting request waits: a pass over the queue per step, only when recorded
             self.sched.report_waiting = cfg.record_steps
+        self.prefill_tokens_computed = 0
         self.sampling = SamplingParams(n=cfg.n)
         self.beam = BeamSearchParams(cfg.beam_width) if cfg.beam_width > 1 else None
         self.rng = random.Random(cfg.seed)
@@ -453,6 +507,8 @@ class _Run:
         if prefix and self.cfg.allocator == "paged":
             start = prefix + self.next_request * self.cfg.max_model_len
             seq.token_ids = list(range(prefix)) + list(range(start, start + r.prompt_len))
+        elif r.token_ids is not None and self.cfg.allocator == "paged":  # prompt and output ids: decoded blocks are cached too
+            seq.token_ids = list(r.token_ids)
         return seq
 
     def _idle_until_next_arrival(self) -> None:
@@ -468,6 +524,7 @@ class _Run:
         if out.is_empty:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         shape = self.clock.shape_of(out)
+        self.prefill_tokens_computed += shape.prefill_tokens
         self._count_preemptions(out)
         start, step, scheduled = self.clock.now, self.step, out.scheduled_requests() if self.cfg.record_steps else []
         ready = {id(s) for s in self.sched.update_from_output(out)}  # a partial prefill samples nothing
@@ -535,6 +592,7 @@ class _Run:
             self._count_preemptions(out)
         sums = self.sched.lockstep_usage(self._next_waiting())
         shape = self.clock.lockstep_shape(out, sums, len(self.sched.running), self.sched.last_step_decoded(out))
+        self.prefill_tokens_computed += shape.prefill_tokens
         self.clock.run_step(shape, out.prefill_seqs)
         self._record(1, sums, len(self.sched.running))
         self._finish(self.sched.lockstep_finished())
@@ -570,6 +628,8 @@ class _Run:
         rows = np.array(self.rows, dtype=np.int64).reshape(-1, 4 + len(CATEGORIES))
         num_steps, running = rows[:, 1], rows[:, 2]
         totals = {c: int(rows[:, 4 + i].sum()) for i, c in enumerate(CATEGORIES)}  # exact integer sums
+        stats = getattr(self.sched, "prefix_cache_stats", None)
+        offload = getattr(self.kv, "offload", None)
         return SimulationResult(
             config=self.cfg,
             token_state_fraction=totals["token_states"] / slot_steps,
@@ -587,6 +647,11 @@ class _Run:
             blocks_swapped_in=self.blocks_swapped_in, swap_fallbacks=self.sched.num_swap_fallbacks,
             tokens_recomputed=self.tokens_recomputed,
             **self.clock.latency_metrics(),
+            prefill_tokens_computed=self.prefill_tokens_computed,
+            prefix_cache_queries=stats.queries if stats else 0,
+            prefix_cache_hits=stats.hits if stats else 0,
+            **({} if offload is None else dict(kv_offloaded_blocks=offload.num_offloaded, kv_loaded_blocks=offload.num_loaded,
+                                               kv_dropped_blocks=offload.num_dropped)),
             series_step=rows[:, 0],
             series_num_steps=num_steps,
             series_running=running,
@@ -673,7 +738,9 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         fast_forward=not args.no_fast_forward, progress=not args.json, n=args.n, beam_width=args.beam_width,
         shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
-        schedule_first=args.schedule_first, record_steps=bool(args.chrome_trace),
+        schedule_first=args.schedule_first, record_steps=bool(args.chrome_trace), enable_prefix_caching=args.enable_prefix_caching,
+        prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy, lpm_max_wait_steps=args.lpm_max_wait_steps,
+        kv_offload_blocks=args.kv_offload_blocks,
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -694,8 +761,9 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 def register_cli(subparsers) -> None:
     """Add the ``simulate`` subcommand to an argparse subparsers object (``reproduce-paper``: engine/experiments/cli.py)."""
     p = subparsers.add_parser("simulate", help="simulate serving a workload on the scheduler and KV allocator alone")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="sharegpt",
-                   help="the requests' length distribution (engine/sim/workloads.py; default: sharegpt)")
+    p.add_argument("--workload", choices=sorted([*WORKLOADS, *TOKEN_WORKLOADS]), default="sharegpt",
+                   help="the requests' length distribution, or (multiturn, fewshot) prompts with token ids that share "
+                        "prefixes (engine/sim/workloads.py; default: sharegpt)")
     p.add_argument("--num-requests", type=int, default=1000, help="requests drawn from the workload (default: 1000)")
     p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals, requests/s (default: all at once)")
     p.add_argument("--trace", default=None, help="JSONL trace with arrival, prompt_len, output_len per line")
@@ -749,6 +817,16 @@ help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first wit
                         "--enable-chunked-prefill; reproduce-paper runs decodes with a 2,560-token budget, vLLM 0.1's)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="prefix caching (default: on with the paged allocator when prompts carry token ids)")
+    p.add_argument("--prefix-cache", choices=PREFIX_CACHES, default="hash",
+                   help="hash = vLLM v1's hash chain; radix = SGLang's radix tree (default: hash)")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="fcfs = first come first served; lpm = longest cached prefix first (SGLang), with a starvation guard")
+    p.add_argument("--lpm-max-wait-steps", type=int, default=DEFAULT_LPM_MAX_WAIT_STEPS,
+                   help=f"lpm: a request waiting this many steps goes first (default: {DEFAULT_LPM_MAX_WAIT_STEPS})")
+    p.add_argument("--kv-offload-blocks", type=int, default=0,
+                   help="blocks of a CPU tier that evicted cached blocks go to, and hits load back from (default: 0, none)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.add_argument("--chrome-trace", default=None, metavar="OUT.json",

@@ -36,6 +36,8 @@ from engine.core.kv_cache_manager import Group, KVCacheManager
 from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
+from engine.core.radix_cache import RadixCache, RadixFreeQueue
+from engine.core.kv_offload import KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
@@ -77,13 +79,18 @@ class PagedBlockManager:
             second pool of the same layout that swap preemption moves whole requests to; 0 = none.
         null_block: keep block 0 out of the pool as vLLM v1 does (see :class:`BlockAllocator`), so
             that a run beside vLLM can use the same number of usable blocks.
+        prefix_cache: with ``enable_caching``, "hash" (vLLM v1's hash chain, ``engine/core/prefix_cache.py``)
+            or "radix" (SGLang's radix tree, ``engine/core/radix_cache.py``).
+        kv_offload_blocks: with ``enable_caching``, blocks of a CPU tier that evicted cached blocks are
+            copied to and hits are loaded back from (``engine/core/kv_offload.py``); 0 = none. Its
+            block ids start at ``num_cpu_blocks`` in the host cache, after the swap space's.
         events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
     # Given (the engine's own, not swapped): the attributes the parts below use.
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
-                 null_block: bool = False, events: EventLog | None = None):
+                 null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash", kv_offload_blocks: int = 0):
         if not 0 <= watermark < 1:
             raise ValueError(f"watermark must be a share of the blocks in [0, 1), got {watermark}")
         if null_block and num_blocks < 2:
@@ -96,7 +103,16 @@ class PagedBlockManager:
         self.cpu_allocator = BlockAllocator(num_cpu_blocks) if num_cpu_blocks else None
         self.events = events if events is not None else EventLog()
         self.watermark_blocks = int(watermark * num_blocks)
-        self.prefix_cache = PrefixCache(num_blocks, block_size, hash_fn) if enable_caching else None
+        if prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"prefix_cache must be one of hash, radix; got {prefix_cache!r}")
+        self.prefix_cache = None
+        if enable_caching:
+            self.prefix_cache = (RadixCache if prefix_cache == "radix" else PrefixCache)(num_blocks, block_size, hash_fn)
+        if isinstance(self.prefix_cache, RadixCache):  # free cached blocks leave in the tree's order: LRU over leaves
+            self.allocator.free_blocks = RadixFreeQueue(list(self.allocator.free_blocks), self.prefix_cache)
+        if kv_offload_blocks and not enable_caching:
+            raise ValueError("kv_offload_blocks needs prefix caching (enable_caching=True): the CPU tier keeps evicted cached blocks")
+        self.offload = KVOffloadTier(kv_offload_blocks, base=num_cpu_blocks) if kv_offload_blocks else None
         self.enable_caching = enable_caching
         self.num_committed_blocks: dict[int, int] = {}  # seq_id -> leading blocks already offered to the cache
         self.lookahead: dict[int, tuple[int, int]] = {}  # speculative decoding: seq_id -> tentative positions [start, end)

@@ -66,6 +66,7 @@ from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
+from engine.core.scheduling_policy import lpm_order
 from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
                            WAIT_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_SWAPPED)
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -86,6 +87,10 @@ class Scheduler:
         schedule_first: "decodes" (vLLM v1: running decodes first, prompts get what they leave) or
             "prefills" (vLLM v0 from 0.2 on: waiting prompts first with the whole budget, a step that
             admits any runs no decodes); see the module docstring.
+        scheduling_policy: "fcfs" (waiting requests in arrival order) or "lpm" (longest cached
+            prefix first, with a starvation guard of ``lpm_max_wait_steps`` steps;
+            ``engine/core/scheduling_policy.py``). Each LPM admission is recorded in
+            ``SchedulerOutput.admissions`` with its reason.
         report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
             every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
 
@@ -106,8 +111,17 @@ class Scheduler:
     # Given (the engine's own, not swapped): the attributes the parts below use.
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
-                 schedule_first: str = "decodes", report_waiting: bool = True):
+                 schedule_first: str = "decodes", scheduling_policy: str = "fcfs", lpm_max_wait_steps: int = 64,
+                 report_waiting: bool = True):
         check_schedule_first(schedule_first, enable_chunked_prefill)
+        if scheduling_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"scheduling_policy must be one of fcfs, lpm; got {scheduling_policy!r}")
+        if scheduling_policy == "lpm" and not kv_manager.enable_caching:
+            raise ValueError("scheduling_policy='lpm' orders requests by their cached prefix: it needs prefix caching")
+        self.scheduling_policy = scheduling_policy
+        self.lpm_max_wait_steps = lpm_max_wait_steps
+        self.num_steps = 0
+        self.waiting_since: dict[int, int] = {}  # lpm: request id -> the step it was queued
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}; got {preemption_mode!r}")
         if preemption_mode == "swap" and getattr(kv_manager, "cpu_allocator", None) is None:

@@ -1,0 +1,331 @@
+"""The radix-tree prefix cache (engine/core/radix_cache.py, SGLang's RadixAttention) on the real
+scheduler and allocator: its invariants after every step under preemption (recompute and swap),
+chunked prefill and forks; its eviction order; and greedy outputs equal to no caching and to the
+hash chain on the default model."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app_pages.presets import PRESETS, preset_settings
+from app_pages.state import ChatTurns, Settings, add_next_chat_turn, add_workload
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.config import SpeculativeConfig
+from engine.core.block_manager import PagedBlockManager
+from engine.core.radix_cache import RadixCache, RadixFreeQueue
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Sequence, SequenceGroup
+from engine.core.sequence import fork_samples
+from tests.test_swap_chunked import check_pools
+
+
+def path_of(node):
+    nodes = []
+    while node.parent is not None:
+        nodes.append(node)
+        node = node.parent
+    return nodes[::-1]
+
+
+def check_radix_invariants(kv: PagedBlockManager, scheduler: Scheduler, written: dict[int, tuple]) -> None:
+    """No evictable node is held, every node's lock count is the number of sequences holding it and
+    equals its blocks' refcounts, and the tree's tokens are the tokens its blocks hold."""
+    cache, alloc, bs = kv.prefix_cache, kv.allocator, kv.block_size
+    running = [s for g in scheduler.running for s in g.unfinished_seqs()]
+    holders = Counter()
+    for seq in running:
+        node = cache.seq_node.get(seq.seq_id)
+        if node is None:
+            continue
+        path = path_of(node)
+        holders.update(id(n) for n in path)
+        blocks = [b for n in path for b in n.blocks]
+        assert blocks == seq.block_table[: len(blocks)], f"sequence {seq.seq_id} does not hold its path's blocks"
+        assert len(blocks) == kv.num_committed_blocks[seq.seq_id]
+        assert [t for n in path for t in n.key] == seq.token_ids[: len(blocks) * bs]
+    held_ids = {s.seq_id for s in running}
+    assert set(cache.seq_node) <= held_ids, "a sequence that holds no blocks still locks a path"
+    cached_free = set()
+    for node in cache.nodes():
+        assert node.blocks and len(node.key) == len(node.blocks) * bs
+        assert node.parent.children[tuple(node.key[:bs])] is node
+        assert node.lock_ref == holders[id(node)], f"node {node.node_id}: lock_ref {node.lock_ref}, {holders[id(node)]} holders"
+        for j, block in enumerate(node.blocks):
+            assert cache.node_of[block] is node
+            assert alloc.ref_counts[block] == node.lock_ref, f"block {block}: refcount {alloc.ref_counts[block]}, lock_ref {node.lock_ref}"
+            assert tuple(node.key[j * bs : (j + 1) * bs]) == written[block], f"block {block} holds other tokens than its node"
+            if node.lock_ref == 0:
+                cached_free.add(block)
+        if node.lock_ref:  # a held node is never evictable, nor is any node above it
+            assert not cache._evictable(node)
+    assert sum(n is not None for n in cache.node_of) == sum(len(n.blocks) for n in cache.nodes())
+    assert set(alloc.free_blocks.cached) == cached_free, "the free queue's cached blocks are the unlocked nodes' blocks"
+
+
+def check_offload_tier(kv: PagedBlockManager, written: dict[int, tuple]) -> None:
+    """The CPU tier holds at most its capacity, every CPU block once, the tokens of the GPU block it
+    was copied from; a loaded block holds the tokens of the CPU block it came from."""
+    tier = kv.offload
+    assert len(tier.entries) + len(tier.free) == tier.num_blocks and not tier.pinned and not tier.copies_out
+    assert sorted(list(tier.entries.values()) + tier.free) == list(range(tier.base, tier.base + tier.num_blocks))
+    for block_hash, cpu in tier.entries.items():
+        assert tier.meta[cpu][0] == block_hash
+        assert written[("cpu", cpu)] == tier.meta[cpu][2], f"CPU block {cpu} holds other tokens than its entry"
+
+
+def apply_copies(batch, written: dict) -> None:
+    """What the step's copies do to the blocks' contents: offloads first, then loads."""
+    for gpu, cpu in batch.kv_offload_out:
+        written[("cpu", cpu)] = written[gpu]
+    for cpu, gpu in batch.kv_offload_in:
+        written[gpu] = written[("cpu", cpu)]
+
+
+def record_written(kv: PagedBlockManager, seqs: list[Sequence], written: dict[int, tuple]) -> None:
+    """What each full block holds, by the tables that wrote it (a free block keeps its last tokens)."""
+    bs = kv.block_size
+    for seq in seqs:
+        for i in range(min(seq.num_computed_tokens, len(seq.token_ids)) // bs):
+            written[seq.block_table[i]] = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+
+
+def model_free_step(scheduler: Scheduler, rng: random.Random, next_seq_id, written: dict[int, tuple]) -> None:
+    """One engine step without a model (as tests/test_swap_chunked.py's), whose sampled tokens come
+    from a vocabulary of 3, so that decoded blocks repeat and hit too, and samples end at random."""
+    batch = scheduler.schedule()
+    apply_copies(batch, written)
+    ready = {s.seq_id for s in scheduler.update_from_output(batch)}
+    record_written(scheduler.kv, batch.prefill_seqs + batch.decode_seqs, written)
+    for group in list(scheduler.running):
+        if group.seqs[0].seq_id in ready:  # after the prompt's one prefill
+            ready.update(child.seq_id for child in fork_samples(group, scheduler.fork, next_seq_id))
+        for seq in group.unfinished_seqs():
+            if seq.seq_id in ready:
+                seq.append_token(rng.randrange(3))
+                if len(group.unfinished_seqs()) > 1 and rng.random() < 0.05:
+                    scheduler.finish_seq(seq, "stop")
+        if all(s.num_tokens >= s.max_len for s in group.unfinished_seqs()):
+            scheduler.finish(group, "length")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    requests=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 30), st.integers(1, 30), st.integers(1, 3)), min_size=2, max_size=8),
+    block_size=st.sampled_from([1, 2, 4]),
+    num_blocks=st.integers(6, 40),
+    num_cpu_blocks=st.integers(0, 30),
+    max_num_seqs=st.integers(1, 5),
+    chunked=st.booleans(),
+    budget=st.integers(5, 64),
+    cache=st.sampled_from(["radix", "radix", "hash"]),
+    offload=st.sampled_from([0, 0, 1, 3, 12]),
+    seed=st.integers(0, 1000),
+)
+def test_radix_invariants_hold_after_every_step(requests, block_size, num_blocks, num_cpu_blocks, max_num_seqs, chunked, budget,
+                                                cache, offload, seed):
+    rng = random.Random(seed)
+    kv = PagedBlockManager(num_blocks, block_size, shuffle_seed=seed, num_cpu_blocks=num_cpu_blocks, enable_caching=True,
+                           prefix_cache=cache, kv_offload_blocks=offload)
+    budget = max(budget, max_num_seqs * 3) if chunked else 10_000
+    mode = "swap" if num_cpu_blocks else "recompute"
+    scheduler = Scheduler(kv, max_num_seqs, budget, preemption_mode=mode, enable_chunked_prefill=chunked)
+    ids = iter(range(1000, 10**6))
+    prefixes = [[rng.randrange(3) for _ in range(16)] for _ in range(3)]  # shared system prompts, a tiny vocabulary
+    for i, (prefix, prompt, output, n) in enumerate(requests):
+        tokens = (prefixes[prefix] + [rng.randrange(3) for _ in range(prompt)])[:prompt]
+        seq = Sequence(i, prompt, max_len=min(prompt + output, num_blocks * block_size), seq_id=next(ids), token_ids=tokens)
+        group = SequenceGroup(i, [seq], SamplingParams(n=n))
+        if prompt + 1 <= seq.max_len and kv.fits_ever(group):
+            scheduler.add(group)
+    written: dict[int, tuple] = {}
+    steps = 0
+    while scheduler.has_unfinished():
+        model_free_step(scheduler, rng, lambda: next(ids), written)
+        check_pools(kv, scheduler)
+        if offload:
+            check_offload_tier(kv, written)
+        if cache == "hash":
+            continue
+        check_radix_invariants(kv, scheduler, written)
+        for group in scheduler.swapped + list(scheduler.waiting):
+            assert all(s.seq_id not in kv.prefix_cache.seq_node for s in group.unfinished_seqs()), "a request off the GPU locks a path"
+        steps += 1
+        assert steps < 5_000, "the scheduler stopped making progress"
+    assert kv.allocator.num_free == num_blocks, "blocks leaked"
+    if cache == "hash":
+        return
+    assert not kv.prefix_cache.seq_node and all(n.lock_ref == 0 for n in kv.prefix_cache.nodes())
+
+
+# ---- greedy outputs on the default model: radix = hash chain = no caching, on every preset of the app ----
+
+def preset_config(name: str, caching: str | None) -> tuple[EngineConfig, list[tuple[str, int]], dict]:
+    """The engine a preset runs on (app_pages/presets.py), greedy and cut short: at most 8 new tokens
+    per request; the presets that preempt keep their pressure with 16 tokens in a pool of 12 blocks
+    (4 prompts of 37 tokens fill it, and each needs a 4th block at its 12th token)."""
+    preset = PRESETS[name]
+    settings = preset_settings(name)
+    pressure = settings["preemption_mode"] == "swap" or name == "preset_preemption"
+    num_blocks, max_tokens = (12, 16) if pressure else (settings["num_blocks"], 8)
+    config = EngineConfig(
+        block_size=settings["block_size"], num_gpu_blocks=num_blocks, max_num_seqs=settings["max_batch"],
+        preemption_mode=settings["preemption_mode"], enable_chunked_prefill=settings["chunked_prefill"],
+        max_num_batched_tokens=settings["token_budget"] if settings["chunked_prefill"] else None,
+        speculative_config=SpeculativeConfig(num_speculative_tokens=settings["spec_k"]) if settings["speculative"] else None,
+        enable_prefix_caching=caching is not None, prefix_cache=caching or "hash")
+    rows = [(prompt, min(n, max_tokens)) for prompt, n in preset["rows"]]
+    return config, rows, settings
+
+
+def run_preset(loaded, name: str, caching: str | None):
+    config, rows, settings = preset_config(name, caching)
+    llm = LLMEngine(config, loaded_model=loaded)
+    ids: list[int] = []
+    first = rows[:1] if settings["chat"] else rows
+    assert not add_workload(llm, first, 0.0, 0, settings["sharing"], settings["sharing_width"], ids)
+    chat = ChatTurns(rows, request_id=ids[0]) if settings["chat"] else None
+    chat_settings = Settings(temperature=0.0)
+    reports = []
+    while llm.has_unfinished_requests():
+        reports.append(llm.step())
+        if (turn := add_next_chat_turn(llm, chat, chat_settings)) is not None:
+            ids.append(turn)
+    outputs = [llm.get_output(i) for i in ids]
+    tokens = [[c.token_ids for c in o.outputs] or o.token_ids for o in outputs]
+    return tokens, outputs, reports
+
+
+@pytest.fixture(scope="module")
+def default_loaded():
+    from engine.model_executor.model_loader import load_model
+
+    return load_model(None)
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_radix_gives_the_greedy_outputs_of_no_caching_and_of_the_hash_chain(default_loaded, name):
+    runs = {caching: run_preset(default_loaded, name, caching) for caching in (None, "hash", "radix")}
+    assert runs["radix"][0] == runs[None][0] == runs["hash"][0]
+    if name in ("preset_preemption", "preset_swap"):
+        assert any(r.preempted for r in runs["radix"][2]), "the small pool was meant to preempt"
+    if name in ("preset_shared_system_prompt", "preset_multi_turn_chat"):
+        hits = {c: sum(o.num_cached_tokens for o in runs[c][1]) for c in ("hash", "radix")}
+        assert hits["radix"] >= hits["hash"] > 0
+
+
+# ---- the tree's eviction order, cache-aware scheduling, the CPU tier ------------------------------
+
+def finish_request(scheduler: Scheduler, kv: PagedBlockManager, tokens: list[int], request_id: int) -> None:
+    """Run one request of ``tokens`` (its prompt) through a prefill and one decode, then finish it."""
+    seq = Sequence(request_id, len(tokens), max_len=len(tokens) + 1, seq_id=request_id, token_ids=list(tokens))
+    scheduler.add(SequenceGroup(request_id, [seq], SamplingParams()))
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        scheduler.update_from_output(batch)
+        seq.append_token(0)
+        scheduler.finish(scheduler.running[0], "length")
+
+
+def test_a_partial_match_splits_a_node_and_eviction_is_lru_over_leaves():
+    kv = PagedBlockManager(8, 1, enable_caching=True, prefix_cache="radix")  # token granularity
+    scheduler = Scheduler(kv, 1, 100)
+    finish_request(scheduler, kv, [1, 2, 3, 5], 0)  # caches its prompt: one node 1 2 3 5
+    finish_request(scheduler, kv, [1, 2, 4], 1)  # hits 1 2: the node splits there; 4 becomes a sibling of 3 5
+    tree = {tuple(row["token_ids"]): row for row in kv.prefix_cache.tree()}
+    assert set(tree) == {(1, 2), (3, 5), (4,)}
+    assert tree[(3, 5)]["parent_id"] == tree[(4,)]["parent_id"] == tree[(1, 2)]["node_id"]
+    assert all(row["lock_ref"] == 0 for row in tree.values())
+    order, evicted = [], []
+    for _ in range(8):  # what the allocator does for each new block: take the free queue's choice, evict it
+        order.append(kv.allocator.allocate())
+        evicted.append(kv.prefix_cache.evict(order[-1]) is not None)
+    # Plain free blocks first, then the least recently used leaf's blocks from its end: 5 3 (the older
+    # branch), then 4, and only then the shared 2 1, which became a leaf last.
+    assert evicted == [False] * 3 + [True] * 5  # 3 plain free blocks, then the 5 cached ones
+    assert order[3:] == [*tree[(3, 5)]["blocks"][::-1], *tree[(4,)]["blocks"], *tree[(1, 2)]["blocks"][::-1]]
+
+
+def test_lpm_admits_the_longest_cached_prefix_first_and_a_starved_request_before_it():
+    kv = PagedBlockManager(64, 2, enable_caching=True, prefix_cache="radix")
+    scheduler = Scheduler(kv, 1, 1000, scheduling_policy="lpm", lpm_max_wait_steps=3)
+    shared = list(range(100, 120))
+    finish_request(scheduler, kv, shared + [1], 0)
+    for rid, tokens in ((1, list(range(200, 221))), (2, shared + [2]), (3, shared + [3])):  # 1 shares nothing, came first
+        scheduler.add(SequenceGroup(rid, [Sequence(rid, 21, max_len=23, seq_id=rid, token_ids=tokens)], SamplingParams()))
+    admitted = []
+    while scheduler.has_unfinished():
+        batch = scheduler.schedule()
+        admitted += batch.admissions
+        scheduler.update_from_output(batch)
+        for group in list(scheduler.running):
+            group.seqs[0].append_token(0)
+            if group.seqs[0].num_tokens >= group.seqs[0].max_len:
+                scheduler.finish(group, "length")
+    assert [(rid, reason) for rid, reason, _ in admitted] == [(2, "longest-prefix"), (1, "starved"), (3, "starved")]
+    assert admitted[0][2] == 20 and admitted[1][2] == 0  # 1 shares nothing, yet goes before 3 once it waited 3 steps
+
+
+def test_fcfs_records_no_admissions_and_lpm_needs_prefix_caching():
+    kv = PagedBlockManager(16, 2, enable_caching=True)
+    assert Scheduler(kv, 1, 100).schedule().admission_reasons is None
+    with pytest.raises(ValueError, match="needs prefix caching"):
+        EngineConfig(enable_prefix_caching=False, scheduling_policy="lpm")
+    with pytest.raises(ValueError, match="prefix_cache must be one of hash, radix"):
+        EngineConfig(prefix_cache="trie")
+    with pytest.raises(ValueError, match="kv_offload_blocks must be a number of blocks"):
+        EngineConfig(kv_offload_blocks=-1)
+
+
+@pytest.mark.parametrize("cache", ["hash", "radix"])
+def test_evicted_blocks_come_back_from_the_cpu_tier_with_the_same_outputs(tiny_llama_dir, cache):
+    def make(**overrides):
+        return LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float64", block_size=4, num_gpu_blocks=6, **overrides))
+
+    prompts = [list(range(10, 23)), list(range(40, 53)), list(range(10, 23)) + [7]]  # the third hits the first, evicted by the second
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+
+    def run(engine):
+        outs, reports = [], []
+        for prompt in prompts:  # one at a time: the second evicts the first's blocks
+            rid = engine.add_request(prompt, params)
+            while engine.has_unfinished_requests():
+                reports.append(engine.step())
+            outs.append(engine.get_output(rid))
+        return outs, reports
+
+    plain, _ = run(make(enable_prefix_caching=False))
+    dropped, _ = run(make(prefix_cache=cache))
+    offloaded, reports = run(make(prefix_cache=cache, kv_offload_blocks=16))
+    assert [o.token_ids for o in offloaded] == [o.token_ids for o in dropped] == [o.token_ids for o in plain]
+    # The second prompt's 4 blocks evict the first's third full block: without the tier the third
+    # prompt hits 2 blocks, with it all 3 (the third loaded back).
+    assert dropped[2].num_cached_tokens == 8 and offloaded[2].num_cached_tokens == 12
+    assert sum(len(r.kv_offload.offloaded) for r in reports) >= 1 and sum(len(r.kv_offload.loaded) for r in reports) == 1
+    assert reports[-1].kv_offload.cpu_blocks <= 16
+
+
+def test_the_simulator_runs_the_token_workloads_on_either_cache_and_defaults_read_as_before():
+    from engine.sim.simulator import simulate
+    from engine.sim.workloads import make_workload
+
+    first = make_workload("multiturn", 60, seed=1)
+    assert [r.token_ids for r in first] == [r.token_ids for r in make_workload("multiturn", 60, seed=1)]  # seeded
+    turns = [r for r in first if r.prompt_len > 100]
+    assert any(r.token_ids[:50] == s.token_ids[:50] for r in turns for s in first if s is not r), "a later turn resends its history"
+    fewshot = make_workload("fewshot", 40, seed=1)
+    assert len({r.token_ids[:800] for r in fewshot}) == 4  # four few-shot prefixes
+    run = dict(workload="multiturn", num_requests=150, kv_slots=3200, request_rate=2.0, cost_model="a100-opt-13b")
+    results = {c: simulate(**run, prefix_cache=c) for c in ("hash", "radix")}
+    offloaded = simulate(**run, prefix_cache="radix", kv_offload_blocks=400)
+    for r in (*results.values(), offloaded):
+        assert r.completed == 150 and r.prefix_cache_hit_rate == r.prefix_cache_hits / r.prefix_cache_queries > 0
+    assert offloaded.kv_loaded_blocks > 0 and offloaded.prefix_cache_hit_rate > results["radix"].prefix_cache_hit_rate
+    assert offloaded.summary()["config"]["kv_offload_blocks"] == 400
+    plain = simulate(num_requests=20).summary()
+    assert not {"prefix_cache", "scheduling_policy", "kv_offload_blocks", "enable_prefix_caching"} & set(plain["config"])
+    assert "prefix_cache_hit_rate" not in plain
