@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     try:  # registering some commands imports the engine's modules, which plug the --impl parts in
         parser = build_parser()
     except ValueError as error:  # an --impl that cannot be used (engine/core/lab_impl.py's LabImplError)
-        sys.exit(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     args = parser.parse_args(argv)
     try:
         args.func(args)
