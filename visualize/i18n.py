@@ -35,7 +35,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                    "找出两者第一次不同的那一步。"),
     "labs_impl": ("Lab implementation", "实验实现"),
     "labs_impl_help": ("A starter or a find-the-bug file from labs/starters/, or your own file or folder.",
-                       "labs/starters/ 中的起始代码或找错误文件，或者你自己的文件或目录。"),
+                       "labs/starters/ 中的起始代码或找错误实验的文件，或者你自己的文件或目录。"),
     "labs_custom": ("Your own file or folder…", "你自己的文件或目录…"),
     "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
     "labs_run": ("Run beside the engine", "与引擎并排运行"),
@@ -50,7 +50,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_what_free_queue": ("the free queue differs", "空闲队列不同"),
     "labs_what_tokens": ("the sampled tokens differ", "采样的 token 不同"),
     "labs_what_steps": ("the number of steps differs", "步数不同"),
-    "labs_traceback": ("Traceback", "回溯"),
+    "labs_traceback": ("Traceback", "回溯信息"),
     "labs_engine": ("The engine's own parts", "引擎自己的部件"),
     "labs_yours": ("Yours", "你的"),
     "labs_error": ("Your part raised at step {step}: {exception} (lab {lab}, {file}, line {line}). That run ended there; "
@@ -435,7 +435,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "after step and the short ones wait behind them, first come, first served. Chunked prefill keeps each step short "
         "(the decodes of running requests are not stalled); it does not move a short request past a long one.",
         "同样的请求，开启分块预填充（预算 64 个 token）：长提示词的分块一步接一步占满预算，短请求按先来先服务排在后面等待。"
-        "分块预填充让每一步都不长（运行中请求的解码不被卡住），但不会让短请求越过长请求。",
+        "分块预填充让每一步都保持较短（运行中请求的解码不被卡住），但不会让短请求越过长请求。",
     ),
     "timeline_title": ("Request timeline", "请求时间线"),
     "timeline_caption": (
@@ -464,9 +464,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "why_budget": ("the step's token budget is spent", "本步的 token 预算已用完"),
     "why_budget_long": ("behind a long prefill: request {rid} prefills {n} of the step's {total} tokens",
                         "排在长预填充之后：请求 {rid} 预填充了本步 {total} 个 token 中的 {n} 个"),
-    "why_no_free_block": ("no free block for its prompt", "没有空闲块放它的提示词"),
+    "why_no_free_block": ("no free block for its prompt", "没有空闲块可容纳它的提示词"),
     "why_max_num_seqs": ("the batch is full (max_num_seqs requests run)", "批已满（已有 max_num_seqs 个请求在运行）"),
-    "why_swapped": ("requests are swapped out: they come back before anyone new", "有请求被换出：它们先于新请求回来"),
+    "why_swapped": ("requests are swapped out: they come back before anyone new", "有请求被换出：它们要先于新请求被换入"),
     "why_preemption": ("the step preempted a request: nothing new is admitted", "本步抢占了一个请求：不接纳新请求"),
     "why_queue": ("behind request {rid} in the queue (first come, first served)", "在队列中排在请求 {rid} 之后（先来先服务）"),
     "why_static_batch": ("a static batch runs until its longest request ends", "静态批处理：当前这批要等最长的请求结束"),
@@ -494,7 +494,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_ttft_steps": ("TTFT (steps)", "TTFT（步数）"),
     "latency_tpot": ("TPOT (ms)", "每输出 token 时间 TPOT（毫秒）"),
     "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
-    "latency_itl": ("ITL (ms)", "相邻 token 间隔 ITL（毫秒）"),
+    "latency_itl": ("ITL (ms)", "token 间延迟 ITL（毫秒）"),
     "latency_arrival": ("Arrival (ms)", "到达（毫秒）"),
     "latency_output_tokens": ("Output tokens", "输出 token 数"),
     "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已结束的请求）"),
@@ -519,7 +519,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "The prompts ask the model to write out text they contain, so prompt lookup finds drafts. Pale slots with a dashed "
         "border held draft tokens this step; those outlined in orange were rejected and given back. Watch the acceptance rate (drafts accepted ÷ proposed).",
         "这些提示词要求模型写出其中已有的文字，因此提示词查找能找到草稿。浅色、虚线边框的槽位在本步存放了草稿 token；"
-        "橙色框出的被拒绝并已归还。留意接受率（接受的草稿数 ÷ 提出的草稿数）。",
+        "橙色框出的槽位中的草稿被拒绝，槽位已归还。留意接受率（接受的草稿数 ÷ 提出的草稿数）。",
     ),
     "cpu_pool": ("CPU swap space", "CPU 交换空间"),
     "cpu_pool_caption": (
@@ -883,7 +883,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "({capacity} req/s with {batch} requests running: Little's law on the pool and the step time) to that under the "
         "paper's ({paper_capacity} req/s), so the sweep spans vLLM's knee on this hardware too.",
         "请求速率：论文配置下的扫描速率 × {scale}，即此预设下 vLLM 的估计容量（{capacity} 请求/秒，同时运行 {batch} 个请求："
-        "由 KV 池与步时按利特尔定律（Little's law）估算）与论文配置下容量（{paper_capacity} 请求/秒）之比，这样扫描在这台硬件上也跨过 vLLM 的拐点。",
+        "由 KV 池大小与每步耗时按利特尔定律（Little's law）估算）与论文配置下容量（{paper_capacity} 请求/秒）之比，这样扫描在这台硬件上也跨过 vLLM 的拐点。",
     ),
     "latency_requests_note": (
         "This preset runs up to {batch} requests at once; a trace must be many times longer than that before queues form, "
@@ -1066,7 +1066,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_users": ("Users (requests sent at once)", "用户数（同时发送的请求数）"),
     "whatif_prompt": ("Prompt length (tokens)", "提示词长度（token 数）"),
     "whatif_output": ("Output length (tokens)", "输出长度（token 数）"),
-    "whatif_allocator": ("Allocator shown in the figures above", "上方数字所示的分配器"),
+    "whatif_allocator": ("Allocator shown in the figures above", "上方各项数字对应的分配器"),
     "whatif_weights": ("Weights", "权重"),
     "whatif_kv_per_token": ("KV bytes per token", "每 token 的 KV 字节数"),
     "whatif_kv_memory": ("KV cache memory", "KV 缓存显存"),
@@ -1117,7 +1117,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_not_fit": (
         "{model}'s weights ({weights:.1f} GB) and one request of {context} tokens do not fit in {util:.0%} of the {gpu}'s "
         "{memory:.1f} GiB: choose a larger GPU, a smaller model or data type, or a shorter context.",
-        "{model} 的权重（{weights:.1f} GB）加上一个 {context} token 的请求，放不进 {gpu} 的 {memory:.1f} GiB 的 {util:.0%}："
+        "{model} 的权重（{weights:.1f} GB）加上一个 {context} 个 token 的请求，超出了 {gpu} 的 {memory:.1f} GiB 显存的 {util:.0%}："
         "请选择更大的 GPU、更小的模型或数据类型，或更短的上下文。",
     ),
     "whatif_bad_input": ("These settings cannot run: {error}", "这些设置无法运行：{error}"),
@@ -1235,7 +1235,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l7_blocks_without_sharing": ("blocks needed without sharing", "不共享时需要的块"),
     "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
     # cache-aware scheduling and the CPU tier in the Live engine page's step summary
-    "admissions_caption": ("Admitted this step (longest prefix match)", "本步准入（最长前缀匹配）"),
+    "admissions_caption": ("Admitted this step (longest prefix match)", "本步接纳的请求（最长前缀匹配）"),
     "admission_longest-prefix": ("request {rid}: longest cached prefix, {hit} tokens", "请求 {rid}：已缓存前缀最长，{hit} 个 token"),
     "admission_starved": ("request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
