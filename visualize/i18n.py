@@ -40,7 +40,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
     "labs_run": ("Run beside the engine", "与引擎并排运行"),
     "labs_running": ("Running the engine's parts and yours…", "正在运行引擎的部件和你的部件…"),
-    "labs_same": ("The same as the engine's own parts at every one of {steps} steps.", "全部 {steps} 步都与引擎自己的部件相同。"),
+    "labs_same": ("The same as the engine's own parts at every one of {steps} steps.", "全部 {steps} 步的结果都与引擎自己的部件相同。"),
     "labs_diverged": ("First difference at step {step}: {what}.", "第一次不同出现在第 {step} 步：{what}。"),
     "labs_what_events": ("event {index} differs", "第 {index} 个事件不同"),
     "labs_what_scheduled": ("the scheduled batch differs", "调度的批次不同"),
@@ -295,7 +295,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "send_max_tokens": ("Longest answer (tokens)", "回答最大长度（token 数）"),
     "your_blocks": ("Your blocks are outlined in pink on the shared pool: {blocks}.", "你的块在共享块池中以粉色框出：{blocks}。"),
     "your_blocks_none": ("None of your requests holds a block right now.", "你的请求目前没有占用块。"),
-    "send_no_server": ("The teacher has not started a server yet.", "老师还没有启动服务器。"),
+    "send_no_server": ("The teacher has not started a server yet.", "教师还没有启动服务器。"),
     "send_failed": ("The request failed: {error}", "请求失败：{error}"),
     "waiting_for_step": ("waiting for the next step…", "等待下一步……"),
     "serving_refused": (
@@ -502,7 +502,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_mean": ("Mean", "平均"),
     "latency_median": ("Median", "中位数"),
     "latency_p99": ("P99", "P99"),
-    "timeline_download": ("Download the timeline as a trace (Chrome / Perfetto JSON)", "下载时间线追踪文件（Chrome / Perfetto 的 JSON）"),
+    "timeline_download": ("Download the timeline as a trace (Chrome / Perfetto JSON)", "下载时间线追踪文件（Chrome / Perfetto 格式的 JSON）"),
     "sim_timeline_title": ("Head-of-line blocking on the simulator", "模拟器上的队头阻塞"),
     "sim_timeline_caption": (
         "One prompt of 1,500 tokens, then eight of 50, all at time 0, each generating 32 tokens; OPT-13B on an A100 "
@@ -1314,7 +1314,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # chart texts drawn inside the lessons (lessons/*/NN_*.py, lc_ = lesson chart)
     "l10_fail_none": ("FAIL: tokens_per_step or speedup_batch1 is still None", "FAIL：tokens_per_step 或 speedup_batch1 仍是 None"),
     "l10_fail_formula": ("FAIL: {name} = {value:.3f} does not follow from α, k and the step times as section 2 says",
-                         "FAIL：{name} = {value:.3f}，不是按第 2 节的公式由 α、k 和步时算出的"),
+                         "FAIL：{name} = {value:.3f}，不是按第 2 节的公式由 α、k 和两种步的耗时算出的"),
     "l10_fail_tokens": ("FAIL: you predict {predicted:.2f} tokens per verification, but the engine's gave {measured:.2f}",
                         "FAIL：你预测每次验证得到 {predicted:.2f} 个 token，但引擎的验证平均得到 {measured:.2f} 个"),
     "l10_fail_speedup": ("FAIL: you predict a speed-up of {predicted:.2f}×, but while verifying the engine made tokens {measured:.2f}× "
