@@ -888,7 +888,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_requests_note": (
         "This preset runs up to {batch} requests at once; a trace must be many times longer than that before queues form, "
         "so the box starts at {n} requests per point here.",
-        "此预设最多同时运行 {batch} 个请求；请求序列要比这长很多倍才会形成排队，所以这里每个点默认 {n} 个请求。",
+        "此预设最多同时运行 {batch} 个请求；请求轨迹里的请求数要比这多很多倍才会形成排队，所以这里每个点默认 {n} 个请求。",
     ),
     "paper_mark": ("paper", "论文"),
     "paper_marks_caption": (
