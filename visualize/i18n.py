@@ -1236,10 +1236,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l7_blocks_with_sharing": ("physical blocks (with sharing)", "实际占用的物理块（共享）"),
     # cache-aware scheduling and the CPU tier in the Live engine page's step summary
     "admissions_caption": ("Admitted this step (longest prefix match)", "本步接纳的请求（最长前缀匹配）"),
-    "admission_longest-prefix": ("request {rid}: longest cached prefix, {hit} tokens", "请求 {rid}：已缓存前缀最长，{hit} 个 token"),
-    "admission_starved": ("request {rid}: waited too long (starvation guard), {hit} tokens cached",
+    "admission_longest-prefix": ("Request {rid}: longest cached prefix, {hit} tokens", "请求 {rid}：已缓存前缀最长，{hit} 个 token"),
+    "admission_starved": ("Request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
-    "admission_preempted": ("request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
+    "admission_preempted": ("Request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
     "kv_offload_caption": ("CPU tier this step: {offloaded} blocks offloaded, {loaded} loaded back, {dropped} dropped; cached blocks "
                            "on the GPU {gpu}, on the CPU {cpu} of {capacity}",
                            "本步 CPU 层：卸载 {offloaded} 块，载回 {loaded} 块，丢弃 {dropped} 块；已缓存的块：GPU 上 {gpu} 块，"
