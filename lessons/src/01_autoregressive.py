@@ -233,3 +233,16 @@ def check():
 
 
 print(check())
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** Why does a prefill step compute every prompt token in one forward pass, while a decode step computes one token per request?
+# - **Core.** For a decode step of a 135M-parameter float32 model at batch 1, estimate the bytes read and the FLOPs. Is the step memory-bound or compute-bound?
+# - **Design.** Double the batch of a decode step that stays memory-bound: what happens to the step's time and to the throughput, and why?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**为什么预填充步一次前向计算就算完提示词的全部 token，而解码步每个请求只算一个 token？
+# - **核心。**批大小为 1 时，估算一个 1.35 亿参数、float32 模型的解码步读取的字节数和浮点运算量。这一步是访存受限还是计算受限？
+# - **设计。**把一个仍然访存受限的解码步的批大小加倍：每步耗时和吞吐量会怎样变化？为什么？

@@ -262,3 +262,16 @@ def check():
 
 
 print(check())
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** What does the KV cache keep for each token, and in which layers?
+# - **Core.** Work out the KV cache bytes per token of SmolLM2-135M (30 layers, 3 KV heads, head size 64, float32). How many tokens fit in 1 GiB?
+# - **Design.** Without a KV cache, how does the cost of the n-th generated token grow with n? What does the cache trade for that?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**KV 缓存为每个 token 保存了什么？保存在哪些层里？
+# - **核心。**算出 SmolLM2-135M（30 层，3 个 KV 头，每头维数 64，float32）每个 token 的 KV 缓存字节数。1 GiB 能放下多少个 token？
+# - **设计。**没有 KV 缓存时，生成第 n 个 token 的代价如何随 n 增长？KV 缓存用什么换来了这一点？

@@ -311,3 +311,16 @@ def check():
 
 
 print(check())
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** Name the three kinds of waste of a contiguous allocator (reservation, internal fragmentation, external fragmentation), with an example of each.
+# - **Core.** A request with a 100-token prompt generates 60 tokens under Orca (Max) with `max_model_len` 2048. How many slots does it reserve, and what share of them hold token states at its end?
+# - **Design.** Why does reserving by powers of two (Pow2) shrink the reservation waste without removing it? What would an allocator have to know to reach Oracle's figure?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**说出连续分配器的三种浪费（预留、内部碎片、外部碎片），各举一个例子。
+# - **核心。**一个提示词 100 个 token、生成 60 个 token 的请求，在 Orca (Max) 下运行，`max_model_len` 为 2048。它预留了多少个槽位？结束时其中多大比例存着 token 状态？
+# - **设计。**为什么按 2 的幂预留（Pow2）能减少预留的浪费，却不能消除它？分配器要事先知道什么，才能达到 Oracle 的数字？

@@ -237,3 +237,16 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 实验
 # 亲手写出本课讲到的引擎部件，并在引擎里评分：`block_pool`（块池：分配、释放、空闲列表顺序与引用计数，40 分钟）、`slot_mapping`（块表与槽位映射，30 分钟）、`append_slot`（追加词元：何时需要新块，30 分钟）、`paged_attention`（用 torch 写分页注意力，60 分钟）、`bug_refcount`（找错误：块池，30 分钟）、`bug_slot`（找错误：槽位映射，20 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** What is the difference between a logical block and a physical block?
+# - **Core.** With block size 16, a request's block table is [7, 2, 9]. Which slot holds its token at position 37?
+# - **Design.** Paged allocation leaves at most one partly filled block per request. What does that bound internal fragmentation to, and what does a larger block size gain and cost?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**逻辑块和物理块有什么区别？
+# - **核心。**块大小为 16，一个请求的块表是 [7, 2, 9]。它在位置 37 的 token 存在哪个槽位？
+# - **设计。**分页分配让每个请求最多留下一个未填满的块。这把内部碎片限制在多少以内？更大的块大小带来什么好处，又付出什么代价？

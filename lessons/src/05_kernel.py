@@ -241,3 +241,16 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 实验
 # 亲手写出本课讲到的引擎部件，并在引擎里评分：`triton_decode`（Triton 分页注意力解码内核，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** Why can online softmax go through the context one tile at a time, without seeing every score first?
+# - **Core.** For one decode query with a context of 4,096 tokens, head size 64 and float32, how many bytes of K and V does the kernel read? Why is that the number that sets its speed?
+# - **Design.** When does split-K (several programs per sequence, then a reduction) pay, and when does it cost more than it saves?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**为什么在线 softmax 可以一段一段地处理上下文，而不必先看到全部分数？
+# - **核心。**一个解码查询，上下文 4,096 个 token，每头维数 64，float32：内核要读取多少字节的 K 和 V？为什么正是这个数决定了它的速度？
+# - **设计。**split-K（每个序列用几个程序，最后再归约）什么时候划算？什么时候得不偿失？

@@ -377,3 +377,16 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 实验
 # 亲手写出本课讲到的引擎部件，并在引擎里评分：`admission`（调度器的准入规则（vLLM v1），30 分钟）、`preemption`（抢占：选择牺牲者，重计算或交换，45 分钟）、`swap`（交换：换出与换入的块映射，40 分钟）、`chunked_prefill`（分块预填充：分块边界与 num_computed_tokens，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** What does continuous batching change compared with static batching, and which chart of this lesson shows it?
+# - **Core.** The pool is full and a running request needs a new block. Which request does the scheduler preempt, and what happens to its blocks under recompute and under swap?
+# - **Design.** When is swap cheaper than recompute? Name the quantities you would compare.
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**与静态批处理相比，连续批处理改变了什么？本课的哪张图能看出来？
+# - **核心。**KV 池已满，一个运行中的请求需要一个新块。调度器抢占哪个请求？在重计算和交换两种方式下，它的块各会怎样？
+# - **设计。**什么时候交换比重计算便宜？说出你要比较的量。

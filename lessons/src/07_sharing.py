@@ -297,3 +297,16 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 实验
 # 亲手写出本课讲到的引擎部件，并在引擎里评分：`fork_cow`（派生与写时复制，45 分钟）、`bug_cow`（找错误：派生与写时复制，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** After a fork of n = 4 samples, what is the reference count of their shared prompt blocks?
+# - **Core.** Two samples share a last block that is not full. Sample 1 writes its next token: which block is copied, and what are the reference counts afterwards?
+# - **Design.** Beam search forks and prunes beams at every step. Why does paged memory save more for beam search than for parallel sampling?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**n = 4 个样本派生之后，它们共享的提示词块的引用计数是多少？
+# - **核心。**两个样本共享一个未满的最后一块。样本 1 写入下一个 token：哪个块被复制？之后各块的引用计数是多少？
+# - **设计。**束搜索每一步都在派生和剪掉候选束。为什么分页显存在束搜索上比在并行采样上省得更多？

@@ -257,3 +257,16 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 实验
 # 亲手写出本课讲到的引擎部件，并在引擎里评分：`prefix_cache`（前缀缓存：块哈希链、命中与驱逐，60 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** Why does a block hash include its parent block's hash, not only the block's own tokens?
+# - **Core.** Two prompts share their first 37 tokens, with block size 16. How many tokens can the second one take from the prefix cache, and why not 37?
+# - **Design.** A cached block whose reference count drops to 0 is kept as cached and evictable. Which one is evicted first when a new block is needed, and what does that order assume about the requests to come?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**为什么块哈希要包含父块的哈希，而不只是本块自己的 token？
+# - **核心。**两个提示词的前 37 个 token 相同，块大小为 16。第二个提示词能从前缀缓存取到多少个 token？为什么不是 37 个？
+# - **设计。**引用计数降到 0 的已缓存块会留下来，成为“已缓存、可驱逐”。需要新块时先驱逐哪一个？这个顺序对之后的请求做了什么假设？

@@ -324,3 +324,16 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 实验
 # 亲手写出本课讲到的引擎部件，并在引擎里评分：`spec_verify`（投机解码：贪心验证，20 分钟）、`lookahead`（投机解码：前瞻槽位与回滚，45 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+
+# %% [markdown] lang="en"
+# ## Self-check
+# For discussion or an exam; the answers follow from this lesson.
+# - **Warm-up.** In prompt lookup, where do the draft tokens come from, and why is no second model needed?
+# - **Core.** With α = 0.6 and k = 4, work out E = (1 − α^(k+1)) / (1 − α), the expected tokens per verification.
+# - **Design.** Why does speculative decoding pay at batch 1 and lose at large batches? What happens to the lookahead slots of rejected drafts?
+# %% [markdown] lang="zh"
+# ## 自测题
+# 供讨论或考试使用；答案都可以从本课推出。
+# - **热身。**在提示词查找中，草稿 token 从哪里来？为什么不需要第二个模型？
+# - **核心。**α = 0.6、k = 4 时，算出 E = (1 − α^(k+1)) / (1 − α)，即每次验证期望得到的 token 数。
+# - **设计。**为什么投机解码在批大小为 1 时划算，批大小很大时却更慢？被拒绝的草稿占用的前瞻槽位会怎样？
