@@ -290,7 +290,8 @@ def _token_entered(room: Classroom) -> None:
     if room.follower is None or room.token is not None:
         st.session_state["lab_token_error"] = t("token_not_teacher", st.session_state["lang"])
         return
-    answer = control(room.url, typed, "status")
+    ip = st.context.ip_address
+    answer = control(room.url, typed, "status", for_address=None if local_browser() or not isinstance(ip, str) else ip)
     if "error" in answer:
         st.session_state["lab_token_error"] = answer["error"]
         return

@@ -169,11 +169,17 @@ def _message(response: httpx.Response) -> str:
         return response.text[:200]
 
 
-def control(url: str, token: str, action: str, max_steps_per_s: float | None = None) -> dict:
-    """``POST /lab/control``: the server's answer, or ``{"error": message}`` (a bad token: 401/403)."""
+def control(url: str, token: str, action: str, max_steps_per_s: float | None = None, for_address: str | None = None) -> dict:
+    """``POST /lab/control``: the server's answer, or ``{"error": message}`` (a bad token: 401/403).
+
+    ``for_address``: the browser that typed ``token``, when it is not on this machine. The server counts
+    wrong tokens per address and answers 429 past its limit (engine/entrypoints/auth.py); the app reaches
+    it from 127.0.0.1, so without this a student's guesses would lock the teacher's own controls. It goes
+    as ``X-Forwarded-For``, which uvicorn believes from 127.0.0.1 only (its ``forwarded_allow_ips``)."""
     body = {"action": action, **({"max_steps_per_s": max_steps_per_s} if action == "run" else {})}
+    headers = {"Authorization": f"Bearer {token}", **({"X-Forwarded-For": for_address} if for_address else {})}
     try:
-        response = httpx.post(f"{url}/lab/control", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=120)
+        response = httpx.post(f"{url}/lab/control", json=body, headers=headers, timeout=120)
     except httpx.HTTPError as error:
         return {"error": f"{type(error).__name__}: {error}"}
     if response.status_code != 200:

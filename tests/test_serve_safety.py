@@ -218,6 +218,14 @@ def test_with_keys_guessing_is_limited_labels_are_key_names_and_metrics_and_docs
             assert "too many wrong keys" in error_of(locked, 429, "authorization") and int(locked.headers["Retry-After"]) >= 1
         app.state.auth_failures.failures.clear()  # the window has passed
         assert httpx.get(f"{base}/v1/models", headers=bob).status_code == 200
+        # The app relays a token typed in a student's browser from 127.0.0.1, naming that browser's address
+        # (app_pages/classroom_link.control): its guesses lock that address, not the teacher's controls.
+        from app_pages.classroom_link import control
+
+        for i in range(MAX_AUTH_FAILURES):
+            assert control(base, f"guess-{i}", "status", for_address="10.9.8.7")["status"] == 403
+        assert control(base, "guess", "status", for_address="10.9.8.7")["status"] == 429
+        assert "error" not in control(base, TEACHER, "status")
 
 
 def test_without_keys_the_api_docs_stay_open(open_server):
