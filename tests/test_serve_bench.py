@@ -111,9 +111,16 @@ def test_prediction_takes_the_trace_as_sent():
     assert c["ttft"]["mean"]["error"] == pytest.approx(-0.5) and c["tpot"]["p90"]["error"] == pytest.approx(0.0) and "e2el" not in c
 
 
-def test_predict_checks_the_server_before_sending_anything(tiny_llama_dir, capsys):
+def test_predict_checks_the_server_before_sending_anything(tiny_llama_dir, capsys, monkeypatch, tmp_path):
     """--predict against a lab server whose pool is not the one it would simulate stops before the load,
     naming the flags; a server that caches prefixes (which the simulation does not) gets a warning."""
+    from engine.sim import cost_model
+
+    # --predict simulates with this machine's fit: a test's own (a preset's model), not the user cache's.
+    fit = cost_model.get_setup("a100-opt-13b")
+    path = tmp_path / "cost_model_this_machine.json"
+    path.write_text(json.dumps({"cost_model": fit.cost_model.to_json(), "kv_slots": fit.kv_slots, "max_model_len": fit.max_model_len}))
+    monkeypatch.setattr(cost_model, "calibration_path", lambda: path)
     with serving(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=128, enable_prefix_caching=True)) as (base, _):
         flags = ["bench-serve", "--base-url", base, "--num-prompts", "3", "--random-input-len", "16", "--random-output-len", "4", "--predict"]
         with pytest.raises(SystemExit) as stopped:
