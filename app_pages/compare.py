@@ -128,7 +128,7 @@ def show_engine_runs(runs: dict, block_size: int, lang: str) -> None:
     rows = [_paper_row(t("fig2_workload_engine", lang), label, memory_frame(reports)) for label, reports in runs.items()]
     paper_bars(rows, lang)
     for index, (label, reports) in enumerate(runs.items()):
-        st.markdown(f"#### {system_label(label, lang)}")
+        st.markdown(f"#### {t('timeline_title', lang)}{'：' if lang == 'zh' else ': '}{system_label(label, lang)}")
         timeline_panel.timeline_view(reports, lang, key=f"compare_timeline_{index}")
 
 
