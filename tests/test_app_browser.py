@@ -530,7 +530,7 @@ def load_preset(page, name: str, last_request: str) -> None:
     for attempt in range(2):  # a click that lands during a rerun can be dropped by Streamlit: once more
         page.get_by_role("button", name="Load preset").click()
         try:
-            page.get_by_text(last_request, exact=True).wait_for(timeout=90_000)
+            page.get_by_text(last_request, exact=True).first.wait_for(timeout=90_000)
             break
         except PlaywrightTimeout:
             if attempt == 1:
