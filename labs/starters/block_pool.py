@@ -7,9 +7,10 @@ the tail at 0, incref shares a referenced block, touch takes a cached block back
 块池的空闲队列（从队头取出、放回队尾、从中间移除）与分配器的引用计数：allocate 取队头并置引用计数为 1，free 减一个引用、归零时把块放回队尾，incref 共享一个已被引用的块，touch 重新引用一个被缓存的块（不论是否空闲）。
 
 Your part plugs into the engine in place of its own, in engine/core/block_pool.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade block_pool --impl path/to/block_pool.py
+    python -m lessons grade block_pool --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_pool.py; work on a copy.
 

@@ -6,9 +6,10 @@ line.
 块池的一个副本，其中埋了一个错误。运行测试、读失败提示，找到并修正那一行。
 
 Your part plugs into the engine in place of its own, in engine/core/block_pool.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade bug_refcount --impl path/to/bug_refcount.py
+    python -m lessons grade bug_refcount --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_pool.py; work on a copy.
 
