@@ -306,3 +306,27 @@ def test_every_request_colour_is_readable_on_white_and_unlike_the_others():
     assert FREE_COLOR not in distinct
     for a, b in itertools.combinations(distinct, 2):
         assert math.dist(_lab(a), _lab(b)) >= 15, f"{a} and {b} look alike"
+
+
+@pytest.mark.skipif(not any("CJK" in p for p in matplotlib.font_manager.findSystemFonts()),
+                    reason="needs a CJK font (apt-get install fonts-noto-cjk)")
+def test_chinese_labels_draw_with_a_cjk_font_installed_after_matplotlib_listed_the_fonts(monkeypatch):
+    import warnings
+
+    from visualize import style
+
+    manager = matplotlib.font_manager.fontManager
+    # matplotlib's font list as cached before the CJK font was installed
+    monkeypatch.setattr(manager, "ttflist", [f for f in manager.ttflist if "CJK" not in f.name])
+    monkeypatch.setitem(matplotlib.rcParams, "font.family", list(matplotlib.rcParams["font.family"]))
+    style.use_cjk_font.cache_clear()
+    try:
+        assert style.use_cjk_font() in style.CJK_FONTS
+        fig, ax = plt.subplots()
+        ax.set_title("块表与显存")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for each box it draws
+            fig.canvas.draw()
+        plt.close(fig)
+    finally:
+        style.use_cjk_font.cache_clear()
