@@ -125,8 +125,8 @@ def _another_labs_part(lab: Lab, hint: str) -> str:
     if not match or match[1] in (lab.name, lab.part_lab) or match[1] not in BY_NAME:
         return ""
     other = BY_NAME[match[1]]
-    return (f"\nthis test also runs lab {other.name}'s part (after lesson {other.lesson}), not written yet where it "
-            f"comes from: it passes once that lab is written")
+    return (f"\nthis test also runs lab {other.name}'s part (after lesson {other.lesson}), which is not written yet: "
+            f"the test passes once that lab is")
 
 
 def _location(text: str) -> str:

@@ -254,6 +254,10 @@ def test_a_student_grades_their_folder_in_the_handout(tmp_path):
     failed = [t["output"] for t in by_name["slot_mapping"]["tests"] if not t["passed"]]
     assert len(failed) == 1 and "lab chunked_prefill" in failed[0] and "this test also runs lab chunked_prefill's part" in failed[0], \
         "the scheduler test waits for a later lab's part, and its hint says so"
+    done = subprocess.run([sys.executable, "-m", "lessons", "compare", "--impl", "labs/mine"], cwd=handout, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and done.stdout.startswith("the engine's own parts stopped at step 0") \
+        and "nothing to compare against" in done.stdout, "in the handout the reference is the starters: compare says so"
 
 
 def test_the_autograder_zip(tmp_path):
