@@ -170,6 +170,7 @@ def current_engine(lang: str, force: bool = False):
                 resolve_model(None if settings.model == DEFAULT_MODEL else settings.model, progress)
             except Exception:  # noqa: BLE001 - session_engine below says what is wrong with the model
                 pass
+            bar.empty()  # the model is ready: its last stage ("Converting ...") and clock would stand still beside the build's
             wait_for_kernel_build(lang)
         llm, errors = session_engine(settings, workload_rows(), progress, force=force)
     bar.empty()

@@ -35,6 +35,8 @@ def page() -> None:
     _, steps, found = result
     if found is None:
         st.success(t("labs_same", lang, steps=steps))
+    elif found["field"] == "reference_error":
+        st.error(t("labs_reference_error", lang, step=found["step"], exception=found["error"]["exception"]))
     elif found["field"] == "error":
         e = found["error"]
         st.error(t("labs_error", lang, step=e["step"], exception=e["exception"], lab=e["lab"] or "?", file=e["file"] or "?",

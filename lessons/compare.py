@@ -139,7 +139,10 @@ def run(impl: str, labs: list[str] | None = None, timeout_s: int = 300) -> dict:
 def first_divergence(reference: dict, student: dict) -> dict | None:
     """The first step where the student's record differs from the reference: ``{"step", "field",
     "reference", "student", "event"}`` (``event``: the index of the first differing event), or the
-    student's error; None when the runs agree throughout."""
+    student's error, or the reference's own error (``field`` "reference_error": in a handout the engine's
+    parts are the starters, so there is nothing to compare against); None when the runs agree throughout."""
+    if reference["error"] is not None:
+        return {"step": reference["error"]["step"], "field": "reference_error", "error": reference["error"]}
     for ref, mine in zip(reference["steps"], student["steps"]):
         for field in FIELDS:
             if ref[field] != mine[field]:
@@ -161,6 +164,11 @@ def first_divergence(reference: dict, student: dict) -> dict | None:
 def describe(found: dict | None) -> str:
     if found is None:
         return "the same as the engine's own parts at every step"
+    if found["field"] == "reference_error":
+        e = found["error"]
+        return (f"the engine's own parts stopped at step {found['step']}: {e['exception']}; there is nothing to compare "
+                "against. In a handout the engine's parts are the starters: compare in the full repository, with the "
+                "model answers")
     if found["field"] == "error":
         e = found["error"]
         where = f"{e['file']}:{e['line']}" if e["file"] else "before the first step"

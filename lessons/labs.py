@@ -31,14 +31,13 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.core.lab_impl import Part, lab_modules, lab_parts
+from engine.core.lab_impl import TODO, Part, lab_modules, lab_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 LABS_DIR = ROOT / "labs"
 STARTERS = LABS_DIR / "starters"
 TESTS = LABS_DIR / "tests"
 BUGS = LABS_DIR / "bugs"
-TODO = "# TODO({lab}): write this part (see the docstring and labs/README.md)"
 
 
 @dataclass(frozen=True)
@@ -227,9 +226,10 @@ def cut(lab: Lab, keep_solution: bool = False, seed_bug: bool = True) -> str:
         *_wrap(lab.goal[1]),
         "",
         f"Your part plugs into the engine in place of its own, in {rel} (the engine module's names are in",
-        "scope here). Run its tests on your file:",
+        "scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on",
+        "each other:",
         "",
-        f"    python -m lessons grade {lab.name} --impl path/to/{lab.name}.py",
+        f"    python -m lessons grade {lab.name} --impl labs/mine",
         "",
         f"Cut by `python -m lessons labs build` from {rel}; work on a copy.",
         "",

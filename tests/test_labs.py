@@ -234,6 +234,30 @@ def test_the_handout_has_no_model_answer(tmp_path):
         assert "# BEGIN SOLUTION" not in handed and f'raise NotImplementedError("lab {lab}:' in handed
         compile(handed, str(module), "exec")
         assert source != handed
+        assert [p.qualname for p in lab_parts(handed)[lab]] == [p.qualname for p in lab_parts(source)[lab]], \
+            f"the handout's {module.name} marks where lab {lab}'s parts plug in, as the engine's module does"
+
+
+def test_a_student_grades_their_folder_in_the_handout(tmp_path):
+    handout = tmp_path / "handout"
+    labs.write_handout(handout)
+    mine = handout / "labs" / "mine"
+    mine.mkdir()
+    for name in ("block_pool", "slot_mapping"):  # the student's finished files, as in labs/README.md
+        (mine / f"{name}.py").write_text(labs.cut(labs.get(name), keep_solution=True))
+    env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "LAB_ONLY")}
+    env.update(PYTHONPATH=str(handout), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "lessons", "grade", "block_pool", "slot_mapping", "--impl", "labs/mine", "--json"],
+                          cwd=handout, env=env, capture_output=True, text=True, timeout=600)
+    by_name = {lab["name"]: lab for lab in json.loads(done.stdout)["labs"]}
+    assert by_name["block_pool"]["score"] == by_name["block_pool"]["max_score"], by_name["block_pool"]
+    failed = [t["output"] for t in by_name["slot_mapping"]["tests"] if not t["passed"]]
+    assert len(failed) == 1 and "lab chunked_prefill" in failed[0] and "this test also runs lab chunked_prefill's part" in failed[0], \
+        "the scheduler test waits for a later lab's part, and its hint says so"
+    done = subprocess.run([sys.executable, "-m", "lessons", "compare", "--impl", "labs/mine"], cwd=handout, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and done.stdout.startswith("the engine's own parts stopped at step 0") \
+        and "nothing to compare against" in done.stdout, "in the handout the reference is the starters: compare says so"
 
 
 def test_the_autograder_zip(tmp_path):

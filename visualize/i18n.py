@@ -50,6 +50,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_what_free_queue": ("the free queue differs", "空闲队列不同"),
     "labs_what_tokens": ("the sampled tokens differ", "采样的 token 不同"),
     "labs_what_steps": ("the number of steps differs", "步数不同"),
+    "labs_reference_error": (
+        "The engine's own parts stopped at step {step}: {exception}. There is nothing to compare against: in a handout "
+        "the engine's parts are the starters. Compare in the full repository, which holds the model answers.",
+        "引擎自己的部件在第 {step} 步停止：{exception}。没有可对照的参考：在分发包中，引擎的部件就是起始代码。"
+        "请在带有参考答案的完整仓库中对照。"),
     "labs_traceback": ("Traceback", "回溯信息"),
     "labs_engine": ("The engine's own parts", "引擎自己的部件"),
     "labs_yours": ("Yours", "你的"),

@@ -9,27 +9,30 @@ import os
 import matplotlib
 from matplotlib import font_manager
 
-# Font files that hold them (lower case), for fonts installed after matplotlib built its font cache.
-CJK_FILE_KEYS = ("notosanscjk", "notoserifcjk", "sourcehansans", "wqy-zenhei", "simhei", "msyh", "pingfang")
 # Tried in order; Debian's fonts-noto-cjk provides the first, other systems the others.
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Serif CJK SC", "Source Han Sans SC", "WenQuanYi Zen Hei", "SimHei", "Microsoft YaHei", "PingFang SC")
+# Their files' names (Noto, Source Han, WenQuanYi, SimHei, Microsoft YaHei, PingFang), lower case.
+CJK_FILES = ("cjk", "sourcehan", "wqy", "simhei", "msyh", "pingfang")
 
 
 @functools.cache
 def use_cjk_font() -> str | None:
     """Put the first installed CJK font behind matplotlib's default, so 中文 labels are not boxes.
 
-    matplotlib lists the system's fonts once, in a cache under its config folder; a CJK font installed
-    after that (``apt-get install fonts-noto-cjk`` on a machine that already drew a chart) is missing
-    from the cache. Then the system's font files are searched and any CJK font found is added.
+    matplotlib lists the system's fonts once, in its cache; a CJK font installed after that (say
+    ``apt-get install fonts-noto-cjk`` on a machine that had drawn a figure before) is not in the
+    list, so the system's font files are searched for one then.
 
     Returns the font used, or None when none is installed (labels in English still draw fine).
     """
     name = _first_cjk_font()
     if name is None:
         for path in font_manager.findSystemFonts():
-            if any(key in os.path.basename(path).lower() for key in CJK_FILE_KEYS):
-                font_manager.fontManager.addfont(path)
+            if any(part in os.path.basename(path).lower() for part in CJK_FILES):
+                try:
+                    font_manager.fontManager.addfont(path)
+                except (OSError, RuntimeError):  # a file FreeType cannot read
+                    continue
         name = _first_cjk_font()
     if name is not None:
         # An explicit list (not the generic "sans-serif") makes matplotlib fall back glyph by glyph.

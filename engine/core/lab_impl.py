@@ -54,6 +54,9 @@ STARTERS = REPO / "labs" / "starters"
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?:[ \t]+(?P<lab>[A-Za-z_][A-Za-z0-9_]*))?[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
 LAB_LINE = re.compile(r'^LAB = "(?P<lab>[A-Za-z_][A-Za-z0-9_]*)"', re.MULTILINE)
+# The first line of a starter's body, in place of a solution region (the starters, and the handout's engine).
+TODO = "# TODO({lab}): write this part (see the docstring and labs/README.md)"
+TODO_LINE = re.compile(r"^(?P<indent>[ \t]*)# TODO\((?P<lab>[A-Za-z_][A-Za-z0-9_]*)\): write this part")
 
 
 class LabImplError(ValueError):
@@ -112,14 +115,21 @@ def solution_regions(source: str, filename: str = "<source>") -> list[Region]:
     return regions
 
 
+def starter_regions(source: str) -> list[Region]:
+    """Each :data:`TODO` line of a module whose solution regions were cut out (the handout's engine,
+    ``python -m lessons labs handout``), as a one-line region: it marks the part it sits in."""
+    return [Region(m["lab"], number, number, m["indent"])
+            for number, line in enumerate(source.splitlines(), 1) if (m := TODO_LINE.match(line))]
+
+
 def lab_parts(source: str, filename: str = "<source>") -> dict[str, list[Part]]:
     """A module's labs -> their parts, in source order: the functions (module level, or methods of a
-    module-level class) that enclose each lab's regions.
+    module-level class) that enclose each lab's regions (in the handout's engine, its TODO lines).
 
     Raises:
         LabImplError: a region outside any such function, or a function holding regions of two labs.
     """
-    regions = solution_regions(source, filename)
+    regions = solution_regions(source, filename) or starter_regions(source)
     if not regions:
         return {}
     functions: list[tuple[str, ast.FunctionDef]] = []

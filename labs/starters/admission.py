@@ -7,9 +7,10 @@ watermark.
 等待队列队头的请求能否加入本步：它的提示词必须放得进 max_num_batched_tokens 剩下的词元预算（分块总能放下），它的块必须放得进扣除水位线后的空闲块。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade admission --impl path/to/admission.py
+    python -m lessons grade admission --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/scheduler.py; work on a copy.
 

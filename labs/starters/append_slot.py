@@ -7,9 +7,10 @@ the table goes to copy-on-write.
 解码时的 append_slot：只有新词元的位置超出最后一个块时才取新块，从不提前预留，因此每个请求浪费的槽位少于一个块（内部碎片）；位置在块表之内时交给写时复制。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade append_slot --impl path/to/append_slot.py
+    python -m lessons grade append_slot --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_manager.py; work on a copy.
 

@@ -7,9 +7,10 @@ the tail at 0, incref shares a referenced block, touch takes a cached block back
 块池的空闲队列（从队头取出、放回队尾、从中间移除）与分配器的引用计数：allocate 取队头并置引用计数为 1，free 减一个引用、归零时把块放回队尾，incref 共享一个已被引用的块，touch 重新引用一个被缓存的块（不论是否空闲）。
 
 Your part plugs into the engine in place of its own, in engine/core/block_pool.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade block_pool --impl path/to/block_pool.py
+    python -m lessons grade block_pool --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_pool.py; work on a copy.
 
@@ -60,7 +61,7 @@ class BlockAllocator:
     """A free queue of physical block ids with a reference count per block.
 
     Invariants: a block is either on the free queue (refcount 0) or referenced (refcount >= 1),
-    never both. Blocks are handed out from the head of the queue and freed blocks go to the
+    never both; a block is in ``shared`` exactly while its refcount is above 1. Blocks are handed out from the head of the queue and freed blocks go to the
     tail, so a block freed now is reused last (least recently used first: with prefix caching
     the head is the cached block evicted next; vLLM's ``FreeKVCacheBlockQueue``). The queue is
     a :class:`FreeBlockQueue`, so a cached block hit while free leaves it from the middle in O(1).
@@ -90,17 +91,20 @@ class BlockAllocator:
         raise NotImplementedError("lab block_pool: BlockAllocator.allocate")
 
     def incref(self, block_id: int) -> None:
-        """Share a referenced block (copy-on-write forks and prefix caching share blocks this way)."""
+        """Share a referenced block (copy-on-write forks and prefix caching share blocks this way):
+        one more reference, and the block is in ``shared``. Sharing a free block is a bug (AssertionError)."""
         # TODO(block_pool): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab block_pool: BlockAllocator.incref")
 
     def touch(self, block_id: int) -> None:
         """Take one more reference to a cached block, free or not (vLLM's ``BlockPool.touch``): a
-        free one leaves the free queue first, so no allocation can evict it now."""
+        free one leaves the free queue first, so no allocation can evict it now. Above refcount 1 the
+        block is in ``shared``."""
         # TODO(block_pool): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab block_pool: BlockAllocator.touch")
 
     def free(self, block_id: int) -> bool:
-        """Drop one reference; the block returns to the free list at refcount 0. Returns True then."""
+        """Drop one reference; the block leaves ``shared`` at refcount 1 and returns to the free list
+        at 0. Returns True then, else False. Freeing a free block is a bug (AssertionError)."""
         # TODO(block_pool): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab block_pool: BlockAllocator.free")

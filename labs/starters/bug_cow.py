@@ -5,9 +5,10 @@ A copy of fork and copy-on-write with one bug seeded.
 派生与写时复制部分的一个副本，其中埋了一个错误。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade bug_cow --impl path/to/bug_cow.py
+    python -m lessons grade bug_cow --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_manager.py; work on a copy.
 

@@ -6,9 +6,10 @@ line.
 块池的一个副本，其中埋了一个错误。运行测试、读失败提示，找到并修正那一行。
 
 Your part plugs into the engine in place of its own, in engine/core/block_pool.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade bug_refcount --impl path/to/bug_refcount.py
+    python -m lessons grade bug_refcount --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_pool.py; work on a copy.
 
@@ -59,7 +60,7 @@ class BlockAllocator:
     """A free queue of physical block ids with a reference count per block.
 
     Invariants: a block is either on the free queue (refcount 0) or referenced (refcount >= 1),
-    never both. Blocks are handed out from the head of the queue and freed blocks go to the
+    never both; a block is in ``shared`` exactly while its refcount is above 1. Blocks are handed out from the head of the queue and freed blocks go to the
     tail, so a block freed now is reused last (least recently used first: with prefix caching
     the head is the cached block evicted next; vLLM's ``FreeKVCacheBlockQueue``). The queue is
     a :class:`FreeBlockQueue`, so a cached block hit while free leaves it from the middle in O(1).
@@ -93,14 +94,16 @@ class BlockAllocator:
         return block_id
 
     def incref(self, block_id: int) -> None:
-        """Share a referenced block (copy-on-write forks and prefix caching share blocks this way)."""
+        """Share a referenced block (copy-on-write forks and prefix caching share blocks this way):
+        one more reference, and the block is in ``shared``. Sharing a free block is a bug (AssertionError)."""
         assert self.ref_counts[block_id] >= 1, f"block {block_id} is free"
         self.ref_counts[block_id] += 1
         self.shared.add(block_id)
 
     def touch(self, block_id: int) -> None:
         """Take one more reference to a cached block, free or not (vLLM's ``BlockPool.touch``): a
-        free one leaves the free queue first, so no allocation can evict it now."""
+        free one leaves the free queue first, so no allocation can evict it now. Above refcount 1 the
+        block is in ``shared``."""
         if self.ref_counts[block_id] == 0:
             self.free_blocks.remove(block_id)
             self.ref_counts[block_id] += 1
@@ -109,7 +112,8 @@ class BlockAllocator:
             self.shared.add(block_id)
 
     def free(self, block_id: int) -> bool:
-        """Drop one reference; the block returns to the free list at refcount 0. Returns True then."""
+        """Drop one reference; the block leaves ``shared`` at refcount 1 and returns to the free list
+        at 0. Returns True then, else False. Freeing a free block is a bug (AssertionError)."""
         assert self.ref_counts[block_id] >= 1, f"block {block_id} freed twice"
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 1:

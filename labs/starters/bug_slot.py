@@ -5,9 +5,10 @@ A copy of the block-table and slot-mapping part with one bug seeded.
 块表与槽位映射部分的一个副本，其中埋了一个错误。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade bug_slot --impl path/to/bug_slot.py
+    python -m lessons grade bug_slot --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_manager.py; work on a copy.
 

@@ -7,9 +7,10 @@ token computed samples.
 在词元预算下一个等待中的请求本步计算多少个提示词词元，以及一步之后按实际计算量推进每个序列的 num_computed_tokens；只有全部词元都已计算的序列才采样。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade chunked_prefill --impl path/to/chunked_prefill.py
+    python -m lessons grade chunked_prefill --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/scheduler.py; work on a copy.
 

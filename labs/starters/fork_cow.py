@@ -6,9 +6,10 @@ shared block gets its own copy first (COPY_ON_WRITE event, the (src, dst) pair t
 fork 让子序列共享父序列的所有块（引用计数加一，发出 FORK 事件）；序列要写入共享块之前先得到自己的副本（COPY_ON_WRITE 事件，返回引擎要复制的 (src, dst)）。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade fork_cow --impl path/to/fork_cow.py
+    python -m lessons grade fork_cow --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_manager.py; work on a copy.
 

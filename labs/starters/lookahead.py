@@ -7,9 +7,10 @@ token.
 只用空闲块为 k 个草稿词元分配暂定槽位（池子不够时少给），验证之后归还被拒草稿的槽位，并释放不再含有已验证词元的块。
 
 Your part plugs into the engine in place of its own, in engine/core/lookahead.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade lookahead --impl path/to/lookahead.py
+    python -m lessons grade lookahead --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/lookahead.py; work on a copy.
 

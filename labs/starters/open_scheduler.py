@@ -8,9 +8,10 @@ answer.
 设计等待中的请求获得准入机会的顺序（order_waiting，调度器的策略接口，类似 vLLM 的 --scheduler-cls）。模拟器在固定的请求轨迹上运行它：TTFT p90 要比先来先服务低 10%，同时保持其 95% 的吞吐量；grade 会打印你的策略相对先来先服务与参考答案的名次。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade open_scheduler --impl path/to/open_scheduler.py
+    python -m lessons grade open_scheduler --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/scheduler.py; work on a copy.
 

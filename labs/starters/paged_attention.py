@@ -7,9 +7,10 @@ attention.
 通过块表计算解码注意力：把块表转成每个位置的槽位，读出 K 和 V（上下文之外置零），再做带掩码的 softmax，支持分组查询注意力。结果必须等于稠密注意力。
 
 Your part plugs into the engine in place of its own, in engine/model_executor/attention.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade paged_attention --impl path/to/paged_attention.py
+    python -m lessons grade paged_attention --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/model_executor/attention.py; work on a copy.
 

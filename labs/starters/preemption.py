@@ -7,9 +7,10 @@ put it back at the front of the waiting queue to be recomputed.
 运行中的请求拿不到下一个槽位时抢占谁（本步尚未轮到的最新请求），以及如何抢占：允许且放得下时把它的块换出到 CPU 池，否则释放它的块，把它放回等待队列最前面等待重计算。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade preemption --impl path/to/preemption.py
+    python -m lessons grade preemption --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/scheduler.py; work on a copy.
 

@@ -8,9 +8,10 @@ block's hash when the least recently freed block at the head of the free queue i
 提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对词元 ID 与父哈希）、缓存一个写好的块，以及空闲队列队头最久未用的块被重新分配时删除它的哈希（LRU 驱逐）。
 
 Your part plugs into the engine in place of its own, in engine/core/prefix_cache.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade prefix_cache --impl path/to/prefix_cache.py
+    python -m lessons grade prefix_cache --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/prefix_cache.py; work on a copy.
 

@@ -7,9 +7,10 @@ and decode.
 n 个词元需要几个块、为一段预填充扩展块表，以及每个位置的物理槽位：slot = block_table[pos // block_size] * block_size + pos % block_size，预填充与解码都用它。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade slot_mapping --impl path/to/slot_mapping.py
+    python -m lessons grade slot_mapping --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/block_manager.py; work on a copy.
 

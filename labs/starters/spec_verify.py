@@ -6,9 +6,10 @@ target's own token at the first disagreement (or the bonus token after all k).
 保留草稿词元中与目标模型 argmax 一致的最长前缀，再接上第一个不一致位置目标模型自己的词元（全部 k 个都接受时是额外的奖励词元）。
 
 Your part plugs into the engine in place of its own, in engine/spec_decode/rejection_sampler.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade spec_verify --impl path/to/spec_verify.py
+    python -m lessons grade spec_verify --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/spec_decode/rejection_sampler.py; work on a copy.
 

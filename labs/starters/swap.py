@@ -7,9 +7,10 @@ copies, the source blocks freed.
 CPU 池能否放下一个序列组的不同块，以及在两个池之间搬移它的块表：每个不同的块取一个新块（共享块只复制一次、到另一侧再共享），返回 (src, dst) 复制对，释放源块。
 
 Your part plugs into the engine in place of its own, in engine/core/swap_space.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade swap --impl path/to/swap.py
+    python -m lessons grade swap --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/swap_space.py; work on a copy.
 

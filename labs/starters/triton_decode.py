@@ -7,9 +7,10 @@ interpreter on a CPU.
 在引擎的 Triton 内核里：按块表为一个分片的每个词元取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。在 CPU 上由 Triton 解释器运行。
 
 Your part plugs into the engine in place of its own, in paged_kernels/paged_attention_decode.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade triton_decode --impl path/to/triton_decode.py
+    python -m lessons grade triton_decode --impl labs/mine
 
 Cut by `python -m lessons labs build` from paged_kernels/paged_attention_decode.py; work on a copy.
 

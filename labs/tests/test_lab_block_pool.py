@@ -54,7 +54,8 @@ def test_touch_takes_a_free_cached_block_off_the_queue_and_free_puts_it_back():
     assert a.ref_counts[2] == 1, "touching a free block gives it refcount 1"
     assert list(a.free_blocks) == [0, 1, 3], "touch takes a free block out of the middle of the queue"
     a.touch(2)
-    assert a.ref_counts[2] == 2 and 2 in a.shared, "touching a referenced block adds a reference"
+    assert a.ref_counts[2] == 2, "touching a referenced block adds a reference"
+    assert 2 in a.shared, "a block touched to refcount 2 is shared: record it in `shared`"
     assert a.free(2) is False and a.free(2) is True, "two touches, two frees: the block must come back (no refcount leak)"
     assert list(a.free_blocks) == [0, 1, 3, 2] and a.ref_counts[2] == 0
 
