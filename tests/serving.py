@@ -11,7 +11,7 @@ import httpx
 import uvicorn
 
 from engine import EngineConfig, LLMEngine
-from engine.entrypoints.openai.api_server import ServerSettings, create_app
+from engine.entrypoints.openai.api_server import ServerSettings, create_app, server_config
 
 
 @contextmanager
@@ -21,7 +21,7 @@ def serving(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = 
     app = create_app(engine, settings)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=grace_s))
+    server = uvicorn.Server(server_config(app, log_level="warning", timeout_graceful_shutdown=grace_s))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -106,3 +106,20 @@ def test_the_refusal_is_the_whole_page(monkeypatch):
     assert not at.main.title and not at.main.button  # nothing of the lab is served
     assert "--server.address 127.0.0.1" in at.error[0].value
     assert "PAGEDATTENTION_LAB_ALLOW_REMOTE=1" in t("serving_refused", "zh", problem="x", env="PAGEDATTENTION_LAB_ALLOW_REMOTE")
+
+
+def test_a_class_of_phones_is_not_starved_by_a_full_collection_after_every_redraw(monkeypatch):
+    """Each phone's Send page redraws once a second (a script run). Streamlit's default runs a full
+    garbage collection after every run; over the loaded model's objects that holds the GIL long enough
+    that five phones starved the app's event loop (new phones never got the page). The app's config
+    turns it off, and Streamlit reads it wherever the app is started from."""
+    from streamlit import config
+
+    monkeypatch.setattr(config, "_main_script_path", str(APP))  # as `streamlit run app.py` sets it
+    monkeypatch.chdir(ROOT.parent)
+    config.get_config_options(force_reparse=True)
+    try:
+        assert config.get_option("runner.postScriptGC") is False
+    finally:
+        monkeypatch.undo()
+        config.get_config_options(force_reparse=True)

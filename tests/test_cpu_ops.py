@@ -429,6 +429,12 @@ def test_a_build_killed_midway_never_hangs_the_next_start(tmp_path):
     third = subprocess.run([sys.executable, "-c", build], capture_output=True, text=True, timeout=120)
     assert third.returncode == 0 and "built" in third.stdout, third.stderr[-3000:]
     assert "Building" not in third.stderr and "Waiting" not in third.stderr
+    # A finished build in a cache whose lock file cannot be opened (a read-only lab image: the open
+    # raises OSError as here, where a directory stands in its place) is loaded, not given up for torch's.
+    (build_dir / "build.lock").unlink()
+    (build_dir / "build.lock").mkdir()
+    fourth = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", build], capture_output=True, text=True, timeout=120)
+    assert fourth.returncode == 0 and "built" in fourth.stdout, fourth.stderr[-3000:]
 
 
 def test_ctrl_c_during_a_build_in_a_worker_thread_says_one_line(tmp_path):

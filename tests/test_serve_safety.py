@@ -12,6 +12,7 @@ test's process over a tiny random model, driven by raw HTTP (httpx) and by the `
 from __future__ import annotations
 
 import json
+import socket
 import threading
 
 import httpx
@@ -105,6 +106,38 @@ def test_bodies_must_be_json_and_a_loopback_server_answers_only_loopback_names(o
     assert raw_post(base, "/v1/completions", body, {"Host": "evil.example"}).status_code == 400
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
         assert httpx.get(f"{base}/health", headers={"Host": host}).status_code == 200
+
+
+def exchange(base: str, raw: bytes) -> bytes:
+    """What the server answers ``raw`` (bytes on one connection) until it closes it, or for 2 s."""
+    host, port = base.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(raw)
+        conn.settimeout(2)
+        answer = b""
+        try:
+            while chunk := conn.recv(65536):
+                answer += chunk
+        except TimeoutError:  # still open: everything it had to say is said
+            pass
+    return answer
+
+
+def test_a_body_framed_two_ways_is_refused_the_connection_closed_and_no_answer_is_sniffed(open_server):
+    """Content-Length with Transfer-Encoding (request smuggling behind a proxy, RFC 9112 section 6.1):
+    a 400, the connection closed, and the request pipelined behind it never answered. Every
+    response, a 200, an error or a 404, tells the browser not to guess its type."""
+    base, app, engine = open_server
+    smuggled = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+                b"GET /lab/session HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = exchange(base, smuggled).decode("latin-1")
+    assert answer.startswith("HTTP/1.1 400 ") and answer.count("HTTP/1.1 ") == 1, answer[:500]
+    assert "connection: close" in answer.lower()
+    assert httpx.get(f"{base}/health").status_code == 200  # and the server serves on
+    for response in (httpx.get(f"{base}/health"), httpx.get(f"{base}/lab/snapshot"), httpx.get(f"{base}/no-such-path"),
+                     raw_post(base, "/v1/completions", "{", {})):
+        assert response.headers.get("x-content-type-options") == "nosniff", (response.status_code, response.headers)
 
 
 def test_unbounded_inputs_are_bounded_naming_the_field(open_server):

@@ -513,7 +513,16 @@ def _tail(text: str, limit: int) -> str:
 
 
 def _build_and_load(build_root: str | Path | None, progress: Callable[[str, float], None] | None) -> None:
+    """Load a finished build at once; otherwise build it (or wait for the process that does) under the lock.
+
+    A finished build (its library and ``loaded-ok``, written only after a process loaded it) is never
+    changed again, so it is loaded without the lock: from a read-only cache (a shared lab image), or
+    while another process holds the lock."""
     build_dir = build_directory(build_root)
+    library = build_dir / f"pagedattention_lab_cpu_{build_dir.name}.so"
+    if library.exists() and (build_dir / "loaded-ok").exists():
+        torch.ops.load_library(str(library))
+        return
     build_dir.mkdir(parents=True, exist_ok=True)
     with build_lock(build_dir, progress):
         _build_locked(build_dir.name, build_dir, progress)
@@ -537,7 +546,7 @@ def _build_locked(fingerprint: str, build_dir: Path, progress) -> None:
     """Build (if needed) and load, while this process holds the build directory's lock."""
     name = f"pagedattention_lab_cpu_{fingerprint}"
     library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
-    if library.exists() and loaded_once.exists():  # built, and loaded by a process before: nothing to compile
+    if library.exists() and loaded_once.exists():  # finished by the process this one waited for
         torch.ops.load_library(str(library))
         return
     # Imported here: it is slow to import and only needed to build. Where a CUDA toolkit is installed but

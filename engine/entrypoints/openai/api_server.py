@@ -303,6 +303,21 @@ def bind_warning(host: str, has_api_keys: bool) -> str | None:
             + ("" if has_api_keys else " with no API key: anyone who can reach it can use it (see --api-key)"))
 
 
+SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff")]  # on every response: a browser never guesses a type
+
+
+def server_config(app: FastAPI, **options) -> uvicorn.Config:
+    """uvicorn's configuration for ``app`` (``options``: uvicorn.Config's, e.g. host, port, log_level).
+
+    HTTP/1.1 is parsed by httptools (llhttp), which refuses a request carrying both ``Content-Length``
+    and ``Transfer-Encoding`` with a 400 and closes the connection (RFC 9112 section 6.1: such a
+    message is a request-smuggling attempt; h11, uvicorn's other parser, answers it and keeps the
+    connection open). Every response has ``X-Content-Type-Options: nosniff``, so a browser never runs
+    a JSON or text answer as a script or page.
+    """
+    return uvicorn.Config(app, http="httptools", headers=SECURITY_HEADERS, **options)
+
+
 def run_server(engine: LLMEngine | EngineConfig, settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
                shutdown_timeout_s: float = 30.0, log_level: str = "info") -> None:
     """Serve until SIGINT or SIGTERM. Then the server stops listening (a new connection is refused,
@@ -314,7 +329,7 @@ def run_server(engine: LLMEngine | EngineConfig, settings: ServerSettings, host:
         print(warning, file=sys.stderr, flush=True)
     app = create_app(engine, settings, host)
     # uvicorn's own grace period is a backstop: the drain below ends every request before it.
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
+    config = server_config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)
     server.hub = app.state.hub
     print(f"serving '{app.state.model_name}' on http://{host}:{port} "
