@@ -243,7 +243,8 @@ class LLMEngine:
         fails alone: it finishes with reason "error" (``StepReport.errors`` and its output's
         ``error`` say what failed), its blocks are freed, and the other requests run on. A failure
         of the step itself (the swap copies, the forward pass) raises, after putting every request
-        of the batch back at the head of the queue with its blocks freed: no request is lost.
+        of the batch back at the head of the queue with its blocks freed: no request is lost. When
+        the copies failed, the prefix cache's CPU tier and GPU cache forget the blocks they never received.
         """
         timer = _Timer()
         batch = self.scheduler.schedule()
@@ -276,6 +277,7 @@ class LLMEngine:
                 self.runner.swap(batch.blocks_to_swap_out + batch.kv_offload_out, batch.blocks_to_swap_in + batch.kv_offload_in)
             except Exception:
                 self.scheduler.requeue(batch)
+                self.kv.discard_offload_copies(batch.kv_offload_out, batch.kv_offload_in)
                 raise
 
     def _execute(self, batch: SchedulerOutput) -> torch.Tensor | None:

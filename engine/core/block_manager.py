@@ -217,6 +217,21 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         """The CPU tier's copies queued since the last step: ``(gpu, cpu)`` offloads, ``(cpu, gpu)`` loads."""
         return self.offload.take_copies() if self.offload is not None else ([], [])
 
+    def discard_offload_copies(self, copies_out: list[tuple[int, int]], copies_in: list[tuple[int, int]]) -> None:
+        """A step failed before its CPU-tier copies ran (its requests requeued, their blocks freed):
+        the tier forgets the blocks it never received, and each GPU block that was never loaded
+        back leaves the prefix cache, so that no later hit reads KV that was never written."""
+        if self.offload is None:
+            return
+        self.offload.discard(copies_out, copies_in)
+        free = self.allocator.free_blocks
+        for _, block_id in reversed(copies_in):  # a path's deepest block first: the radix tree evicts leaves
+            assert block_id in free, f"block {block_id}, loaded back in a failed step, is still held"
+            if self.prefix_cache.block_hash[block_id] is not None:
+                free.remove(block_id)
+                self.prefix_cache.evict(block_id)
+                free.append(block_id)
+
     def offload_stats(self) -> KVOffloadStats | None:
         """The step's traffic between the GPU cache and the CPU tier (None without a tier)."""
         if self.offload is None:

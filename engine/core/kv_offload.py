@@ -115,6 +115,20 @@ class KVOffloadTier:
         self.num_loaded += 1
         return block_hash
 
+    def discard(self, copies_out: list[tuple[int, int]], copies_in: list[tuple[int, int]]) -> None:
+        """Undo a step's copies that never ran (the step raised before or in them): the CPU blocks
+        that were to receive an offload hold no KV and leave the tier, and the step's record
+        forgets both kinds. The CPU blocks of the loads keep their KV (only read from)."""
+        for gpu, cpu in copies_out:
+            if cpu in self.meta:  # else dropped again in the same step
+                del self.entries[self.meta.pop(cpu)[0]]
+                self.free.append(cpu)
+            self.step.offloaded.remove(gpu)
+            self.num_offloaded -= 1
+        for _, gpu in copies_in:
+            self.step.loaded.remove(gpu)
+            self.num_loaded -= 1
+
     def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The copies queued since the last call, ``(gpu, cpu)`` out and ``(cpu, gpu)`` in; unpins."""
         out, into = self.copies_out, self.copies_in
