@@ -178,7 +178,8 @@ def preset_config(name: str, caching: str | None) -> tuple[EngineConfig, list[tu
         preemption_mode=settings["preemption_mode"], enable_chunked_prefill=settings["chunked_prefill"],
         max_num_batched_tokens=settings["token_budget"] if settings["chunked_prefill"] else None,
         speculative_config=SpeculativeConfig(num_speculative_tokens=settings["spec_k"]) if settings["speculative"] else None,
-        enable_prefix_caching=caching is not None, prefix_cache=caching or "hash")
+        enable_prefix_caching=caching is not None, prefix_cache=caching or "hash",
+        kv_offload_blocks=settings["kv_offload_blocks"] if caching else 0)
     rows = [(prompt, min(n, max_tokens)) for prompt, n in preset["rows"]]
     return config, rows, settings
 

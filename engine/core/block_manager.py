@@ -24,7 +24,7 @@ from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
 from engine.core.radix_cache import RadixCache, RadixFreeQueue
-from engine.core.kv_offload import KVOffloadStats, KVOffloadTier
+from engine.core.kv_offload import LOADED_BACK, KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
@@ -206,7 +206,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             block_id = self._allocate_block(seq)
             block_hash = self.offload.load(cpu, block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id,
-                             block_hash=block_hash.hex(), detail=f"loaded back from CPU block {cpu}")
+                             block_hash=block_hash.hex(), detail=f"{LOADED_BACK} {cpu}")
             seq.block_table.append(block_id)
         end = len(seq.block_table)
         replaced = self.prefix_cache.commit(seq.seq_id, seq.token_ids, seq.block_table, start, end, seq.block_hashes)
