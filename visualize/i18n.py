@@ -1348,6 +1348,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "FAIL：memory_saved = {value}，但引擎报告的比例不同；4 个互不共享的样本一共要持有多少块？"),
     "l7_pass": ("PASS: {saved} blocks saved of {without}: memory saved by sharing {share}, as the engine reports",
                 "PASS：不共享时需要 {without} 个块，共享省下其中 {saved} 个，共享节省的显存为 {share}，与引擎报告一致"),
+    "l13_fail_none": ("FAIL: predicted_cached_tokens or predicted_loaded_tokens is still None",
+                      "FAIL：predicted_cached_tokens 或 predicted_loaded_tokens 仍是 None"),
+    "l13_fail_cached": ("FAIL: you predict {value} cached tokens, but the engine found another number",
+                        "FAIL：你预测命中 {value} 个 token，但引擎找到的数目不同"),
+    "l13_fail_loaded": ("FAIL: the cached tokens are right, but not {value} of them were loaded back from the CPU tier",
+                        "FAIL：命中的 token 数对了，但从 CPU 层载回的不是 {value} 个"),
+    "l13_pass": ("PASS: {cached} tokens cached, {loaded} of them loaded back from the CPU tier",
+                 "PASS：命中 {cached} 个 token，其中 {loaded} 个从 CPU 层载回"),
     "l8_fail_none": ("FAIL: predicted_hits is still None", "FAIL：predicted_hits 仍是 None"),
     "l8_fail_hits": ("FAIL: predicted hits {value}, but the engine hit other blocks", "FAIL：预测命中 {value}，但引擎命中的是别的块"),
     "l8_fail_evicted": ("FAIL: predicted eviction of {value}, but the engine evicted something else",
@@ -1512,6 +1520,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "第 {k} 步：存活的束 {beams}，派生 {forks}，写时复制 {cows}，{gone} {freed}"
                       "（回到空闲列表的块：{returned}）；{blocks} 个块，节省 {saved:.0%}"),
     "lp7_beam": ("beam {index}: cumulative logprob {logprob:6.2f}  {text!r}", "束 {index}：累积对数概率 {logprob:6.2f}  {text!r}"),
+    "lp13_node": ("tokens {tokens} · blocks {blocks} · lock {lock} · last used at step {step}",
+                  "token {tokens} · 块 {blocks} · 锁计数 {lock} · 最近使用：第 {step} 步"),
+    "lp13_cached": ("{cache}: cached prompt tokens of A1, A2, B1: {counts}", "{cache}：A1、A2、B1 命中缓存的提示词 token 数：{counts}"),
+    "lp13_evicted": ("blocks evicted, in order: {blocks}", "按顺序被驱逐的块：{blocks}"),
+    "lp13_tier": ("CPU tier: {offloaded} blocks offloaded, {dropped} dropped, {held} held now",
+                  "CPU 层：卸载 {offloaded} 块，丢弃 {dropped} 块，现存 {held} 块"),
+    "lp13_sim_row": ("{cache}, {policy}, CPU tier {offload}: hit rate {rate:.1%} · prefill tokens {prefill:,} · "
+                     "TTFT p50 {p50:.2f} s, p99 {p99:.2f} s",
+                     "{cache}，{policy}，CPU 层 {offload}：命中率 {rate:.1%} · 预填充 token {prefill:,} · "
+                     "首 token 延迟 p50 {p50:.2f} 秒，p99 {p99:.2f} 秒"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),
     "lp8_free_queue": ("  free queue: {queue}", "  空闲队列：{queue}"),
     "lp8_cached_blocks": ("cached blocks: {blocks}", "已缓存的块：{blocks}"),
@@ -1659,7 +1677,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
 ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
-    Leviathan Chen Chrome Perfetto
+    Leviathan Chen Chrome Perfetto Zheng
     Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus
 """.split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name
 
