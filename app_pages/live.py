@@ -8,7 +8,7 @@ from collections import Counter
 import pandas as pd
 import streamlit as st
 
-from app_pages import swap_panel, timeline_panel
+from app_pages import prefix_panel, swap_panel, timeline_panel
 from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
@@ -27,6 +27,7 @@ from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import (block_tables_figure, copy_on_write_pairs, cow_sides, event_log_rows, free_queue_cells, pool_map_figure,
                             pool_map_spec)
 from visualize.prefix import cached_and_computed
+from visualize.radix import latest_matches, prefix_match_html
 
 
 def page() -> None:
@@ -259,30 +260,33 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
     at = replay_index(reports, lang)
     report, views = reports[at], request_views(prompts, reports, at, final_beams)
     split = cached_and_computed(reports[: at + 1], block_size) if report.prefix_cache is not None else None
+    matches = latest_matches(reports[: at + 1]) if report.prefix_cache is not None else None
     spec = spec_per_request(reports[: at + 1])
     cache = (caches or {}).get(report.step)
     step_summary(report, views, lang)
     if projector():  # the pool map and block tables large and first, the texts folded
         pool_view(report, block_size, lang, large=True, cache=cache, highlight=highlight)
+        prefix_panel.radix_and_tier(report, lang, large=True)
         swap_panel.queues_caption(report, views, lang)
         swap_panel.cpu_lane(report, block_size, lang, large=True)
         block_tables_html(report, block_size, lang, large=True, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         swap_panel.prefill_bars(reports, at, lang)
         with st.expander(t("requests", lang)):
-            requests_text(views, lang, split, labels, spec)
+            requests_text(views, lang, split, labels, spec, matches=matches)
         memory_view(reports[: at + 1], lang)
     else:
         left, right = st.columns([1, 1.2])
         with left:
             done = [v for v in views if fold_finished and v.status == "finished"]
-            requests_text([v for v in views if not (fold_finished and v.status == "finished")], lang, split, labels, spec)
+            requests_text([v for v in views if not (fold_finished and v.status == "finished")], lang, split, labels, spec, matches=matches)
             if done:
                 with st.expander(t("finished_requests", lang, n=len(done))):
-                    requests_text(done, lang, split, labels, spec, heading=False)
+                    requests_text(done, lang, split, labels, spec, heading=False, matches=matches)
             swap_panel.prefill_bars(reports, at, lang)
             block_tables_html(report, block_size, lang, sharing={v.request_id: v.sharing for v in views}, labels=labels)
         with right:
             pool_view(report, block_size, lang, cache=cache, highlight=highlight)
+            prefix_panel.radix_and_tier(report, lang)
             swap_panel.queues_caption(report, views, lang)
             swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
@@ -368,9 +372,10 @@ def spec_per_request(reports) -> dict[int, dict]:
 
 
 def requests_text(views, lang: str, split: dict | None = None, labels: dict[int, str] | None = None,
-                  spec: dict | None = None, heading: bool = True) -> None:
+                  spec: dict | None = None, heading: bool = True, matches: dict | None = None) -> None:
     """Each request's reply so far, in its colour; the prompt in grey; with prefix caching (``split``:
-    request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached;
+    request -> (cached, computed) tokens, ``visualize.prefix.cached_and_computed``) how much was cached,
+    and (``matches``: request -> ``PrefixMatch``) its prompt with the prefix found cached highlighted;
     with speculative decoding (``spec``: :func:`spec_per_request`) its drafts and acceptance."""
     if heading:
         st.markdown(f"**{t('requests', lang)}**")
@@ -390,6 +395,7 @@ def requests_text(views, lang: str, split: dict | None = None, labels: dict[int,
             f'<small style="color:#888">· {html_text(status_text(v, lang))} · {t("tok_count", lang, n=v.num_tokens)}'
             f'{extra}</small><br>'
             f'<span style="color:#888" data-testid="request-prompt">{html_text(_shorten(v.prompt))}</span>{_translation(v.prompt, lang)}'
+            f'{prefix_match_html(matches[v.request_id], lang) if matches and v.request_id in matches else ""}'
             f'{_reply_html(v, color, lang)}</div>'
         )
     st.markdown("".join(parts), unsafe_allow_html=True)

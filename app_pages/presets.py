@@ -93,12 +93,20 @@ SPEC_PROMPTS = (
 PRESETS["preset_speculative"] = dict(rows=[(p, 40) for p in SPEC_PROMPTS], num_blocks=32, speculative=True, spec_k=4)
 PRESETS["preset_shared_system_prompt"] = dict(
     rows=[(SYSTEM_PROMPT + "Question: " + q, 24) for q, _ in QUESTIONS], num_blocks=64, max_batch=2, prefix_caching=True)
+# The radix tree and the CPU tier: two questions after the system prompt branch the tree; a long prompt then
+# needs most of the pool, so the tree's least recently used leaves are evicted into the CPU tier; the last
+# question finds part of the system prompt there and loads it back instead of computing it.
+RADIX_ROWS = [(SYSTEM_PROMPT + "Question: " + QUESTIONS[0][0], 8), (SYSTEM_PROMPT + "Question: " + QUESTIONS[1][0], 8),
+              (LONG_PROMPT, 8), (SYSTEM_PROMPT + "Question: " + QUESTIONS[3][0], 8)]
+PRESETS["preset_radix_offload"] = dict(rows=RADIX_ROWS, num_blocks=14, max_batch=1, prefix_caching=True, prefix_cache="radix",
+                                       kv_offload_blocks=8)
 PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in CHAT], num_blocks=12, max_batch=1,
                                          prefix_caching=True, chat=True)
 
 # Every sidebar setting a preset's demo depends on, as a fresh session has it: loading a preset sets
 # all of them (its own values over these), so no setting of an earlier preset is left behind.
-PRESET_DEFAULTS = dict(block_size=16, pool_unit="blocks", allocator="paged", prefix_caching=True,
+PRESET_DEFAULTS = dict(block_size=16, pool_unit="blocks", allocator="paged", prefix_caching=True, prefix_cache="hash",
+                       scheduling_policy="fcfs", kv_offload_blocks=0,
                        preemption_mode="recompute", chunked_prefill=False, token_budget=64, max_batch=8,
                        sample=False, temperature=0.7, seed=0, sharing="none", sharing_width=4, chat=False,
                        speculative=False, spec_k=4)

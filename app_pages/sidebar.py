@@ -62,10 +62,12 @@ def engine_settings(lang: str, sb=None) -> Settings:
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists
     allocator = localized_choice(sb.radio, t("allocator", lang), ("paged", "contiguous"), "allocator", lang,
                                  lambda a: t(f"allocator_{a}", lang))
-    reservation, prefix_caching = "max", None
+    reservation, prefix_caching, prefix_options = "max", None, {}
     if allocator == "paged":
         st.session_state.setdefault("prefix_caching", True)
         prefix_caching = sb.toggle(t("prefix_caching", lang), key="prefix_caching", help=t("prefix_caching_help", lang))
+        if prefix_caching:
+            prefix_options = prefix_cache_settings(sb, lang)
     if allocator == "contiguous":
         reservation = sb.selectbox(t("reservation", lang), ("max", "pow2", "oracle"), key="reservation", help=t("reservation_help", lang))
     backend = sb.radio(t("backend", lang), ("torch", "triton"), horizontal=True, key="backend", help=t("backend_help", lang))
@@ -91,7 +93,21 @@ def engine_settings(lang: str, sb=None) -> Settings:
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
                     temperature=temperature, seed=seed, sharing=sharing, sharing_width=width,
-                    enable_prefix_caching=prefix_caching, **scheduling)
+                    enable_prefix_caching=prefix_caching, **prefix_options, **scheduling)
+
+
+def prefix_cache_settings(sb, lang: str) -> dict:
+    """With prefix caching on: the cache (vLLM's hash chain or SGLang's radix tree), the waiting
+    queue's order (FCFS or SGLang's longest prefix match) and the CPU tier's size, as Settings fields."""
+    state = st.session_state
+    state.setdefault("kv_offload_blocks", 0)
+    cache = localized_choice(sb.radio, t("prefix_cache_kind", lang), ("hash", "radix"), "prefix_cache", lang,
+                             lambda c: t(f"prefix_cache_{c}", lang), horizontal=True, help=t("prefix_cache_kind_help", lang))
+    policy = localized_choice(sb.radio, t("scheduling_policy", lang), ("fcfs", "lpm"), "scheduling_policy", lang,
+                              lambda p: t(f"scheduling_{p}", lang), horizontal=True, help=t("scheduling_policy_help", lang))
+    offload = int(sb.number_input(t("kv_offload_blocks", lang), min_value=0, max_value=256, key="kv_offload_blocks",
+                                  help=t("kv_offload_blocks_help", lang)))
+    return dict(prefix_cache=cache, scheduling_policy=policy, kv_offload_blocks=offload)
 
 
 def scheduler_settings(sb, lang: str, allocator: str, max_seqs: int) -> dict:

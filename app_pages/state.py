@@ -82,6 +82,9 @@ class Settings:
     sharing: str = "none"  # one of SHARING
     sharing_width: int = 4  # n samples, or beam width
     enable_prefix_caching: bool | None = None  # None: the engine's default (on when paged)
+    prefix_cache: str = "hash"  # or "radix" (SGLang's radix tree), with prefix caching
+    scheduling_policy: str = "fcfs"  # or "lpm" (longest prefix match), with prefix caching
+    kv_offload_blocks: int = 0  # the CPU tier under the prefix cache; 0: none
     preemption_mode: str = "recompute"  # or "swap": a CPU swap space as large as the pool (paper §4.5)
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: int | None = None  # the step's token budget; None: the engine's default

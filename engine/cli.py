@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import PREFIX_CACHES, SCHEDULING_POLICIES
+from engine.config import add_prefix_cache_args, prefix_cache_kwargs
 
 from tqdm.auto import tqdm
 
@@ -140,12 +140,7 @@ def _add_generate(sub) -> None:
                    help="contiguous allocator: what it reserves per request, the paper's Orca (Max), (Pow2) or (Oracle)")
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto",
                    help="torch (gather + softmax; the C++ kernel on CPU), triton (paged_kernels/); auto: triton on CUDA, torch on CPU")
-    p.add_argument("--prefix-cache", choices=PREFIX_CACHES, default="hash",
-                   help="prefix caching: hash = vLLM v1's hash chain, radix = SGLang's radix tree (default: hash)")
-    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
-                   help="fcfs = first come first served; lpm = longest cached prefix first, with a starvation guard (SGLang)")
-    p.add_argument("--kv-offload-blocks", type=int, default=0,
-                   help="blocks of a CPU tier for evicted cached blocks, loaded back on a hit (default: 0, none)")
+    add_prefix_cache_args(p)
     _add_cpu_kernels(p)
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
@@ -164,8 +159,7 @@ def _generate(args) -> None:
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks_override, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
-        cpu_kernels=args.cpu_kernels, prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy,
-        kv_offload_blocks=args.kv_offload_blocks,
+        cpu_kernels=args.cpu_kernels, **prefix_cache_kwargs(args),
     )
     clock = StageClock()  # each stage of the start (a first one: fetch, conversion, the kernels' build) with its seconds
     engine = LLMEngine(config, progress=clock)

@@ -62,6 +62,25 @@ def check_prefix_cache_options(enable_prefix_caching: bool, allocator: str, pref
                          "there is nothing cached to look up, order by or offload otherwise")
 
 
+def add_prefix_cache_args(parser) -> None:
+    """The flags of the prefix cache's options, one set for ``generate``, ``serve`` and ``simulate``
+    (an ``argparse`` parser or group); :func:`prefix_cache_kwargs` reads them back."""
+    parser.add_argument("--prefix-cache", choices=PREFIX_CACHES, default="hash",
+                        help="prefix caching: hash = vLLM v1's hash chain, radix = SGLang's radix tree (default: hash)")
+    parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                        help="fcfs = first come first served; lpm = longest cached prefix first (SGLang), with a starvation guard")
+    parser.add_argument("--lpm-max-wait-steps", type=int, default=DEFAULT_LPM_MAX_WAIT_STEPS,
+                        help=f"lpm: a request waiting this many steps goes first (default: {DEFAULT_LPM_MAX_WAIT_STEPS})")
+    parser.add_argument("--kv-offload-blocks", type=int, default=0,
+                        help="blocks of a CPU tier that evicted cached blocks go to, and hits load back from (default: 0, none)")
+
+
+def prefix_cache_kwargs(args) -> dict:
+    """The config fields of :func:`add_prefix_cache_args`' flags."""
+    return dict(prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy,
+                lpm_max_wait_steps=args.lpm_max_wait_steps, kv_offload_blocks=args.kv_offload_blocks)
+
+
 def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Bytes of one token's K and V over all layers: ``2 * layers * kv_heads * head_dim * element size``."""
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes

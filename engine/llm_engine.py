@@ -29,7 +29,8 @@ from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND
 from engine.model_executor.platform import describe_cpu_backend, resolve_backend, resolve_device, resolve_dtype
 from engine.model_executor.sampler import sample, sample_batch
 from engine.output_processor import GroupSample, OutputProcessor, Samples, StepOutputs
-from engine.report import WRITE, RequestOutput, ScheduledRequest, StepReport
+from engine.prefix_report import PrefixReporter
+from engine.report import CACHE_HIT, WRITE, RequestOutput, ScheduledRequest, StepReport
 from engine.sampling_params import BeamSearchParams, SamplingParams, sample_seed
 
 Prompt = str | list[dict] | list[int]
@@ -102,6 +103,9 @@ class LLMEngine:
 
             config.speculative_config.verify_for_engine(model.num_layers, self.kv.num_usable_blocks * config.block_size, self.max_model_len)
             self.spec = SpeculativeDecoder(config.speculative_config, self.runner, self.kv, self.max_model_len, self.events)
+        self.prefix_reporter = None
+        if getattr(self.kv, "prefix_cache", None) is not None:
+            self.prefix_reporter = PrefixReporter(self.kv.prefix_cache, self.tokenizer.decode, config.block_size)
         self.step_index = 0
         self.clock_ms = 0.0  # the engine's busy time: the sum of its steps' durations (StepReport.start_ms)
         self._arrived: dict[int, float] = {}  # requests queued since the last step, at clock_ms
@@ -243,7 +247,8 @@ class LLMEngine:
         fails alone: it finishes with reason "error" (``StepReport.errors`` and its output's
         ``error`` say what failed), its blocks are freed, and the other requests run on. A failure
         of the step itself (the swap copies, the forward pass) raises, after putting every request
-        of the batch back at the head of the queue with its blocks freed: no request is lost.
+        of the batch back at the head of the queue with its blocks freed: no request is lost. When
+        the copies failed, the prefix cache's CPU tier and GPU cache forget the blocks they never received.
         """
         timer = _Timer()
         batch = self.scheduler.schedule()
@@ -276,6 +281,7 @@ class LLMEngine:
                 self.runner.swap(batch.blocks_to_swap_out + batch.kv_offload_out, batch.blocks_to_swap_in + batch.kv_offload_in)
             except Exception:
                 self.scheduler.requeue(batch)
+                self.kv.discard_offload_copies(batch.kv_offload_out, batch.kv_offload_in)
                 raise
 
     def _execute(self, batch: SchedulerOutput) -> torch.Tensor | None:
@@ -426,11 +432,12 @@ class LLMEngine:
         # A verification's cache keeps its newest token and the accepted drafts (the rejected ones rolled back).
         scheduled = [dataclasses.replace(s, num_computed_tokens=s.num_computed_tokens + out.spec[s.request_id].accepted)
                      if s.phase == "decode" and s.request_id in out.spec else s for s in scheduled]
+        events = self.events.drain()
         return StepReport(
             step=self.step_index, phase=batch.phase, scheduled=scheduled,
             new_token_ids=out.new_token_ids, new_text=out.new_text, finished=out.finished,
             preempted=[g.request_id for g in batch.preempted],
-            events=self.events.drain(),
+            events=events,
             block_tables=self.kv.snapshot(self.scheduler.running),
             spec=out.spec, spec_acceptance_rate=_rate(out.spec)[0], spec_mean_accepted_length=_rate(out.spec)[1],
             memory=self.memory_usage(),
@@ -442,6 +449,8 @@ class LLMEngine:
             swapped_in=[g.request_id for g in batch.swapped_in],
             admissions=list(batch.admissions) if batch.admission_reasons is not None else None,
             kv_offload=self.kv.offload_stats(),
+            radix_tree=self.prefix_reporter.radix_tree(events) if self.prefix_reporter else None,
+            prefix_matches=self._prefix_matches(events),
             blocks_to_swap_out=list(batch.blocks_to_swap_out),
             blocks_to_swap_in=list(batch.blocks_to_swap_in),
             cpu_memory=self.kv.cpu_usage(swapped) if cpu else None,
@@ -449,6 +458,13 @@ class LLMEngine:
             seq_new_text=out.seq_new_text, seq_finished=out.seq_finished, sharing=out.sharing,
             beam_scores=out.beam_scores, errors=out.errors, waiting=batch.waiting,
         )
+
+    def _prefix_matches(self, events: list) -> dict:
+        if self.prefix_reporter is None:
+            return {}
+        hit = {e.request_id for e in events if e.kind == CACHE_HIT}
+        prompts = {rid: self.requests[rid].seqs[0].token_ids[: self.requests[rid].num_prompt_tokens] for rid in hit if rid in self.requests}
+        return self.prefix_reporter.matches(events, prompts)
 
     def _make_kv_manager(self) -> KVCacheManager:
         cfg = self.config

@@ -178,6 +178,64 @@ class SpecDecodeOutput:
         return self.proposed[self.accepted :]
 
 
+@dataclass(frozen=True)
+class RadixNodeView:
+    """One node of the radix-tree prefix cache (``engine/core/radix_cache.py``, SGLang's
+    RadixAttention), as plain data for the app (``StepReport.radix_tree``).
+
+    Attributes:
+        node_id: the node's id (stable until it is split or evicted); parent_id: its parent's (0: the root).
+        token_ids: the tokens of its edge, ``len(blocks) * block_size`` of them; text: them decoded.
+        blocks: the physical blocks that hold their KV, in order.
+        lock_ref: the sequences whose cached path passes through it (SGLang's ``lock_ref``); 0:
+            evictable once it is a leaf. Its blocks' reference counts in the pool equal it.
+        last_access_step: the engine step of its last lookup or insert (its LRU age).
+    """
+
+    node_id: int
+    parent_id: int
+    token_ids: list[int]
+    text: str
+    blocks: list[int]
+    lock_ref: int
+    last_access_step: int
+
+
+@dataclass(frozen=True)
+class RadixTreeView:
+    """The radix tree after a step (``StepReport.radix_tree``).
+
+    Attributes:
+        nodes: every node but the root, parents before children.
+        evicted: the blocks evicted this step, grouped by the node that held them after the previous
+            step (its id, parent, tokens, text and last access as they were then; lock_ref 0): the
+            path eviction cut back, leaf first.
+    """
+
+    nodes: list[RadixNodeView] = field(default_factory=list)
+    evicted: list[RadixNodeView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """What a request found in the prefix cache when it was admitted (``StepReport.prefix_matches``).
+
+    Attributes:
+        num_cached_tokens: prompt tokens found cached (full blocks; vLLM's ``num_cached_tokens``),
+            of which num_loaded_tokens were loaded back from the CPU tier.
+        num_prompt_tokens: the prompt's tokens.
+        cached_text, loaded_text, rest_text: the prompt decoded in three parts: found on the GPU,
+            loaded back from the CPU tier, computed.
+    """
+
+    num_cached_tokens: int
+    num_loaded_tokens: int
+    num_prompt_tokens: int
+    cached_text: str
+    loaded_text: str
+    rest_text: str
+
+
 @dataclass
 class StepReport:
     """Everything one scheduler iteration did.
@@ -244,6 +302,10 @@ class StepReport:
             starvation guard) or "preempted" (``engine/core/scheduling_policy.py``). None under FCFS.
         kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
+        radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted
+            (:class:`RadixTreeView`); None otherwise (the simulator records none).
+        prefix_matches: prefix caching: per request id admitted this step with a cache hit, what it
+            found (:class:`PrefixMatch`).
     """
 
     step: int
@@ -280,6 +342,8 @@ class StepReport:
     arrived: dict[int, float] = field(default_factory=dict)
     admissions: list[tuple[int, str, int]] | None = None
     kv_offload: KVOffloadStats | None = None
+    radix_tree: RadixTreeView | None = None
+    prefix_matches: dict[int, PrefixMatch] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

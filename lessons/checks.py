@@ -26,3 +26,21 @@ def speculative_expectation(alpha: float, k: int, plain_step_ms: float, verify_s
         raise ValueError(f"step times must be positive, got {plain_step_ms} and {verify_step_ms} ms")
     tokens = sum(alpha ** i for i in range(k + 1))
     return tokens, tokens * plain_step_ms / verify_step_ms
+
+
+def radix_exercise_expectation(make_engine, run, system: list[int]) -> tuple[int, int]:
+    """Lesson 13: conversation A's second turn on the engine of section 2 (a radix tree over 8 blocks
+    of 4, a CPU tier of 4 blocks, after A's and B's first turns and a long unrelated prompt). Returns
+    its ``num_cached_tokens`` (both tiers) and the tokens of those loaded back from the CPU tier.
+
+    ``make_engine(offload)`` builds the lesson's engine, ``run(engine, prompt)`` runs one request to its
+    end and returns ``(RequestOutput, reports)``; ``system`` is the lesson's system prompt.
+    """
+    engine = make_engine(4)
+    a1 = system + list(range(200, 206))
+    out_a1, _ = run(engine, a1)
+    run(engine, system + list(range(300, 306)))
+    run(engine, list(range(400, 420)))
+    out_a2, reports = run(engine, a1 + out_a1.outputs[0].token_ids + [210, 211, 212, 213])
+    match = next(m for r in reports for m in r.prefix_matches.values())
+    return out_a2.num_cached_tokens, match.num_loaded_tokens

@@ -569,6 +569,85 @@ def prefix_caching(page, sync_api, port, server) -> None:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_radix_tree_and_cpu_tier_in_a_browser(tiny_llama_dir):
+    """The "Radix tree and CPU tier" preset, run in the browser to the step where the last question
+    loads the system prompt back: the tree's nodes (text, lock count) and evicted blocks, the CPU
+    tier's blocks and the matched prefix read from the page equal the same step's report of an engine
+    run here, in English and in 中文 (tiny model)."""
+    reports = radix_preset_reports(tiny_llama_dir)
+    at = next(r.step for r in reports if r.kv_offload.copies_in)
+    in_browser(tiny_llama_dir, lambda page, sync_api, port, server: radix_tree_and_tier(page, sync_api, port, server, reports[at]),
+               "failure_radix.png")
+
+
+def radix_preset_reports(model_dir) -> list:
+    """Every step report of the preset on the engine the app builds for it (greedy, as the app's default)."""
+    from app_pages.presets import PRESETS, preset_settings
+    from app_pages.state import Settings, add_workload
+    from engine import LLMEngine
+
+    s = preset_settings("preset_radix_offload")
+    llm = LLMEngine(Settings(model=str(model_dir), block_size=s["block_size"], num_gpu_blocks=s["num_blocks"], max_num_seqs=s["max_batch"],
+                             enable_prefix_caching=True, prefix_cache=s["prefix_cache"], kv_offload_blocks=s["kv_offload_blocks"]).engine_config())
+    add_workload(llm, PRESETS["preset_radix_offload"]["rows"], 0.0, 0, "none", 4, [])
+    reports = []
+    while llm.has_unfinished_requests():
+        reports.append(llm.step())
+    return reports
+
+
+READ_PREFIX_VIEW_JS = """() => {
+  const fresh = el => !el.closest('[data-stale="true"]');
+  const all = sel => [...document.querySelectorAll(sel)].filter(fresh);
+  const node = el => ({id: +el.dataset.nodeId, lock: +el.dataset.lockRef, blocks: el.dataset.blocks,
+                       text: el.querySelector('[data-testid="radix-node-text"]').textContent,
+                       meta: el.querySelector('[data-testid="radix-node-meta"]').textContent});
+  return {nodes: all('[data-testid="radix-node"]').map(node), evicted: all('[data-testid="radix-evicted"]').map(node),
+          tier: all('[data-testid="cpu-tier-block"]').map(el => [+el.dataset.block, el.dataset.state,
+                     el.querySelector('[data-testid="cpu-tier-mark"]').textContent]),
+          matches: all('[data-testid="prefix-match"]').map(el => [+el.dataset.cached, +el.dataset.loaded])};
+}"""
+
+
+def radix_tree_and_tier(page, sync_api, port, server, report) -> None:
+    from visualize.i18n import t
+    from visualize.radix import shorten, visible
+
+    open_app(page, sync_api, port, server)
+    load_preset(page, t("preset_radix_offload", "en"), "Request 3")
+    page.get_by_label("N", exact=True).fill(str(report.step + 1))
+    page.get_by_role("button", name="Run N steps").click()
+    step_title(page, f"Step {report.step}", 300)
+    tier = report.kv_offload
+    want_tier = sorted([b, "loaded" if b in {c for c, _ in tier.copies_in} else "offloaded" if b in {c for _, c in tier.copies_out}
+                        else "held" if b in tier.cpu_held else "empty"] for b in range(tier.cpu_capacity))
+    for lang in ("en", "zh"):
+        if lang == "zh":
+            page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+            step_title(page, t("step_summary", "zh", step=report.step), 120)
+        page.get_by_text(t("radix_tree_title", lang), exact=True).wait_for(timeout=60_000)
+        seen = page.evaluate(READ_PREFIX_VIEW_JS)
+        nodes = {n.node_id: n for n in report.radix_tree.nodes}
+        assert sorted(n["id"] for n in seen["nodes"]) == sorted(nodes)
+        for n in seen["nodes"]:
+            want = nodes[n["id"]]
+            assert (n["text"], n["lock"], n["blocks"]) == (shorten(visible(want.text)), want.lock_ref, " ".join(map(str, want.blocks)))
+            assert n["meta"] == t("radix_node_meta", lang, blocks=", ".join(map(str, want.blocks)), lock=want.lock_ref,
+                                  step=want.last_access_step)
+        assert sorted((n["id"], n["text"]) for n in seen["evicted"]) == sorted((n.node_id, shorten(visible(n.text)))
+                                                                               for n in report.radix_tree.evicted)
+        assert seen["evicted"], "the step evicted a path"
+        assert sorted(b[:2] for b in seen["tier"]) == want_tier
+        assert {m for _, _, m in seen["tier"] if m} == {f"↑{g}" for _, g in tier.copies_in} | {f"↓{g}" for g, c in tier.copies_out
+                                                                                                  if c not in {c for c, _ in tier.copies_in}}
+        match = report.prefix_matches[3]
+        assert [match.num_cached_tokens, match.num_loaded_tokens] in seen["matches"] and match.num_loaded_tokens > 0
+        page.get_by_text(t("cpu_tier_title", lang, held=len(tier.cpu_held), capacity=tier.cpu_capacity), exact=True).wait_for()
+        no_exception_box(page)
+        page.screenshot(path=str(SHOTS / f"radix_offload_{lang}.png"), full_page=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_swap_lane_in_a_browser(default_model_dir):
     """The "Small pool, swap preemption" preset with the default model (its stories are the README's
     screenshot): Step until requests are swapped out; the CPU swap space is drawn as a second pool map,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from contextlib import nullcontext
 
 import pytest
 from hypothesis import given, settings
@@ -177,7 +178,8 @@ def preset_config(name: str, caching: str | None) -> tuple[EngineConfig, list[tu
         preemption_mode=settings["preemption_mode"], enable_chunked_prefill=settings["chunked_prefill"],
         max_num_batched_tokens=settings["token_budget"] if settings["chunked_prefill"] else None,
         speculative_config=SpeculativeConfig(num_speculative_tokens=settings["spec_k"]) if settings["speculative"] else None,
-        enable_prefix_caching=caching is not None, prefix_cache=caching or "hash")
+        enable_prefix_caching=caching is not None, prefix_cache=caching or "hash",
+        kv_offload_blocks=settings["kv_offload_blocks"] if caching else 0)
     rows = [(prompt, min(n, max_tokens)) for prompt, n in preset["rows"]]
     return config, rows, settings
 
@@ -307,6 +309,47 @@ def test_evicted_blocks_come_back_from_the_cpu_tier_with_the_same_outputs(tiny_l
     assert dropped[2].num_cached_tokens == 8 and offloaded[2].num_cached_tokens == 12
     assert sum(len(r.kv_offload.offloaded) for r in reports) >= 1 and sum(len(r.kv_offload.loaded) for r in reports) == 1
     assert reports[-1].kv_offload.cpu_blocks <= 16
+
+
+@pytest.mark.parametrize("cache", ["hash", "radix"])
+def test_a_step_whose_copies_fail_leaves_no_offload_entry_and_no_unloaded_block_cached(tiny_llama_dir, cache):
+    """A step that raises in its copies, after the scheduler queued an offload or a load back, is
+    undone: the CPU tier forgets the blocks it never received, the GPU cache the blocks that were
+    never loaded, and the retried requests give the outputs of no caching."""
+    def make(**overrides):
+        return LLMEngine(EngineConfig(model=str(tiny_llama_dir), dtype="float64", block_size=4, num_gpu_blocks=6, **overrides))
+
+    prompts = [list(range(10, 23)), list(range(40, 53)), list(range(10, 23)) + [7]]  # as above: 2 evicts 1, 3 loads 1 back
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    plain, engine = make(enable_prefix_caching=False), make(prefix_cache=cache, kv_offload_blocks=16)
+    swap, queued = engine.runner.swap, []
+
+    def failing_swap(out, into):
+        engine.runner.swap = swap
+        queued.append((out, into))
+        raise RuntimeError("the copy broke")
+
+    def run(engine, prompt, fail):
+        rid = engine.add_request(prompt, params)
+        engine.runner.swap = failing_swap if fail else engine.runner.swap
+        with pytest.raises(RuntimeError, match="the copy broke") if fail else nullcontext():
+            while engine.has_unfinished_requests():
+                engine.step()
+        if fail:
+            check(engine)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return engine.get_output(rid).token_ids
+
+    def check(engine):
+        out, into = queued[-1]
+        assert out or into
+        assert not {cpu for _, cpu in out} & set(engine.kv.offload.meta)
+        assert not {gpu for _, gpu in into} & set(engine.prefix_cache_entries())
+        assert not engine.kv.offload.step.offloaded and not engine.kv.offload.step.loaded
+
+    outs = [run(engine, prompt, fail=i > 0) for i, prompt in enumerate(prompts)]
+    assert outs == [run(plain, prompt, fail=False) for prompt in prompts]
 
 
 def test_the_simulator_runs_the_token_workloads_on_either_cache_and_defaults_read_as_before():

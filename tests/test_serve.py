@@ -312,6 +312,27 @@ def test_sigterm_aborts_running_requests_and_frees_every_block(tiny):
     assert re.search(r"engine stopped: 0 requests completed, 1 aborted; KV pool: 64 of 64 blocks free", err), err
 
 
+def test_serve_flags_choose_the_prefix_cache_and_a_shared_prefix_reports_cached_tokens(tiny):
+    """`serve --prefix-cache radix --scheduling-policy lpm --kv-offload-blocks 8` builds that engine,
+    and the second request of a shared prefix reports its hit as vLLM does,
+    ``usage.prompt_tokens_details.cached_tokens``: the shared prompt's full blocks (the last
+    prompt token is always computed)."""
+    from engine.cli import build_parser
+    from engine.entrypoints.openai.cli_args import engine_config
+
+    args = build_parser().parse_args(["serve", tiny, "--block-size", "4", "--num-gpu-blocks-override", "32", "--prefix-cache", "radix",
+                                      "--scheduling-policy", "lpm", "--kv-offload-blocks", "8"])
+    config = engine_config(args)
+    assert (config.prefix_cache, config.scheduling_policy, config.kv_offload_blocks) == ("radix", "lpm", 8)
+    shared = list(range(100, 114))  # 3 full blocks and 2 tokens
+    with serving(config) as (base, app):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        first, second = (client.completions.create(model=app.state.llm.engine.model_name, prompt=shared + [tail], max_tokens=2, temperature=0)
+                         for tail in (7, 9))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == 12 and second.usage.prompt_tokens == 15
+
+
 def test_a_failing_request_fails_alone_and_a_failing_step_fails_every_request(tiny):
     """A request whose own part of a step raises ends in an error (500, or an error event when
     streaming) while the others complete; a step that raises fails every request in it, and the

@@ -1249,6 +1249,58 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                            "on the GPU {gpu}, on the CPU {cpu} of {capacity}",
                            "本步 CPU 层：卸载 {offloaded} 块，载回 {loaded} 块，丢弃 {dropped} 块；已缓存的块：GPU 上 {gpu} 块，"
                            "CPU 上 {cpu}/{capacity} 块"),
+    # the radix tree, the CPU tier and each request's matched prefix (visualize/radix.py), and their settings
+    "prefix_cache_kind": ("Prefix cache", "前缀缓存的结构"),
+    "prefix_cache_kind_help": (
+        "Hash chain: vLLM's automatic prefix caching, a hash per full block, least recently freed block evicted first. "
+        "Radix tree: SGLang's RadixAttention, a tree of token runs whose nodes hold blocks; a node on a running "
+        "request's path is locked, and the least recently used unlocked leaf is evicted first.",
+        "哈希链：vLLM 的自动前缀缓存，每个满块一个哈希，最早释放的块最先被驱逐。基数树：SGLang 的 RadixAttention，"
+        "一棵由 token 串组成、节点持有块的树；运行中请求路径上的节点被锁定，最久未用的未锁定叶节点最先被驱逐。"),
+    "prefix_cache_hash": ("hash chain", "哈希链"),
+    "prefix_cache_radix": ("radix tree", "基数树"),
+    "scheduling_policy": ("Waiting queue order", "等待队列的顺序"),
+    "scheduling_policy_help": (
+        "First come, first served, or SGLang's longest prefix match: the waiting request with the most cached "
+        "prompt tokens is admitted first; one that has waited too long goes first (the starvation guard).",
+        "先来先服务，或 SGLang 的最长前缀匹配：已缓存提示词 token 最多的等待请求先被接纳；等待过久的请求排在最前（防饥饿）。"),
+    "scheduling_fcfs": ("first come, first served", "先来先服务"),
+    "scheduling_lpm": ("longest prefix match", "最长前缀匹配"),
+    "kv_offload_blocks": ("CPU tier, blocks (0 = none)", "CPU 层的块数（0 = 不用）"),
+    "kv_offload_blocks_help": (
+        "A second tier under the prefix cache (SGLang's HiCache, vLLM's KV offloading): an evicted cached block is "
+        "copied to CPU memory instead of dropped, and a later hit loads it back instead of computing it again.",
+        "前缀缓存之下的第二层（SGLang 的 HiCache、vLLM 的 KV 卸载）：被驱逐的已缓存块复制到 CPU 内存而不是丢弃，"
+        "之后命中时把它载回，而不是重新计算。"),
+    "radix_tree_title": ("Radix tree of the prefix cache", "前缀缓存的基数树"),
+    "radix_legend": (
+        "Each node: its tokens' text, its blocks, its lock count (running requests whose path passes through it) and "
+        "the step it was last used. Green: locked, never evicted. Grey: evictable, least recently used leaf first. "
+        "Red, struck through: evicted this step.",
+        "每个节点：其 token 的文本、它的块、锁计数（路径经过它的运行中请求数）和最近一次使用的步。绿色：已锁定，不会被驱逐。"
+        "灰色：可驱逐，最久未用的叶节点最先。红色划线：本步被驱逐。"),
+    "radix_root": ("root", "根节点"),
+    "radix_more": ("… {n} more nodes", "……另有 {n} 个节点"),
+    "radix_node_meta": ("blocks {blocks} · lock {lock} · last used at step {step}", "块 {blocks} · 锁计数 {lock} · 最近使用：第 {step} 步"),
+    "radix_evicted_meta": ("evicted this step: blocks {blocks}", "本步驱逐：块 {blocks}"),
+    "radix_empty": ("The tree is empty: nothing is cached yet.", "树是空的：还没有缓存任何块。"),
+    "cpu_tier_title": ("CPU tier: {held} of {capacity} blocks hold offloaded KV", "CPU 层：{capacity} 块中有 {held} 块存有卸载的 KV"),
+    "cpu_tier_loaded": ("CPU block {block}: loaded back into GPU block {gpu} this step", "CPU 块 {block}：本步载回到 GPU 块 {gpu}"),
+    "cpu_tier_offloaded": ("CPU block {block}: offloaded from GPU block {gpu} this step", "CPU 块 {block}：本步从 GPU 块 {gpu} 卸载而来"),
+    "cpu_tier_held": ("CPU block {block}: holds offloaded KV", "CPU 块 {block}：存有卸载的 KV"),
+    "cpu_tier_empty": ("CPU block {block}: free", "CPU 块 {block}：空闲"),
+    "cpu_tier_move_out": ("offloaded GPU {gpu} ↓ CPU {cpu}", "卸载 GPU {gpu} ↓ CPU {cpu}"),
+    "cpu_tier_move_in": ("loaded back CPU {cpu} ↑ GPU {gpu}", "载回 CPU {cpu} ↑ GPU {gpu}"),
+    "cpu_tier_no_moves": ("No copies between the tiers this step.", "本步两层之间没有复制。"),
+    "prefix_match_label": ("Prefix found cached: {cached} of {total} prompt tokens", "找到的已缓存前缀：提示词 {total} 个 token 中的 {cached} 个"),
+    "prefix_match_loaded": (", {loaded} of them loaded back from the CPU tier", "，其中 {loaded} 个从 CPU 层载回"),
+    "preset_radix_offload": ("Radix tree and CPU tier (prefix caching)", "基数树与 CPU 层（前缀缓存）"),
+    "preset_radix_offload_note": (
+        "Radix tree, one request at a time, a CPU tier of 8 blocks. Two questions after the system prompt branch the "
+        "tree; a long prompt then needs most of the pool, so the least recently used leaves are evicted into the CPU "
+        "tier; the last question finds part of the system prompt there and loads it back instead of computing it.",
+        "基数树，每次一个请求，CPU 层 8 块。系统提示词之后的两个问题让树分出两支；随后一个长提示词需要显存池的大部分，"
+        "于是最久未用的叶节点被驱逐到 CPU 层；最后一个问题在那里找到系统提示词的一部分，把它载回，而不是重新计算。"),
     # prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
     "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示词（前缀缓存）"),
     "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),
@@ -1301,6 +1353,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "FAIL：memory_saved = {value}，但引擎报告的比例不同；4 个互不共享的样本一共要持有多少块？"),
     "l7_pass": ("PASS: {saved} blocks saved of {without}: memory saved by sharing {share}, as the engine reports",
                 "PASS：不共享时需要 {without} 个块，共享省下其中 {saved} 个，共享节省的显存为 {share}，与引擎报告一致"),
+    "l13_fail_none": ("FAIL: predicted_cached_tokens or predicted_loaded_tokens is still None",
+                      "FAIL：predicted_cached_tokens 或 predicted_loaded_tokens 仍是 None"),
+    "l13_fail_cached": ("FAIL: you predict {value} cached tokens, but the engine found another number",
+                        "FAIL：你预测命中 {value} 个 token，但引擎找到的数目不同"),
+    "l13_fail_loaded": ("FAIL: the cached tokens are right, but not {value} of them were loaded back from the CPU tier",
+                        "FAIL：命中的 token 数对了，但从 CPU 层载回的不是 {value} 个"),
+    "l13_pass": ("PASS: {cached} tokens cached, {loaded} of them loaded back from the CPU tier",
+                 "PASS：命中 {cached} 个 token，其中 {loaded} 个从 CPU 层载回"),
     "l8_fail_none": ("FAIL: predicted_hits is still None", "FAIL：predicted_hits 仍是 None"),
     "l8_fail_hits": ("FAIL: predicted hits {value}, but the engine hit other blocks", "FAIL：预测命中 {value}，但引擎命中的是别的块"),
     "l8_fail_evicted": ("FAIL: predicted eviction of {value}, but the engine evicted something else",
@@ -1465,6 +1525,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "第 {k} 步：存活的束 {beams}，派生 {forks}，写时复制 {cows}，{gone} {freed}"
                       "（回到空闲列表的块：{returned}）；{blocks} 个块，节省 {saved:.0%}"),
     "lp7_beam": ("beam {index}: cumulative logprob {logprob:6.2f}  {text!r}", "束 {index}：累积对数概率 {logprob:6.2f}  {text!r}"),
+    "lp13_node": ("tokens {tokens} · blocks {blocks} · lock {lock} · last used at step {step}",
+                  "token {tokens} · 块 {blocks} · 锁计数 {lock} · 最近使用：第 {step} 步"),
+    "lp13_cached": ("{cache}: cached prompt tokens of A1, A2, B1: {counts}", "{cache}：A1、A2、B1 命中缓存的提示词 token 数：{counts}"),
+    "lp13_evicted": ("blocks evicted, in order: {blocks}", "按顺序被驱逐的块：{blocks}"),
+    "lp13_tier": ("CPU tier: {offloaded} blocks offloaded, {dropped} dropped, {held} held now",
+                  "CPU 层：卸载 {offloaded} 块，丢弃 {dropped} 块，现存 {held} 块"),
+    "lp13_sim_row": ("{cache}, {policy}, CPU tier {offload}: hit rate {rate:.1%} · prefill tokens {prefill:,} · "
+                     "TTFT p50 {p50:.2f} s, p99 {p99:.2f} s",
+                     "{cache}，{policy}，CPU 层 {offload}：命中率 {rate:.1%} · 预填充 token {prefill:,} · "
+                     "首 token 延迟 p50 {p50:.2f} 秒，p99 {p99:.2f} 秒"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),
     "lp8_free_queue": ("  free queue: {queue}", "  空闲队列：{queue}"),
     "lp8_cached_blocks": ("cached blocks: {blocks}", "已缓存的块：{blocks}"),
@@ -1578,6 +1648,9 @@ GLOSSARY: dict[str, str] = {
     "goodput": "有效吞吐量", "request rate": "请求速率", "preemption": "抢占", "eviction": "驱逐",
     "server": "服务器", "app": "应用", "notebook": "笔记本", "laptop": "笔记本电脑", "step-time model": "步时模型",
     "little's law": "利特尔定律",
+    # prefix caching grown up (SGLang's RadixAttention and HiCache, vLLM's KV offloading)
+    "radix tree": "基数树", "hash chain": "哈希链", "lock count": "锁计数", "offload": "卸载", "load back": "载回",
+    "cpu tier": "CPU 层", "longest prefix match": "最长前缀匹配", "cache-aware scheduling": "缓存感知调度",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -1609,7 +1682,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
 ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
-    Leviathan Chen Chrome Perfetto
+    Leviathan Chen Chrome Perfetto Zheng
     Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus
 """.split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name
 

@@ -24,7 +24,7 @@ from engine.core.lookahead import LookaheadSlotsMixin
 from engine.core.swap_space import SwapSpaceMixin
 from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
 from engine.core.radix_cache import RadixCache, RadixFreeQueue
-from engine.core.kv_offload import KVOffloadStats, KVOffloadTier
+from engine.core.kv_offload import LOADED_BACK, KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
 from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
 from engine.core.sequence import Sequence
@@ -206,7 +206,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             block_id = self._allocate_block(seq)
             block_hash = self.offload.load(cpu, block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id,
-                             block_hash=block_hash.hex(), detail=f"loaded back from CPU block {cpu}")
+                             block_hash=block_hash.hex(), detail=f"{LOADED_BACK} {cpu}")
             seq.block_table.append(block_id)
         end = len(seq.block_table)
         replaced = self.prefix_cache.commit(seq.seq_id, seq.token_ids, seq.block_table, start, end, seq.block_hashes)
@@ -216,6 +216,21 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
     def take_offload_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The CPU tier's copies queued since the last step: ``(gpu, cpu)`` offloads, ``(cpu, gpu)`` loads."""
         return self.offload.take_copies() if self.offload is not None else ([], [])
+
+    def discard_offload_copies(self, copies_out: list[tuple[int, int]], copies_in: list[tuple[int, int]]) -> None:
+        """A step failed before its CPU-tier copies ran (its requests requeued, their blocks freed):
+        the tier forgets the blocks it never received, and each GPU block that was never loaded
+        back leaves the prefix cache, so that no later hit reads KV that was never written."""
+        if self.offload is None:
+            return
+        self.offload.discard(copies_out, copies_in)
+        free = self.allocator.free_blocks
+        for _, block_id in reversed(copies_in):  # a path's deepest block first: the radix tree evicts leaves
+            assert block_id in free, f"block {block_id}, loaded back in a failed step, is still held"
+            if self.prefix_cache.block_hash[block_id] is not None:
+                free.remove(block_id)
+                self.prefix_cache.evict(block_id)
+                free.append(block_id)
 
     def offload_stats(self) -> KVOffloadStats | None:
         """The step's traffic between the GPU cache and the CPU tier (None without a tier)."""

@@ -132,6 +132,9 @@ class KVCacheManager(ABC):
         ``(gpu, cpu)`` offloads and ``(cpu, gpu)`` loads; none without a tier."""
         return [], []
 
+    def discard_offload_copies(self, copies_out: list[tuple[int, int]], copies_in: list[tuple[int, int]]) -> None:
+        """A step failed before the CPU-tier copies of :meth:`take_offload_copies` ran: forget them."""
+
     def offload_stats(self):
         """The step's :class:`~engine.core.kv_offload.KVOffloadStats` (None without a CPU tier)."""
         return None

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from engine.core.prefix_cache import BlockHash
 
+LOADED_BACK = "loaded back from CPU block"  # a CACHE_HIT event's detail when the hit came from the CPU tier
+
 
 @dataclass
 class KVOffloadStats:
@@ -34,6 +36,9 @@ class KVOffloadStats:
         dropped: CPU blocks dropped from the full tier this step (least recently used first).
         gpu_cached_blocks: GPU blocks that hold cached KV after the step (in use or free).
         cpu_blocks: CPU tier blocks that hold cached KV after the step; cpu_capacity: its size.
+        copies_out: the offloads as ``(gpu block, tier block)``; copies_in: the loads as ``(tier
+            block, gpu block)``; a tier block is numbered 0 .. cpu_capacity - 1.
+        cpu_held: the tier blocks that hold cached KV after the step, ascending.
     """
 
     offloaded: list[int] = field(default_factory=list)
@@ -42,6 +47,9 @@ class KVOffloadStats:
     gpu_cached_blocks: int = 0
     cpu_blocks: int = 0
     cpu_capacity: int = 0
+    copies_out: list[tuple[int, int]] = field(default_factory=list)
+    copies_in: list[tuple[int, int]] = field(default_factory=list)
+    cpu_held: list[int] = field(default_factory=list)
 
 
 class KVOffloadTier:
@@ -76,6 +84,7 @@ class KVOffloadTier:
         self.meta[cpu] = (block_hash, parent_hash, tuple(token_ids))
         self.copies_out.append((gpu_block, cpu))
         self.step.offloaded.append(gpu_block)
+        self.step.copies_out.append((gpu_block, cpu - self.base))
         self.num_offloaded += 1
         return True
 
@@ -112,8 +121,25 @@ class KVOffloadTier:
         self.pinned.add(cpu_block)
         self.copies_in.append((cpu_block, gpu_block))
         self.step.loaded.append(gpu_block)
+        self.step.copies_in.append((cpu_block - self.base, gpu_block))
         self.num_loaded += 1
         return block_hash
+
+    def discard(self, copies_out: list[tuple[int, int]], copies_in: list[tuple[int, int]]) -> None:
+        """Undo a step's copies that never ran (the step raised before or in them): the CPU blocks
+        that were to receive an offload hold no KV and leave the tier, and the step's record
+        forgets both kinds. The CPU blocks of the loads keep their KV (only read from)."""
+        for gpu, cpu in copies_out:
+            if cpu in self.meta:  # else dropped again in the same step
+                del self.entries[self.meta.pop(cpu)[0]]
+                self.free.append(cpu)
+            self.step.offloaded.remove(gpu)
+            self.step.copies_out.remove((gpu, cpu - self.base))
+            self.num_offloaded -= 1
+        for cpu, gpu in copies_in:
+            self.step.loaded.remove(gpu)
+            self.step.copies_in.remove((cpu - self.base, gpu))
+            self.num_loaded -= 1
 
     def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """The copies queued since the last call, ``(gpu, cpu)`` out and ``(cpu, gpu)`` in; unpins."""
@@ -126,4 +152,5 @@ class KVOffloadTier:
         """The step's :class:`KVOffloadStats`, and a fresh record for the next step."""
         stats, self.step = self.step, KVOffloadStats(cpu_capacity=self.num_blocks)
         stats.gpu_cached_blocks, stats.cpu_blocks = gpu_cached_blocks, len(self.entries)
+        stats.cpu_held = sorted(cpu - self.base for cpu in self.entries.values())
         return stats

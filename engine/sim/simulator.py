@@ -52,9 +52,9 @@ from engine.report import StepReport
 from engine.baselines.contiguous import ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.config import (ALLOCATORS, DEFAULT_LPM_MAX_WAIT_STEPS, PLACEMENTS, PREEMPTION_MODES, PREFIX_CACHES, RESERVATIONS,
-                           SCHEDULE_FIRST, SCHEDULING_POLICIES, check_prefix_cache_options, default_max_num_batched_tokens,
-                           kv_bytes_per_slot)
+from engine.config import (ALLOCATORS, DEFAULT_LPM_MAX_WAIT_STEPS, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, SCHEDULE_FIRST,
+                           add_prefix_cache_args, check_prefix_cache_options, default_max_num_batched_tokens, kv_bytes_per_slot,
+                           prefix_cache_kwargs)
 from engine.core.scheduler import Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim.clock import SimClock, resolve_cost_model
 from engine.sim.lockstep import LockstepScheduler
@@ -739,8 +739,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
         shared_prefix=args.shared_prefix, preemption_mode=args.preemption_mode, swap_slots=_swap_slots(args),
         enable_chunked_prefill=args.enable_chunked_prefill, max_num_batched_tokens=args.max_num_batched_tokens,
         schedule_first=args.schedule_first, record_steps=bool(args.chrome_trace), enable_prefix_caching=args.enable_prefix_caching,
-        prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy, lpm_max_wait_steps=args.lpm_max_wait_steps,
-        kv_offload_blocks=args.kv_offload_blocks,
+        **prefix_cache_kwargs(args),
     )
     if args.trace_out:
         result.write_trace(args.trace_out)
@@ -819,14 +818,7 @@ help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first wit
                    help="the step's token budget (default: 512 with chunked prefill, else max(2048, max-model-len))")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="prefix caching (default: on with the paged allocator when prompts carry token ids)")
-    p.add_argument("--prefix-cache", choices=PREFIX_CACHES, default="hash",
-                   help="hash = vLLM v1's hash chain; radix = SGLang's radix tree (default: hash)")
-    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
-                   help="fcfs = first come first served; lpm = longest cached prefix first (SGLang), with a starvation guard")
-    p.add_argument("--lpm-max-wait-steps", type=int, default=DEFAULT_LPM_MAX_WAIT_STEPS,
-                   help=f"lpm: a request waiting this many steps goes first (default: {DEFAULT_LPM_MAX_WAIT_STEPS})")
-    p.add_argument("--kv-offload-blocks", type=int, default=0,
-                   help="blocks of a CPU tier that evicted cached blocks go to, and hits load back from (default: 0, none)")
+    add_prefix_cache_args(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON (no progress bar)")
     p.add_argument("--trace-out", default=None, help="write the per-step series as CSV to this file")
     p.add_argument("--chrome-trace", default=None, metavar="OUT.json",

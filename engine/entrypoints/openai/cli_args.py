@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import ALLOCATORS, ATTENTION_BACKENDS, DTYPES, DEVICES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, EngineConfig
+from engine.config import (ALLOCATORS, ATTENTION_BACKENDS, DTYPES, DEVICES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, EngineConfig,
+                           add_prefix_cache_args, prefix_cache_kwargs)
 
 GIB = 1 << 30
 
@@ -31,6 +32,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None, help="most tokens (prompt + output) per request (default: min(model limit, 2048))")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="automatic prefix caching (default: on with the paged allocator)")
+    add_prefix_cache_args(g)
     g.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
                    help="how a request gives its KV up when the pool runs out (paper §4.5; default: recompute)")
     g.add_argument("--swap-space", type=float, default=None, help="CPU swap space in GiB (default: as many blocks as the KV pool)")
@@ -93,6 +95,7 @@ def engine_config(args) -> EngineConfig:
         seed=args.seed, cpu_kernels=args.cpu_kernels, enable_prefix_caching=args.enable_prefix_caching,
         preemption_mode=args.preemption_mode, swap_space=None if args.swap_space is None else int(args.swap_space * GIB),
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_null_block=args.reserve_null_block,
+        **prefix_cache_kwargs(args),
     )
 
 

@@ -227,8 +227,11 @@ def _raise_for(last: RequestDelta | None) -> None:
 
 
 def _usage(num_prompt_tokens: int, output) -> dict:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens``: the prompt tokens found in the
+    prefix cache (``RequestOutput.num_cached_tokens``; vLLM reports it with ``--enable-prompt-tokens-details``)."""
     completion = sum(len(c.token_ids) for c in output.outputs)
-    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": completion, "total_tokens": num_prompt_tokens + completion}
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": completion, "total_tokens": num_prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
 
 
 def _id(chat: bool, request_id: int) -> str:
