@@ -127,8 +127,12 @@ def run(impl: str, labs: list[str] | None = None, timeout_s: int = 300) -> dict:
     if labs:
         env[LAB_ONLY_ENV] = ",".join(labs)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-m", "lessons.compare", "--record"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    try:
+        done = subprocess.run([sys.executable, "-m", "lessons.compare", "--record"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # an endless loop: the run ends, the caller (the app) keeps working
+        return {"steps": [], "error": {"step": 0, "exception": f"TimeoutError: the run took longer than {timeout_s} s (an endless loop?)",
+                                       "lab": None, "file": None, "line": None, "code": "", "traceback": ""}}
     if done.returncode != 0 or not done.stdout.strip():  # it failed before a step ran: an import error
         lines = done.stderr.strip().splitlines()
         return {"steps": [], "error": {"step": 0, "exception": lines[-1] if lines else f"exit status {done.returncode}",
