@@ -29,10 +29,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # --- Your parts (app_pages/labs_page.py): a lab implementation beside the engine's own parts
     "page_labs": ("Your parts", "你的部件"),
     "labs_intro": ("Run a lab implementation beside the engine's own parts on the same workload (six requests with "
-                   "prefix caching, parallel sampling and preemption; no model), step for step, and find the first step "
-                   "where they differ.",
-                   "在同一个负载上（六个请求，含前缀缓存、并行采样与抢占；不用模型）把一个实验实现与引擎自己的部件逐步并排运行，"
-                   "找出两者第一次不同的那一步。"),
+                   "prefix caching, parallel sampling and preemption, on the hash chain and then on the radix tree with "
+                   "longest-prefix-match admission; no model), step for step, and find the first step where they differ.",
+                   "在同一个负载上（六个请求，含前缀缓存、并行采样与抢占，先用哈希链，再用基数树加最长前缀匹配准入；不用模型）"
+                   "把一个实验实现与引擎自己的部件逐步并排运行，找出两者第一次不同的那一步。"),
     "labs_impl": ("Lab implementation", "实验实现"),
     "labs_impl_help": ("Your lab parts, stepped beside the engine's own on the Live engine page and run on a fixed workload on Your parts: a starter or a find-the-bug file from labs/starters/, or your own file or folder.",
                        "你的实验部件：在实时引擎页面上与引擎自己的部件逐步并排运行，在“你的部件”页面上跑一个固定负载。可以是 labs/starters/ 中的起始代码或找错误实验的文件，或者你自己的文件或目录。"),
