@@ -25,6 +25,7 @@ import selectors
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,8 +131,10 @@ class BesideEngine:
         env = {k: v for k, v in os.environ.items() if k not in (LAB_IMPL_ENV, LAB_ONLY_ENV)}
         env[LAB_IMPL_ENV] = impl
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        # stderr to a file, not a pipe: a worker that writes much (warnings, a student's prints) never blocks on it
+        self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen([sys.executable, "-m", "lessons.beside"], cwd=ROOT, env=env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                        stdout=subprocess.PIPE, stderr=self._stderr)
         self.process.stdin.write(pickle.dumps((config, requests, threads, step_timeout_s)))
         self.process.stdin.flush()
         self._pending = False
@@ -144,9 +147,12 @@ class BesideEngine:
     def send_step(self) -> None:
         """Start a step in the worker (the page steps its own engine meanwhile); :meth:`receive` takes its report."""
         if self.alive and not self._pending:
-            self.process.stdin.write(b"step\n")
-            self.process.stdin.flush()
             self._pending = True
+            try:
+                self.process.stdin.write(b"step\n")
+                self.process.stdin.flush()
+            except OSError:  # the worker died meanwhile: receive() says why
+                pass
 
     def receive(self) -> None:
         """The step's report (appended to ``reports`` and ``records``), or the cause that ended the engine."""
@@ -174,7 +180,8 @@ class BesideEngine:
                 self.close()
             return answer
         self.close()  # no answer: the watchdog ended a hung step, or the process died
-        dump = self.process.stderr.read().decode("utf-8", "replace")
+        self._stderr.seek(0)
+        dump = self._stderr.read()[-200_000:].decode("utf-8", "replace")
         if "Timeout (" in dump:  # faulthandler's "Timeout (0:01:00)!" header
             self.error = _hang_cause(dump, step, self.step_timeout_s)
         else:

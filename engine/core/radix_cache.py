@@ -229,10 +229,9 @@ class RadixCache:
         which takes the node's place in the tree and its lock count.
 
         ``0 < j < len(node.blocks)``. The upper part is a new node, ``RadixNode(key, blocks, parent,
-        self._new_id())``, with the first
-        ``j`` blocks and their ``j * block_size`` tokens, the node's parent, ``lock_ref`` and
-        ``last_access``; it replaces the node among the parent's children; the node keeps the rest
-        and becomes its only child. ``self.node_of[block]`` names each block's node."""
+        self._new_id())``, with the first ``j`` blocks and their ``j * block_size`` tokens, the node's
+        parent, ``lock_ref`` and ``last_access``; it replaces the node among the parent's children; the
+        node keeps the rest and becomes its only child. ``self.node_of[block]`` names each block's node."""
         # BEGIN SOLUTION radix_match
         bs = self.block_size
         top = RadixNode(node.key[: j * bs], node.blocks[:j], node.parent, self._new_id())

@@ -103,9 +103,8 @@ class RadixCache:
         which takes the node's place in the tree and its lock count.
 
         ``0 < j < len(node.blocks)``. The upper part is a new node, ``RadixNode(key, blocks, parent,
-        self._new_id())``, with the first
-        ``j`` blocks and their ``j * block_size`` tokens, the node's parent, ``lock_ref`` and
-        ``last_access``; it replaces the node among the parent's children; the node keeps the rest
-        and becomes its only child. ``self.node_of[block]`` names each block's node."""
+        self._new_id())``, with the first ``j`` blocks and their ``j * block_size`` tokens, the node's
+        parent, ``lock_ref`` and ``last_access``; it replaces the node among the parent's children; the
+        node keeps the rest and becomes its only child. ``self.node_of[block]`` names each block's node."""
         # TODO(radix_match): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab radix_match: RadixCache._split")

@@ -2,7 +2,7 @@
 prompt leaves part-way (engine/core/radix_cache.py, SGLang's match_prefix and _split_node)."""
 
 from engine.core.block_manager import PagedBlockManager
-from engine.core.radix_cache import RadixCache
+from engine.core.radix_cache import RadixCache, RadixNode
 
 from labkit import request
 
@@ -10,11 +10,21 @@ BS = 2
 A = [1, 2, 3, 4, 5, 6]  # three blocks of 2 tokens
 
 
-def tree_with_a():
-    """A tree holding A in blocks 5, 6, 7, as one node (the engine's own insert), its sequence gone."""
+def hang(cache: RadixCache, key: list[int], blocks: list[int], lock_ref: int = 0) -> RadixNode:
+    """A node holding ``blocks`` (their tokens ``key``) under the root, built by hand: these tests need no
+    insert (the radix_insert lab's)."""
+    node = RadixNode(list(key), list(blocks), cache.root, cache._new_id())
+    node.lock_ref = lock_ref
+    cache.root.children[tuple(key[:BS])] = node
+    for block in blocks:
+        cache.node_of[block] = node
+    return node
+
+
+def tree_with_a(lock_ref: int = 0) -> RadixCache:
+    """A tree holding A in blocks 5, 6, 7, as one node."""
     cache = RadixCache(16, BS)
-    cache.commit(1, A, [5, 6, 7], 0, 3)
-    cache.release(1)
+    hang(cache, A, [5, 6, 7], lock_ref)
     return cache
 
 
@@ -45,8 +55,7 @@ def test_num_blocks_stops_the_walk_and_splits_there():
 
 
 def test_a_split_keeps_the_lock_count_and_the_lookup_stamps_the_clock():
-    cache = RadixCache(16, BS)
-    cache.commit(1, A, [5, 6, 7], 0, 3)  # sequence 1 still holds the path
+    cache = tree_with_a(lock_ref=1)  # a running sequence holds the path
     clock = cache.clock
     assert cache.match(A, 2) == [5, 6]
     top, bottom = cache.node_of[5], cache.node_of[7]
@@ -57,11 +66,8 @@ def test_a_split_keeps_the_lock_count_and_the_lookup_stamps_the_clock():
 
 def test_the_allocator_finds_a_shared_prefix_through_the_tree():
     kv = PagedBlockManager(8, BS, watermark=0.0, enable_caching=True, prefix_cache="radix")
-    first = request(0, 6)
-    kv.allocate(first)
-    first.seqs[0].num_computed_tokens = 6
-    kv.cache_blocks(first.seqs)
+    hang(kv.prefix_cache, A, [5, 6, 7])
     second = request(1, 7)
-    second.seqs[0].token_ids = first.seqs[0].token_ids[:4] + [77, 78, 79]
+    second.seqs[0].token_ids = A[:4] + [77, 78, 79]
     blocks, tokens = kv.get_computed_blocks(second)
-    assert blocks == first.seqs[0].block_table[:2] and tokens == 4, "the second prompt shares two full blocks: both hit"
+    assert blocks == [5, 6] and tokens == 4, "the second prompt shares two full blocks of the cached one: both hit"
