@@ -16,7 +16,7 @@ import torch
 
 from app_pages import beside_vllm, classroom, compare, kernel_lab, labs_page, lessons, live, send, whatif
 from app_pages.common import refuse_unsafe_serving
-from app_pages.sidebar import engine_settings, language, student_mode
+from app_pages.sidebar import engine_settings, lab_choice, language, student_mode
 from app_pages.state import torch_threads
 from visualize.i18n import t
 
@@ -51,6 +51,8 @@ else:
         classroom.server_sidebar(room, lang)
         settings = engine_settings(lang, st.sidebar.expander(t("own_settings", lang)))
     else:
+        if page.url_path in ("", "home", "live", "labs"):  # a student's lab parts, beside the engine's ("": the default page)
+            lab_choice(lang)
         settings = engine_settings(lang)
     st.session_state["settings"] = settings
     page.run()

@@ -1,9 +1,14 @@
 """Your parts: a lab implementation beside the engine's own, step for step (``lessons/compare.py``).
 
-The implementation is chosen in the sidebar: a starter or find-the-bug file of ``labs/starters/``, or
-a student's own file or folder. Both runs happen in processes of their own (the seam swaps parts when
-the engine's modules are imported, ``engine/core/lab_impl.py``), so a student's exception ends that run
-alone and the app keeps working.
+The overview: one fixed workload without a model (six requests with prefix caching, parallel
+sampling and preemption), run to the end in a few seconds. The Live engine page steps the same
+choice beside its own engine on its own workload and model (``lessons/beside.py``); both report
+the first difference with :func:`show_divergence`.
+
+The implementation is chosen in the sidebar (``sidebar.lab_choice``): a starter or find-the-bug file
+of ``labs/starters/``, or a student's own file or folder. Both runs happen in processes of their own
+(the seam swaps parts when the engine's modules are imported, ``engine/core/lab_impl.py``), so a
+student's exception ends that run alone and the app keeps working.
 """
 
 from __future__ import annotations
@@ -11,20 +16,14 @@ from __future__ import annotations
 import streamlit as st
 
 from lessons.compare import first_divergence, run
-from lessons.labs import STARTERS
 from visualize.i18n import t
-
-CUSTOM = "__custom__"
 
 
 def page() -> None:
     lang = st.session_state.get("lang", "en")
     st.title(t("page_labs", lang))
-    st.caption(t("labs_intro", lang))
-    options = [p.stem for p in sorted(STARTERS.glob("*.py"))] + [CUSTOM]
-    choice = st.sidebar.selectbox(t("labs_impl", lang), options, key="labs_impl", help=t("labs_impl_help", lang),
-                                  format_func=lambda o: t("labs_custom", lang) if o == CUSTOM else o)
-    impl = st.sidebar.text_input(t("labs_path", lang), key="labs_path").strip() if choice == CUSTOM else str(STARTERS / f"{choice}.py")
+    st.caption(t("labs_intro", lang) + " " + t("labs_on_live", lang))
+    impl = st.session_state.get("lab_impl")
     if st.button(t("labs_run", lang), type="primary", disabled=not impl):
         with st.spinner(t("labs_running", lang)):
             reference, mine = run("solution"), run(impl)
@@ -32,7 +31,13 @@ def page() -> None:
     result = st.session_state.get("labs_result")
     if result is None or result[0] != impl:
         return
-    _, steps, found = result
+    show_divergence(result[2], result[1], lang)
+
+
+def show_divergence(found: dict | None, steps: int, lang: str) -> None:
+    """:func:`lessons.compare.first_divergence`'s answer, as a person reads it: the same at every one of
+    ``steps`` steps; the student's exception with its lab, file and line (and the traceback); or the
+    first step and what differs, the engine's value beside the student's."""
     if found is None:
         st.success(t("labs_same", lang, steps=steps))
     elif found["field"] == "reference_error":

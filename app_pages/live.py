@@ -8,7 +8,7 @@ from collections import Counter
 import pandas as pd
 import streamlit as st
 
-from app_pages import prefix_panel, swap_panel, timeline_panel
+from app_pages import beside_panel, prefix_panel, swap_panel, timeline_panel
 from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
@@ -43,7 +43,10 @@ def page() -> None:
     # The editor first: an edit reruns the whole script, and the engine below must be built from the
     # edited rows in that same run (a Step afterwards reruns only the live fragment).
     workload_editor(lang)
-    llm = current_engine(lang, force=st.session_state.pop("force_reset", False))
+    impl = beside_panel.chosen()  # a student's lab parts, stepped beside the engine's from step 0
+    force = st.session_state.pop("force_reset", False) or impl != st.session_state.get("beside_for")
+    llm = current_engine(lang, force=force)
+    beside_panel.ensure(llm, impl, lang)
     show_capacity(llm, lang)
     if llm is None:
         return
@@ -148,7 +151,7 @@ def _step(llm, lang: str, n: int = 1) -> None:
         if not llm.has_unfinished_requests():
             break
         try:
-            record(llm.step(), prefix_cache_entries(llm))
+            record(beside_panel.step_beside(llm.step), prefix_cache_entries(llm))
             # chat mode: the next turn once this one is done
             turn = add_next_chat_turn(llm, st.session_state.get("chat_turns"), st.session_state["settings"])
             if turn is not None:
@@ -213,6 +216,7 @@ def live_view() -> None:
         return
     controls(llm, lang)
     reports = st.session_state.get("reports", [])
+    beside_panel.view(reports, llm.config.block_size, lang)
     prompts = live_prompts(llm, st.session_state.get("request_ids", []))
     if not reports:
         st.info(t("no_steps_yet", lang))
@@ -448,9 +452,10 @@ def _translation(prompt: str, lang: str) -> str:
 
 
 def block_tables_html(report, block_size: int, lang: str, large: bool = False, sharing: dict | None = None,
-                      labels: dict[int, str] | None = None) -> None:
+                      labels: dict[int, str] | None = None, download: bool = True) -> None:
     """Each live sequence's block table (``sharing``: request id -> "none", "parallel" or "beam",
-    which names a group's rows samples or beams; ``labels``: request id -> its client's name)."""
+    which names a group's rows samples or beams; ``labels``: request id -> its client's name;
+    ``download``: the PNG button, once per page)."""
     st.markdown(f"**{t('block_tables', lang)}**")
     st.caption(t("block_tables_caption", lang))
     if not report.block_tables:
@@ -478,7 +483,8 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
             who += f" · {t(key, lang, index=snap.index, seq=snap.seq_id)}"
         rows.append(f'<div><b style="color:{color}">{who}</b>{extra}{t("sep_colon", lang)}{cells}</div>')
     st.markdown("".join(rows), unsafe_allow_html=True)
-    png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
+    if download:
+        png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
 
 
 def _cell_border(ref_count: int, cow: str | None) -> str:
@@ -490,15 +496,22 @@ def _cell_border(ref_count: int, cow: str | None) -> str:
 
 
 def pool_view(report, block_size: int, lang: str, large: bool = False, cache: dict | None = None,
-              highlight: set[int] | None = None) -> None:
+              highlight: set[int] | None = None, outline: list[int] | None = None, download: bool = True,
+              key: str | None = None) -> None:
+    """The pool map and what goes with it. ``highlight``: request ids whose blocks are outlined (a
+    student's own requests); ``outline``: block ids outlined (the first blocks where a student's lab parts
+    differ from the engine's); ``download``: the PNG button, once per page; ``key``: the chart's, for a
+    second pool map on the page."""
     st.markdown(f"**{t('pool', lang)}**")
     spec = swap_panel.mark_swaps(pool_map_spec(report, block_size, lang, cache=cache), report, lang)
     if highlight:  # a student's own blocks, outlined
         spec = highlight_blocks(spec, blocks_of(report, highlight))
+    if outline:
+        spec = highlight_blocks(spec, outline)
     if large:  # projector: taller cells, larger block numbers
         spec["height"] *= 2
         spec["layer"][-1]["mark"]["fontSize"] = 16
-    st.vega_lite_chart(spec, width="stretch")
+    st.vega_lite_chart(spec, width="stretch", key=key)
     st.caption(t("pool_caption", lang))
     pool_legend(report, lang)
     if report.free_queue:  # paged: the order in which free blocks are handed out (and evicted)
@@ -508,7 +521,8 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         st.caption(t("pool_cache_caption", lang))
         st.caption(t("prefix_cache_caption", lang, hits=stats.hits, queries=stats.queries, rate=stats.hit_rate,
                      phits=stats.preempted_hits, pqueries=stats.preempted_queries, evictions=stats.evictions))
-    png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
+    if download:
+        png_download(t("save_png", lang), lambda: pool_map_figure(report, block_size, lang), f"pool_step{report.step}.png", "png_pool")
 
 
 def pool_legend(report, lang: str) -> None:

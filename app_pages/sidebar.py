@@ -38,6 +38,29 @@ def student_mode() -> bool:
     return bool(state.get("student_mode"))
 
 
+LAB_OFF, LAB_CUSTOM = "", "__custom__"
+
+
+def lab_choice(lang: str) -> str | None:
+    """The lab implementation the Live engine steps beside its own parts, and that *Your parts* runs
+    (``LAB_IMPL``'s values, ``engine/core/lab_impl.py``): a starter or find-the-bug file of
+    ``labs/starters/``, or a student's own file or folder; None: the engine's own parts alone.
+    Kept in ``session_state["lab_impl"]`` for the page."""
+    from lessons.labs import STARTERS
+
+    options = [LAB_OFF] + [p.stem for p in sorted(STARTERS.glob("*.py"))] + [LAB_CUSTOM]
+    names = {LAB_OFF: t("labs_engine", lang), LAB_CUSTOM: t("labs_custom", lang)}
+    choice = st.sidebar.selectbox(t("labs_impl", lang), options, key="labs_impl", help=t("labs_impl_help", lang),
+                                  format_func=lambda o: names.get(o, o))
+    impl = None
+    if choice == LAB_CUSTOM:
+        impl = st.sidebar.text_input(t("labs_path", lang), key="labs_path").strip() or None
+    elif choice != LAB_OFF:
+        impl = str(STARTERS / f"{choice}.py")
+    st.session_state["lab_impl"] = impl
+    return impl
+
+
 def engine_settings(lang: str, sb=None) -> Settings:
     """Every engine knob of the sidebar (or of ``sb``, a container in it), as a :class:`Settings`."""
     sb = sb if sb is not None else st.sidebar

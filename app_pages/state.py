@@ -141,22 +141,34 @@ def build_engine(settings: Settings, progress=None, **overrides) -> LLMEngine:
     return LLMEngine(settings.engine_config(**overrides), loaded_model=loaded)
 
 
-def add_workload(llm: LLMEngine, rows: list[tuple[str, int]], temperature: float, seed: int,
-                 sharing: str = "none", width: int = 4, request_ids: list[int] | None = None) -> list[tuple[int, str]]:
-    """Queue each (prompt, max_tokens) as a chat message, as one sequence, ``width`` parallel samples
-    or a beam search of ``width`` beams (``sharing``); returns (row, error) for rejected rows.
-    The accepted requests' ids are appended to ``request_ids`` when given."""
-    errors = []
+def workload_requests(rows: list[tuple[str, int]], temperature: float, seed: int, sharing: str = "none",
+                      width: int = 4) -> list[tuple[list[dict], SamplingParams | BeamSearchParams]]:
+    """Each (prompt, max_tokens) as a chat message and its parameters: one sequence, ``width`` parallel
+    samples or a beam search of ``width`` beams (``sharing``); row ``i`` samples with ``seed + i``."""
+    out = []
     for row, (prompt, max_tokens) in enumerate(rows):
         if sharing == "beam":
             params = BeamSearchParams(beam_width=width, max_tokens=max_tokens)
         else:
             n = width if sharing == "parallel" else 1
             params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + row, n=n)
+        out.append(([{"role": "user", "content": prompt}], params))
+    return out
+
+
+def add_workload(llm: LLMEngine, rows: list[tuple[str, int]], temperature: float, seed: int,
+                 sharing: str = "none", width: int = 4, request_ids: list[int] | None = None,
+                 accepted: list | None = None) -> list[tuple[int, str]]:
+    """Queue :func:`workload_requests`; returns (row, error) for rejected rows. The accepted requests'
+    ids are appended to ``request_ids`` and their (prompt, params) to ``accepted`` when given."""
+    errors = []
+    for row, (prompt, params) in enumerate(workload_requests(rows, temperature, seed, sharing, width)):
         try:
-            request_id = llm.add_request([{"role": "user", "content": prompt}], params)
+            request_id = llm.add_request(prompt, params)
             if request_ids is not None:
                 request_ids.append(request_id)
+            if accepted is not None:
+                accepted.append((prompt, params))
         except ValueError as error:
             errors.append((row, str(error)))
     return errors
@@ -177,7 +189,8 @@ def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=Non
     changed or ``force``. Returns (engine or None, list of error messages).
 
     Beside it in the session: ``attention`` (the runner's attention recorder, for the Kernel lab),
-    ``request_ids`` (every request added, in order) and ``chat_turns`` (a :class:`ChatTurns` in chat mode)."""
+    ``request_ids`` (every request added, in order), ``engine_requests`` (the workload's accepted
+    (prompt, params), in order: a student's engine beside this one gets the same) and ``chat_turns`` (a :class:`ChatTurns` in chat mode)."""
     ss = st.session_state
     chat = bool(ss.get("chat"))  # the rows are one chat's turns, sent one after another
     key = (settings, tuple(rows), chat)
@@ -190,11 +203,11 @@ def session_engine(settings: Settings, rows: list[tuple[str, int]], progress=Non
     except Exception as error:  # a bad model or setting: say so, keep the app usable
         ss["engine_errors"] = [("engine", str(error))]
         return None, ss["engine_errors"]
-    ss["engine"], ss["attention"], ss["request_ids"] = llm, llm.runner.capture_attention(), []
+    ss["engine"], ss["attention"], ss["request_ids"], ss["engine_requests"] = llm, llm.runner.capture_attention(), [], []
     ss["chat_turns"] = ChatTurns(rows) if chat and rows else None
     first = rows[:1] if ss["chat_turns"] else rows
     ss["engine_errors"] = add_workload(llm, first, settings.temperature, settings.seed, settings.sharing, settings.sharing_width,
-                                       ss["request_ids"])
+                                       ss["request_ids"], ss["engine_requests"])
     if ss["engine_errors"]:  # the first turn was rejected: no chat to continue
         ss["chat_turns"] = None
     return llm, ss["engine_errors"]

@@ -5,7 +5,8 @@
 Both runs drive the engine's scheduler and paged KV cache manager (no model) through the same fixed
 workload, each in a process of its own with ``LAB_IMPL`` set (``engine/core/lab_impl.py``): six requests,
 two sharing a prompt prefix (prefix caching), one with two parallel samples (fork and copy-on-write),
-in a pool small enough that requests are preempted. Each step records what it scheduled, every block
+in a pool small enough that requests are preempted; once on the hash chain admitted first come, first
+served, then again (the steps numbered on) on the radix tree admitted longest prefix first. Each step records what it scheduled, every block
 table, the free queue, the step's block events, the slots it wrote and the sampled tokens. The first step where the two
 records differ is reported with what differs (and the first event that differs). A student's exception
 inside a step ends their run there; it is reported with its lab, file and line.
@@ -26,6 +27,9 @@ from engine.core.lab_impl import LAB_IMPL_ENV, LAB_ONLY_ENV
 ROOT = Path(__file__).resolve().parents[1]
 NUM_STEPS = 40
 NUM_BLOCKS = 10  # small enough that requests are preempted
+# The workload runs twice: on vLLM's hash chain admitted first come, first served, then on SGLang's
+# radix tree admitted longest prefix first (engine/core/radix_cache.py, scheduling_policy.py).
+CACHES = (("hash", "fcfs"), ("radix", "lpm"))
 FIELDS = ("scheduled", "preempted", "events", "slots", "block_tables", "free_queue", "tokens")
 
 
@@ -54,53 +58,61 @@ def record() -> dict:
     that ended the run (None when it ran to the end)."""
     from engine.core.block_manager import PagedBlockManager
     from engine.core.scheduler import Scheduler
-    from engine.core.sequence import fork_samples
 
     steps: list[dict] = []
     try:
-        kv = PagedBlockManager(NUM_BLOCKS, 4, watermark=0.0, enable_caching=True)
-        sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=32)
-        pending = _workload()
-        next_seq_id = [100]
-
-        def new_seq_id() -> int:
-            next_seq_id[0] += 1
-            return next_seq_id[0]
-
-        for step in range(NUM_STEPS):
-            for arrival, group in [p for p in pending if p[0] == step]:
-                sched.add(group)
-            if not sched.has_unfinished() and all(a < step for a, _ in pending):
-                break
-            out = sched.schedule()
-            batch = out.prefill_seqs + out.decode_seqs
-            scheduled = [[s.seq_id, out.num_tokens_of(s)] for s in batch]
-            slots = {str(s.seq_id): kv.slot_mapping(s, s.num_computed_tokens, s.num_computed_tokens + out.num_tokens_of(s)) for s in batch}
-            ready = sched.update_from_output(out)
-            tokens = []
-            for seq in ready:
-                token = (seq.seq_id * 7 + seq.num_tokens * 3) % 50
-                seq.append_token(token)
-                tokens.append([seq.seq_id, token])
-            for group in list(sched.running):
-                first = group.seqs[0]
-                if group.num_samples > len(group.seqs) and not first.is_prefill:
-                    fork_samples(group, sched.fork, new_seq_id)
-                if all(s.num_output_tokens >= s.sampling_params.max_tokens for s in group.unfinished_seqs()):
-                    sched.finish(group, "length")
-            steps.append({
-                "step": step,
-                "scheduled": scheduled,
-                "preempted": [g.request_id for g in out.preempted],
-                "block_tables": {str(s.seq_id): list(s.block_table) for g in sched.running for s in g.unfinished_seqs()},
-                "free_queue": kv.free_queue(),
-                "events": [{k: v for k, v in asdict(e).items() if v is not None} for e in kv.events.drain()],
-                "slots": slots,
-                "tokens": tokens,
-            })
+        for prefix_cache, policy in CACHES:
+            kv = PagedBlockManager(NUM_BLOCKS, 4, watermark=0.0, enable_caching=True, prefix_cache=prefix_cache)
+            sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=32, scheduling_policy=policy)
+            _run_workload(kv, sched, steps)
     except Exception as error:  # a student's part raised: this run ends here, with its cause
         return {"steps": steps, "error": _cause(error, len(steps))}
     return {"steps": steps, "error": None}
+
+
+def _run_workload(kv, sched, steps: list[dict]) -> None:
+    """The workload on one allocator and scheduler, its steps appended to ``steps`` (numbered on)."""
+    from engine.core.sequence import fork_samples
+
+    pending = _workload()
+    next_seq_id = [100]
+    numbered_from = len(steps)
+
+    def new_seq_id() -> int:
+        next_seq_id[0] += 1
+        return next_seq_id[0]
+
+    for step in range(NUM_STEPS):
+        for arrival, group in [p for p in pending if p[0] == step]:
+            sched.add(group)
+        if not sched.has_unfinished() and all(a < step for a, _ in pending):
+            break
+        out = sched.schedule()
+        batch = out.prefill_seqs + out.decode_seqs
+        scheduled = [[s.seq_id, out.num_tokens_of(s)] for s in batch]
+        slots = {str(s.seq_id): kv.slot_mapping(s, s.num_computed_tokens, s.num_computed_tokens + out.num_tokens_of(s)) for s in batch}
+        ready = sched.update_from_output(out)
+        tokens = []
+        for seq in ready:
+            token = (seq.seq_id * 7 + seq.num_tokens * 3) % 50
+            seq.append_token(token)
+            tokens.append([seq.seq_id, token])
+        for group in list(sched.running):
+            first = group.seqs[0]
+            if group.num_samples > len(group.seqs) and not first.is_prefill:
+                fork_samples(group, sched.fork, new_seq_id)
+            if all(s.num_output_tokens >= s.sampling_params.max_tokens for s in group.unfinished_seqs()):
+                sched.finish(group, "length")
+        steps.append({
+            "step": numbered_from + step,
+            "scheduled": scheduled,
+            "preempted": [g.request_id for g in out.preempted],
+            "block_tables": {str(s.seq_id): list(s.block_table) for g in sched.running for s in g.unfinished_seqs()},
+            "free_queue": kv.free_queue(),
+            "events": [{k: v for k, v in asdict(e).items() if v is not None} for e in kv.events.drain()],
+            "slots": slots,
+            "tokens": tokens,
+        })
 
 
 def _cause(error: BaseException, step: int) -> dict:
@@ -127,8 +139,12 @@ def run(impl: str, labs: list[str] | None = None, timeout_s: int = 300) -> dict:
     if labs:
         env[LAB_ONLY_ENV] = ",".join(labs)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-m", "lessons.compare", "--record"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    try:
+        done = subprocess.run([sys.executable, "-m", "lessons.compare", "--record"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # an endless loop: the run ends, the caller (the app) keeps working
+        return {"steps": [], "error": {"step": 0, "exception": f"TimeoutError: the run took longer than {timeout_s} s (an endless loop?)",
+                                       "lab": None, "file": None, "line": None, "code": "", "traceback": ""}}
     if done.returncode != 0 or not done.stdout.strip():  # it failed before a step ran: an import error
         lines = done.stderr.strip().splitlines()
         return {"steps": [], "error": {"step": 0, "exception": lines[-1] if lines else f"exit status {done.returncode}",

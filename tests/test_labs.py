@@ -299,3 +299,35 @@ def test_an_impl_the_engine_cannot_use_is_one_clear_line(tmp_path):
     lacking = _run(["-m", "engine", "generate", "hi", "--impl", str(empty)], timeout=300)
     assert lacking.returncode == 2 and "lab block_pool needs `FreeBlockQueue.popleft`" in lacking.stderr
     assert "Traceback" not in lacking.stderr
+
+
+def test_a_students_engine_beside_the_engines_own_step_for_step(tiny_llama_dir, tmp_path):
+    """lessons/beside.py, the Live page's second engine: on the engine's own parts its records equal the
+    page's engine's at every step; a student's endless loop ends their engine alone, named by lab, file
+    and line (tiny model)."""
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from lessons.beside import BesideEngine, report_record
+    from lessons.compare import first_divergence
+
+    config = EngineConfig(model=str(tiny_llama_dir), block_size=4, num_gpu_blocks=16, device="cpu")
+    requests = [(list(range(10, 19)), SamplingParams(max_tokens=3, n=2)), (list(range(10, 16)), SamplingParams(max_tokens=2))]
+    ours, theirs = LLMEngine(config), BesideEngine(config, requests, "solution")
+    for prompt, params in requests:
+        ours.add_request(prompt, params)
+    records = []
+    while ours.has_unfinished_requests():
+        theirs.send_step()
+        records.append(report_record(ours.step()))
+        theirs.receive()
+    theirs.close()
+    assert len(records) >= 3 and first_divergence({"steps": records, "error": None}, {"steps": theirs.records, "error": None}) is None
+    assert {e["kind"] for r in records for e in r["events"]} >= {"fork", "write", "free"}, "the workload forks and frees"
+    looping = tmp_path / "block_pool.py"
+    looping.write_text(labs.cut(labs.get("block_pool"), keep_solution=True).replace(
+        "        if not self.free_blocks:\n", "        while self.free_blocks:\n            pass\n        if not self.free_blocks:\n", 1))
+    stuck = BesideEngine(config, requests, str(looping), step_timeout_s=3)
+    stuck.step()
+    error = stuck.error
+    assert error is not None and error["exception"].startswith("TimeoutError") and not stuck.alive, error
+    line = looping.read_text().splitlines().index("        while self.free_blocks:") + 1
+    assert (error["lab"], error["file"], error["line"]) in {("block_pool", str(looping), line), ("block_pool", str(looping), line + 1)}, error

@@ -1,6 +1,8 @@
-"""Your parts (app_pages/labs_page.py) in a real browser: a find-the-bug lab's seeded part runs beside the
-engine's own and the page names the first step and event where they differ, in English and in Chinese; a
-starter's exception is shown with its lab, file and line, and the app keeps working."""
+"""A student's lab parts beside the engine's own in a real browser. On the Live engine page
+(app_pages/beside_panel.py) a find-the-bug lab's seeded part steps in a second engine beside the page's
+own, and the page names the first step, event and block where they differ, in English and in Chinese.
+On Your parts (app_pages/labs_page.py) the same on the fixed workload; a starter's exception is shown
+with its lab, file and line, and the app keeps working."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app_browser import CHROMIUM, free_port, no_exception_box, start_server
+from tests.test_app_browser import CHROMIUM, free_port, in_browser, no_exception_box, open_app, start_server, step_button
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,3 +83,34 @@ def test_a_seeded_bug_beside_the_engine_in_english_and_chinese():
     finally:
         app.terminate()
         app.wait(30)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_the_live_page_steps_a_seeded_bug_beside_the_engine_in_english_and_chinese(tiny_llama_dir):
+    """bug_slot writes each token one slot too far: the first Step's first WRITE event differs, in the
+    slot, and the page says so, shows both events, and outlines the block (tiny model)."""
+    in_browser(tiny_llama_dir, live_beside, "failure_live_beside.png")
+
+
+def live_beside(page, sync_api, port, server) -> None:
+    import re
+
+    open_app(page, sync_api, port, server)
+    choose(page, "bug_slot")
+    page.get_by_text("A second engine runs your lab parts").wait_for(timeout=300_000)
+    step_button(page).click()
+    text = alert_text(page, "First difference")
+    found = re.search(r"First difference at step 0: event (\d+) differs\.", text)
+    assert found, text
+    boxes = page.locator('[data-testid="stJson"]')
+    # st.json draws one "key":value a line, as a person reads it
+    engine_event, their_event = (dict(re.findall(r'"(\w+)":"?([^"\n]*)"?', boxes.nth(i).inner_text())) for i in range(2))
+    assert engine_event["kind"] == their_event["kind"] == "write", (engine_event, their_event)
+    assert int(their_event["slot"]) == int(engine_event["slot"]) + 1, "the seeded bug: one slot too far"
+    block = page.get_by_test_id("beside-wrong-block")
+    assert f"The first wrong block: block {engine_event['block_id']}" in block.inner_text()
+    assert page.get_by_role("heading", name="Yours · Step 0").count() == 1
+    page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+    assert f"第一次不同出现在第 0 步：第 {found[1]} 个事件不同。" in alert_text(page, "第一次不同")
+    assert f"第一个出错的块：块 {engine_event['block_id']}" in page.get_by_test_id("beside-wrong-block").inner_text()
+    no_exception_box(page)

@@ -29,13 +29,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # --- Your parts (app_pages/labs_page.py): a lab implementation beside the engine's own parts
     "page_labs": ("Your parts", "你的部件"),
     "labs_intro": ("Run a lab implementation beside the engine's own parts on the same workload (six requests with "
-                   "prefix caching, parallel sampling and preemption; no model), step for step, and find the first step "
-                   "where they differ.",
-                   "在同一个负载上（六个请求，含前缀缓存、并行采样与抢占；不用模型）把一个实验实现与引擎自己的部件逐步并排运行，"
-                   "找出两者第一次不同的那一步。"),
+                   "prefix caching, parallel sampling and preemption, on the hash chain and then on the radix tree with "
+                   "longest-prefix-match admission; no model), step for step, and find the first step where they differ.",
+                   "在同一个负载上（六个请求，含前缀缓存、并行采样与抢占，先用哈希链，再用基数树加最长前缀匹配准入；不用模型）"
+                   "把一个实验实现与引擎自己的部件逐步并排运行，找出两者第一次不同的那一步。"),
     "labs_impl": ("Lab implementation", "实验实现"),
-    "labs_impl_help": ("A starter or a find-the-bug file from labs/starters/, or your own file or folder.",
-                       "labs/starters/ 中的起始代码或找错误实验的文件，或者你自己的文件或目录。"),
+    "labs_impl_help": ("Your lab parts, stepped beside the engine's own on the Live engine page and run on a fixed workload on Your parts: a starter or a find-the-bug file from labs/starters/, or your own file or folder.",
+                       "你的实验部件：在实时引擎页面上与引擎自己的部件逐步并排运行，在“你的部件”页面上跑一个固定负载。可以是 labs/starters/ 中的起始代码或找错误实验的文件，或者你自己的文件或目录。"),
     "labs_custom": ("Your own file or folder…", "你自己的文件或目录…"),
     "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
     "labs_run": ("Run beside the engine", "与引擎并排运行"),
@@ -58,6 +58,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_traceback": ("Traceback", "回溯信息"),
     "labs_engine": ("The engine's own parts", "引擎自己的部件"),
     "labs_yours": ("Yours", "你的"),
+    "labs_on_live": ("The Live engine page steps the same choice beside its own engine, on its workload and model.",
+                     "实时引擎页面会在它自己的负载和模型上，把同一个选择与引擎逐步并排运行。"),
+    "beside_title": ("Your parts ({impl}) beside the engine's", "你的部件（{impl}）与引擎的部件并排"),
+    "beside_starting": ("Starting a second engine on your parts…", "正在用你的部件启动第二个引擎…"),
+    "beside_ready": ("A second engine runs your lab parts on the same workload. Each Step steps both; the first step "
+                     "where they differ shows here.",
+                     "第二个引擎在同一个负载上运行你的实验部件。每按一次“单步”两个引擎各走一步；两者第一次不同的那一步会显示在这里。"),
+    "beside_wrong_block": ("The first wrong block: block {blocks} (outlined on both pools, step {step}).",
+                           "第一个出错的块：块 {blocks}（在两个块池中都已圈出，第 {step} 步）。"),
+    "beside_no_chat": ("Your lab parts run beside the engine outside chat mode only (a chat's next turn is this engine's answer).",
+                       "只有在非对话模式下，你的实验部件才会与引擎并排运行（对话的下一轮用的是本引擎的回答）。"),
     "labs_error": ("Your part raised at step {step}: {exception} (lab {lab}, {file}, line {line}). That run ended there; "
                    "the app keeps working.",
                    "你的部件在第 {step} 步抛出异常：{exception}（实验 {lab}，{file}，第 {line} 行）。这次运行到此结束，应用照常工作。"),

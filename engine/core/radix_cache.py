@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterator
 
+from engine.core.lab_impl import plug_lab_parts
 from engine.core.prefix_cache import BlockHash, HashFn, PrefixCache, hash_block_tokens
 
 
@@ -89,7 +90,18 @@ class RadixCache:
     def match(self, token_ids: list[int], num_blocks: int, known: list[BlockHash] | None = None) -> list[int]:
         """The cached blocks of the first ``num_blocks`` full blocks of ``token_ids``, the longest
         run from block 0 (SGLang's ``match_prefix``). A node left part-way is split so that the run
-        ends on a node boundary. ``known`` (the hash chain's hashes) is not used."""
+        ends on a node boundary. ``known`` (the hash chain's hashes) is not used.
+
+        Walk from ``self.root``: a node's child is found by the token ids of its first block,
+        ``node.children[tuple(block's tokens)]``; compare the child's blocks one by one (``child.key``
+        holds ``len(child.blocks) * block_size`` tokens) and stop at the first block that differs or at
+        ``num_blocks``. Advance ``self.clock`` once per lookup and stamp every node passed with
+        ``self._access(node)`` (LRU: a matched leaf is not evicted before older ones).
+
+        Returns:
+            physical block ids, ``len <= num_blocks``: ``hits[i]`` holds block ``i``'s tokens.
+        """
+        # BEGIN SOLUTION radix_match
         bs, node, hits, i = self.block_size, self.root, [], 0
         self.clock += 1
         while i < num_blocks:
@@ -106,6 +118,7 @@ class RadixCache:
             node = child
             self._access(node)
         return hits
+        # END SOLUTION
 
     block_hashes = PrefixCache.block_hashes  # the hash chain of a prompt's blocks: the CPU tier is keyed by it
 
@@ -143,10 +156,18 @@ class RadixCache:
         """Cache blocks ``start .. end - 1`` of a sequence (full, their KV written), extending the
         path it holds (SGLang's ``cache_unfinished_req``). ``start`` is where its path ends.
 
+        Walk from the sequence's last node (``self.seq_node``, the root when it holds none) along
+        ``token_ids`` as :meth:`match` does, from block ``start``: a block the tree holds already is
+        passed (split a node left part-way), the rest go under the node reached
+        (:meth:`_add_blocks`). Then the sequence holds the path to the node reached: lock it
+        (``self._inc_lock``), unlock the old one (``self._dec_lock``), record it in ``self.seq_node``
+        and stamp it (``self._access``; the inserted nodes carry the clock ``self._tick()`` gave).
+
         Returns:
             ``(logical index, tree block)`` for each block the tree already held under another
             physical block: the caller switches the sequence to the tree's block and frees its own.
         """
+        # BEGIN SOLUTION radix_insert
         bs, clock = self.block_size, self._tick()
         held = seq_id in self.seq_node
         assert held or start == 0, f"sequence {seq_id} commits from block {start} but holds no path"
@@ -174,11 +195,19 @@ class RadixCache:
         self.seq_node[seq_id] = node
         self._access(node)
         return replaced
+        # END SOLUTION
 
     def _add_blocks(self, node: RadixNode, own: RadixNode, token_ids: list[int], block_table: list[int], start: int, end: int,
                     prev_hash: BlockHash | None) -> RadixNode:
         """Blocks ``start .. end - 1`` under ``node``: appended to it when it is the sequence's own
-        leaf (locked by it alone: the tree stays compressed as a request decodes), else a new child."""
+        leaf (locked by it alone: the tree stays compressed as a request decodes), else a new child.
+
+        A new child is ``RadixNode(key, blocks, node, self._new_id())``, found in ``node.children`` by
+        the tokens of its first block. Each block added is named in ``self.node_of`` and gets its hash
+        in ``self.block_hash``, the hash chain's: ``self.hash_fn(previous block's hash (prev_hash for
+        the first), its tokens, ())``.
+        Returns the node that holds them."""
+        # BEGIN SOLUTION radix_insert
         bs = self.block_size
         if node is own and node is not self.root and not node.children and node.lock_ref == 1:
             target = node
@@ -193,10 +222,17 @@ class RadixCache:
             self.node_of[block] = target
             prev_hash = self.block_hash[block] = self.hash_fn(prev_hash, token_ids[i * bs : (i + 1) * bs], ())
         return target
+        # END SOLUTION
 
     def _split(self, node: RadixNode, j: int) -> RadixNode:
         """Cut ``node`` after its first ``j`` blocks (SGLang's ``_split_node``); returns the upper part,
-        which takes the node's place in the tree and its lock count."""
+        which takes the node's place in the tree and its lock count.
+
+        ``0 < j < len(node.blocks)``. The upper part is a new node, ``RadixNode(key, blocks, parent,
+        self._new_id())``, with the first ``j`` blocks and their ``j * block_size`` tokens, the node's
+        parent, ``lock_ref`` and ``last_access``; it replaces the node among the parent's children; the
+        node keeps the rest and becomes its only child. ``self.node_of[block]`` names each block's node."""
+        # BEGIN SOLUTION radix_match
         bs = self.block_size
         top = RadixNode(node.key[: j * bs], node.blocks[:j], node.parent, self._new_id())
         top.lock_ref, top.last_access = node.lock_ref, node.last_access
@@ -206,6 +242,7 @@ class RadixCache:
         for block in top.blocks:
             self.node_of[block] = top
         return top
+        # END SOLUTION
 
     # --- Locks and eviction ----------------------------------------------------------------------
 
@@ -233,17 +270,32 @@ class RadixCache:
         self._push_if_evictable(node)
 
     def victim(self) -> int:
-        """The block to evict next: the last block of the least recently used unlocked leaf."""
+        """The block to evict next: the last block of the least recently used unlocked leaf.
+
+        ``self._leaves`` is a heap of ``(last_access, node_id, node)`` pushed whenever a node may have
+        become evictable (``self._push_if_evictable``); an entry is stale when the node is no longer
+        evictable (``self._evictable``) or was accessed since (its ``last_access`` changed): pop those.
+
+        Raises:
+            AssertionError: no evictable leaf (the free queue asked for a cached block it does not hold).
+        """
+        # BEGIN SOLUTION radix_insert
         while self._leaves:
             last_access, _, node = self._leaves[0]
             if self._evictable(node) and node.last_access == last_access:
                 return node.blocks[-1]
             heapq.heappop(self._leaves)
         raise AssertionError("no evictable leaf, yet a free cached block was asked for")
+        # END SOLUTION
 
     def evict(self, block_id: int) -> BlockHash | None:
         """Drop a free block from the tree as it is handed out again; returns its block hash (None:
-        it held no cached KV). Only a leaf's last block is ever evicted (:meth:`victim`)."""
+        it held no cached KV). Only a leaf's last block is ever evicted (:meth:`victim`).
+
+        The leaf loses its last block and those tokens; a leaf left empty leaves the tree (its parent's
+        ``children`` entry goes, its ``parent`` becomes None) and its parent may now be evictable. The
+        block's ``node_of`` and ``block_hash`` are cleared; ``self.num_evictions`` counts it."""
+        # BEGIN SOLUTION radix_insert
         node = self.node_of[block_id]
         if node is None:
             return None
@@ -263,6 +315,7 @@ class RadixCache:
             self._push_if_evictable(parent)
         self.num_evictions += 1
         return block_hash
+        # END SOLUTION
 
     # --- Plain data for tests and the app --------------------------------------------------------
 
@@ -340,3 +393,6 @@ class RadixFreeQueue:
         if self.plain.pop(block_id, 0) is None:
             return
         del self.cached[block_id]
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.lab_impl import plug_lab_parts
 from engine.core.sequence import SequenceGroup
 
 LPM_WINDOW = 128
@@ -40,7 +41,14 @@ def lpm_order(waiting: deque[SequenceGroup], kv: KVCacheManager, step: int, wait
     Returns:
         request id -> (why it is where it is: PREEMPTED, STARVED or LONGEST_PREFIX; its cached
         prompt tokens), for the requests looked at.
+
+    The first ``LPM_WINDOW`` requests are reordered, the rest stay behind them as they were. In the
+    window: preempted requests first (``group.num_preemptions``, their hit is reported as 0), in queue
+    order; then the starved (waited ``max_wait_steps`` or more), oldest ``arrival_time`` first (ties by
+    request id); then the rest by cached prompt tokens, most first (``kv.get_computed_blocks(group)[1]``),
+    ties in queue order.
     """
+    # BEGIN SOLUTION lpm
     window = [waiting.popleft() for _ in range(min(len(waiting), LPM_WINDOW))]
     reasons, keys = {}, {}
     for position, group in enumerate(window):
@@ -54,3 +62,7 @@ def lpm_order(waiting: deque[SequenceGroup], kv: KVCacheManager, step: int, wait
     window.sort(key=lambda g: keys[id(g)])
     waiting.extendleft(reversed(window))
     return reasons
+    # END SOLUTION
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)

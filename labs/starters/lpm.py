@@ -1,0 +1,61 @@
+"""Lab lpm: Cache-aware scheduling: longest prefix match / 缓存感知调度：最长前缀匹配.
+
+SGLang's LPM order for the waiting queue: preempted requests first, then those waiting too long (the
+starvation guard, oldest first), then the rest by their prompt tokens already cached, longest first.
+
+SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），其余的按已缓存的提示词词元数从多到少排序。
+
+Your part plugs into the engine in place of its own, in engine/core/scheduling_policy.py (the engine module's names are in
+scope here). Run its tests on your file:
+
+    python -m lessons grade lpm --impl path/to/lpm.py
+
+Cut by `python -m lessons labs build` from engine/core/scheduling_policy.py; work on a copy.
+
+The module engine/core/scheduling_policy.py, for context:
+
+Cache-aware scheduling: the order in which waiting requests are admitted.
+
+``"fcfs"`` (first come, first served) is vLLM's: the waiting queue is admitted from its head.
+``"lpm"`` is SGLang's *longest prefix match* (Zheng et al. 2024, RadixAttention §3, "cache-aware
+scheduling"; ``sglang/srt/managers/schedule_policy.py``): before admitting, the waiting requests
+are sorted by the number of their prompt tokens already in the prefix cache, longest first, so that
+requests sharing a prefix run while it is cached instead of evicting each other's. Sorting by hit
+length alone can starve a request whose prompt shares nothing; here a request that has waited
+``max_wait_steps`` scheduler steps goes first (oldest first), and a preempted request keeps its
+place at the head of the queue, as under FCFS.
+
+SGLang falls back to FCFS when more than 128 requests wait (matching each one costs a tree walk);
+here LPM looks at the first ``LPM_WINDOW`` waiting requests and leaves the rest in arrival order.
+"""
+
+from __future__ import annotations
+from collections import deque
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.sequence import SequenceGroup
+
+LAB = "lpm"  # the lab whose parts this file holds
+
+
+def lpm_order(waiting: deque[SequenceGroup], kv: KVCacheManager, step: int, waiting_since: dict[int, int],
+              max_wait_steps: int) -> dict[int, tuple[str, int]]:
+    """Reorder ``waiting`` in place for longest-prefix-match admission.
+
+    Args:
+        waiting: the scheduler's waiting queue, preempted requests first, then arrival order.
+        kv: the allocator, asked for each request's cached prefix (``get_computed_blocks``).
+        step: the scheduler's step count now; waiting_since: request id -> the step it was queued.
+        max_wait_steps: the starvation guard's limit, in steps.
+
+    Returns:
+        request id -> (why it is where it is: PREEMPTED, STARVED or LONGEST_PREFIX; its cached
+        prompt tokens), for the requests looked at.
+
+    The first ``LPM_WINDOW`` requests are reordered, the rest stay behind them as they were. In the
+    window: preempted requests first (``group.num_preemptions``, their hit is reported as 0), in queue
+    order; then the starved (waited ``max_wait_steps`` or more), oldest ``arrival_time`` first (ties by
+    request id); then the rest by cached prompt tokens, most first (``kv.get_computed_blocks(group)[1]``),
+    ties in queue order.
+    """
+    # TODO(lpm): write this part (see the docstring and labs/README.md)
+    raise NotImplementedError("lab lpm: lpm_order")
