@@ -7,9 +7,10 @@ unlocked leaf from a heap with stale entries, and evict its last block.
 把一个序列新填满的块插入到它持有的路径之下（锁计数移到新的末节点；树中已有的块要报告出来，以便释放这份副本），从含有过期条目的堆中选出最久未用的未加锁叶子，并驱逐它的最后一个块。
 
 Your part plugs into the engine in place of its own, in engine/core/radix_cache.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade radix_insert --impl path/to/radix_insert.py
+    python -m lessons grade radix_insert --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/radix_cache.py; work on a copy.
 

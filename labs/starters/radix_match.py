@@ -7,9 +7,10 @@ prompt leaves part-way so that every match ends on a node boundary.
 SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的词元 ID 找子节点），找到最长的已缓存前缀；提示词在某个节点中途分岔时把该节点分裂，使每次匹配都结束在节点边界上。
 
 Your part plugs into the engine in place of its own, in engine/core/radix_cache.py (the engine module's names are in
-scope here). Run its tests on your file:
+scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on
+each other:
 
-    python -m lessons grade radix_match --impl path/to/radix_match.py
+    python -m lessons grade radix_match --impl labs/mine
 
 Cut by `python -m lessons labs build` from engine/core/radix_cache.py; work on a copy.
 
