@@ -8,7 +8,7 @@ import streamlit as st
 
 from app_pages.state import MAX_BLOCKS, MAX_MIB, SHARING, Settings, default_model, kv_slot_bytes
 from app_pages.widgets import bounded_number, localized_choice
-from engine.model_executor.model_loader import DEFAULT_MODEL
+from engine.model_executor.model_loader import DEFAULT_MODEL, GEMMA_MODEL
 from visualize.i18n import LANGUAGE_NAMES, LANGUAGES, t
 
 MIB = 1 << 20
@@ -67,12 +67,13 @@ def engine_settings(lang: str, sb=None) -> Settings:
     sb.header(t("settings", lang))
     sb.caption(t("settings_help", lang))
     start = default_model()
-    choice = localized_choice(sb.radio, t("model", lang), ("default", "local"), "model_choice", lang,
-                              lambda c: t("model_default", lang) if c == "default" else t("model_local", lang),
-                              default="default" if start == DEFAULT_MODEL else "local")
-    model = DEFAULT_MODEL
+    named = {"default": DEFAULT_MODEL, "gemma": GEMMA_MODEL}
+    choice = localized_choice(sb.radio, t("model", lang), ("default", "gemma", "local"), "model_choice", lang,
+                              lambda c: t(f"model_{c}", lang),
+                              default=next((c for c, name in named.items() if name == start), "local"))
+    model = named.get(choice, DEFAULT_MODEL)
     if choice == "local":
-        st.session_state.setdefault("model_path", "" if start == DEFAULT_MODEL else start)
+        st.session_state.setdefault("model_path", "" if start in named.values() else start)
         path = sb.text_input(t("model_path", lang), key="model_path",
                              help=t("model_path_help", lang)).strip()
         model = path or DEFAULT_MODEL

@@ -116,6 +116,9 @@ class LLMEngine:
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: text, chat messages (through the model's chat template) or token ids.
 
+        A model without a chat template (a base model, such as Gemma 3 270M) reads chat messages as their
+        contents, one paragraph each, after its BOS token: what a plain-text prompt of them would give.
+
         Raises:
             ValueError: empty prompt, token ids outside the vocabulary, or an unknown prompt type.
         """
@@ -124,8 +127,11 @@ class LLMEngine:
         elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
             if any(not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str) for m in prompt):
                 raise ValueError("each chat message needs a string 'role' and a string 'content'")
-            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            if not self.tokenizer.chat_template:
+                ids = self.tokenizer("\n\n".join(m["content"] for m in prompt)).input_ids
+            else:
+                text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+                ids = self.tokenizer(text, add_special_tokens=False).input_ids
         elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)
             vocab = self.hf_config.vocab_size

@@ -12,7 +12,8 @@ import pytest
 import torch
 import transformers
 
-from engine.model_executor.model_loader import load_tokenizer, resolve_model
+from engine.config import GEMMA_MODEL
+from engine.model_executor.model_loader import LoadedModel, load_model, load_tokenizer, resolve_model
 
 TINY_SIZES = dict(
     hidden_size=64,
@@ -44,14 +45,30 @@ def default_model_dir() -> Path:
     return resolve_model(None)
 
 
+@pytest.fixture(scope="session")
+def gemma_loaded() -> LoadedModel:
+    """Gemma 3 270M (the extra "gemma"), converted once per machine and loaded once per test session in
+    float32 (1.1 GB); engines built on it share its tensors (``LLMEngine(..., loaded_model=...)``)."""
+    return load_model(GEMMA_MODEL)
+
+
+@pytest.fixture(scope="session")
+def gemma_hf(gemma_loaded):
+    """transformers' own ``Gemma3ForCausalLM`` on the same converted folder, float32 on CPU, once per session."""
+    return transformers.AutoModelForCausalLM.from_pretrained(gemma_loaded.path, dtype=torch.float32).eval()
+
+
 def make_tiny_model(directory: Path, model_type: str, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:
-    """Save a randomly initialised llama / qwen2 / qwen3 model with the default tokenizer in ``directory``."""
+    """Save a randomly initialised llama / qwen2 / qwen3 / gemma3_text model with the default tokenizer in ``directory``."""
     tokenizer = load_tokenizer(Path(tokenizer_dir))
     sizes = dict(TINY_SIZES, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     sizes.update(overrides)
-    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
-    if model_type == "qwen3":
-        sizes.setdefault("head_dim", 32)  # Qwen3's head_dim is its own setting, not hidden / heads
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+                    "gemma3_text": transformers.Gemma3TextConfig}[model_type]
+    if model_type in ("qwen3", "gemma3_text"):
+        sizes.setdefault("head_dim", 32)  # Qwen3's and Gemma's head_dim is its own setting, not hidden / heads
+    if model_type == "gemma3_text":  # a sliding-window layer, then a full one; a window short prompts cross
+        sizes.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8, query_pre_attn_scalar=24)
     config = config_class(**sizes)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)

