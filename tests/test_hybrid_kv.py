@@ -175,3 +175,27 @@ def test_a_sliding_group_hits_only_the_window_before_the_hit_end():
     sliding, full = hit.blocks[0], hit.blocks[-1]
     assert len(full) == 5 and NULL_BLOCK not in full
     assert sliding[:3] == [NULL_BLOCK] * 3 and NULL_BLOCK not in sliding[3:] and len(sliding) == 5
+
+
+def test_the_simulator_takes_hybrid_specs_and_the_views_read_its_groups():
+    """Gemma 3's pattern on the simulator: each step's kv_groups, the pool coloured by group, and the
+    window's saving against all layers full (the app's views), in English and Chinese."""
+    from engine.sim.simulator import simulate
+    from engine.sim.workloads import Request
+    from visualize.kv_groups import kv_group_rows, pool_by_group_spec, window_savings_frame, window_savings_spec
+
+    specs = layer_specs(6, 4, 1, 8, sliding_window=8, layer_types=gemma3_layer_types(6, 3))  # 2 sliding groups, 1 full
+    result = simulate(requests=[Request(0.0, 20, 30)], kv_slots=4 * 60, block_size=4, max_model_len=50, kv_cache_spec=specs,
+                      record_steps=True)
+    reports = result.step_reports
+    assert all(len(r.kv_groups) == 3 for r in reports if r.scheduled)
+    frame = window_savings_frame(reports)
+    before_finish = frame.iloc[-2]  # the last step finished the request: its tables are gone
+    assert before_finish.all_full == 3 * 12 and before_finish.in_use == 12 + 2 * 2, "48 tokens: 12 blocks a table, the window's 2"
+    last = reports[-2]
+    rows = kv_group_rows(last)
+    assert any(r["null"] for r in rows if r["group"] < 2) and not any(r["null"] for r in rows if r["group"] == 2)
+    for lang, words in (("en", ("sliding window 8", "full attention", "free")), ("zh", ("滑动窗口 8", "全注意力", "空闲"))):
+        legend = pool_by_group_spec(last, 61, lang)["encoding"]["color"]["scale"]["domain"]
+        assert all(any(w in d for d in legend) for w in words), legend
+        assert window_savings_spec(frame, lang)["title"] in (t_ for t_ in ("What the sliding window saves", "滑动窗口省下的块"))

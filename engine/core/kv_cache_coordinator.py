@@ -18,6 +18,7 @@ Each manager sees a request through a :class:`GroupView`, whose ``block_table`` 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from engine.core.accounting import MemoryUsage, swap_space_usage
@@ -193,11 +194,18 @@ class HybridKVCacheCoordinator(KVCacheManager):
 
     def allocate(self, seq: Group, num_new_tokens: int | None = None, computed_blocks=None) -> None:
         hits = self._hit(computed_blocks)
+        # Every group's hits are held before any group allocates (vLLM touches them all first): a new
+        # block of one group must not evict a cached block another group is about to take.
+        held = [b for h in hits for b in h if b != NULL_BLOCK]
+        for block_id in held:
+            self.allocator.touch(block_id)
         others = seq.unfinished_seqs()[1:]
         for gi, (m, view) in enumerate(self._views(seq)):
             for other in others:  # a re-prefilled group: each group's allocate counts the shared prompt as computed
                 other.num_computed_tokens = 0
             m.allocate(view, num_new_tokens, hits[gi])
+        for block_id in held:
+            self.allocator.free(block_id)
 
     def num_prefill_tokens(self, group: Group, computed_blocks=None) -> int:
         return self.managers[0].num_prefill_tokens(GroupView(group, 0), self._hit(computed_blocks)[0])
@@ -324,7 +332,8 @@ class HybridKVCacheCoordinator(KVCacheManager):
             for seq in group.unfinished_seqs():
                 for gi in range(len(self.managers)):
                     table = seq.block_tables_of(gi)
-                    num_null = next((i for i, b in enumerate(table) if b != NULL_BLOCK), len(table)) if isinstance(
+                    # the null entries lead a sliding table: the first real block by bisection
+                    num_null = bisect.bisect_left(table, True, key=lambda b: b != NULL_BLOCK) if isinstance(
                         self.managers[gi], SlidingWindowManager) else 0
                     tables.append(table[num_null:])
                     computed.append(seq.num_computed_tokens - num_null * self.block_size)
@@ -335,15 +344,19 @@ class HybridKVCacheCoordinator(KVCacheManager):
         one page (``group_size`` layers' K and V), so ``bytes_per_slot`` is a page's per token."""
         tables, computed = self._tables(running)
         bs = self.block_size
+        num_slots = self.num_usable_blocks * bs
+        allocated = (self.num_usable_blocks - self.allocator.num_free) * bs
+        held = sum(len(t) for t in tables)
+        cached_free = sum(len(m.cached_free_blocks()) for m in self.managers) * bs if self.enable_caching else 0
+        if not self.allocator.shared:  # every block has one holder: each table's computed tokens, once
+            token_states = sum(min(n, len(t) * bs) for t, n in zip(tables, computed))
+            return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
+                               bytes_per_slot, 0, held, self.num_usable_blocks - self.allocator.num_free, cached_free)
         fill: dict[int, int] = {}
         for table, n in zip(tables, computed):
             for i, block_id in enumerate(table):
                 fill[block_id] = max(fill.get(block_id, 0), min(bs, max(0, n - i * bs)))
-        num_slots = self.num_usable_blocks * bs
-        allocated = (self.num_usable_blocks - self.allocator.num_free) * bs
         token_states = sum(fill.values())
-        held = sum(len(t) for t in tables)
-        cached_free = sum(len(m.cached_free_blocks()) for m in self.managers) * bs
         shared = sum(fill[b] for b in self.allocator.shared if b in fill)
         return MemoryUsage(num_slots, token_states, 0, allocated - token_states, 0, num_slots - allocated,
                            bytes_per_slot, shared, held, self.num_usable_blocks - self.allocator.num_free, cached_free)
