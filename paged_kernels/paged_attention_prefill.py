@@ -17,6 +17,10 @@ flattened into ``BLOCK_Q * GROUP_PAD`` rows of a single ``tl.dot`` operand (row 
 them. It then walks keys ``TILE_K`` at a time up to the position of its last query token
 (later tokens are masked by causality anyway), gathering a block id per token through the block
 table, and accumulates an online softmax in fp32 (see ``paged_attention_decode.py``).
+
+With a sliding window of W tokens (``sliding_window``), query position p sees positions p - W + 1 .. p:
+the walk starts at the first key the tile's first query sees, so blocks wholly before every row's window
+are never read, and keys of the walked tiles before a row's window are masked for that row.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ LOG2E = 1.4426950408889634
 def _paged_attention_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2,  # softmax scale * log2(e): we use exp2
+    sliding_window,  # 0: full attention; W: each query sees its last W positions only
     stride_qt, stride_qh, stride_qd,  # query [num_tokens, num_heads, head_dim]
     stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -84,7 +89,8 @@ def _paged_attention_prefill_kernel(
     kv_end = tl.minimum(context_len, prefix + (q_tile + 1) * BLOCK_Q)
     bt_row = block_tables_ptr + seq * stride_bts
     offs = tl.arange(0, TILE_K).to(tl.int64)
-    for tile_start in range(0, kv_end, TILE_K):
+    kv_start = tl.where(sliding_window > 0, tl.maximum(prefix + q_tile * BLOCK_Q - sliding_window + 1, 0), 0)
+    for tile_start in range(kv_start, kv_end, TILE_K):
         tok = tile_start + offs
         tok_ok = tok < kv_end
         block_id = tl.load(bt_row + (tok // BLOCK_SIZE) * stride_btb, mask=tok_ok, other=0).to(tl.int64)
@@ -95,12 +101,15 @@ def _paged_attention_prefill_kernel(
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [rows, TILE_K]
         causal = tok_ok[None, :] & (tok[None, :] <= q_pos[:, None])
+        causal &= (sliding_window == 0) | (tok[None, :] > q_pos[:, None] - sliding_window)
         s = tl.where(causal, s, float("-inf"))
 
-        # Token 0 is in the first tile and visible to every row, so m becomes finite at once.
+        # A row whose window begins after this tile sees only -inf here: m_safe keeps exp2(-inf - -inf)
+        # = NaN out (alpha = 1, p = 0 for it). Without a window every row sees the first tile's token.
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + slot_v[:, None] + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -121,6 +130,7 @@ def paged_attention_prefill(
     context_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal prefill attention through block tables; same result as ``engine.model_executor.attention.paged_prefill_reference``.
 
@@ -135,6 +145,8 @@ def paged_attention_prefill(
             (cached prefix + new tokens); must be >= that sequence's query length.
         query_start_loc: ``[num_seqs + 1]`` int32 cumulative query lengths, starting at 0.
         scale: softmax scale.
+        sliding_window: None or 0 for full attention; W: query position p sees p - W + 1 .. p, and blocks
+            wholly before the window of a tile's first query are not read.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``; rows not owned by any sequence are 0.
@@ -180,7 +192,7 @@ def paged_attention_prefill(
     grid = (triton.cdiv(max_q_len, block_q), num_seqs, num_kv_heads)
     _paged_attention_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out,
-        float(scale) * LOG2E,
+        float(scale) * LOG2E, int(sliding_window or 0),
         *query.stride(), *key_cache.stride(), *value_cache.stride(),
         block_tables.stride(0), block_tables.stride(1),
         *out.stride(),

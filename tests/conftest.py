@@ -12,7 +12,8 @@ import pytest
 import torch
 import transformers
 
-from engine.model_executor.model_loader import load_tokenizer, resolve_model
+from engine.config import GEMMA_MODEL
+from engine.model_executor.model_loader import LoadedModel, load_model, load_tokenizer, resolve_model
 
 TINY_SIZES = dict(
     hidden_size=64,
@@ -42,6 +43,19 @@ def cpu_kernels_built() -> bool:
 def default_model_dir() -> Path:
     """The default model (SmolLM2-135M-Instruct), fetched and converted once per machine."""
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def gemma_loaded() -> LoadedModel:
+    """Gemma 3 270M (the extra "gemma"), converted once per machine and loaded once per test session in
+    float32 (1.1 GB); engines built on it share its tensors (``LLMEngine(..., loaded_model=...)``)."""
+    return load_model(GEMMA_MODEL)
+
+
+@pytest.fixture(scope="session")
+def gemma_hf(gemma_loaded):
+    """transformers' own ``Gemma3ForCausalLM`` on the same converted folder, float32 on CPU, once per session."""
+    return transformers.AutoModelForCausalLM.from_pretrained(gemma_loaded.path, dtype=torch.float32).eval()
 
 
 def make_tiny_model(directory: Path, model_type: str, tokenizer_dir: Path, seed: int = 0, **overrides) -> Path:

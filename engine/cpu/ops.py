@@ -371,6 +371,7 @@ def paged_attention_decode(
     context_lens: torch.Tensor,
     scale: float,
     plan: object | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention through the block tables, in place (the same contract as
     :func:`engine.model_executor.attention.paged_attention_reference`, within float rounding).
@@ -384,6 +385,8 @@ def paged_attention_decode(
         context_lens: ``[num_seqs]`` int32, tokens; 0 gives a row of zeros.
         scale: softmax scale.
         plan: ignored (the engine's backends all take it; this kernel needs nothing precomputed).
+        sliding_window: None or 0 for full attention; W: the query sees its last W positions only, and
+            the table entries of blocks wholly before them are not read.
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in query's dtype; softmax and sums in fp32.
@@ -397,7 +400,7 @@ def paged_attention_decode(
     """
     _check_inputs(query, key_cache, value_cache)
     return torch.ops.pagedattention_lab.paged_attention_decode(
-        query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale)
+        query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale), int(sliding_window or 0)
     )
 
 

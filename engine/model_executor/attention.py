@@ -13,6 +13,12 @@ table shows up as a wrong answer. The one, :func:`prefill_varlen_reference`, is 
 a prefill with nothing cached before it: its prompt's K and V are this step's own, so it reads them
 as computed (their copy still goes through the slot mapping, and every later step reads it back
 through the block table).
+
+Sliding-window attention (Mistral, Gemma 2 and 3; vLLM's ``sliding_window``): with a window of W tokens
+a query at position p sees positions p - W + 1 .. p only (Hugging Face's mask ``kv_idx > q_idx - W``).
+The block tables are then read from the block holding the first visible position on
+(:func:`window_gather_index`): blocks wholly before the window are never read, so a hybrid KV cache may
+already have given them back; the few positions of the edge block before the window are masked.
 """
 
 from __future__ import annotations
@@ -110,12 +116,15 @@ class GatherIndex:
         dead_rows: ``[n]`` int64, the entries of ``slots`` past their sequence's context.
         live: ``[num_seqs, max_blocks * block_size]`` bool, the position is inside the context.
         any_empty: some sequence has ``context_lens == 0`` (its softmax is over nothing).
+        start: ``[num_seqs]`` int64, the position of each sequence's first gathered column (a sliding
+            window's first block, :func:`window_gather_index`); None: position 0.
     """
 
     slots: torch.Tensor
     dead_rows: torch.Tensor
     live: torch.Tensor
     any_empty: bool
+    start: torch.Tensor | None = None
 
 
 def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> GatherIndex:
@@ -137,6 +146,38 @@ def gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_s
     dead_rows = torch.nonzero(~live.flatten()).squeeze(1)
     return GatherIndex(slots.flatten(), dead_rows, live, bool((lens == 0).any()) if num_seqs else False)
     # END SOLUTION
+
+
+def window_gather_index(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                        first_visible: torch.Tensor) -> GatherIndex:
+    """:func:`gather_index` for a sliding window: each sequence's columns start at the block that holds its
+    first visible position, so the blocks wholly before the window are not read (their table entries may
+    hold anything); positions of that edge block before ``first_visible`` are dead, like those past the context.
+
+    Args:
+        block_tables: ``[num_seqs, max_blocks]`` int32.
+        context_lens: ``[num_seqs]`` int32, tokens.
+        block_size: slots per block.
+        first_visible: ``[num_seqs]`` int64, the first position any query of the sequence may see
+            (decode: ``max(0, context_len - sliding_window)``).
+
+    Returns:
+        a :class:`GatherIndex` whose ``start`` is each sequence's first gathered position, a multiple of
+        ``block_size``; its width is the most blocks any sequence needs, at most the whole table.
+    """
+    num_seqs, max_blocks = block_tables.shape
+    device = block_tables.device
+    lens = context_lens.to(device).long()
+    first = first_visible.to(device).long().clamp(min=0)
+    start = first // block_size * block_size
+    num_cols = int(((lens - start + block_size - 1) // block_size).clamp(min=0).max()) * block_size if num_seqs else 0
+    pos = start[:, None] + torch.arange(num_cols, device=device)[None, :]  # [S, T] absolute positions
+    live = (pos >= first[:, None]) & (pos < lens[:, None])
+    entries = (pos // block_size).clamp(max=max_blocks - 1)
+    blocks = block_tables.long().gather(1, entries).clamp(min=0)
+    slots = torch.where(live, blocks * block_size + pos % block_size, 0)  # a dead column reads slot 0 (then zeroed): never a table entry's garbage
+    dead_rows = torch.nonzero(~live.flatten()).squeeze(1)
+    return GatherIndex(slots.flatten(), dead_rows, live, bool((lens == 0).any()) if num_seqs else False, start)
 
 
 @dataclass
@@ -200,8 +241,10 @@ def paged_attention_reference(
     context_lens: torch.Tensor,
     scale: float,
     plan: TorchStepPlan | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention: one query token per sequence against its whole context, through its block table.
+    """Decode attention: one query token per sequence against its whole context (or its last
+    ``sliding_window`` tokens), through its block table.
 
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
     With one query token, the ``num_heads // num_kv_heads`` query heads of a group are like that many
@@ -216,6 +259,8 @@ def paged_attention_reference(
         context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
         scale: softmax scale, usually ``head_dim ** -0.5``.
         plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
+        sliding_window: None (or 0) for full attention; W: the query sees its last W positions only, and
+            the blocks before them are not read (:func:`window_gather_index`).
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
@@ -223,6 +268,9 @@ def paged_attention_reference(
     Source: PagedAttention paper §4.1 (attention over non-contiguous KV blocks); vLLM's
     ``paged_attention_v1`` computes the same thing.
     """
+    if sliding_window:  # the window's gather index in place of the whole context's
+        first = context_lens.to(block_tables.device).long() - sliding_window
+        plan = TorchStepPlan(True, window_gather_index(block_tables, context_lens, key_cache.shape[1], first))
     # BEGIN SOLUTION paged_attention
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
@@ -249,8 +297,10 @@ def paged_prefill_reference(
     context_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Prefill attention: each sequence's new query tokens attend causally to everything in its cache.
+    """Prefill attention: each sequence's new query tokens attend causally to everything in its cache
+    (with ``sliding_window`` W, to their last W positions each).
 
     Sequence ``s`` owns query rows ``query_start_loc[s]:query_start_loc[s+1]`` (``q_len`` tokens);
     they sit at positions ``context_lens[s] - q_len .. context_lens[s] - 1``, so the first
@@ -264,6 +314,8 @@ def paged_prefill_reference(
         context_lens: ``[num_seqs]`` int32, tokens in the cache per sequence after this step.
         query_start_loc: ``[num_seqs + 1]`` int32, cumulative query lengths (vLLM's name).
         scale: softmax scale.
+        sliding_window: None (or 0) for full attention; W: query position p sees p - W + 1 .. p, and
+            the blocks before the first query's window are not read.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``.
@@ -276,13 +328,18 @@ def paged_prefill_reference(
         return torch.zeros_like(query)
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
     device = query.device
-    # Every sequence's whole context, read through its block table: [S, T, Hkv, D], zeros past it.
-    index = gather_index(block_tables, context_lens, key_cache.shape[1])
+    starts = query_start_loc.to(device).long()
+    q_lens = starts[1:] - starts[:-1]
+    # Every sequence's whole context (with a window: from the first query's window on), read through its
+    # block table: [S, T, Hkv, D], zeros past it.
+    if sliding_window:
+        first = context_lens.to(device).long() - q_lens - sliding_window + 1
+        index = window_gather_index(block_tables, context_lens, key_cache.shape[1], first)
+    else:
+        index = gather_index(block_tables, context_lens, key_cache.shape[1])
     keys, live = gather_kv(key_cache, block_tables, context_lens, index)
     values, _ = gather_kv(value_cache, block_tables, context_lens, index)
     # The queries padded per sequence: row j of sequence s is token starts[s] + j.
-    starts = query_start_loc.to(device).long()
-    q_lens = starts[1:] - starts[:-1]
     j = torch.arange(int(q_lens.max()), device=device)
     q_valid = j[None, :] < q_lens[:, None]  # [S, Qmax]
     rows = (starts[:-1, None] + j[None, :]).clamp(max=num_tokens - 1)
@@ -290,8 +347,12 @@ def paged_prefill_reference(
     q_max = q.shape[1]
     # Causal: query j sits at position context_len - q_len + j and sees positions up to its own.
     q_pos = (context_lens.to(device).long() - q_lens)[:, None] + j[None, :]  # [S, Qmax]
-    t = torch.arange(keys.shape[1], device=device)
-    allowed = (t[None, None, :] <= q_pos[:, :, None]) & live[:, None, :]  # [S, Qmax, T]
+    t = torch.arange(keys.shape[1], device=device)[None, None, :]  # the position of each gathered key
+    if index.start is not None:
+        t = t + index.start[:, None, None]
+    allowed = (t <= q_pos[:, :, None]) & live[:, None, :]  # [S, Qmax, T]
+    if sliding_window:
+        allowed &= t > q_pos[:, :, None] - sliding_window
     # Grouped-query attention: the G query heads of a KV head become G * Qmax rows against its keys.
     q = q.permute(0, 2, 3, 1, 4).reshape(num_seqs, num_kv_heads, group * q_max, head_dim)
     mask = allowed[:, None, None].expand(num_seqs, 1, group, q_max, keys.shape[1]).reshape(num_seqs, 1, group * q_max, -1)
@@ -308,6 +369,7 @@ def prefill_varlen_reference(
     value: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Prefill attention for prompts with nothing in the cache before them (no prefix-cache hit, no
     earlier chunk): each prompt's tokens attend causally to the prompt's own K and V, taken from this
@@ -326,6 +388,8 @@ def prefill_varlen_reference(
         key, value: ``[num_tokens, num_kv_heads, head_dim]``, this step's K and V of the same tokens.
         query_start_loc: ``[num_seqs + 1]`` int32, cumulative prompt lengths (vLLM's name).
         scale: softmax scale.
+        sliding_window: None (or 0) for full attention; W: row p sees rows p - W + 1 .. p of its prompt
+            (an explicit mask, only for prompts longer than W: shorter ones are causal as they are).
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``query.dtype`` (computed in fp32 at least).
@@ -347,7 +411,12 @@ def prefill_varlen_reference(
         valid = torch.tensor([j < n for n in lens for j in range(longest)], device=query.device)
         pad = lambda x: x.index_select(0, rows).view(num_seqs, longest, x.shape[1], head_dim)  # noqa: E731
     q, k, v = (pad(x).transpose(1, 2).to(compute) for x in (query, key, value))  # [S, heads, longest, D]
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_kv_heads != num_heads)
+    if sliding_window and longest > sliding_window:
+        i = torch.arange(longest, device=query.device)
+        in_window = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - sliding_window)  # [query row, key row]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=in_window, scale=scale, enable_gqa=num_kv_heads != num_heads)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_kv_heads != num_heads)
     out = out.transpose(1, 2).reshape(num_seqs * longest, num_heads, head_dim)
     return (out if valid is None else out[valid]).to(query.dtype)
 

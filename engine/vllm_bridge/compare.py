@@ -190,6 +190,34 @@ class VLLMBenchSide:
         self.process.close()
 
 
+def vllm_greedy(engine, prompt_ids: list[list[int]], max_tokens: int, ignore_eos: bool = False, python=None) -> dict:
+    """The same prompts, greedy, through real vLLM on the engine's model (``python -m engine generate --against vllm``).
+
+    vLLM gets the engine's converted Hugging Face directory, float32, the engine's pool in slots (block size
+    rounded up to a multiple of 32, plus vLLM's null block), max_model_len and token budget.
+
+    Returns:
+        {"vllm_version", "token_ids": one list per prompt}.
+
+    Raises:
+        engine.vllm_bridge.env.VLLMUnavailable: vLLM cannot run here, or stopped (its last words).
+    """
+    from engine.model_executor.model_loader import resolve_model
+    from engine.vllm_bridge.env import resolve_python
+    from engine.vllm_bridge.process import VLLMProcess
+
+    block_size = VLLM_BLOCK_MULTIPLE * math.ceil(engine.config.block_size / VLLM_BLOCK_MULTIPLE)
+    requests = [{"prompt_token_ids": p, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos} for p in prompt_ids]
+    job = {"model": str(resolve_model(engine.config.model)), "dtype": "float32", "block_size": block_size,
+           "num_gpu_blocks": math.ceil(engine.num_blocks * engine.config.block_size / block_size) + 1, "max_num_seqs": len(requests),
+           "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens, "max_model_len": engine.max_model_len,
+           "enable_prefix_caching": False, "requests": requests}
+    kv_gib = max(KV_CACHE_GIB, 1.2 * job["num_gpu_blocks"] * block_size * engine.bytes_per_slot / 2**30)
+    with VLLMProcess(resolve_python(python), job, kv_gib) as vllm:
+        ready = vllm.wait_ready()
+        return {"vllm_version": ready["vllm_version"], "token_ids": vllm.generate()["token_ids"]}
+
+
 def format_vllm_column(r: dict, engine_block_size: int) -> list[str]:
     """The bench's vLLM lines (after the engine's and transformers' lines)."""
     lines = [

@@ -30,6 +30,12 @@ table shows up as a wrong answer. The one, :func:`prefill_varlen_reference`, is 
 a prefill with nothing cached before it: its prompt's K and V are this step's own, so it reads them
 as computed (their copy still goes through the slot mapping, and every later step reads it back
 through the block table).
+
+Sliding-window attention (Mistral, Gemma 2 and 3; vLLM's ``sliding_window``): with a window of W tokens
+a query at position p sees positions p - W + 1 .. p only (Hugging Face's mask ``kv_idx > q_idx - W``).
+The block tables are then read from the block holding the first visible position on
+(:func:`window_gather_index`): blocks wholly before the window are never read, so a hybrid KV cache may
+already have given them back; the few positions of the edge block before the window are masked.
 """
 
 from __future__ import annotations
@@ -80,8 +86,10 @@ def paged_attention_reference(
     context_lens: torch.Tensor,
     scale: float,
     plan: TorchStepPlan | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention: one query token per sequence against its whole context, through its block table.
+    """Decode attention: one query token per sequence against its whole context (or its last
+    ``sliding_window`` tokens), through its block table.
 
     Grouped-query attention: query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
     With one query token, the ``num_heads // num_kv_heads`` query heads of a group are like that many
@@ -96,6 +104,8 @@ def paged_attention_reference(
         context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
         scale: softmax scale, usually ``head_dim ** -0.5``.
         plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
+        sliding_window: None (or 0) for full attention; W: the query sees its last W positions only, and
+            the blocks before them are not read (:func:`window_gather_index`).
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
@@ -103,5 +113,8 @@ def paged_attention_reference(
     Source: PagedAttention paper §4.1 (attention over non-contiguous KV blocks); vLLM's
     ``paged_attention_v1`` computes the same thing.
     """
+    if sliding_window:  # the window's gather index in place of the whole context's
+        first = context_lens.to(block_tables.device).long() - sliding_window
+        plan = TorchStepPlan(True, window_gather_index(block_tables, context_lens, key_cache.shape[1], first))
     # TODO(paged_attention): write this part (see the docstring and labs/README.md)
     raise NotImplementedError("lab paged_attention: paged_attention_reference")

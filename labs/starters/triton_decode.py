@@ -52,6 +52,11 @@ A partition that starts past the context (more partitions than blocks) writes
 
 Padding rows (``context_lens == 0``) run no loop iteration and write zeros; cache slots outside
 a context are never loaded (masked loads), so NaN garbage there cannot leak into the result.
+
+Sliding window (``sliding_window`` W > 0; Mistral, Gemma 3, vLLM's ``sliding_window``): the query at
+position ``context_len - 1`` sees the last W positions only. The loop starts at the first tile that
+holds one of them, so blocks wholly before the window are never loaded, not even their block-table
+entries; the positions of the first tile before the window are masked like those past the context.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def _paged_attention_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, max_logits_ptr, exp_sums_ptr,
     scale_log2,  # softmax scale * log2(e)
+    sliding_window,  # 0: full attention; W: the last W positions only
     num_pairs,  # num_seqs * num_kv_heads
     stride_qs, stride_qh, stride_qd,  # query [num_seqs, num_heads, head_dim]
     stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
@@ -101,6 +107,8 @@ def _paged_attention_decode_kernel(
     context_len = tl.load(context_lens_ptr + seq, mask=pair_ok, other=0).to(tl.int64)
     start = split * PARTITION
     end = tl.minimum(context_len, start + PARTITION)  # [PAIRS] this partition's last token + 1
+    first = tl.where(sliding_window > 0, tl.maximum(context_len - sliding_window, 0), 0)  # [PAIRS] first visible token
+    loop_start = tl.maximum(start, tl.min(tl.where(pair_ok, first, start + PARTITION), axis=0))  # skips tiles before every window
 
     g = tl.arange(0, GROUP_PAD).to(tl.int64)
     d = tl.arange(0, HEAD_DIM_PAD).to(tl.int64)
@@ -121,9 +129,9 @@ def _paged_attention_decode_kernel(
     k_head = k_cache_ptr + kv_head * stride_kh
     v_head = v_cache_ptr + kv_head * stride_vh
     offs = tl.arange(0, TILE).to(tl.int64)
-    for tile_start in range(start, tl.max(end, axis=0), TILE):
+    for tile_start in range(loop_start, tl.max(end, axis=0), TILE):
         tok = tile_start + offs  # [TILE] token positions
-        tok_ok = tok[None, :] < end[:, None]  # [PAIRS, TILE]
+        tok_ok = (tok[None, :] < end[:, None]) & (tok[None, :] >= first[:, None])  # [PAIRS, TILE]
         # Gather one block id per token: a tile may cover several blocks (or part of one).
         # TODO(triton_decode): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab triton_decode: _paged_attention_decode_kernel")

@@ -137,7 +137,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layer(const at::Tensor& hidden, const 
   }
   std::tie(q, k) = rotary_embedding(q, k, cos, sin);
   write_kv(k, v, key_cache, value_cache, slot_mapping);  // first, so attention reads this step's token too
-  const at::Tensor attn = paged_attention_decode(q, key_cache, value_cache, block_tables, context_lens, scale);
+  const at::Tensor attn = paged_attention_decode(q, key_cache, value_cache, block_tables, context_lens, scale, /*sliding_window=*/0);
   std::tie(x, res) = add_rms_norm(linear(attn.view({n, heads * dim}), weights[4], hidden_size, bias(3)), res, weights[5], eps);
   const std::vector<at::Tensor> gate_up = linears(x, weights.slice(6, 2), {intermediate, intermediate}, {bias(4), bias(5)});
   return {linear(silu_and_mul(gate_up[0], gate_up[1]), weights[8], hidden_size, bias(6)), res};

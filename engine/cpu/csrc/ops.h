@@ -25,8 +25,9 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const a
 // activation.cpp: silu(gate) * up.
 at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up);
 
-// paged_attention.cpp: decode attention through the block tables -> [num_seqs, num_heads, head_dim].
+// paged_attention.cpp: decode attention through the block tables -> [num_seqs, num_heads, head_dim];
+// sliding_window 0: full attention, W: the last W positions only.
 at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale);
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t sliding_window);
 
 }  // namespace pagedattention_lab

