@@ -62,6 +62,8 @@ def _load_preset() -> None:
     state = st.session_state
     name = state["preset"]
     state["workload_df"] = preset_workload(name)
+    if "model" not in PRESETS[name] and state.get("model_path") in {p["model"] for p in PRESETS.values() if "model" in p}:
+        state.update(model_choice="default", model_path="")  # back from a preset's own model to the default one
     state.update(preset_settings(name))
     state["pool_unit_shown"] = "blocks"  # the pool size is in blocks: no MiB to carry over
     state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None

@@ -145,14 +145,15 @@ class HybridKVCacheCoordinator(KVCacheManager):
         return self.managers[0].fits_admission(needed)
 
     def fits_ever(self, seq: Group) -> bool:
-        """Could ``seq`` run to its ``max_len`` alone, whatever happens to it? Preempted by recompute
-        at its last token, it prefills every token again, each group holding all their blocks (the
-        window frees them only from the next step on): every group as many blocks as full attention."""
+        """The paged allocator's rule in every group: a request's prefill (every group holds all its
+        blocks: the window frees them only from the next step on) fits the empty pool; a request of
+        several sequences must be able to finish alone, each group as the paged allocator counts it."""
         first = seq.seqs[0]
-        end = max(first.num_tokens + 1, first.max_len)
-        shared = first.num_prompt_tokens // self.block_size if seq.num_samples > 1 else 0
-        per_group = shared + seq.num_samples * (-(-end // self.block_size) - shared)
-        return per_group * len(self.managers) <= self.num_usable_blocks
+        if seq.num_samples == 1:
+            return len(self.managers) * -(-(first.num_tokens + 1) // self.block_size) <= self.num_usable_blocks
+        shared = first.num_prompt_tokens // self.block_size
+        own = -(-first.max_len // self.block_size) - shared
+        return len(self.managers) * (shared + seq.num_samples * own) <= self.num_usable_blocks
 
     # --- Admission ---------------------------------------------------------------------------------
 
