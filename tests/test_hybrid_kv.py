@@ -21,6 +21,7 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.core.single_type_kv_cache_manager import NULL_BLOCK, SlidingWindowManager
 from engine.report import FREE
+from engine.runfile import Workload, WorkloadRequest
 from tests.test_swap_chunked import model_free_step
 
 
@@ -200,3 +201,32 @@ def test_the_simulator_takes_hybrid_specs_and_the_views_read_its_groups():
         legend = pool_by_group_spec(last, 61, lang)["encoding"]["color"]["scale"]["domain"]
         assert all(any(w in d for d in legend) for w in words), legend
         assert window_savings_spec(frame, lang)["title"] in (t_ for t_ in ("What the sliding window saves", "滑动窗口省下的块"))
+
+
+def test_a_gemma_run_reports_its_groups_and_a_run_file_keeps_them(gemma_loaded, tmp_path):
+    """Gemma 3 270M with a 16-token window (same weights), blocks of 4: the engine's StepReport.kv_groups
+    name 5 sliding-window groups bounded by the window and 1 full group that grows; FREE events name
+    their group; a saved run reads back with its groups."""
+    import copy
+    import dataclasses
+
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from engine.runfile import Run, load_run, run_json
+
+    config = copy.deepcopy(gemma_loaded.config)
+    config.sliding_window = 16
+    llm = LLMEngine(EngineConfig(model="gemma-3-270m", block_size=4, num_gpu_blocks=200, max_num_seqs=1),
+                    loaded_model=dataclasses.replace(gemma_loaded, config=config))
+    llm.add_request(list(range(1000, 1030)), SamplingParams(max_tokens=6, ignore_eos=True))
+    reports = [llm.step() for _ in range(6)]
+    groups = reports[-2].kv_groups  # the last step finished the request
+    assert [g.attention_type for g in groups] == [SLIDING_WINDOW] * 5 + [FULL_ATTENTION]
+    assert groups[5].layers == [5, 11, 17] and groups[5].num_blocks_in_use == 9, "34 tokens: 9 blocks of 4"
+    assert all(g.num_blocks_in_use <= -(-16 // 4) + 1 for g in groups[:5])
+    freed = {e.kv_cache_group for r in reports for e in r.events if e.detail == "out of the sliding window"}
+    assert freed == {0, 1, 2, 3, 4}
+    path = tmp_path / "run.json"
+    path.write_text(run_json(Run(Workload([WorkloadRequest("ids", 6)]), dict(model_name="gemma-3-270m", block_size=4,
+                                                                                num_blocks=llm.num_blocks, bytes_per_slot=llm.bytes_per_slot),
+                                 {0: "ids"}, reports)), encoding="utf-8")
+    assert load_run(path).steps == reports

@@ -427,7 +427,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "sliding window. Its 18 layers form 6 KV cache groups (5 sliding-window, 1 full attention), each with its own block "
         "table. After the prefill every group holds the prompt's blocks; from the first decode step each sliding-window "
         "group frees the blocks out of its window (∅) while the full-attention group grows.",
-        "Gemma 3 270M（附加依赖 \"gemma\"，遵守 Gemma 使用条款）处理一个 800 token 的提示词，超过它 512 token 的滑动窗口。"
+        "Gemma 3 270M（附加依赖 `gemma`，遵守 Gemma 使用条款）处理一个 800 token 的提示词，超过它 512 token 的滑动窗口。"
         "它的 18 层分成 6 个 KV 缓存组（5 个滑动窗口组、1 个全注意力组），每组有自己的块表。预填充之后每组都占着提示词的块；"
         "从第一个解码步起，每个滑动窗口组释放窗口之外的块（∅），而全注意力组继续增长。"),
     # --- the per-request timeline (visualize/timeline.py; Live, Classroom and Paged vs contiguous pages)
