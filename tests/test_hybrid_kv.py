@@ -20,7 +20,7 @@ from engine.core.kv_cache_interface import (FULL_ATTENTION, SLIDING_WINDOW, gemm
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.core.single_type_kv_cache_manager import NULL_BLOCK, SlidingWindowManager
-from engine.report import FREE
+from engine.report import ALLOCATE, CACHE_HIT, FREE, SWAP_IN
 from engine.runfile import Workload, WorkloadRequest
 from tests.test_swap_chunked import model_free_step
 
@@ -112,6 +112,23 @@ def check_hybrid_pools(kv: HybridKVCacheCoordinator, scheduler: Scheduler, decod
                     assert len(real) <= -(-m.sliding_window // m.block_size) + 1, f"sliding table {table} outgrew its window"
 
 
+def check_block_contents(kv: HybridKVCacheCoordinator, scheduler: Scheduler, events, written: dict[int, tuple]) -> None:
+    """Every full prompt block a table points at holds that table's tokens: written by it (allocated
+    this run since) or, a prefix-cache hit, by the request that computed the same tokens before."""
+    for e in events:
+        if e.kind in (ALLOCATE, SWAP_IN):
+            written.pop(e.block_id if e.kind == ALLOCATE else e.dst_block_id, None)
+    bs = kv.block_size
+    for group in scheduler.running:
+        for seq in group.unfinished_seqs():
+            for gi in range(kv.num_kv_cache_groups):
+                for i, block in enumerate(seq.block_tables_of(gi)):
+                    if block == NULL_BLOCK or (i + 1) * bs > min(seq.num_computed_tokens, len(seq.token_ids)):
+                        continue
+                    tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                    assert written.setdefault(block, tokens) == tokens, f"group {gi}: block {block} holds other tokens"
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     requests=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30), st.integers(1, 2)), min_size=2, max_size=6),
@@ -141,15 +158,19 @@ def test_hybrid_invariants_hold_after_every_step(requests, block_size, window, n
         grown = kv.num_kv_cache_groups * n * -(-seq.max_len // block_size)  # recomputed alone at its last token
         if kv.fits_ever(group) and grown <= num_blocks - 1:
             scheduler.add(group)
-    steps = 0
+    steps, written = 0, {}
     event(f"{len(scheduler.waiting)} requests fit")
     while scheduler.has_unfinished():
         batch, _, _ = model_free_step(scheduler, lambda: next(ids))
         if batch.preempted:
             event("preempted")
-        if any(e.detail == "out of the sliding window" for e in kv.events.drain()):
+        events = kv.events.drain()
+        if any(e.detail == "out of the sliding window" for e in events):
             event("freed out of the window")
+        if any(e.kind == CACHE_HIT for e in events):
+            event("prefix hit")
         check_hybrid_pools(kv, scheduler, {s.seq_id for s in batch.decode_seqs})
+        check_block_contents(kv, scheduler, events, written)
         steps += 1
         assert steps < 3_000, "the scheduler stopped making progress"
     assert kv.allocator.num_free == num_blocks - 1, "GPU blocks leaked"
