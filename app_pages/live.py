@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages import beside_panel, prefix_panel, swap_panel, timeline_panel
+from app_pages.kv_groups_panel import kv_groups_view
 from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
@@ -24,8 +25,8 @@ from visualize.colors import (COW_DST_BORDER, COW_SRC_BORDER, EDGE_COLOR, ROLLBA
                               TOUCHED_COLOR, request_color)
 from visualize.i18n import CATALOGUE, error_text, t
 from visualize.memory import memory_chart, memory_figure, memory_frame
-from visualize.pool import (block_tables_figure, copy_on_write_pairs, cow_sides, event_log_rows, free_queue_cells, pool_map_figure,
-                            pool_map_spec)
+from visualize.pool import (block_tables_figure, copy_on_write_pairs, cow_sides, event_log_rows, free_queue_cells, num_blocks_of,
+                            pool_map_figure, pool_map_spec)
 from visualize.prefix import cached_and_computed
 from visualize.radix import latest_matches, prefix_match_html
 
@@ -65,6 +66,8 @@ def _load_preset() -> None:
     state = st.session_state
     name = state["preset"]
     state["workload_df"] = preset_workload(name)
+    if "model" not in PRESETS[name] and state.get("model_path") in {p["model"] for p in PRESETS.values() if "model" in p}:
+        state.update(model_choice="default", model_path="")  # back from a preset's own model to the default one
     state.update(preset_settings(name))
     state["pool_unit_shown"] = "blocks"  # the pool size is in blocks: no MiB to carry over
     state["preset_note"] = f"{name}_note" if f"{name}_note" in CATALOGUE else None
@@ -294,6 +297,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
             swap_panel.queues_caption(report, views, lang)
             swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
+    kv_groups_view(report, reports[: at + 1], num_blocks_of(report, block_size) + 1, block_size, lang)  # + the null block 0
     beam_tree_view(reports[: at + 1], lang)
     timeline_panel.timeline_view(reports[: at + 1], lang, labels=labels)
     events_view(report, lang)

@@ -103,6 +103,14 @@ PRESETS["preset_radix_offload"] = dict(rows=RADIX_ROWS, num_blocks=14, max_batch
 PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in CHAT], num_blocks=12, max_batch=1,
                                          prefix_caching=True, chat=True)
 
+# A hybrid KV cache (vLLM v1's): Gemma 3 270M (the extra "gemma") on a prompt longer than its 512-token sliding
+# window. After the prefill every group holds the prompt's 50 blocks; from the first decode on each of the five
+# sliding-window groups frees the blocks wholly before the window (FREE "out of the sliding window") and holds 33,
+# while the full-attention group grows. Its pool counts pages of 3 layers: 6 groups.
+GEMMA_MODEL = "gemma-3-270m"
+PRESETS["preset_gemma_sliding_window"] = dict(rows=[(" ".join([LONG_PROMPT] * 4), 24)], num_blocks=400, max_batch=1,
+                                              prefix_caching=False, model=GEMMA_MODEL)
+
 # Every sidebar setting a preset's demo depends on, as a fresh session has it: loading a preset sets
 # all of them (its own values over these), so no setting of an earlier preset is left behind.
 PRESET_DEFAULTS = dict(block_size=16, pool_unit="blocks", allocator="paged", prefix_caching=True, prefix_cache="hash",
@@ -118,6 +126,8 @@ def preset_settings(name: str) -> dict:
     preset = PRESETS[name]
     values = {key: preset.get(key, default) for key, default in PRESET_DEFAULTS.items()}
     values["num_blocks"] = preset["num_blocks"]
+    if "model" in preset:  # a preset on another model than the default: the sidebar's local model path
+        values.update(model_choice="local", model_path=preset["model"])
     return values
 
 
@@ -134,6 +144,7 @@ PROMPT_TRANSLATIONS = {
     "Tell a long fairy tale about a dragon and a baker.": "讲一个关于龙和面包师的长篇童话。",
     "Name a planet.": "说出一颗行星。",
     "Say hello.": "打个招呼。",
+    " ".join([LONG_PROMPT] * 4): "用一句话概括这段文字（同一段文字重复四遍，比 Gemma 3 的 512 个 token 的滑动窗口长）。",
     LONG_PROMPT: "用一句话概括这段文字（一位灯塔看守人每晚登上灯塔、记录天气与船只，灯塔自动化后他仍习惯每晚上去看灯旋转）。",
     **{f"Write a story about {en}.": f"写一个关于{zh}的故事。" for en, zh in (
         ("a lighthouse", "灯塔"), ("a cat", "猫"), ("the moon", "月亮"), ("a train", "火车"), ("a forest", "森林"),

@@ -16,7 +16,8 @@ from typing import Callable
 import torch
 
 from engine.config import EngineConfig
-from engine.core.block_manager import PagedBlockManager
+from engine.core.kv_cache_coordinator import make_kv_cache_manager
+from engine.core.kv_cache_interface import get_kv_cache_config, get_kv_cache_groups, layer_specs
 from engine.core.events import EventLog
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats
@@ -80,11 +81,20 @@ class LLMEngine:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
         self.greedy_kernel = bool(kernels)  # greedy rows' argmax in one C++ call (engine/cpu/csrc/sampling.cpp)
         self.cpu_backend = describe_cpu_backend(model, backend, self.dtype, self.greedy_kernel)
-        self.bytes_per_slot = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, self.dtype)
+        self.kv_cache_spec = model_kv_cache_spec(model, config.block_size, self.dtype)
+        group_size = max(len(g.layer_names) for g in get_kv_cache_groups(self.kv_cache_spec))
+        # A slot is one token of one page: group_size layers' K and V (all the layers for one group).
+        self.bytes_per_slot = kv_bytes_per_slot(group_size, model.num_kv_heads, model.head_dim, self.dtype)
         sizes = config.resolve(self.bytes_per_slot, getattr(self.hf_config, "max_position_embeddings", None))
         self.num_blocks, self.num_cpu_blocks, self.max_model_len = sizes.num_blocks, sizes.num_cpu_blocks, sizes.max_model_len
         max_batched = sizes.max_num_batched_tokens
-        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks + config.kv_offload_blocks)
+        self.kv_cache_config = get_kv_cache_config(self.kv_cache_spec, self.num_blocks)
+        if not self.kv_cache_config.is_hybrid:
+            self.kv_cache_config = None  # one group: the paged allocator and a pair of tensors per layer, as always
+        elif config.allocator != "paged" or config.speculative_config is not None:
+            raise ValueError("a model with sliding-window layers needs the paged allocator and no speculative decoding")
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks + config.kv_offload_blocks,
+                                  kv_cache_config=self.kv_cache_config)
         self.events = EventLog()
         self.kv = self._make_kv_manager()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
@@ -445,6 +455,7 @@ class LLMEngine:
             preempted=[g.request_id for g in batch.preempted],
             events=events,
             block_tables=self.kv.snapshot(self.scheduler.running),
+            kv_groups=self.kv.kv_groups(self.scheduler.running),
             spec=out.spec, spec_acceptance_rate=_rate(out.spec)[0], spec_mean_accepted_length=_rate(out.spec)[1],
             memory=self.memory_usage(),
             prefix_cache=self.prefix_cache_stats(),
@@ -476,9 +487,10 @@ class LLMEngine:
         cfg = self.config
         seed = cfg.seed if cfg.shuffle_blocks else None
         if cfg.allocator == "paged":
-            return PagedBlockManager(self.num_blocks, cfg.block_size, shuffle_seed=seed, enable_caching=cfg.enable_prefix_caching,
-                                     num_cpu_blocks=self.num_cpu_blocks, null_block=cfg.reserve_null_block, events=self.events,
-                                     prefix_cache=cfg.prefix_cache, kv_offload_blocks=cfg.kv_offload_blocks)
+            return make_kv_cache_manager(self.kv_cache_config, self.num_blocks, cfg.block_size, shuffle_seed=seed,
+                                         enable_caching=cfg.enable_prefix_caching, num_cpu_blocks=self.num_cpu_blocks,
+                                         null_block=cfg.reserve_null_block, events=self.events, prefix_cache=cfg.prefix_cache,
+                                         kv_offload_blocks=cfg.kv_offload_blocks)
         from engine.baselines.contiguous import ContiguousAllocator
 
         return ContiguousAllocator(self.num_blocks, cfg.block_size, reservation=cfg.reservation, placement=cfg.placement,
@@ -516,3 +528,12 @@ def _eos_token_ids(config, tokenizer) -> set[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(value)
     return ids
+
+
+def model_kv_cache_spec(model, block_size: int, dtype: torch.dtype) -> dict:
+    """Each layer's KV cache spec (``engine/core/kv_cache_interface.py``) from the model's
+    ``layer_types`` and ``sliding_windows`` (Hugging Face's names; every layer full attention where the
+    model names none)."""
+    windows = [w for w in getattr(model, "sliding_windows", None) or [] if w]
+    return layer_specs(model.num_layers, block_size, model.num_kv_heads, model.head_dim, torch.empty((), dtype=dtype).element_size(),
+                       sliding_window=max(windows) if windows else None, layer_types=getattr(model, "layer_types", None))

@@ -75,6 +75,8 @@ class Event:
             block; SWAP_IN: the GPU block.
         parent_seq_id: FORK: the sequence the child ``seq_id`` was forked from.
         block_hash: CACHE_HIT, EVICT: the block's hash, hex (64 characters).
+        kv_cache_group: a hybrid model's KV cache group the block belongs to (None: a model of one
+            attention type, whose one group every block serves).
     """
 
     kind: str
@@ -88,6 +90,7 @@ class Event:
     dst_block_id: int | None = None
     parent_seq_id: int | None = None
     block_hash: str | None = None
+    kv_cache_group: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,29 @@ class BlockTableSnapshot:
     seq_id: int | None = None
     index: int = 0
     ref_counts: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KVCacheGroupReport:
+    """One KV cache group of a hybrid model after the step (vLLM v1's ``KVCacheGroupSpec`` and its
+    block tables; ``engine/core/kv_cache_coordinator.py``).
+
+    Attributes:
+        group_id: its index; events name it as ``Event.kv_cache_group``.
+        attention_type: "full_attention" or "sliding_window".
+        sliding_window: tokens each query sees (None: full attention).
+        layers: the model's layer indices in the group.
+        block_tables: every live sequence's table of this group; a sliding window's freed blocks
+            are the null block (0) with 0 filled slots.
+        num_blocks_in_use: distinct blocks the group's tables hold (null entries not counted).
+    """
+
+    group_id: int
+    attention_type: str
+    sliding_window: int | None
+    layers: list[int]
+    block_tables: list[BlockTableSnapshot]
+    num_blocks_in_use: int
 
 
 @dataclass(frozen=True)
@@ -306,6 +332,9 @@ class StepReport:
             (:class:`RadixTreeView`); None otherwise (the simulator records none).
         prefix_matches: prefix caching: per request id admitted this step with a cache hit, what it
             found (:class:`PrefixMatch`).
+        kv_groups: a hybrid model (several KV cache groups): each group's attention type, sliding
+            window, layers, block tables and blocks in use (:class:`KVCacheGroupReport`); then
+            ``block_tables`` is the first full-attention group's. Empty for one group.
     """
 
     step: int
@@ -344,6 +373,7 @@ class StepReport:
     kv_offload: KVOffloadStats | None = None
     radix_tree: RadixTreeView | None = None
     prefix_matches: dict[int, PrefixMatch] = field(default_factory=dict)
+    kv_groups: list[KVCacheGroupReport] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -44,3 +44,31 @@ def radix_exercise_expectation(make_engine, run, system: list[int]) -> tuple[int
     out_a2, reports = run(engine, a1 + out_a1.outputs[0].token_ids + [210, 211, 212, 213])
     match = next(m for r in reports for m in r.prefix_matches.values())
     return out_a2.num_cached_tokens, match.num_loaded_tokens
+
+
+def hybrid_blocks_in_use(prompt_len: int, num_computed_tokens: int, block_size: int = 16, sliding_window: int = 512,
+                         num_layers: int = 18) -> int:
+    """Lesson 11: the blocks one request holds, over every KV cache group of Gemma 3's pattern, after the
+    step that brings it to ``num_computed_tokens`` tokens computed (its ``prompt_len``-token prompt
+    prefilled whole, then one token per decode step). Runs the engine's hybrid KV cache manager and
+    scheduler (no model: the blocks depend on the lengths only). Raises ValueError when
+    ``num_computed_tokens`` is not between ``prompt_len`` and a 4,096-token request's end.
+    """
+    from engine.core.kv_cache_coordinator import HybridKVCacheCoordinator
+    from engine.core.kv_cache_interface import gemma3_layer_types, get_kv_cache_config, layer_specs
+    from engine.core.scheduler import Scheduler
+    from engine.core.sequence import Sequence, SequenceGroup
+
+    end = 4096
+    if not prompt_len <= num_computed_tokens < end:
+        raise ValueError(f"num_computed_tokens must be in [{prompt_len}, {end}), got {num_computed_tokens}")
+    specs = layer_specs(num_layers, block_size, 1, 256, sliding_window=sliding_window, layer_types=gemma3_layer_types(num_layers))
+    config = get_kv_cache_config(specs, num_blocks=1 + len(specs) * -(-end // block_size))
+    kv = HybridKVCacheCoordinator(config, block_size)
+    scheduler = Scheduler(kv, 1, end)
+    seq = Sequence(0, prompt_len, max_len=end)
+    scheduler.add(SequenceGroup(0, [seq]))
+    while seq.num_computed_tokens < num_computed_tokens:
+        for ready in scheduler.update_from_output(scheduler.schedule()):
+            ready.append_token()
+    return sum(g.num_blocks_in_use for g in kv.kv_groups(scheduler.running))

@@ -161,6 +161,12 @@ LABS: list[Lab] = [
          "95% of its throughput; grade prints your place against FCFS and the model answer.",
          "设计等待中的请求获得准入机会的顺序（order_waiting，调度器的策略接口，类似 vLLM 的 --scheduler-cls）。模拟器在固定的请求轨迹上运行它："
          "TTFT p90 要比先来先服务低 10%，同时保持其 95% 的吞吐量；grade 会打印你的策略相对先来先服务与参考答案的名次。"), core=False),
+    Lab("sliding_window", ("A sliding window: freeing blocks out of the window", "滑动窗口：释放窗口外的块"), 11, 30,
+        ("A sliding-window group's remove_skipped_blocks (vLLM v1's): once every token of a block lies before the next "
+         "query's window, the block goes back to the pool and its table entry becomes the null block, so the group "
+         "holds at most ceil((window - 1) / block_size) + 1 blocks however long the request grows.",
+         "滑动窗口组的 remove_skipped_blocks（vLLM v1 的同名函数）：一个块的所有词元都落在下一个查询的窗口之前时，把块还给块池，"
+         "块表里的这一项换成空块（null block），于是无论请求多长，该组最多只占 ceil((window - 1) / block_size) + 1 个块。"), core=False),
     Lab("bug_refcount", ("Find the bug: the block pool", "找错误：块池"), 4, 30,
         ("A copy of the block pool with one bug seeded. Run the tests, read the failing hint, find and fix the line.",
          "块池的一个副本，其中埋了一个错误。运行测试、读失败提示，找到并修正那一行。"), base="block_pool"),

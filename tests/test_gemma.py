@@ -82,8 +82,9 @@ def narrow_window(gemma_loaded, gemma_hf):
 ])
 def test_every_attention_path_matches_transformers_across_a_narrow_window(narrow_window, gemma_hf, backend, cpu_kernels, chunk,
                                                                           prompt_len, new_tokens):
+    # 6 KV cache groups of 3 layers (engine/core/kv_cache_interface.py): a block is a page of 3 layers
     engine = LLMEngine(EngineConfig(model="gemma-3-270m", attention_backend=backend, cpu_kernels=cpu_kernels, block_size=4, max_num_seqs=1,
-                                    num_gpu_blocks=64, enable_chunked_prefill=chunk is not None, max_num_batched_tokens=chunk),
+                                    num_gpu_blocks=6 * 64, enable_chunked_prefill=chunk is not None, max_num_batched_tokens=chunk),
                        loaded_model=narrow_window)
     prompt = engine.encode(LONG_PROMPT.read_text(encoding="utf-8"))[:prompt_len]
     ours, _ = run_engine(engine, [prompt], SamplingParams(max_tokens=new_tokens, ignore_eos=True))
@@ -93,7 +94,7 @@ def test_every_attention_path_matches_transformers_across_a_narrow_window(narrow
 @pytest.fixture(scope="module")
 def long_run(gemma_loaded) -> tuple[list[int], list[int]]:
     """The engine's greedy tokens (C++ decode attention on CPU) on the long prompt: (prompt ids, generated ids)."""
-    engine = LLMEngine(EngineConfig(model="gemma-3-270m", num_gpu_blocks=128), loaded_model=gemma_loaded)
+    engine = LLMEngine(EngineConfig(model="gemma-3-270m", num_gpu_blocks=6 * 128), loaded_model=gemma_loaded)
     prompt = engine.encode(LONG_PROMPT.read_text(encoding="utf-8"))
     ours, _ = run_engine(engine, [prompt], SamplingParams(max_tokens=LONG_NEW_TOKENS, ignore_eos=True))
     return prompt, ours[0]

@@ -439,6 +439,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "preset_swap": ("Small pool, swap preemption", "小 KV 池，交换式抢占"),
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
+    "preset_gemma_sliding_window": ("Gemma 3: sliding-window blocks freed", "Gemma 3：释放滑动窗口之外的块"),
+    "preset_gemma_sliding_window_note": (
+        "Gemma 3 270M (the extra \"gemma\", under the Gemma Terms of Use) on an 800-token prompt, past its 512-token "
+        "sliding window. Its 18 layers form 6 KV cache groups (5 sliding-window, 1 full attention), each with its own block "
+        "table. After the prefill every group holds the prompt's blocks; from the first decode step each sliding-window "
+        "group frees the blocks out of its window (∅) while the full-attention group grows.",
+        "Gemma 3 270M（附加依赖 `gemma`，遵守 Gemma 使用条款）处理一个 800 token 的提示词，超过它 512 token 的滑动窗口。"
+        "它的 18 层分成 6 个 KV 缓存组（5 个滑动窗口组、1 个全注意力组），每组有自己的块表。预填充之后每组都占着提示词的块；"
+        "从第一个解码步起，每个滑动窗口组释放窗口之外的块（∅），而全注意力组继续增长。"),
     # --- the per-request timeline (visualize/timeline.py; Live, Classroom and Paged vs contiguous pages)
     "preset_head_of_line": ("Head-of-line blocking: a long prompt first", "队头阻塞：长提示词在前"),
     "preset_head_of_line_note": (
@@ -1400,6 +1409,28 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l10_pass": ("PASS: {tokens:.2f} tokens per verification predicted, {measured_tokens:.2f} measured; speed-up {speedup:.2f}× "
                  "predicted, {measured_speedup:.2f}× measured", "PASS：预测每次验证 {tokens:.2f} 个 token，实测 {measured_tokens:.2f} 个；"
                  "预测加速 {speedup:.2f} 倍，实测 {measured_speedup:.2f} 倍"),
+    "kv_groups": ("KV cache groups", "KV 缓存组"),
+    "kv_groups_caption": ("A model with sliding-window layers: its layers in groups of one attention type (vLLM v1's hybrid KV cache "
+                          "manager), each group with its own block table per request over one pool. ∅: the null block, a block "
+                          "freed once every token in it left the sliding window.",
+                          "带滑动窗口层的模型：层按注意力类型分成若干组（vLLM v1 的混合 KV 缓存管理器），每组为每个请求各有一张块表，"
+                          "所有组共用一个块池。∅：空块，即其中所有 token 都已移出滑动窗口、已被释放的块。"),
+    "kv_group": ("group", "组"),
+    "kv_group_label": ("group {group} · {kind} · layers {layers}", "第 {group} 组 · {kind} · 层 {layers}"),
+    "kv_sliding_window": ("sliding window {window}", "滑动窗口 {window}"),
+    "kv_full_attention": ("full attention", "全注意力"),
+    "kv_in_use": ("{n} blocks in use", "占用 {n} 个块"),
+    "kv_pool_by_group": ("The pool, by group", "块池（按组着色）"),
+    "kv_blocks_in_use": ("blocks in use", "占用的块"),
+    "kv_blocks_all_full": ("with all layers full attention", "若全部为全注意力层"),
+    "kv_window_saved": ("What the sliding window saves", "滑动窗口省下的块"),
+    "kv_window_saved_caption": ("After this step the groups hold {in_use} blocks; the same tables with every layer full attention "
+                                "would hold {all_full}: the window saves {saved} blocks.",
+                                "这一步之后各组共占 {in_use} 个块；同样的块表若每层都是全注意力，将占 {all_full} 个块：窗口省下 {saved} 个块。"),
+    "l11_fail_none": ("FAIL: blocks_in_use is still None", "FAIL：blocks_in_use 仍是 None"),
+    "l11_fail": ("FAIL: {value} blocks predicted, but the engine's groups hold another number",
+                 "FAIL：预测 {value} 个块，但引擎各组占用的块数不同"),
+    "l11_pass": ("PASS: {value} blocks, over the six groups", "PASS：六个组共 {value} 个块"),
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -1611,6 +1642,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "α = {alpha:.2f}, {tokens:.2f} tokens per verification; measured speed-up {speedup:.2f}×",
                       "批大小 {batch}：普通解码 {plain_steps} 步，每步 {plain_ms:.0f} 毫秒；投机解码 {spec_steps} 步，每步 {spec_ms:.0f} 毫秒，"
                       "α = {alpha:.2f}，每次验证 {tokens:.2f} 个 token；实测加速 {speedup:.2f} 倍"),
+    "lp11_group": ("group {group}: {kind}, window {window}, layers {layers}", "第 {group} 组：{kind}，窗口 {window}，层 {layers}"),
+    "lp11_tensor": ("KV tensor {j}: shared by layers {layers}, {mib:.1f} MiB", "KV 张量 {j}：层 {layers} 共用，{mib:.1f} MiB"),
+    "lp11_step": ("{computed:>5} tokens computed: a sliding group holds {sliding} blocks, the full group {full}; all groups {total}; "
+                  "{freed} blocks freed this step",
+                  "已计算 {computed:>5} 个 token：一个滑动窗口组占 {sliding} 个块，全注意力组占 {full} 个；所有组共 {total} 个；本步释放 {freed} 个块"),
+    "lp11_table": ("group {group}'s block table: {n} entries, {nulls} of them the null block; the last six {tail}",
+                   "第 {group} 组的块表：{n} 项，其中 {nulls} 项是空块；最后六项 {tail}"),
+    "lp11_saved": ("{context:>6} tokens: all layers full {full:.1f} MiB, Gemma 3's pattern {hybrid:.1f} MiB ({ratio:.1f}x less)",
+                   "{context:>6} 个 token：全部为全注意力层 {full:.1f} MiB，Gemma 3 的模式 {hybrid:.1f} MiB（少 {ratio:.1f} 倍）"),
     "lp10_given": ("alpha = {alpha:.3f}, k = {k}, plain_step_ms = {plain:.1f}, verify_step_ms = {verify:.1f}",
                    "alpha = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
 }
@@ -1650,6 +1690,8 @@ GLOSSARY: dict[str, str] = {
     "swap in": "换入", "swap out": "换出", "swap space": "交换空间", "throughput": "吞吐量", "tile": "段",
     "token states": "token 状态", "value": "值", "weights": "权重", "chunked prefill": "分块预填充",
     "cumulative log-prob": "累积对数概率", "time per token": "token 间延迟",
+    # hybrid KV cache (vLLM v1's hybrid KV cache manager)
+    "sliding window": "滑动窗口", "full attention": "全注意力", "null block": "空块", "kv cache group": "KV 缓存组",
     # speculative decoding (vLLM's spec_decode, Leviathan et al. 2023)
     "speculative decoding": "投机解码", "draft": "草稿", "draft token": "草稿 token", "proposer": "提议器",
     "prompt lookup": "提示词查找", "acceptance rate": "接受率", "verification": "验证", "verify": "验证",

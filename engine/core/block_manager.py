@@ -72,6 +72,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
+    other_caches: list = []  # a hybrid model's other groups' prefix caches over the same pool (engine/core/kv_cache_coordinator.py)
+
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
                  null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash", kv_offload_blocks: int = 0):
@@ -341,6 +343,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         # Freed in reverse, so the request's first block goes back last (as vLLM does).
         for logical_index in reversed(range(len(seq.block_table))):
             block_id = seq.block_table[logical_index]
+            if self.is_null_block(block_id):  # a sliding window's entry for blocks already freed
+                continue
             returned = self.allocator.free(block_id)
             if self.events.enabled:  # the simulator's null log: no text to format
                 detail = "" if returned else f"still shared, refcount {self.allocator.ref_counts[block_id]}"
@@ -351,6 +355,12 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
         if self.num_committed_blocks.pop(seq.seq_id, None) is not None:
             self.prefix_cache.release(seq.seq_id)
         self.lookahead.pop(seq.seq_id, None)
+
+    def is_null_block(self, block_id: int) -> bool:
+        """Is ``block_id`` the null block (vLLM v1's ``BlockPool.null_block``): the placeholder a
+        sliding-window block table holds for blocks freed out of the window? Never in a full-attention
+        table (``SlidingWindowManager`` answers for its own)."""
+        return False
 
     def _is_cached(self, block_id: int) -> bool:
         return self.prefix_cache is not None and self.prefix_cache.block_hash[block_id] is not None
@@ -470,6 +480,8 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             if self.offload is not None and self.prefix_cache.block_hash[block_id] is not None:
                 self.offload.offload(block_id, *self.prefix_cache.describe(block_id))
             block_hash = self.prefix_cache.evict(block_id)
+            for cache in self.other_caches:  # the other groups' caches over the same pool (a hybrid model)
+                block_hash = cache.evict(block_id) or block_hash
             if block_hash is not None:
                 self.events.emit(EVICT, seq.request_id, block_id=block_id, seq_id=seq.seq_id, block_hash=block_hash.hex())
         return block_id

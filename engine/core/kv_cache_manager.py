@@ -144,6 +144,20 @@ class KVCacheManager(ABC):
         next forward pass; the paged allocator shares instead and queues none."""
         return []
 
+    num_kv_cache_groups = 1  # a hybrid model's coordinator has several (engine/core/kv_cache_coordinator.py)
+
+    def group_slot_mapping(self, seq: Sequence, start: int, end: int, group_id: int) -> list[int]:
+        """KV cache group ``group_id``'s slot of each position in ``[start, end)``; one group: :meth:`slot_mapping`."""
+        return self.slot_mapping(seq, start, end)
+
+    def group_block_table(self, seq: Sequence, group_id: int) -> list[int]:
+        """KV cache group ``group_id``'s block table; one group: :meth:`attention_block_table`."""
+        return self.attention_block_table(seq)
+
+    def kv_groups(self, running: list[Group]) -> list:
+        """A hybrid model's groups after the step (``StepReport.kv_groups``); empty for one group."""
+        return []
+
     @abstractmethod
     def slot_mapping(self, seq: Sequence, start: int, end: int) -> list[int]:
         """Physical slot of each token position in ``[start, end)`` of ``seq``."""

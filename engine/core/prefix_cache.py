@@ -91,6 +91,8 @@ class PrefixCache:
         hash_fn: ``(parent_hash, token_ids, extra_keys) -> bytes``; tests pass a weakened one.
     """
 
+    null_block: int | None = None  # a sliding-window group's placeholder entry (never cached)
+
     def __init__(self, num_blocks: int, block_size: int, hash_fn: HashFn = hash_block_tokens):
         self.block_size = block_size
         self.hash_fn = hash_fn
@@ -167,6 +169,8 @@ class PrefixCache:
         block already cached under another physical block stays a plain block: returns []."""
         hashes, bs = self.block_hashes(token_ids, end, known), self.block_size
         for i in range(start, end):
+            if block_table[i] == self.null_block:  # freed out of a sliding window before it was cached
+                continue
             self.insert(block_table[i], hashes[i], hashes[i - 1] if i else None, token_ids[i * bs : (i + 1) * bs])
         return []
 

@@ -48,7 +48,9 @@ class Sequence:
             token is not yet cached: decode computes it next step. Preemption by recompute resets it to 0.
         max_len: the longest this request can become (prompt + max_tokens, capped at max_model_len), or
             exactly prompt + output length when it is known (the simulator, the oracle reservation).
-        block_table: physical block ids, one per logical block (paged allocator).
+        block_table: physical block ids, one per logical block (paged allocator); a hybrid model's
+            KV cache group 0 (``engine/core/kv_cache_coordinator.py``).
+        group_block_tables: a hybrid model's other groups' tables, by group id (empty for one group).
         token_ids: prompt then output token ids (engine only; empty in the simulator).
         seq_id: the engine's id of this sequence, unique over all requests; None = ``request_id``.
         index: the sequence's place in its request (parallel sampling: the sample index, 0..n-1).
@@ -85,6 +87,17 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_prefix_hit_tokens: int = 0
     is_prefill: bool = True
+    group_block_tables: dict[int, list[int]] = field(default_factory=dict)
+
+    def block_tables_of(self, group_id: int) -> list[int]:
+        """The block table of KV cache group ``group_id`` (vLLM v1: one per group per request)."""
+        return self.block_table if group_id == 0 else self.group_block_tables.setdefault(group_id, [])
+
+    def set_block_table(self, group_id: int, table: list[int]) -> None:
+        if group_id == 0:
+            self.block_table = table
+        else:
+            self.group_block_tables[group_id] = table
 
     def __post_init__(self) -> None:
         if self.num_tokens == 0:

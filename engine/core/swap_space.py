@@ -21,7 +21,7 @@ class SwapSpaceMixin:
 
     def _distinct_blocks(self, group: Group) -> dict[int, None]:
         """Every block ``group``'s unfinished sequences hold, each once, in table order."""
-        return dict.fromkeys(b for seq in group.unfinished_seqs() for b in seq.block_table)
+        return dict.fromkeys(b for seq in group.unfinished_seqs() for b in seq.block_table if not self.is_null_block(b))
 
     def can_swap_out(self, group: Group) -> bool:
         """Room in the CPU pool for every block ``group`` holds (shared ones once)?"""
@@ -52,6 +52,9 @@ class SwapSpaceMixin:
         for seq in group.unfinished_seqs():
             table = []
             for logical_index, block_id in enumerate(seq.block_table):
+                if self.is_null_block(block_id):  # out of a sliding window: nothing to move
+                    table.append(block_id)
+                    continue
                 if block_id in mapping:
                     dst.incref(mapping[block_id])
                 else:
@@ -60,7 +63,8 @@ class SwapSpaceMixin:
                                      logical_index=logical_index, seq_id=seq.seq_id)
                 table.append(mapping[block_id])
             for block_id in reversed(seq.block_table):  # the first block freed last, as in free()
-                src.free(block_id)
+                if not self.is_null_block(block_id):
+                    src.free(block_id)
             seq.block_table = table
             if self.num_committed_blocks.pop(seq.seq_id, None) is not None:  # swapped in: its blocks are offered to the cache again
                 self.prefix_cache.release(seq.seq_id)
@@ -71,7 +75,8 @@ class SwapSpaceMixin:
         """Release a swapped-out group's CPU blocks (it is aborted, or recomputed after a failed step)."""
         for seq in group.unfinished_seqs():
             for block_id in reversed(seq.block_table):
-                self.cpu_allocator.free(block_id)
+                if not self.is_null_block(block_id):
+                    self.cpu_allocator.free(block_id)
             seq.block_table = []
 
     def cpu_usage(self, swapped: list[Group]) -> MemoryUsage | None:

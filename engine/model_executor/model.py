@@ -110,6 +110,8 @@ class AttentionMetadata:
         prefills_from_scratch: every prefill of the step starts at position 0 (nothing of its prompt
             is in the cache yet: no prefix-cache hit, no earlier chunk), so ``backend.prefill_varlen``
             may run instead of ``backend.prefill``.
+        layer_metadata: a hybrid model's (several KV cache groups, ``engine/core/kv_cache_coordinator.py``):
+            layer i's metadata, its group's slot mapping and block tables; None: every layer reads this one.
     """
 
     slot_mapping: torch.Tensor
@@ -122,6 +124,7 @@ class AttentionMetadata:
     backend: AttentionBackend
     plan: object | None = None
     prefills_from_scratch: bool = False
+    layer_metadata: list[AttentionMetadata] | None = None
 
 
 class Linear(nn.Linear):
@@ -460,15 +463,16 @@ class CausalLM(nn.Module):
         local = None if self.rotary_emb_local is None else self.rotary_emb_local(positions, hidden.dtype)
         residual = None
         one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
-                    and hidden.shape[0] > 0 and not torch.is_grad_enabled() and not self._watched())
+                    and meta.layer_metadata is None and hidden.shape[0] > 0 and not torch.is_grad_enabled() and not self._watched())
         if one_call and self.layers_decode_weights is not None:  # all layers and the final norm in one C++ call
             weights, biases, sizes, scale, eps = self.layers_decode_weights
             norm = self.model.norm
             return cpu_ops.decode_layers(hidden, cos, sin, kv_caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
                                          weights, biases, sizes, scale, eps, norm.weight, norm.eps)
-        for layer, kv_cache, kind in zip(self.model.layers, kv_caches, self.layer_types):
+        for i, (layer, kv_cache, kind) in enumerate(zip(self.model.layers, kv_caches, self.layer_types)):
             layer_cos, layer_sin = local if local is not None and kind == SLIDING_ATTENTION else (cos, sin)
-            hidden, residual = (layer.decode if one_call else layer)(hidden, residual, layer_cos, layer_sin, kv_cache, meta)
+            layer_meta = meta if meta.layer_metadata is None else meta.layer_metadata[i]
+            hidden, residual = (layer.decode if one_call else layer)(hidden, residual, layer_cos, layer_sin, kv_cache, layer_meta)
         return self.model.norm(hidden, residual)[0]
 
     def _all_decode_weights(self) -> tuple | None:

@@ -1,11 +1,14 @@
 """Runs the model on one scheduled batch: builds the flat input tensors, owns the KV pools.
 
-KV pools, one (key_cache, value_cache) pair per layer, each
+KV pools, one (key_cache, value_cache) pair per layer (a hybrid model's: per layer position in a KV cache
+group, shared by layer j of every group, ``engine/core/kv_cache_interface.py``), each
 ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model dtype: block-major, so one block
 of one layer is a contiguous ``block_size * num_kv_heads * head_dim`` run of memory.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -14,6 +17,7 @@ from engine.cpu import huge_pages, ops as cpu_ops
 from engine.model_executor.attention_capture import AttentionRecorder
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               prefill_varlen_reference, write_kv_cache)
+from engine.core.kv_cache_interface import KVCacheConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.lab_impl import plug_module
 from engine.model_executor.model import AttentionBackend, AttentionMetadata, CausalLM
@@ -57,13 +61,19 @@ class ModelRunner:
         num_blocks, block_size: pool shape in blocks and slots per block.
         backend: the attention implementation.
         num_cpu_blocks: blocks of the CPU swap space (same layout; pinned when the pool is on a GPU); 0 = none.
+        kv_cache_config: a hybrid model's groups (``engine/core/kv_cache_interface.py``): one (K, V) pair
+            per layer position in a group, layer j of every group on pair j (vLLM's ``KVCacheTensor``);
+            None: a pair per layer.
 
     Raises:
         ValueError: a pool (or swap space) too large to allocate.
     """
 
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend, num_cpu_blocks: int = 0):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend, num_cpu_blocks: int = 0,
+                 kv_cache_config: KVCacheConfig | None = None):
         self.model = model
+        self.kv_cache_config = kv_cache_config
+        num_tensors = kv_cache_config.group_size if kv_cache_config is not None else model.num_layers
         self.backend = backend
         self.block_size = block_size
         param = next(model.parameters())
@@ -72,28 +82,31 @@ class ModelRunner:
         try:
             if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/cpu/huge_pages.py),
                 # its memory given now: not in the decode step that first writes a block of each page
-                flat = huge_pages.arena([(shape, self.dtype)] * (2 * model.num_layers), populate=True)
+                flat = huge_pages.arena([(shape, self.dtype)] * (2 * num_tensors), populate=True)
             else:
-                flat = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * model.num_layers)]
-            self.kv_caches = list(zip(flat[0::2], flat[1::2]))
+                flat = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * num_tensors)]
+            self.kv_tensors = list(zip(flat[0::2], flat[1::2]))  # each (K, V) pair once
+            self.kv_caches = self.kv_tensors if kv_cache_config is None else [
+                self.kv_tensors[kv_cache_config.tensor_index(layer)] for layer in range(model.num_layers)]
         except (RuntimeError, MemoryError) as error:  # torch reports a failed allocation as RuntimeError
-            gib = 2 * model.num_layers * torch.Size(shape).numel() * param.element_size() / 2**30
+            gib = 2 * num_tensors * torch.Size(shape).numel() * param.element_size() / 2**30
             raise ValueError(f"cannot allocate a KV pool of {num_blocks} blocks x {block_size} slots ({gib:.1f} GiB): use fewer or smaller blocks") from error
         cpu_shape = (num_cpu_blocks, *shape[1:])
         pin = self.device.type == "cuda"
         try:
             self.cpu_kv_caches = [
                 (torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin), torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin))
-                for _ in range(model.num_layers)
+                for _ in range(num_tensors)
             ] if num_cpu_blocks else []
         except (RuntimeError, MemoryError) as error:
-            gib = 2 * model.num_layers * torch.Size(cpu_shape).numel() * param.element_size() / 2**30
+            gib = 2 * num_tensors * torch.Size(cpu_shape).numel() * param.element_size() / 2**30
             raise ValueError(f"cannot allocate a CPU swap space of {num_cpu_blocks} blocks ({gib:.1f} GiB): give a smaller swap_space") from error
 
     def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The pools viewed with the allocator's block size (contiguous: 1-slot blocks); no copy."""
         if attention_block_size == self.block_size:
             return self.kv_caches
+        assert self.kv_cache_config is None, "a hybrid pool is paged"
         return [(k.view(-1, attention_block_size, *k.shape[2:]), v.view(-1, attention_block_size, *v.shape[2:])) for k, v in self.kv_caches]
 
     def prepare(self, batch: SchedulerOutput, kv: KVCacheManager):
@@ -124,7 +137,9 @@ class ModelRunner:
             backend=self.backend,
             prefills_from_scratch=all(s.num_computed_tokens == 0 for s in batch.prefill_seqs),
         )
-        if self.backend.plan is not None:
+        if kv.num_kv_cache_groups > 1:
+            meta.layer_metadata = self._layer_metadata(batch, kv, meta)
+        elif self.backend.plan is not None:
             block_size = kv.attention_block_size
             meta.plan = self.backend.plan(meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens, block_size)
         ends = _cumsum(lens + [1] * len(batch.decode_seqs))
@@ -161,7 +176,7 @@ class ModelRunner:
     def swap(self, blocks_to_swap_out: list[tuple[int, int]], blocks_to_swap_in: list[tuple[int, int]]) -> None:
         """Run a step's swap copies: ``(gpu, cpu)`` pairs out to the CPU pool first, then ``(cpu, gpu)``
         pairs in (``engine.model_executor.attention.swap_blocks``, every layer's K and V)."""
-        gpu = [c for kv in self.kv_caches for c in kv]
+        gpu = [c for kv in self.kv_tensors for c in kv]
         cpu = [c for kv in self.cpu_kv_caches for c in kv]
         for pairs, src, dst in ((blocks_to_swap_out, gpu, cpu), (blocks_to_swap_in, cpu, gpu)):
             if pairs:
@@ -169,15 +184,31 @@ class ModelRunner:
 
     def copy_blocks(self, pairs: list[tuple[int, int]], attention_block_size: int) -> None:
         """Copy K and V of each ``(src, dst)`` block (units of ``attention_block_size``) in every layer."""
-        caches = self.caches_for(attention_block_size)
+        caches = self.caches_for(attention_block_size) if self.kv_cache_config is None else self.kv_tensors
         mapping = torch.tensor(pairs, dtype=torch.int64, device=self.device).reshape(-1, 2)
         self.backend.copy_blocks([k for k, _ in caches], [v for _, v in caches], mapping)
+
+    def _layer_metadata(self, batch: SchedulerOutput, kv: KVCacheManager, meta: AttentionMetadata) -> list[AttentionMetadata]:
+        """A hybrid model: each KV cache group's slot mapping and block tables, and each layer its
+        group's (vLLM's per-group ``CommonAttentionMetadata``)."""
+        per_group = []
+        for gi in range(kv.num_kv_cache_groups):
+            slots = [slot for seq in batch.prefill_seqs + batch.decode_seqs
+                     for slot in kv.group_slot_mapping(seq, seq.num_computed_tokens, seq.num_computed_tokens + batch.num_tokens_of(seq), gi)]
+            group = dataclasses.replace(
+                meta, slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+                prefill_block_tables=self._block_tables(batch.prefill_seqs, kv, gi),
+                decode_block_tables=self._block_tables(batch.decode_seqs, kv, gi))
+            if self.backend.plan is not None:
+                group.plan = self.backend.plan(group.slot_mapping, group.decode_block_tables, group.decode_context_lens, kv.block_size)
+            per_group.append(group)
+        return [per_group[self.kv_cache_config.layer_to_group[layer]] for layer in range(self.model.num_layers)]
 
     def _context_lens(self, seqs) -> torch.Tensor:
         return torch.tensor([seq.num_tokens for seq in seqs], dtype=torch.int32, device=self.device)
 
-    def _block_tables(self, seqs, kv: KVCacheManager) -> torch.Tensor:
-        tables = [kv.attention_block_table(seq) for seq in seqs]
+    def _block_tables(self, seqs, kv: KVCacheManager, group_id: int | None = None) -> torch.Tensor:
+        tables = [kv.attention_block_table(seq) if group_id is None else kv.group_block_table(seq, group_id) for seq in seqs]
         width = max((len(t) for t in tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(seqs), width)

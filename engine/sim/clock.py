@@ -26,6 +26,7 @@ import numpy as np
 
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.block_manager import PagedBlockManager
+from engine.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from engine.sim.cost_model import PS_PER_S, CostModel, PicosecondCost, StepShape, get_setup
 from engine.core.scheduler import SchedulerOutput
 from engine.core.sequence import Sequence
@@ -53,7 +54,7 @@ class SimClock:
         self.fixed = cost_model is None
         self.ps = PicosecondCost.of(self.model)
         # Only the paged kernel walks blocks; a contiguous kernel reads one range (no block cost).
-        self.block_size = kv.block_size if isinstance(kv, PagedBlockManager) else None
+        self.block_size = kv.block_size if isinstance(kv, (PagedBlockManager, HybridKVCacheCoordinator)) else None
         self.kv = kv
         self.arrival = [round(r.arrival * PS_PER_S) for r in requests]
         self.output_len = np.array([r.output_len for r in requests], dtype=np.int64)

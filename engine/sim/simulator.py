@@ -46,7 +46,8 @@ from tqdm import tqdm
 
 from engine.core.accounting import CATEGORIES, in_use_shares
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.block_manager import PagedBlockManager
+from engine.core.kv_cache_coordinator import make_kv_cache_manager
+from engine.core.kv_cache_interface import get_kv_cache_config
 from engine.core.events import NullEventLog
 from engine.report import StepReport
 from engine.baselines.contiguous import ContiguousAllocator
@@ -138,6 +139,12 @@ class SimulationConfig:
             as :class:`~engine.EngineConfig`'s (engine/config.py). ``enable_prefix_caching`` None
             (default) = on with the paged allocator when the prompts carry token ids (``shared_prefix``,
             the "multiturn" and "fewshot" workloads, requests with ``token_ids``), else off.
+        kv_cache_spec: each layer's KV cache spec (``engine/core/kv_cache_interface.py``: full attention
+            or a sliding window), for a hybrid model's KV cache manager: the layers grouped as vLLM v1
+            groups them, one block table per group (``engine/core/kv_cache_coordinator.py``). Then
+            ``kv_slots`` are token slots of the pool's pages (a page holds ``group_size`` layers), the
+            paged allocator and continuous batching only, every step through ``Scheduler.schedule()``.
+            None: one group, the allocator as always.
     """
 
     workload: str = "sharegpt"
@@ -174,6 +181,7 @@ class SimulationConfig:
     scheduling_policy: str = "fcfs"
     lpm_max_wait_steps: int = DEFAULT_LPM_MAX_WAIT_STEPS
     kv_offload_blocks: int = 0
+    kv_cache_spec: dict | None = field(default=None, repr=False)
 
     @property
     def prefix_caching(self) -> bool:
@@ -220,6 +228,10 @@ class SimulationConfig:
                              "with recompute preemption and whole prompts only")
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}; got {self.allocator!r}")
+        if self.kv_cache_spec is not None and (self.allocator != "paged" or self.policy != "continuous"):
+            raise ValueError("kv_cache_spec (a hybrid KV cache) needs the paged allocator and continuous batching")
+        if self.kv_cache_spec is not None and {s.block_size for s in self.kv_cache_spec.values()} != {self.block_size}:
+            raise ValueError(f"every layer's KV cache spec must have block_size {self.block_size}")
         for name in ("num_requests", "block_size", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -392,9 +404,10 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     num_blocks = cfg.kv_slots // cfg.block_size
     if cfg.allocator == "paged":
         num_cpu_blocks = (cfg.kv_slots if cfg.swap_slots is None else cfg.swap_slots) // cfg.block_size if cfg.preemption_mode == "swap" else 0
-        return PagedBlockManager(num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.prefix_caching,
-                                 num_cpu_blocks=num_cpu_blocks, events=NullEventLog(), prefix_cache=cfg.prefix_cache,
-                                 kv_offload_blocks=cfg.kv_offload_blocks)
+        kv_cache_config = get_kv_cache_config(cfg.kv_cache_spec, num_blocks) if cfg.kv_cache_spec is not None else None
+        return make_kv_cache_manager(kv_cache_config, num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.prefix_caching,
+                                     num_cpu_blocks=num_cpu_blocks, events=NullEventLog(), prefix_cache=cfg.prefix_cache,
+                                     kv_offload_blocks=cfg.kv_offload_blocks)
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len, events=NullEventLog())
 
 
@@ -422,7 +435,7 @@ class _Run:
         # one-sequence requests, recompute, whole prompts, no prefix caching.
         self.lockstep = (cfg.fast_forward and cfg.scheduler_cls is None and cfg.n == 1 and cfg.beam_width == 1
                          and not cfg.prefix_caching and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill
-                         and not cfg.record_steps)
+                         and not cfg.record_steps and cfg.kv_cache_spec is None)
         self.requests = sorted(requests, key=lambda r: r.arrival)
         self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         if self.lockstep:
@@ -552,7 +565,7 @@ class _Run:
             self.step_reports.append(StepReport(
                 step=step, phase=out.phase, scheduled=scheduled, new_token_ids={rid: [-1] for rid in sampled}, new_text={},
                 finished={g.request_id: "length" for g in done}, preempted=[g.request_id for g in out.preempted], events=[],
-                block_tables=[], memory=usage, timings_ms={"total": (self.clock.now - start) / 1e9},
+                block_tables=[], kv_groups=self.kv.kv_groups(self.sched.running), memory=usage, timings_ms={"total": (self.clock.now - start) / 1e9},
                 swapped=[g.request_id for g in self.sched.swapped], swapped_out=[g.request_id for g in out.swapped_out],
                 swapped_in=[g.request_id for g in out.swapped_in], waiting=out.waiting, start_ms=start / 1e9, arrived=self.arrived))
             self.arrived = {}
