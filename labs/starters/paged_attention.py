@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
+from engine.model_executor import kv_quant
 
 LAB = "paged_attention"  # the lab whose parts this file holds
 
@@ -80,6 +81,8 @@ def paged_attention_reference(
     context_lens: torch.Tensor,
     scale: float,
     plan: TorchStepPlan | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence against its whole context, through its block table.
 
@@ -96,6 +99,7 @@ def paged_attention_reference(
         context_lens: ``[num_seqs]`` int32, tokens of context per sequence (including the current one).
         scale: softmax scale, usually ``head_dim ** -0.5``.
         plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
+        k_scale, v_scale: fp8 pools only: K and V are read as ``fp8 * k_scale`` and ``fp8 * v_scale``.
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
