@@ -179,3 +179,14 @@ def test_triton_and_torch_engines_agree_on_an_fp8_pool(tiny_llama_dir, kernels, 
     got = greedy(triton, prompts, max_tokens=4)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert max(abs(a - b) for w, g in zip(want, got) for a, b in zip(w.logprobs, g.logprobs)) < 1e-4
+
+
+def test_the_what_if_offers_fp8_holding_2x_bf16s_tokens():
+    from engine.sim.whatif import WhatIfConfig, command, what_if
+
+    bf16, fp8 = (what_if(WhatIfConfig(kv_cache_dtype=d), simulate_throughput=False) for d in ("auto", "fp8"))
+    assert 2 * fp8.kv_bytes_per_token == bf16.kv_bytes_per_token and fp8.kv_slots in (2 * bf16.kv_slots, 2 * bf16.kv_slots + 1)
+    assert fp8.weight_bytes == bf16.weight_bytes, "fp8 is the KV cache's dtype only, the weights keep theirs"
+    assert command(WhatIfConfig(kv_cache_dtype="fp8")).endswith("--kv-cache-dtype fp8")
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        WhatIfConfig(kv_cache_dtype="int4")

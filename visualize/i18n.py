@@ -85,6 +85,18 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{blocks} blocks × {block_size} = **{tokens} tokens**, {mib:.1f} MiB ({slot_kib:.1f} KiB per token)",
         "{blocks} 块 × {block_size} = **{tokens} 个 token**，{mib:.1f} MiB（每 token {slot_kib:.1f} KiB）",
     ),
+    "kv_cache_dtype": ("KV cache dtype", "KV 缓存数据类型"),
+    "kv_cache_dtype_help": (
+        "vLLM's kv_cache_dtype. auto: K and V in the model's dtype. fp8 (= fp8_e4m3) and fp8_e5m2: one byte per "
+        "element, divided by a per-layer scale when written and multiplied back when read: the same memory holds "
+        "2x the tokens of bfloat16, 4x those of float32, at a small cost in accuracy (lesson 12).",
+        "vLLM 的 kv_cache_dtype。`auto`：K 和 V 使用模型的数据类型。fp8（即 fp8_e4m3）和 fp8_e5m2：每个元素一个字节，写入时除以"
+        "每层的缩放因子，读出时再乘回：同样的显存能放下 bfloat16 的 2 倍、float32 的 4 倍 token，精度略有损失（第 12 课）。",
+    ),
+    "pool_capacity_kv_dtype": (
+        "{kv_dtype} KV cache: {ratio}× the tokens a {model_dtype} cache holds in the same {mib:.1f} MiB",
+        "{kv_dtype} KV 缓存：同样 {mib:.1f} MiB 能放下的 token 是 {model_dtype} 缓存的 {ratio} 倍",
+    ),
     "value_clamped": (
         "{typed} is outside {lo}–{hi}, so {used} is used.",
         "{typed} 超出 {lo}–{hi} 的范围，因此使用 {used}。",
@@ -1061,7 +1073,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_model": ("Model", "模型"),
     "whatif_gpu": ("GPU", "GPU"),
     "whatif_this_cpu": ("this CPU", "本机 CPU"),
-    "whatif_dtype": ("Data type (weights and KV)", "数据类型（权重和 KV）"),
+    "whatif_dtype": ("Data type (weights, and KV under auto)", "数据类型（权重；kv_cache_dtype 为 `auto` 时也是 KV 的）"),
+    "whatif_kv_cache_dtype": ("KV cache dtype (kv_cache_dtype)", "KV 缓存数据类型（kv_cache_dtype）"),
     "whatif_context": ("Context length (max_model_len, tokens)", "上下文长度（max_model_len，token 数）"),
     "whatif_users": ("Users (requests sent at once)", "用户数（同时发送的请求数）"),
     "whatif_prompt": ("Prompt length (tokens)", "提示词长度（token 数）"),

@@ -443,7 +443,7 @@ at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key
   const at::ScalarType cache_type = key_cache.scalar_type();
   const bool fp8 = cache_type == at::kFloat8_e4m3fn || cache_type == at::kFloat8_e5m2;
   TORCH_CHECK(value_cache.scalar_type() == cache_type && (fp8 || query.scalar_type() == cache_type),
-              "paged_attention_decode: the caches must share query's dtype, or both be fp8 of one form; got ", query.scalar_type(),
+              "paged_attention_decode: query and caches must share one dtype, or the caches be fp8 of one form (e4m3fn, e5m2); got ", query.scalar_type(),
               ", ", cache_type, " and ", value_cache.scalar_type());
   TORCH_CHECK(!fp8 || (k_scale > 0 && v_scale > 0 && std::isfinite(k_scale) && std::isfinite(v_scale)),
               "paged_attention_decode: k_scale and v_scale must be finite and > 0, got ", k_scale, " and ", v_scale);
