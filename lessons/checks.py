@@ -26,3 +26,17 @@ def speculative_expectation(alpha: float, k: int, plain_step_ms: float, verify_s
         raise ValueError(f"step times must be positive, got {plain_step_ms} and {verify_step_ms} ms")
     tokens = sum(alpha ** i for i in range(k + 1))
     return tokens, tokens * plain_step_ms / verify_step_ms
+
+
+def kv_pool_blocks(memory_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int, element_bytes: int, block_size: int) -> int:
+    """Lesson 12: whole blocks of ``block_size`` token slots in ``memory_bytes`` of KV pool, a slot holding
+    K and V of every layer: ``memory // (block_size * 2 * layers * kv_heads * head_dim * element_bytes)``."""
+    return memory_bytes // (block_size * 2 * num_layers * num_kv_heads * head_dim * element_bytes)
+
+
+def fp8_read_back(x: float, scale: float, largest: float) -> float:
+    """Lesson 12: what attention reads back for ``x`` stored with ``scale`` in an fp8 format whose largest
+    value is ``largest``, when ``x / scale`` is beyond it or exactly representable: ``min(|x| / scale, largest)
+    * scale`` with x's sign (saturation; the rounding of other values is the format's, not recomputed here)."""
+    stored = min(abs(x) / scale, largest)
+    return (stored if x >= 0 else -stored) * scale
