@@ -1525,8 +1525,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "结束时的 /metrics：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
                     "空闲 KV 块 {free:.0f} 个，共 {blocks:.0f} 个"),
     "lp9_stopped": ("server stopped, exit code {code}", "服务器已停止，退出码 {code}"),
-    "lp12_values": ("x:        {values}", "x：        {values}"),
-    "lp12_stored": ("{name:<9} {values}   (largest {largest:g})", "{name:<9} {values}   （最大值 {largest:g}）"),
+    "lp12_values": ("x:        {values}", "x：{values}"),
+    "lp12_stored": ("{name:<9} {values}   (largest {largest:g})", "{name:<9} {values}（最大值 {largest:g}）"),
     "lp12_pool": ("{dtype:>13}: {mib:.2f} MiB = {blocks} blocks = {tokens} tokens ({bytes:,} bytes per token)",
                   "{dtype:>13}：{mib:.2f} MiB = {blocks} 块 = {tokens} 个 token（每个 token {bytes:,} 字节）"),
     "lp12_run": ("{dtype:>8}: {steps} steps, at most {most} requests in one step, {preempted} preemptions",
