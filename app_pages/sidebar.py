@@ -8,6 +8,7 @@ import streamlit as st
 
 from app_pages.state import MAX_BLOCKS, MAX_MIB, SHARING, Settings, default_model, kv_slot_bytes
 from app_pages.widgets import bounded_number, localized_choice
+from engine.config import KV_CACHE_DTYPES
 from engine.model_executor.model_loader import DEFAULT_MODEL, GEMMA_MODEL
 from visualize.i18n import LANGUAGE_NAMES, LANGUAGES, t
 
@@ -82,7 +83,8 @@ def engine_settings(lang: str, sb=None) -> Settings:
         st.session_state.setdefault(key, default)
     block_size = sb.select_slider(t("block_size", lang), options=[1, 2, 4, 8, 16, 32], key="block_size",
                                   help=t("block_size_help", lang))
-    num_blocks, kv_bytes = pool_size(sb, lang, model, int(block_size))
+    kv_dtype = sb.selectbox(t("kv_cache_dtype", lang), KV_CACHE_DTYPES, key="kv_cache_dtype", help=t("kv_cache_dtype_help", lang))
+    num_blocks, kv_bytes = pool_size(sb, lang, model, int(block_size), kv_dtype)
     st.session_state["capacity_slot"] = sb.empty()  # filled with the token capacity once the engine exists
     allocator = localized_choice(sb.radio, t("allocator", lang), ("paged", "contiguous"), "allocator", lang,
                                  lambda a: t(f"allocator_{a}", lang))
@@ -117,7 +119,7 @@ def engine_settings(lang: str, sb=None) -> Settings:
     return Settings(model=model, block_size=int(block_size), num_gpu_blocks=num_blocks, kv_cache_memory=kv_bytes,
                     allocator=allocator, reservation=reservation, attention_backend=backend, max_num_seqs=max_seqs,
                     temperature=temperature, seed=seed, sharing=sharing, sharing_width=width,
-                    enable_prefix_caching=prefix_caching, **prefix_options, **scheduling)
+                    enable_prefix_caching=prefix_caching, kv_cache_dtype=kv_dtype, **prefix_options, **scheduling)
 
 
 def prefix_cache_settings(sb, lang: str) -> dict:
@@ -166,7 +168,7 @@ def scheduler_settings(sb, lang: str, allocator: str, max_seqs: int) -> dict:
                 num_speculative_tokens=k)
 
 
-def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, int | None]:
+def pool_size(sb, lang: str, model: str, block_size: int, kv_cache_dtype: str = "auto") -> tuple[int | None, int | None]:
     """The KV pool's size, in blocks or in MiB (num_gpu_blocks, kv_cache_memory bytes): one is None.
 
     MiB bounds come from the model and block size (2 blocks up to MAX_BLOCKS), so the box never offers
@@ -179,7 +181,7 @@ def pool_size(sb, lang: str, model: str, block_size: int) -> tuple[int | None, i
     unit = localized_choice(sb.radio, t("pool_unit", lang), ("blocks", "mib"), "pool_unit", lang, lambda u: t(u, lang), horizontal=True)
     block_mib = None
     if unit == "mib" or state.get("pool_unit_shown", unit) != unit:
-        slot_bytes = kv_slot_bytes(model)
+        slot_bytes = kv_slot_bytes(model, kv_cache_dtype)
         block_mib = slot_bytes * block_size / MIB if slot_bytes else None
     if block_mib is None and unit == "mib":  # the model cannot be read: its error shows on the page
         unit = "blocks"
@@ -208,5 +210,10 @@ def show_capacity(llm, lang: str) -> None:
     if slot is None or llm is None:
         return
     bs = llm.config.block_size
-    slot.caption(t("pool_capacity", lang, blocks=llm.num_blocks, block_size=bs, tokens=llm.num_blocks * bs,
-                   mib=llm.num_blocks * bs * llm.bytes_per_slot / (1 << 20), slot_kib=llm.bytes_per_slot / 1024))
+    mib = llm.num_blocks * bs * llm.bytes_per_slot / (1 << 20)
+    text = t("pool_capacity", lang, blocks=llm.num_blocks, block_size=bs, tokens=llm.num_blocks * bs, mib=mib, slot_kib=llm.bytes_per_slot / 1024)
+    if llm.config.kv_cache_dtype != "auto":  # the same memory in the model's dtype would hold `ratio` times fewer tokens
+        ratio = llm.dtype.itemsize // llm.kv_cache_dtype.itemsize
+        text += "  \n" + t("pool_capacity_kv_dtype", lang, kv_dtype=llm.config.kv_cache_dtype, ratio=ratio,
+                           model_dtype=str(llm.dtype).replace("torch.", ""), mib=mib)
+    slot.caption(text)

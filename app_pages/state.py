@@ -89,6 +89,7 @@ class Settings:
     enable_chunked_prefill: bool = False
     max_num_batched_tokens: int | None = None  # the step's token budget; None: the engine's default
     num_speculative_tokens: int = 0  # speculative decoding by prompt lookup ("ngram"), k drafts per step; 0: off
+    kv_cache_dtype: str = "auto"  # vLLM's kv_cache_dtype: auto, fp8, fp8_e4m3, fp8_e5m2 (engine/model_executor/kv_quant.py)
 
     def engine_config(self, **overrides) -> EngineConfig:
         fields = asdict(self)
@@ -114,9 +115,10 @@ def cached_model(model: str):
     return load_model(None if model == DEFAULT_MODEL else model)
 
 
-def kv_slot_bytes(model: str) -> int | None:
+def kv_slot_bytes(model: str, kv_cache_dtype: str = "auto") -> int | None:
     """Bytes of one token's K and V in the engine the app builds for ``model`` (float32 on CPU,
-    bfloat16 on CUDA); None when the model cannot be read (the page shows why)."""
+    bfloat16 on CUDA; one byte per element with an fp8 ``kv_cache_dtype``); None when the model cannot
+    be read (the page shows why)."""
     import torch
 
     from engine.model_executor.model_runner import kv_bytes_per_slot
@@ -126,7 +128,9 @@ def kv_slot_bytes(model: str) -> int | None:
     except Exception:  # noqa: BLE001 - a bad path is reported where the engine is built
         return None
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dtype = torch.bfloat16 if _has_cuda() else torch.float32
+    from engine.model_executor.kv_quant import cache_dtype
+
+    dtype = cache_dtype(kv_cache_dtype, torch.bfloat16 if _has_cuda() else torch.float32)
     return kv_bytes_per_slot(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype)
 
 

@@ -11,6 +11,7 @@ import time
 import streamlit as st
 
 from app_pages.widgets import localized_choice
+from engine.config import KV_CACHE_DTYPES
 from engine.sim.whatif import DTYPE_BYTES, GPUS, MODELS, SYSTEMS, THIS_CPU, WhatIfConfig, what_if
 from visualize.i18n import t
 from visualize.whatif import decode_roofline_spec, system_name, systems_spec
@@ -72,11 +73,12 @@ def controls(lang: str) -> tuple[WhatIfConfig, str]:
                    clamp=lambda v: min(v, context - 16))  # room for an output slider of 1..16 at least
     output = _kept(c[2].slider, t("whatif_output", lang), "whatif_output", lang, 256, min_value=1, max_value=context - prompt,
                    clamp=lambda v: min(v, context - prompt))
-    c = st.columns(3)
+    c = st.columns(4)
     users = _kept(c[0].slider, t("whatif_users", lang), "whatif_users", lang, 1000, min_value=1, max_value=4000)
     block = _kept(c[1].select_slider, t("block_size", lang), "whatif_block", lang, 16, options=BLOCK_SIZES)
     util = _kept(c[2].slider, "gpu_memory_utilization", "whatif_util", lang, 0.9, min_value=0.5, max_value=1.0, step=0.05)
-    return WhatIfConfig(model, gpu, dtype, context, users, prompt, output, block, util), system
+    kv_dtype = localized_choice(c[3].selectbox, t("whatif_kv_cache_dtype", lang), KV_CACHE_DTYPES, "whatif_kv_cache_dtype", lang, str)
+    return WhatIfConfig(model, gpu, dtype, context, users, prompt, output, block, util, kv_cache_dtype=kv_dtype), system
 
 
 def page() -> None:
@@ -100,7 +102,7 @@ def page() -> None:
     nbytes = DTYPE_BYTES[cfg.dtype]
     formula = {
         "weights": t("whatif_weights_formula", lang, params=_count(model.num_params), nbytes=nbytes),
-        "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=nbytes),
+        "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=cfg.kv_dtype_bytes),
         "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.1f}"),
         "slots": t("whatif_slots_formula", lang),
     }

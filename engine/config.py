@@ -18,6 +18,7 @@ PLACEMENTS = ("first-fit", "best-fit", "buddy")  # contiguous: where a range goe
 PREEMPTION_MODES = ("recompute", "swap")  # paper §4.5
 SCHEDULE_FIRST = ("prefills", "decodes")  # engine/core/scheduler.py: vLLM v0's default (0.2 on), vLLM v1's
 PREFIX_CACHES = ("hash", "radix")  # engine/core/prefix_cache.py (vLLM v1's hash chain), engine/core/radix_cache.py (SGLang's tree)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # vLLM's --kv-cache-dtype: "fp8" is e4m3 (OCP's e4m3fn, max 448)
 SCHEDULING_POLICIES = ("fcfs", "lpm")  # engine/core/scheduler.py: first come first served, SGLang's longest prefix match
 DEFAULT_LPM_MAX_WAIT_STEPS = 64  # lpm: a request waiting this many steps is admitted in arrival order (the starvation guard)
 
@@ -80,6 +81,28 @@ def prefix_cache_kwargs(args) -> dict:
     """The config fields of :func:`add_prefix_cache_args`' flags."""
     return dict(prefix_cache=args.prefix_cache, scheduling_policy=args.scheduling_policy,
                 lpm_max_wait_steps=args.lpm_max_wait_steps, kv_offload_blocks=args.kv_offload_blocks)
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, calculate_kv_scales: bool = False) -> None:
+    """Raise ValueError, naming the field, unless ``kv_cache_dtype`` is one of ``KV_CACHE_DTYPES`` and
+    ``calculate_kv_scales`` (True or False) comes with an fp8 one (there is nothing to scale otherwise)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)} (vLLM's kv_cache_dtype); got {kv_cache_dtype!r}")
+    if not isinstance(calculate_kv_scales, bool):
+        raise ValueError(f"calculate_kv_scales must be True or False, got {calculate_kv_scales!r}")
+    if calculate_kv_scales and kv_cache_dtype == "auto":
+        raise ValueError("calculate_kv_scales needs an fp8 kv_cache_dtype ('fp8', 'fp8_e4m3' or 'fp8_e5m2'): "
+                         "an 'auto' cache stores K and V unscaled")
+
+
+def kv_cache_element_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
+    """Bytes of one cached K or V element: the model's element size under ``"auto"``, 1 for the fp8 forms.
+
+    Raises:
+        ValueError: ``kv_cache_dtype`` not one of ``KV_CACHE_DTYPES``.
+    """
+    _choice("kv_cache_dtype", kv_cache_dtype, KV_CACHE_DTYPES)
+    return model_dtype_bytes if kv_cache_dtype == "auto" else 1
 
 
 def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
@@ -149,6 +172,14 @@ class EngineConfig:
         reserve_null_block: keep block 0 out of the pool, as vLLM v1 does (its ``null_block``, a
             placeholder for block table entries with no KV): a pool of N blocks then has N - 1 usable
             ones. Off by default; turn it on to run beside vLLM with the same ``num_gpu_blocks``.
+        kv_cache_dtype: the KV pool's element type (vLLM's ``kv_cache_dtype``): "auto" (default) = the model's
+            dtype; "fp8" or "fp8_e4m3" = float8 e4m3 (4 exponent, 3 mantissa bits, largest 448), "fp8_e5m2" =
+            float8 e5m2 (largest 57344). An fp8 pool holds one byte per element: the same memory holds 2x the
+            tokens of a bfloat16 pool, 4x those of a float32 one. K and V are divided by a per-layer scale
+            (``k_scale``, ``v_scale``) when written and multiplied by it when read (engine/model_executor/kv_quant.py).
+        calculate_kv_scales: fp8 only: each layer's ``k_scale`` and ``v_scale`` computed once, from the first
+            forward pass's K and V, as vLLM's ``calculate_kv_scales`` does (``max|K| / 200``, ``max|V| / 100``).
+            False (default): 1.0, vLLM's default for a checkpoint without scales.
         speculative_config: speculative decoding (:class:`SpeculativeConfig`), or its settings as a dict, as
             vLLM's ``LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 4, ...})`` takes them;
             None: off.
@@ -156,7 +187,8 @@ class EngineConfig:
     Raises:
         ValueError: on any field out of range, naming the field; prefix caching, swap or the null
             block asked for with the contiguous allocator; swap with swap_space=0; a token budget
-            smaller than max_num_seqs; schedule_first="prefills" with chunked prefill.
+            smaller than max_num_seqs; schedule_first="prefills" with chunked prefill; an unknown
+            kv_cache_dtype, or calculate_kv_scales without an fp8 one.
     """
 
     model: str | None = None
@@ -186,6 +218,8 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     lpm_max_wait_steps: int = DEFAULT_LPM_MAX_WAIT_STEPS
     kv_offload_blocks: int = 0
+    kv_cache_dtype: str = "auto"
+    calculate_kv_scales: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, Mapping):
@@ -246,6 +280,7 @@ class EngineConfig:
                              "its own range, so there are no blocks to share; set enable_prefix_caching=False")
         check_prefix_cache_options(self.enable_prefix_caching, self.allocator, self.prefix_cache, self.scheduling_policy,
                                    self.kv_offload_blocks, self.lpm_max_wait_steps)
+        check_kv_cache_dtype(self.kv_cache_dtype, self.calculate_kv_scales)
 
 
     def resolve(self, bytes_per_slot: int, max_position_embeddings: int | None) -> ResolvedSizes:

@@ -26,6 +26,7 @@ from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.cpu import ops as cpu_ops
 from engine.model_executor.model import build_model
 from engine.model_executor.model_loader import LoadedModel, load_model
+from engine.model_executor import kv_quant
 from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot
 from engine.model_executor.platform import describe_cpu_backend, resolve_backend, resolve_device, resolve_dtype
 from engine.model_executor.sampler import sample, sample_batch
@@ -81,10 +82,11 @@ class LLMEngine:
             backend = CPU_KERNEL_BACKEND  # decode attention read in place through the block tables
         self.greedy_kernel = bool(kernels)  # greedy rows' argmax in one C++ call (engine/cpu/csrc/sampling.cpp)
         self.cpu_backend = describe_cpu_backend(model, backend, self.dtype, self.greedy_kernel)
-        self.kv_cache_spec = model_kv_cache_spec(model, config.block_size, self.dtype)
+        self.kv_cache_dtype = kv_quant.cache_dtype(config.kv_cache_dtype, self.dtype)  # the pools' element type
+        self.kv_cache_spec = model_kv_cache_spec(model, config.block_size, self.kv_cache_dtype)
         group_size = max(len(g.layer_names) for g in get_kv_cache_groups(self.kv_cache_spec))
         # A slot is one token of one page: group_size layers' K and V (all the layers for one group).
-        self.bytes_per_slot = kv_bytes_per_slot(group_size, model.num_kv_heads, model.head_dim, self.dtype)
+        self.bytes_per_slot = kv_bytes_per_slot(group_size, model.num_kv_heads, model.head_dim, self.kv_cache_dtype)
         sizes = config.resolve(self.bytes_per_slot, getattr(self.hf_config, "max_position_embeddings", None))
         self.num_blocks, self.num_cpu_blocks, self.max_model_len = sizes.num_blocks, sizes.num_cpu_blocks, sizes.max_model_len
         max_batched = sizes.max_num_batched_tokens
@@ -94,7 +96,8 @@ class LLMEngine:
         elif config.allocator != "paged" or config.speculative_config is not None:
             raise ValueError("a model with sliding-window layers needs the paged allocator and no speculative decoding")
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks + config.kv_offload_blocks,
-                                  kv_cache_config=self.kv_cache_config)
+                                  kv_cache_config=self.kv_cache_config, kv_cache_dtype=config.kv_cache_dtype,
+                                  calculate_kv_scales=config.calculate_kv_scales)
         self.events = EventLog()
         self.kv = self._make_kv_manager()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
@@ -357,8 +360,9 @@ class LLMEngine:
                 samples.spec.append((seq, outcome))
         plain = [row_of[id(s)] for s in ready if self.requests[s.request_id].is_single and s.seq_id not in speculating]
         for i, token in zip(plain, self._sample_plain(logits, seqs, plain, samples)):
-            if token is not None:
-                samples.plain.append((seqs[i], token))
+            if token is not None:  # vLLM's logprobs=0: the chosen token's log-probability, only where asked
+                logprob = None if seqs[i].sampling_params.logprobs is None else float(torch.log_softmax(logits[i].float(), -1)[token])
+                samples.plain.append((seqs[i], token, logprob))
         groups: dict[int, list[int]] = {}
         for seq in ready:
             if not self.requests[seq.request_id].is_single:

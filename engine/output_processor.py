@@ -75,7 +75,7 @@ class Samples:
     """One step's sampling: one token per one-sequence request, a :class:`GroupSample` per group,
     and the one-sequence requests whose sampling failed."""
 
-    plain: list[tuple[Sequence, int]] = field(default_factory=list)
+    plain: list[tuple[Sequence, int, float | None]] = field(default_factory=list)  # (seq, token, its logprob if asked)
     groups: list[GroupSample] = field(default_factory=list)
     failed: list[tuple[SequenceGroup, Exception]] = field(default_factory=list)
     spec: list = field(default_factory=list)  # speculative decoding: (Sequence, SpecOutcome) per verified sequence
@@ -242,8 +242,8 @@ class OutputProcessor:
         order (one-sequence requests first, then groups). A request whose part fails fails alone."""
         for group, error in samples.failed:
             self.fail(group, error, out)
-        for seq, token in samples.plain:
-            self._guarded(seq.request_id, out, self._append, seq, token, None, out)
+        for seq, token, logprob in samples.plain:
+            self._guarded(seq.request_id, out, self._append, seq, token, logprob, out)
         for sample in samples.groups:
             if sample.error is not None:
                 self.fail(sample.group, sample.error, out)
@@ -424,7 +424,10 @@ class OutputProcessor:
     def _completions(self, request: SequenceGroup) -> list[CompletionOutput]:
         if request.is_single:
             seq = request.seqs[0]
-            return [CompletionOutput(0, self.texts[seq.seq_id], seq.output_token_ids, request.finish_reason)]
+            if seq.sampling_params.logprobs is None:
+                return [CompletionOutput(0, self.texts[seq.seq_id], seq.output_token_ids, request.finish_reason)]
+            return [CompletionOutput(0, self.texts[seq.seq_id], seq.output_token_ids, request.finish_reason, seq.cumulative_logprob,
+                                     list(seq.output_logprobs))]
         if request.beam_search is None:
             return [CompletionOutput(s.index, self.texts[s.seq_id], s.output_token_ids, s.finish_reason, s.cumulative_logprob,
                                      list(s.output_logprobs)) for s in sorted(request.seqs, key=lambda s: s.index)]

@@ -97,6 +97,7 @@ SETTINGS_DEFAULTS: dict = {
     "max_num_batched_tokens": None,
     "enable_prefix_caching": None,  # None: the engine's default (on with the paged allocator)
     "num_speculative_tokens": 0,  # speculative decoding by prompt lookup ("ngram"), k drafts per step; 0: off
+    "kv_cache_dtype": "auto",  # vLLM's kv_cache_dtype: the KV pool's element type
 }
 _OPTIONAL_INTS = ("num_gpu_blocks", "kv_cache_memory", "max_num_batched_tokens")
 # The values each string setting may take: engine.config's choices (not imported: no torch here).
@@ -105,6 +106,7 @@ SETTING_CHOICES = {
     "reservation": ("max", "pow2", "pow2-total", "oracle"),
     "attention_backend": ("auto", "torch", "triton"),
     "preemption_mode": ("recompute", "swap"),
+    "kv_cache_dtype": ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
 }
 # Upper bounds of the numeric settings (inclusive). A file outside them is refused, naming the field,
 # rather than clamped: 10**100 blocks or seed 10**30 is a broken file, not a setting to round.

@@ -27,6 +27,8 @@ class SamplingParams:
             once and shared by all n through their block tables (paper §4.4). Sample i is seeded
             with :func:`sample_seed` (seed, i): sample 0 is what n = 1 gives with the same seed, and
             the same seed gives the same n samples.
+        logprobs: vLLM's name: 0 = keep each chosen token's log-probability (``CompletionOutput.logprobs``,
+            the log-softmax of the step's logits); None (default) = none (the step skips the log-softmax).
 
     Raises:
         ValueError: on any field of the wrong type or out of range, naming the field (bools are
@@ -42,6 +44,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = field(default_factory=list)
     ignore_eos: bool = False
     n: int = 1
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.verify()
@@ -53,6 +56,8 @@ class SamplingParams:
         Raises:
             ValueError: naming the first bad field.
         """
+        if self.logprobs not in (None, 0) or isinstance(self.logprobs, bool):
+            raise ValueError(f"logprobs must be None or 0 (the chosen token's log-probability; more are not kept), got {self.logprobs!r}")
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n (parallel samples) must be an integer >= 1, got {self.n!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:

@@ -72,3 +72,17 @@ def hybrid_blocks_in_use(prompt_len: int, num_computed_tokens: int, block_size: 
         for ready in scheduler.update_from_output(scheduler.schedule()):
             ready.append_token()
     return sum(g.num_blocks_in_use for g in kv.kv_groups(scheduler.running))
+
+
+def kv_pool_blocks(memory_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int, element_bytes: int, block_size: int) -> int:
+    """Lesson 12: whole blocks of ``block_size`` token slots in ``memory_bytes`` of KV pool, a slot holding
+    K and V of every layer: ``memory // (block_size * 2 * layers * kv_heads * head_dim * element_bytes)``."""
+    return memory_bytes // (block_size * 2 * num_layers * num_kv_heads * head_dim * element_bytes)
+
+
+def fp8_read_back(x: float, scale: float, largest: float) -> float:
+    """Lesson 12: what attention reads back for ``x`` stored with ``scale`` in an fp8 format whose largest
+    value is ``largest``, when ``x / scale`` is beyond it or exactly representable: ``min(|x| / scale, largest)
+    * scale`` with x's sign (saturation; the rounding of other values is the format's, not recomputed here)."""
+    stored = min(abs(x) / scale, largest)
+    return (stored if x >= 0 else -stored) * scale

@@ -147,6 +147,14 @@ LABS: list[Lab] = [
          "the online-softmax update (running max, rescaled sum and accumulator). Runs in Triton's interpreter on a CPU.",
          "在引擎的 Triton 内核里：按块表为一个分片的每个词元取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。"
          "在 CPU 上由 Triton 解释器运行。"), core=False),
+    Lab("kv_quant", ("An fp8 KV cache: quantize and dequantize with scales", "fp8 KV 缓存：带缩放因子的量化与反量化"), 12, 30,
+        ("What an fp8 pool stores and what attention reads back: fp8(x / scale) rounded to the nearest value and "
+         "saturated at the format's largest one (448 for e4m3, 57344 for e5m2), fp8 * scale on the way out, and "
+         "vLLM's calculate_kv_scales (max|K| / 200, max|V| / 100). Every attention path of the engine reads the pool "
+         "your functions write.",
+         "fp8 池里存的是什么、注意力读回来的是什么：fp8(x / scale)，舍入到最近的值，超出格式最大值（e4m3 为 448，e5m2 为 57344）"
+         "时饱和到最大值；读出时乘回 scale；以及 vLLM 的 calculate_kv_scales（max|K| / 200，max|V| / 100）。"
+         "引擎的每条注意力路径都读取你的函数写入的池。"), core=False),
     Lab("spec_verify", ("Speculative decoding: greedy verification", "投机解码：贪心验证"), 10, 20,
         ("Keep the longest prefix of the draft tokens that the target model's argmax agrees with, then the target's "
          "own token at the first disagreement (or the bonus token after all k).",

@@ -11,6 +11,7 @@ import os
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # an fp8 KV cache (engine/model_executor/kv_quant.py)
 
 
 def interpreted() -> bool:
@@ -71,8 +72,8 @@ def check_caches(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[in
         raise ValueError(f"value_cache shape {tuple(value_cache.shape)} != key_cache shape {tuple(key_cache.shape)}")
     if key_cache.dtype != value_cache.dtype:
         raise ValueError(f"key_cache dtype {key_cache.dtype} != value_cache dtype {value_cache.dtype}")
-    if key_cache.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"cache dtype {key_cache.dtype} not supported; use one of {SUPPORTED_DTYPES}")
+    if key_cache.dtype not in SUPPORTED_DTYPES + FP8_DTYPES:
+        raise ValueError(f"cache dtype {key_cache.dtype} not supported; use one of {SUPPORTED_DTYPES + FP8_DTYPES}")
     check_device("value_cache", value_cache, key_cache.device)
     check_runnable(key_cache.device)
     return tuple(key_cache.shape)  # type: ignore[return-value]
@@ -97,8 +98,10 @@ def check_attention_inputs(
         raise ValueError(f"query head_dim {q_head_dim} != cache head_dim {head_dim}")
     if num_heads % num_kv_heads != 0:
         raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if query.dtype != key_cache.dtype:
+    if query.dtype != key_cache.dtype and key_cache.dtype not in FP8_DTYPES:
         raise ValueError(f"query dtype {query.dtype} != cache dtype {key_cache.dtype}")
+    if query.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"query dtype {query.dtype} not supported; use one of {SUPPORTED_DTYPES}")
     if block_tables.dim() != 2 or block_tables.dtype != torch.int32:
         raise ValueError(
             f"block_tables must be 2-D int32 [num_seqs, max_blocks], got {block_tables.dtype} "
@@ -114,6 +117,12 @@ def check_attention_inputs(
     for name, t in (("query", query), ("block_tables", block_tables), ("context_lens", context_lens)):
         check_device(name, t, key_cache.device)
     return num_heads, head_dim, block_size, num_kv_heads, num_seqs
+
+
+def check_scales(key_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
+    """An fp8 cache's scales must be finite and > 0 (a kernel dividing by 0 writes inf, silently)."""
+    if key_cache.dtype in FP8_DTYPES and not all(s > 0 and s < float("inf") for s in (k_scale, v_scale)):
+        raise ValueError(f"k_scale and v_scale must be finite and > 0, got {k_scale} and {v_scale}")
 
 
 def dot_precision(dtype: torch.dtype) -> str:

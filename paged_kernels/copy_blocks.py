@@ -107,7 +107,7 @@ def copy_blocks(key_caches: list[torch.Tensor], value_caches: list[torch.Tensor]
 
     Args:
         key_caches, value_caches: one pool per layer, each ``[num_blocks, block_size, num_kv_heads,
-            head_dim]``, all the same shape, dtype (fp32, fp16, bf16) and device; any strides.
+            head_dim]``, all the same shape, dtype (fp32, fp16, bf16, or fp8: copied as they are, scale unchanged) and device; any strides.
         block_mapping: ``[num_pairs, 2]`` int64 ``(src, dst)`` physical block ids, on the caches'
             device. Every dst is distinct and no dst is a src of the same call (as copy-on-write
             guarantees), so every source is read before it could be overwritten. Empty: nothing is done.

@@ -33,6 +33,11 @@ together with its ``m`` and ``l``; :mod:`paged_kernels.paged_attention_reduce` t
 A partition that starts past the context (more partitions than blocks) writes
 ``m = -inf, l = 0`` and contributes nothing.
 
+fp8 caches (vLLM's ``kv_cache_dtype="fp8"``; engine/model_executor/kv_quant.py): each tile of K and V is
+loaded as bytes and widened in registers, ``fp8 * k_scale`` (``v_scale``), to the query's dtype before
+its ``tl.dot``: memory traffic is a quarter of fp32's, the arithmetic unchanged (vLLM's Triton
+attention dequantizes the same way).
+
 Padding rows (``context_lens == 0``) run no loop iteration and write zeros; cache slots outside
 a context are never loaded (masked loads), so NaN garbage there cannot leak into the result.
 
@@ -51,7 +56,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
+from paged_kernels._common import FP8_DTYPES, check_attention_inputs, check_scales, dot_precision, interpreted, next_pow2
 from paged_kernels.paged_attention_reduce import paged_attention_reduce
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
@@ -64,6 +69,7 @@ def _paged_attention_decode_kernel(
     out_ptr, max_logits_ptr, exp_sums_ptr,
     scale_log2,  # softmax scale * log2(e)
     sliding_window,  # 0: full attention; W: the last W positions only
+    k_scale, v_scale,  # fp8 caches: K and V are read as fp8 * scale
     num_pairs,  # num_seqs * num_kv_heads
     stride_qs, stride_qh, stride_qd,  # query [num_seqs, num_heads, head_dim]
     stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
@@ -82,6 +88,7 @@ def _paged_attention_decode_kernel(
     PAIRS: tl.constexpr,  # (sequence, KV head) pairs per program: 1 on GPU, many in the interpreter
     SPLIT: tl.constexpr,  # True: write partials + (max, sum) for the reduce kernel
     PRECISION: tl.constexpr,  # tl.dot input precision ("ieee" for fp32)
+    FP8: tl.constexpr,  # the caches hold fp8: dequantize each tile in registers
 ):
     # All index math is int64: block_id * stride can pass 2**31 in a large pool (and the
     # interpreter checks every int32 add/mul for overflow, which is slow).
@@ -128,6 +135,8 @@ def _paged_attention_decode_kernel(
         kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
         k_offs = (block_id * stride_kb + in_block * stride_ko)[:, :, None] + d[None, None, :] * stride_kd
         k = tl.load(k_head[:, None, None] + k_offs, mask=kv_mask, other=0.0)  # [PAIRS, TILE, HEAD_DIM_PAD]
+        if FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
 
         # Logits for every (query head of the group, token of the tile), fp32 accumulate.
         s = tl.dot(q, tl.trans(k, 0, 2, 1), input_precision=PRECISION) * scale_log2  # [PAIRS, GROUP_PAD, TILE]
@@ -145,6 +154,8 @@ def _paged_attention_decode_kernel(
 
         v_offs = (block_id * stride_vb + in_block * stride_vo)[:, :, None] + d[None, None, :] * stride_vd
         v = tl.load(v_head[:, None, None] + v_offs, mask=kv_mask, other=0.0)
+        if FP8:
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         # BEGIN SOLUTION triton_decode
         acc = acc * alpha[:, :, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
@@ -191,13 +202,16 @@ def paged_attention_decode(
     scale: float,
     num_splits: int | None = None,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention through block tables; same result as ``engine.model_executor.attention.paged_attention_reference``.
 
     Args:
         query: ``[num_seqs, num_heads, head_dim]`` fp32/fp16/bf16, any strides (e.g. a slice of a
             packed QKV tensor). Query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype as query.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype as query,
+            or fp8 (``torch.float8_e4m3fn``/``float8_e5m2``) read as ``fp8 * k_scale`` / ``fp8 * v_scale``.
         block_tables: ``[num_seqs, max_blocks]`` int32 physical block ids (may be a view of a wider
             tensor); entries past a sequence's context are never read.
         context_lens: ``[num_seqs]`` int32 tokens of context (incl. the current token); 0 = padded row,
@@ -207,13 +221,14 @@ def paged_attention_decode(
             contexts, 1 under the interpreter); an int >= 1 forces that many context partitions.
         sliding_window: None or 0 for full attention; W: the query sees its last W positions, and
             blocks wholly before them are not read (their table entries may be anything).
+        k_scale, v_scale: fp8 caches only: the layer's per-tensor scales (vLLM's ``k_scale``, ``v_scale``).
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``, contiguous.
 
     Raises:
-        ValueError: on mismatched shapes, dtypes or devices, bad ``num_splits``, or CPU tensors
-            outside interpreter mode.
+        ValueError: on mismatched shapes, dtypes or devices, bad ``num_splits``, scales <= 0, or CPU
+            tensors outside interpreter mode.
     """
     num_heads, head_dim, block_size, num_kv_heads, num_seqs = check_attention_inputs(
         query, key_cache, value_cache, block_tables, context_lens
@@ -222,6 +237,7 @@ def paged_attention_decode(
         raise ValueError(f"query has {query.shape[0]} rows but block_tables has {num_seqs} sequences")
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be None or an int >= 1, got {num_splits!r}")
+    check_scales(key_cache, k_scale, v_scale)
 
     out = torch.empty(num_seqs, num_heads, head_dim, dtype=query.dtype, device=query.device)
     if num_seqs == 0:
@@ -250,7 +266,7 @@ def paged_attention_decode(
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, TILE=tile, PARTITION=partition,
-        PRECISION=dot_precision(query.dtype),
+        PRECISION=dot_precision(query.dtype), FP8=key_cache.dtype in FP8_DTYPES,
     )
     common = (
         query.stride(0), query.stride(1), query.stride(2),
@@ -273,7 +289,7 @@ def paged_attention_decode(
         _paged_attention_decode_kernel[grid](
             query, key_cache, value_cache, block_tables, context_lens,
             out, out, out,  # max_logits / exp_sums unused in single-pass mode
-            scale_log2, int(sliding_window or 0), num_pairs, *common,
+            scale_log2, int(sliding_window or 0), float(k_scale), float(v_scale), num_pairs, *common,
             out.stride(0), out.stride(1), 0, out.stride(2),
             0, 0,
             SPLIT=False, PAIRS=pairs, **meta,
@@ -286,7 +302,7 @@ def paged_attention_decode(
     _paged_attention_decode_kernel[grid](
         query, key_cache, value_cache, block_tables, context_lens,
         partial, max_logits, exp_sums,
-        scale_log2, int(sliding_window or 0), num_pairs, *common,
+        scale_log2, int(sliding_window or 0), float(k_scale), float(v_scale), num_pairs, *common,
         *partial.stride(),
         max_logits.stride(0), max_logits.stride(1),
         SPLIT=True, PAIRS=pairs, **meta,

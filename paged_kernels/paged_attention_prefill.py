@@ -16,7 +16,8 @@ flattened into ``BLOCK_Q * GROUP_PAD`` rows of a single ``tl.dot`` operand (row 
 ``r // GROUP_PAD``, head ``r % GROUP_PAD`` of the group), so every K/V tile loaded serves all of
 them. It then walks keys ``TILE_K`` at a time up to the position of its last query token
 (later tokens are masked by causality anyway), gathering a block id per token through the block
-table, and accumulates an online softmax in fp32 (see ``paged_attention_decode.py``).
+table, and accumulates an online softmax in fp32 (see ``paged_attention_decode.py``). fp8 caches are
+dequantized tile by tile in registers, ``fp8 * k_scale`` (``v_scale``), as in the decode kernel.
 
 With a sliding window of W tokens (``sliding_window``), query position p sees positions p - W + 1 .. p:
 the walk starts at the first key the tile's first query sees, so blocks wholly before every row's window
@@ -29,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from paged_kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
+from paged_kernels._common import FP8_DTYPES, check_attention_inputs, check_scales, dot_precision, interpreted, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -39,6 +40,7 @@ def _paged_attention_prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, query_start_loc_ptr, out_ptr,
     scale_log2,  # softmax scale * log2(e): we use exp2
     sliding_window,  # 0: full attention; W: each query sees its last W positions only
+    k_scale, v_scale,  # fp8 caches: K and V are read as fp8 * scale
     stride_qt, stride_qh, stride_qd,  # query [num_tokens, num_heads, head_dim]
     stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
     stride_vb, stride_vo, stride_vh, stride_vd,
@@ -52,6 +54,7 @@ def _paged_attention_prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program (power of two >= 16)
     TILE_K: tl.constexpr,  # key tokens per loop iteration (power of two >= 16)
     PRECISION: tl.constexpr,
+    FP8: tl.constexpr,  # the caches hold fp8: dequantize each tile in registers
 ):
     # Index math in int64: block_id * stride can pass 2**31 (and the interpreter checks every
     # int32 add/mul for overflow, which is slow).
@@ -98,6 +101,8 @@ def _paged_attention_prefill_kernel(
         slot_v = block_id * stride_vb + (tok % BLOCK_SIZE) * stride_vo + kv_head * stride_vh
         kv_mask = tok_ok[:, None] & d_ok[None, :]
         k = tl.load(k_cache_ptr + slot_k[:, None] + d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        if FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [rows, TILE_K]
         causal = tok_ok[None, :] & (tok[None, :] <= q_pos[:, None])
@@ -112,6 +117,8 @@ def _paged_attention_prefill_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + slot_v[:, None] + d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if FP8:
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
 
@@ -131,6 +138,8 @@ def paged_attention_prefill(
     query_start_loc: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal prefill attention through block tables; same result as ``engine.model_executor.attention.paged_prefill_reference``.
 
@@ -139,7 +148,8 @@ def paged_attention_prefill(
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` fp32/fp16/bf16, any strides; sequences packed
             back to back.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, same dtype, or fp8
+            read as ``fp8 * k_scale`` / ``fp8 * v_scale``.
         block_tables: ``[num_seqs, max_blocks]`` int32.
         context_lens: ``[num_seqs]`` int32 tokens in the cache per sequence *after* this step
             (cached prefix + new tokens); must be >= that sequence's query length.
@@ -147,6 +157,7 @@ def paged_attention_prefill(
         scale: softmax scale.
         sliding_window: None or 0 for full attention; W: query position p sees p - W + 1 .. p, and blocks
             wholly before the window of a tile's first query are not read.
+        k_scale, v_scale: fp8 caches only: the layer's per-tensor scales.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``; rows not owned by any sequence are 0.
@@ -167,6 +178,7 @@ def paged_attention_prefill(
         )
     if query_start_loc.device != query.device:
         raise ValueError(f"query_start_loc is on {query_start_loc.device}, expected {query.device}")
+    check_scales(key_cache, k_scale, v_scale)
     out = torch.zeros_like(query, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
@@ -192,13 +204,13 @@ def paged_attention_prefill(
     grid = (triton.cdiv(max_q_len, block_q), num_seqs, num_kv_heads)
     _paged_attention_prefill_kernel[grid](
         query, key_cache, value_cache, block_tables, context_lens, query_start_loc, out,
-        float(scale) * LOG2E, int(sliding_window or 0),
+        float(scale) * LOG2E, int(sliding_window or 0), float(k_scale), float(v_scale),
         *query.stride(), *key_cache.stride(), *value_cache.stride(),
         block_tables.stride(0), block_tables.stride(1),
         *out.stride(),
         GROUP=group, GROUP_PAD=group_pad,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, next_pow2(head_dim)),
         BLOCK_SIZE=block_size, BLOCK_Q=block_q, TILE_K=tile_k,
-        PRECISION=dot_precision(query.dtype),
+        PRECISION=dot_precision(query.dtype), FP8=key_cache.dtype in FP8_DTYPES,
     )
     return out

@@ -799,3 +799,15 @@ print("kernel ran")
     done = subprocess.run([sys.executable, "-c", code, str(tiny_llama_dir), MODEL_ENV, APP], capture_output=True, text=True,
                           timeout=600, cwd=str(Path(APP).parent), env=env)
     assert done.returncode == 0 and "kernel ran" in done.stdout, (done.stdout[-1500:], done.stderr[-3000:])
+
+
+def test_an_fp8_kv_cache_holds_4x_the_tokens_in_the_same_mib(app: AppTest):
+    # Tiny model: 512 B per token in float32, 128 B in fp8; 0.25 MiB = 32 float32 blocks of 16.
+    app.radio(key="pool_unit__en").set_value("mib").run()
+    app.number_input(key="pool_mib__input").set_value(0.25).run()
+    assert "32 blocks × 16 = **512 tokens**" in "".join(c.value for c in app.sidebar.caption)
+    app.sidebar.selectbox(key="kv_cache_dtype").set_value("fp8").run()
+    assert not app.exception, [e.value for e in app.exception]
+    caption = "".join(c.value for c in app.sidebar.caption)
+    assert "128 blocks × 16 = **2048 tokens**, 0.2 MiB" in caption
+    assert "fp8 KV cache: 4× the tokens a float32 cache holds in the same 0.2 MiB" in caption

@@ -103,6 +103,18 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{blocks} blocks × {block_size} = **{tokens} tokens**, {mib:.1f} MiB ({slot_kib:.1f} KiB per token)",
         "{blocks} 块 × {block_size} = **{tokens} 个 token**，{mib:.1f} MiB（每 token {slot_kib:.1f} KiB）",
     ),
+    "kv_cache_dtype": ("KV cache dtype", "KV 缓存数据类型"),
+    "kv_cache_dtype_help": (
+        "vLLM's kv_cache_dtype. auto: K and V in the model's dtype. fp8 (= fp8_e4m3) and fp8_e5m2: one byte per "
+        "element, divided by a per-layer scale when written and multiplied back when read: the same memory holds "
+        "2x the tokens of bfloat16, 4x those of float32, at a small cost in accuracy (lesson 12).",
+        "vLLM 的 kv_cache_dtype。`auto`：K 和 V 使用模型的数据类型。fp8（即 fp8_e4m3）和 fp8_e5m2：每个元素一个字节，写入时除以"
+        "每层的缩放因子，读出时再乘回：同样的显存能放下 bfloat16 的 2 倍、float32 的 4 倍 token，精度略有损失（第 12 课）。",
+    ),
+    "pool_capacity_kv_dtype": (
+        "{kv_dtype} KV cache: {ratio}× the tokens a {model_dtype} cache holds in the same {mib:.1f} MiB",
+        "{kv_dtype} KV 缓存：同样 {mib:.1f} MiB 能放下的 token 是 {model_dtype} 缓存的 {ratio} 倍",
+    ),
     "value_clamped": (
         "{typed} is outside {lo}–{hi}, so {used} is used.",
         "{typed} 超出 {lo}–{hi} 的范围，因此使用 {used}。",
@@ -1088,7 +1100,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_model": ("Model", "模型"),
     "whatif_gpu": ("GPU", "GPU"),
     "whatif_this_cpu": ("this CPU", "本机 CPU"),
-    "whatif_dtype": ("Data type (weights and KV)", "数据类型（权重和 KV）"),
+    "whatif_dtype": ("Data type (weights, and KV under auto)", "数据类型（权重；kv_cache_dtype 为 `auto` 时也是 KV 的）"),
+    "whatif_kv_cache_dtype": ("KV cache dtype (kv_cache_dtype)", "KV 缓存数据类型（kv_cache_dtype）"),
     "whatif_context": ("Context length (max_model_len, tokens)", "上下文长度（max_model_len，token 数）"),
     "whatif_users": ("Users (requests sent at once)", "用户数（同时发送的请求数）"),
     "whatif_prompt": ("Prompt length (tokens)", "提示词长度（token 数）"),
@@ -1431,6 +1444,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l11_fail": ("FAIL: {value} blocks predicted, but the engine's groups hold another number",
                  "FAIL：预测 {value} 个块，但引擎各组占用的块数不同"),
     "l11_pass": ("PASS: {value} blocks, over the six groups", "PASS：六个组共 {value} 个块"),
+    "l12_fail_none": ("FAIL: fp8_blocks or read_back is still None", "FAIL：fp8_blocks 或 read_back 仍是 None"),
+    "l12_fail_blocks": ("FAIL: {value} blocks is not what the engine built: bytes per token = 2 × layers × KV heads × head_dim × 1 byte, "
+                        "and a block holds 16 tokens", "FAIL：{value} 个块与引擎构建的不同：每个 token 的字节数 = 2 × 层数 × KV 头数 × 每头维数 × 1 字节，"
+                        "一个块放 16 个 token"),
+    "l12_fail_read_back": ("FAIL: attention does not read back {value}: the pool stores fp8(300 / 0.5); what is e4m3's largest value?",
+                           "FAIL：注意力读回的不是 {value}：池里存的是 fp8(300 / 0.5)；e4m3 能表示的最大值是多少？"),
+    "l12_pass": ("PASS: the fp8 pool holds {blocks} blocks, and the key reads back as {value:g} (600 saturated at 448, times 0.5)",
+                 "PASS：fp8 池放下 {blocks} 个块；这个键读回 {value:g}（600 饱和到 448，再乘 0.5）"),
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -1481,6 +1502,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lc_l10_alpha": ("α = {alpha:.1f}", "α = {alpha:.1f}"),
     "lc_l10_batch": ("batch size (sequences decoding together)", "批大小（一起解码的序列数）"),
     "lc_l10_speedup": ("predicted speed-up (in tokens/s)", "预测加速比（按每秒 token 数计）"),
+    "lc_l12_series": ("{dtype} KV cache ({steps} steps)", "{dtype} KV 缓存（{steps} 步）"),
+    "lc_l12_step": ("step", "步"),
+    "lc_l12_running": ("requests running", "运行中的请求数"),
     "lc_l10_title": ("Speculative decoding, k = {k}: H100, Llama-3-8B (step-time model)", "投机解码，k = {k}：H100 上的 Llama-3-8B（步时模型）"),
     # the lessons' printed lines (lessons/*/NN_*.py, lp<N>_ = lesson N, printed); the data
     # (token ids, block tables, lists, model text) are printed as they are, only the words around them translated
@@ -1620,6 +1644,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                     "结束时的 /metrics：完成 {done:.0f} 个请求，运行中 {running:.0f} 个，等待中 {waiting:.0f} 个；"
                     "空闲 KV 块 {free:.0f} 个，共 {blocks:.0f} 个"),
     "lp9_stopped": ("server stopped, exit code {code}", "服务器已停止，退出码 {code}"),
+    "lp12_values": ("x:        {values}", "x：{values}"),
+    "lp12_stored": ("{name:<9} {values}   (largest {largest:g})", "{name:<9} {values}（最大值 {largest:g}）"),
+    "lp12_pool": ("{dtype:>13}: {mib:.2f} MiB = {blocks} blocks = {tokens} tokens ({bytes:,} bytes per token)",
+                  "{dtype:>13}：{mib:.2f} MiB = {blocks} 块 = {tokens} 个 token（每个 token {bytes:,} 字节）"),
+    "lp12_run": ("{dtype:>8}: {steps} steps, at most {most} requests in one step, {preempted} preemptions",
+                 "{dtype:>8}：{steps} 步，一步最多 {most} 个请求，抢占 {preempted} 次"),
+    "lp12_drift": ("{name:>8}: tokens equal to auto's up to the first difference {agreement:.0%}, {identical}/{requests} requests identical; "
+                   "log-probability drift mean {mean:.4f}, max {max:.4f}",
+                   "{name:>8}：第一个不同之前与 `auto` 相同的 token 占 {agreement:.0%}，{identical}/{requests} 个请求完全相同；"
+                   "对数概率偏移平均 {mean:.4f}，最大 {max:.4f}"),
     "lp10_prefill": ("prefill: block table {table}, num_computed_tokens = {computed}", "预填充：块表 {table}，num_computed_tokens = {computed}"),
     "lp10_no_drafts": ("step {step}: lookup found no drafts, a plain decode; num_computed_tokens = {computed}",
                        "第 {step} 步：提示词查找未找到草稿，本步为普通解码；num_computed_tokens = {computed}"),
@@ -1708,6 +1742,8 @@ GLOSSARY: dict[str, str] = {
     "cpu tier": "CPU 层", "longest prefix match": "最长前缀匹配", "cache-aware scheduling": "缓存感知调度",
     # sliding-window attention (Mistral, Gemma 3)
     "sliding window": "滑动窗口",
+    # a quantized KV cache (vLLM's kv_cache_dtype)
+    "quantize": "量化", "dequantize": "反量化", "scale": "缩放因子", "saturate": "饱和",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {

@@ -372,14 +372,16 @@ def paged_attention_decode(
     scale: float,
     plan: object | None = None,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention through the block tables, in place (the same contract as
     :func:`engine.model_executor.attention.paged_attention_reference`, within float rounding).
 
     Args:
         query: ``[num_seqs, num_heads, head_dim]`` float32 or bfloat16 (may be a strided view).
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, query's dtype,
-            head_dim contiguous.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, query's dtype or fp8
+            (``torch.float8_e4m3fn``, ``torch.float8_e5m2``: widened to fp32 in registers), head_dim contiguous.
         block_tables: ``[num_seqs, max_blocks]`` int32 (may be a view); only the entries a context
             covers are read.
         context_lens: ``[num_seqs]`` int32, tokens; 0 gives a row of zeros.
@@ -387,6 +389,7 @@ def paged_attention_decode(
         plan: ignored (the engine's backends all take it; this kernel needs nothing precomputed).
         sliding_window: None or 0 for full attention; W: the query sees its last W positions only, and
             the table entries of blocks wholly before them are not read.
+        k_scale, v_scale: fp8 caches only: K and V read as ``fp8 * k_scale``, ``fp8 * v_scale`` (> 0).
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in query's dtype; softmax and sums in fp32.
@@ -400,7 +403,7 @@ def paged_attention_decode(
     """
     _check_inputs(query, key_cache, value_cache)
     return torch.ops.pagedattention_lab.paged_attention_decode(
-        query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale), int(sliding_window or 0)
+        query, key_cache, value_cache, block_tables.to(torch.int32), context_lens.to(torch.int32), float(scale), int(sliding_window or 0), float(k_scale), float(v_scale)
     )
 
 

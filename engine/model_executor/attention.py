@@ -29,6 +29,7 @@ import torch
 from torch.nn import functional as F
 
 from engine.core.lab_impl import plug_lab_parts
+from engine.model_executor import kv_quant
 
 
 def write_kv_cache(
@@ -38,16 +39,25 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     plan: TorchStepPlan | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Copy a step's new K and V into the pools, one token per slot (vLLM's ``reshape_and_cache``).
 
     Args:
-        key, value: ``[num_tokens, num_kv_heads, head_dim]``, same dtype as the caches.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]``, the caches' dtype (or the model's, for fp8 caches).
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, written in place; an
+            fp8 pool (``torch.float8_e4m3fn``/``float8_e5m2``) stores ``fp8(key / k_scale)`` and
+            ``fp8(value / v_scale)`` (:func:`engine.model_executor.kv_quant.quantize_kv`).
         slot_mapping: ``[num_tokens]`` int64; slot ``-1`` marks padding and is never written.
         plan: the step's :class:`TorchStepPlan`; when it says every slot is valid (the engine's case),
             the copy skips the padding mask.
+        k_scale, v_scale: fp8 pools only: the layer's scales (vLLM's ``k_scale``, ``v_scale``).
     """
+    if kv_quant.is_fp8(key_cache.dtype):  # quantized on write, then copied as bytes (torch has no fp8 index_copy_ on CPU)
+        key = kv_quant.quantize_kv(key, k_scale, key_cache.dtype).view(torch.uint8)
+        value = kv_quant.quantize_kv(value, v_scale, value_cache.dtype).view(torch.uint8)
+        key_cache, value_cache = kv_quant.as_bytes(key_cache), kv_quant.as_bytes(value_cache)
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     flat_k = key_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
     flat_v = value_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
@@ -73,7 +83,7 @@ def copy_blocks_reference(key_caches: list[torch.Tensor], value_caches: list[tor
     if block_mapping.numel() == 0:
         return
     src, dst = block_mapping[:, 0], block_mapping[:, 1]
-    for key_cache, value_cache in zip(key_caches, value_caches):
+    for key_cache, value_cache in zip(map(kv_quant.as_bytes, key_caches), map(kv_quant.as_bytes, value_caches)):
         key_cache[dst] = key_cache[src]
         value_cache[dst] = value_cache[src]
 
@@ -100,6 +110,7 @@ def swap_blocks(src_caches: list[torch.Tensor], dst_caches: list[torch.Tensor], 
     for src, dst in zip(src_caches, dst_caches, strict=True):
         if src.shape[1:] != dst.shape[1:] or src.dtype != dst.dtype:
             raise ValueError(f"swap_blocks: pools of different layouts, {tuple(src.shape)} {src.dtype} and {tuple(dst.shape)} {dst.dtype}")
+        src, dst = kv_quant.as_bytes(src), kv_quant.as_bytes(dst)  # an fp8 block moves as its bytes, scale unchanged
         blocks = src[src_idx.to(src.device)]
         dst[dst_idx.to(dst.device)] = blocks.to(dst.device, non_blocking=dst.device.type == "cuda" or src.device.type == "cuda")
     if any(c.device.type == "cuda" for c in src_caches + dst_caches):
@@ -233,6 +244,18 @@ def gather_kv(
     # END SOLUTION
 
 
+def gather_kv_dequantized(
+    cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, index: GatherIndex | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gather_kv` for a pool of any dtype: an fp8 pool's blocks are gathered as their bytes, then
+    read as ``fp8 * scale`` in fp32 (:func:`engine.model_executor.kv_quant.dequantize_kv`); any other pool
+    as :func:`gather_kv` reads it (``scale`` unused)."""
+    if not kv_quant.is_fp8(cache.dtype):
+        return gather_kv(cache, block_tables, context_lens, index)
+    rows, live = gather_kv(kv_quant.as_bytes(cache), block_tables, context_lens, index)
+    return kv_quant.dequantize_kv(rows.view(cache.dtype), scale), live
+
+
 def paged_attention_reference(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -242,6 +265,8 @@ def paged_attention_reference(
     scale: float,
     plan: TorchStepPlan | None = None,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence against its whole context (or its last
     ``sliding_window`` tokens), through its block table.
@@ -261,6 +286,7 @@ def paged_attention_reference(
         plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
         sliding_window: None (or 0) for full attention; W: the query sees its last W positions only, and
             the blocks before them are not read (:func:`window_gather_index`).
+        k_scale, v_scale: fp8 pools only: K and V are read as ``fp8 * k_scale`` and ``fp8 * v_scale``.
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.
@@ -275,8 +301,8 @@ def paged_attention_reference(
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = key_cache.shape[2]
     index = plan.decode if plan is not None and plan.decode is not None else gather_index(block_tables, context_lens, key_cache.shape[1])
-    keys, live = gather_kv(key_cache, block_tables, context_lens, index)  # [S, T, Hkv, D]
-    values, _ = gather_kv(value_cache, block_tables, context_lens, index)
+    keys, live = gather_kv_dequantized(key_cache, block_tables, context_lens, index, k_scale)  # [S, T, Hkv, D]
+    values, _ = gather_kv_dequantized(value_cache, block_tables, context_lens, index, v_scale)
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32  # softmax in fp32 at least
     q = query.reshape(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim).to(compute)
     out = F.scaled_dot_product_attention(
@@ -298,6 +324,8 @@ def paged_prefill_reference(
     query_start_loc: torch.Tensor,
     scale: float,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Prefill attention: each sequence's new query tokens attend causally to everything in its cache
     (with ``sliding_window`` W, to their last W positions each).
@@ -316,6 +344,7 @@ def paged_prefill_reference(
         scale: softmax scale.
         sliding_window: None (or 0) for full attention; W: query position p sees p - W + 1 .. p, and
             the blocks before the first query's window are not read.
+        k_scale, v_scale: fp8 pools only: K and V are read as ``fp8 * k_scale`` and ``fp8 * v_scale``.
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in ``query.dtype``.
@@ -337,8 +366,8 @@ def paged_prefill_reference(
         index = window_gather_index(block_tables, context_lens, key_cache.shape[1], first)
     else:
         index = gather_index(block_tables, context_lens, key_cache.shape[1])
-    keys, live = gather_kv(key_cache, block_tables, context_lens, index)
-    values, _ = gather_kv(value_cache, block_tables, context_lens, index)
+    keys, live = gather_kv_dequantized(key_cache, block_tables, context_lens, index, k_scale)
+    values, _ = gather_kv_dequantized(value_cache, block_tables, context_lens, index, v_scale)
     # The queries padded per sequence: row j of sequence s is token starts[s] + j.
     j = torch.arange(int(q_lens.max()), device=device)
     q_valid = j[None, :] < q_lens[:, None]  # [S, Qmax]

@@ -32,6 +32,7 @@ from torch.nn import functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.cpu import ops as cpu_ops
+from engine.model_executor import kv_quant
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma3_text")
 FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"  # Hugging Face's config.layer_types
@@ -279,6 +280,13 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, offset)
         self.cpu_kernel = False  # RoPE on q and k in one C++ call (engine.cpu.ops.rotary_embedding)
 
+    # An fp8 KV cache's per-tensor scales (vLLM's Attention._k_scale_float, _v_scale_float): K is stored as
+    # fp8(K / k_scale) and read as fp8 * k_scale (engine/model_executor/kv_quant.py). calculate_kv_scales: set
+    # them from the first forward pass's K and V, once (vLLM's calculate_kv_scales).
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    calculate_kv_scales: bool = False
+
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
@@ -291,24 +299,32 @@ class Attention(nn.Module):
         else:
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         key_cache, value_cache = kv_cache
+        scales = {}  # an fp8 pool's k_scale and v_scale, for every operation that writes or reads it
+        if kv_quant.is_fp8(key_cache.dtype):
+            if self.calculate_kv_scales:
+                self.k_scale, self.v_scale = kv_quant.compute_kv_scales(k, v)
+                self.calculate_kv_scales = False
+            scales = {"k_scale": self.k_scale, "v_scale": self.v_scale}
         # Written first, so attention reads every token, including this step's, through the block table.
         plan = {} if meta.plan is None else {"plan": meta.plan}
-        meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping, **plan)
+        meta.backend.write_kv(k, v, key_cache, value_cache, meta.slot_mapping, **plan, **scales)
         window = {} if self.sliding_window is None else {"sliding_window": self.sliding_window}
         p = meta.num_prefill_tokens
         if not 0 <= p <= n or n == 0:
             raise ValueError(f"a batch of {n} query tokens with {p} prefill tokens: the scheduler gave the model nothing to compute")
         parts = []  # the prefill tokens' attention, then the decode tokens'
-        if p > 0 and meta.prefills_from_scratch and meta.backend.prefill_varlen is not None:
+        # An fp8 prompt attends to its K and V as the pool holds them (quantized), as vLLM's paged kernels do:
+        # never to this step's unquantized projections.
+        if p > 0 and meta.prefills_from_scratch and meta.backend.prefill_varlen is not None and not scales:
             parts.append(meta.backend.prefill_varlen(q[:p], k[:p], v[:p], meta.prefill_query_start_loc, self.scale, **window))
         elif p > 0:
             parts.append(meta.backend.prefill(
                 q[:p], key_cache, value_cache, meta.prefill_block_tables,
-                meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale, **window,
+                meta.prefill_context_lens, meta.prefill_query_start_loc, self.scale, **window, **scales,
             ))
         if p < n:
             parts.append(meta.backend.decode(
-                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan, **window
+                q[p:], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale, **plan, **window, **scales
             ))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return self.o_proj(out.view(n, self.num_heads * self.head_dim))
@@ -462,8 +478,10 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary_emb(positions, hidden.dtype)
         local = None if self.rotary_emb_local is None else self.rotary_emb_local(positions, hidden.dtype)
         residual = None
+        # The one-call C++ decode layers write and read pools of the model's dtype: an fp8 pool goes layer by layer.
         one_call = (self.decode_layers and meta.backend.cpu_decode_layer and meta.num_prefill_tokens == 0
-                    and meta.layer_metadata is None and hidden.shape[0] > 0 and not torch.is_grad_enabled() and not self._watched())
+                    and meta.layer_metadata is None and not kv_quant.is_fp8(kv_caches[0][0].dtype)
+                    and hidden.shape[0] > 0 and not torch.is_grad_enabled() and not self._watched())
         if one_call and self.layers_decode_weights is not None:  # all layers and the final norm in one C++ call
             weights, biases, sizes, scale, eps = self.layers_decode_weights
             norm = self.model.norm

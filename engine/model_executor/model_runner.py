@@ -2,8 +2,9 @@
 
 KV pools, one (key_cache, value_cache) pair per layer (a hybrid model's: per layer position in a KV cache
 group, shared by layer j of every group, ``engine/core/kv_cache_interface.py``), each
-``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model dtype: block-major, so one block
-of one layer is a contiguous ``block_size * num_kv_heads * head_dim`` run of memory.
+``[num_blocks, block_size, num_kv_heads, head_dim]`` in the model dtype, or in fp8 with an fp8
+``kv_cache_dtype`` (engine/model_executor/kv_quant.py): block-major, so one block of one layer is a
+contiguous ``block_size * num_kv_heads * head_dim`` run of memory.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from engine import config
 from engine.cpu import huge_pages, ops as cpu_ops
+from engine.model_executor import kv_quant
 from engine.model_executor.attention_capture import AttentionRecorder
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
                               prefill_varlen_reference, write_kv_cache)
@@ -64,13 +66,16 @@ class ModelRunner:
         kv_cache_config: a hybrid model's groups (``engine/core/kv_cache_interface.py``): one (K, V) pair
             per layer position in a group, layer j of every group on pair j (vLLM's ``KVCacheTensor``);
             None: a pair per layer.
+        kv_cache_dtype: vLLM's name of the pools' element type: "auto" (the model's dtype), "fp8",
+            "fp8_e4m3" or "fp8_e5m2" (one byte per element, :mod:`engine.model_executor.kv_quant`).
+        calculate_kv_scales: fp8 only: every layer's k_scale and v_scale from the first forward pass.
 
     Raises:
-        ValueError: a pool (or swap space) too large to allocate.
+        ValueError: a pool (or swap space) too large to allocate; an unknown kv_cache_dtype.
     """
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, backend: AttentionBackend, num_cpu_blocks: int = 0,
-                 kv_cache_config: KVCacheConfig | None = None):
+                 kv_cache_config: KVCacheConfig | None = None, kv_cache_dtype: str = "auto", calculate_kv_scales: bool = False):
         self.model = model
         self.kv_cache_config = kv_cache_config
         num_tensors = kv_cache_config.group_size if kv_cache_config is not None else model.num_layers
@@ -78,28 +83,32 @@ class ModelRunner:
         self.block_size = block_size
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.cache_dtype = kv_quant.cache_dtype(kv_cache_dtype, param.dtype)  # the pools' element type
+        for layer in model.model.layers:
+            layer.self_attn.k_scale, layer.self_attn.v_scale = 1.0, 1.0
+            layer.self_attn.calculate_kv_scales = calculate_kv_scales and kv_quant.is_fp8(self.cache_dtype)
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         try:
             if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/cpu/huge_pages.py),
                 # its memory given now: not in the decode step that first writes a block of each page
-                flat = huge_pages.arena([(shape, self.dtype)] * (2 * num_tensors), populate=True)
+                flat = huge_pages.arena([(shape, self.cache_dtype)] * (2 * num_tensors), populate=True)
             else:
-                flat = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(2 * num_tensors)]
+                flat = [torch.zeros(shape, dtype=self.cache_dtype, device=self.device) for _ in range(2 * num_tensors)]
             self.kv_tensors = list(zip(flat[0::2], flat[1::2]))  # each (K, V) pair once
             self.kv_caches = self.kv_tensors if kv_cache_config is None else [
                 self.kv_tensors[kv_cache_config.tensor_index(layer)] for layer in range(model.num_layers)]
         except (RuntimeError, MemoryError) as error:  # torch reports a failed allocation as RuntimeError
-            gib = 2 * num_tensors * torch.Size(shape).numel() * param.element_size() / 2**30
+            gib = 2 * num_tensors * torch.Size(shape).numel() * self.cache_dtype.itemsize / 2**30
             raise ValueError(f"cannot allocate a KV pool of {num_blocks} blocks x {block_size} slots ({gib:.1f} GiB): use fewer or smaller blocks") from error
         cpu_shape = (num_cpu_blocks, *shape[1:])
         pin = self.device.type == "cuda"
         try:
             self.cpu_kv_caches = [
-                (torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin), torch.zeros(cpu_shape, dtype=self.dtype, pin_memory=pin))
+                (torch.zeros(cpu_shape, dtype=self.cache_dtype, pin_memory=pin), torch.zeros(cpu_shape, dtype=self.cache_dtype, pin_memory=pin))
                 for _ in range(num_tensors)
             ] if num_cpu_blocks else []
         except (RuntimeError, MemoryError) as error:
-            gib = 2 * num_tensors * torch.Size(cpu_shape).numel() * param.element_size() / 2**30
+            gib = 2 * num_tensors * torch.Size(cpu_shape).numel() * self.cache_dtype.itemsize / 2**30
             raise ValueError(f"cannot allocate a CPU swap space of {num_cpu_blocks} blocks ({gib:.1f} GiB): give a smaller swap_space") from error
 
     def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -53,9 +53,9 @@ from engine.report import StepReport
 from engine.baselines.contiguous import ContiguousAllocator
 from engine.sim.cost_model import SETUPS, CostModel, get_setup
 from engine.sampling_params import BeamSearchParams, SamplingParams
-from engine.config import (ALLOCATORS, DEFAULT_LPM_MAX_WAIT_STEPS, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, SCHEDULE_FIRST,
-                           add_prefix_cache_args, check_prefix_cache_options, default_max_num_batched_tokens, kv_bytes_per_slot,
-                           prefix_cache_kwargs)
+from engine.config import (ALLOCATORS, DEFAULT_LPM_MAX_WAIT_STEPS, KV_CACHE_DTYPES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS,
+                           SCHEDULE_FIRST, add_prefix_cache_args, check_prefix_cache_options, default_max_num_batched_tokens,
+                           kv_bytes_per_slot, kv_cache_element_bytes, prefix_cache_kwargs)
 from engine.core.scheduler import Scheduler, SchedulerOutput, check_schedule_first
 from engine.sim.clock import SimClock, resolve_cost_model
 from engine.sim.lockstep import LockstepScheduler
@@ -726,7 +726,7 @@ def _kv_slots(args: argparse.Namespace) -> int:
         if args.kv_slots is not None:
             return args.kv_slots
         return get_setup(args.cost_model).kv_slots if args.cost_model else 15_700
-    bytes_per_slot = kv_bytes_per_slot(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype_bytes)
+    bytes_per_slot = kv_bytes_per_slot(args.num_layers, args.num_kv_heads, args.head_dim, kv_cache_element_bytes(args.kv_cache_dtype, args.dtype_bytes))
     if bytes_per_slot < 1:
         raise ValueError("model dimensions must be positive to turn --kv-bytes into slots")
     return args.kv_bytes // bytes_per_slot
@@ -738,7 +738,7 @@ def _swap_slots(args: argparse.Namespace) -> int | None:
         return None
     if args.swap_space <= 0:
         raise ValueError(f"--swap-space must be > 0 GiB, got {args.swap_space}")
-    bytes_per_slot = kv_bytes_per_slot(args.num_layers, args.num_kv_heads, args.head_dim, args.dtype_bytes)
+    bytes_per_slot = kv_bytes_per_slot(args.num_layers, args.num_kv_heads, args.head_dim, kv_cache_element_bytes(args.kv_cache_dtype, args.dtype_bytes))
     return int(args.swap_space * 2**30) // bytes_per_slot
 
 
@@ -787,6 +787,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--num-kv-heads", type=int, default=40, help="model dimension: K/V heads per layer (default: OPT-13B's 40)")
     p.add_argument("--head-dim", type=int, default=128, help="model dimension: size of one head (default: OPT-13B's 128)")
     p.add_argument("--dtype-bytes", type=int, default=2, help="model dimension: bytes per K/V element (default: 2, fp16)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="with --kv-bytes/--swap-space: fp8 forms store 1 byte per K/V element instead of --dtype-bytes (default: auto)")
     p.add_argument("--block-size", type=int, default=16, help="token slots per KV block (default: vLLM's 16)")
     p.add_argument("--watermark", type=float, default=0.01,
                    help="paged: share of the blocks admission leaves free (vLLM's default 0.01)")

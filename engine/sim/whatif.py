@@ -37,7 +37,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from engine.config import kv_bytes_per_slot
+from engine.config import KV_CACHE_DTYPES, kv_bytes_per_slot, kv_cache_element_bytes
 from engine.sim.cost_model import CostModel, Hardware, ModelSpec, StepShape
 from engine.sim.simulator import simulate
 from engine.sim.workloads import Request
@@ -142,6 +142,8 @@ class WhatIfConfig:
         block_size: token slots per KV block (paged).
         gpu_memory_utilization: share of the device memory for weights and KV (vLLM's, default 0.9).
         max_num_seqs: the most requests one step runs (vLLM's default 256).
+        kv_cache_dtype: vLLM's ``kv_cache_dtype``: "auto" (KV in ``dtype``) or an fp8 form (1 byte per K/V
+            element: the same memory holds 2x bfloat16's tokens; decode reads half the KV bytes).
 
     Raises:
         ValueError: an unknown model, GPU or dtype; a length, count or block size below 1; a
@@ -159,9 +161,15 @@ class WhatIfConfig:
     block_size: int = 16
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = MAX_NUM_SEQS
+    kv_cache_dtype: str = "auto"
+
+    @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes of one cached K or V element: ``dtype``'s under "auto", 1 for fp8."""
+        return kv_cache_element_bytes(self.kv_cache_dtype, DTYPE_BYTES[self.dtype])
 
     def __post_init__(self) -> None:
-        for name, choices in (("model", MODELS), ("gpu", GPUS), ("dtype", DTYPE_BYTES)):
+        for name, choices in (("model", MODELS), ("gpu", GPUS), ("dtype", DTYPE_BYTES), ("kv_cache_dtype", KV_CACHE_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
         for name in ("max_model_len", "num_users", "prompt_len", "output_len", "block_size", "max_num_seqs"):
@@ -247,14 +255,16 @@ class WhatIfResult:
         return asdict(self)
 
 
-def cost_model_of(model: ModelConfig, gpu: GPUSpec, dtype: str) -> CostModel:
-    """The simulator's roofline step-time model (:meth:`CostModel.from_figures`) for ``model`` on ``gpu`` in ``dtype``."""
+def cost_model_of(model: ModelConfig, gpu: GPUSpec, dtype: str, kv_cache_dtype: str = "auto") -> CostModel:
+    """The simulator's roofline step-time model (:meth:`CostModel.from_figures`) for ``model`` on ``gpu`` in ``dtype``,
+    its KV read in ``kv_cache_dtype`` (an fp8 cache reads 1 byte per element)."""
     nbytes = DTYPE_BYTES[dtype]
     peak = gpu.peak_flops if nbytes == 2 else gpu.peak_flops_fp32
     hardware = Hardware(gpu.name, peak_flops=peak, mem_bandwidth=gpu.mem_bandwidth, step_overhead_s=STEP_OVERHEAD_S)
     spec = ModelSpec(model.name, param_bytes=model.num_params * nbytes, flops_per_token=2 * model.num_params,
                      attn_flops_per_pair=4 * model.num_layers * model.num_attention_heads * model.head_dim,
-                     kv_bytes_per_token=kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, nbytes),
+                     kv_bytes_per_token=kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim,
+                                                          kv_cache_element_bytes(kv_cache_dtype, nbytes)),
                      num_layers=model.num_layers)
     return CostModel.from_figures(hardware, spec)
 
@@ -291,11 +301,11 @@ def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult
     model, gpu = MODELS[cfg.model], GPUS[cfg.gpu]
     nbytes = DTYPE_BYTES[cfg.dtype]
     weight_bytes = model.num_params * nbytes
-    kv_per_token = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, nbytes)
+    kv_per_token = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, cfg.kv_dtype_bytes)
     kv_memory = cfg.gpu_memory_utilization * gpu.memory_bytes - weight_bytes
     kv_slots = max(int(kv_memory // kv_per_token), 0)
     fits = kv_slots // cfg.block_size * cfg.block_size >= cfg.max_model_len
-    cost = cost_model_of(model, gpu, cfg.dtype)
+    cost = cost_model_of(model, gpu, cfg.dtype, cfg.kv_cache_dtype)
     ridge = math.ceil(cost.weights_s / cost.token_s)
     context = cfg.prompt_len + cfg.output_len // 2
     systems = []
@@ -334,7 +344,8 @@ def sim_requests(cfg: WhatIfConfig, systems: list[SystemResult]) -> int:
 def command(cfg: WhatIfConfig) -> str:
     """The CLI command that prints ``cfg``'s result as JSON."""
     return (f"python -m engine whatif --model {cfg.model} --gpu {cfg.gpu} --dtype {cfg.dtype} --max-model-len {cfg.max_model_len} "
-            f"--num-users {cfg.num_users} --prompt-len {cfg.prompt_len} --output-len {cfg.output_len} --block-size {cfg.block_size}")
+            f"--num-users {cfg.num_users} --prompt-len {cfg.prompt_len} --output-len {cfg.output_len} --block-size {cfg.block_size}"
+            + (f" --kv-cache-dtype {cfg.kv_cache_dtype}" if cfg.kv_cache_dtype != "auto" else ""))
 
 
 def formulas(cfg: WhatIfConfig, model: ModelConfig, gpu: GPUSpec, num_requests: int) -> dict[str, str]:
@@ -342,7 +353,7 @@ def formulas(cfg: WhatIfConfig, model: ModelConfig, gpu: GPUSpec, num_requests: 
     nbytes = DTYPE_BYTES[cfg.dtype]
     return {
         "weights": f"{model.num_params:.4g} parameters × {nbytes} B",
-        "kv_per_token": f"2 × {model.num_layers} layers × {model.num_kv_heads} KV heads × {model.head_dim} head_dim × {nbytes} B",
+        "kv_per_token": f"2 × {model.num_layers} layers × {model.num_kv_heads} KV heads × {model.head_dim} head_dim × {cfg.kv_dtype_bytes} B",
         "kv_memory": f"{cfg.gpu_memory_utilization:g} × {gpu.memory_bytes / GIB:.1f} GiB − weights",
         "kv_slots": "KV memory ÷ KV bytes per token",
         "ridge": "weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth)",
@@ -367,10 +378,11 @@ def register_cli(subparsers) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
     p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="auto: KV in --dtype; fp8 forms: 1 byte per element")
 
     def run(args) -> None:
         cfg = WhatIfConfig(args.model, args.gpu, args.dtype, args.max_model_len, args.num_users, args.prompt_len,
-                           args.output_len, args.block_size, args.gpu_memory_utilization, args.max_num_seqs)
+                           args.output_len, args.block_size, args.gpu_memory_utilization, args.max_num_seqs, args.kv_cache_dtype)
         data = what_if(cfg).to_json()
         data.pop("decode_curve")
         print(json.dumps(data, indent=2))

@@ -51,10 +51,11 @@ class VLLMProcess:
             self.ready = self._read()
         return self.ready
 
-    def generate(self, max_tokens: list[int] | None = None) -> dict:
-        """Run every request of the job once (all at time 0); {"seconds", "token_ids" per request}.
+    def generate(self, max_tokens: list[int] | None = None, logprobs: bool = False) -> dict:
+        """Run every request of the job once (all at time 0); {"seconds", "token_ids" per request}, and
+        with ``logprobs`` "logprobs": each chosen token's log-probability per request.
         ``max_tokens`` overrides each request's (e.g. a short warm-up)."""
-        return self._ask({"cmd": "generate", "max_tokens": max_tokens})
+        return self._ask({"cmd": "generate", "max_tokens": max_tokens, "logprobs": logprobs})
 
     def replay(self) -> dict:
         """Run the job's requests with per-step stats: {"seconds", "token_ids", "steps", "metrics"}."""

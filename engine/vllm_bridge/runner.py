@@ -4,14 +4,16 @@
 settings, says ``{"event": "ready", ...}``, then answers one command per line on stdin with one JSON
 line on stdout (everything vLLM itself prints goes to stderr):
 
-    {"cmd": "generate", "max_tokens": [..] | null}  -> {"seconds", "token_ids": [[..], ..]}
+    {"cmd": "generate", "max_tokens": [..] | null, "logprobs": bool}
+                                                   -> {"seconds", "token_ids": [[..], ..], "logprobs": [[..], ..] if asked}
     {"cmd": "replay"}                              -> {"seconds", "token_ids", "steps": [..], "metrics": {..}}
     {"cmd": "quit"}
 
 The job: ``model`` (a local HF directory), ``dtype``, ``block_size``, ``num_gpu_blocks`` (vLLM's
 ``num_gpu_blocks_override``, the null block included) or null, ``max_num_seqs``,
 ``max_num_batched_tokens``, ``max_model_len``, ``enable_prefix_caching``, ``enable_chunked_prefill``,
-``seed``, and ``requests``: ``prompt_token_ids``, ``max_tokens``, ``temperature``, ``ignore_eos``, ``seed``.
+``seed``, ``kv_cache_dtype`` ("auto" when absent; "fp8", "fp8_e4m3", "fp8_e5m2": vLLM's, with its default
+scales of 1.0), and ``requests``: ``prompt_token_ids``, ``max_tokens``, ``temperature``, ``ignore_eos``, ``seed``.
 
 A replay records, per engine-core step, what vLLM's own stats say (a custom ``StatLoggerBase``
 receives each step's ``SchedulerStats`` and ``IterationStats``): requests running and waiting,
@@ -40,8 +42,10 @@ def main(job_path: str) -> None:
             break
         steps.clear()
         t0 = time.perf_counter()
-        token_ids = _run(engine, job["requests"], cmd.get("max_tokens"), cmd.get("prefix", "r"))
+        token_ids, logprobs = _run(engine, job["requests"], cmd.get("max_tokens"), cmd.get("prefix", "r"), cmd.get("logprobs", False))
         reply = {"seconds": time.perf_counter() - t0, "token_ids": token_ids}
+        if cmd.get("logprobs"):
+            reply["logprobs"] = logprobs
         if cmd["cmd"] == "replay":
             reply.update(steps=list(steps), metrics=_metrics(steps))
         _say(out, reply)
@@ -85,12 +89,15 @@ def _make_engine(job: dict, steps: list[dict]):
         max_num_seqs=job["max_num_seqs"], max_num_batched_tokens=job.get("max_num_batched_tokens"),
         max_model_len=job.get("max_model_len"), enable_prefix_caching=job.get("enable_prefix_caching", False),
         enable_chunked_prefill=job.get("enable_chunked_prefill"), disable_log_stats=False,
+        kv_cache_dtype=job.get("kv_cache_dtype", "auto"),
     )
     return LLMEngine.from_engine_args(args, stat_loggers=[StepRecorder])
 
 
-def _run(engine, requests: list[dict], max_tokens: list[int] | None, prefix: str) -> list[list[int]]:
-    """Add every request (all arrive at once), step until done; token ids in request order."""
+def _run(engine, requests: list[dict], max_tokens: list[int] | None, prefix: str,
+         logprobs: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Add every request (all arrive at once), step until done; token ids in request order, and with
+    ``logprobs`` each chosen token's log-probability (vLLM's ``logprobs=0``)."""
     from vllm import SamplingParams
 
     _run.calls = getattr(_run, "calls", 0) + 1
@@ -101,18 +108,22 @@ def _run(engine, requests: list[dict], max_tokens: list[int] | None, prefix: str
     for i, r in enumerate(requests):
         params = SamplingParams(
             max_tokens=max_tokens[i] if max_tokens else r["max_tokens"], temperature=r.get("temperature", 0.0),
-            ignore_eos=r.get("ignore_eos", False), seed=r.get("seed"),
+            ignore_eos=r.get("ignore_eos", False), seed=r.get("seed"), logprobs=0 if logprobs else None,
         )
         request_id = f"{prefix}{_run.calls}-{i}"
         engine.add_request(request_id, {"prompt_token_ids": r["prompt_token_ids"]}, params)
         ids.append(request_id)
     _utility(engine, "resume_scheduler")
     done: dict[str, list[int]] = {}
+    chosen: dict[str, list[float]] = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
             if output.finished:
-                done[output.request_id] = list(output.outputs[0].token_ids)
-    return [done[i] for i in ids]
+                completion = output.outputs[0]
+                done[output.request_id] = list(completion.token_ids)
+                if logprobs:  # one {token_id: Logprob} per position; the chosen token is always in it
+                    chosen[output.request_id] = [step[t].logprob for t, step in zip(completion.token_ids, completion.logprobs)]
+    return [done[i] for i in ids], ([chosen[i] for i in ids] if logprobs else None)
 
 
 def _utility(engine, name: str, *args) -> None:

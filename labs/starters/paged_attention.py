@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
+from engine.model_executor import kv_quant
 
 LAB = "paged_attention"  # the lab whose parts this file holds
 
@@ -88,6 +89,8 @@ def paged_attention_reference(
     scale: float,
     plan: TorchStepPlan | None = None,
     sliding_window: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence against its whole context (or its last
     ``sliding_window`` tokens), through its block table.
@@ -107,6 +110,7 @@ def paged_attention_reference(
         plan: the step's :class:`TorchStepPlan` (its gather index is reused by every layer); None: computed here.
         sliding_window: None (or 0) for full attention; W: the query sees its last W positions only, and
             the blocks before them are not read (:func:`window_gather_index`).
+        k_scale, v_scale: fp8 pools only: K and V are read as ``fp8 * k_scale`` and ``fp8 * v_scale``.
 
     Returns:
         ``[num_seqs, num_heads, head_dim]`` in ``query.dtype``.

@@ -51,6 +51,11 @@ together with its ``m`` and ``l``; :mod:`paged_kernels.paged_attention_reduce` t
 A partition that starts past the context (more partitions than blocks) writes
 ``m = -inf, l = 0`` and contributes nothing.
 
+fp8 caches (vLLM's ``kv_cache_dtype="fp8"``; engine/model_executor/kv_quant.py): each tile of K and V is
+loaded as bytes and widened in registers, ``fp8 * k_scale`` (``v_scale``), to the query's dtype before
+its ``tl.dot``: memory traffic is a quarter of fp32's, the arithmetic unchanged (vLLM's Triton
+attention dequantizes the same way).
+
 Padding rows (``context_lens == 0``) run no loop iteration and write zeros; cache slots outside
 a context are never loaded (masked loads), so NaN garbage there cannot leak into the result.
 
@@ -66,7 +71,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-from paged_kernels._common import check_attention_inputs, dot_precision, interpreted, next_pow2
+from paged_kernels._common import FP8_DTYPES, check_attention_inputs, check_scales, dot_precision, interpreted, next_pow2
 from paged_kernels.paged_attention_reduce import paged_attention_reduce
 
 LAB = "triton_decode"  # the lab whose parts this file holds
@@ -78,6 +83,7 @@ def _paged_attention_decode_kernel(
     out_ptr, max_logits_ptr, exp_sums_ptr,
     scale_log2,  # softmax scale * log2(e)
     sliding_window,  # 0: full attention; W: the last W positions only
+    k_scale, v_scale,  # fp8 caches: K and V are read as fp8 * scale
     num_pairs,  # num_seqs * num_kv_heads
     stride_qs, stride_qh, stride_qd,  # query [num_seqs, num_heads, head_dim]
     stride_kb, stride_ko, stride_kh, stride_kd,  # key_cache [block, offset, kv_head, dim]
@@ -96,6 +102,7 @@ def _paged_attention_decode_kernel(
     PAIRS: tl.constexpr,  # (sequence, KV head) pairs per program: 1 on GPU, many in the interpreter
     SPLIT: tl.constexpr,  # True: write partials + (max, sum) for the reduce kernel
     PRECISION: tl.constexpr,  # tl.dot input precision ("ieee" for fp32)
+    FP8: tl.constexpr,  # the caches hold fp8: dequantize each tile in registers
 ):
     # All index math is int64: block_id * stride can pass 2**31 in a large pool (and the
     # interpreter checks every int32 add/mul for overflow, which is slow).
@@ -139,6 +146,8 @@ def _paged_attention_decode_kernel(
         kv_mask = tok_ok[:, :, None] & d_ok[None, None, :]
         k_offs = (block_id * stride_kb + in_block * stride_ko)[:, :, None] + d[None, None, :] * stride_kd
         k = tl.load(k_head[:, None, None] + k_offs, mask=kv_mask, other=0.0)  # [PAIRS, TILE, HEAD_DIM_PAD]
+        if FP8:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
 
         # Logits for every (query head of the group, token of the tile), fp32 accumulate.
         s = tl.dot(q, tl.trans(k, 0, 2, 1), input_precision=PRECISION) * scale_log2  # [PAIRS, GROUP_PAD, TILE]
@@ -151,6 +160,8 @@ def _paged_attention_decode_kernel(
 
         v_offs = (block_id * stride_vb + in_block * stride_vo)[:, :, None] + d[None, None, :] * stride_vd
         v = tl.load(v_head[:, None, None] + v_offs, mask=kv_mask, other=0.0)
+        if FP8:
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         # TODO(triton_decode): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab triton_decode: _paged_attention_decode_kernel")
 

@@ -26,8 +26,9 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const a
 at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up);
 
 // paged_attention.cpp: decode attention through the block tables -> [num_seqs, num_heads, head_dim];
-// sliding_window 0: full attention, W: the last W positions only.
+// sliding_window 0: full attention, W: the last W positions only; fp8 caches read as fp8 * k_scale and fp8 * v_scale.
 at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t sliding_window);
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t sliding_window = 0,
+                                  double k_scale = 1.0, double v_scale = 1.0);
 
 }  // namespace pagedattention_lab

@@ -1,9 +1,9 @@
 // Decode attention on CPU that reads K and V in place through the block table (PagedAttention, paper
 // §4.1; vLLM's paged_attention_v1, and its CPU backend's, compute the same thing):
 //
-//   paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, sliding_window) -> out
+//   paged_attention_decode(query, key_cache, value_cache, block_tables, context_lens, scale, sliding_window, k_scale, v_scale) -> out
 //       query        [num_seqs, num_heads, head_dim]             fp32 or bf16 (may be a strided view)
-//       key_cache    [num_blocks, block_size, num_kv_heads, head_dim]   same dtype, head_dim contiguous
+//       key_cache    [num_blocks, block_size, num_kv_heads, head_dim]   same dtype, or fp8 (e4m3fn, e5m2), head_dim contiguous
 //       value_cache  [num_blocks, block_size, num_kv_heads, head_dim]
 //       block_tables [num_seqs, max_blocks] int32 (may be a view into a wider table)
 //       context_lens [num_seqs] int32, tokens of context (the current token's K and V already written)
@@ -11,6 +11,12 @@
 //                    positions only (Hugging Face's and vLLM's window), and table entries of blocks wholly
 //                    before them are never read (a hybrid KV cache may have freed those blocks)
 //       out          [num_seqs, num_heads, head_dim] in query's dtype; zeros where context_lens == 0
+//       k_scale, v_scale  fp8 caches only: a cached byte b stands for fp8(b) * scale (vLLM's per-tensor k/v scales)
+//
+// fp8 caches (engine/model_executor/kv_quant.py): each byte is widened to fp32 in registers through a
+// 256-entry table (AVX-512: one gather of 16 floats per 16 bytes), never written back. The scales are
+// applied where they cost nothing: q . (k8 * k_scale) = (q * k_scale) . k8, so k_scale joins the softmax
+// scale; sum_i w_i (v8_i * v_scale) = v_scale * sum_i w_i v8_i, so v_scale multiplies the output once.
 //
 // Why: the torch reference (engine/attention.py) first gathers every sequence's K and V into a padded
 // copy, then runs SDPA on it: two copies of the whole context per layer and ~10 operator calls. Here
@@ -55,6 +61,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "vec_exp.h"
@@ -64,10 +71,46 @@ namespace {
 constexpr int64_t kTile = 32;  // positions per online-softmax step
 constexpr int64_t kSpan = 64;  // positions per span (a multiple of 16): K and V of a span's slots are brought into L2 one span ahead
 
-// A K or V row as fp32: fp32 rows are used in place, bf16 rows are widened into `buffer`.
+// The two fp8 forms of a cached element, one byte each (OCP FP8: e4m3fn, largest 448; e5m2, largest 57344).
+struct Fp8E4M3 { uint8_t bits; };
+struct Fp8E5M2 { uint8_t bits; };
+template <typename C> constexpr bool kIsFp8 = false;
+template <> constexpr bool kIsFp8<Fp8E4M3> = true;
+template <> constexpr bool kIsFp8<Fp8E5M2> = true;
+
+// Every byte's value as fp32: sign, `E` exponent bits (bias 2^(E-1) - 1), `M` mantissa bits; exponent 0
+// is subnormal. e4m3fn has no infinities (only 0x7F/0xFF are NaN); e5m2 follows IEEE (all-ones exponent: inf/NaN).
+template <int E, int M, bool kFn>
+const float* fp8_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    const int bias = (1 << (E - 1)) - 1;
+    for (int b = 0; b < 256; ++b) {
+      const int sign = b >> 7, exponent = (b >> M) & ((1 << E) - 1), mantissa = b & ((1 << M) - 1);
+      float v;
+      if (kFn && exponent == (1 << E) - 1 && mantissa == (1 << M) - 1) v = std::numeric_limits<float>::quiet_NaN();
+      else if (!kFn && exponent == (1 << E) - 1) v = mantissa ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+      else if (exponent == 0) v = std::ldexp(static_cast<float>(mantissa), 1 - bias - M);
+      else v = std::ldexp(static_cast<float>((1 << M) + mantissa), exponent - bias - M);
+      t[b] = sign ? -v : v;
+    }
+    return t;
+  }();
+  return table.data();
+}
+inline const float* fp8_values(const Fp8E4M3*) { return fp8_table<4, 3, true>(); }
+inline const float* fp8_values(const Fp8E5M2*) { return fp8_table<5, 2, false>(); }
+
+// A K or V row as fp32: fp32 rows are used in place, bf16 and fp8 rows are widened into `buffer`.
 inline const float* as_float(const float* row, int64_t, float*) { return row; }
 inline const float* as_float(const c10::BFloat16* row, int64_t dim, float* buffer) {
   for (int64_t d = 0; d < dim; ++d) buffer[d] = static_cast<float>(row[d]);
+  return buffer;
+}
+template <typename C, typename = std::enable_if_t<kIsFp8<C>>>
+inline const float* as_float(const C* row, int64_t dim, float* buffer) {
+  const float* values = fp8_values(row);
+  for (int64_t d = 0; d < dim; ++d) buffer[d] = values[row[d].bits];
   return buffer;
 }
 
@@ -81,16 +124,16 @@ struct Layout {  // element strides of the caches and the query, and the shapes
 // One (sequence, KV head): out[h] for the `group` query heads h of KV head `kv`. kDim > 0: head_dim
 // known when compiling (64, 128: the loops over it unroll fully); 0: L.dim.
 // Positions first .. context - 1 are read (first > 0: a sliding window's start).
-template <typename T, int kDim>
-void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t* table, int64_t first, int64_t context, int64_t kv,
-            const Layout& L, float scale, T* out) {
+template <typename T, typename C, int kDim>
+void attend(const T* q, const C* key_cache, const C* value_cache, const int32_t* table, int64_t first, int64_t context, int64_t kv,
+            const Layout& L, float scale, float v_scale, T* out) {
   const int64_t G = L.group, D = kDim > 0 ? kDim : L.dim;
   std::vector<float> work(2 * G * D + G * kTile + kTile * D + D + 2 * G);
   float* qf = work.data();               // [G, D] the group's queries, scaled
   float* acc = qf + G * D;               // [G, D] running sum of softmax weights x V rows
   float* logits = acc + G * D;           // [G, kTile], then the tile's softmax weights
-  float* kbuf = logits + G * kTile;      // [kTile, D] bf16 K rows widened (unused for fp32)
-  float* vbuf = kbuf + kTile * D;        // [D] one bf16 V row widened
+  float* kbuf = logits + G * kTile;      // [kTile, D] bf16/fp8 K rows widened (unused for fp32)
+  float* vbuf = kbuf + kTile * D;        // [D] one bf16/fp8 V row widened
   float* running_max = vbuf + D;         // [G]
   float* denominator = running_max + G;  // [G]
   for (int64_t g = 0; g < G; ++g) {
@@ -99,7 +142,7 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t*
     running_max[g] = -std::numeric_limits<float>::infinity();
     denominator[g] = 0.0f;
   }
-  const T* vrow[kTile];
+  const C* vrow[kTile];
   int64_t block = first / L.block_size, offset = first % L.block_size;  // position p0 + i is slot `offset` of table entry `block`
   for (int64_t p0 = first; p0 < context; p0 += kTile) {
     const int64_t n = context - p0 < kTile ? context - p0 : kTile;
@@ -140,7 +183,8 @@ void attend(const T* q, const T* key_cache, const T* value_cache, const int32_t*
     }
   }
   for (int64_t g = 0; g < G; ++g) {
-    const float inv = context > 0 ? 1.0f / denominator[g] : 0.0f;  // an empty context gives zeros
+    float inv = context > 0 ? 1.0f / denominator[g] : 0.0f;  // an empty context gives zeros
+    if constexpr (kIsFp8<C>) inv *= v_scale;
     T* o = out + (kv * G + g) * D;
     for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[g * D + d] * inv);
   }
@@ -165,6 +209,11 @@ inline int64_t window_first(int64_t context, int64_t window) { return window > 0
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 load16(const c10::BFloat16* p) {  // a bf16 is the top half of a float
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+template <typename C, typename = std::enable_if_t<kIsFp8<C>>>
+inline __m512 load16(const C* p) {  // 16 fp8 bytes -> 16 floats: each byte indexes the format's table
+  const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_i32gather_ps(index, fp8_values(p), 4);
 }
 
 // Lane i of the result is the sum of the 16 lanes of v[(i % 4) * 4 + i / 4] (callers store position p's
@@ -291,13 +340,13 @@ inline void slot_rows(const int32_t* table, int64_t first, int64_t count, const 
 // thread runs) are brought into L2, spread over the span's work: memory is then read at an even pace,
 // in whole slots (the KV heads of a slot lie side by side), while the arithmetic runs.
 // With a sliding window the span walk runs over the window's positions only (rows from its first on).
-template <typename T, int D>
-void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, const int32_t* lens, const Layout& L, float scale,
-               int64_t window, T* op, int64_t num_kv_heads, int64_t t0, int64_t t1) {
+template <typename T, typename C, int D>
+void run_spans(const T* qp, const C* kp, const C* vp, const int32_t* tables, const int32_t* lens, const Layout& L, float scale,
+               int64_t window, float v_scale, T* op, int64_t num_kv_heads, int64_t t0, int64_t t1) {
   constexpr int kChunk = 256 / D;  // query heads per attend_span call: 16 accumulator vectors, as many for the queries
   const int64_t G = L.group, chunks = (G + kChunk - 1) / kChunk;
-  static const SpanFn<T, D> spans[] = {attend_span<T, D, 1>, attend_span<T, D, (kChunk >= 2 ? 2 : 1)>,
-                                       attend_span<T, D, (kChunk >= 3 ? 3 : 1)>, attend_span<T, D, (kChunk >= 4 ? 4 : 1)>};
+  static const SpanFn<C, D> spans[] = {attend_span<C, D, 1>, attend_span<C, D, (kChunk >= 2 ? 2 : 1)>,
+                                       attend_span<C, D, (kChunk >= 3 ? 3 : 1)>, attend_span<C, D, (kChunk >= 4 ? 4 : 1)>};
   std::vector<int64_t> rows, next_rows, kv_rows;
   std::vector<float> qf, acc, running_max, denominator;
   int64_t prefetched_seq = -1;  // the sequence whose first span was brought in ahead
@@ -312,8 +361,8 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
       const T* qh = qp + s * L.q_seq + (kv_a * G + h) * L.q_head;
       for (int64_t d = 0; d < D; ++d) qf[h * D + d] = static_cast<float>(qh[d]) * scale;
     }
-    const int64_t own_from = kv_a * D * static_cast<int64_t>(sizeof(T));
-    const int64_t own_lines = ((kv_b - kv_a) * D * static_cast<int64_t>(sizeof(T)) + 63) / 64;
+    const int64_t own_from = kv_a * D * static_cast<int64_t>(sizeof(C));
+    const int64_t own_lines = ((kv_b - kv_a) * D * static_cast<int64_t>(sizeof(C)) + 63) / 64;
     kv_rows.resize(context);
     for (int64_t b = 0; b < context; b += kSpan) {
       const int64_t e = context - b < kSpan ? context : b + kSpan;
@@ -326,7 +375,7 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
         const int64_t n = next_context < kSpan ? next_context : kSpan;
         const int64_t kv_end = t1 - (s + 1) * num_kv_heads < num_kv_heads ? t1 - (s + 1) * num_kv_heads : num_kv_heads;
         slot_rows(tables + (s + 1) * L.table_seq, next_first, n, L, next_rows);
-        next = Prefetch{next_rows.data(), n, 0, (kv_end * D * static_cast<int64_t>(sizeof(T)) + 63) / 64};
+        next = Prefetch{next_rows.data(), n, 0, (kv_end * D * static_cast<int64_t>(sizeof(C)) + 63) / 64};
         prefetched_seq = s + 1;
       }
       const bool cold = b == 0 && prefetched_seq != s;  // nothing brought this span in: the first KV head fetches it
@@ -345,7 +394,8 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
       }
     }
     for (int64_t h = 0; h < heads; ++h) {
-      const float inv = context > 0 ? 1.0f / denominator[h] : 0.0f;  // an empty context gives zeros
+      float inv = context > 0 ? 1.0f / denominator[h] : 0.0f;  // an empty context gives zeros
+      if constexpr (kIsFp8<C>) inv *= v_scale;
       T* o = op + s * (L.group * num_kv_heads) * D + (kv_a * G + h) * D;
       for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[h * D + d] * inv);
     }
@@ -355,16 +405,17 @@ void run_spans(const T* qp, const T* kp, const T* vp, const int32_t* tables, con
 #endif
 
 // Every (sequence, KV head) of the batch, shared out among threads in contiguous ranges of tasks.
-template <typename T>
+template <typename T, typename C>
 void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache, const int32_t* tables,
-         const int32_t* lens, const Layout& L, float scale, int64_t window, at::Tensor& out) {
+         const int32_t* lens, const Layout& L, float scale, int64_t window, float v_scale, at::Tensor& out) {
   const int64_t num_kv_heads = key_cache.size(2), num_heads = q.size(1);
-  const T *qp = q.data_ptr<T>(), *kp = key_cache.data_ptr<T>(), *vp = value_cache.data_ptr<T>();
+  const T* qp = q.data_ptr<T>();
+  const C *kp = static_cast<const C*>(key_cache.data_ptr()), *vp = static_cast<const C*>(value_cache.data_ptr());
   T* op = out.data_ptr<T>();
   at::parallel_for(0, q.size(0) * num_kv_heads, 1, [&](int64_t t0, int64_t t1) {
 #if defined(__AVX512F__)
-    if (L.dim == 64) return run_spans<T, 64>(qp, kp, vp, tables, lens, L, scale, window, op, num_kv_heads, t0, t1);
-    if (L.dim == 128) return run_spans<T, 128>(qp, kp, vp, tables, lens, L, scale, window, op, num_kv_heads, t0, t1);
+    if (L.dim == 64) return run_spans<T, C, 64>(qp, kp, vp, tables, lens, L, scale, window, v_scale, op, num_kv_heads, t0, t1);
+    if (L.dim == 128) return run_spans<T, C, 128>(qp, kp, vp, tables, lens, L, scale, window, v_scale, op, num_kv_heads, t0, t1);
 #endif
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t s = t / num_kv_heads, kv = t % num_kv_heads;
@@ -372,11 +423,11 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
       T* os = op + s * num_heads * L.dim;
       const int64_t first = window_first(lens[s], window);
       if (L.dim == 64)
-        attend<T, 64>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, os);
+        attend<T, C, 64>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, v_scale, os);
       else if (L.dim == 128)
-        attend<T, 128>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, os);
+        attend<T, C, 128>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, v_scale, os);
       else
-        attend<T, 0>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, os);
+        attend<T, C, 0>(qs, kp, vp, tables + s * L.table_seq, first, lens[s], kv, L, scale, v_scale, os);
     }
   });
 }
@@ -387,7 +438,8 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
 namespace pagedattention_lab {
 
 at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t sliding_window) {
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale, int64_t sliding_window,
+                                  double k_scale, double v_scale) {
   TORCH_CHECK(sliding_window >= 0, "paged_attention_decode: sliding_window must be 0 (full attention) or positive, got ", sliding_window);
   TORCH_CHECK(query.dim() == 3, "paged_attention_decode: query must be [num_seqs, num_heads, head_dim], got ", query.sizes());
   TORCH_CHECK(key_cache.dim() == 4 && value_cache.sizes() == key_cache.sizes(),
@@ -402,8 +454,13 @@ at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key
               block_tables.sizes(), " ", block_tables.scalar_type());
   TORCH_CHECK(context_lens.dim() == 1 && context_lens.size(0) == S && context_lens.scalar_type() == at::kInt,
               "paged_attention_decode: context_lens must be [num_seqs] int32 with num_seqs = ", S);
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() && value_cache.scalar_type() == key_cache.scalar_type(),
-              "paged_attention_decode: query and caches must share one dtype");
+  const at::ScalarType cache_type = key_cache.scalar_type();
+  const bool fp8 = cache_type == at::kFloat8_e4m3fn || cache_type == at::kFloat8_e5m2;
+  TORCH_CHECK(value_cache.scalar_type() == cache_type && (fp8 || query.scalar_type() == cache_type),
+              "paged_attention_decode: query and caches must share one dtype, or the caches be fp8 of one form (e4m3fn, e5m2); got ", query.scalar_type(),
+              ", ", cache_type, " and ", value_cache.scalar_type());
+  TORCH_CHECK(!fp8 || (k_scale > 0 && v_scale > 0 && std::isfinite(k_scale) && std::isfinite(v_scale)),
+              "paged_attention_decode: k_scale and v_scale must be finite and > 0, got ", k_scale, " and ", v_scale);
   TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
               "paged_attention_decode: float32 or bfloat16 only, got ", query.scalar_type());
   for (const at::Tensor* t : {&query, &key_cache, &value_cache, &block_tables, &context_lens})
@@ -429,18 +486,30 @@ at::Tensor paged_attention_decode(const at::Tensor& query, const at::Tensor& key
   if (S == 0 || H == 0 || D == 0) return out.zero_();
   const Layout L{block_size, H / Hkv, D, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
                  q.stride(0), q.stride(1), block_tables.stride(0), block_tables.stride(1)};
-  const float sc = static_cast<float>(scale);
-  if (q.scalar_type() == at::kFloat)
-    run<float>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, out);
+  const bool f32 = q.scalar_type() == at::kFloat;
+  if (!fp8) {
+    const float sc = static_cast<float>(scale);
+    if (f32)
+      run<float, float>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, 1.0f, out);
+    else
+      run<c10::BFloat16, c10::BFloat16>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, 1.0f, out);
+    return out;
+  }
+  const float sc = static_cast<float>(scale * k_scale), vs = static_cast<float>(v_scale);  // see the top of this file
+  if (cache_type == at::kFloat8_e4m3fn)
+    f32 ? run<float, Fp8E4M3>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, vs, out)
+        : run<c10::BFloat16, Fp8E4M3>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, vs, out);
   else
-    run<c10::BFloat16>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, out);
+    f32 ? run<float, Fp8E5M2>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, vs, out)
+        : run<c10::BFloat16, Fp8E5M2>(q, key_cache, value_cache, tp, lp, L, sc, sliding_window, vs, out);
   return out;
 }
 
 }  // namespace pagedattention_lab
 
 TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
-  m.def("paged_attention_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor context_lens, float scale, int sliding_window=0) -> Tensor");
+  m.def("paged_attention_decode(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor context_lens, float scale, "
+        "int sliding_window=0, float k_scale=1.0, float v_scale=1.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) { m.impl("paged_attention_decode", &pagedattention_lab::paged_attention_decode); }

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from engine.config import (ALLOCATORS, ATTENTION_BACKENDS, DTYPES, DEVICES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS, EngineConfig,
-                           add_prefix_cache_args, prefix_cache_kwargs)
+from engine.config import (ALLOCATORS, ATTENTION_BACKENDS, DTYPES, DEVICES, KV_CACHE_DTYPES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS,
+                           EngineConfig, add_prefix_cache_args, prefix_cache_kwargs)
 
 GIB = 1 << 30
 
@@ -39,6 +39,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=False,
                    help="cut prompts into chunks that fit the step's token budget, decodes first")
     g.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="the KV pool's element type: auto (the model's dtype), fp8 / fp8_e4m3, fp8_e5m2 (one byte per element)")
     g.add_argument("--device", choices=DEVICES, default="auto", help="where the model runs; auto: CUDA when present, else the CPU")
     g.add_argument("--seed", type=int, default=0, help="seeds requests that give no seed (default: 0)")
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
@@ -96,6 +98,7 @@ def engine_config(args) -> EngineConfig:
         preemption_mode=args.preemption_mode, swap_space=None if args.swap_space is None else int(args.swap_space * GIB),
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_null_block=args.reserve_null_block,
         **prefix_cache_kwargs(args),
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 
