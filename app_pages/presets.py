@@ -104,7 +104,7 @@ PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in
                                          prefix_caching=True, chat=True)
 
 # A hybrid KV cache (vLLM v1's): Gemma 3 270M (the extra "gemma") on a prompt longer than its 512-token sliding
-# window. After the prefill every group holds the prompt's 50 blocks; from the first decode on each of the five
+# window (593 tokens). After the prefill every group holds the prompt's 38 blocks; from the first decode on each of the five
 # sliding-window groups frees the blocks wholly before the window (FREE "out of the sliding window") and holds 33,
 # while the full-attention group grows. Its pool counts pages of 3 layers: 6 groups.
 GEMMA_MODEL = "gemma-3-270m"

@@ -21,7 +21,7 @@ MODEL_ENV = "PAGEDATTENTION_LAB_MODEL"  # tests point the app at a tiny model wi
 
 # Classroom bounds: a laptop must stay responsive whatever a student types.
 MAX_REQUESTS = 16
-MAX_PROMPT_CHARS = 1000
+MAX_PROMPT_CHARS = 4000  # a prompt past Gemma 3's 512-token sliding window (its preset's: 2,727) fits
 MAX_NEW_TOKENS = 256
 MAX_BLOCKS = 512
 MAX_MIB = 256

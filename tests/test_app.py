@@ -9,6 +9,7 @@ from pathlib import Path
 # The Kernel lab runs the Triton kernels in this process: under Triton's interpreter where there is no GPU,
 # which ``import paged_kernels`` chooses, before anything (torch's own Triton-backed modules) imports Triton.
 import paged_kernels  # noqa: F401, I001
+import pandas as pd
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -18,7 +19,7 @@ APP = str(Path(__file__).resolve().parent.parent / "app.py")
 from app_pages.presets import PRESETS
 
 DEFAULT_MODEL_PRESETS = [n for n in PRESETS if "model" not in PRESETS[n]]  # the Gemma preset: tests/test_app_hybrid_browser.py
-from app_pages.state import MODEL_ENV, Settings, add_workload, build_engine
+from app_pages.state import MAX_PROMPT_CHARS, MODEL_ENV, Settings, add_workload, build_engine, clean_workload
 
 
 @pytest.fixture
@@ -713,6 +714,16 @@ def _preset_state(at: AppTest) -> tuple:
 
     return (at.session_state["settings"], clean_workload(at.session_state["workload_df"]),
             any(s.key == "temperature" for s in at.sidebar.slider))
+
+
+def test_every_presets_prompts_reach_the_engine_whole():
+    """A preset's prompt cut to the page's limit would show another lesson: the Gemma preset's prompt must
+    stay past the 512-token window."""
+    for name, preset in PRESETS.items():
+        frame = pd.DataFrame({"prompt": [p for p, _ in preset["rows"]], "max_tokens": [n for _, n in preset["rows"]]})
+        assert clean_workload(frame) == [
+            (p, n) for p, n in preset["rows"]], name
+    assert max(len(p) for p, _ in PRESETS["preset_gemma_sliding_window"]["rows"]) <= MAX_PROMPT_CHARS
 
 
 def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
