@@ -76,7 +76,8 @@ def measure_machine(copy_mb: int = 256, matmul_n: int = 2048, repeats: int = 5, 
 
     Args:
         copy_mb: size of the copied buffer in MB (1e6 bytes); far above the last-level cache.
-        matmul_n: the matmul is ``[n, n] @ [n, n]`` (``torch.mm``: MKL on x86 in float32; and through oneDNN).
+        matmul_n: the matmul is ``[n, n] @ [n, n]`` (``torch.mm``: MKL on x86 in float32; and through oneDNN),
+            in bfloat16 halved while one would take over :data:`MATMUL_BUDGET_S` (emulated bfloat16).
         repeats: runs of each, after one warm-up; the best is kept (STREAM's convention: the machine
             can do at least that).
         dtype: the matmuls' dtype, the model's (float32 or bfloat16); the bandwidth is measured in float32
@@ -93,15 +94,38 @@ def measure_machine(copy_mb: int = 256, matmul_n: int = 2048, repeats: int = 5, 
     dst = torch.empty_like(src)
     copy_s = _best_time(lambda: dst.copy_(src), repeats)
     read_s = _best_time(src.sum, repeats)
+    if dtype == torch.bfloat16:
+        matmul_n = _affordable_n(matmul_n, dtype)
     a, b = torch.randn(matmul_n, matmul_n, dtype=dtype), torch.randn(matmul_n, matmul_n, dtype=dtype)
     matmul_s = _best_time(lambda: torch.mm(a, b), repeats)
     onednn_s = None
     if torch.backends.mkldnn.is_available():  # the same matmul on tensors in oneDNN's layout: F.linear runs oneDNN's
         a_onednn, b_onednn = a.to_mkldnn(), b.to_mkldnn()
-        onednn_s = _best_time(lambda: F.linear(a_onednn, b_onednn), repeats)
+        try:
+            onednn_s = _best_time(lambda: F.linear(a_onednn, b_onednn), repeats)
+        except RuntimeError:  # oneDNN's bfloat16 linear wants AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT
+            onednn_s = None
     flops = 2 * matmul_n**3
     return MachinePeaks(2 * src.nbytes / copy_s / 1e9, flops / matmul_s / 1e9, torch.get_num_threads(), src.nbytes / read_s / 1e9,
                         flops / onednn_s / 1e9 if onednn_s else None, str(dtype).replace("torch.", ""))
+
+
+MATMUL_BUDGET_S = 0.25  # the longest one timed matmul may take
+
+
+def _affordable_n(matmul_n: int, dtype: torch.dtype) -> int:
+    """``matmul_n``, halved (not below 256) while one ``[n, n] @ [n, n]`` would take over
+    :data:`MATMUL_BUDGET_S`, judged from a 256 matmul's time and n**3. A CPU without native bfloat16
+    (no AVX512-BF16 or AMX) runs bfloat16 matmuls emulated, some 50x slower than float32: at 2048 one
+    takes seconds, and the bench measures its peaks once per run."""
+    probe = torch.randn(256, 256, dtype=dtype)
+    torch.mm(probe, probe)
+    t0 = time.perf_counter()
+    torch.mm(probe, probe)
+    t256 = time.perf_counter() - t0
+    while matmul_n > 256 and t256 * (matmul_n / 256) ** 3 > MATMUL_BUDGET_S:
+        matmul_n //= 2
+    return matmul_n
 
 
 def _best_time(run, repeats: int) -> float:
