@@ -328,7 +328,7 @@ def test_workload_editor_says_what_it_changes(app: AppTest):
     notes = [w.value for w in app.warning]
     assert "Row 0: max tokens 999999 is outside 1–256, so 256 is used." in notes
     assert any(n.startswith("Row 1: the prompt is empty, so the row is left out") for n in notes)
-    assert "Row 2: the prompt has 6600 characters; only the first 1000 are sent (a classroom bound)." in notes
+    assert "Row 2: the prompt has 6600 characters; only the first 4000 are sent (a classroom bound)." in notes
     assert "Row 2: max tokens -5 is outside 1–256, so 1 is used." in notes
     assert not any(n.startswith("Row 3") for n in notes)
     assert "Row 4: max tokens is empty, so 32 is used." in notes
