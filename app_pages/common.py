@@ -74,7 +74,7 @@ def refuse_unsafe_serving(lang: str) -> None:
 
 
 STAGES = (  # (the start of engine.model_executor.model_loader's / engine.cpu.ops's stage text, its i18n key)
-    ("Downloading", "stage_download"), ("Extracting", "stage_check"), ("Checking sha256", "stage_check"),
+    ("Downloading", "stage_download"), ("Assembling", "stage_assemble"), ("Extracting", "stage_check"), ("Checking sha256", "stage_check"),
     ("Converting", "stage_convert"), ("The converted model", "stage_reconvert"), ("Loading weights", "stage_weights"),
     ("Building the engine's CPU kernels", "stage_kernels"), ("Waiting for process", "stage_kernels"),
 )

@@ -32,7 +32,7 @@ def test_every_reported_stage_is_translated():
         for lang in ("en", "zh"):
             text = stage_text(stage, lang)
             assert text != stage, f"untranslated stage: {stage!r}"
-    assert {key for _, key in STAGES} <= {k for k in ("stage_download", "stage_check", "stage_convert", "stage_reconvert",
+    assert {key for _, key in STAGES} <= {k for k in ("stage_download", "stage_assemble", "stage_check", "stage_convert", "stage_reconvert",
                                                       "stage_weights", "stage_kernels")}
 
 

