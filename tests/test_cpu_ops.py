@@ -615,18 +615,21 @@ def test_prefill_sized_matmuls_go_to_mkl_on_intel_cpus_only(kernel, monkeypatch)
 
 
 @pytest.mark.skipif(not (sys.platform == "linux" and os.uname().machine == "x86_64" and shutil.which("c++")),
-                    reason="checks the x86-64 build without AVX-512 (Linux, a C++ compiler)")
-def test_the_kernels_compile_for_a_cpu_without_avx512():
-    """Most laptops have no AVX-512: the sources compile with it off (the scalar paths alone), whatever this
-    machine has. A helper defined only under ``#if defined(__AVX512F__)`` and used outside it fails here."""
+                    reason="checks the x86-64 builds with and without AVX-512 (Linux, a C++ compiler)")
+@pytest.mark.parametrize("march", ["-march=x86-64-v3 -mno-avx512f", "-march=sapphirerapids"])
+def test_the_kernels_compile_for_cpus_with_and_without_avx512(march):
+    """Most laptops have no AVX-512, most servers have it (with AVX512-BF16 and AMX on Sapphire Rapids):
+    the sources compile for both, whatever this machine has, so each path is checked where the other
+    one runs. A helper defined only under ``#if defined(__AVX512F__)`` and used outside it, or a
+    signature changed on one side only, fails here."""
     from torch.utils.cpp_extension import include_paths
     import sysconfig
 
-    flags = ["c++", "-std=c++20", "-fsyntax-only", "-fopenmp", "-march=x86-64-v3", "-mno-avx512f",
+    flags = ["c++", "-std=c++20", "-fsyntax-only", "-fopenmp", *march.split(),
              "-DTORCH_EXTENSION_NAME=syntax_check", "-DTORCH_API_INCLUDE_EXTENSION_H",
              *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}"]
     jobs = [subprocess.Popen([*flags, str(source)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for source in cpu_ops.SOURCES]
     for source, job in zip(cpu_ops.SOURCES, jobs):
         out, _ = job.communicate(timeout=600)
-        assert job.returncode == 0, f"{source.name} without AVX-512:\n{out[-3000:]}"
+        assert job.returncode == 0, f"{source.name} with {march}:\n{out[-3000:]}"
