@@ -59,10 +59,9 @@ def step_beside(step):
     return report
 
 
-def view(reports: list, block_size: int, lang: str) -> None:
-    """The first difference so far, and both engines' block tables and pools at its step."""
-    from app_pages.live import block_tables_html, pool_view
-
+def view(reports: list, block_size: int, lang: str, block_tables_html, pool_view) -> None:
+    """The first difference so far, and both engines' block tables and pools at its step, drawn with the
+    Live page's own ``block_tables_html`` and ``pool_view`` (passed in: this module is one the page imports)."""
     if st.session_state.get("lab_impl") and st.session_state.get("chat"):
         st.caption(t("beside_no_chat", lang))
     beside = st.session_state.get("beside")

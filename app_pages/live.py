@@ -219,7 +219,7 @@ def live_view() -> None:
         return
     controls(llm, lang)
     reports = st.session_state.get("reports", [])
-    beside_panel.view(reports, llm.config.block_size, lang)
+    beside_panel.view(reports, llm.config.block_size, lang, block_tables_html, pool_view)
     prompts = live_prompts(llm, st.session_state.get("request_ids", []))
     if not reports:
         st.info(t("no_steps_yet", lang))
