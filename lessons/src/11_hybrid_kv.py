@@ -52,6 +52,9 @@ try:
     import engine  # noqa: F401
 except ImportError:
     sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+# The check's own recomputation, lessons/checks.py, sits in the repository beside the lessons
+sys.path += [str(p) for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().resolve().parents)
+             if (p / "lessons" / "checks.py").is_file()][:1]
 
 from engine.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from engine.core.kv_cache_interface import FULL_ATTENTION, gemma3_layer_types, get_kv_cache_config, kv_bytes_per_request, layer_specs

@@ -50,6 +50,9 @@ try:
     import engine  # noqa: F401
 except ImportError:
     sys.path.insert(0, str(next(p for p in pathlib.Path.cwd().resolve().parents if (p / "engine").is_dir())))
+# The check's own recomputation, lessons/checks.py, sits in the repository beside the lessons
+sys.path += [str(p) for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().resolve().parents)
+             if (p / "lessons" / "checks.py").is_file()][:1]
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.model_executor.model_loader import load_model
