@@ -95,10 +95,10 @@ def teacher_controls(page, timeout_s: float = 60) -> None:
     for name in ("Step", "Pause", "Run"):
         button(page, name).first.wait_for(timeout=timeout_s * 1000)
     panel = page.locator('[data-testid="stExpander"]').filter(has_text="Engine server").first
-    if not panel.get_by_role("button", name="Detach", exact=True).first.is_visible():
+    if panel.locator("details").first.get_attribute("open") is None:  # folded: unfold it (a click on an open one folds it)
         panel.locator("summary").first.click()
     for name in ("Detach", "Stop the server"):
-        panel.get_by_role("button", name=name, exact=True).first.wait_for(timeout=10_000)
+        panel.get_by_role("button", name=name, exact=True).first.wait_for(timeout=30_000)
 
 
 def no_controls(page) -> None:
