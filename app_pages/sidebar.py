@@ -51,8 +51,8 @@ def lab_choice(lang: str) -> str | None:
 
     options = [LAB_OFF] + [p.stem for p in sorted(STARTERS.glob("*.py"))] + [LAB_CUSTOM]
     names = {LAB_OFF: t("labs_engine", lang), LAB_CUSTOM: t("labs_custom", lang)}
-    choice = st.sidebar.selectbox(t("labs_impl", lang), options, key="labs_impl", help=t("labs_impl_help", lang),
-                                  format_func=lambda o: names.get(o, o))
+    choice = localized_choice(st.sidebar.selectbox, t("labs_impl", lang), options, "labs_impl", lang,
+                              lambda o: names.get(o, o), help=t("labs_impl_help", lang))
     impl = None
     if choice == LAB_CUSTOM:
         impl = st.sidebar.text_input(t("labs_path", lang), key="labs_path").strip() or None
