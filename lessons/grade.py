@@ -1,13 +1,14 @@
 """Grade labs: run each lab's tests on the chosen implementation, one pytest process per lab.
 
-``python -m lessons grade [LAB ...] [--impl solution|starter|PATH] [--json] [--gradescope FILE] [--tests DIR]``
+``python -m lessons grade [LAB ...] [--impl solution|starter|PATH] [--json] [--gradescope FILE] [--tests DIR] [--jobs N]``
 
 Each lab's tests (``labs/tests/test_lab_<lab>.py``; a find-the-bug lab runs the tests of the lab it
 copies) run in a subprocess of their own with ``LAB_IMPL`` naming the implementation
 (``engine/core/lab_impl.py``), under pytest-timeout: a student's crash, endless loop or import error
-costs that lab's points and the next lab runs. Every lab is worth :data:`POINTS` points, shared evenly
-by its tests; a failed test prints its message as the hint. ``--tests DIR`` adds a teacher's hidden
-tests (``DIR/test_lab_<lab>*.py``), which Gradescope shows only once grades are published.
+costs that lab's points and the next lab runs. Labs run side by side (``--jobs``, by default the
+machine's cores, at most 4). Every lab is worth :data:`POINTS` points, shared evenly by its tests;
+a failed test prints its message as the hint. ``--tests DIR`` adds a teacher's hidden tests
+(``DIR/test_lab_<lab>*.py``), which Gradescope shows only once grades are published.
 The exit status is 0 only when every chosen lab scores full marks.
 
 ``--impl``: ``solution`` (the engine's own parts), ``starter`` (``labs/starters/``), a directory of the
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +37,7 @@ POINTS = 10.0
 TEST_TIMEOUT_S = 60  # per test (pytest-timeout)
 LAB_REPORT_ENV = "LAB_REPORT"  # where a lab's tests may write what they measured (the open lab's simulation)
 LAB_TIMEOUT_S = 600  # per lab's whole pytest run
+DEFAULT_JOBS = max(1, min(4, os.cpu_count() or 1))
 
 
 @dataclass
@@ -139,27 +142,25 @@ def _location(text: str) -> str:
 
 def run_lab(lab: Lab, impl: str, hidden_dir: Path | None = None, timeout_s: int = LAB_TIMEOUT_S,
             test_timeout_s: int = TEST_TIMEOUT_S) -> LabResult:
+    """Grade one lab in a pytest process of its own; safe to call from several threads at once."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "measured.json"
-        os.environ[LAB_REPORT_ENV] = str(report)
-        try:
-            result = _run_tests(lab, impl, hidden_dir, timeout_s, test_timeout_s)
-            yours = json.loads(report.read_text()) if report.is_file() else None
-            if yours is not None:  # a lab measured on the simulator: rank it beside FCFS and the model answer
-                report.unlink()
-                if impl != "solution":
-                    _run_tests(lab, "solution", None, timeout_s, test_timeout_s)
-                answer = json.loads(report.read_text()) if report.is_file() else {}
-                rows = [{"policy": "model answer" if impl == "solution" else "yours", **yours["yours"]}, {"policy": "FCFS", **yours["fcfs"]}]
-                if answer:
-                    rows.insert(1, {"policy": "model answer", **answer["yours"]})
-                result.ranking = sorted(rows, key=lambda row: row["ttft_p90_s"])
-        finally:
-            os.environ.pop(LAB_REPORT_ENV, None)
+        result = _run_tests(lab, impl, hidden_dir, timeout_s, test_timeout_s, report)
+        yours = json.loads(report.read_text()) if report.is_file() else None
+        if yours is not None:  # a lab measured on the simulator: rank it beside FCFS and the model answer
+            report.unlink()
+            if impl != "solution":
+                _run_tests(lab, "solution", None, timeout_s, test_timeout_s, report)
+            answer = json.loads(report.read_text()) if report.is_file() else {}
+            rows = [{"policy": "model answer" if impl == "solution" else "yours", **yours["yours"]}, {"policy": "FCFS", **yours["fcfs"]}]
+            if answer:
+                rows.insert(1, {"policy": "model answer", **answer["yours"]})
+            result.ranking = sorted(rows, key=lambda row: row["ttft_p90_s"])
     return result
 
 
-def _run_tests(lab: Lab, impl: str, hidden_dir: Path | None, timeout_s: int, test_timeout_s: int) -> LabResult:
+def _run_tests(lab: Lab, impl: str, hidden_dir: Path | None, timeout_s: int, test_timeout_s: int,
+               measured: Path | None = None) -> LabResult:
     folder = Path(impl).expanduser()
     if impl not in ("solution", "starter") and folder.is_dir() and not (folder / f"{lab.name}.py").is_file():
         # Without the student's file the engine's own part would run: no points for a lab not handed in.
@@ -171,7 +172,9 @@ def _run_tests(lab: Lab, impl: str, hidden_dir: Path | None, timeout_s: int, tes
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", f"--timeout={test_timeout_s}",
                "--tb=short", "-o", "junit_family=xunit1", f"--junitxml={report}", "--rootdir", str(ROOT), *map(str, own + hidden)]
         chosen = impl_env(lab, impl)
-        env = {k: v for k, v in os.environ.items() if k not in (LAB_IMPL_ENV, LAB_ONLY_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in (LAB_IMPL_ENV, LAB_ONLY_ENV, LAB_REPORT_ENV)}
+        if measured is not None:
+            env[LAB_REPORT_ENV] = str(measured)
         env.update(chosen, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         try:
             done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -263,15 +266,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tests", type=Path, metavar="DIR", help="a directory of hidden tests to add (test_lab_<lab>*.py)")
     parser.add_argument("--timeout", type=int, default=TEST_TIMEOUT_S, metavar="S",
                         help=f"seconds one test may run before it fails (default {TEST_TIMEOUT_S}: an endless loop costs one test)")
+    parser.add_argument("--jobs", "-j", type=int, default=DEFAULT_JOBS, metavar="N",
+                        help=f"labs graded at once, each in its own process (default {DEFAULT_JOBS}: this machine's cores, at most 4)")
     args = parser.parse_args(argv)
     if args.tests is not None and not args.tests.is_dir():
         parser.error(f"--tests {args.tests}: not a directory")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: at least 1")
     labs = labs_for(args.impl, args.labs)
     results = []
-    for lab in labs:
-        results.append(run_lab(lab, args.impl, args.tests, test_timeout_s=args.timeout))
-        if not args.json:  # one lab at a time, as it is graded
-            print("\n".join(format_text(results[-1:], args.impl).splitlines()[1:-1]), flush=True)
+    # Each lab is its own pytest process, so labs run side by side; results print in the labs' order.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for result in pool.map(lambda lab: run_lab(lab, args.impl, args.tests, test_timeout_s=args.timeout), labs):
+            results.append(result)
+            if not args.json:  # one lab at a time, as it is graded
+                print("\n".join(format_text(results[-1:], args.impl).splitlines()[1:-1]), flush=True)
     if args.gradescope:
         args.gradescope.parent.mkdir(parents=True, exist_ok=True)
         args.gradescope.write_text(json.dumps(gradescope(results), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
