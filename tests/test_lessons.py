@@ -6,10 +6,10 @@ The Chinese text itself (Markdown cells, checked without running) keeps no Engli
 loan words, names and code (``visualize.i18n.english_words``), renders each term as the glossary says
 (``visualize.i18n.GLOSSARY``: 提示词, 分块, 空闲列表, 访存受限...) and puts each paragraph on one line.
 
-Each notebook is executed once per language: cells run in order until the check cell (which must print
-FAIL, the exercise still holding its ``None`` placeholders); then the solution from
-``lessons/solutions/<name>.py`` runs in the same kernel, the check cell runs again and must print PASS,
-and the remaining cells run. No cell may raise. In the Chinese notebooks, the text of every chart drawn
+Each notebook is executed once per language, both languages side by side: cells run in order until the
+check cell (which must print FAIL, the exercise still holding its ``None`` placeholders); then the
+solution from ``lessons/solutions/<name>.py`` runs in the same kernel, the check cell runs again and
+must print PASS, and the remaining cells run. No cell may raise. In the Chinese notebooks, the text of every chart drawn
 (titles, axis and tick labels, legends, annotations) is read back at the end and must not be English,
 nor may the lines its code cells print (their data aside: quoted model text, token ids, block tables).
 
@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -250,9 +251,27 @@ def test_exercise_is_handed_out_with_none_placeholders(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lang", LANGS)
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(lang, name, record_property):
+def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(name, record_property):
+    """Both languages' notebooks at once, a kernel each: each kernel runs on one thread (OMP_NUM_THREADS=1),
+    so side by side they take the time of one. A failure names its language."""
+    with ThreadPoolExecutor(max_workers=len(LANGS)) as pool:
+        runs = {lang: pool.submit(_run_notebook, lang, name) for lang in LANGS}
+    failures = []
+    for lang, run in runs.items():
+        try:
+            record_property(f"seconds_{lang}", run.result())
+        except BaseException as error:  # noqa: BLE001 - each language's failure is reported, then raised
+            failures.append(error)
+    if len(failures) == 1:
+        raise failures[0]
+    if failures:
+        raise AssertionError("\n".join(f"{type(e).__name__}: {e}" for e in failures))
+
+
+def _run_notebook(lang: str, name: str) -> float:
+    """Run one lesson notebook top to bottom with its exercise as handed out, solved and (where one is
+    kept) answered wrongly; the checks described in this module's docstring. Returns its seconds."""
     from nbclient import NotebookClient
 
     path = LESSONS / lang / f"{name}.ipynb"
@@ -286,7 +305,6 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
     chart_texts = json.loads(_printed(reader))
     printed = "".join(_printed(c) for c in nb.cells if c.cell_type == "code" and c is not reader)
     seconds = time.perf_counter() - start
-    record_property("seconds", round(seconds, 1))
     print(f"{lang}/{name}: {seconds:.1f} s")
     assert checked, f"{lang}/{name}: no check cell ran"
     if lang == "zh" and name not in CHARTS_LEFT_IN_ENGLISH:
@@ -299,6 +317,7 @@ def test_notebook_runs_and_its_check_fails_as_handed_out_and_passes_when_solved(
         assert english == [], f"zh/{name}: English in its printed output: {english}"
         badly_set = _chinese_typesetting(printed)
         assert badly_set == [], f"zh/{name}: a space after full-width punctuation, or a constant's name, in: {badly_set}"
+    return round(seconds, 1)
 
 
 @pytest.mark.slow
