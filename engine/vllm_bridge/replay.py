@@ -69,8 +69,9 @@ def replay_settings(
     }, notes
 
 
-def make_engine(settings: dict):
-    """The lab's engine for these replay settings (paged, float32 as vLLM's side, on CUDA too)."""
+def make_engine(settings: dict, loaded_model=None):
+    """The lab's engine for these replay settings (paged, float32 as vLLM's side, on CUDA too);
+    ``loaded_model``: the model already loaded (``engine.model_executor.model_loader``'s), to share its tensors."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from engine.runfile import DEFAULT_MODEL
@@ -81,7 +82,7 @@ def make_engine(settings: dict):
         kv_cache_memory=settings["kv_cache_memory"], max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"], seed=settings["seed"], dtype="float32",
         enable_prefix_caching=settings["enable_prefix_caching"], enable_chunked_prefill=settings["enable_chunked_prefill"],
-    ))
+    ), loaded_model=loaded_model)
 
 
 def sampling(settings: dict, requests) -> list[dict]:
@@ -106,6 +107,8 @@ def run_engine(engine, prompt_ids: list[list[int]], params: list[dict]) -> dict:
         step = {"num_running": len(engine.scheduler.running), "num_waiting": len(engine.scheduler.waiting),
                 "kv_cache_usage": 1 - m.free / m.capacity, "num_preempted": len(report.preempted),
                 "num_scheduled_tokens": report.num_tokens}
+        if report.kv_groups:  # a hybrid model: each KV cache group's blocks in use (their sum is the pool's)
+            step["group_blocks_in_use"] = [g.num_blocks_in_use for g in report.kv_groups]
         if report.prefix_cache is not None:  # this step's lookups, in tokens, as vLLM's per-step stats give them
             step["prefix_cache_queries"] = report.prefix_cache.queries - queried
             step["prefix_cache_hits"] = report.prefix_cache.hits - hit
@@ -257,8 +260,15 @@ def replay_lab_run(replay: dict, workload) -> dict:
     return run_engine(engine, prompt_ids, sampling(settings, workload.requests))
 
 
+def keeps_null_block(engine) -> bool:
+    """Whether the engine's pool already keeps block 0 as vLLM's null block: asked for
+    (``reserve_null_block``), or a hybrid model's pool, whose sliding-window tables need it."""
+    return bool(engine.config.reserve_null_block or engine.kv_cache_config.is_hybrid)
+
+
 def vllm_job(engine, model_dir, prompt_ids: list[list[int]], params: list[dict], settings: dict) -> dict:
-    """The runner's job: the engine's effective pool and limits, vLLM's null block added.
+    """The runner's job: the engine's effective pool and limits, vLLM's null block added where the engine's
+    pool has none (:func:`keeps_null_block`), so that both sides have the same usable blocks.
 
     vLLM's ``max_model_len`` is the longest request of the workload (at most the engine's): it sets no
     schedule, but vLLM starts only when one request of that length fits its pool (:func:`vllm_min_blocks`).
@@ -268,13 +278,14 @@ def vllm_job(engine, model_dir, prompt_ids: list[list[int]], params: list[dict],
     """
     longest = max((len(p) + k["max_tokens"] for p, k in zip(prompt_ids, params)), default=1)
     max_model_len = min(engine.max_model_len, longest)
+    num_blocks = engine.num_blocks + (0 if keeps_null_block(engine) else 1)
     needed = vllm_min_blocks(engine, settings["block_size"], engine.scheduler.max_num_batched_tokens, max_model_len)
-    if engine.num_blocks + 1 < needed:
-        raise ValueError(f"vLLM starts only with room for one request of {max_model_len} tokens: {needed - 1} blocks of "
-                         f"{settings['block_size']} (the workload gives {engine.num_blocks})")
+    if num_blocks < needed:
+        raise ValueError(f"vLLM starts only with room for one request of {max_model_len} tokens: {needed - 1} usable blocks "
+                         f"of {settings['block_size']} (the workload gives {num_blocks - 1})")
     return {
         "model": str(model_dir), "dtype": "float32", "block_size": settings["block_size"],
-        "num_gpu_blocks": engine.num_blocks + 1, "max_num_seqs": settings["max_num_seqs"],
+        "num_gpu_blocks": num_blocks, "max_num_seqs": settings["max_num_seqs"],
         "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens, "max_model_len": max_model_len,
         "enable_prefix_caching": settings["enable_prefix_caching"], "enable_chunked_prefill": settings["enable_chunked_prefill"],
         "seed": settings["seed"], "requests": [dict(k, prompt_token_ids=p) for p, k in zip(prompt_ids, params)],
