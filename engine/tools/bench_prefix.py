@@ -179,7 +179,7 @@ def register_cli(sub) -> None:
     p = sub.add_parser("bench-prefix", help="prefix caching side by side: hash vs radix, FCFS vs LPM, with and without the CPU tier")
     p.add_argument("--workloads", nargs="+", choices=["multiturn", "fewshot"], default=["multiturn", "fewshot"])
     p.add_argument("--sim-requests", type=int, default=10_000, help="simulated requests per run (0: skip the simulator; default 10,000)")
-    p.add_argument("--request-rate", type=float, default=4.0, help="simulator: Poisson arrivals, requests/s (default 4)")
+    p.add_argument("--request-rate", type=float, default=2.0, help="simulator: Poisson arrivals, requests/s (default 2)")
     p.add_argument("--sim-cache-blocks", type=int, nargs=2, default=[400, 1600], help="simulator: GPU pool sizes in blocks of 16 (default 400 1600)")
     p.add_argument("--sim-offload-blocks", type=int, default=4000, help="simulator: CPU tier blocks with offload (default 4000)")
     p.add_argument("--cost-model", default="a100-opt-13b", help="simulator: the step-time preset (default a100-opt-13b)")
