@@ -31,7 +31,9 @@ def kv_groups_view(report, reports: list, num_blocks: int, block_size: int, lang
             rows.append(f'<div><small>{t("request", lang)} {snap.request_id}</small>{t("sep_colon", lang)}{cells}</div>')
         head = f'{html.escape(group_label(group, lang))} · {t("kv_in_use", lang, n=group.num_blocks_in_use)}'
         st.markdown(f'<div data-testid="kv-group" data-group="{group.group_id}" data-in-use="{group.num_blocks_in_use}">'
-                    f'<b style="color:{color}">{head}</b>{"".join(rows)}</div>', unsafe_allow_html=True)
+                    f'<span data-testid="kv-group-swatch" style="display:inline-block;width:12px;height:12px;margin-right:6px;'
+                    f'vertical-align:middle;border:1px solid #555;background:{color}"></span>'  # the colour as a key, the text dark
+                    f'<b>{head}</b>{"".join(rows)}</div>', unsafe_allow_html=True)
     st.vega_lite_chart(pool_by_group_spec(report, num_blocks, lang), width="stretch")
     frame = window_savings_frame(reports)
     if len(frame):

@@ -48,7 +48,21 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
             assert in_use[5] == cells[5] and nulls[5] == 0, "the full-attention group keeps every block"
             assert all(u <= 33 and n > 0 and u + n == c for u, n, c in zip(in_use[:5], nulls[:5], cells[:5])), (in_use, nulls, cells)
             assert page.get_by_text(re.compile(r"the window saves \d+ blocks")).count() == 1
+            # Each group's colour is a swatch beside its heading; the heading itself is dark text (the pale
+            # greens and blues of groups 3 and 4 were unreadable as text on white).
+            swatches = [groups.nth(i).locator('[data-testid="kv-group-swatch"]').evaluate("e => getComputedStyle(e).backgroundColor")
+                        for i in range(6)]
+            assert len(set(swatches)) == 6, swatches
+            head_colors = [groups.nth(i).locator("b").evaluate("e => getComputedStyle(e).color") for i in range(6)]
+            assert all(_luminance(c) < 0.2 for c in head_colors), head_colors
             browser.close()
     finally:
         server.kill()
         server.wait(timeout=30)
+
+
+def _luminance(css_rgb: str) -> float:
+    """WCAG relative luminance (0 black .. 1 white) of a CSS ``rgb(r, g, b)`` colour."""
+    channels = [int(x) / 255 for x in re.findall(r"\d+", css_rgb)[:3]]
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
