@@ -263,7 +263,7 @@ def replay_lab_run(replay: dict, workload) -> dict:
 def keeps_null_block(engine) -> bool:
     """Whether the engine's pool already keeps block 0 as vLLM's null block: asked for
     (``reserve_null_block``), or a hybrid model's pool, whose sliding-window tables need it."""
-    return bool(engine.config.reserve_null_block or engine.kv_cache_config.is_hybrid)
+    return bool(engine.config.reserve_null_block or engine.kv_cache_config is not None)  # None: one group, not hybrid
 
 
 def vllm_job(engine, model_dir, prompt_ids: list[list[int]], params: list[dict], settings: dict) -> dict:
