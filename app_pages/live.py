@@ -66,7 +66,8 @@ def _load_preset() -> None:
     state = st.session_state
     name = state["preset"]
     state["workload_df"] = preset_workload(name)
-    if "model" not in PRESETS[name] and state.get("model_path") in {p["model"] for p in PRESETS.values() if "model" in p}:
+    on_preset_model = state.get("model_choice") == "gemma" or state.get("model_path") in {p["model"] for p in PRESETS.values() if "model" in p}
+    if "model" not in PRESETS[name] and on_preset_model:
         state.update(model_choice="default", model_path="")  # back from a preset's own model to the default one
     state.update(preset_settings(name))
     state["pool_unit_shown"] = "blocks"  # the pool size is in blocks: no MiB to carry over

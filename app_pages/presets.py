@@ -126,7 +126,9 @@ def preset_settings(name: str) -> dict:
     preset = PRESETS[name]
     values = {key: preset.get(key, default) for key, default in PRESET_DEFAULTS.items()}
     values["num_blocks"] = preset["num_blocks"]
-    if "model" in preset:  # a preset on another model than the default: the sidebar's local model path
+    if preset.get("model") == GEMMA_MODEL:  # the sidebar's own choice for Gemma 3, as a learner would pick it
+        values["model_choice"] = "gemma"
+    elif "model" in preset:  # another model than the two the sidebar names: its local model path
         values.update(model_choice="local", model_path=preset["model"])
     return values
 

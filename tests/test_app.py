@@ -726,6 +726,17 @@ def test_every_presets_prompts_reach_the_engine_whole():
     assert max(len(p) for p, _ in PRESETS["preset_gemma_sliding_window"]["rows"]) <= MAX_PROMPT_CHARS
 
 
+def test_the_gemma_preset_picks_the_sidebars_gemma_and_the_next_preset_the_default_model(app: AppTest):
+    """The Gemma preset sets the sidebar's own "Gemma 3 270M" choice (not a local path naming it); a preset
+    on the default model loaded after it runs on the default model again."""
+    from app_pages.presets import preset_settings
+
+    assert preset_settings("preset_gemma_sliding_window")["model_choice"] == "gemma"
+    app.session_state["model_choice"] = "gemma"  # as the Gemma preset leaves it
+    _load_preset(app, "preset_preemption")
+    assert app.session_state["model_choice"] == "default"
+
+
 def test_every_preset_steps_and_opens_the_kernel_lab(app: AppTest):
     """Each preset of the list, stepped a few times, then the Kernel lab on its last step: its program
     grid names every sequence of the step's requests (a sample or a beam reads its own table)."""

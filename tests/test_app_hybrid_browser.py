@@ -48,6 +48,8 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
             assert in_use[5] == cells[5] and nulls[5] == 0, "the full-attention group keeps every block"
             assert all(u <= 33 and n > 0 and u + n == c for u, n, c in zip(in_use[:5], nulls[:5], cells[:5])), (in_use, nulls, cells)
             assert page.get_by_text(re.compile(r"the window saves \d+ blocks")).count() == 1
+            # The preset chose the sidebar's own Gemma 3 option, not a local path that names it.
+            assert page.get_by_role("radio", name=re.compile(r"^Gemma 3 270M")).is_checked()
             # Each group's colour is a swatch beside its heading; the heading itself is dark text (the pale
             # greens and blues of groups 3 and 4 were unreadable as text on white).
             swatches = [groups.nth(i).locator('[data-testid="kv-group-swatch"]').evaluate("e => getComputedStyle(e).backgroundColor")
