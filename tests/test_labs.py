@@ -181,7 +181,7 @@ def test_grade_the_model_answer_full_and_the_starters_below_full(tmp_path):
     starter = _run(["-m", "lessons", "grade", "--impl", "starter", "--json", "--gradescope", str(results)])
     assert starter.returncode == 1, starter.stderr[-2000:]
     report = json.loads(starter.stdout)
-    assert len(report["labs"]) >= 12 and all(lab["score"] < lab["max_score"] for lab in report["labs"])
+    assert len(report["labs"]) >= 12 and report["score"] == 0, "the untouched starters, the find-the-bug ones included, score nothing"
     failed = [t for lab in report["labs"] for t in lab["tests"] if not t["passed"]]
     assert all(t["output"] for t in failed), "every failed test carries a hint"
     gradescope = json.loads(results.read_text())
@@ -281,8 +281,11 @@ def test_a_weeks_handout_cuts_only_its_labs_and_a_later_week_adds_to_it(tmp_path
     by_name = {lab["name"]: lab for lab in json.loads(done.stdout)["labs"]}
     assert done.returncode == 0 and all(lab["score"] == lab["max_score"] for lab in by_name.values()), \
         "with only the week's labs written, each scores full: the other labs' parts are the engine's own"
-    labs.write_handout(handout, labs.chosen_labs(["bug_cow"]), add=True)  # the next week, into the student's copy
-    assert labs.handed_out(handout) == {"block_pool", "slot_mapping", "fork_cow", "bug_cow"}, "bug_cow comes with fork_cow"
+    labs.write_handout(handout, labs.chosen_labs(["fork_cow", "bug_cow"]), add=True)  # the next week, into the student's copy
+    assert labs.handed_out(handout) == {"block_pool", "slot_mapping", "fork_cow"}, \
+        "bug_cow's starter is fork_cow's answer with one bug: it waits until fork_cow is in the handout"
+    labs.write_handout(handout, labs.chosen_labs(["bug_cow"]), add=True)  # the week after
+    assert labs.handed_out(handout) == {"block_pool", "slot_mapping", "fork_cow", "bug_cow"}
     assert sorted(p.name for p in mine.iterdir()) == ["block_pool.py", "slot_mapping.py"], "the student's work is kept"
     manager = (handout / "engine" / "core" / "block_manager.py").read_text(encoding="utf-8")
     assert "# BEGIN SOLUTION fork_cow" not in manager and 'raise NotImplementedError("lab slot_mapping:' in manager

@@ -24,14 +24,16 @@ Choosing an implementation: the environment variable ``LAB_IMPL`` (``python -m e
   lab's file names the lab it is a seeded copy of);
 - several of these joined by ``os.pathsep``: for each lab, the last entry that has it.
 
-``LAB_ONLY`` (comma-separated lab names) limits the swap to those labs: the grader swaps one lab at a
-time, so that the rest of the engine is its own.
+``LAB_ONLY`` (comma-separated lab names) limits the swap to those labs. ``python -m lessons grade``
+grades each lab alone (``LAB_ONLY`` names that lab; the rest of the engine is its own), and all of a
+student's parts together only when asked (``--together``).
 
 Each engine module that holds labs calls :func:`plug_lab_parts` with its ``globals()`` on its last
 line, so the swap happens before any other module imports a name from it. The student's file runs
-in a namespace that starts as a copy of the engine module's (its imports and helpers are there); a
-top-level part replaces the module's name, a method part is set on the engine's class (with any new
-helper method the student's class adds). A Triton kernel module (``paged_kernels``, which imports
+in a namespace that starts as a copy of the engine module's (its imports and helpers are there), in
+which the lab's own parts are stubs that raise "not written"; a top-level part replaces the module's
+name, a method part is set on the engine's class (with any new helper method the student's class
+adds), and each then reads the module's names live, as the engine's own part does. A Triton kernel module (``paged_kernels``, which imports
 nothing of the engine) is plugged by the engine when it chooses the kernels (:func:`plug_module`).
 
 Standard library only: this is the engine's lowest layer (``engine.core``, model-free).
@@ -189,8 +191,50 @@ def chosen_file(lab: str, spec: str | None = None) -> Path | None:
     return path if found["lab"] == lab else None
 
 
-def _load(path: Path, lab: str, namespace: dict) -> types.ModuleType:
-    """Run a student's file in a copy of the engine module's namespace."""
+def _not_written(lab: str, qualname: str, like: object) -> object:
+    """A part that raises "not written", shaped as ``like`` (a staticmethod stays one): what a lab's
+    part is while the student's file runs, so that the engine's own answer is not in its namespace."""
+
+    def part(*args, **kwargs):
+        raise NotImplementedError(f"lab {lab}: {qualname}")
+
+    part.__name__ = part.__qualname__ = qualname.rpartition(".")[2]
+    return staticmethod(part) if isinstance(like, staticmethod) else part
+
+
+def _code_file(value: object) -> str | None:
+    """The file a function (a staticmethod's, a Triton kernel's) was compiled from; None: no function."""
+    value = getattr(value, "__func__", value)  # staticmethod, classmethod
+    value = getattr(value, "fn", value)  # triton.jit
+    code = getattr(value, "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _rebind(value: object, namespace: dict) -> object:
+    """``value`` (a plain function, or a staticmethod of one) with ``namespace`` as its globals: the
+    student's part then reads the engine module's names live, as the engine's own part does (a test
+    that patches a module constant reaches it). Anything else is returned as it is."""
+    inner = value.__func__ if isinstance(value, staticmethod) else value
+    if not isinstance(inner, types.FunctionType):
+        return value
+    fn = types.FunctionType(inner.__code__, namespace, inner.__name__, inner.__defaults__, inner.__closure__)
+    fn.__kwdefaults__, fn.__qualname__, fn.__doc__ = inner.__kwdefaults__, inner.__qualname__, inner.__doc__
+    fn.__dict__.update(inner.__dict__)
+    fn.__annotations__ = inner.__annotations__
+    fn.__module__ = namespace.get("__name__", inner.__module__)
+    return staticmethod(fn) if isinstance(value, staticmethod) else fn
+
+
+def _load(path: Path, lab: str, namespace: dict, parts: list[Part]) -> types.ModuleType:
+    """Run a student's file in a copy of the engine module's namespace in which the lab's own parts
+    are "not written" stubs (the engine's answer is not there to be taken)."""
+    for part in parts:
+        cls_name, _, name = part.qualname.rpartition(".")
+        if cls_name:
+            cls = namespace[cls_name]
+            setattr(cls, name, _not_written(lab, part.qualname, cls.__dict__.get(name)))
+        else:
+            namespace[name] = _not_written(lab, part.qualname, namespace.get(name))
     module = types.ModuleType(f"lab_impl_{lab}", namespace.get("__doc__"))
     module.__dict__.update({k: v for k, v in namespace.items() if not k.startswith("__")})
     module.__file__ = str(path)
@@ -200,12 +244,22 @@ def _load(path: Path, lab: str, namespace: dict) -> types.ModuleType:
     return module
 
 
+def _written_here(value: object, path: Path) -> bool:
+    return _code_file(value) == str(path)
+
+
 def plug_lab_parts(namespace: dict) -> list[str]:
     """Swap the chosen labs' parts into the engine module whose ``globals()`` this is (its last line
     calls it). Returns the names of the labs swapped (none without ``LAB_IMPL``).
 
+    While the student's file runs, the lab's parts in the module are stubs that raise "not written":
+    a part must be written in the file itself (a function taken from elsewhere, the engine's own
+    included, is refused). Once plugged, the student's functions read the engine module's names live,
+    and a helper the file adds joins the module.
+
     Raises:
-        LabImplError: the chosen file lacks a part (the message names the file, lab and part).
+        LabImplError: the chosen file lacks a part, or a part is not a function written in it (the
+            message names the file, lab and part).
         Any exception the student's file raises at import, with its own file and line.
     """
     if os.environ.get(LAB_IMPL_ENV, "").strip() in ("", "solution"):
@@ -217,26 +271,35 @@ def plug_lab_parts(namespace: dict) -> list[str]:
         path = chosen_file(lab)
         if path is None:
             continue
-        module = _load(path, lab, namespace)
+        before = dict(namespace)
+        module = _load(path, lab, namespace, parts)
         classes: dict[str, object] = {}
         for part in parts:
             cls_name, _, name = part.qualname.rpartition(".")
             if not cls_name:
-                if name not in module.__dict__:
-                    raise LabImplError(f"{path}: lab {lab} needs a function `{name}`; the file defines none")
-                namespace[name] = module.__dict__[name]
+                value = module.__dict__.get(name)
+                if not _written_here(value, path):
+                    raise LabImplError(f"{path}: lab {lab} needs a function `{name}` written in this file; the file defines none")
+                namespace[name] = _rebind(value, namespace)
                 continue
             stub = module.__dict__.get(cls_name)
             if not isinstance(stub, type) or stub is namespace[cls_name] or name not in stub.__dict__:
                 raise LabImplError(f"{path}: lab {lab} needs `{part.qualname}`: a class `{cls_name}` with a method `{name}`")
-            setattr(namespace[cls_name], name, stub.__dict__[name])
+            if not _written_here(stub.__dict__[name], path):
+                raise LabImplError(f"{path}: lab {lab} needs `{part.qualname}` written in this file, as a method of `{cls_name}`")
+            setattr(namespace[cls_name], name, _rebind(stub.__dict__[name], namespace))
             classes[cls_name] = stub
         for cls_name, stub in classes.items():  # helpers the student added to the class
             target = namespace[cls_name]
             for attr, value in stub.__dict__.items():
                 if not attr.startswith("__") and not hasattr(target, attr):
-                    setattr(target, attr, value)
+                    setattr(target, attr, _rebind(value, namespace))
             module.__dict__[cls_name] = target  # the student's code sees the engine's class by its name
+        for key, value in module.__dict__.items():  # the file's own helpers and constants join the module
+            if key.startswith("__") or key == "LAB" or isinstance(value, type) or key in {p.qualname for p in parts}:
+                continue
+            if key not in before or before[key] is not value:
+                namespace[key] = _rebind(value, namespace) if _written_here(value, path) else value
         swapped.append(lab)
     return swapped
 
@@ -263,3 +326,62 @@ def lab_modules(root: Path = REPO) -> dict[str, Path]:
                     raise LabImplError(f"lab {lab} has parts in {found[lab]} and {path}; a lab's parts sit in one module")
                 found[lab] = path
     return found
+
+
+def hung_part(frame: types.FrameType | None) -> dict:
+    """Where a stopped step was, for a student: the innermost frame in a lab file (one with a
+    ``LAB = "..."`` line), else the innermost frame. Returns ``{"lab", "file", "line", "code"}``
+    (``lab`` None when no lab file was running)."""
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    for candidate in frames:  # innermost first
+        try:
+            text = Path(candidate.f_code.co_filename).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        found = LAB_LINE.search(text)
+        if found:
+            lines = text.splitlines()
+            line = candidate.f_lineno
+            return {"lab": found["lab"], "file": candidate.f_code.co_filename, "line": line,
+                    "code": lines[line - 1].strip() if 0 < line <= len(lines) else ""}
+    inner = frames[0] if frames else None
+    return {"lab": None, "file": inner.f_code.co_filename if inner else None, "line": inner.f_lineno if inner else None, "code": ""}
+
+
+class StepWatchdog:
+    """Stops a step of a student's parts that runs past ``timeout_s`` seconds (an endless loop), saying
+    which lab's part was running, with its file and line (:func:`hung_part`).
+
+    ``with watchdog.step(n): ...`` arms it for one step of the calling thread; when it fires it calls
+    ``on_hang(step, seconds, cause)`` from its own thread, which must end the process (``os._exit``):
+    a Python thread cannot be stopped from outside. ``timeout_s`` None: never fires.
+    """
+
+    def __init__(self, timeout_s: float | None, on_hang):
+        self.timeout_s, self.on_hang = timeout_s, on_hang
+
+    def step(self, number: int):
+        import contextlib
+        import threading
+
+        if self.timeout_s is None:
+            return contextlib.nullcontext()
+        watched = threading.get_ident()
+
+        def fire() -> None:
+            self.on_hang(number, self.timeout_s, hung_part(sys._current_frames().get(watched)))
+
+        @contextlib.contextmanager
+        def armed():
+            timer = threading.Timer(self.timeout_s, fire)
+            timer.daemon = True
+            timer.start()
+            try:
+                yield
+            finally:
+                timer.cancel()
+
+        return armed()

@@ -1,0 +1,1 @@
+LAB = "paged_attention"

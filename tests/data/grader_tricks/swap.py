@@ -1,0 +1,3 @@
+LAB = "swap"
+while True:  # never finishes importing
+    pass
