@@ -27,6 +27,8 @@ def labs_main(argv: list[str]) -> int:
     p = sub.add_parser("autograder", help="write Gradescope's autograder zip")
     p.add_argument("zip", type=Path)
     p.add_argument("--tests", type=Path, metavar="DIR", help="hidden tests to add (test_lab_<lab>*.py)")
+    p.add_argument("--labs", default="", metavar="LAB,LAB", help="grade only these labs (default: every lab)")
+    p.add_argument("--through-lesson", type=int, metavar="N", help="grade only the labs of lessons 1..N (a week's assignment)")
     args = parser.parse_args(argv)
     try:
         if args.command in ("build", "check"):
@@ -41,8 +43,13 @@ def labs_main(argv: list[str]) -> int:
             written = labs.write_handout(args.dest, chosen, add=args.add)
             given = sorted(labs.handed_out(args.dest))
             print(f"{len(written)} files written to {args.dest}; its labs: {', '.join(given) or 'none'}")
+            waiting = [lab.name for lab in (chosen or labs.LABS) if lab.base and lab.name not in given]
+            if waiting:
+                print(f"left out until the lab each copies is in the handout (its starter holds that lab's answer): "
+                      f"{', '.join(waiting)}; add them in a later week with --add")
         else:
-            print(labs.write_autograder(args.zip, args.tests))
+            chosen = labs.chosen_labs([n.strip() for n in args.labs.split(",") if n.strip()], args.through_lesson)
+            print(labs.write_autograder(args.zip, args.tests, chosen))
     except labs.LabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

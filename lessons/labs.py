@@ -290,10 +290,11 @@ def cut(lab: Lab, keep_solution: bool = False, seed_bug: bool = True) -> str:
             if cls_doc is not None:
                 first = node.body[0]
                 body.append("".join(lines[first.lineno - 1 : first.end_lineno]))
-            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-            if init is not None and all(p.node.lineno != init.lineno for p in by_class[node.name]):
-                body.append("\n    # Given (the engine's own, not swapped): the attributes the parts below use.\n")
-                body.append("".join(lines[init.lineno - 1 : init.end_lineno]))
+            given = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name.startswith("__") and f.name.endswith("__")
+                     and all(p.node.lineno != f.lineno for p in by_class[node.name])]
+            if given:  # __init__ and the other special methods: use len(queue), `in`, iteration, not private attributes
+                body.append("\n    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.\n")
+                body.append("\n".join("".join(lines[f.lineno - 1 : f.end_lineno]) for f in given))
             for part in by_class[node.name]:
                 body += ["\n", _function_text(part, lines, lab.name, keep_solution)]
     text = "\n".join(header) + "".join(body)
@@ -313,10 +314,11 @@ HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 def apply_patch(text: str, diff: str, name: str) -> str:
     """Apply a unified diff (``diff -u``) to ``text``. Every context and removed line must match
-    exactly where the hunk says.
+    exactly, where the hunk says or, as ``patch`` allows, at an offset (the lines above it changed).
 
     Raises:
-        LabError: a hunk that does not apply (the model answer changed: refresh the patch).
+        LabError: a hunk whose lines are nowhere after the previous hunk (the model answer changed:
+            refresh the patch).
     """
     lines = text.splitlines(keepends=True)
     out, at = [], 0
@@ -327,17 +329,21 @@ def apply_patch(text: str, diff: str, name: str) -> str:
         i += 1
         if not match:
             continue
-        start = int(match[1]) - 1 if int(match[2] or 1) else int(match[1])
-        out += lines[at:start]
-        at = start
+        hunk = []
         while i < len(diff_lines) and not diff_lines[i].startswith("@@"):
-            line = diff_lines[i]
+            hunk.append((diff_lines[i][:1], diff_lines[i][1:]))
             i += 1
-            tag, content = line[:1], line[1:]
+        old = [content for tag, content in hunk if tag in (" ", "-")]
+        start = int(match[1]) - 1 if int(match[2] or 1) else int(match[1])
+        candidates = sorted(range(at, len(lines) - len(old) + 1), key=lambda k: abs(k - start))
+        found = next((k for k in candidates if lines[k:k + len(old)] == old), None)
+        if found is None:
+            raise LabError(f"{name}: the hunk at line {match[1]} no longer applies to the model answer "
+                           f"(its lines are not in the text after line {at + 1}); refresh the patch")
+        out += lines[at:found]
+        at = found
+        for tag, content in hunk:
             if tag in (" ", "-"):
-                if at >= len(lines) or lines[at] != content:
-                    raise LabError(f"{name}: the hunk at line {match[1]} no longer applies to the model answer "
-                                   f"(line {at + 1} is {lines[at] if at < len(lines) else 'past the end'!r}); refresh the patch")
                 at += 1
                 if tag == " ":
                     out.append(content)
@@ -439,7 +445,9 @@ def write_handout(dest: Path, chosen: list[Lab] | None = None, add: bool = False
     None). A find-the-bug lab comes with the lab it copies (the engine's own part is its fix). Every
     other part stays the engine's own, so the engine, the lessons, the app and ``compare`` run, and a
     chosen lab reaches full marks with only the chosen labs written. ``labs/starters/`` holds the
-    chosen labs' starters (``cp -r labs/starters labs/mine`` copies this handout's labs).
+    chosen labs' starters (``cp -r labs/starters labs/mine`` copies this handout's labs). A find-the-bug
+    lab, whose starter holds the answer of the lab it copies, is left out until that lab is in the
+    handout already: it comes with a later ``add``.
 
     ``add``: ``dest`` is a handout already (the student's copy of it): the chosen labs join those it
     has, and only the engine's modules that hold labs and the new starters are written; the
@@ -462,8 +470,10 @@ def write_handout(dest: Path, chosen: list[Lab] | None = None, add: bool = False
         labs_out = [lab for lab in LABS if lab.name in already or lab in labs_out]
     elif dest.exists() and any(dest.iterdir()):
         raise LabError(f"{dest} is not empty; the handout goes into a new directory (or add labs to it with --add)")
-    names = {lab.name for lab in labs_out} | {lab.base for lab in labs_out if lab.base}
-    labs_out = [lab for lab in LABS if lab.name in names]  # a find-the-bug lab comes with the lab it copies
+    # A find-the-bug lab's starter is the model answer of the lab it copies, with one bug: it is handed out only
+    # into a handout that already holds that lab (a later week's --add, once the lab is graded).
+    before = handed_out(dest) if add else set()
+    labs_out = [lab for lab in labs_out if lab.base is None or lab.base in before]
     cut_labs = {lab.part_lab for lab in labs_out}
     modules = {str(p.relative_to(ROOT)) for p in lab_modules(ROOT).values()}
     starters = {str(starter_path(lab).relative_to(ROOT)) for lab in labs_out}
@@ -495,22 +505,34 @@ pip3 install --quiet --extra-index-url https://download.pytorch.org/whl/cpu -e "
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope: grade the submitted lab files (labs/starters/<lab>.py names) against the model answer's engine.
+# Gradescope: grade the submitted lab files (labs/starters/<lab>.py names), each lab alone, in a process
+# that runs as the unprivileged user nobody (docs/labs.md, "What the grader guarantees").
 set -uo pipefail
 cd /autograder/source
 mkdir -p /autograder/results
-python3 -m lessons grade --impl /autograder/submission {hidden}--gradescope /autograder/results/results.json || true
+chmod 700 labs/hidden 2>/dev/null
+python3 -m lessons grade {labs}--impl /autograder/submission {hidden}--gradescope /autograder/results/results.json
+status=$?
+# 0: every lab full marks, 1: marks lost; both wrote results.json last. Anything else: the grader itself
+# stopped, and no file it did not finish is trusted.
+if [ "$status" -gt 1 ]; then
+  printf '{{"score": 0, "output": "The grader stopped (exit status %s) before it finished: no marks were given. Tell your teacher.", "visibility": "visible", "tests": []}}\\n' "$status" > /autograder/results/results.json
+fi
+exit 0
 """
 
 
-def write_autograder(zip_path: Path, hidden_tests: Path | None = None) -> Path:
+def write_autograder(zip_path: Path, hidden_tests: Path | None = None, labs: list[Lab] | None = None) -> Path:
     """Gradescope's autograder zip (unpacked to ``/autograder/source``): ``setup.sh``,
     ``run_autograder`` and the repository (the engine with its model answers: the zip stays with the
-    teacher), plus the hidden tests (``labs/hidden/``) when given."""
+    teacher; each lab's run cuts its own answer out of its copy), plus the hidden tests
+    (``labs/hidden/``) when given. ``labs``: grade only these (a week's assignment, out of its points);
+    default every lab."""
     zip_path = Path(zip_path)
     hidden = "--tests labs/hidden " if hidden_tests else ""
+    chosen = "".join(f"{lab.name} " for lab in labs) if labs else ""
     with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, text in (("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER.format(hidden=hidden))):
+        for name, text in (("setup.sh", SETUP_SH), ("run_autograder", RUN_AUTOGRADER.format(hidden=hidden, labs=chosen))):
             info = zipfile.ZipInfo(name)
             info.external_attr = 0o755 << 16
             zf.writestr(info, text)

@@ -35,9 +35,18 @@ class FreeBlockQueue:
     linked list for this; an insertion-ordered dict does the same here.
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, block_ids: list[int]):
         self._blocks: dict[int, None] = dict.fromkeys(block_ids)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __iter__(self):
+        return iter(self._blocks)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._blocks
 
     def popleft(self) -> int:
         """Take the head (the block to hand out next, least recently freed) off the queue and
@@ -74,7 +83,7 @@ class BlockAllocator:
             a placeholder block table entries can point at): ``num_blocks - 1`` blocks are usable.
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, num_blocks: int, shuffle_seed: int | None = None, null_block: bool = False):
         order = list(range(1 if null_block else 0, num_blocks))
         if shuffle_seed is not None:

@@ -88,7 +88,7 @@ class PagedBlockManager:
         events: the log its block events go to (``engine/core/events.py``); None = a log of its own.
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, num_blocks: int, block_size: int, shuffle_seed: int | None = None, watermark: float = 0.01,
                  enable_caching: bool = False, hash_fn: HashFn = hash_block_tokens, num_cpu_blocks: int = 0,
                  null_block: bool = False, events: EventLog | None = None, prefix_cache: str = "hash", kv_offload_blocks: int = 0):

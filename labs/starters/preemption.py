@@ -109,7 +109,7 @@ class Scheduler:
             schedule_first="prefills" with chunked prefill.
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
                  schedule_first: str = "decodes", scheduling_policy: str = "fcfs", lpm_max_wait_steps: int = 64,

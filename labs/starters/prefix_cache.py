@@ -59,7 +59,7 @@ class PrefixCache:
         hash_fn: ``(parent_hash, token_ids, extra_keys) -> bytes``; tests pass a weakened one.
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, num_blocks: int, block_size: int, hash_fn: HashFn = hash_block_tokens):
         self.block_size = block_size
         self.hash_fn = hash_fn

@@ -68,7 +68,7 @@ class RadixCache:
         hash_fn: names each cached block (``engine/core/prefix_cache.py``); lookups never hash.
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, num_blocks: int, block_size: int, hash_fn: HashFn = hash_block_tokens):
         self.block_size = block_size
         self.hash_fn = hash_fn

@@ -55,7 +55,7 @@ class SlidingWindowManager:
             null block: ``null_block=True``).
     """
 
-    # Given (the engine's own, not swapped): the attributes the parts below use.
+    # Given (the engine's own, not swapped): the attributes and special methods the parts below use.
     def __init__(self, *args, sliding_window: int, **kwargs):
         super().__init__(*args, **kwargs)
         if not self.num_null_blocks:
