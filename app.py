@@ -6,7 +6,15 @@ This file only wires the pages together; each page is in app_pages/, engine logi
 figures in visualize/.
 """
 
-import streamlit as st
+import os
+
+# The page's own engine is the reference a student's parts are stepped beside: it always runs the engine's
+# own parts. A LAB_IMPL the app was started with becomes the sidebar's lab implementation instead (it is
+# taken out before any engine module is imported, and kept for every rerun of this script).
+if "LAB_IMPL" in os.environ:
+    os.environ["LAB_APP_IMPL"] = os.environ.pop("LAB_IMPL")
+
+import streamlit as st  # noqa: E402
 
 # The Kernel lab runs the Triton kernels, under Triton's interpreter where there is no GPU: importing
 # kernels first sets TRITON_INTERPRET before anything else (torch's own Triton-backed ops included)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import streamlit as st
 
@@ -51,6 +52,9 @@ def lab_choice(lang: str) -> str | None:
 
     options = [LAB_OFF] + [p.stem for p in sorted(STARTERS.glob("*.py"))] + [LAB_CUSTOM]
     names = {LAB_OFF: t("labs_engine", lang), LAB_CUSTOM: t("labs_custom", lang)}
+    started_with = os.environ.get("LAB_APP_IMPL", "").strip()  # `LAB_IMPL=labs/mine streamlit run app.py` (app.py)
+    if started_with and "labs_impl" not in st.session_state:
+        st.session_state["labs_impl"], st.session_state["labs_path"] = LAB_CUSTOM, started_with
     choice = localized_choice(st.sidebar.selectbox, t("labs_impl", lang), options, "labs_impl", lang,
                               lambda o: names.get(o, o), help=t("labs_impl_help", lang))
     impl = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 EPILOG = """\
 The rest of the lab:
   streamlit run app.py                 the app: the KV pool step by step, the paper's figures, the classroom
-  jupyter lab lessons/en/              eleven lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
+  jupyter lab lessons/en/              thirteen lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
   python -m visualize reproduce-paper  the PagedAttention paper's figures on the simulator, as tables, JSON or charts
   python -m lessons grade              the graded labs (docs/labs.md)
 --impl solution|starter|PATH (any command): run the labs' parts from there (the LAB_IMPL environment variable;
@@ -64,6 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     args = parser.parse_args(argv)
+    impl = os.environ.get("LAB_IMPL", "").strip()
+    if impl not in ("", "solution"):  # whose parts run: said once the parts are plugged in
+        print(f"lab parts: {impl} in place of the engine's own (LAB_IMPL)", file=sys.stderr)
     try:
         args.func(args)
     except (ValueError, OSError) as error:  # bad input or a missing file: one readable line, no traceback
@@ -126,6 +130,9 @@ def _take_impl(argv: list[str]) -> list[str]:
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate completions, printing one line per engine step")
     p.add_argument("prompts", nargs="*", help="one or more prompts (sent through the chat template unless --raw)")
+    p.add_argument("--impl", metavar="solution|starter|PATH",
+                   help="run a student's lab parts (a folder of lab files, or one file) in place of the engine's own; "
+                        "the first line printed says whose parts ran (docs/labs.md)")
     p.add_argument("--prompt-file", action="append", default=[], metavar="FILE", help="a prompt read from a UTF-8 text file (repeatable)")
     p.add_argument("--model", default=None,
                    help=f"{GEMMA_MODEL} (Gemma 3 270M, extra \"gemma\"), a local HF directory, .gguf file or hub id (default: SmolLM2-135M-Instruct)")
@@ -156,6 +163,24 @@ def _add_generate(sub) -> None:
                    help="greedy only: the same prompt tokens through real vLLM too, and whether its tokens are the engine's")
     p.add_argument("--vllm-python", default=None, help="with --against vllm: a Python that imports vLLM (default: the one `vllm setup` built)")
     p.set_defaults(func=_generate)
+
+
+LAB_STEP_TIMEOUT_S = 60  # a step of a student's parts past this is an endless loop (the app's Live page: the same)
+
+
+def _lab_watchdog():
+    """A step watchdog for a student's parts (``--impl``): a step past :data:`LAB_STEP_TIMEOUT_S` ends the
+    command with the lab, file and line it was in; without ``--impl`` it never fires."""
+    from engine.core.lab_impl import StepWatchdog
+
+    def hang(step: int, seconds: float, cause: dict) -> None:
+        where = f"{cause['file']}:{cause['line']}" if cause["file"] else "?"
+        print(f"error: step {step} ran longer than {seconds:g} s (an endless loop?) in lab {cause['lab'] or '?'}'s part, "
+              f"{where}" + (f"\n    {cause['code']}" if cause["code"] else ""), file=sys.stderr, flush=True)
+        os._exit(124)
+
+    student = os.environ.get("LAB_IMPL", "").strip() not in ("", "solution")
+    return StepWatchdog(LAB_STEP_TIMEOUT_S if student else None, hang)
 
 
 def _generate(args) -> None:
@@ -192,9 +217,11 @@ def _generate(args) -> None:
             print(f"note: request {request_id} ({prompt_len} prompt tokens) stops at max_model_len = {engine.max_model_len} "
                   f"tokens ({why}), i.e. after {engine.max_model_len - prompt_len} new tokens, finish_reason=length", file=sys.stderr)
     steps, reports = [], []
+    watchdog = _lab_watchdog()
     with tqdm(total=len(ids), disable=not args.quiet or args.json, desc="requests") as bar:
         while engine.has_unfinished_requests():
-            report = engine.step()
+            with watchdog.step(len(steps)):
+                report = engine.step()
             if not steps:
                 clock.mark("first token")
             bar.update(len(report.finished))

@@ -27,6 +27,7 @@ from engine.core.lab_impl import LAB_IMPL_ENV, LAB_ONLY_ENV
 ROOT = Path(__file__).resolve().parents[1]
 NUM_STEPS = 40
 NUM_BLOCKS = 10  # small enough that requests are preempted
+STEP_TIMEOUT_S = 30  # a step of this workload takes milliseconds: past this, a student's part loops
 # The workload runs twice: on vLLM's hash chain admitted first come, first served, then on SGLang's
 # radix tree admitted longest prefix first (engine/core/radix_cache.py, scheduling_policy.py).
 CACHES = (("hash", "fcfs"), ("radix", "lpm"))
@@ -59,18 +60,28 @@ def record() -> dict:
     from engine.core.block_manager import PagedBlockManager
     from engine.core.scheduler import Scheduler
 
+    from engine.core.lab_impl import StepWatchdog
+
     steps: list[dict] = []
+
+    def hang(step: int, seconds: float, cause: dict) -> None:  # an endless loop: report where, then end the process
+        error = {"step": step, "exception": f"TimeoutError: the step ran longer than {seconds:g} s (an endless loop?)", **cause,
+                 "traceback": ""}
+        print(json.dumps({"steps": steps, "error": error}), flush=True)
+        os._exit(0)
+
+    watchdog = StepWatchdog(STEP_TIMEOUT_S, hang)
     try:
         for prefix_cache, policy in CACHES:
             kv = PagedBlockManager(NUM_BLOCKS, 4, watermark=0.0, enable_caching=True, prefix_cache=prefix_cache)
             sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=32, scheduling_policy=policy)
-            _run_workload(kv, sched, steps)
+            _run_workload(kv, sched, steps, watchdog)
     except Exception as error:  # a student's part raised: this run ends here, with its cause
         return {"steps": steps, "error": _cause(error, len(steps))}
     return {"steps": steps, "error": None}
 
 
-def _run_workload(kv, sched, steps: list[dict]) -> None:
+def _run_workload(kv, sched, steps: list[dict], watchdog) -> None:
     """The workload on one allocator and scheduler, its steps appended to ``steps`` (numbered on)."""
     from engine.core.sequence import fork_samples
 
@@ -83,36 +94,37 @@ def _run_workload(kv, sched, steps: list[dict]) -> None:
         return next_seq_id[0]
 
     for step in range(NUM_STEPS):
-        for arrival, group in [p for p in pending if p[0] == step]:
-            sched.add(group)
-        if not sched.has_unfinished() and all(a < step for a, _ in pending):
-            break
-        out = sched.schedule()
-        batch = out.prefill_seqs + out.decode_seqs
-        scheduled = [[s.seq_id, out.num_tokens_of(s)] for s in batch]
-        slots = {str(s.seq_id): kv.slot_mapping(s, s.num_computed_tokens, s.num_computed_tokens + out.num_tokens_of(s)) for s in batch}
-        ready = sched.update_from_output(out)
-        tokens = []
-        for seq in ready:
-            token = (seq.seq_id * 7 + seq.num_tokens * 3) % 50
-            seq.append_token(token)
-            tokens.append([seq.seq_id, token])
-        for group in list(sched.running):
-            first = group.seqs[0]
-            if group.num_samples > len(group.seqs) and not first.is_prefill:
-                fork_samples(group, sched.fork, new_seq_id)
-            if all(s.num_output_tokens >= s.sampling_params.max_tokens for s in group.unfinished_seqs()):
-                sched.finish(group, "length")
-        steps.append({
-            "step": numbered_from + step,
-            "scheduled": scheduled,
-            "preempted": [g.request_id for g in out.preempted],
-            "block_tables": {str(s.seq_id): list(s.block_table) for g in sched.running for s in g.unfinished_seqs()},
-            "free_queue": kv.free_queue(),
-            "events": [{k: v for k, v in asdict(e).items() if v is not None} for e in kv.events.drain()],
-            "slots": slots,
-            "tokens": tokens,
-        })
+        with watchdog.step(numbered_from + step):  # an endless loop in a part: its lab, file and line
+            for arrival, group in [p for p in pending if p[0] == step]:
+                sched.add(group)
+            if not sched.has_unfinished() and all(a < step for a, _ in pending):
+                break
+            out = sched.schedule()
+            batch = out.prefill_seqs + out.decode_seqs
+            scheduled = [[s.seq_id, out.num_tokens_of(s)] for s in batch]
+            slots = {str(s.seq_id): kv.slot_mapping(s, s.num_computed_tokens, s.num_computed_tokens + out.num_tokens_of(s)) for s in batch}
+            ready = sched.update_from_output(out)
+            tokens = []
+            for seq in ready:
+                token = (seq.seq_id * 7 + seq.num_tokens * 3) % 50
+                seq.append_token(token)
+                tokens.append([seq.seq_id, token])
+            for group in list(sched.running):
+                first = group.seqs[0]
+                if group.num_samples > len(group.seqs) and not first.is_prefill:
+                    fork_samples(group, sched.fork, new_seq_id)
+                if all(s.num_output_tokens >= s.sampling_params.max_tokens for s in group.unfinished_seqs()):
+                    sched.finish(group, "length")
+            steps.append({
+                "step": numbered_from + step,
+                "scheduled": scheduled,
+                "preempted": [g.request_id for g in out.preempted],
+                "block_tables": {str(s.seq_id): list(s.block_table) for g in sched.running for s in g.unfinished_seqs()},
+                "free_queue": kv.free_queue(),
+                "events": [{k: v for k, v in asdict(e).items() if v is not None} for e in kv.events.drain()],
+                "slots": slots,
+                "tokens": tokens,
+            })
 
 
 def _cause(error: BaseException, step: int) -> dict:
