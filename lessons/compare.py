@@ -54,9 +54,10 @@ def _workload():
     return out
 
 
-def record() -> dict:
+def record(step_timeout_s: float | None = STEP_TIMEOUT_S) -> dict:
     """Run the fixed workload on the parts ``LAB_IMPL`` chooses; returns the steps, and the error
-    that ended the run (None when it ran to the end)."""
+    that ended the run (None when it ran to the end). A step past ``step_timeout_s`` (None: no limit)
+    prints the record so far with the lab, file and line it was in, and ends the process."""
     from engine.core.block_manager import PagedBlockManager
     from engine.core.scheduler import Scheduler
 
@@ -70,7 +71,7 @@ def record() -> dict:
         print(json.dumps({"steps": steps, "error": error}), flush=True)
         os._exit(0)
 
-    watchdog = StepWatchdog(STEP_TIMEOUT_S, hang)
+    watchdog = StepWatchdog(step_timeout_s, hang)
     try:
         for prefix_cache, policy in CACHES:
             kv = PagedBlockManager(NUM_BLOCKS, 4, watermark=0.0, enable_caching=True, prefix_cache=prefix_cache)

@@ -67,6 +67,10 @@ DEFAULT_JOBS = max(1, min(4, os.cpu_count() or 1))
 SANDBOX_USER = "nobody"
 PLUGIN = Path(__file__).with_name("grade_plugin.py")
 FDS_ENV = "LAB_GRADE_FDS"
+# The labs whose parts compare's workload runs (lessons/compare.py): their tests include the replay beside the
+# engine's own steps (labs/tests/test_replay.py).
+REPLAY_LABS = {"block_pool", "slot_mapping", "append_slot", "fork_cow", "prefix_cache", "radix_match", "radix_insert", "lpm",
+               "admission", "preemption", "chunked_prefill"}
 
 
 @dataclass
@@ -157,7 +161,7 @@ class Grader:
         self.module_files = lab_modules(ROOT)
         self.modules = {lab: ".".join(path.relative_to(ROOT).with_suffix("").parts) for lab, path in self.module_files.items()}
         self._expected: dict[str, list[str]] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def close(self) -> None:
         if self.user is not None:
@@ -176,8 +180,13 @@ class Grader:
         if cut_lab in self.module_files:  # (in a handout the lab is cut out already)
             module = tree / self.module_files[cut_lab].relative_to(ROOT)
             module.write_text(strip_solutions(module.read_text(encoding="utf-8"), str(module), {cut_lab}), encoding="utf-8")
+        (tree / "lessons").mkdir()
+        for name in ("__init__.py", "compare.py"):  # the replay's workload (labs/tests/test_replay.py)
+            shutil.copy2(ROOT / "lessons" / name, tree / "lessons" / name)
         (tree / "labs").mkdir()
         _copy_tree(TESTS, tree / "labs" / "tests")
+        if self.replay_reference() is not None:
+            (tree / "labs" / "tests" / "replay_reference.json").write_text(self.replay_reference())
         if hidden and self.hidden_dir is not None:
             _copy_tree(self.hidden_dir, tree / "labs" / "hidden")
             (tree / "labs" / "hidden" / "conftest.py").write_text(
@@ -195,6 +204,19 @@ class Grader:
                 os.chmod(Path(folder) / name, 0o644)
         os.chmod(tree, 0o755)
         return tree
+
+    def replay_reference(self) -> str | None:
+        """compare's workload on the engine's own parts, recorded once in a process of the grader's that no
+        submission runs in; None where those parts cannot run it (a handout)."""
+        with self._lock:
+            if not hasattr(self, "_replay"):
+                env = {k: v for k, v in os.environ.items() if not k.startswith("LAB_")}
+                env["PYTHONPATH"] = str(ROOT)
+                done = subprocess.run([sys.executable, "-m", "lessons.compare", "--record"], cwd=ROOT, env=env,
+                                      capture_output=True, text=True, timeout=self.lab_timeout_s)
+                record = json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+                self._replay = json.dumps(record) if record and record["error"] is None else None
+            return self._replay
 
     def expected(self) -> dict[str, list[str]]:
         """Every lab test's node id, by file (tree-relative), collected by the grader with the engine's own
@@ -426,6 +448,8 @@ def test_files(lab: Lab, hidden_dir: Path | None) -> tuple[list[str], list[str]]
     own = [f"labs/tests/test_lab_{lab.part_lab}.py"] + [f"labs/tests/{p.name}" for p in sorted(TESTS.glob(f"test_lab_{lab.name}_*.py"))]
     if lab.base is not None and (TESTS / f"test_lab_{lab.name}.py").is_file():
         own.append(f"labs/tests/test_lab_{lab.name}.py")
+    if lab.part_lab in REPLAY_LABS:
+        own.append("labs/tests/test_replay.py")
     hidden = [f"labs/hidden/{p.name}" for p in sorted(Path(hidden_dir).glob(f"test_lab_{lab.name}*.py"))] if hidden_dir else []
     return own, hidden
 

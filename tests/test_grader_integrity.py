@@ -37,9 +37,10 @@ def graded(tmp_path_factory):
     hidden.mkdir()
     for lab in ("append_slot", "block_pool"):
         (hidden / f"test_lab_{lab}_hidden.py").write_text(
-            f"# {HIDDEN_MARK}\nfrom labkit import request, scheduler\n\n\ndef test_hidden_a_request_gets_its_blocks():\n"
+            f"# {HIDDEN_MARK}\nfrom labkit import request, scheduler, step\n\n\ndef test_hidden_a_request_gets_its_blocks():\n"
             "    sched = scheduler(num_blocks=8, block_size=4)\n    group = request(0, 6)\n    sched.add(group)\n"
-            "    sched.schedule()\n    assert len(group.seqs[0].block_table) == 2, 'six tokens in blocks of four'\n")
+            "    step(sched)\n    step(sched)  # a prefill, then a decode (append_slot)\n"
+            "    assert len(group.seqs[0].block_table) == 2, 'seven tokens in blocks of four'\n")
     results = tmp / "results" / "results.json"
     labs = sorted(p.stem for p in submission.glob("*.py"))
     done = subprocess.run([sys.executable, "-m", "lessons", "grade", *labs, "--impl", str(submission), "--tests", str(hidden),
