@@ -67,22 +67,18 @@ def test_null_block_and_shuffle_are_kept_out_of_the_way():
 
 
 def test_the_allocator_runs_the_radix_caches_free_queue():
-    """The engine hands the allocator another free queue under SGLang's radix cache: the parts must use the
-    queue's interface (popleft, append, remove, len, in, iteration), never its private attributes."""
-    from engine.core.block_manager import PagedBlockManager
-    from labkit import request, step
-    from engine.core.scheduler import Scheduler
+    """Under SGLang's radix cache the engine hands the allocator another free queue (RadixFreeQueue): the parts
+    must use the queue's interface (popleft, append, remove, len, in, iteration), never its private attributes."""
+    from engine.core.radix_cache import RadixCache, RadixFreeQueue
 
-    kv = PagedBlockManager(6, 4, watermark=0.0, enable_caching=True, prefix_cache="radix")
-    sched = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=64)
-    for request_id, length in enumerate((9, 6, 9)):
-        sched.add(request(request_id, length, max_new=3))
-    for _ in range(12):
-        if not sched.has_unfinished():
-            break
-        step(sched)
-        for group in list(sched.running):
-            if all(s.num_output_tokens >= 3 for s in group.unfinished_seqs()):
-                sched.finish(group, "length")
-    assert not sched.has_unfinished(), "every request ran to its end on the radix cache's free queue"
-    assert kv.allocator.num_free == 6, "and every block is free (or cached and evictable) again"
+    a = BlockAllocator(4)
+    a.free_blocks = RadixFreeQueue(list(a.free_blocks), RadixCache(4, 4))
+    blocks = [a.allocate() for _ in range(4)]
+    assert sorted(blocks) == [0, 1, 2, 3] and a.num_free == 0
+    with pytest.raises(NoFreeBlocksError):
+        a.allocate()
+    a.incref(blocks[0])
+    assert a.free(blocks[0]) is False and a.free(blocks[0]) is True, "the last holder frees it"
+    assert a.free(blocks[1]) is True and list(a.free_blocks) == [blocks[0], blocks[1]]
+    a.touch(blocks[1])
+    assert blocks[1] not in a.free_blocks and a.ref_counts[blocks[1]] == 1, "touch takes a free block off this queue too"
