@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import json
 import os
+import sys
 
 import _pytest.python
 import _pytest.reports
@@ -28,10 +29,27 @@ import _pytest.runner
 
 FDS_ENV = "LAB_GRADE_FDS"  # "<key pipe's read end>,<results pipe's write end>"
 
-_key_fd, _out_fd = (int(x) for x in os.environ.pop(FDS_ENV).split(","))
-with os.fdopen(_key_fd, "rb") as _key_pipe:
-    _KEY = _key_pipe.read()
-_seq = 0
+
+
+def _signer():
+    """Read this run's key from its pipe (once: the pipe is closed after) and return the function that
+    signs and sends a record; the key lives in that function's closure alone, not in a module name."""
+    key_fd, out_fd = (int(x) for x in os.environ.pop(FDS_ENV).split(","))
+    with os.fdopen(key_fd, "rb") as pipe:
+        key = pipe.read()
+    seq = [0]
+
+    def send(record: dict) -> None:
+        record = {**record, "seq": seq[0]}
+        seq[0] += 1
+        body = json.dumps(record, sort_keys=True, ensure_ascii=True)
+        mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        os.write(out_fd, (json.dumps({"body": body, "mac": mac}) + "\n").encode())
+
+    return send
+
+
+_send = _signer()
 # pytest's own reporting, as it was before any test module (and so any student code) was imported;
 # the names a pytest release lacks are left out.
 _WATCHED_NAMES = ("TestReport.from_item_and_call", "TestReport.__init__", "CallInfo.from_call", "runner.call_and_report",
@@ -43,15 +61,6 @@ _hooks_at_start: dict[str, list] = {}
 _outcomes: dict[str, dict] = {}
 _tampered: list[str] = []
 _CONFIG: list = []
-
-
-def _send(record: dict) -> None:
-    global _seq
-    record = {**record, "seq": _seq}
-    _seq += 1
-    body = json.dumps(record, sort_keys=True, ensure_ascii=True)
-    mac = hmac.new(_KEY, body.encode(), hashlib.sha256).hexdigest()
-    os.write(_out_fd, (json.dumps({"body": body, "mac": mac}) + "\n").encode())
 
 
 def _hookimpls(config) -> dict[str, list]:
@@ -89,6 +98,7 @@ _WATCHED = {name: value for name in _WATCHED_NAMES if (value := _current(name)) 
 
 def pytest_configure(config) -> None:
     _CONFIG.append(config)
+    sys.modules.pop(__name__, None)  # registered with pytest now: `import lab_grade_plugin` finds no key
     _send({"kind": "start"})
 
 

@@ -34,6 +34,9 @@ FLAGGED_MODULES = {
     "linecache": "reading source files (linecache)",
     "shutil": "copying or removing files (shutil)",
     "socket": "the network (socket)",
+    "lab_grade_plugin": "the grader's pytest plugin",
+    "labkit": "the labs' test helpers (labkit)",
+    "conftest": "the tests' conftest",
 }
 FLAGGED_CALLS = {
     "exec": "exec", "eval": "eval", "compile": "compile", "open": "open (reading or writing a file)",
@@ -92,6 +95,8 @@ def flags(source: str, lab_module: str | None = None, lab_modules: set[str] = fr
             add(node, f"imports an engine module that holds labs ({name})")
         elif top in FLAGGED_MODULES:
             add(node, f"imports {FLAGGED_MODULES[top]}")
+        elif top.startswith("test_"):
+            add(node, f"imports a test module ({name})")
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -72,6 +72,8 @@ def test_a_process_that_leaves_early_or_patches_pytest_scores_nothing_with_the_r
     assert "os._exit" in labs["kv_quant"]["error"]
     assert "pytest's reporting was changed" in labs["spec_verify"]["error"]
     assert "did not finish importing your file within 10 s" in labs["swap"]["error"]
+    assert "did not sign" in labs["sliding_window"]["error"], "a line the grader did not sign ends the run with no marks"
+    assert any("grader's pytest plugin" in flag for flag in labs["lookahead"]["flags"])
 
 
 def test_the_teacher_sees_the_flags(graded):
