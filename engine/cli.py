@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> None:
         args.func(args)
     except (ValueError, OSError) as error:  # bad input or a missing file: one readable line, no traceback
         parser.exit(2, f"error: {error}\n")
+    except NotImplementedError as error:  # a lab's part not written yet (a starter's "lab X: Part")
+        if not str(error).startswith("lab "):
+            raise
+        lab, _, part = str(error)[4:].partition(": ")
+        parser.exit(2, f"error: not written yet: {part} (lab {lab}); write it in your lab file, or run without --impl\n")
     except KeyboardInterrupt:  # Ctrl-C: one line; the model download and the kernel build clean up after themselves
         parser.exit(130, "interrupted\n")
     except RuntimeError as error:

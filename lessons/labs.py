@@ -406,8 +406,14 @@ HANDOUT_LEFT_OUT = ("lessons/solutions/", "labs/bugs/", "tests/", ".github/")
 
 
 def _tracked() -> list[str]:
-    done = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return [p for p in done.stdout.splitlines() if (ROOT / p).is_file()]
+    """The repository's files: git's list, or in a tree that is no git checkout (a handout, where a
+    teacher adds next week's labs) every file but caches and build outputs."""
+    done = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode == 0:
+        return [p for p in done.stdout.splitlines() if (ROOT / p).is_file()]
+    skip = {"__pycache__", ".git", ".ipynb_checkpoints", ".pytest_cache", "build", "site"}
+    return sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+                  if p.is_file() and not skip & set(p.relative_to(ROOT).parts) and p.suffix not in (".pyc", ".so"))
 
 
 def chosen_labs(names: list[str] | None = None, through_lesson: int | None = None) -> list[Lab] | None:
