@@ -198,6 +198,30 @@ def test_a_sliding_group_hits_only_the_window_before_the_hit_end():
     sliding, full = hit.blocks[0], hit.blocks[-1]
     assert len(full) == 5 and NULL_BLOCK not in full
     assert sliding[:3] == [NULL_BLOCK] * 3 and NULL_BLOCK not in sliding[3:] and len(sliding) == 5
+    kv.events.drain()
+    group = SequenceGroup(1, [second])
+    kv.allocate(group, None, hit)
+    hits = [e for e in kv.events.drain() if e.kind == CACHE_HIT]
+    assert sorted((e.kv_cache_group, e.logical_index) for e in hits if e.kv_cache_group == 0) == [(0, 3), (0, 4)]
+    for e in hits:  # each event names the table entry the hit filled, after the sliding group's nulls
+        assert second.block_tables_of(e.kv_cache_group)[e.logical_index] == e.block_id
+
+
+def test_a_sliding_group_never_hits_a_block_cached_after_another_prefix():
+    """A hash that ignores the parent (tests weaken it so) names [5, 6, 7, 8] alike after [1, 2, 3, 4]
+    and after [9, 9, 9, 9]; the window (4 tokens, blocks of 4) needs only that one block before the
+    hit's end. The hit compares the parent hash too, as the hash chain's lookup does: no hit."""
+    kv = SlidingWindowManager(8, 4, null_block=True, enable_caching=True, sliding_window=4,
+                              hash_fn=lambda parent, token_ids, extra: bytes(token_ids))
+    scheduler = Scheduler(kv, 1, 100)
+    ids = iter(range(100, 1000))
+    scheduler.add(SequenceGroup(0, [Sequence(0, 9, max_len=10, token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 0])]))
+    while scheduler.has_unfinished():
+        model_free_step(scheduler, lambda: next(ids))
+    same = Sequence(1, 9, max_len=10, seq_id=1, token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 0])
+    other = Sequence(2, 9, max_len=10, seq_id=2, token_ids=[9, 9, 9, 9, 5, 6, 7, 8, 0])
+    assert kv.find_longest_cache_hit(same, 2) == [NULL_BLOCK, kv.prefix_cache.cached_blocks[bytes([5, 6, 7, 8])]]
+    assert kv.find_longest_cache_hit(other, 2) == []
 
 
 def test_the_simulator_takes_hybrid_specs_and_the_views_read_its_groups():

@@ -191,7 +191,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             return
         on_cpu = [-1 - b for b in hits if b < 0]
         hits = hits[: len(hits) - len(on_cpu)]
-        for logical_index, block_id in enumerate(hits):
+        for logical_index, block_id in enumerate(hits, start=len(seq.block_table)):  # after a sliding window's null entries
             self.allocator.touch(block_id)
             seq.block_table.append(block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
