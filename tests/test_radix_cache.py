@@ -306,6 +306,18 @@ def test_fcfs_records_no_admissions_and_lpm_needs_prefix_caching():
         EngineConfig(kv_offload_blocks=-1)
 
 
+def test_a_cpu_tier_larger_than_the_memory_available_is_refused_naming_its_flag(tiny_llama_dir):
+    """10^12 blocks of the tiny model's 2 layers (2 KV heads of 16, float32, blocks of 16: 8 KiB each)
+    would take 7,629,394.5 GiB: refused before anything is reserved, naming --kv-offload-blocks, not
+    the swap space it shares the host cache with."""
+    from engine.model_executor.platform import available_host_memory
+
+    assert available_host_memory() is not None
+    with pytest.raises(ValueError, match=r"^kv_offload_blocks=1000000000000 \(--kv-offload-blocks\) needs 7,629,394.5 GiB of CPU memory "
+                                         r"\(1,000,000,000,000 blocks of 8.0 KiB\), and [\d,.]+ GiB is available: give fewer blocks$"):
+        LLMEngine(EngineConfig(model=str(tiny_llama_dir), kv_offload_blocks=10**12))
+
+
 @pytest.mark.parametrize("cache", ["hash", "radix"])
 def test_evicted_blocks_come_back_from_the_cpu_tier_with_the_same_outputs(tiny_llama_dir, cache):
     def make(**overrides):
