@@ -1304,6 +1304,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "admission_starved": ("Request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
     "admission_preempted": ("Request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
+    "admission_long-queue": ("Request {rid}: first come, first served (more than 128 waiting: no prefix matched), {hit} tokens cached",
+                             "请求 {rid}：先来先服务（等待超过 128 个，不做前缀匹配），已缓存 {hit} 个 token"),
     "kv_offload_caption": ("CPU tier this step: {offloaded} blocks offloaded, {loaded} loaded back, {dropped} dropped; cached blocks "
                            "on the GPU {gpu}, on the CPU {cpu} of {capacity}",
                            "本步 CPU 层：卸载 {offloaded} 块，载回 {loaded} 块，丢弃 {dropped} 块；已缓存的块：GPU 上 {gpu} 块，"
