@@ -134,6 +134,24 @@ def test_the_seam_replaces_the_parts_where_they_sit(tmp_path, monkeypatch):
     assert lab_impl.plug_lab_parts(namespace2) == [], "LAB_ONLY limits the swap to the labs it names"
 
 
+def test_a_students_file_cannot_keep_or_call_the_model_answer_it_replaces(tmp_path, monkeypatch):
+    """The file runs while its parts are stubs, in the module and on the class: a file that keeps the
+    engine's own function by name, or takes the method from the class, gets the stub, which raises."""
+    engine_file = tmp_path / "toy_engine.py"
+    engine_file.write_text(MODULE)
+    namespace = {"__file__": str(engine_file), "__name__": "toy_engine"}
+    exec(compile(MODULE, str(engine_file), "exec"), namespace)
+    student = tmp_path / "toy.py"
+    student.write_text('LAB = "toy"\n\n_answer, _take = double, Pool.__dict__["take"]\n\n'
+                       'class Pool:\n    def take(self):\n        return _take(self)\n\n'
+                       'def double(x):\n    return _answer(x)\n')
+    monkeypatch.setenv("LAB_IMPL", str(student))
+    assert lab_impl.plug_lab_parts(namespace) == ["toy"]
+    for call, part in ((lambda: namespace["double"](2), "double"), (lambda: namespace["Pool"]().take(), "Pool.take")):
+        with pytest.raises(NotImplementedError, match=f"lab toy: {part} is the part a student's file replaces"):
+            call()
+
+
 def test_the_seam_names_what_is_missing(tmp_path, monkeypatch):
     engine_file = tmp_path / "toy_engine.py"
     engine_file.write_text(MODULE)

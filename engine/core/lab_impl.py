@@ -24,14 +24,20 @@ Choosing an implementation: the environment variable ``LAB_IMPL`` (``python -m e
   lab's file names the lab it is a seeded copy of);
 - several of these joined by ``os.pathsep``: for each lab, the last entry that has it.
 
-``LAB_ONLY`` (comma-separated lab names) limits the swap to those labs: the grader swaps one lab at a
-time, so that the rest of the engine is its own.
+``LAB_ONLY`` (comma-separated lab names) limits the swap to those labs. The grader sets it for one
+file or the starters, so that the rest of the engine is its own; a student's directory swaps every
+lab it holds, so that the labs build on each other, and a broken part costs the labs that run it too.
 
 Each engine module that holds labs calls :func:`plug_lab_parts` with its ``globals()`` on its last
 line, so the swap happens before any other module imports a name from it. The student's file runs
 in a namespace that starts as a copy of the engine module's (its imports and helpers are there); a
 top-level part replaces the module's name, a method part is set on the engine's class (with any new
-helper method the student's class adds). A Triton kernel module (``paged_kernels``, which imports
+helper method the student's class adds). Before the file runs, each part it replaces is a stub that
+raises, in the module and on its class, so the file cannot keep or call the model answer by name.
+(The engine's source stays readable, so no seam makes grading airtight; the handout's engine has no
+model answer at all.) A student's function keeps the module's globals as they were when its file
+ran: a test that sets a module constant (``monkeypatch.setattr(module, "LPM_MAX_WAITING", 4)``)
+changes what the engine's own part reads, not the student's. A Triton kernel module (``paged_kernels``, which imports
 nothing of the engine) is plugged by the engine when it chooses the kernels (:func:`plug_module`).
 
 Standard library only: this is the engine's lowest layer (``engine.core``, model-free).
@@ -189,6 +195,24 @@ def chosen_file(lab: str, spec: str | None = None) -> Path | None:
     return path if found["lab"] == lab else None
 
 
+def _unwritten(lab: str, qualname: str):
+    def part(*args, **kwargs):
+        raise NotImplementedError(f"lab {lab}: {qualname} is the part a student's file replaces; the engine's own is "
+                                  "not there to call while the file runs")
+    return part
+
+
+def _hide_model_answer(namespace: dict, lab: str, parts: list[Part]) -> None:
+    """A stub in place of each of ``lab``'s parts, in the engine module and on its classes, while the
+    student's file that replaces them runs: the file cannot keep or call the model answer."""
+    for part in parts:
+        cls_name, _, name = part.qualname.rpartition(".")
+        if cls_name:
+            setattr(namespace[cls_name], name, _unwritten(lab, part.qualname))
+        else:
+            namespace[name] = _unwritten(lab, part.qualname)
+
+
 def _load(path: Path, lab: str, namespace: dict) -> types.ModuleType:
     """Run a student's file in a copy of the engine module's namespace."""
     module = types.ModuleType(f"lab_impl_{lab}", namespace.get("__doc__"))
@@ -217,6 +241,7 @@ def plug_lab_parts(namespace: dict) -> list[str]:
         path = chosen_file(lab)
         if path is None:
             continue
+        _hide_model_answer(namespace, lab, parts)
         module = _load(path, lab, namespace)
         classes: dict[str, object] = {}
         for part in parts:
