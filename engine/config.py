@@ -125,7 +125,9 @@ class EngineConfig:
             default max(max_model_len, 2048). With chunked prefill default 512, vLLM v0's default for it.
             Never smaller than max_num_seqs, or running decodes could not all fit.
         max_model_len: most tokens (prompt + output) per request; default min(model limit, 2048),
-            always capped at the pool's capacity so that a lone request can always finish.
+            always capped at the pool's capacity so that a lone request can always finish (a hybrid
+            KV cache's capacity for one request: each token takes a slot in every KV cache group,
+            ``HybridKVCacheCoordinator.longest_request``).
         dtype: "auto" = float32 on CPU, bfloat16 on CUDA.
         device: "auto" = CUDA when present.
         attention_backend: "torch" (gather + softmax; on CPU with ``cpu_kernels`` its decode attention is the
@@ -311,7 +313,7 @@ class EngineConfig:
         if not self.enable_chunked_prefill and budget < max_model_len:
             raise ValueError(f"max_num_batched_tokens ({budget}) must be >= max_model_len ({max_model_len}): "
                              "without chunked prefill a prompt is prefilled whole (or set enable_chunked_prefill=True)")
-        return ResolvedSizes(num_blocks, num_cpu_blocks, max_model_len, budget)
+        return ResolvedSizes(num_blocks, num_cpu_blocks, max_model_len, budget, wanted)
 
 
 @dataclass(frozen=True)
@@ -322,12 +324,15 @@ class ResolvedSizes:
         num_blocks: KV pool blocks. num_cpu_blocks: CPU swap space blocks (0: none).
         max_model_len: most tokens per request, within the model's positions and the pool.
         max_num_batched_tokens: the step's token budget.
+        requested_max_model_len: max_model_len as asked for (or the model's default), before the
+            pool's cap: a refusal names the limit that applies.
     """
 
     num_blocks: int
     num_cpu_blocks: int
     max_model_len: int
     max_num_batched_tokens: int
+    requested_max_model_len: int
 
 
 def _positive_int(name: str, value) -> None:

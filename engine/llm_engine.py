@@ -28,7 +28,8 @@ from engine.model_executor.model import build_model
 from engine.model_executor.model_loader import LoadedModel, load_model
 from engine.model_executor import kv_quant
 from engine.model_executor.model_runner import CPU_KERNEL_BACKEND, TORCH_BACKEND, ModelRunner, kv_bytes_per_slot
-from engine.model_executor.platform import describe_cpu_backend, resolve_backend, resolve_device, resolve_dtype
+from engine.model_executor.platform import (available_host_memory, check_host_blocks, describe_cpu_backend, resolve_backend,
+                                            resolve_device, resolve_dtype)
 from engine.model_executor.sampler import sample, sample_batch
 from engine.output_processor import GroupSample, OutputProcessor, Samples, StepOutputs
 from engine.prefix_report import PrefixReporter
@@ -95,11 +96,22 @@ class LLMEngine:
             self.kv_cache_config = None  # one group: the paged allocator and a pair of tensors per layer, as always
         elif config.allocator != "paged" or config.speculative_config is not None:
             raise ValueError("a model with sliding-window layers needs the paged allocator and no speculative decoding")
+        block_bytes = self.bytes_per_slot * config.block_size  # a page: every layer's K and V (a group's, in a hybrid pool)
+        available = available_host_memory()
+        check_host_blocks(f"kv_offload_blocks={config.kv_offload_blocks} (--kv-offload-blocks)", config.kv_offload_blocks, block_bytes, available)
+        check_host_blocks(f"the swap space (swap_space, --swap-space) of {self.num_cpu_blocks} blocks", self.num_cpu_blocks, block_bytes, available)
         self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks + config.kv_offload_blocks,
                                   kv_cache_config=self.kv_cache_config, kv_cache_dtype=config.kv_cache_dtype,
                                   calculate_kv_scales=config.calculate_kv_scales)
         self.events = EventLog()
-        self.kv = self._make_kv_manager()
+        self.kv = self._make_kv_manager(max_batched)
+        self._requested_max_model_len = sizes.requested_max_model_len
+        if self.kv_cache_config is not None:  # a token takes a slot in every group: a lone request holds fewer tokens than the pool has slots
+            self.max_model_len = min(self.max_model_len, self.kv.longest_request())
+            if self.max_model_len < 1:
+                groups = self.kv.num_kv_cache_groups
+                raise ValueError(f"a KV pool of {self.num_blocks} blocks cannot hold one token of this model: each token takes a slot "
+                                 f"in each of its {groups} KV cache groups, and block 0 is the null block; give at least {groups + 1} blocks")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
                                    config.schedule_first, config.scheduling_policy, config.lpm_max_wait_steps)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
@@ -179,9 +191,7 @@ class LLMEngine:
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {bad}")
         ids = self.encode(prompt)
         if len(ids) + 1 > self.max_model_len:
-            pool = self.num_blocks * self.config.block_size
-            why = f"the KV pool holds {pool} tokens" if self.max_model_len == pool else f"max_model_len={self.max_model_len}"
-            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate: {why}")
+            raise ValueError(f"prompt of {len(ids)} tokens leaves no room to generate: {self.max_model_len_limit(len(ids) + 1)}")
         request_id = self._next_request_id
         beam = params if isinstance(params, BeamSearchParams) else None
         stopping = beam.stopping_params() if beam else params
@@ -194,7 +204,10 @@ class LLMEngine:
                              "without speculative_config)")
         if not self.kv.fits_ever(request):
             what = f"prompt of {len(ids)} tokens" if request.is_single else f"{request.num_samples} sequences of up to {seq.max_len} tokens"
-            raise ValueError(f"{what} can never fit in the KV pool ({self.kv.num_slots} slots)")
+            if self.kv_cache_config is None:
+                raise ValueError(f"{what} can never fit in the KV pool ({self.kv.num_slots} slots)")
+            raise ValueError(f"{what} can never fit in the KV pool: each token takes a slot in each of the model's "
+                             f"{self.kv.num_kv_cache_groups} KV cache groups ({self.kv.num_usable_blocks} blocks of {self.config.block_size} slots)")
         self._next_request_id += 1
         if beam is None:  # beam search chooses its tokens without randomness
             seed = stopping.seed if stopping.seed is not None else self.config.seed * 1_000_003 + request_id
@@ -204,6 +217,33 @@ class LLMEngine:
         self.scheduler.add(request)
         self._arrived[request_id] = self.clock_ms
         return request_id
+
+    @property
+    def max_model_len_capped_by_pool(self) -> bool:
+        """Is ``max_model_len`` the KV pool's capacity for one request, below what was asked for (or
+        the model's default)? The engine caps it so that a lone request can always finish."""
+        return self.max_model_len < self._requested_max_model_len
+
+    def max_model_len_limit(self, num_tokens: int | None = None) -> str:
+        """The limit behind ``max_model_len``, in words for a refusal: ``max_model_len=N`` as asked
+        for; "the KV pool holds N tokens" when the pool caps it; for a hybrid KV cache, why one
+        request holds fewer tokens than the pool has slots and, for a request of ``num_tokens``
+        tokens, the pool or the prefill chunk that would hold it."""
+        if not self.max_model_len_capped_by_pool:
+            return f"max_model_len={self.max_model_len}"
+        bs = self.config.block_size
+        if self.kv_cache_config is None:
+            return f"the KV pool holds {self.max_model_len} tokens"
+        kv, usable = self.kv, self.kv.num_usable_blocks
+        why = (f"the KV pool holds {self.max_model_len} tokens of one request, as each token takes a slot in each of the model's "
+               f"{kv.num_kv_cache_groups} KV cache groups ({usable} blocks of {bs} slots)")
+        if num_tokens is None or num_tokens > self._requested_max_model_len:
+            return why
+        why += f"; {num_tokens} tokens need a pool of {kv.blocks_for_one_request(num_tokens) + 1} blocks"
+        chunk = kv.largest_chunk_for(num_tokens)
+        if chunk is not None and chunk >= self.config.max_num_seqs:
+            why += f", or chunked prefill with max_num_batched_tokens of at most {chunk}"
+        return why
 
     def _prompt_text(self, prompt: Prompt, ids: list[int]) -> str:
         """The prompt as text: a text prompt as given, chat messages' last content, or the decoded ids."""
@@ -487,11 +527,12 @@ class LLMEngine:
         prompts = {rid: self.requests[rid].seqs[0].token_ids[: self.requests[rid].num_prompt_tokens] for rid in hit if rid in self.requests}
         return self.prefix_reporter.matches(events, prompts)
 
-    def _make_kv_manager(self) -> KVCacheManager:
+    def _make_kv_manager(self, max_num_batched_tokens: int) -> KVCacheManager:
         cfg = self.config
         seed = cfg.seed if cfg.shuffle_blocks else None
         if cfg.allocator == "paged":
-            return make_kv_cache_manager(self.kv_cache_config, self.num_blocks, cfg.block_size, shuffle_seed=seed,
+            chunk = max_num_batched_tokens if cfg.enable_chunked_prefill else None
+            return make_kv_cache_manager(self.kv_cache_config, self.num_blocks, cfg.block_size, chunk, shuffle_seed=seed,
                                          enable_caching=cfg.enable_prefix_caching, num_cpu_blocks=self.num_cpu_blocks,
                                          null_block=cfg.reserve_null_block, events=self.events, prefix_cache=cfg.prefix_cache,
                                          kv_offload_blocks=cfg.kv_offload_blocks)

@@ -325,7 +325,8 @@ class StepReport:
             clock as ``start_ms``, ms (the engine: when ``add_request`` was called).
         admissions: scheduling_policy "lpm": ``(request id, reason, cached prompt tokens)`` of each
             request admitted this step, in admission order; reason "longest-prefix", "starved" (the
-            starvation guard) or "preempted" (``engine/core/scheduling_policy.py``). None under FCFS.
+            starvation guard), "preempted" or "long-queue" (over 128 waiting: first come, first served,
+            as SGLang; ``engine/core/scheduling_policy.py``). None under FCFS.
         kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
         radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted

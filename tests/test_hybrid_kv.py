@@ -198,6 +198,102 @@ def test_a_sliding_group_hits_only_the_window_before_the_hit_end():
     sliding, full = hit.blocks[0], hit.blocks[-1]
     assert len(full) == 5 and NULL_BLOCK not in full
     assert sliding[:3] == [NULL_BLOCK] * 3 and NULL_BLOCK not in sliding[3:] and len(sliding) == 5
+    kv.events.drain()
+    group = SequenceGroup(1, [second])
+    kv.allocate(group, None, hit)
+    hits = [e for e in kv.events.drain() if e.kind == CACHE_HIT]
+    assert sorted((e.kv_cache_group, e.logical_index) for e in hits if e.kv_cache_group == 0) == [(0, 3), (0, 4)]
+    for e in hits:  # each event names the table entry the hit filled, after the sliding group's nulls
+        assert second.block_tables_of(e.kv_cache_group)[e.logical_index] == e.block_id
+
+
+def test_a_sliding_group_never_hits_a_block_cached_after_another_prefix():
+    """A hash that ignores the parent (tests weaken it so) names [5, 6, 7, 8] alike after [1, 2, 3, 4]
+    and after [9, 9, 9, 9]; the window (4 tokens, blocks of 4) needs only that one block before the
+    hit's end. The hit compares the parent hash too, as the hash chain's lookup does: no hit."""
+    kv = SlidingWindowManager(8, 4, null_block=True, enable_caching=True, sliding_window=4,
+                              hash_fn=lambda parent, token_ids, extra: bytes(token_ids))
+    scheduler = Scheduler(kv, 1, 100)
+    ids = iter(range(100, 1000))
+    scheduler.add(SequenceGroup(0, [Sequence(0, 9, max_len=10, token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 0])]))
+    while scheduler.has_unfinished():
+        model_free_step(scheduler, lambda: next(ids))
+    same = Sequence(1, 9, max_len=10, seq_id=1, token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 0])
+    other = Sequence(2, 9, max_len=10, seq_id=2, token_ids=[9, 9, 9, 9, 5, 6, 7, 8, 0])
+    assert kv.find_longest_cache_hit(same, 2) == [NULL_BLOCK, kv.prefix_cache.cached_blocks[bytes([5, 6, 7, 8])]]
+    assert kv.find_longest_cache_hit(other, 2) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(block_size=st.sampled_from([1, 2, 4]), window=st.integers(1, 12), num_blocks=st.integers(3, 60),
+       chunk=st.one_of(st.none(), st.integers(1, 16)), prompt=st.integers(1, 200), six_groups=st.booleans())
+def test_a_request_of_the_longest_length_finishes_alone(block_size, window, num_blocks, chunk, prompt, six_groups):
+    """One token takes a slot in every group, so one request holds fewer tokens than the pool has
+    slots: ``longest_request`` (an engine's max_model_len cap) counts each group's blocks as vLLM
+    does, a sliding-window group at its window and a chunk with chunked prefill. A request of that
+    length runs alone to its end; one token more would not fit."""
+    config = gemma3_config(num_blocks, block_size, window=window, num_layers=6, pattern=6 if six_groups else 3)
+    kv = HybridKVCacheCoordinator(config, block_size, max_num_batched_tokens=chunk)
+    longest = kv.longest_request()
+    assert kv.blocks_for_one_request(longest + 1) > kv.num_usable_blocks
+    if longest < 2:
+        return
+    prompt = min(prompt, longest - 1)
+    group = SequenceGroup(0, [Sequence(0, prompt, max_len=longest, token_ids=list(range(prompt)))])
+    assert kv.fits_ever(group)
+    scheduler = Scheduler(kv, 1, chunk or 10_000, enable_chunked_prefill=chunk is not None)
+    scheduler.add(group)
+    ids = iter(range(1000, 10**6))
+    for _ in range(3 * longest):
+        model_free_step(scheduler, lambda: next(ids))
+        if not scheduler.has_unfinished():
+            break
+    assert not scheduler.has_unfinished(), f"stuck at {group.seqs[0].num_tokens} of {longest} tokens"
+    assert group.seqs[0].num_tokens == longest and kv.allocator.num_free == kv.num_usable_blocks
+
+
+def test_a_hybrid_refusal_says_each_token_takes_a_slot_in_every_group_and_what_would_hold_it(gemma_loaded):
+    """Gemma 3 270M with an 8-token window (same weights), blocks of 4: 30 usable blocks and 6 groups
+    hold one request of 20 tokens (max_model_len is capped there, below the 2048 asked), not 120.
+    The refusal says why, and that 21 tokens need a pool of 37 blocks or chunks of at most 5 tokens
+    (each sliding group then holds its window and a chunk: 4 blocks); with chunks of 4 the same pool
+    holds 40. The app's Chinese reads the same numbers."""
+    import copy
+    import dataclasses
+
+    from engine import EngineConfig, LLMEngine, SamplingParams
+    from visualize.i18n import error_text
+
+    config = copy.deepcopy(gemma_loaded.config)
+    config.sliding_window = 8
+    narrow = dataclasses.replace(gemma_loaded, config=config)
+
+    def engine(**chunking):
+        return LLMEngine(EngineConfig(model="gemma-3-270m", block_size=4, num_gpu_blocks=31, max_num_seqs=1, cpu_kernels=False, **chunking),
+                         loaded_model=narrow)  # no step runs: torch, not the C++ kernels' packed weights
+
+    whole, chunked = engine(), engine(enable_chunked_prefill=True, max_num_batched_tokens=4)
+    assert (whole.max_model_len, chunked.max_model_len) == (20, 40) and whole.max_model_len_capped_by_pool
+    groups = "as each token takes a slot in each of the model's 6 KV cache groups (30 blocks of 4 slots)"
+    with pytest.raises(ValueError) as refused:
+        whole.add_request(list(range(1000, 1020)))
+    assert str(refused.value) == (f"prompt of 20 tokens leaves no room to generate: the KV pool holds 20 tokens of one request, {groups}; "
+                                  "21 tokens need a pool of 37 blocks, or chunked prefill with max_num_batched_tokens of at most 5")
+    assert error_text(str(refused.value), "zh").endswith("21 个 token 需要 37 块的 KV 池，或者开启分块预填充并让 max_num_batched_tokens 不超过 5")
+    chunked.add_request(list(range(1000, 1020)), SamplingParams(max_tokens=20))
+    with pytest.raises(ValueError) as refused:
+        whole.add_request(list(range(1000, 1007)), SamplingParams(n=4, max_tokens=20))
+    assert str(refused.value) == f"4 sequences of up to 20 tokens can never fit in the KV pool: each token takes a slot in each of the model's 6 KV cache groups (30 blocks of 4 slots)"
+    assert "永远放不进 KV 池：每个 token 在模型的 6 个 KV 缓存组里各占一个槽位" in error_text(str(refused.value), "zh")
+
+
+@pytest.mark.parametrize("refused", [dict(prefix_cache="radix"), dict(kv_offload_blocks=4)])
+def test_the_radix_tree_and_the_cpu_tier_are_refused_saying_why_and_what_works(refused):
+    with pytest.raises(ValueError) as error:
+        make_kv_cache_manager(gemma3_config(64, 4, window=8, num_layers=6), 64, 4, enable_caching=True, **refused)
+    message = str(error.value)
+    assert "caches prefixes as a hash chain per KV cache group, as vLLM does: use prefix_cache='hash'" in message
+    assert "kv_offload_blocks=0" in message and "SWARadixCache" in message
 
 
 def test_the_simulator_takes_hybrid_specs_and_the_views_read_its_groups():

@@ -220,6 +220,29 @@ def test_radix_gives_the_greedy_outputs_of_no_caching_and_of_the_hash_chain(defa
         assert hits["radix"] >= hits["hash"] > 0
 
 
+def test_a_two_block_cpu_tier_gives_the_greedy_outputs_of_none_on_a_multi_turn_workload(default_loaded):
+    """Two chats of two turns, one request at a time, in a pool of 5 blocks of 4 tokens: each chat's
+    turn evicts the other's blocks; with a tier of 2 blocks the next turn loads its first blocks
+    back, and the full tier drops some. The tokens are those of the hash chain without a tier."""
+    def run(**cache):
+        engine = LLMEngine(EngineConfig(block_size=4, num_gpu_blocks=5, max_num_seqs=1, **cache), loaded_model=default_loaded)
+        history, outputs, reports = {}, [], []
+        for chat, first in (("A", 100), ("B", 300), ("A", 200), ("B", 400)):
+            prompt = history.get(chat, []) + list(range(first, first + 6))
+            rid = engine.add_request(prompt, SamplingParams(max_tokens=3, ignore_eos=True))
+            while engine.has_unfinished_requests():
+                reports.append(engine.step())
+            outputs.append(engine.get_output(rid).outputs[0].token_ids)
+            history[chat] = prompt + outputs[-1]
+        return outputs, reports
+
+    plain, _ = run()
+    for cache in ("hash", "radix"):
+        outputs, reports = run(prefix_cache=cache, kv_offload_blocks=2)
+        assert outputs == plain, cache
+        assert sum(len(r.kv_offload.loaded) for r in reports) == 2 and sum(r.kv_offload.dropped for r in reports) >= 1, cache
+
+
 # ---- the tree's eviction order, cache-aware scheduling, the CPU tier ------------------------------
 
 def finish_request(scheduler: Scheduler, kv: PagedBlockManager, tokens: list[int], request_id: int) -> None:
@@ -281,6 +304,18 @@ def test_fcfs_records_no_admissions_and_lpm_needs_prefix_caching():
         EngineConfig(prefix_cache="trie")
     with pytest.raises(ValueError, match="kv_offload_blocks must be a number of blocks"):
         EngineConfig(kv_offload_blocks=-1)
+
+
+def test_a_cpu_tier_larger_than_the_memory_available_is_refused_naming_its_flag(tiny_llama_dir):
+    """10^12 blocks of the tiny model's 2 layers (2 KV heads of 16, float32, blocks of 16: 8 KiB each)
+    would take 7,629,394.5 GiB: refused before anything is reserved, naming --kv-offload-blocks, not
+    the swap space it shares the host cache with."""
+    from engine.model_executor.platform import available_host_memory
+
+    assert available_host_memory() is not None
+    with pytest.raises(ValueError, match=r"^kv_offload_blocks=1000000000000 \(--kv-offload-blocks\) needs 7,629,394.5 GiB of CPU memory "
+                                         r"\(1,000,000,000,000 blocks of 8.0 KiB\), and [\d,.]+ GiB is available: give fewer blocks$"):
+        LLMEngine(EngineConfig(model=str(tiny_llama_dir), kv_offload_blocks=10**12))
 
 
 @pytest.mark.parametrize("cache", ["hash", "radix"])
@@ -372,3 +407,143 @@ def test_the_simulator_runs_the_token_workloads_on_either_cache_and_defaults_rea
     plain = simulate(num_requests=20).summary()
     assert not {"prefix_cache", "scheduling_policy", "kv_offload_blocks", "enable_prefix_caching"} & set(plain["config"])
     assert "prefix_cache_hit_rate" not in plain
+
+
+# ---- the CPU tier: every block holds the KV its table and its hash name ---------------------------
+
+class KVContents:
+    """What each physical block holds, model-free: for each slot, the token ids whose KV it holds
+    (its token and every token before it: a position's K and V depend on its whole prefix). Written
+    as the engine writes and copies: a step's copies to the CPU first (swap-outs, offloads), then
+    back (swap-ins, loads), then its copy-on-writes, then the scheduled positions."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.slots: dict[tuple[str, int], list[tuple | None]] = {}
+        self.loads: list[tuple[int, int]] = []  # the CPU tier's (cpu, gpu) loads so far
+
+    def block(self, pool: str, block_id: int) -> list[tuple | None]:
+        return self.slots.setdefault((pool, block_id), [None] * self.block_size)
+
+    def step(self, scheduler: Scheduler) -> list[Sequence]:
+        batch = scheduler.schedule()
+        self.loads += batch.kv_offload_in
+        for pairs, src, dst in ((batch.blocks_to_swap_out + batch.kv_offload_out, "gpu", "cpu"),
+                                (batch.blocks_to_swap_in + batch.kv_offload_in, "cpu", "gpu"), (batch.blocks_to_copy, "gpu", "gpu")):
+            for a, b in pairs:
+                self.slots[(dst, b)] = list(self.block(src, a))
+        bs = self.block_size
+        for seq in batch.prefill_seqs + batch.decode_seqs:
+            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + batch.num_tokens_of(seq)):
+                self.block("gpu", seq.block_table[pos // bs])[pos % bs] = tuple(seq.token_ids[: pos + 1])
+        return scheduler.update_from_output(batch)
+
+    def prefix(self, pool: str, block_id: int) -> tuple | None:
+        """The tokens whose KV the full block holds, through its own last token (None: its slots
+        hold no one prefix)."""
+        slots, bs = self.block(pool, block_id), self.block_size
+        last = slots[-1]
+        if last is None or any(slots[j] != last[: len(last) - bs + j + 1] for j in range(bs)):
+            return None
+        return last
+
+
+def check_kv_contents(kv: PagedBlockManager, scheduler: Scheduler, contents: KVContents) -> None:
+    """Each running sequence's computed positions hold its own tokens' KV; each cached GPU block and
+    each CPU-tier block holds the KV its block hash names."""
+    bs, cache = kv.block_size, kv.prefix_cache
+    for group in scheduler.running:
+        for seq in group.unfinished_seqs():
+            for pos in range(seq.num_computed_tokens):
+                block_id = seq.block_table[pos // bs]
+                assert contents.block("gpu", block_id)[pos % bs] == tuple(seq.token_ids[: pos + 1]), \
+                    f"request {seq.request_id}'s block {block_id} (logical {pos // bs}) holds another prefix's KV"
+
+    def names(pool: str, block_id: int, block_hash: bytes) -> bool:
+        prefix = contents.prefix(pool, block_id)
+        return prefix is not None and cache.block_hashes(list(prefix), len(prefix) // bs, [])[-1] == block_hash
+
+    for block_id, block_hash in enumerate(cache.block_hash):
+        assert block_hash is None or names("gpu", block_id, block_hash), f"cached GPU block {block_id} holds other KV than its hash names"
+    for block_hash, cpu in kv.offload.entries.items():
+        assert names("cpu", cpu, block_hash), f"CPU tier block {cpu} holds other KV than its hash names"
+
+
+def run_conversations(kv: PagedBlockManager, scheduler: Scheduler, chats: list[list[tuple[list[int], int]]], rng: random.Random,
+                      vocab: int = 3) -> KVContents:
+    """Multi-turn chats, model-free: each turn is ``(new tokens, output tokens)``, its prompt the chat
+    so far (the last turn's prompt and output) and its new tokens; a chat's next turn arrives when
+    its last one finishes (or ends when it no longer fits the pool). Checks the KV contents after
+    every step."""
+    contents, ids, num_requests = KVContents(kv.block_size), iter(range(1000, 10**6)), iter(range(10**6))
+    history = [[] for _ in chats]
+    pending = [list(chat) for chat in chats]
+    capacity = kv.num_usable_blocks * kv.block_size  # a request alone must be able to finish
+
+    def next_turn(c: int) -> None:
+        while pending[c]:
+            new_tokens, output = pending[c].pop(0)
+            tokens = history[c] + new_tokens
+            rid = next(num_requests)
+            group = SequenceGroup(rid, [Sequence(rid, len(tokens), max_len=min(len(tokens) + output, capacity), seq_id=next(ids), token_ids=tokens)],
+                                  SamplingParams())
+            if kv.fits_ever(group):
+                group.chat = c
+                scheduler.add(group)
+                return
+
+    for c in range(len(chats)):
+        next_turn(c)
+    steps = 0
+    while scheduler.has_unfinished():
+        ready = {s.seq_id for s in contents.step(scheduler)}
+        check_kv_contents(kv, scheduler, contents)
+        for group in list(scheduler.running):
+            seq = group.seqs[0]
+            if seq.seq_id in ready:
+                seq.append_token(rng.randrange(vocab))
+            if seq.num_tokens >= seq.max_len:
+                scheduler.finish(group, "length")
+                history[group.chat] = list(seq.token_ids)
+                next_turn(group.chat)
+        steps += 1
+        assert steps < 2_000, "the scheduler stopped making progress"
+    assert kv.allocator.num_free == kv.num_blocks, "blocks leaked"
+    return contents
+
+
+@pytest.mark.parametrize("cache", ["hash", "radix"])
+def test_a_cpu_hit_is_pinned_before_its_load_back_takes_a_gpu_block(cache):
+    """Blocks of 2 tokens, a pool of 3, a tier of 1, one request at a time. A caches [1, 2] [3, 4];
+    B's prompt evicts [3, 4] into the tier and caches [7, 8] [9, 10]; A's prompt again hits [1, 2]
+    on the GPU and [3, 4] in the tier. The GPU block its load back takes evicts [9, 10] into the
+    full tier, which must drop nothing that is about to be loaded. Unpinned, the tier dropped
+    [3, 4] itself and reused its CPU block: the request read [9, 10]'s KV under its own tokens,
+    and the prefix cache kept it."""
+    kv = PagedBlockManager(3, 2, enable_caching=True, prefix_cache=cache, kv_offload_blocks=1, watermark=0)
+    chats = [[([1, 2, 3, 4, 5], 1)], [([7, 8, 9, 10], 1)], [([1, 2, 3, 4, 5], 1)]]
+    contents = run_conversations(kv, Scheduler(kv, 1, 100), chats, random.Random(0))
+    assert len(contents.loads) == 1, "the third request's second block came back from the CPU tier"
+    assert kv.offload.num_dropped == 0, "the tier dropped a block while its only block was pinned"
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chats=st.lists(st.lists(st.tuples(st.lists(st.integers(0, 1), min_size=1, max_size=8), st.integers(1, 6)), min_size=1, max_size=4),
+                   min_size=2, max_size=3),
+    block_size=st.sampled_from([1, 2, 4]),
+    num_blocks=st.integers(3, 8),
+    offload=st.integers(1, 3),
+    num_cpu_blocks=st.sampled_from([0, 0, 8]),
+    max_num_seqs=st.integers(1, 3),
+    chunked=st.booleans(),
+    cache=st.sampled_from(["hash", "radix"]),
+    seed=st.integers(0, 1000),
+)
+def test_every_block_holds_the_kv_its_table_and_its_hash_name_with_a_small_cpu_tier(chats, block_size, num_blocks, offload,
+                                                                                    num_cpu_blocks, max_num_seqs, chunked, cache, seed):
+    kv = PagedBlockManager(num_blocks, block_size, enable_caching=True, prefix_cache=cache, kv_offload_blocks=offload,
+                           num_cpu_blocks=num_cpu_blocks, watermark=0, shuffle_seed=seed)
+    scheduler = Scheduler(kv, max_num_seqs, max(6, max_num_seqs * 3) if chunked else 10_000, enable_chunked_prefill=chunked,
+                          preemption_mode="swap" if num_cpu_blocks else "recompute")
+    run_conversations(kv, scheduler, chats, random.Random(seed), vocab=2)

@@ -210,6 +210,31 @@ def _error(response: httpx.Response, status: int, param: str | None) -> str:
     return error["message"]
 
 
+def test_a_length_refusal_names_the_pool_when_the_pool_caps_max_model_len(tiny):
+    """max_model_len=512 asked, a pool of 16 blocks of 16: one request holds 256 tokens, and the
+    refusal says it is the pool's limit, not the model's context length; as asked, vLLM's words."""
+    from engine.entrypoints.async_llm import AsyncLLM
+    from engine.entrypoints.openai.protocol import APIError, parse_completion
+    from engine.entrypoints.openai.serving import OpenAIServing
+
+    def refusal(engine, prompt_len, max_tokens=None):
+        body = {"prompt": [5] * prompt_len} | ({"max_tokens": max_tokens} if max_tokens else {})
+        with pytest.raises(APIError) as refused:
+            OpenAIServing(AsyncLLM(engine), "tiny").max_tokens(parse_completion(body), prompt_len, chat=False)
+        return str(refused.value)
+
+    capped = LLMEngine(EngineConfig(model=tiny, num_gpu_blocks=16, max_model_len=512))
+    assert capped.max_model_len == 256 and capped.max_model_len_capped_by_pool
+    assert refusal(capped, 300) == "the KV pool holds 256 tokens; the prompt has 300 tokens, which leaves no room to generate"
+    assert refusal(capped, 200, 100).startswith("the KV pool holds 256 tokens; you asked for 300")
+    with pytest.raises(ValueError, match="^prompt of 300 tokens leaves no room to generate: the KV pool holds 256 tokens$"):
+        capped.add_request([5] * 300)
+    as_asked = LLMEngine(EngineConfig(model=tiny, num_gpu_blocks=64, max_model_len=128))
+    assert refusal(as_asked, 200).startswith("this model's maximum context length is 128 tokens; the prompt has 200 tokens")
+    with pytest.raises(ValueError, match="^prompt of 200 tokens leaves no room to generate: max_model_len=128$"):
+        as_asked.add_request([5] * 200)
+
+
 def test_bad_input_and_limits_name_the_field(tiny):
     engine = LLMEngine(EngineConfig(model=tiny, num_gpu_blocks=64, max_model_len=256))
     settings = ServerSettings(api_keys={"key-a": "alice", "key-b": "bob"}, max_concurrent_requests_per_client=2,

@@ -383,6 +383,29 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                                 "提示词有 {n} 个 token，永远放不进 KV 池（{slots} 个槽位）"),
     "engine_error_group_never_fits": ("{seqs} sequences of up to {len} tokens can never fit in the KV pool ({slots} slots)",
                                       "{seqs} 个序列、每个最长 {len} 个 token，永远放不进 KV 池（{slots} 个槽位）"),
+    # A hybrid KV cache: one token takes a slot in every KV cache group, so one request holds fewer tokens than the pool has slots.
+    "engine_error_no_room_groups": (
+        "prompt of {n} tokens leaves no room to generate: the KV pool holds {len} tokens of one request, as each token takes a slot "
+        "in each of the model's {groups} KV cache groups ({blocks} blocks of {size} slots)",
+        "提示词有 {n} 个 token，没有留下生成的空间：KV 池只容纳一个请求的 {len} 个 token，因为每个 token 在模型的 {groups} 个 KV 缓存组里"
+        "各占一个槽位（{blocks} 块，每块 {size} 个槽位）"),
+    "engine_error_no_room_groups_pool": (
+        "prompt of {n} tokens leaves no room to generate: the KV pool holds {len} tokens of one request, as each token takes a slot "
+        "in each of the model's {groups} KV cache groups ({blocks} blocks of {size} slots); {tokens} tokens need a pool of {needed} blocks",
+        "提示词有 {n} 个 token，没有留下生成的空间：KV 池只容纳一个请求的 {len} 个 token，因为每个 token 在模型的 {groups} 个 KV 缓存组里"
+        "各占一个槽位（{blocks} 块，每块 {size} 个槽位）；{tokens} 个 token 需要 {needed} 块的 KV 池"),
+    "engine_error_no_room_groups_chunked": (
+        "prompt of {n} tokens leaves no room to generate: the KV pool holds {len} tokens of one request, as each token takes a slot "
+        "in each of the model's {groups} KV cache groups ({blocks} blocks of {size} slots); {tokens} tokens need a pool of {needed} "
+        "blocks, or chunked prefill with max_num_batched_tokens of at most {budget}",
+        "提示词有 {n} 个 token，没有留下生成的空间：KV 池只容纳一个请求的 {len} 个 token，因为每个 token 在模型的 {groups} 个 KV 缓存组里"
+        "各占一个槽位（{blocks} 块，每块 {size} 个槽位）；{tokens} 个 token 需要 {needed} 块的 KV 池，或者开启分块预填充并让 "
+        "max_num_batched_tokens 不超过 {budget}"),
+    "engine_error_group_never_fits_groups": (
+        "{seqs} sequences of up to {len} tokens can never fit in the KV pool: each token takes a slot in each of the model's "
+        "{groups} KV cache groups ({blocks} blocks of {size} slots)",
+        "{seqs} 个序列、每个最长 {len} 个 token，永远放不进 KV 池：每个 token 在模型的 {groups} 个 KV 缓存组里各占一个槽位"
+        "（{blocks} 块，每块 {size} 个槽位）"),
     "engine_error_bad_block_count": ("cannot allocate a KV pool of {blocks} blocks x {size} slots ({gib} GiB): use fewer or smaller blocks",
                                      "无法分配 {blocks} 块 × 每块 {size} 个槽位的 KV 池（{gib} GiB）：请用更少或更小的块"),
     # --- step summary
@@ -1281,6 +1304,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "admission_starved": ("Request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
     "admission_preempted": ("Request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
+    "admission_long-queue": ("Request {rid}: first come, first served (more than 128 waiting: no prefix matched), {hit} tokens cached",
+                             "请求 {rid}：先来先服务（等待超过 128 个，不做前缀匹配），已缓存 {hit} 个 token"),
     "kv_offload_caption": ("CPU tier this step: {offloaded} blocks offloaded, {loaded} loaded back, {dropped} dropped; cached blocks "
                            "on the GPU {gpu}, on the CPU {cpu} of {capacity}",
                            "本步 CPU 层：卸载 {offloaded} 块，载回 {loaded} 块，丢弃 {dropped} 块；已缓存的块：GPU 上 {gpu} 块，"

@@ -191,7 +191,7 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             return
         on_cpu = [-1 - b for b in hits if b < 0]
         hits = hits[: len(hits) - len(on_cpu)]
-        for logical_index, block_id in enumerate(hits):
+        for logical_index, block_id in enumerate(hits, start=len(seq.block_table)):  # after a sliding window's null entries
             self.allocator.touch(block_id)
             seq.block_table.append(block_id)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
@@ -202,11 +202,15 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
             self._load_back(seq, on_cpu)
 
     def _load_back(self, seq: Sequence, cpu_blocks: list[int]) -> None:
-        """CPU-tier hits continue ``seq``'s GPU hits: a GPU block each, the copy queued, then cached."""
+        """CPU-tier hits continue ``seq``'s GPU hits: a GPU block each, the copy queued, then cached.
+        All of them are pinned first: a GPU block taken for one may evict a cached block into the
+        full tier, which must not drop a hit of this request and reuse its CPU block."""
         start = len(seq.block_table)
-        for cpu in cpu_blocks:
+        hashes = self.prefix_cache.block_hashes(seq.token_ids, start + len(cpu_blocks), seq.block_hashes)
+        self.offload.pin(cpu_blocks)
+        for cpu, block_hash in zip(cpu_blocks, hashes[start:]):
             block_id = self._allocate_block(seq)
-            block_hash = self.offload.load(cpu, block_id)
+            self.offload.load(cpu, block_id, block_hash)
             self.events.emit(CACHE_HIT, seq.request_id, block_id=block_id, logical_index=len(seq.block_table), seq_id=seq.seq_id,
                              block_hash=block_hash.hex(), detail=f"{LOADED_BACK} {cpu}")
             seq.block_table.append(block_id)

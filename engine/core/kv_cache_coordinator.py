@@ -32,6 +32,14 @@ from engine.core.single_type_kv_cache_manager import NULL_BLOCK, SlidingWindowMa
 from engine.report import BlockTableSnapshot, KVCacheGroupReport
 
 
+# Why a hybrid KV cache keeps its prefixes as a hash chain per group, and nothing else (docs/hybrid-kv.md).
+HYBRID_CACHE_REFUSAL = (
+    "a hybrid KV cache (a model with sliding-window layers, such as Gemma 3) caches prefixes as a hash chain per KV "
+    "cache group, as vLLM does: use prefix_cache='hash' (--prefix-cache hash) and no CPU tier (kv_offload_blocks=0). "
+    "The radix tree and the CPU tier keep one group's blocks; a hybrid model needs a tree that evicts each attention "
+    "type's blocks apart (SGLang's SWARadixCache) and a tier whose loads fill every group (docs/hybrid-kv.md)")
+
+
 class GroupEventLog(EventLog):
     """The shared event log, each event stamped with the group that emitted it (``Event.kv_cache_group``)."""
 
@@ -89,16 +97,20 @@ class HybridKVCacheCoordinator(KVCacheManager):
         block_size: slots per block, every group's.
         shuffle_seed, watermark, enable_caching, num_cpu_blocks, events: as
             :class:`~engine.core.block_manager.PagedBlockManager`; the pool keeps its null block.
+        max_num_batched_tokens: with chunked prefill, the step's token budget, the longest chunk;
+            None = prompts are prefilled whole. It bounds what one request holds
+            (:meth:`blocks_for_one_request`).
 
     Raises:
-        ValueError: a radix prefix cache or a CPU tier (they keep one group's order of blocks).
+        ValueError: a radix prefix cache or a CPU tier (see ``HYBRID_CACHE_REFUSAL``).
     """
 
     def __init__(self, kv_cache_config: KVCacheConfig, block_size: int, shuffle_seed: int | None = None,
                  watermark: float = 0.01, enable_caching: bool = False, num_cpu_blocks: int = 0,
-                 events: EventLog | None = None, **kwargs):
+                 events: EventLog | None = None, max_num_batched_tokens: int | None = None, **kwargs):
         if kwargs.get("prefix_cache", "hash") != "hash" or kwargs.get("kv_offload_blocks", 0):
-            raise ValueError("a hybrid KV cache keeps prefix caching as a hash chain per group, without a CPU tier")
+            raise ValueError(HYBRID_CACHE_REFUSAL)
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_cache_config = kv_cache_config
         self.num_blocks = kv_cache_config.num_blocks
         self.block_size = self.attention_block_size = block_size
@@ -144,13 +156,53 @@ class HybridKVCacheCoordinator(KVCacheManager):
     def _fits(self, needed: int) -> bool:
         return self.managers[0].fits_admission(needed)
 
+    def blocks_for_one_request(self, num_tokens: int) -> int:
+        """The most blocks one sequence of up to ``num_tokens`` tokens holds at once, run alone
+        (vLLM's ``max_memory_usage_bytes`` per group, added up): a full-attention group every block
+        of its tokens; a sliding-window group the same while prompts are prefilled whole (the window
+        frees blocks only from the next step on, and a recomputed request prefills all its tokens
+        again), and with chunked prefill at most its window less one and a chunk, plus one block
+        (the window need not start on a block)."""
+        return self._blocks_for_one_request(num_tokens, self.max_num_batched_tokens)
+
+    def _blocks_for_one_request(self, num_tokens: int, chunk: int | None) -> int:
+        blocks = -(-num_tokens // self.block_size)
+        total = 0
+        for m in self.managers:
+            if isinstance(m, SlidingWindowManager) and chunk is not None:
+                total += min(blocks, -(-(m.sliding_window - 1 + chunk) // self.block_size) + 1)
+            else:
+                total += blocks
+        return total
+
+    def largest_chunk_for(self, num_tokens: int) -> int | None:
+        """The largest chunked-prefill budget (``max_num_batched_tokens``) under which one request of
+        ``num_tokens`` tokens fits the pool alone; None when no chunk size makes it fit."""
+        if self._blocks_for_one_request(num_tokens, 1) > self.num_usable_blocks:
+            return None
+        low, high = 1, num_tokens
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self._blocks_for_one_request(num_tokens, mid) <= self.num_usable_blocks else (low, mid - 1)
+        return low
+
+    def longest_request(self) -> int:
+        """The most tokens one request can hold in the pool alone (:meth:`blocks_for_one_request` within
+        the usable blocks): an engine's ``max_model_len`` is capped at it, so that a lone request can
+        always finish. Each token takes a slot in every group until a window frees it."""
+        low, high = 0, self.num_usable_blocks * self.block_size  # blocks_for_one_request(high + 1) > usable
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.blocks_for_one_request(mid) <= self.num_usable_blocks else (low, mid - 1)
+        return low
+
     def fits_ever(self, seq: Group) -> bool:
-        """The paged allocator's rule in every group: a request's prefill (every group holds all its
-        blocks: the window frees them only from the next step on) fits the empty pool; a request of
-        several sequences must be able to finish alone, each group as the paged allocator counts it."""
+        """A request's prefill and first decode fit the empty pool, each group holding what
+        :meth:`blocks_for_one_request` counts; a request of several sequences must be able to finish
+        alone, each group as the paged allocator counts it."""
         first = seq.seqs[0]
         if seq.num_samples == 1:
-            return len(self.managers) * -(-(first.num_tokens + 1) // self.block_size) <= self.num_usable_blocks
+            return self.blocks_for_one_request(first.num_tokens + 1) <= self.num_usable_blocks
         shared = first.num_prompt_tokens // self.block_size
         own = -(-first.max_len // self.block_size) - shared
         return len(self.managers) * (shared + seq.num_samples * own) <= self.num_usable_blocks
@@ -387,11 +439,13 @@ def _without_null_fill(table: BlockTableSnapshot) -> BlockTableSnapshot:
     return replace(table, filled=filled, ref_counts=refs)
 
 
-def make_kv_cache_manager(kv_cache_config: KVCacheConfig | None, num_blocks: int, block_size: int, **kwargs) -> KVCacheManager:
+def make_kv_cache_manager(kv_cache_config: KVCacheConfig | None, num_blocks: int, block_size: int,
+                          max_num_batched_tokens: int | None = None, **kwargs) -> KVCacheManager:
     """The KV cache manager of a pool: the paged allocator itself for one group (or no config), a
-    :class:`HybridKVCacheCoordinator` for several. ``kwargs`` as :class:`PagedBlockManager`'s."""
+    :class:`HybridKVCacheCoordinator` for several. ``kwargs`` as :class:`PagedBlockManager`'s;
+    ``max_num_batched_tokens`` (chunked prefill's budget) as the coordinator's."""
     if kv_cache_config is None or len(kv_cache_config.kv_cache_groups) == 1:
         return PagedBlockManager(num_blocks, block_size, **kwargs)
     kwargs.pop("null_block", None)
     kwargs.pop("hash_fn", None)
-    return HybridKVCacheCoordinator(kv_cache_config, block_size, **kwargs)
+    return HybridKVCacheCoordinator(kv_cache_config, block_size, max_num_batched_tokens=max_num_batched_tokens, **kwargs)

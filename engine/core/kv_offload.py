@@ -11,8 +11,11 @@ valid), so evicting it again later costs no copy.
 
 The copies run at the start of the step, with swap preemption's (``ModelRunner.swap``): GPU -> CPU
 copies first (an evicted block may be handed out again in the same step), then CPU -> GPU loads.
-A CPU block loaded this step is pinned until the step's copies are taken, so no offload of the
-same step overwrites it first.
+A request pins every CPU hit it is about to load before it takes its first GPU block for them
+(vLLM's ``prepare_load``, SGLang's ``inc_lock_ref`` in ``HiRadixCache.load_back``): taking a GPU
+block may evict a cached one into the full tier, and the tier must then drop another block, not a
+hit that is about to be read. The pins hold until the step's copies are taken, so no offload of
+the same step overwrites a block before its load has run.
 """
 
 from __future__ import annotations
@@ -114,16 +117,25 @@ class KVOffloadTier:
             hits.append(cpu)
         return hits
 
-    def load(self, cpu_block: int, gpu_block: int) -> BlockHash:
-        """Queue the copy of a CPU hit into ``gpu_block``; returns its block hash."""
-        block_hash = self.meta[cpu_block][0]
+    def pin(self, cpu_blocks: list[int]) -> None:
+        """Keep ``cpu_blocks`` (hits a request is about to load) in the tier until the step's copies
+        are taken (:meth:`take_copies`): a full tier drops only unpinned blocks."""
+        self.pinned.update(cpu_blocks)
+
+    def load(self, cpu_block: int, gpu_block: int, block_hash: BlockHash) -> None:
+        """Queue the copy of a pinned CPU hit, the block named ``block_hash``, into ``gpu_block``.
+
+        Raises:
+            AssertionError: the CPU block was not pinned or now holds another block (it was dropped
+                and reused after the lookup that found it).
+        """
+        assert cpu_block in self.pinned, f"CPU block {cpu_block} is loaded without being pinned first"
+        assert self.meta[cpu_block][0] == block_hash, f"CPU block {cpu_block} holds another block than the hit asked for"
         self.entries.move_to_end(block_hash)
-        self.pinned.add(cpu_block)
         self.copies_in.append((cpu_block, gpu_block))
         self.step.loaded.append(gpu_block)
         self.step.copies_in.append((cpu_block - self.base, gpu_block))
         self.num_loaded += 1
-        return block_hash
 
     def discard(self, copies_out: list[tuple[int, int]], copies_in: list[tuple[int, int]]) -> None:
         """Undo a step's copies that never ran (the step raised before or in them): the CPU blocks

@@ -138,9 +138,14 @@ class SlidingWindowManager(PagedBlockManager):
         return hit[:run]
 
     def _cached_block(self, seq: Sequence, hashes: list[bytes], i: int) -> int | None:
+        """The cached block of ``seq``'s block ``i``, or None. As ``PrefixCache.lookup``, a hit needs
+        the block's token ids and its parent hash to equal the prompt's too: a weakened hash (tests
+        pass one) must not serve a block computed after another prefix."""
         cache, bs = self.prefix_cache, self.block_size
         block_id = cache.cached_blocks.get(hashes[i])
         if block_id is None or cache.block_token_ids[block_id] != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+            return None
+        if cache.parent_hash[block_id] != (hashes[i - 1] if i else None):
             return None
         return block_id
 

@@ -109,7 +109,8 @@ class ModelRunner:
             ] if num_cpu_blocks else []
         except (RuntimeError, MemoryError) as error:
             gib = 2 * num_tensors * torch.Size(cpu_shape).numel() * self.cache_dtype.itemsize / 2**30
-            raise ValueError(f"cannot allocate a CPU swap space of {num_cpu_blocks} blocks ({gib:.1f} GiB): give a smaller swap_space") from error
+            raise ValueError(f"cannot allocate {num_cpu_blocks} CPU blocks ({gib:.1f} GiB: the swap space's and the CPU tier's): "
+                             "give a smaller swap_space or kv_offload_blocks") from error
 
     def caches_for(self, attention_block_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The pools viewed with the allocator's block size (contiguous: 1-slot blocks); no copy."""

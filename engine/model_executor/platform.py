@@ -64,3 +64,35 @@ def resolve_backend(name: str, device: torch.device, dtype: torch.dtype):
             "(import paged_kernels before anything imports Triton, or set TRITON_INTERPRET=1 in the environment)"
         )
     return backend
+
+
+def available_host_memory() -> int | None:
+    """Bytes of host memory a new allocation can take without swapping: Linux's ``MemAvailable``
+    (``/proc/meminfo``), else the free pages (``os.sysconf``); None where neither is known."""
+    import os
+
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_host_blocks(setting: str, num_blocks: int, block_bytes: int, available: int | None) -> None:
+    """Refuse, naming ``setting``, a CPU pool of ``num_blocks`` blocks of ``block_bytes`` bytes that
+    needs more than ``available`` bytes of host memory (None: not known, nothing checked): torch
+    would reserve it lazily, and the machine would run out of memory only once it is written.
+
+    Raises:
+        ValueError: the pool is larger than the available memory.
+    """
+    needed = num_blocks * block_bytes
+    if available is not None and needed > available:
+        raise ValueError(f"{setting} needs {needed / 2**30:,.1f} GiB of CPU memory ({num_blocks:,} blocks of "
+                         f"{block_bytes / 2**10:,.1f} KiB), and {available / 2**30:,.1f} GiB is available: give fewer blocks")

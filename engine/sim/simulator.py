@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from engine.core.accounting import CATEGORIES, in_use_shares
 from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.kv_cache_coordinator import make_kv_cache_manager
+from engine.core.kv_cache_coordinator import HybridKVCacheCoordinator, make_kv_cache_manager
 from engine.core.kv_cache_interface import get_kv_cache_config
 from engine.core.events import NullEventLog
 from engine.report import StepReport
@@ -405,7 +405,9 @@ def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
     if cfg.allocator == "paged":
         num_cpu_blocks = (cfg.kv_slots if cfg.swap_slots is None else cfg.swap_slots) // cfg.block_size if cfg.preemption_mode == "swap" else 0
         kv_cache_config = get_kv_cache_config(cfg.kv_cache_spec, num_blocks) if cfg.kv_cache_spec is not None else None
-        return make_kv_cache_manager(kv_cache_config, num_blocks, cfg.block_size, watermark=cfg.watermark, enable_caching=cfg.prefix_caching,
+        chunk = (cfg.max_num_batched_tokens or default_max_num_batched_tokens(True, cfg.max_num_seqs, cfg.max_model_len)
+                 if cfg.enable_chunked_prefill else None)
+        return make_kv_cache_manager(kv_cache_config, num_blocks, cfg.block_size, chunk, watermark=cfg.watermark, enable_caching=cfg.prefix_caching,
                                      num_cpu_blocks=num_cpu_blocks, events=NullEventLog(), prefix_cache=cfg.prefix_cache,
                                      kv_offload_blocks=cfg.kv_offload_blocks)
     return ContiguousAllocator(num_blocks, cfg.block_size, cfg.reservation, cfg.placement, cfg.max_model_len, events=NullEventLog())
@@ -429,6 +431,9 @@ class _Run:
     def __init__(self, cfg: SimulationConfig, requests: list[Request]):
         self.cfg = cfg
         self.kv = make_kv_manager(cfg)
+        # A hybrid KV cache holds fewer tokens of one request than it has slots (as the engine caps max_model_len).
+        hybrid = isinstance(self.kv, HybridKVCacheCoordinator)
+        self.max_model_len = min(cfg.max_model_len, self.kv.longest_request()) if hybrid else cfg.max_model_len
         max_batched = cfg.max_num_batched_tokens or default_max_num_batched_tokens(cfg.enable_chunked_prefill, cfg.max_num_seqs,
                                                                                     cfg.max_model_len)
         # The simulator picks the path itself: the lock-step fast path exists for one policy only:
@@ -502,7 +507,7 @@ class _Run:
             if not self.lockstep:  # a request is a sequence group; the lock-step path keeps the bare sequence
                 seq = SequenceGroup(self.next_request, [seq], self.sampling, beam_search=self.beam, arrival_time=r.arrival)
             self.next_request += 1
-            if seq.seqs[0].max_len > self.cfg.max_model_len or not self.kv.fits_ever(seq):
+            if seq.seqs[0].max_len > self.max_model_len or not self.kv.fits_ever(seq):
                 self.rejected += 1  # it could never run (the engine rejects it too)
                 self.bar.update(1)
             else:

@@ -26,8 +26,15 @@ length alone can starve a request whose prompt shares nothing; here a request th
 ``max_wait_steps`` scheduler steps goes first (oldest first), and a preempted request keeps its
 place at the head of the queue, as under FCFS.
 
-SGLang falls back to FCFS when more than 128 requests wait (matching each one costs a tree walk);
-here LPM looks at the first ``LPM_WINDOW`` waiting requests and leaves the rest in arrival order.
+As in SGLang (``SchedulePolicy._determine_active_policy``), LPM ranks the queue only while at most
+``LPM_MAX_WAITING`` (128) requests wait: above that, matching every waiting request would cost a
+tree walk each per step, so the step admits first come, first served, without matching any.
+
+Not modelled: SGLang's in-batch prefix deprioritization (``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD``,
+``..._DEPRIORITIZE_THRESHOLD``, 32 tokens each): a waiting request with a short cached prefix that
+shares a long uncached one with a request ahead of it in the same step goes to the back of the
+order, so that the first computes the shared prefix and the others hit it a step later. Here such
+requests may be admitted together and each computes the shared prefix.
 """
 
 from __future__ import annotations
@@ -49,14 +56,15 @@ def lpm_order(waiting: deque[SequenceGroup], kv: KVCacheManager, step: int, wait
         max_wait_steps: the starvation guard's limit, in steps.
 
     Returns:
-        request id -> (why it is where it is: PREEMPTED, STARVED or LONGEST_PREFIX; its cached
-        prompt tokens), for the requests looked at.
+        request id -> (why it is where it is: PREEMPTED, STARVED, LONGEST_PREFIX or LONG_QUEUE; its
+        cached prompt tokens as LPM counted them, 0 when it did not), for every waiting request.
 
-    The first ``LPM_WINDOW`` requests are reordered, the rest stay behind them as they were. In the
-    window: preempted requests first (``group.num_preemptions``, their hit is reported as 0), in queue
-    order; then the starved (waited ``max_wait_steps`` or more), oldest ``arrival_time`` first (ties by
-    request id); then the rest by cached prompt tokens, most first (``kv.get_computed_blocks(group)[1]``),
-    ties in queue order.
+    With more than ``LPM_MAX_WAITING`` requests waiting the queue stays as it is (first come, first
+    served) and no prefix is looked up: every request's reason is LONG_QUEUE, its hit 0. Otherwise
+    the whole queue is reordered: preempted requests first (``group.num_preemptions``, their hit is
+    reported as 0), in queue order; then the starved (waited ``max_wait_steps`` or more), oldest
+    ``arrival_time`` first (ties by request id); then the rest by cached prompt tokens, most first
+    (``kv.get_computed_blocks(group)[1]``), ties in queue order.
     """
     # TODO(lpm): write this part (see the docstring and labs/README.md)
     raise NotImplementedError("lab lpm: lpm_order")

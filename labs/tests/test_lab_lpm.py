@@ -4,7 +4,7 @@ the starvation guard (engine/core/scheduling_policy.py), and the scheduler admit
 from collections import deque
 
 from engine.core.block_manager import PagedBlockManager
-from engine.core.scheduling_policy import LONGEST_PREFIX, LPM_WINDOW, PREEMPTED, STARVED, lpm_order
+from engine.core.scheduling_policy import LONG_QUEUE, LONGEST_PREFIX, LPM_MAX_WAITING, PREEMPTED, STARVED, lpm_order
 
 from labkit import request, scheduler, step
 
@@ -70,13 +70,16 @@ def test_the_starvation_guard_lets_the_oldest_waiting_go_first():
     assert reasons[0][0] == reasons[1][0] == STARVED and reasons[2] == (LONGEST_PREFIX, 12)
 
 
-def test_only_the_window_is_reordered():
+def test_a_long_queue_is_served_first_come_first_served():
     kv = cached_pool()
-    waiting = deque([sharing(i, 0) for i in range(LPM_WINDOW)] + [sharing(LPM_WINDOW, 3), sharing(LPM_WINDOW + 1, 2)])
+    waiting = deque([sharing(i, 0) for i in range(LPM_MAX_WAITING - 1)] + [sharing(LPM_MAX_WAITING - 1, 3), sharing(LPM_MAX_WAITING, 2)])
     reasons = lpm_order(waiting, kv, step=0, waiting_since={}, max_wait_steps=64)
-    assert ids(waiting)[-2:] == [LPM_WINDOW, LPM_WINDOW + 1] and len(waiting) == LPM_WINDOW + 2, \
-        "requests past the first LPM_WINDOW stay behind, in their order (and none is lost)"
-    assert len(reasons) == LPM_WINDOW, "only the requests looked at get a reason"
+    assert ids(waiting) == list(range(LPM_MAX_WAITING + 1)), \
+        "more than LPM_MAX_WAITING waiting: the queue stays in its order, as SGLang turns LPM off (and none is lost)"
+    assert reasons == {i: (LONG_QUEUE, 0) for i in range(LPM_MAX_WAITING + 1)}, "every request's reason is LONG_QUEUE, nothing matched"
+    waiting.pop()
+    lpm_order(waiting, kv, step=0, waiting_since={}, max_wait_steps=64)
+    assert ids(waiting)[0] == LPM_MAX_WAITING - 1, "exactly LPM_MAX_WAITING waiting: LPM still orders them"
 
 
 def test_the_scheduler_admits_in_lpm_order():

@@ -38,6 +38,9 @@ class OpenAIServing:
         self.tokenizer = copy.deepcopy(llm.engine.tokenizer)
         self.vocab_size = llm.engine.hf_config.vocab_size
         self.max_model_len = llm.engine.max_model_len
+        # vLLM's words when max_model_len is as asked; the pool's when the pool caps it (a lone request must finish)
+        self.context_limit = (llm.engine.max_model_len_limit() if llm.engine.max_model_len_capped_by_pool
+                              else f"this model's maximum context length is {self.max_model_len} tokens")
 
     # ---- before the engine --------------------------------------------------------------------
 
@@ -70,13 +73,13 @@ class OpenAIServing:
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             field = "messages" if chat else "prompt"
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens; the {field} has "
+            raise APIError(400, f"{self.context_limit}; the {field} has "
                            f"{num_prompt_tokens} tokens, which leaves no room to generate", field)
         if request.max_tokens is None:
             return room
         if request.max_tokens > room:
             name = request.max_tokens_name
-            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens; you asked for "
+            raise APIError(400, f"{self.context_limit}; you asked for "
                            f"{num_prompt_tokens + request.max_tokens} ({num_prompt_tokens} in the prompt, {request.max_tokens} "
                            f"in the completion): lower {name} to at most {room}", name)
         return request.max_tokens
