@@ -1110,6 +1110,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_this_cpu": ("this CPU", "本机 CPU"),
     "whatif_dtype": ("Data type (weights, and KV under auto)", "数据类型（权重；kv_cache_dtype 为 `auto` 时也是 KV 的）"),
     "whatif_kv_cache_dtype": ("KV cache dtype (kv_cache_dtype)", "KV 缓存数据类型（kv_cache_dtype）"),
+    "whatif_tp": ("GPUs (tensor parallelism)", "GPU 数（张量并行）"),
+    "whatif_tp_help": ("The model split over N GPUs of one node (vLLM's `--tensor-parallel-size`): each holds 1/N of the "
+                       "weights and of the KV heads and does 1/N of the work. The all-reduces between them are not modelled.",
+                       "把模型切分到同一节点的 N 块 GPU 上（vLLM 的 `--tensor-parallel-size`）：每块 GPU 存 1/N 的权重和 1/N 的 KV 头，"
+                       "做 1/N 的计算。GPU 之间的全归约（`all-reduce`）通信没有计入。"),
+    "whatif_weight_dtype": ("Weight precision", "权重精度"),
+    "whatif_weight_dtype_help": ("fp8 stores each weight in 1 byte, int4 (AWQ, GPTQ) in half a byte, their scales not counted; "
+                                 "the matmuls still run in the data type above (weight-only kernels).",
+                                 "fp8 每个权重占 1 字节，int4（AWQ、GPTQ）占半个字节，不计缩放因子；矩阵乘法仍按上面的数据类型计算（只量化权重的内核）。"),
+    "whatif_weight_auto": ("as the data type", "与数据类型相同"),
     "whatif_context": ("Context length (max_model_len, tokens)", "上下文长度（max_model_len，token 数）"),
     "whatif_users": ("Users (requests sent at once)", "用户数（同时发送的请求数）"),
     "whatif_prompt": ("Prompt length (tokens)", "提示词长度（token 数）"),
@@ -1136,20 +1146,42 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "{gpu}：{memory:.1f} GiB，{bandwidth:,.0f} GB/s，`{dtype}` 下 {tflops:,.1f} TFLOP/s。出处：{source}",
     ),
     "whatif_from_formula": ("= {formula}", "= {formula}"),
-    "whatif_weights_formula": ("{params} parameters × {nbytes} B", "{params} 个参数 × {nbytes} B"),
+    "whatif_weights_formula": ("{params} parameters × {nbytes} B = {gib} GiB", "{params} 个参数 × {nbytes} B = {gib} GiB"),
+    "whatif_weights_formula_tp": ("{params} parameters × {nbytes} B = {gib} GiB, ÷ {tp} GPUs = {per_gpu} GiB per GPU",
+                                  "{params} 个参数 × {nbytes} B = {gib} GiB，÷ {tp} 块 GPU = 每块 {per_gpu} GiB"),
     "whatif_kv_formula": (
         "2 × {layers} layers × {kv_heads} KV heads × {head_dim} (head_dim) × {nbytes} B",
         "2 × {layers} 层 × {kv_heads} 个 KV 头 × 每头维数 {head_dim} × {nbytes} B",
     ),
-    "whatif_memory_formula": ("{util} × {memory} GiB − weights", "{util} × {memory} GiB − 权重"),
+    "whatif_kv_formula_tp": (
+        "2 × {layers} layers × {kv_heads} KV heads per GPU × {head_dim} (head_dim) × {nbytes} B × {tp} GPUs",
+        "2 × {layers} 层 × 每块 GPU {kv_heads} 个 KV 头 × 每头维数 {head_dim} × {nbytes} B × {tp} 块 GPU",
+    ),
+    "whatif_memory_formula": ("{util} × {memory} GiB − {weights} GiB of weights = {kv} GiB", "{util} × {memory} GiB − 权重 {weights} GiB = {kv} GiB"),
+    "whatif_memory_formula_tp": ("{tp} GPUs × ({util} × {memory} GiB − {weights} GiB of weights each) = {kv} GiB",
+                                 "{tp} 块 GPU × （{util} × {memory} GiB − 每块的权重 {weights} GiB）= {kv} GiB"),
+    "whatif_kv_memory_none": ("none", "无"),
     "whatif_slots_formula": ("KV cache memory ÷ KV bytes per token", "KV 缓存显存 ÷ 每 token 的 KV 字节数"),
     "whatif_fit_formula": (
         "= {slots} slots ÷ {per_request} slots per request ({system})",
         "= {slots} 个槽位 ÷ 每个请求 {per_request} 个槽位（{system}）",
     ),
     "whatif_ridge_formula": (
-        "The cost model's weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth); engine/sim/cost_model.py",
-        "步时模型的 weights_s ÷ token_s = 峰值 FLOP/s × 数据类型字节数 ÷（2 × 带宽）；engine/sim/cost_model.py",
+        "= reading the weights ({weights:.2f} ms) ÷ (one request's compute, {compute:.1f} µs, − its KV reads, {kv:.1f} µs, at "
+        "{context:,} tokens): from this batch on the step's FLOPs ÷ bytes reach the GPU's {balance:.0f} FLOP/B (peak FLOP/s ÷ "
+        "bandwidth). The step-time model's coefficients; engine/sim/whatif.py",
+        "= 读一遍权重的时间（{weights:.2f} 毫秒）÷（一个请求的计算 {compute:.1f} 微秒 − 它在 {context:,} 个 token 上下文下的 KV 读取 "
+        "{kv:.1f} 微秒）：从这个批大小起，一步的浮点运算数 ÷ 字节数达到 GPU 的 {balance:.0f} FLOP/B（峰值 FLOP/s ÷ 带宽）。"
+        "系数来自步时模型；engine/sim/whatif.py",
+    ),
+    "whatif_ridge_never": ("never", "不会"),
+    "whatif_ridge_never_formula": (
+        "At {context:,} tokens one request's KV reads ({kv:.1f} µs a step) take longer than its compute ({compute:.1f} µs): "
+        "a decode step stays memory-bound at any batch, and tokens/s levels off near {ceiling:,.0f}. Shorter contexts, "
+        "grouped-query attention or an fp8 KV cache move the ridge back.",
+        "在 {context:,} 个 token 的上下文下，一个请求每步的 KV 读取（{kv:.1f} 微秒）比它的计算（{compute:.1f} 微秒）更久："
+        "无论批大小多大，解码步都是访存受限的，每秒 token 数最终停在 {ceiling:,.0f} 附近。更短的上下文、分组查询注意力或 fp8 KV 缓存"
+        "会让屋脊点重新出现。",
     ),
     "whatif_rate_formula": (
         "{tokens:,.0f} output tokens/s; {running:.1f} requests running on average, {preemptions} preemptions",
@@ -1163,20 +1195,34 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "用时 {ms:.0f} ms：`{call}`。同样的数字以 JSON 输出：`{command}`",
     ),
     "whatif_not_fit": (
-        "{model}'s weights ({weights:.1f} GB) and one request of {context} tokens do not fit in {util:.0%} of the {gpu}'s "
-        "{memory:.1f} GiB: choose a larger GPU, a smaller model or data type, or a shorter context.",
-        "{model} 的权重（{weights:.1f} GB）加上一个 {context} 个 token 的请求，超出了 {gpu} 的 {memory:.1f} GiB 显存的 {util:.0%}："
-        "请选择更大的 GPU、更小的模型或数据类型，或更短的上下文。",
+        "{model}'s weights do not fit: {weights:.1f} GiB per GPU against {budget:.1f} GiB ({util:.0%} of the {gpu}'s "
+        "{memory:.1f} GiB), so no memory is left for the KV cache (the formula gives {kv:.1f} GiB). {fixes}",
+        "{model} 的权重放不下：每块 GPU 要放 {weights:.1f} GiB，而可用的只有 {budget:.1f} GiB（{gpu} 的 {memory:.1f} GiB 的 {util:.0%}），"
+        "没有显存留给 KV 缓存（按公式算是 {kv:.1f} GiB）。{fixes}",
     ),
+    "whatif_no_room": (
+        "The weights fit, but the {kv:.2f} GiB left for the KV cache hold {slots:,} token slots, fewer than one request of "
+        "{context:,} tokens needs. {fixes}",
+        "权重放得下，但留给 KV 缓存的 {kv:.2f} GiB 只有 {slots:,} 个 token 槽位，不够一个 {context:,} 个 token 的请求。{fixes}",
+    ),
+    "whatif_would_fit": ("It would fit with: {choices}.", "这样就放得下：{choices}。"),
+    "whatif_would_fit_none": ("None of the page's GPUs, GPU counts or weight precisions fits it: choose a smaller model or a "
+                              "shorter context.", "本页的 GPU、GPU 数和权重精度都放不下：请选择更小的模型或更短的上下文。"),
+    "whatif_fix_tp": ("{n} × {gpu} (tensor parallelism)", "{n} 块 {gpu}（张量并行）"),
+    "whatif_fix_weights": ("{dtype} weights", "{dtype} 权重"),
+    "whatif_fix_gpu": ("one {gpu}", "一块 {gpu}"),
     "whatif_bad_input": ("These settings cannot run: {error}", "这些设置无法运行：{error}"),
     "whatif_explain": (
-        "Below the ridge point a decode step reads every weight once whatever the batch, so tokens/s grows with the batch "
-        "almost for free; the batch an allocator allows is what its KV slots hold. The paged allocator wastes at most one "
-        "block per request; a contiguous reservation holds its whole range from the start. Where every allocator reaches "
-        "max_num_seqs (256), the paged one is a little slower: its kernel walks block tables (paper §7.1: 20–26 %).",
-        "在屋脊点以下，一个解码步无论批大小多少都只读一遍全部权重，因此每秒 token 数几乎不需额外代价地随批大小增长；"
-        "分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住整段范围。"
-        "当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
+        "A decode step reads every weight once whatever the batch, and each request's K and V at its context. While the "
+        "weights dominate, tokens/s grows with the batch almost for free; as the batch grows the KV reads take over, and "
+        "the curve levels off, memory-bound, unless each request's compute outweighs its KV reads (the ridge point). The "
+        "batch an allocator allows is what its KV slots hold. The paged allocator wastes at most one block per request; "
+        "a contiguous reservation holds its whole range from the start. Where every allocator reaches max_num_seqs (256), "
+        "the paged one is a little slower: its kernel walks block tables (paper §7.1: 20–26 %).",
+        "一个解码步无论批大小多少都只读一遍全部权重，另外还要读每个请求在其上下文上的 K 和 V。权重读取占主导时，每秒 token 数"
+        "几乎不需额外代价地随批大小增长；批大小变大后 KV 读取占了上风，曲线趋于平坦、访存受限，除非每个请求的计算超过它的 KV 读取"
+        "（即屋脊点）。分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住"
+        "整段范围。当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
     ),
     "whatif_paper_check": (
         "Paper check (PagedAttention, Table 1): OPT-13B on one A100-40GB leaves 12 GB for the KV cache, 15.7K token slots; "
@@ -1184,7 +1230,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "论文核对（PagedAttention 表 1）：OPT-13B 在一块 A100-40GB 上留给 KV 缓存 12 GB，即 1.57 万个 token 槽位；"
         "同样的公式得到 {gib:.1f} GiB、{slots:,} 个槽位（{diff:+.1%}）。",
     ),
-    "whatif_roofline_title": ("Decode throughput against batch (cost model)", "解码吞吐量随批大小的变化（步时模型）"),
+    "whatif_roofline_title": ("Decode throughput against batch (one roofline for the whole step)", "解码吞吐量随批大小的变化（整步按同一个 Roofline 模型）"),
     "whatif_batch_axis": ("batch (requests per decode step)", "批大小（每个解码步的请求数）"),
     "whatif_tokens_axis": ("tokens/s", "每秒 token 数"),
     "whatif_ridge_label": ("ridge point: batch {batch}", "屋脊点：批大小 {batch}"),
