@@ -136,8 +136,11 @@ def page() -> None:
     st.vega_lite_chart(systems_spec(result, lang))
     st.vega_lite_chart(decode_roofline_spec(result, lang), width="stretch", height=320)
     st.markdown(t("whatif_explain", lang))
+    for note in notes(result, lang):
+        st.markdown(note)
     st.caption(t("whatif_sim_source", lang, n=result.sim_num_requests, ms=1e3 * result.sim_wall_s,
                  call=result.formulas["simulate"], command=result.command))
+    st.caption(t("whatif_assumptions", lang))
     check = _what_if(WhatIfConfig("opt-13b", "a100-40gb", "float16", 2048, 1, 161, 338))
     st.caption(t("whatif_paper_check", lang, gib=check.kv_memory_bytes / 2**30, slots=check.kv_slots,
                  diff=check.kv_slots / PAPER_SLOTS - 1))
@@ -183,3 +186,16 @@ def not_fit_text(result, lang: str) -> str:
     return t("whatif_not_fit", lang, model=result.model.name, weights=result.weight_bytes_per_gpu / GIB, budget=budget / GIB,
              util=cfg.gpu_memory_utilization, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / GIB,
              kv=result.kv_memory_bytes_per_gpu / GIB, fixes=fixes)
+
+
+def notes(result, lang: str) -> list[str]:
+    """What this what-if's own numbers would hide: a power-of-two output (Pow2 then reserves what Oracle does),
+    and a paged run that beats Oracle by admitting more than fit and preempting."""
+    cfg, found = result.config, []
+    if cfg.output_len & (cfg.output_len - 1) == 0:
+        found.append(t("whatif_pow2_is_oracle", lang, output=cfg.output_len))
+    paged, oracle = result.system("paged"), result.system("oracle")
+    if paged.sim_preemptions and paged.sim_requests_per_s > oracle.sim_requests_per_s:
+        found.append(t("whatif_paged_overadmits", lang, running=paged.sim_mean_running, fit=paged.requests_fit,
+                       preemptions=paged.sim_preemptions))
+    return found

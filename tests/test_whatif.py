@@ -147,3 +147,18 @@ def test_the_pages_memory_formula_is_in_gib_and_adds_up(lang, tp):
     if tp == 1:  # Llama-2-13B on an A100-40GB: 0.9 x 40.0 GiB - 24.21 GiB = 11.79 GiB
         assert (util, total, weights, kv) == (0.9, 40.0, 24.21, 11.79)
     assert f"{result.weight_bytes / GIB:,.2f} GiB" in formulas(result, lang)["weights"]
+
+
+def test_the_page_says_what_its_defaults_hide():
+    """Llama-2-13B on an A100-40GB: an output of 256 makes Pow2 reserve what Oracle does, and paged beats Oracle
+    only by admitting more than fit and preempting; the page says both, and neither where it does not hold."""
+    from app_pages.whatif import notes
+
+    result = what_if(WhatIfConfig("llama-2-13b", "a100-40gb", "float16", 4096, 1000, 512, 256))
+    paged, oracle = result.system("paged"), result.system("oracle")
+    assert result.system("pow2").requests_fit == oracle.requests_fit
+    assert paged.sim_requests_per_s > oracle.sim_requests_per_s and paged.sim_preemptions > 0
+    said = notes(result, "en")
+    assert len(said) == 2 and "power of two" in said[0] and f"preempts ({paged.sim_preemptions} times" in said[1]
+    other = what_if(WhatIfConfig("llama-2-13b", "a100-40gb", "float16", 4096, 1, 512, 200))
+    assert notes(other, "zh") == []

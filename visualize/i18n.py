@@ -1209,7 +1209,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_would_fit_none": ("None of the page's GPUs, GPU counts or weight precisions fits it: choose a smaller model or a "
                               "shorter context.", "本页的 GPU、GPU 数和权重精度都放不下：请选择更小的模型或更短的上下文。"),
     "whatif_fix_tp": ("{n} × {gpu} (tensor parallelism)", "{n} 块 {gpu}（张量并行）"),
-    "whatif_fix_weights": ("{dtype} weights", "{dtype} 权重"),
+    "whatif_fix_weights": ("weights in {dtype}", "{dtype} 权重"),
     "whatif_fix_gpu": ("one {gpu}", "一块 {gpu}"),
     "whatif_bad_input": ("These settings cannot run: {error}", "这些设置无法运行：{error}"),
     "whatif_explain": (
@@ -1223,6 +1223,25 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "几乎不需额外代价地随批大小增长；批大小变大后 KV 读取占了上风，曲线趋于平坦、访存受限，除非每个请求的计算超过它的 KV 读取"
         "（即屋脊点）。分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住"
         "整段范围。当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
+    ),
+    "whatif_pow2_is_oracle": (
+        "The output length, {output}, is a power of two: Pow2 rounds it up to itself and reserves exactly what Oracle does. "
+        "Choose another length to see them differ.",
+        "输出长度 {output} 正好是 2 的幂：Pow2 向上取整后还是它本身，预留的和 Oracle 一样多。换一个长度就能看到两者的差别。",
+    ),
+    "whatif_paged_overadmits": (
+        "Paged beats Oracle here for a reason of its own: a paged request holds only the blocks of its tokens so far, so the "
+        "scheduler admits more than fit at their longest ({running:.1f} running on average against {fit:,} that fit) and, "
+        "when they all grow, preempts ({preemptions} times, recompute).",
+        "这里分页胜过 Oracle 另有原因：分页的请求只占用已有 token 的块，所以调度器接纳的请求比按最长长度能容纳的更多"
+        "（平均同时运行 {running:.1f} 个，而按最长长度只能容纳 {fit:,} 个）；等它们都变长时就要抢占（{preemptions} 次，重计算）。",
+    ),
+    "whatif_assumptions": (
+        "Not modelled: activations and CUDA graphs' memory, the all-reduces between tensor-parallel GPUs, the scales of "
+        "quantized weights. The figures are the datasheet's peaks. The max request rate comes from a burst (every request "
+        "at once), not from Poisson arrivals under a latency target.",
+        "没有建模的部分：激活值和 CUDA 图占用的显存、张量并行的 GPU 之间的全归约、量化权重的缩放因子。数字都是数据手册上的峰值。"
+        "最高请求速率来自一次突发（所有请求同时到达），而不是在延迟目标下的泊松到达。",
     ),
     "whatif_paper_check": (
         "Paper check (PagedAttention, Table 1): OPT-13B on one A100-40GB leaves 12 GB for the KV cache, 15.7K token slots; "
@@ -1654,6 +1673,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp13_evicted": ("blocks evicted, in order: {blocks}", "按顺序被驱逐的块：{blocks}"),
     "lp13_tier": ("CPU tier: {offloaded} blocks offloaded, {dropped} dropped, {held} held now",
                   "CPU 层：卸载 {offloaded} 块，丢弃 {dropped} 块，现存 {held} 块"),
+    "lp13_progress": ("simulating", "模拟中"),
+    "lp13_tier_copies": ("CPU tier: {offloaded:,} blocks copied out as they were evicted, {loaded:,} copied back in on a hit",
+                         "CPU 层：被驱逐时复制出去 {offloaded:,} 个块，命中时复制回来 {loaded:,} 个块"),
     "lp13_sim_row": ("{cache}, {policy}, CPU tier {offload}: hit rate {rate:.1%} · prefill tokens {prefill:,} · "
                      "TTFT p50 {p50:.2f} s, p99 {p99:.2f} s",
                      "{cache}，{policy}，CPU 层 {offload} 块：命中率 {rate:.1%} · 预填充计算 {prefill:,} 个 token · "
@@ -1705,6 +1727,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                   "{dtype:>13}：{mib:.2f} MiB = {blocks} 块 = {tokens} 个 token（每个 token {bytes:,} 字节）"),
     "lp12_run": ("{dtype:>8}: {steps} steps, at most {most} requests in one step, {preempted} preemptions",
                  "{dtype:>8}：{steps} 步，一步最多 {most} 个请求，抢占 {preempted} 次"),
+    "lp_progress_requests": ("requests", "请求"),
+    "lp9_progress_calibration": ("timing engine steps", "计时引擎步"),
+    "lp9_progress_rates": ("request rates", "请求速率"),
+    "lp10_progress": ("batches", "批大小"),
+    "lp12_round_trip": ("{name:>8}: {n:,} keys and values stored and read back: mean error {error:.1%} of their mean size",
+                        "{name:>8}：{n:,} 个键和值存入再读回：平均误差为它们平均大小的 {error:.1%}"),
     "lp12_drift": ("{name:>8}: tokens equal to auto's up to the first difference {agreement:.0%}, {identical}/{requests} requests identical; "
                    "log-probability drift mean {mean:.4f}, max {max:.4f}",
                    "{name:>8}：第一个不同的 token 之前与 auto 相同的 token 占 {agreement:.0%}，{identical}/{requests} 个请求完全相同；"
