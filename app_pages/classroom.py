@@ -125,6 +125,13 @@ def local_browser() -> bool:
     return address.is_loopback
 
 
+def browser_address() -> str | None:
+    """This browser's address, for the server to count what it sends as its own (per-address caps and
+    wrong guesses) rather than the app's 127.0.0.1; None for a browser on this machine."""
+    ip = st.context.ip_address
+    return None if local_browser() or not isinstance(ip, str) else ip
+
+
 def held_token() -> str | None:
     """The teacher token this browser holds: typed on this page since it was opened, or kept in its cookie."""
     return st.session_state.get("lab_token") or kept_token()
@@ -290,8 +297,7 @@ def _token_entered(room: Classroom) -> None:
     if room.follower is None or room.token is not None:
         st.session_state["lab_token_error"] = t("token_not_teacher", st.session_state["lang"])
         return
-    ip = st.context.ip_address
-    answer = control(room.url, typed, "status", for_address=None if local_browser() or not isinstance(ip, str) else ip)
+    answer = control(room.url, typed, "status", for_address=browser_address())
     if "error" in answer:
         st.session_state["lab_token_error"] = answer["error"]
         return
@@ -422,6 +428,8 @@ def lab_view() -> None:
     if follower.error and not follower.connected:
         st.warning(t("lab_stream_error", lang, error=plain(follower.error)))
     if not reports or not engine:
+        if follower.restarted:
+            st.info(t("lab_server_restarted", lang))
         st.info(t("lab_no_steps", lang, n=len(requests)))
         return
     prompts = {rid: info["prompt"] for rid, info in requests.items()}

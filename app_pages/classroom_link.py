@@ -35,7 +35,9 @@ SPEEDS = (0.0, 4.0, 2.0, 1.0, 0.5)  # run mode's choices, steps a second (0: ful
 class Follower:
     """Follows one server's step stream; the newest :data:`MAX_STEPS_KEPT` steps, the requests'
     labels and prompts, the mode. On a cut (the server went away, or this follower lagged) it
-    reconnects and fills the gap from ``/lab/session``.
+    reconnects and fills the gap from ``/lab/session``. A server restarted on the same address has
+    another ``server_id`` in its ``hello``: the old server's requests and steps are dropped then
+    (the new one reuses their ids and step numbers) and ``restarted`` is set.
 
     Attributes:
         url: the server's base URL ("http://127.0.0.1:8000").
@@ -52,6 +54,8 @@ class Follower:
     sampling: dict = field(default_factory=dict)  # the room's: {"temperature"} of a request that sets none
     error: str | None = None
     connected: bool = False
+    server_id: str | None = None  # the hello's: which start of the server this follower's data is from
+    restarted: bool = False  # the server restarted while this follower followed it
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -109,6 +113,10 @@ class Follower:
     def _on(self, event: str | None, data: dict) -> None:
         if event == "hello":
             with self._lock:
+                server_id = data.get("server_id")
+                if self.server_id is not None and server_id != self.server_id:  # a new server: start over
+                    self.requests, self.reports, self.restarted = {}, [], True
+                self.server_id = server_id
                 self.engine, self.settings, self.mode = data["engine"], data.get("settings") or {}, data["mode"]
                 self.sampling = data.get("sampling") or {}
                 self.requests.update({int(k): v for k, v in data["requests"].items()})

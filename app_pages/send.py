@@ -2,6 +2,11 @@
 engine server through its OpenAI endpoint (/v1/chat/completions, streamed, ``user`` = the student's
 name, read with httpx), the answer streams back, and the student's own blocks are outlined on the shared pool map.
 
+Each request is the student's own, never the teacher's: it names the student's address in
+``X-Forwarded-For`` (the server's per-address cap and its count of wrong keys), and on a server with
+API keys the student types the key the teacher gave them, which labels and caps their requests. The
+key the teacher attached with is only for reading the step stream.
+
 The request runs on a thread of its own, so the page keeps redrawing (the pool map, the answer so far)
 while the teacher steps the engine.
 """
@@ -16,7 +21,7 @@ import httpx
 import streamlit as st
 
 from app_pages import live
-from app_pages.classroom import classroom, sampling_line
+from app_pages.classroom import browser_address, classroom, sampling_line
 from app_pages.common import html_text
 from visualize.classroom import blocks_of
 from visualize.colors import request_color
@@ -38,34 +43,45 @@ def page() -> None:
     sampling_line(follower.sampling, lang)
     name = st.text_input(t("student_name", lang), key="student_name", max_chars=MAX_NAME_CHARS,
                          help=t("student_name_help", lang)).strip()
+    key = None
+    if follower.read_key:  # a server with API keys: each student sends with their own
+        key = st.text_input(t("student_key", lang), type="password", key="student_key", help=t("student_key_help", lang)).strip()
     max_tokens = st.slider(t("send_max_tokens", lang), 8, 128, 48, step=8, key="send_max_tokens")
     chat = st.session_state.setdefault("send_chat", [])  # {"role", "content", "request_id", "error", "done"}
     prompt = st.chat_input(t("chat_placeholder", lang), max_chars=MAX_PROMPT_CHARS)
     if prompt:
         if not name:
             st.warning(t("name_first", lang))
+        elif key == "":
+            st.warning(t("key_first", lang))
         else:
-            ask(follower.url, follower.read_key, name, prompt, int(max_tokens), chat)
+            ask(follower.url, key, name, prompt, int(max_tokens), chat, browser_address())
     st.fragment(run_every=DRAW_EVERY_S)(conversation)()
 
 
-def ask(url: str, read_key: str | None, name: str, prompt: str, max_tokens: int, chat: list) -> None:
-    """Send the conversation so far and ``prompt``; the reply streams into a new message on a thread."""
+def ask(url: str, key: str | None, name: str, prompt: str, max_tokens: int, chat: list, for_address: str | None = None) -> None:
+    """Send the conversation so far and ``prompt`` with the student's ``key`` (None: a server without
+    keys) on behalf of the browser at ``for_address`` (None: this machine); the reply streams into a
+    new message on a thread."""
     messages = [{"role": m["role"], "content": m["content"]} for m in chat if not m.get("error")]
     messages.append({"role": "user", "content": prompt})
     chat.append({"role": "user", "content": prompt})
     reply = {"role": "assistant", "content": "", "request_id": None, "error": None, "done": False}
     chat.append(reply)
-    threading.Thread(target=_stream, args=(url, read_key, name, messages, max_tokens, reply), daemon=True,
+    threading.Thread(target=_stream, args=(url, key, name, messages, max_tokens, reply, for_address), daemon=True,
                      name="send-request").start()
 
 
-def _stream(url: str, read_key: str | None, name: str, messages: list, max_tokens: int, reply: dict) -> None:
+def _stream(url: str, key: str | None, name: str, messages: list, max_tokens: int, reply: dict, for_address: str | None = None) -> None:
     """The chat completion, streamed (OpenAI's server-sent events, read with httpx) into ``reply``."""
-    headers = {"Authorization": f"Bearer {read_key}"} if read_key else {}
+    headers = {**({"Authorization": f"Bearer {key}"} if key else {}), **({"X-Forwarded-For": for_address} if for_address else {})}
     try:
         with httpx.Client(base_url=f"{url}/v1", headers=headers, timeout=httpx.Timeout(30, read=None)) as client:
-            model = client.get("/models").raise_for_status().json()["data"][0]["id"]
+            models = client.get("/models")
+            if models.status_code != 200:  # a missing or wrong key: the server's own words
+                reply["error"] = _error_text(models)
+                return
+            model = models.json()["data"][0]["id"]
             body = {"model": model, "messages": messages, "max_tokens": max_tokens, "user": name, "stream": True}
             with client.stream("POST", "/chat/completions", json=body) as response:
                 if response.status_code != 200:

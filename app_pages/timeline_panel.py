@@ -7,12 +7,11 @@ vs contiguous page call :func:`timeline_view` with a line each.
 from __future__ import annotations
 
 import html
-import json
 
 import streamlit as st
 
 from app_pages.widgets import localized_choice
-from engine.timeline import build_timeline, chrome_trace
+from engine.timeline import build_timeline, chrome_trace_json
 from visualize.i18n import t
 from visualize.timeline import CHART_EXTRA_PX, bench_serve_summary, latency_rows, request_label, timeline_chart
 
@@ -34,7 +33,7 @@ def timeline_view(reports: list, lang: str, key: str = "timeline", labels: dict[
     st.caption(t("timeline_caption", lang))
     latency_table(timelines, lang, key, labels)
     summary_table(timelines, lang, key)
-    st.download_button(t("timeline_download", lang), lambda: json.dumps(chrome_trace(reports)), file_name="timeline_trace.json",
+    st.download_button(t("timeline_download", lang), lambda: chrome_trace_json(reports), file_name="timeline_trace.json",
                        mime="application/json", key=f"{key}_trace", help=t("timeline_download_help", lang))
 
 

@@ -12,7 +12,8 @@ import streamlit as st
 
 from app_pages.widgets import localized_choice
 from engine.config import KV_CACHE_DTYPES
-from engine.sim.whatif import DTYPE_BYTES, GPUS, MODELS, SYSTEMS, THIS_CPU, WhatIfConfig, what_if
+from engine.sim.whatif import (DTYPE_BYTES, GIB, GPUS, MODELS, SYSTEMS, TENSOR_PARALLEL_SIZES, THIS_CPU, WEIGHT_DTYPES, WhatIfConfig,
+                               tensor_parallel_problem, what_if)
 from visualize.i18n import t
 from visualize.whatif import decode_roofline_spec, system_name, systems_spec
 
@@ -78,7 +79,13 @@ def controls(lang: str) -> tuple[WhatIfConfig, str]:
     block = _kept(c[1].select_slider, t("block_size", lang), "whatif_block", lang, 16, options=BLOCK_SIZES)
     util = _kept(c[2].slider, "gpu_memory_utilization", "whatif_util", lang, 0.9, min_value=0.5, max_value=1.0, step=0.05)
     kv_dtype = localized_choice(c[3].selectbox, t("whatif_kv_cache_dtype", lang), KV_CACHE_DTYPES, "whatif_kv_cache_dtype", lang, str)
-    return WhatIfConfig(model, gpu, dtype, context, users, prompt, output, block, util, kv_cache_dtype=kv_dtype), system
+    c = st.columns(4)
+    sizes = tuple(n for n in TENSOR_PARALLEL_SIZES if not tensor_parallel_problem(MODELS[model], n))  # the model's heads split evenly
+    tp = localized_choice(c[0].selectbox, t("whatif_tp", lang), sizes, "whatif_tp", lang, str, help=t("whatif_tp_help", lang))
+    weights = localized_choice(c[1].selectbox, t("whatif_weight_dtype", lang), tuple(WEIGHT_DTYPES), "whatif_weight_dtype", lang,
+                               lambda w: t("whatif_weight_auto", lang) if w == "auto" else w, help=t("whatif_weight_dtype_help", lang))
+    return WhatIfConfig(model, gpu, dtype, context, users, prompt, output, block, util, kv_cache_dtype=kv_dtype,
+                        tensor_parallel_size=tp, weight_dtype=weights), system
 
 
 def page() -> None:
@@ -95,47 +102,100 @@ def page() -> None:
     model, gpu = result.model, result.gpu
     st.caption(t("whatif_model_source", lang, model=model.name, layers=model.num_layers, kv_heads=model.num_kv_heads,
                  head_dim=model.head_dim, params=_count(model.num_params), source=_source(model.source)))
-    peak = result.cost_model["token_s"]  # FLOP/s back from the cost model: flops_per_token / token_s
-    st.caption(t("whatif_gpu_source", lang, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30,
-                 bandwidth=gpu.mem_bandwidth / 1e9, tflops=2 * model.num_params / peak / 1e12, dtype=cfg.dtype,
-                 source=_source(gpu.source)))
-    nbytes = DTYPE_BYTES[cfg.dtype]
-    formula = {
-        "weights": t("whatif_weights_formula", lang, params=_count(model.num_params), nbytes=nbytes),
-        "kv": t("whatif_kv_formula", lang, layers=model.num_layers, kv_heads=model.num_kv_heads, head_dim=model.head_dim, nbytes=cfg.kv_dtype_bytes),
-        "memory": t("whatif_memory_formula", lang, util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / 2**30:.1f}"),
-        "slots": t("whatif_slots_formula", lang),
-    }
+    token_s = result.cost_model["token_s"]  # one GPU's share of a token's FLOPs / its peak FLOP/s
+    st.caption(t("whatif_gpu_source", lang, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / GIB,
+                 bandwidth=gpu.mem_bandwidth / 1e9, tflops=2 * model.num_params / cfg.tensor_parallel_size / token_s / 1e12,
+                 dtype=cfg.dtype, source=_source(gpu.source)))
+    formula = formulas(result, lang)
+    none = t("whatif_kv_memory_none", lang)
     m = st.columns(4)
-    for box, (label, value, key) in zip(m, (("whatif_weights", f"{result.weight_bytes / 1e9:,.2f} GB", "weights"),
+    for box, (label, value, key) in zip(m, (("whatif_weights", f"{result.weight_bytes / GIB:,.2f} GiB", "weights"),
                                             ("whatif_kv_per_token", f"{result.kv_bytes_per_token:,} B", "kv"),
-                                            ("whatif_kv_memory", f"{result.kv_memory_bytes / 2**30:,.2f} GiB", "memory"),
+                                            ("whatif_kv_memory", f"{result.kv_memory_bytes / GIB:,.2f} GiB" if result.kv_memory_bytes > 0
+                                             else none, "memory"),
                                             ("whatif_kv_slots", f"{result.kv_slots:,}", "slots"))):
         box.metric(t(label, lang), value, help=t("whatif_from_formula", lang, formula=formula[key]))
     st.caption(" · ".join(f"{t(k, lang)} {t('whatif_from_formula', lang, formula=formula[f])}"
                           for k, f in (("whatif_weights", "weights"), ("whatif_kv_per_token", "kv"), ("whatif_kv_memory", "memory"))))
     if not result.fits:
-        st.error(t("whatif_not_fit", lang, model=model.name, weights=result.weight_bytes / 1e9, context=cfg.max_model_len,
-                   util=cfg.gpu_memory_utilization, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / 2**30))
+        st.error(not_fit_text(result, lang))
         return
     chosen = result.system(system)
     m = st.columns(4)
     m[0].metric(t("whatif_fit", lang), f"{chosen.requests_fit:,}", help=t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}",
                 per_request=f"{chosen.slots_per_request:,}", system=system_name(system, lang)))
-    m[1].metric(t("whatif_ridge", lang), f"{result.ridge_batch:,}", help=t("whatif_ridge_formula", lang))
+    ridge = ridge_text(result, lang)
+    m[1].metric(t("whatif_ridge", lang), f"{result.ridge_batch:,}" if result.ridge_batch else t("whatif_ridge_never", lang), help=ridge)
     m[2].metric(t("whatif_throughput", lang), f"{chosen.sim_tokens_per_s:,.0f}")
     m[3].metric(t("whatif_rate", lang), f"{chosen.sim_requests_per_s:,.2f}",
                 help=t("whatif_rate_help", lang))
     st.caption(t("whatif_fit_formula", lang, slots=f"{result.kv_slots:,}", per_request=f"{chosen.slots_per_request:,}",
-                 system=system_name(system, lang)) + " · " + t("whatif_ridge_formula", lang) + " · "
+                 system=system_name(system, lang)) + " · " + f"{t('whatif_ridge', lang)} {ridge}" + " · "
                + t("whatif_rate_formula", lang, tokens=chosen.sim_tokens_per_s, running=chosen.sim_mean_running,
                    preemptions=chosen.sim_preemptions))
     st.vega_lite_chart(systems_spec(result, lang))
     st.vega_lite_chart(decode_roofline_spec(result, lang), width="stretch", height=320)
     st.markdown(t("whatif_explain", lang))
+    for note in notes(result, lang):
+        st.markdown(note)
     st.caption(t("whatif_sim_source", lang, n=result.sim_num_requests, ms=1e3 * result.sim_wall_s,
                  call=result.formulas["simulate"], command=result.command))
+    st.caption(t("whatif_assumptions", lang))
     check = _what_if(WhatIfConfig("opt-13b", "a100-40gb", "float16", 2048, 1, 161, 338))
     st.caption(t("whatif_paper_check", lang, gib=check.kv_memory_bytes / 2**30, slots=check.kv_slots,
                  diff=check.kv_slots / PAPER_SLOTS - 1))
     st.caption(t("whatif_timing", lang, ms=1e3 * (time.perf_counter() - started)))
+
+
+def formulas(result, lang: str) -> dict[str, str]:
+    """Each of the four memory figures' formula, with this what-if's numbers (GiB throughout)."""
+    cfg, model, gpu, tp = result.config, result.model, result.gpu, result.config.tensor_parallel_size
+    sizes = dict(params=_count(model.num_params), nbytes=f"{cfg.weight_bytes_per_param:g}", gib=f"{result.weight_bytes / GIB:,.2f}")
+    shape = dict(layers=model.num_layers, head_dim=model.head_dim, nbytes=cfg.kv_dtype_bytes)
+    memory = dict(util=f"{cfg.gpu_memory_utilization:g}", memory=f"{gpu.memory_bytes / GIB:.2f}",
+                  weights=f"{result.weight_bytes_per_gpu / GIB:,.2f}", kv=f"{result.kv_memory_bytes / GIB:,.2f}")
+    if tp == 1:
+        return {"weights": t("whatif_weights_formula", lang, **sizes),
+                "kv": t("whatif_kv_formula", lang, kv_heads=model.num_kv_heads, **shape),
+                "memory": t("whatif_memory_formula", lang, **memory), "slots": t("whatif_slots_formula", lang)}
+    return {"weights": t("whatif_weights_formula_tp", lang, tp=tp, per_gpu=f"{result.weight_bytes_per_gpu / GIB:,.2f}", **sizes),
+            "kv": t("whatif_kv_formula_tp", lang, kv_heads=cfg.kv_heads_per_gpu, tp=tp, **shape),
+            "memory": t("whatif_memory_formula_tp", lang, tp=tp, **memory), "slots": t("whatif_slots_formula", lang)}
+
+
+def ridge_text(result, lang: str) -> str:
+    """Where the ridge point comes from, with this what-if's numbers, or why there is none."""
+    r = result.ridge
+    terms = dict(compute=1e6 * r["compute_s"], kv=1e6 * r["kv_s"], context=r["context"])
+    if result.ridge_batch is None:
+        return t("whatif_ridge_never_formula", lang, ceiling=1 / r["kv_s"], **terms)
+    return t("whatif_ridge_formula", lang, weights=1e3 * r["weights_s"], balance=r["intensity_balance"], **terms)
+
+
+def not_fit_text(result, lang: str) -> str:
+    """Why nothing fits (the weights alone, or not one request of max_model_len), and what would."""
+    cfg, gpu = result.config, result.gpu
+    names = {"tensor_parallel_size": lambda n: t("whatif_fix_tp", lang, n=n, gpu=_gpu_name(gpu.key, lang)),
+             "weight_dtype": lambda w: t("whatif_fix_weights", lang, dtype=w),
+             "gpu": lambda g: t("whatif_fix_gpu", lang, gpu=_gpu_name(g, lang))}
+    choices = [names[k](v) for k, v in result.would_fit.items()]
+    fixes = t("whatif_would_fit", lang, choices=t("sep_list", lang).join(choices)) if choices else t("whatif_would_fit_none", lang)
+    if result.kv_memory_bytes_per_gpu > 0:
+        return t("whatif_no_room", lang, kv=result.kv_memory_bytes / GIB, slots=result.kv_slots, context=cfg.max_model_len, fixes=fixes)
+    budget = cfg.gpu_memory_utilization * gpu.memory_bytes
+    return t("whatif_not_fit", lang, model=result.model.name, weights=result.weight_bytes_per_gpu / GIB, budget=budget / GIB,
+             util=cfg.gpu_memory_utilization, gpu=_gpu_name(gpu.key, lang), memory=gpu.memory_bytes / GIB,
+             kv=result.kv_memory_bytes_per_gpu / GIB, fixes=fixes)
+
+
+def notes(result, lang: str) -> list[str]:
+    """What this what-if's own numbers would hide: a power-of-two output (Pow2 then reserves what Oracle does),
+    and a paged run that beats Oracle by admitting more than fit and preempting."""
+    cfg, found = result.config, []
+    if cfg.output_len & (cfg.output_len - 1) == 0:
+        found.append(t("whatif_pow2_is_oracle", lang, output=cfg.output_len))
+    paged, oracle = result.system("paged"), result.system("oracle")
+    if paged.sim_preemptions and paged.sim_requests_per_s > oracle.sim_requests_per_s:
+        found.append(t("whatif_paged_overadmits", lang, running=paged.sim_mean_running, fit=paged.requests_fit,
+                       preemptions=paged.sim_preemptions))
+    return found

@@ -56,7 +56,9 @@ Every size a file states is checked against what the file itself holds before an
 it: a run's pool (``engine.num_blocks``) has at most :data:`MAX_RUN_BLOCKS` blocks and no more blocks than
 the file has bytes, each step's ``memory.capacity`` is that pool, and every block id a step names lies
 in it. A file is read up to :data:`MAX_FILE_BYTES`; JSON nested deeper than :data:`MAX_JSON_DEPTH`, a
-number with more digits than Python parses, ``NaN`` or ``Infinity`` are refused.
+number with more digits than Python parses, ``NaN`` or ``Infinity`` are refused. Every time a step states
+(``start_ms``, ``timings_ms``, ``arrived``) lies within :data:`MAX_TIME_MS`, so that the timeline and
+its trace stay finite, and every text (prompts, ``clients``) can be written back as UTF-8.
 
 Every error is a :class:`RunFileError` (a ``ValueError``) that starts with the file's name, whatever
 the file holds.
@@ -128,6 +130,7 @@ MAX_RUN_BLOCKS = 1 << 16  # blocks in a run's pool (the app's pools have at most
 # steps takes about a million; a small file naming a long table again in every step stops here.
 MAX_COPIED_ITEMS = 1 << 22
 MAX_BLOCK_SIZE = SETTING_LIMITS["block_size"]
+MAX_TIME_MS = 1e12  # a step's times, ms (about 30 years): a trace multiplies them by 1,000 and must stay finite
 
 
 class RunFileError(ValueError):
@@ -427,9 +430,8 @@ def _run(data: dict, name: str, size: int) -> Run:
                            f"(at most {MAX_RUN_BLOCKS}, and no more blocks than the file has bytes)")
     if engine["bytes_per_slot"] > 1 << 40:
         raise RunFileError(f"{name}: \"engine\": bytes_per_slot {short_repr(engine['bytes_per_slot'])} is over 2**40")
-    prompts = data.get("prompts")
-    if not isinstance(prompts, dict) or not all(_is_id(k) and isinstance(v, str) for k, v in prompts.items()):
-        raise RunFileError(f"{name}: \"prompts\" must map request ids (0, 1, ...) to prompt texts")
+    prompts = _texts_by_id(data.get("prompts"), "prompts", name)
+    _texts_by_id(data.get("clients", {}), "clients", name)  # a classroom session's labels (engine/entrypoints/lab.py)
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise RunFileError(f"{name}: \"steps\" must be a non-empty list of step reports")
@@ -470,6 +472,11 @@ def _check_step(report, block_size: int, num_blocks: int) -> None:
     for key in report.timings_ms:
         if not (key.isascii() and key.replace("_", "").isalnum() and len(key) <= 32):
             raise ValueError(f"timings_ms: {short_repr(key)} is not a phase name (letters, digits and _)")
+    times = [("start_ms", report.start_ms), *((f"timings_ms.{k}", v) for k, v in report.timings_ms.items()),
+             *((f"arrived: request {k}", v) for k, v in report.arrived.items())]
+    for where, ms in times:
+        if ms is not None and not -MAX_TIME_MS <= ms <= MAX_TIME_MS:
+            raise ValueError(f"{where}: {short_repr(ms)} ms is not from -{MAX_TIME_MS:g} to {MAX_TIME_MS:g}")
     capacity = num_blocks * block_size
     if report.memory.capacity not in (capacity, capacity - block_size):  # a pool that keeps a null block counts one less
         raise ValueError(f"memory.capacity {short_repr(report.memory.capacity)} is not the pool's {num_blocks} blocks "
@@ -533,6 +540,29 @@ EVENT_FIELDS = {
     "swap_in": ("block_id", "dst_block_id"), "spec_propose": ("block_id", "slot", "position"),
     "spec_accept": ("block_id", "slot", "position"), "spec_reject": ("block_id", "slot", "position"),
 }
+
+
+def _texts_by_id(texts, key: str, name: str) -> dict:
+    """``texts`` checked as request id -> text, every text writable as UTF-8.
+
+    Raises:
+        RunFileError: naming ``key`` (and the request whose text has a lone surrogate).
+    """
+    if not isinstance(texts, dict) or not all(_is_id(k) and isinstance(v, str) for k, v in texts.items()):
+        raise RunFileError(f"{name}: \"{key}\" must map request ids (0, 1, ...) to texts")
+    bad = next((k for k, v in texts.items() if not _is_utf8(v)), None)
+    if bad is not None:
+        raise RunFileError(f"{name}: \"{key}\": request {bad}: the text has a lone surrogate (it cannot be UTF-8)")
+    return texts
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (JSON's ``\\ud800`` reads as a lone surrogate, which cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_id(key: str) -> bool:
@@ -697,6 +727,8 @@ def _requests(rows, name: str) -> list[WorkloadRequest]:
         max_tokens = row.get("max_tokens") if isinstance(row, dict) else None
         if not isinstance(prompt, str) or not prompt.strip():
             raise RunFileError(f"{name}: request {i}: \"prompt\" must be a non-empty string")
+        if not _is_utf8(prompt):
+            raise RunFileError(f"{name}: request {i}: \"prompt\" has a lone surrogate (it cannot be UTF-8)")
         if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
             raise RunFileError(f"{name}: request {i}: \"max_tokens\" must be an integer from 1 to {MAX_TOKENS_LIMIT}, "
                                f"got {short_repr(max_tokens)}")

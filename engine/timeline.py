@@ -256,11 +256,19 @@ def chrome_trace(reports: list[StepReport], name: str = "PagedAttention Lab") ->
             "otherData": {"source": name, "clock": "the engine's busy time (simulated time for the simulator)"}}
 
 
+def chrome_trace_json(reports: list[StepReport], name: str = "PagedAttention Lab") -> str:
+    """:func:`chrome_trace` of ``reports`` as JSON text. Strict JSON: trace viewers cannot open
+    ``Infinity`` or ``NaN``, so a time that is not finite raises ValueError rather than being
+    written (run files bound their times, engine/runfile.py's MAX_TIME_MS)."""
+    return json.dumps(chrome_trace(reports, name), allow_nan=False)
+
+
 def write_chrome_trace(reports: list[StepReport], path: str, name: str = "PagedAttention Lab") -> None:
-    """Write :func:`chrome_trace` of ``reports`` to ``path`` as JSON (UTF-8). Raises OSError when the
+    """Write :func:`chrome_trace_json` of ``reports`` to ``path`` (UTF-8). Raises OSError when the
     file cannot be written."""
+    text = chrome_trace_json(reports, name)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(chrome_trace(reports, name), f)
+        f.write(text)
 
 
 def _us(ms: float) -> float:

@@ -81,13 +81,13 @@ LABS: list[Lab] = [
     Lab("slot_mapping", ("Block tables and slot mapping", "块表与槽位映射"), 4, 30,
         ("How many blocks hold n tokens, growing a block table for a prefill chunk, and the physical slot of each "
          "position: slot = block_table[pos // block_size] * block_size + pos % block_size, for prefill and decode.",
-         "n 个词元需要几个块、为一段预填充扩展块表，以及每个位置的物理槽位：slot = block_table[pos // block_size] * block_size + "
+         "n 个 token 需要几个块、为一个预填充分块扩展块表，以及每个位置的物理槽位：slot = block_table[pos // block_size] * block_size + "
          "pos % block_size，预填充与解码都用它。")),
-    Lab("append_slot", ("Appending a token: when a new block is needed", "追加词元：何时需要新块"), 4, 30,
+    Lab("append_slot", ("Appending a token: when a new block is needed", "追加 token：何时需要新块"), 4, 30,
         ("Decode's append_slot: a new block only when the new token's position is past the last block, never ahead "
          "of time, so a request wastes less than one block (internal fragmentation); a position inside the table "
          "goes to copy-on-write.",
-         "解码时的 append_slot：只有新词元的位置超出最后一个块时才取新块，从不提前预留，因此每个请求浪费的槽位少于一个块（内部碎片）；"
+         "解码时的 append_slot：只有新 token 的位置超出最后一个块时才取新块，从不提前预留，因此每个请求浪费的槽位少于一个块（内部碎片）；"
          "位置在块表之内时交给写时复制。")),
     Lab("fork_cow", ("Fork and copy-on-write", "派生与写时复制"), 7, 45,
         ("fork shares every block of the parent (refcount + 1, a FORK event); a sequence about to write into a "
@@ -98,29 +98,29 @@ LABS: list[Lab] = [
         ("The hash chain of a prompt's full blocks (each hash covers its parent's), the longest run of cached leading "
          "blocks (token ids and parent checked), caching a written block, and dropping a cached block's hash when "
          "the least recently freed block at the head of the free queue is handed out again (LRU eviction).",
-         "提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对词元 ID 与父哈希）、缓存一个写好的块，"
-         "以及空闲队列队头最久未用的块被重新分配时删除它的哈希（LRU 驱逐）。")),
+         "提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对 token id 与父哈希）、缓存一个写好的块，"
+         "以及空闲队列队头那个最早释放的块被重新分配时删除它的哈希（LRU 驱逐）。")),
     Lab("radix_match", ("The radix tree: match and split", "基数树：匹配与分裂"), 8, 45,
         ("SGLang's radix tree of cached blocks (RadixAttention): walk from the root along a prompt's full blocks, "
          "child by the token ids of its first block, to the longest cached run, and split a node the prompt leaves "
          "part-way so that every match ends on a node boundary.",
-         "SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的词元 ID 找子节点），"
+         "SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的 token id 找子节点），"
          "找到最长的已缓存前缀；提示词在某个节点中途分岔时把该节点分裂，使每次匹配都结束在节点边界上。"), core=False),
-    Lab("radix_insert", ("The radix tree: insert and LRU eviction of leaves", "基数树：插入与按 LRU 驱逐叶子"), 8, 60,
+    Lab("radix_insert", ("The radix tree: insert and LRU eviction of leaves", "基数树：插入与按 LRU 驱逐叶节点"), 8, 60,
         ("Insert a sequence's newly full blocks under the path it holds (lock counts moved to the new last node, a "
          "block the tree already holds reported so its copy is freed), pick the least recently used unlocked leaf "
          "from a heap with stale entries, and evict its last block.",
          "把一个序列新填满的块插入到它持有的路径之下（锁计数移到新的末节点；树中已有的块要报告出来，以便释放这份副本），"
-         "从含有过期条目的堆中选出最久未用的未加锁叶子，并驱逐它的最后一个块。"), core=False),
+         "从含有过期条目的堆中选出最久未用的未锁定叶节点，并驱逐它的最后一个块。"), core=False),
     Lab("lpm", ("Cache-aware scheduling: longest prefix match", "缓存感知调度：最长前缀匹配"), 8, 30,
         ("SGLang's LPM order for the waiting queue: preempted requests first, then those waiting too long (the "
          "starvation guard, oldest first), then the rest by their prompt tokens already cached, longest first.",
          "SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），"
-         "其余的按已缓存的提示词词元数从多到少排序。"), core=False),
-    Lab("admission", ("Scheduler admission (vLLM v1)", "调度器的准入规则（vLLM v1）"), 6, 30,
+         "其余的按已缓存的提示词 token 数从多到少排序。"), core=False),
+    Lab("admission", ("Scheduler admission (vLLM v1)", "vLLM v1 调度器的准入规则"), 6, 30,
         ("Whether the request at the head of the waiting queue joins this step: its prompt must fit the token budget "
          "left of max_num_batched_tokens (a chunk always does) and its blocks the free pool less the watermark.",
-         "等待队列队头的请求能否加入本步：它的提示词必须放得进 max_num_batched_tokens 剩下的词元预算（分块总能放下），"
+         "等待队列队头的请求能否加入本步：它的提示词必须放得进 max_num_batched_tokens 剩下的 token 预算（分块总能放下），"
          "它的块必须放得进扣除水位线后的空闲块。")),
     Lab("preemption", ("Preemption: the victim, recompute or swap", "抢占：选择牺牲者，重计算或交换"), 6, 45,
         ("Who is preempted when a running request cannot get its next slot (the newest not yet served this step), "
@@ -138,8 +138,8 @@ LABS: list[Lab] = [
         ("How many prompt tokens a waiting request computes this step under the token budget, and after the step "
          "advancing each sequence's num_computed_tokens by what it computed; only a sequence with every token "
          "computed samples.",
-         "在词元预算下一个等待中的请求本步计算多少个提示词词元，以及一步之后按实际计算量推进每个序列的 num_computed_tokens；"
-         "只有全部词元都已计算的序列才采样。")),
+         "在 token 预算下一个等待中的请求本步计算多少个提示词 token，以及一步之后按实际计算量推进每个序列的 num_computed_tokens；"
+         "只有全部 token 都已计算的序列才采样。")),
     Lab("paged_attention", ("Paged attention in torch", "用 torch 写分页注意力"), 4, 60,
         ("Decode attention through block tables: translate tables into per-position slots, gather K and V with zeros "
          "past each context, then a masked softmax with grouped-query heads. It must equal dense attention.",
@@ -148,7 +148,7 @@ LABS: list[Lab] = [
     Lab("triton_decode", ("A Triton paged-attention decode kernel", "Triton 分页注意力解码内核"), 5, 90,
         ("Inside the engine's Triton kernel: gather one block id per token of a tile through the block table, and "
          "the online-softmax update (running max, rescaled sum and accumulator). Runs in Triton's interpreter on a CPU.",
-         "在引擎的 Triton 内核里：按块表为一个分片的每个词元取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。"
+         "在引擎的 Triton 内核里：按块表为一个段中的每个 token 取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。"
          "在 CPU 上由 Triton 解释器运行。"), core=False),
     Lab("kv_quant", ("An fp8 KV cache: quantize and dequantize with scales", "fp8 KV 缓存：带缩放因子的量化与反量化"), 12, 30,
         ("What an fp8 pool stores and what attention reads back: fp8(x / scale) rounded to the nearest value and "
@@ -156,16 +156,16 @@ LABS: list[Lab] = [
          "vLLM's calculate_kv_scales (max|K| / 200, max|V| / 100). Every attention path of the engine reads the pool "
          "your functions write.",
          "fp8 池里存的是什么、注意力读回来的是什么：fp8(x / scale)，舍入到最近的值，超出格式最大值（e4m3 为 448，e5m2 为 57344）"
-         "时饱和到最大值；读出时乘回 scale；以及 vLLM 的 calculate_kv_scales（max|K| / 200，max|V| / 100）。"
+         "时饱和到最大值；读出时乘回缩放因子；以及 vLLM 的 calculate_kv_scales（max|K| / 200，max|V| / 100）。"
          "引擎的每条注意力路径都读取你的函数写入的池。"), core=False),
     Lab("spec_verify", ("Speculative decoding: greedy verification", "投机解码：贪心验证"), 10, 20,
         ("Keep the longest prefix of the draft tokens that the target model's argmax agrees with, then the target's "
          "own token at the first disagreement (or the bonus token after all k).",
-         "保留草稿词元中与目标模型 argmax 一致的最长前缀，再接上第一个不一致位置目标模型自己的词元（全部 k 个都接受时是额外的奖励词元）。")),
+         "保留草稿 token 中与目标模型 argmax 一致的最长前缀，再接上第一个不一致位置目标模型自己的 token（全部 k 个草稿都被接受时，再加上额外 token）。")),
     Lab("lookahead", ("Speculative decoding: lookahead slots and rollback", "投机解码：前瞻槽位与回滚"), 10, 45,
         ("Tentative slots for k draft tokens from free blocks only (fewer when the pool runs short), and after "
          "verification giving back the rejected drafts' slots, freeing every block left with no verified token.",
-         "只用空闲块为 k 个草稿词元分配暂定槽位（池子不够时少给），验证之后归还被拒草稿的槽位，并释放不再含有已验证词元的块。"), core=False),
+         "只用空闲块为 k 个草稿 token 分配暂定槽位（块池不够时少分配），验证之后归还被拒草稿的槽位，并释放不再含有已验证的 token 的块。"), core=False),
     Lab("open_scheduler", ("Open lab: a scheduling policy of your own", "开放实验：自己设计的调度策略"), 9, 90,
         ("Design the order in which waiting requests are offered admission (order_waiting, the scheduler's policy hook, "
          "as vLLM's --scheduler-cls). The simulator runs it on a fixed trace: beat FCFS's TTFT p90 by 10% while keeping "
@@ -176,11 +176,11 @@ LABS: list[Lab] = [
         ("A sliding-window group's remove_skipped_blocks (vLLM v1's): once every token of a block lies before the next "
          "query's window, the block goes back to the pool and its table entry becomes the null block, so the group "
          "holds at most ceil((window - 1) / block_size) + 1 blocks however long the request grows.",
-         "滑动窗口组的 remove_skipped_blocks（vLLM v1 的同名函数）：一个块的所有词元都落在下一个查询的窗口之前时，把块还给块池，"
+         "滑动窗口组的 remove_skipped_blocks（vLLM v1 的同名函数）：一个块的所有 token 都落在下一个查询的窗口之前时，把块还给块池，"
          "块表里的这一项换成空块（null block），于是无论请求多长，该组最多只占 ceil((window - 1) / block_size) + 1 个块。"), core=False),
     Lab("bug_refcount", ("Find the bug: the block pool", "找错误：块池"), 4, 30,
         ("A copy of the block pool with one bug seeded. Run the tests, read the failing hint, find and fix the line.",
-         "块池的一个副本，其中埋了一个错误。运行测试、读失败提示，找到并修正那一行。"), base="block_pool"),
+         "块池的一个副本，其中埋了一个错误。运行测试、读失败时给出的线索，找到并修正那一行。"), base="block_pool"),
     Lab("bug_slot", ("Find the bug: slot mapping", "找错误：槽位映射"), 4, 20,
         ("A copy of the block-table and slot-mapping part with one bug seeded.",
          "块表与槽位映射部分的一个副本，其中埋了一个错误。"), base="slot_mapping"),

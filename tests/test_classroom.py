@@ -225,6 +225,17 @@ def test_api_keys_label_requests_and_guard_the_lab(tiny_llama_dir):
         assert [d["client"] for k, d in viewer.events if k == "request"] == ["carol"]
         # The teacher token is not an API key.
         assert httpx.post(f"{base}/v1/completions", json={"prompt": "Hi"}, headers=TEACHER_HEADERS).status_code == 401
+        # The Send page sends a student's request with the key the student typed, never the teacher's:
+        # it is labelled by that key; without one the server says so in the chat.
+        from app_pages.send import _stream
+
+        messages = [{"role": "user", "content": "Hi"}]
+        mine, none = ({"role": "assistant", "content": "", "request_id": None, "error": None, "done": False} for _ in range(2))
+        _stream(base, "key-of-carol", "Zoe", messages, 2, mine, for_address="10.1.2.3")
+        _stream(base, None, "Ben", messages, 2, none, for_address="10.1.2.4")
+        assert mine["error"] is None and mine["done"] and none["error"].startswith("401")
+        wait_until(lambda: len([k for k, _ in viewer.events if k == "request"]) == 2, what="the Send page's request event")
+        assert [d["client"] for k, d in viewer.events if k == "request"] == ["carol", "carol"]
         viewer.close()
 
 
@@ -486,3 +497,26 @@ def test_classroom_sidebar_shows_the_servers_engine_and_folds_finished_requests(
         assert sum('request-client">erin<' in m.value for m in at.main.markdown) == sum('request-client">erin<' in m.value for m in folded.markdown)
     finally:
         classroom().close()
+
+
+def test_a_restarted_server_on_the_same_address_replaces_the_old_ones_requests_and_steps():
+    """Two starts of a server share an address and reuse request ids and step numbers: the hello's
+    server_id tells them apart, and the follower keeps nothing of the first."""
+    from app_pages.classroom_link import Follower
+
+    old, new = (StepHub({"model_name": "m", "block_size": 4, "num_blocks": 8, "bytes_per_slot": 2}, {}) for _ in range(2))
+    assert old.header()["server_id"] != new.header()["server_id"]
+    for i in range(3):
+        old.note_request(i, f"s{i}", f"old prompt {i}", 4)
+    new.note_request(0, "anonymous", "new prompt", 4)
+    follower = Follower("http://127.0.0.1:9")  # nothing listens: only the events below reach it
+    try:
+        follower._on("hello", json.loads(json.dumps(old.header())))
+        assert sorted(follower.requests) == [0, 1, 2] and not follower.restarted
+        follower._on("hello", json.loads(json.dumps(old.header())))  # a reconnect to the same server keeps its data
+        assert sorted(follower.requests) == [0, 1, 2] and not follower.restarted
+        follower._on("hello", json.loads(json.dumps(new.header())))
+        assert follower.requests == {0: {"client": "anonymous", "prompt": "new prompt", "max_tokens": 4}}
+        assert follower.restarted and follower.reports == []
+    finally:
+        follower.stop()

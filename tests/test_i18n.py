@@ -134,7 +134,8 @@ def test_the_glossary_names_speculative_decoding_and_serving():
 
 def test_every_forbidden_variant_differs_from_its_term():
     for term, variants in FORBIDDEN_VARIANTS.items():
-        assert term in GLOSSARY.values() or term in ("显存", "注意力计算", "Roofline 模型"), term
+        assert term in GLOSSARY.values() or term in ("显存", "注意力计算", "Roofline 模型", "token", "单元格", "仅为前者的",
+                                                     "已完成的请求"), term
         for variant in variants:
             assert not re.search(variant, term), f"{variant!r} would forbid {term} itself"
 
@@ -199,3 +200,30 @@ def test_a_real_run_shows_its_finish_reasons_and_events_in_chinese(tiny_llama_di
     assert any("、" in x for x in holders) and not any(", " in x for x in holders), holders
     assert any(", " in x for x in pool_frame(reports[0], 4, "en")["holders_text"])
     assert t("sep_list", "zh") == "、" and t("sep_colon", "zh") == "：" and t("paren", "zh", text="x") == "（x）"
+
+
+def _chinese_of_the_labs_and_docs() -> dict[str, str]:
+    """The Chinese a student reads beside the lessons: each lab's title and goal (lessons/labs.py, copied into
+    the starters), the Chinese labs guide and the README's Chinese paragraph."""
+    from lessons.labs import LABS
+
+    texts = {f"lessons/labs.py: {lab.name}": f"{lab.title[1]}\n{lab.goal[1]}" for lab in LABS}
+    texts["docs/labs.zh.md"] = (ROOT / "docs" / "labs.zh.md").read_text()
+    texts["README.md"] = next(p for p in (ROOT / "README.md").read_text().split("\n\n") if "一个可单步执行" in p)
+    return texts
+
+
+def test_the_labs_text_and_the_chinese_docs_keep_the_glossary():
+    """The labs' text once said 词元 for token, 奖励 for bonus, 叶子 and 加锁 for the tree's leaves and locks."""
+    found = {where: gloss_mismatches(text) for where, text in _chinese_of_the_labs_and_docs().items() if gloss_mismatches(text)}
+    assert found == {}, f"terms off the glossary: {found}"
+    assert gloss_mismatches("n 个词元需要几个块；全部 k 个都接受时是额外的奖励词元；最久未用的未加锁叶子；少 4.0 倍")
+
+
+def test_the_readmes_count_the_lessons_there_are():
+    names = sorted(p.name for p in (ROOT / "lessons" / "src").glob("[0-9][0-9]_*.py"))
+    words = {11: ("Eleven", "十一"), 12: ("Twelve", "十二"), 13: ("Thirteen", "十三"), 14: ("Fourteen", "十四")}[len(names)]
+    readme, lessons = (ROOT / "README.md").read_text(), (ROOT / "lessons" / "README.md").read_text()
+    assert f"{words[0]} lesson notebooks" in readme and f"{words[1]}个课程笔记本" in readme
+    assert f"{words[0]} notebooks, in order" in lessons and f"{words[1]}个笔记本，按顺序学习" in lessons
+    assert "\n" not in next(p for p in readme.split("\n\n") if "一个可单步执行" in p), "a Chinese paragraph on one line"

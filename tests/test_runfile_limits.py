@@ -271,3 +271,30 @@ def test_a_compact_run_with_fields_changed(changes):
         except (KeyError, IndexError, TypeError):
             continue
     _opens_or_says_why(_bytes(data))
+
+
+@pytest.mark.parametrize("key", ["prompts", "clients"])
+def test_a_lone_surrogate_in_a_text_is_one_error_naming_its_field(key):
+    """JSON's "\\ud800" reads as a lone surrogate, which no page can write back as UTF-8."""
+    data = _run()
+    data[key] = {"0": "eve \ud800"}
+    raw = json.dumps(data).encode()  # ASCII: json.dumps escapes the surrogate, as a hand-made file would
+    with pytest.raises(RunFileError, match=f'r.json: "{key}": request 0: the text has a lone surrogate'):
+        load_any(raw, name="r.json")
+    workload = {"format": "pagedattention-lab/workload", "version": 1, "requests": [{"prompt": "x \udfff", "max_tokens": 2}]}
+    with pytest.raises(RunFileError, match='w.json: request 0: "prompt" has a lone surrogate'):
+        load_any(_bytes(workload), name="w.json")
+
+
+@pytest.mark.parametrize("field, value", [("start_ms", 1e308), ("start_ms", -1e308), ("timings_ms", {"total": 1e308}),
+                                          ("arrived", {"0": -1e308})])
+def test_step_times_are_bounded_so_the_trace_stays_finite(field, value):
+    from engine.timeline import chrome_trace_json
+
+    data = _run()
+    data["steps"][0][field] = value
+    with pytest.raises(RunFileError, match=f"r.json: step 0: .*ms is not from -1e\\+12 to 1e\\+12"):
+        load_run(_bytes(data), name="r.json")
+    data["steps"][0][field] = {"total": 1e12} if field == "timings_ms" else ({"0": -1e12} if field == "arrived" else 1e12)
+    trace = chrome_trace_json(load_run(_bytes(data), name="r.json").steps)  # at the bound: strict JSON, finite
+    json.loads(trace, parse_constant=lambda word: pytest.fail(f"the trace holds {word}"))

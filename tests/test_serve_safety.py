@@ -196,6 +196,39 @@ def test_each_user_is_its_own_client_without_keys(open_server):
     wait_until(lambda: not app.state.limits.requests, what="the limits to forget clients with nothing in flight")
 
 
+def test_without_keys_each_address_and_the_whole_server_are_capped_whatever_the_names(open_server):
+    """One student changing `user` on every request is still one address; and however many
+    addresses, the server holds a bounded number of requests waiting for the engine."""
+    base, app, engine = open_server
+    limits = app.state.limits
+    limits.settings = ServerSettings(teacher_token=TEACHER, max_concurrent_requests_per_client=1,
+                                     max_concurrent_requests_per_address=2, max_waiting_requests=3)
+    body = {"prompt": "Hello", "max_tokens": 2, "ignore_eos": True}
+
+    def post(user: str, address: str) -> httpx.Response:
+        return httpx.post(f"{base}/v1/completions", json={**body, "user": user}, headers={"X-Forwarded-For": address}, timeout=60)
+
+    gate = threading.Event()
+    app.state.llm._executor.submit(gate.wait)  # hold the engine: what is accepted stays waiting
+    held = [threading.Thread(target=post, args=args) for args in (("a1", "10.0.0.1"), ("a2", "10.0.0.1"), ("b1", "10.0.0.2"))]
+    try:
+        for n, thread in enumerate(held[:2], 1):
+            thread.start()
+            wait_until(lambda: limits.addresses["10.0.0.1"] == n, what=f"{n} requests from 10.0.0.1 in flight")
+        assert "this address already has 2 requests in flight" in error_of(post("a3", "10.0.0.1"), 429, None)
+        held[2].start()
+        wait_until(lambda: limits.in_flight == 3, what="3 requests waiting")
+        refused = post("c1", "10.0.0.3")
+        assert "3 requests waiting for the engine" in error_of(refused, 429, None) and refused.headers["Retry-After"] == "1"
+    finally:
+        gate.set()
+        for thread in held:
+            thread.join(60)
+        limits.settings = app.state.settings
+    wait_until(lambda: not limits.addresses and not limits.in_flight, what="every address forgotten once its requests end")
+    assert post("c1", "10.0.0.3").status_code == 200
+
+
 def test_the_room_samples_greedily_unless_a_request_says_otherwise(open_server, tiny_llama_dir):
     base, app, engine = open_server
     prompt = "The capital of France is"

@@ -222,3 +222,13 @@ def test_a_long_run_is_drawn_with_one_bar_per_stretch_of_equal_steps():
         assert group["start"].iloc[1:].to_numpy() == pytest.approx(group["end"].iloc[:-1].to_numpy())  # no gap, no overlap
     datasets = timeline_chart(rows).to_dict()["datasets"].values()
     assert max(len(values) for values in datasets) == len(merged)  # the chart draws the stretches
+
+
+def test_the_trace_is_strict_json_and_refuses_a_time_that_is_not_finite(head_of_line_run):
+    from engine.timeline import chrome_trace_json
+
+    reports = head_of_line_run[1]
+    assert json.loads(chrome_trace_json(reports)) == chrome_trace(reports)
+    broken = [dataclasses.replace(reports[0], start_ms=float("inf")), *reports[1:]]
+    with pytest.raises(ValueError, match="Out of range float"):  # never "ts": Infinity, which no trace viewer opens
+        chrome_trace_json(broken)

@@ -1,5 +1,6 @@
 """The what-if page in a real browser (Debian's chromium through Playwright), in English and 中文: the
-numbers a reader reads (KV bytes per token, the paper's token slots) and the charts' labels and data."""
+numbers a reader reads (KV bytes per token, the paper's token slots, Llama-3-70B refused on one H100 with
+what would fit, then split over 8 H100s) and the charts' labels and data."""
 
 from __future__ import annotations
 
@@ -34,8 +35,15 @@ def prose(page) -> str:
 
 
 def choose(page, label: str, option: str) -> None:
-    page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').filter(has_text=label).click()
+    """Pick ``option`` in the selectbox labelled exactly ``label`` ("GPU", not "GPUs (tensor parallelism)")."""
+    box = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"]').filter(
+        has=page.locator('[data-testid="stWidgetLabel"]').get_by_text(label, exact=True))
+    box.click()
     page.get_by_role("option", name=option, exact=True).click()
+
+
+def main_text(page) -> str:
+    return page.locator('[data-testid="stMain"]').inner_text()
 
 
 def bar_labels(page) -> list[str]:
@@ -94,7 +102,39 @@ def whatif(page, sync_api, port, server) -> None:
     assert t("whatif_fit_axis", "zh") in labels
     text = page.locator('[data-testid="stMain"]').inner_text()
     assert "1.57 万" in text  # the paper check, in 中文
-    assert "2 × 40 层 × 40 个 KV 头 × 128（head_dim）× 2 B" in text
+    assert "2 × 40 层 × 40 个 KV 头 × 每头维数 128 × 2 B" in text
+    assert "0.9 × 40.00 GiB − 权重 23.93 GiB = 12.07 GiB" in text  # one unit: 36 − 23.93 = 12.07, as a student checks
     assert untranslated(prose(page)) == []
     assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "whatif_zh.png"), full_page=True)
+
+    # Llama-3-70B on one H100: the weights do not fit, and the page says what would.
+    choose(page, t("whatif_gpu", "zh"), "H100-SXM-80GB")
+    page.wait_for_function("s => document.body.innerText.includes(s)", arg="H100-SXM-80GB：", timeout=60_000)
+    choose(page, t("whatif_model", "zh"), "Llama-3-70B")
+    page.wait_for_function("s => document.body.innerText.includes(s)", arg="这样就放得下：2 块 H100-SXM-80GB（张量并行）、fp8 权重。",
+                           timeout=60_000)
+    no_exception_box(page)
+    assert metric(page, t("whatif_kv_memory", "zh")) == t("whatif_kv_memory_none", "zh")  # not a negative memory
+    # Split over 8 H100s (tensor parallelism): by hand, 0.9 x 79.65 GiB - 16.44 GiB per GPU = 55.25 GiB each,
+    # / 40,960 B per token per GPU = 1,448,211 slots; 1,885 requests of 768 tokens.
+    choose(page, t("whatif_tp", "zh"), "8")
+    page.wait_for_function("s => document.body.innerText.includes(s)", arg="1,448,211", timeout=60_000)
+    wait_for_charts(page, 2)
+    no_exception_box(page)
+    assert metric(page, t("whatif_kv_slots", "zh")) == "1,448,211"
+    assert metric(page, t("whatif_kv_memory", "zh")) == "441.96 GiB"
+    assert metric(page, t("whatif_fit", "zh")) == "1,885"
+    assert "8 块 GPU × （0.9 × 79.65 GiB − 每块的权重 16.44 GiB）= 441.96 GiB" in main_text(page)
+    assert untranslated(prose(page)) == [] and chart_text_problems(page, "zh") == []
+
+    page.locator('[data-testid="stSidebar"]').get_by_text("English").click()  # the choices survive the switch back
+    page.get_by_role("heading", name=t("page_whatif", "en"), exact=True).wait_for(timeout=60_000)
+    wait_for_charts(page, 2)
+    assert metric(page, t("whatif_kv_slots", "en")) == "1,448,211" and metric(page, t("whatif_weights", "en")) == "131.50 GiB"
+    text = main_text(page)
+    assert "70.6B parameters × 2 B = 131.50 GiB, ÷ 8 GPUs = 16.44 GiB per GPU" in text
+    assert "2 × 80 layers × 1 KV heads per GPU × 128 (head_dim) × 2 B × 8 GPUs" in text
+    ridge = metric(page, t("whatif_ridge", "en"))  # counted with each request's KV at 640 tokens: 625, not the weights' 296
+    assert ridge == "625", ridge
+    page.screenshot(path=str(SHOTS / "whatif_70b_8_gpus_en.png"), full_page=True)

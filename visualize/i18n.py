@@ -31,15 +31,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_intro": ("Run a lab implementation beside the engine's own parts on the same workload (six requests with "
                    "prefix caching, parallel sampling and preemption, on the hash chain and then on the radix tree with "
                    "longest-prefix-match admission; no model), step for step, and find the first step where they differ.",
-                   "在同一个负载上（六个请求，含前缀缓存、并行采样与抢占，先用哈希链，再用基数树加最长前缀匹配准入；不用模型）"
-                   "把一个实验实现与引擎自己的部件逐步并排运行，找出两者第一次不同的那一步。"),
+                   "把一个实验实现与引擎自己的部件在同一个负载上逐步并排运行，找出两者第一次不同的那一步。"
+                   "负载：六个请求，含前缀缓存、并行采样与抢占；先用哈希链，再用基数树加最长前缀匹配准入；不用模型。"),
     "labs_impl": ("Lab implementation", "实验实现"),
     "labs_impl_help": ("Your lab parts, stepped beside the engine's own on the Live engine page and run on a fixed workload on Your parts: a starter or a find-the-bug file from labs/starters/, or your own file or folder.",
                        "你的实验部件：在实时引擎页面上与引擎自己的部件逐步并排运行，在“你的部件”页面上跑一个固定负载。可以是 labs/starters/ 中的起始代码或找错误实验的文件，或者你自己的文件或目录。"),
-    "labs_custom": ("Your own file or folder…", "你自己的文件或目录…"),
+    "labs_custom": ("Your own file or folder…", "你自己的文件或目录……"),
     "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
     "labs_run": ("Run beside the engine", "与引擎并排运行"),
-    "labs_running": ("Running the engine's parts and yours…", "正在运行引擎的部件和你的部件…"),
+    "labs_running": ("Running the engine's parts and yours…", "正在运行引擎的部件和你的部件……"),
     "labs_same": ("The same as the engine's own parts at every one of {steps} steps.", "全部 {steps} 步的结果都与引擎自己的部件相同。"),
     "labs_diverged": ("First difference at step {step}: {what}.", "第一次不同出现在第 {step} 步：{what}。"),
     "labs_what_events": ("event {index} differs", "第 {index} 个事件不同"),
@@ -61,10 +61,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_on_live": ("The Live engine page steps the same choice beside its own engine, on its workload and model.",
                      "实时引擎页面会在它自己的负载和模型上，把同一个选择与引擎逐步并排运行。"),
     "beside_title": ("Your parts ({impl}) beside the engine's", "你的部件（{impl}）与引擎的部件并排"),
-    "beside_starting": ("Starting a second engine on your parts…", "正在用你的部件启动第二个引擎…"),
+    "beside_starting": ("Starting a second engine on your parts…", "正在用你的部件启动第二个引擎……"),
     "beside_ready": ("A second engine runs your lab parts on the same workload. Each Step steps both; the first step "
                      "where they differ shows here.",
-                     "第二个引擎在同一个负载上运行你的实验部件。每按一次“单步”两个引擎各走一步；两者第一次不同的那一步会显示在这里。"),
+                     "第二个引擎在同一个负载上运行你的实验部件。每按一次“单步”，两个引擎各走一步；两者第一次不同的那一步会显示在这里。"),
     "beside_wrong_block": ("The first wrong block: block {blocks} (outlined on both pools, step {step}).",
                            "第一个出错的块：块 {blocks}（在两个块池中都已圈出，第 {step} 步）。"),
     "beside_no_chat": ("Your lab parts run beside the engine outside chat mode only (a chat's next turn is this engine's answer).",
@@ -239,7 +239,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "`python -m engine serve`, or given with `--teacher-token`). With it this browser is the teacher's: it shows the "
         "Step and Run controls and may change the server, also after a reload; without it, the view only.",
         "应用的教师令牌（打印在启动应用的终端里）或服务器的教师令牌（`python -m engine serve` 启动时打印，或用 "
-        "`--teacher-token` 指定）。有了它，这个浏览器就是教师的：显示单步和运行控制，可以更换服务器，刷新后也一样；"
+        "`--teacher-token` 指定）。有了它，这个浏览器就获得教师权限：显示单步和运行控制，可以更换服务器，刷新后也一样；"
         "没有它，只能观看。",
     ),
     "teacher_only": (
@@ -247,12 +247,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "the teacher token printed in the terminal that started the app.",
         "只有教师才能连接或启动服务器：请在运行应用的电脑上打开本页，或输入启动应用的终端里打印的教师令牌。",
     ),
-    "teacher_token_here": ("Teacher token (keep it off the projector)", "教师令牌（不要投到投影上）"),
+    "teacher_token_here": ("Teacher token (keep it off the projector)", "教师令牌（不要让它出现在投影上）"),
     "teacher_token_here_help": (
         "Type it on the Classroom page of another browser, the projector PC's say, to control the class from there; that "
         "browser keeps it across reloads. The terminal that started the app printed it too. A browser on this computer "
         "needs none.",
-        "在另一个浏览器（比如投影电脑上的）的课堂页面输入它，就能在那里控制课堂；那个浏览器刷新后仍保留它。"
+        "在另一个浏览器（比如投影电脑上的浏览器）里打开课堂页面，输入它，就能在那里控制课堂；那个浏览器刷新后仍保留它。"
         "启动应用的终端里也打印了它。本机上的浏览器不需要它。",
     ),
     "token_not_teacher": ("this is not the teacher token.", "这不是教师令牌。"),
@@ -313,14 +313,20 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lab_run": ("Run", "运行"),
     "lab_speed": ("Run speed", "运行速度"),
     "lab_nothing_to_step": ("Nothing to step: no request is waiting or running.", "没有可执行的步：没有等待中或运行中的请求。"),
+    "lab_server_restarted": ("The server restarted: the earlier requests and steps are gone, and the view starts over.",
+                             "服务器已重启：之前的请求和各步都已清空，视图从头开始。"),
     "lab_no_steps": ("Waiting for requests: the engine has not stepped yet. Requests so far: {n}.",
                      "等待请求：引擎还没有执行任何步。目前的请求数：{n}。"),
-    "lab_viewers": ("{n} viewers follow the step stream.", "{n} 个观看者在跟随逐步数据流。"),
     "save_session": ("Download the session (run file)", "下载本节课的运行记录（运行文件）"),
     "save_session_help": ("Opens on the Live engine page like any saved run.", "可以像其他保存的运行记录一样在实时引擎页面打开。"),
     "student_name": ("Your name", "你的名字"),
     "student_name_help": ("Labels your requests on the projector.", "用于在投影屏幕上标注你的请求。"),
     "name_first": ("Write your name first.", "请先写上你的名字。"),
+    "student_key": ("Your API key", "你的 API 密钥"),
+    "student_key_help": ("This server asks each student for their own key: the teacher gives it to you. It labels and "
+                         "limits your requests, so that one busy student does not hold the others back.",
+                         "这个服务器要求每个学生使用自己的密钥，由老师发给你。它用来标注并限制你的请求，这样一个学生发得多也不会拖住其他人。"),
+    "key_first": ("Type your API key first (the teacher gives it to you).", "请先输入你的 API 密钥（由老师发给你）。"),
     "chat_placeholder": ("Ask the model something", "向模型提个问题"),
     "send_max_tokens": ("Longest answer (tokens)", "回答最大长度（token 数）"),
     "your_blocks": ("Your blocks are outlined in pink on the shared pool: {blocks}.", "你的块在共享块池中以粉色框出：{blocks}。"),
@@ -488,9 +494,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_head_of_line": ("Head-of-line blocking: a long prompt first", "队头阻塞：长提示词在前"),
     "preset_head_of_line_note": (
         "One long prompt, then six short ones, whole prompts: the short ones are prefilled in the same step as the long "
-        "one, so their first tokens wait for its prefill. Compare the TTFTs below with the chunked preset's.",
+        "one, so their first tokens wait for its prefill. Compare the TTFTs below with those of the preset “Head-of-line "
+        "blocking, chunked prefill”.",
         "一个长提示词，后面六个短提示词，整段预填充：短请求与长请求在同一步预填充，它们的首 token 要等长预填充算完。"
-        "把下面的 TTFT 与分块预设的对比。",
+        "把下面的 TTFT 与“队头阻塞，分块预填充”预设的对比。",
     ),
     "preset_head_of_line_chunked": ("Head-of-line blocking, chunked prefill", "队头阻塞，分块预填充"),
     "preset_head_of_line_chunked_note": (
@@ -529,7 +536,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                         "排在长预填充之后：请求 {rid} 预填充了本步 {total} 个 token 中的 {n} 个"),
     "why_no_free_block": ("no free block for its prompt", "没有空闲块可容纳它的提示词"),
     "why_max_num_seqs": ("the batch is full (max_num_seqs requests run)", "批已满（已有 max_num_seqs 个请求在运行）"),
-    "why_swapped": ("requests are swapped out: they come back before anyone new", "有请求被换出：它们要先于新请求被换入"),
+    "why_swapped": ("requests are swapped out: they come back before anyone new", "有请求处于换出状态：要先把它们换回来，才接纳新请求"),
     "why_preemption": ("the step preempted a request: nothing new is admitted", "本步抢占了一个请求：不接纳新请求"),
     "why_queue": ("behind request {rid} in the queue (first come, first served)", "在队列中排在请求 {rid} 之后（先来先服务）"),
     "why_static_batch": ("a static batch runs until its longest request ends", "静态批处理：当前这批要等最长的请求结束"),
@@ -554,13 +561,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "TPOT = (E2EL − TTFT) / (输出 token 数 − 1)。一个 token 在它所在的步结束时计入。",
     ),
     "latency_ttft": ("TTFT (ms)", "首 token 延迟 TTFT（毫秒）"),
-    "latency_ttft_steps": ("TTFT (steps)", "TTFT（步数）"),
+    "latency_ttft_steps": ("TTFT (steps)", "首 token 延迟 TTFT（步数）"),
     "latency_tpot": ("TPOT (ms)", "每输出 token 时间 TPOT（毫秒）"),
     "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
     "latency_itl": ("ITL (ms)", "token 间延迟 ITL（毫秒）"),
-    "latency_arrival": ("Arrival (ms)", "到达（毫秒）"),
+    "latency_arrival": ("Arrival (ms)", "到达时间（毫秒）"),
     "latency_output_tokens": ("Output tokens", "输出 token 数"),
-    "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已结束的请求）"),
+    "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已完成的请求）"),
     "latency_metric": ("Metric", "指标"),
     "latency_mean": ("Mean", "平均"),
     "latency_median": ("Median", "中位数"),
@@ -571,7 +578,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "One prompt of 1,500 tokens, then eight of 50, all at time 0, each generating 32 tokens; OPT-13B on an A100 "
         "(the step-time model), simulated time.",
         "一个 1,500 个 token 的提示词，后面八个 50 个 token 的提示词，全部在时刻 0 到达，每个生成 32 个 token；"
-        "A100 上的 OPT-13B（步耗时模型），模拟时间。",
+        "A100 上的 OPT-13B（步时模型），模拟时间。",
     ),
     "sim_timeline_whole": ("Whole prompts (vLLM v0's prefill-first rule)", "整段提示词预填充（vLLM v0 的预填充优先规则）"),
     "sim_timeline_chunked": ("Chunked prefill, 512 tokens a step (decodes first)", "分块预填充，每步 512 个 token（解码优先）"),
@@ -1114,11 +1121,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     # --- end of the compare page's latency chart and vLLM replay
     # --- what-ifs at production scale (app_pages/whatif.py, visualize/whatif.py)
-    "page_whatif": ("What-ifs at scale", "规模假设"),
+    "page_whatif": ("What-ifs at scale", "规模推演"),
     "whatif_intro": (
         "A real model on a real GPU, before any engine runs: the memory left after the weights decides how many requests "
         "run at once, and below the ridge point the batch decides throughput. Every number says where it comes from.",
-        "在任何引擎运行之前，看一个真实模型在真实 GPU 上：权重之后剩下的显存决定了能同时运行多少请求；在屋脊点以下，"
+        "在任何引擎运行之前，看一个真实模型在真实 GPU 上：放下权重之后剩下的显存决定了能同时运行多少请求；在屋脊点以下，"
         "批大小决定吞吐量。每个数字都注明出处。",
     ),
     "whatif_model": ("Model", "模型"),
@@ -1126,6 +1133,16 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_this_cpu": ("this CPU", "本机 CPU"),
     "whatif_dtype": ("Data type (weights, and KV under auto)", "数据类型（权重；kv_cache_dtype 为 `auto` 时也是 KV 的）"),
     "whatif_kv_cache_dtype": ("KV cache dtype (kv_cache_dtype)", "KV 缓存数据类型（kv_cache_dtype）"),
+    "whatif_tp": ("GPUs (tensor parallelism)", "GPU 数（张量并行）"),
+    "whatif_tp_help": ("The model split over N GPUs of one node (vLLM's `--tensor-parallel-size`): each holds 1/N of the "
+                       "weights and of the KV heads and does 1/N of the work. The all-reduces between them are not modelled.",
+                       "把模型切分到同一节点的 N 块 GPU 上（vLLM 的 `--tensor-parallel-size`）：每块 GPU 存 1/N 的权重和 1/N 的 KV 头，"
+                       "做 1/N 的计算。GPU 之间的全归约（`all-reduce`）通信没有计入。"),
+    "whatif_weight_dtype": ("Weight precision", "权重精度"),
+    "whatif_weight_dtype_help": ("fp8 stores each weight in 1 byte, int4 (AWQ, GPTQ) in half a byte, their scales not counted; "
+                                 "the matmuls still run in the data type above (weight-only kernels).",
+                                 "fp8 每个权重占 1 字节，int4（AWQ、GPTQ）占半个字节，不计缩放因子；矩阵乘法仍按上面的数据类型计算（只量化权重的内核）。"),
+    "whatif_weight_auto": ("as the data type", "与数据类型相同"),
     "whatif_context": ("Context length (max_model_len, tokens)", "上下文长度（max_model_len，token 数）"),
     "whatif_users": ("Users (requests sent at once)", "用户数（同时发送的请求数）"),
     "whatif_prompt": ("Prompt length (tokens)", "提示词长度（token 数）"),
@@ -1145,27 +1162,49 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     ),
     "whatif_model_source": (
         "{model}: {layers} layers, {kv_heads} KV heads × {head_dim} (head_dim), {params} parameters. Source: {source}",
-        "{model}：{layers} 层，{kv_heads} 个 KV 头 × {head_dim}（head_dim），{params} 个参数。出处：{source}",
+        "{model}：{layers} 层，{kv_heads} 个 KV 头 × 每头维数 {head_dim}，{params} 个参数。出处：{source}",
     ),
     "whatif_gpu_source": (
         "{gpu}: {memory:.1f} GiB, {bandwidth:,.0f} GB/s, {tflops:,.1f} TFLOP/s in {dtype}. Source: {source}",
         "{gpu}：{memory:.1f} GiB，{bandwidth:,.0f} GB/s，`{dtype}` 下 {tflops:,.1f} TFLOP/s。出处：{source}",
     ),
     "whatif_from_formula": ("= {formula}", "= {formula}"),
-    "whatif_weights_formula": ("{params} parameters × {nbytes} B", "{params} 个参数 × {nbytes} B"),
+    "whatif_weights_formula": ("{params} parameters × {nbytes} B = {gib} GiB", "{params} 个参数 × {nbytes} B = {gib} GiB"),
+    "whatif_weights_formula_tp": ("{params} parameters × {nbytes} B = {gib} GiB, ÷ {tp} GPUs = {per_gpu} GiB per GPU",
+                                  "{params} 个参数 × {nbytes} B = {gib} GiB，÷ {tp} 块 GPU = 每块 {per_gpu} GiB"),
     "whatif_kv_formula": (
         "2 × {layers} layers × {kv_heads} KV heads × {head_dim} (head_dim) × {nbytes} B",
-        "2 × {layers} 层 × {kv_heads} 个 KV 头 × {head_dim}（head_dim）× {nbytes} B",
+        "2 × {layers} 层 × {kv_heads} 个 KV 头 × 每头维数 {head_dim} × {nbytes} B",
     ),
-    "whatif_memory_formula": ("{util} × {memory} GiB − weights", "{util} × {memory} GiB − 权重"),
+    "whatif_kv_formula_tp": (
+        "2 × {layers} layers × {kv_heads} KV heads per GPU × {head_dim} (head_dim) × {nbytes} B × {tp} GPUs",
+        "2 × {layers} 层 × 每块 GPU {kv_heads} 个 KV 头 × 每头维数 {head_dim} × {nbytes} B × {tp} 块 GPU",
+    ),
+    "whatif_memory_formula": ("{util} × {memory} GiB − {weights} GiB of weights = {kv} GiB", "{util} × {memory} GiB − 权重 {weights} GiB = {kv} GiB"),
+    "whatif_memory_formula_tp": ("{tp} GPUs × ({util} × {memory} GiB − {weights} GiB of weights each) = {kv} GiB",
+                                 "{tp} 块 GPU × （{util} × {memory} GiB − 每块的权重 {weights} GiB）= {kv} GiB"),
+    "whatif_kv_memory_none": ("none", "无"),
     "whatif_slots_formula": ("KV cache memory ÷ KV bytes per token", "KV 缓存显存 ÷ 每 token 的 KV 字节数"),
     "whatif_fit_formula": (
         "= {slots} slots ÷ {per_request} slots per request ({system})",
         "= {slots} 个槽位 ÷ 每个请求 {per_request} 个槽位（{system}）",
     ),
     "whatif_ridge_formula": (
-        "The cost model's weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth); engine/sim/cost_model.py",
-        "代价模型的 weights_s ÷ token_s = 峰值 FLOP/s × 数据类型字节数 ÷（2 × 带宽）；engine/sim/cost_model.py",
+        "= reading the weights ({weights:.2f} ms) ÷ (one request's compute, {compute:.1f} µs, − its KV reads, {kv:.1f} µs, at "
+        "{context:,} tokens): from this batch on the step's FLOPs ÷ bytes reach the GPU's {balance:.0f} FLOP/B (peak FLOP/s ÷ "
+        "bandwidth). The step-time model's coefficients; engine/sim/whatif.py",
+        "= 读一遍权重的时间（{weights:.2f} 毫秒）÷（一个请求的计算 {compute:.1f} 微秒 − 它在 {context:,} 个 token 上下文下的 KV 读取 "
+        "{kv:.1f} 微秒）：从这个批大小起，一步的浮点运算数 ÷ 字节数达到 GPU 的 {balance:.0f} FLOP/B（峰值 FLOP/s ÷ 带宽）。"
+        "系数来自步时模型；engine/sim/whatif.py",
+    ),
+    "whatif_ridge_never": ("never", "不会"),
+    "whatif_ridge_never_formula": (
+        "At {context:,} tokens one request's KV reads ({kv:.1f} µs a step) take longer than its compute ({compute:.1f} µs): "
+        "a decode step stays memory-bound at any batch, and tokens/s levels off near {ceiling:,.0f}. Shorter contexts, "
+        "grouped-query attention or an fp8 KV cache move the ridge back.",
+        "在 {context:,} 个 token 的上下文下，一个请求每步的 KV 读取（{kv:.1f} 微秒）比它的计算（{compute:.1f} 微秒）更久："
+        "无论批大小多大，解码步都是访存受限的，每秒 token 数最终停在 {ceiling:,.0f} 附近。更短的上下文、分组查询注意力或 fp8 KV 缓存"
+        "会让屋脊点重新出现。",
     ),
     "whatif_rate_formula": (
         "{tokens:,.0f} output tokens/s; {running:.1f} requests running on average, {preemptions} preemptions",
@@ -1175,24 +1214,57 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "Throughput: the simulator (the engine's own scheduler and allocators, step times from the cost model at peak "
         "figures) serving {n} of the users' requests, all at once, per allocator, in {ms:.0f} ms: `{call}`. "
         "The same figures as JSON: `{command}`",
-        "吞吐量：模拟器（引擎自己的调度器和分配器，每步时间来自按峰值算的代价模型）为每个分配器一次性服务用户的 {n} 个请求，"
+        "吞吐量：模拟器（引擎自己的调度器和分配器，每步时间来自按峰值算的步时模型）为每个分配器一次性服务用户的 {n} 个请求，"
         "用时 {ms:.0f} ms：`{call}`。同样的数字以 JSON 输出：`{command}`",
     ),
     "whatif_not_fit": (
-        "{model}'s weights ({weights:.1f} GB) and one request of {context} tokens do not fit in {util:.0%} of the {gpu}'s "
-        "{memory:.1f} GiB: choose a larger GPU, a smaller model or data type, or a shorter context.",
-        "{model} 的权重（{weights:.1f} GB）加上一个 {context} 个 token 的请求，超出了 {gpu} 的 {memory:.1f} GiB 显存的 {util:.0%}："
-        "请选择更大的 GPU、更小的模型或数据类型，或更短的上下文。",
+        "{model}'s weights do not fit: {weights:.1f} GiB per GPU against {budget:.1f} GiB ({util:.0%} of the {gpu}'s "
+        "{memory:.1f} GiB), so no memory is left for the KV cache (the formula gives {kv:.1f} GiB). {fixes}",
+        "{model} 的权重放不下：每块 GPU 要放 {weights:.1f} GiB，而可用的只有 {budget:.1f} GiB（{gpu} 的 {memory:.1f} GiB 的 {util:.0%}），"
+        "没有显存留给 KV 缓存（按公式算是 {kv:.1f} GiB）。{fixes}",
     ),
+    "whatif_no_room": (
+        "The weights fit, but the {kv:.2f} GiB left for the KV cache hold {slots:,} token slots, fewer than one request of "
+        "{context:,} tokens needs. {fixes}",
+        "权重放得下，但留给 KV 缓存的 {kv:.2f} GiB 只有 {slots:,} 个 token 槽位，不够一个 {context:,} 个 token 的请求。{fixes}",
+    ),
+    "whatif_would_fit": ("It would fit with: {choices}.", "这样就放得下：{choices}。"),
+    "whatif_would_fit_none": ("None of the page's GPUs, GPU counts or weight precisions fits it: choose a smaller model or a "
+                              "shorter context.", "本页的 GPU、GPU 数和权重精度都放不下：请选择更小的模型或更短的上下文。"),
+    "whatif_fix_tp": ("{n} × {gpu} (tensor parallelism)", "{n} 块 {gpu}（张量并行）"),
+    "whatif_fix_weights": ("weights in {dtype}", "{dtype} 权重"),
+    "whatif_fix_gpu": ("one {gpu}", "一块 {gpu}"),
     "whatif_bad_input": ("These settings cannot run: {error}", "这些设置无法运行：{error}"),
     "whatif_explain": (
-        "Below the ridge point a decode step reads every weight once whatever the batch, so tokens/s grows with the batch "
-        "almost for free; the batch an allocator allows is what its KV slots hold. The paged allocator wastes at most one "
-        "block per request; a contiguous reservation holds its whole range from the start. Where every allocator reaches "
-        "max_num_seqs (256), the paged one is a little slower: its kernel walks block tables (paper §7.1: 20–26 %).",
-        "在屋脊点以下，一个解码步无论批大小多少都只读一遍全部权重，因此每秒 token 数几乎随批大小免费增长；"
-        "分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住整段范围。"
-        "当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
+        "A decode step reads every weight once whatever the batch, and each request's K and V at its context. While the "
+        "weights dominate, tokens/s grows with the batch almost for free; as the batch grows the KV reads take over, and "
+        "the curve levels off, memory-bound, unless each request's compute outweighs its KV reads (the ridge point). The "
+        "batch an allocator allows is what its KV slots hold. The paged allocator wastes at most one block per request; "
+        "a contiguous reservation holds its whole range from the start. Where every allocator reaches max_num_seqs (256), "
+        "the paged one is a little slower: its kernel walks block tables (paper §7.1: 20–26 %).",
+        "一个解码步无论批大小多少都只读一遍全部权重，另外还要读每个请求在其上下文上的 K 和 V。权重读取占主导时，每秒 token 数"
+        "几乎不需额外代价地随批大小增长；批大小变大后 KV 读取占了上风，曲线趋于平坦、访存受限，除非每个请求的计算超过它的 KV 读取"
+        "（即屋脊点）。分配器允许的批大小就是它的 KV 槽位能容纳的请求数。分页分配器每个请求最多浪费一个块；连续预留从一开始就占住"
+        "整段范围。当所有分配器都达到 max_num_seqs（256）时，分页的稍慢一些：它的内核要遍历块表（论文 §7.1：慢 20–26 %）。",
+    ),
+    "whatif_pow2_is_oracle": (
+        "The output length, {output}, is a power of two: Pow2 rounds it up to itself and reserves exactly what Oracle does. "
+        "Choose another length to see them differ.",
+        "输出长度 {output} 正好是 2 的幂：Pow2 向上取整后还是它本身，预留的和 Oracle 一样多。换一个长度就能看到两者的差别。",
+    ),
+    "whatif_paged_overadmits": (
+        "Paged beats Oracle here for a reason of its own: a paged request holds only the blocks of its tokens so far, so the "
+        "scheduler admits more than fit at their longest ({running:.1f} running on average against {fit:,} that fit) and, "
+        "when they all grow, preempts ({preemptions} times, recompute).",
+        "这里分页胜过 Oracle 另有原因：分页的请求只占用已有 token 的块，所以调度器接纳的请求比按最长长度能容纳的更多"
+        "（平均同时运行 {running:.1f} 个，而按最长长度只能容纳 {fit:,} 个）；等它们都变长时就要抢占（{preemptions} 次，重计算）。",
+    ),
+    "whatif_assumptions": (
+        "Not modelled: activations and CUDA graphs' memory, the all-reduces between tensor-parallel GPUs, the scales of "
+        "quantized weights. The figures are the datasheet's peaks. The max request rate comes from a burst (every request "
+        "at once), not from Poisson arrivals under a latency target.",
+        "没有建模的部分：激活值和 CUDA 图占用的显存、张量并行的 GPU 之间的全归约、量化权重的缩放因子。数字都是数据手册上的峰值。"
+        "最高请求速率来自一次突发（所有请求同时到达），而不是在延迟目标下的泊松到达。",
     ),
     "whatif_paper_check": (
         "Paper check (PagedAttention, Table 1): OPT-13B on one A100-40GB leaves 12 GB for the KV cache, 15.7K token slots; "
@@ -1200,7 +1272,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "论文核对（PagedAttention 表 1）：OPT-13B 在一块 A100-40GB 上留给 KV 缓存 12 GB，即 1.57 万个 token 槽位；"
         "同样的公式得到 {gib:.1f} GiB、{slots:,} 个槽位（{diff:+.1%}）。",
     ),
-    "whatif_roofline_title": ("Decode throughput against batch (cost model)", "解码吞吐量随批大小的变化（代价模型）"),
+    "whatif_roofline_title": ("Decode throughput against batch (one roofline for the whole step)", "解码吞吐量随批大小的变化（整步按同一个 Roofline 模型）"),
     "whatif_batch_axis": ("batch (requests per decode step)", "批大小（每个解码步的请求数）"),
     "whatif_tokens_axis": ("tokens/s", "每秒 token 数"),
     "whatif_ridge_label": ("ridge point: batch {batch}", "屋脊点：批大小 {batch}"),
@@ -1332,14 +1404,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "A second tier under the prefix cache (SGLang's HiCache, vLLM's KV offloading): an evicted cached block is "
         "copied to CPU memory instead of dropped, and a later hit loads it back instead of computing it again.",
         "前缀缓存之下的第二层（SGLang 的 HiCache、vLLM 的 KV 卸载）：被驱逐的已缓存块复制到 CPU 内存而不是丢弃，"
-        "之后命中时把它载回，而不是重新计算。"),
+        "之后命中时把它载回，而不是重计算。"),
     "radix_tree_title": ("Radix tree of the prefix cache", "前缀缓存的基数树"),
     "radix_legend": (
         "Each node: its tokens' text, its blocks, its lock count (running requests whose path passes through it) and "
         "the step it was last used. Green: locked, never evicted. Grey: evictable, least recently used leaf first. "
         "Red, struck through: evicted this step.",
         "每个节点：其 token 的文本、它的块、锁计数（路径经过它的运行中请求数）和最近一次使用的步。绿色：已锁定，不会被驱逐。"
-        "灰色：可驱逐，最久未用的叶节点最先。红色划线：本步被驱逐。"),
+        "灰色：可驱逐，最久未用的叶节点最先。红色、带删除线：本步被驱逐。"),
     "radix_root": ("root", "根节点"),
     "radix_more": ("… {n} more nodes", "……另有 {n} 个节点"),
     "radix_node_meta": ("blocks {blocks} · lock {lock} · last used at step {step}", "块 {blocks} · 锁计数 {lock} · 最近使用：第 {step} 步"),
@@ -1361,7 +1433,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "tree; a long prompt then needs most of the pool, so the least recently used leaves are evicted into the CPU "
         "tier; the last question finds part of the system prompt there and loads it back instead of computing it.",
         "基数树，每次一个请求，CPU 层 8 块。系统提示词之后的两个问题让树分出两支；随后一个长提示词需要显存池的大部分，"
-        "于是最久未用的叶节点被驱逐到 CPU 层；最后一个问题在那里找到系统提示词的一部分，把它载回，而不是重新计算。"),
+        "于是最久未用的叶节点被驱逐到 CPU 层；最后一个问题在那里找到系统提示词的一部分，把它载回，而不是重计算。"),
     # prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
     "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示词（前缀缓存）"),
     "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),
@@ -1450,10 +1522,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                  "预测加速 {speedup:.2f} 倍，实测 {measured_speedup:.2f} 倍"),
     "kv_groups": ("KV cache groups", "KV 缓存组"),
     "kv_groups_caption": ("A model with sliding-window layers: its layers in groups of one attention type (vLLM v1's hybrid KV cache "
-                          "manager), each group with its own block table per request over one pool. ∅: the null block, a block "
-                          "freed once every token in it left the sliding window.",
+                          "manager), each group with its own block table per request over one pool. ∅: an entry pointing to the null "
+                          "block (the shared placeholder, block 0): the block it held was freed once every token in it left "
+                          "the sliding window.",
                           "带滑动窗口层的模型：层按注意力类型分成若干组（vLLM v1 的混合 KV 缓存管理器），每组为每个请求各有一张块表，"
-                          "所有组共用一个块池。∅：空块，即其中所有 token 都已移出滑动窗口、已被释放的块。"),
+                          "所有组共用一个块池。∅：块表中指向空块（共用的占位块 0）的项——原来那个块里的 token 都已移出滑动窗口，块已被释放。"),
     "kv_group": ("group", "组"),
     "kv_group_label": ("group {group} · {kind} · layers {layers}", "第 {group} 组 · {kind} · 层 {layers}"),
     "kv_sliding_window": ("sliding window {window}", "滑动窗口 {window}"),
@@ -1477,7 +1550,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l12_fail_read_back": ("FAIL: attention does not read back {value}: the pool stores fp8(300 / 0.5); what is e4m3's largest value?",
                            "FAIL：注意力读回的不是 {value}：池里存的是 fp8(300 / 0.5)；e4m3 能表示的最大值是多少？"),
     "l12_pass": ("PASS: the fp8 pool holds {blocks} blocks, and the key reads back as {value:g} (600 saturated at 448, times 0.5)",
-                 "PASS：fp8 池放下 {blocks} 个块；这个键读回 {value:g}（600 饱和到 448，再乘 0.5）"),
+                 "PASS：10 MiB 的 fp8 池放得下 {blocks} 个块；这个键读回的值是 {value:g}（600 饱和到 448，再乘 0.5）"),
     "lc_step": ("step", "步"),
     "lc_blocks": ("blocks", "块数"),
     "lc_slots": ("slots", "槽位数"),
@@ -1625,9 +1698,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp13_evicted": ("blocks evicted, in order: {blocks}", "按顺序被驱逐的块：{blocks}"),
     "lp13_tier": ("CPU tier: {offloaded} blocks offloaded, {dropped} dropped, {held} held now",
                   "CPU 层：卸载 {offloaded} 块，丢弃 {dropped} 块，现存 {held} 块"),
+    "lp13_progress": ("simulating", "模拟中"),
+    "lp13_tier_copies": ("CPU tier: {offloaded:,} blocks copied out as they were evicted, {loaded:,} copied back in on a hit",
+                         "CPU 层：被驱逐时复制出去 {offloaded:,} 个块，命中时复制回来 {loaded:,} 个块"),
     "lp13_sim_row": ("{cache}, {policy}, CPU tier {offload}: hit rate {rate:.1%} · prefill tokens {prefill:,} · "
                      "TTFT p50 {p50:.2f} s, p99 {p99:.2f} s",
-                     "{cache}，{policy}，CPU 层 {offload}：命中率 {rate:.1%} · 预填充 token {prefill:,} · "
+                     "{cache}，{policy}，CPU 层 {offload} 块：命中率 {rate:.1%} · 预填充计算 {prefill:,} 个 token · "
                      "首 token 延迟 p50 {p50:.2f} 秒，p99 {p99:.2f} 秒"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),
     "lp8_free_queue": ("  free queue: {queue}", "  空闲队列：{queue}"),
@@ -1676,9 +1752,15 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                   "{dtype:>13}：{mib:.2f} MiB = {blocks} 块 = {tokens} 个 token（每个 token {bytes:,} 字节）"),
     "lp12_run": ("{dtype:>8}: {steps} steps, at most {most} requests in one step, {preempted} preemptions",
                  "{dtype:>8}：{steps} 步，一步最多 {most} 个请求，抢占 {preempted} 次"),
+    "lp_progress_requests": ("requests", "请求"),
+    "lp9_progress_calibration": ("timing engine steps", "计时引擎步"),
+    "lp9_progress_rates": ("request rates", "请求速率"),
+    "lp10_progress": ("batches", "批大小"),
+    "lp12_round_trip": ("{name:>8}: {n:,} keys and values stored and read back: mean error {error:.1%} of their mean size",
+                        "{name:>8}：{n:,} 个键和值存入再读回：平均误差为它们平均大小的 {error:.1%}"),
     "lp12_drift": ("{name:>8}: tokens equal to auto's up to the first difference {agreement:.0%}, {identical}/{requests} requests identical; "
                    "log-probability drift mean {mean:.4f}, max {max:.4f}",
-                   "{name:>8}：第一个不同之前与 `auto` 相同的 token 占 {agreement:.0%}，{identical}/{requests} 个请求完全相同；"
+                   "{name:>8}：第一个不同的 token 之前与 auto 相同的 token 占 {agreement:.0%}，{identical}/{requests} 个请求完全相同；"
                    "对数概率偏移平均 {mean:.4f}，最大 {max:.4f}"),
     "lp10_prefill": ("prefill: block table {table}, num_computed_tokens = {computed}", "预填充：块表 {table}，num_computed_tokens = {computed}"),
     "lp10_no_drafts": ("step {step}: lookup found no drafts, a plain decode; num_computed_tokens = {computed}",
@@ -1702,7 +1784,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "α = {alpha:.2f}, {tokens:.2f} tokens per verification; measured speed-up {speedup:.2f}×",
                       "批大小 {batch}：普通解码 {plain_steps} 步，每步 {plain_ms:.0f} 毫秒；投机解码 {spec_steps} 步，每步 {spec_ms:.0f} 毫秒，"
                       "α = {alpha:.2f}，每次验证 {tokens:.2f} 个 token；实测加速 {speedup:.2f} 倍"),
-    "lp11_group": ("group {group}: {kind}, window {window}, layers {layers}", "第 {group} 组：{kind}，窗口 {window}，层 {layers}"),
+    "lp11_group": ("group {group}: {kind}, layers {layers}", "第 {group} 组：{kind}，层 {layers}"),
     "lp11_tensor": ("KV tensor {j}: shared by layers {layers}, {mib:.1f} MiB", "KV 张量 {j}：层 {layers} 共用，{mib:.1f} MiB"),
     "lp11_step": ("{computed:>5} tokens computed: a sliding group holds {sliding} blocks, the full group {full}; all groups {total}; "
                   "{freed} blocks freed this step",
@@ -1710,7 +1792,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp11_table": ("group {group}'s block table: {n} entries, {nulls} of them the null block; the last six {tail}",
                    "第 {group} 组的块表：{n} 项，其中 {nulls} 项是空块；最后六项 {tail}"),
     "lp11_saved": ("{context:>6} tokens: all layers full {full:.1f} MiB, Gemma 3's pattern {hybrid:.1f} MiB ({ratio:.1f}x less)",
-                   "{context:>6} 个 token：全部为全注意力层 {full:.1f} MiB，Gemma 3 的模式 {hybrid:.1f} MiB（少 {ratio:.1f} 倍）"),
+                   "{context:>6} 个 token：全部为全注意力层 {full:.1f} MiB，Gemma 3 的模式 {hybrid:.1f} MiB（仅为前者的 1/{ratio:.1f}）"),
     "lp10_given": ("alpha = {alpha:.3f}, k = {k}, plain_step_ms = {plain:.1f}, verify_step_ms = {verify:.1f}",
                    "alpha = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
 }
@@ -1770,6 +1852,9 @@ GLOSSARY: dict[str, str] = {
     "sliding window": "滑动窗口",
     # a quantized KV cache (vLLM's kv_cache_dtype)
     "quantize": "量化", "dequantize": "反量化", "scale": "缩放因子", "saturate": "饱和",
+    # the radix tree's nodes, the scheduler's admission, the What-ifs page's model
+    "leaf": "叶节点", "locked": "已锁定", "unlocked": "未锁定", "admission": "准入", "admit": "接纳",
+    "cost model": "步时模型", "what-ifs at scale": "规模推演",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -1780,7 +1865,6 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "显存": ("内存池", "GPU 内存", "内存流量", "只用内存的算术", r"对内存意味着"),
     "当前最大值": ("运行最大值", "累积最大值", "累计最大值"),
     "累积对数概率": ("累计对数概率",),
-    "重计算": (r"(?<![计权])重算",),
     "注意力计算": ("注意到已缓存", r"关注（attend）", r"关注(?=它前面)"),
     "token 间延迟": ("每个 token 的等待时间",),
     "Roofline 模型": ("屋脊线模型",),
@@ -1790,9 +1874,24 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "接受率": (r"接受率\s*[（(]?\s*α|α\s*[（(]?\s*(?:即|也就是)?\s*接受率",),
     "每输出 token 时间": (r"token 间延迟\W{0,2}TPOT|TPOT\W{0,2}token 间延迟",),  # token 间延迟 is ITL
     "笔记本电脑": (r"\d ?核笔记本(?!电脑)", r"笔记本(?!电脑)上"),  # a laptop; 笔记本 alone is a Jupyter notebook
-    "抢占": (r"驱逐(?:了|该|这个|一个)?请求", r"被驱逐的(?:请求|序列)"),  # 驱逐 is a prefix-cache block's eviction
+    "抢占": (r"驱逐(?:了|该|这个|一个)?请求", r"被驱逐的(?:请求|序列)", r"互相驱逐(?!对方的)"),  # 驱逐 is a prefix-cache block's eviction
     "应用": ("本服务器",),  # the Streamlit app is 本应用; 服务器 is the engine server (python -m engine serve)
     "批大小": ("批量", "同一批请求"),  # "the same requests", not "the same batch"
+    "token": ("词元",),  # the glossary and every lesson keep token (token 状态, 草稿 token, 额外 token)
+    "额外 token": ("奖励",),  # a bonus token, not a reinforcement-learning reward
+    "重计算": (r"(?<![计权])重算", r"而不是重新计算"),  # the alternative to a load back or a swap
+    "步时模型": ("步耗时模型", "代价模型"),  # engine/sim/cost_model.py, one name in lesson 9 and on the What-ifs page
+    "每头维数": (r"(?<!每头维数)（head_dim）",),
+    "规模推演": ("规模假设",),  # a calculator for a real model on a real GPU, not "assumptions about scale"
+    "叶节点": (r"叶子",),
+    "已锁定": (r"加锁", r"带锁"),
+    "服务器": ("服务端",),
+    "段": (r"一个分片",),  # a tile
+    "缩放因子": (r"乘回 ?scale",),
+    "单元格": (r"检查单元(?!格)",),
+    "最长前缀匹配": ("最长前缀优先",),
+    "仅为前者的": (r"(?<![至多])少 ?\{?[\w.:]*\}? ?倍",),  # a decrease cannot be said in 倍: "少 4 倍" is 1/4 or 3 times less?
+    "已完成的请求": ("已结束的请求",),
 }
 # English words a Chinese text may keep: the field's loan words, names, units and the lab's own words. Beside
 # these, a word with a digit, an underscore or a capital inside (SmolLM2, max_model_len, vLLM, ShareGPT), an
@@ -1803,8 +1902,8 @@ ALLOWED_ENGLISH = frozenset("""
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
     Leviathan Chen Chrome Perfetto Zheng
     Gemma
-    Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus
-""".split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name
+    Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus auto
+""".split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name; auto: a kv_cache_dtype
 
 
 def english_words(text: str) -> list[str]:

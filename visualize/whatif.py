@@ -1,8 +1,9 @@
 """The what-if page's figures (Vega-Lite specs, drawn as SVG) from ``engine.sim.whatif.WhatIfResult``.
 
-- :func:`decode_roofline_spec`: decode throughput (tokens/s) against the batch, from the cost model,
-  with the ridge point (where the linear layers turn compute-bound) and the batch each allocator's KV
-  memory allows;
+- :func:`decode_roofline_spec`: decode throughput (tokens/s) against the batch, one roofline for the
+  whole step (the weights and every request's KV against its FLOPs), with the ridge point (where the
+  step turns compute-bound; none when the KV reads keep it memory-bound) and the batch each allocator's
+  KV memory allows;
 - :func:`systems_spec`: paged and contiguous side by side: requests that fit, and the simulator's
   throughput (requests/s, the rate where the queue explodes).
 """
@@ -31,16 +32,17 @@ def _color(result, lang: str) -> dict:
 
 
 def decode_roofline_spec(result, lang: str = "en") -> dict:
-    """Tokens/s of one decode step against the batch (log axes), the cost model's roofline
-    (``result.decode_curve``); a dashed rule at ``result.ridge_batch``; a point per allocator at the
-    batch its KV memory allows. Data: the line's rows in the first layer's ``data.values`` (batch,
-    tokens_per_s), the points' in the third's (system, batch, tokens_per_s)."""
+    """Tokens/s of one decode step against the batch (log axes), ``result.decode_curve``; a dashed rule
+    at ``result.ridge_batch`` (none when the step is memory-bound at every batch); a point per allocator
+    at the batch its KV memory allows. Data: the line's rows in the first layer's ``data.values``
+    (batch, tokens_per_s), the rule's in the second's (batch, label; empty without a ridge), the points'
+    in the third's (system, batch, tokens_per_s)."""
     curve = [{"batch": r["batch"], "tokens_per_s": r["tokens_per_s"]} for r in result.decode_curve]
     points = [{"system": system_name(s.system, lang), "batch": s.batch, "tokens_per_s": s.decode_tokens_per_s}
               for s in result.systems if s.batch > 0]
     x = {"field": "batch", "type": "quantitative", "title": t("whatif_batch_axis", lang), "scale": {"type": "log"}}
     y = {"field": "tokens_per_s", "type": "quantitative", "title": t("whatif_tokens_axis", lang), "scale": {"type": "log"}}
-    ridge = [{"batch": result.ridge_batch, "label": t("whatif_ridge_label", lang, batch=result.ridge_batch)}]
+    ridge = [{"batch": result.ridge_batch, "label": t("whatif_ridge_label", lang, batch=result.ridge_batch)}] if result.ridge_batch else []
     return as_svg({
         "title": t("whatif_roofline_title", lang),
         "layer": [

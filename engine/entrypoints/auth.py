@@ -62,7 +62,7 @@ class AuthFailures:
         Raises:
             APIError: 429 while the address is over its limit.
         """
-        address = _address(raw)
+        address = client_address(raw)
         times = self.failures.get(address)
         if times is None:
             return
@@ -78,7 +78,7 @@ class AuthFailures:
 
     def failed(self, raw: Request) -> None:
         """A wrong key or token came from ``raw``'s address."""
-        address = _address(raw)
+        address = client_address(raw)
         times = self.failures.pop(address, None) or deque(maxlen=self.max_failures)
         times.append(time.monotonic())
         self.failures[address] = times  # most recent last: the first ones are the oldest
@@ -86,5 +86,7 @@ class AuthFailures:
             del self.failures[next(iter(self.failures))]
 
 
-def _address(raw: Request) -> str:
+def client_address(raw: Request) -> str:
+    """The request's address: its TCP peer, or the ``X-Forwarded-For`` that a proxy on 127.0.0.1 (the
+    app, relaying a student's request) sent, which uvicorn believes from 127.0.0.1 only."""
     return raw.client.host if raw.client is not None else "unknown"

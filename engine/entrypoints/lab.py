@@ -17,8 +17,10 @@ The stream's events (``event:`` line, then one ``data:`` line of JSON):
 
 - ``hello`` (first): the run file's header, ``format``, ``version``, ``engine``, ``settings``, plus
   ``requests`` (request id -> ``{"client", "prompt", "max_tokens"}``), ``mode``, ``sampling`` (the
-  room's: ``{"temperature"}`` of a request that sets none, 0 = greedy) and ``next_step`` (the step
-  number of the first ``step`` event this viewer will get);
+  room's: ``{"temperature"}`` of a request that sets none, 0 = greedy), ``next_step`` (the step
+  number of the first ``step`` event this viewer will get) and ``server_id`` (random, new at each
+  start: a viewer that reconnects to a restarted server on the same address drops the old one's
+  requests and steps, whose request ids and step numbers the new one reuses);
 - ``request``: a request accepted: ``{"request_id", "client", "prompt", "max_tokens"}``;
 - ``step``: a step report;
 - ``mode``: the teacher changed the mode: ``{"mode", "max_steps_per_s"}``;
@@ -157,6 +159,7 @@ class StepHub:
         self.num_lagged = 0  # viewers cut off for falling behind, since the start
         self.mode = {"mode": RUN_MODE, "max_steps_per_s": None}
         self.sampling = dict(sampling or {"temperature": 1.0})  # the room's default sampling
+        self.server_id = secrets.token_hex(8)  # this start of the server (module docstring: hello)
         self.closed = False
 
     @property
@@ -167,7 +170,7 @@ class StepHub:
         """The run file's header and what a joining viewer needs before its first step."""
         return {"format": RUN_FORMAT, "version": VERSION, "engine": self.engine_info, "settings": self.settings,
                 "requests": {str(k): dataclasses.asdict(v) for k, v in self.requests.items()}, "mode": self.mode,
-                "sampling": self.sampling, "next_step": self.next_step}
+                "sampling": self.sampling, "next_step": self.next_step, "server_id": self.server_id}
 
     # ---- what happens ---------------------------------------------------------------------------
 

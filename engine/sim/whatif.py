@@ -1,33 +1,44 @@
-"""What-ifs at production scale: a real model on a real GPU, before any engine runs.
+"""What-ifs at production scale: a real model on one or more real GPUs, before any engine runs.
 
 Why KV memory decides throughput, in four numbers, each from one formula or one simulator run:
 
-1. **Bytes.** The weights take ``parameters x dtype bytes``; one token's K and V take
-   ``2 x layers x KV heads x head_dim x dtype bytes`` (:func:`engine.config.kv_bytes_per_slot`).
-2. **Token slots.** What is left for the KV cache, as vLLM sizes it: ``gpu_memory_utilization x GPU
-   memory - weights`` (vLLM's default utilization 0.9; activations are not modelled), divided by the
-   bytes per token. How many requests fit: the slots over what one request holds at its longest,
-   paged (its final length, rounded up to whole blocks) or contiguous (paper §3 and §6.1: Orca Max
-   reserves ``max_model_len``, Pow2 the prompt plus its output length rounded up to a power of two,
-   Oracle exactly the final length).
-3. **The ridge point.** A decode step reads every weight once however many requests it batches, and
-   computes ``2 x parameters`` FLOPs per request: its linear layers stay bound by memory until the
-   batch reaches ``weights_s / token_s`` = ``peak FLOP/s x dtype bytes / (2 x bandwidth)`` (the
-   cost model's own coefficients, :class:`engine.sim.cost_model.CostModel`; A100 in 16-bit: about
-   200). Below that batch, throughput grows with the batch nearly for free; and the batch is what the
-   KV memory lets in.
+1. **Bytes.** The weights take ``parameters x bytes per weight`` (the model's dtype, or fp8 / int4
+   weights: vLLM's ``--quantization``); one token's K and V take ``2 x layers x KV heads x head_dim x
+   dtype bytes`` (:func:`engine.config.kv_bytes_per_slot`). With tensor parallelism over N GPUs
+   (vLLM's ``--tensor-parallel-size``, Megatron-LM's split) each GPU holds 1/N of the weights and of
+   the KV heads (a KV head is copied when there are fewer KV heads than GPUs).
+2. **Token slots.** What is left for the KV cache, as vLLM sizes it on each GPU: ``gpu_memory_utilization
+   x GPU memory - the GPU's weights`` (vLLM's default utilization 0.9; activations are not modelled),
+   divided by the GPU's KV bytes per token: every GPU holds every token, its own heads of it. How many
+   requests fit: the slots over what one request holds at its longest, paged (its final length,
+   rounded up to whole blocks) or contiguous (paper §3 and §6.1: Orca Max reserves ``max_model_len``,
+   Pow2 the prompt plus its output length rounded up to a power of two, Oracle exactly the final length).
+   When the weights alone exceed the budget, the result says so and which choices would fit.
+3. **The ridge point.** One decode step reads every weight once however many requests it batches, and
+   each request's K and V at its context; it computes ``2 x parameters`` FLOPs and its attention per
+   request. Its arithmetic intensity (FLOPs / bytes) reaches the GPU's balance (peak FLOP/s /
+   bandwidth) at ``batch = weights_s / (compute_s - kv_s)`` per request (the cost model's own
+   coefficients, :class:`engine.sim.cost_model.CostModel`). When a request's KV reads take longer
+   than its compute (long contexts), the step stays memory-bound at every batch: there is no ridge.
+   The page's curve uses the same roofline for the whole step, so it turns flat exactly there.
 4. **Throughput.** The model-free simulator (``engine/sim/simulator.py``: the engine's own scheduler
    and allocators) serves the users' requests, all arriving at once, with this model and GPU's step
-   times (:meth:`CostModel.from_figures`, peak figures): its requests/s is the request rate beyond
-   which a queue grows without bound (the paper's §6.1 "highest request rate it sustains").
+   times (:meth:`CostModel.from_figures`, peak figures, one GPU's share of the work): its requests/s is
+   the request rate beyond which a queue grows without bound (the paper's §6.1 "highest request rate
+   it sustains").
 
-``python -m engine whatif --model llama-3-8b --gpu h100`` prints the same result as JSON.
+Not modelled: activations and CUDA graphs' memory, the all-reduces of tensor parallelism (two per
+layer over NVLink), and the scales of quantized weights; quantized weights are read in 8 or 4 bits
+and multiplied in 16 (weight-only kernels, as vLLM's Marlin and AWQ).
+
+``python -m engine whatif --model llama-3-70b --gpu h100 --tensor-parallel-size 8`` prints the same
+result as JSON.
 
 Model figures are the Hugging Face ``config.json`` of each model; GPU figures the vendor's datasheet
 (SXM parts; 16-bit dense tensor FLOP/s, without sparsity), except memory: what the device reports
 as its total (``nvidia-smi``'s MiB, what vLLM's ``gpu_memory_utilization`` is a share of; an
 A100-40GB's "40 GB" is 40,960 MiB). With it OPT-13B on one A100-40GB gets the paper's Table 1 (12 GB
-of KV, 15.7K token slots).
+of KV, 15.7K token slots). Every size the page shows is in GiB (2**30 bytes).
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 from engine.config import KV_CACHE_DTYPES, kv_bytes_per_slot, kv_cache_element_bytes
@@ -45,6 +57,8 @@ from engine.sim.workloads import Request
 GIB = 2**30
 MIB = 2**20
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+WEIGHT_DTYPES = {"auto": None, "fp8": 1.0, "int4": 0.5}  # bytes per weight; auto: the model's dtype
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)  # GPUs of one node that the page offers
 SYSTEMS = ("paged", "max", "pow2", "oracle")  # the paged allocator; contiguous with each Orca reservation
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's gpu_memory_utilization
 MAX_NUM_SEQS = 256  # vLLM's default: the most requests one step runs
@@ -144,11 +158,16 @@ class WhatIfConfig:
         max_num_seqs: the most requests one step runs (vLLM's default 256).
         kv_cache_dtype: vLLM's ``kv_cache_dtype``: "auto" (KV in ``dtype``) or an fp8 form (1 byte per K/V
             element: the same memory holds 2x bfloat16's tokens; decode reads half the KV bytes).
+        tensor_parallel_size: GPUs the model is split over (vLLM's ``--tensor-parallel-size``): each holds
+            1/N of the weights and of the KV heads, and does 1/N of the work.
+        weight_dtype: "auto" (weights in ``dtype``), "fp8" (1 byte per weight) or "int4" (half a byte:
+            AWQ / GPTQ); the matmuls stay in ``dtype``.
 
     Raises:
-        ValueError: an unknown model, GPU or dtype; a length, count or block size below 1; a
-            request longer than max_model_len, or max_model_len beyond the model's positions; a
-            utilization outside (0, 1] (each names its field).
+        ValueError: an unknown model, GPU, dtype or weight dtype; a length, count or block size below 1;
+            a request longer than max_model_len, or max_model_len beyond the model's positions; a
+            utilization outside (0, 1]; a tensor-parallel size the model's heads do not split over
+            (each names its field).
     """
 
     model: str = "llama-3-8b"
@@ -162,17 +181,30 @@ class WhatIfConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     max_num_seqs: int = MAX_NUM_SEQS
     kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    weight_dtype: str = "auto"
 
     @property
     def kv_dtype_bytes(self) -> int:
         """Bytes of one cached K or V element: ``dtype``'s under "auto", 1 for fp8."""
         return kv_cache_element_bytes(self.kv_cache_dtype, DTYPE_BYTES[self.dtype])
 
+    @property
+    def weight_bytes_per_param(self) -> float:
+        """Bytes of one weight: ``dtype``'s under "auto", 1 for fp8, 0.5 for int4."""
+        return weight_bytes_per_param(self.dtype, self.weight_dtype)
+
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        """KV heads each GPU holds (:func:`kv_heads_per_gpu`)."""
+        return kv_heads_per_gpu(MODELS[self.model].num_kv_heads, self.tensor_parallel_size)
+
     def __post_init__(self) -> None:
-        for name, choices in (("model", MODELS), ("gpu", GPUS), ("dtype", DTYPE_BYTES), ("kv_cache_dtype", KV_CACHE_DTYPES)):
+        for name, choices in (("model", MODELS), ("gpu", GPUS), ("dtype", DTYPE_BYTES), ("kv_cache_dtype", KV_CACHE_DTYPES),
+                              ("weight_dtype", WEIGHT_DTYPES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}; got {getattr(self, name)!r}")
-        for name in ("max_model_len", "num_users", "prompt_len", "output_len", "block_size", "max_num_seqs"):
+        for name in ("max_model_len", "num_users", "prompt_len", "output_len", "block_size", "max_num_seqs", "tensor_parallel_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -184,6 +216,30 @@ class WhatIfConfig:
             raise ValueError(f"max_model_len={self.max_model_len} exceeds {MODELS[self.model].name}'s {limit} positions")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        problem = tensor_parallel_problem(MODELS[self.model], self.tensor_parallel_size)
+        if problem:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size}: {problem}")
+
+
+def weight_bytes_per_param(dtype: str, weight_dtype: str) -> float:
+    """Bytes of one weight: ``dtype``'s under "auto", 1 for fp8, 0.5 for int4 (the scales not counted)."""
+    return WEIGHT_DTYPES[weight_dtype] or DTYPE_BYTES[dtype]
+
+
+def kv_heads_per_gpu(num_kv_heads: int, tensor_parallel_size: int) -> int:
+    """KV heads each of ``tensor_parallel_size`` GPUs holds: its share, or one copy of a head when there
+    are more GPUs than KV heads (vLLM replicates them)."""
+    return max(1, num_kv_heads // tensor_parallel_size)
+
+
+def tensor_parallel_problem(model: ModelConfig, size: int) -> str | None:
+    """Why ``model`` cannot be split over ``size`` GPUs (vLLM's rule: the query heads split evenly, and
+    the KV heads split evenly or are copied whole), or None when it can."""
+    if model.num_attention_heads % size:
+        return f"{model.name}'s {model.num_attention_heads} attention heads do not split over {size} GPUs"
+    if model.num_kv_heads % size and size % model.num_kv_heads:
+        return f"{model.name}'s {model.num_kv_heads} KV heads neither split over {size} GPUs nor divide them"
+    return None
 
 
 @dataclass
@@ -215,17 +271,28 @@ class SystemResult:
 
 @dataclass
 class WhatIfResult:
-    """Plain data: everything the what-if page shows (see the module docstring for each formula).
+    """Plain data: everything the what-if page shows (see the module docstring for each formula). Sizes
+    in bytes, over all GPUs unless named per GPU.
 
     Attributes:
-        weight_bytes: parameters x dtype bytes. kv_bytes_per_token: 2 x layers x KV heads x head_dim x dtype bytes.
-        kv_memory_bytes: gpu_memory_utilization x memory - weights (<= 0: the weights do not fit).
-        kv_slots: kv_memory_bytes // kv_bytes_per_token (0 when the weights do not fit).
+        weight_bytes: parameters x bytes per weight. weight_bytes_per_gpu: weight_bytes / tensor_parallel_size.
+        kv_bytes_per_token: 2 x layers x KV heads x head_dim x dtype bytes, all GPUs' shares (a copied
+            head counted on each GPU). kv_bytes_per_token_per_gpu: one GPU's share.
+        kv_memory_bytes: GPUs x (gpu_memory_utilization x memory - the GPU's weights); < 0: the weights
+            alone do not fit. kv_memory_bytes_per_gpu: one GPU's.
+        kv_slots: kv_memory_bytes_per_gpu // kv_bytes_per_token_per_gpu (0 when the weights do not fit).
         fits: the weights fit and the KV slots hold one request of max_model_len.
-        ridge_batch: the batch at which a decode step's linear layers turn compute-bound
-            (ceil(weights_s / token_s) of the cost model).
+        would_fit: when it does not fit, the nearest choices that would: {"tensor_parallel_size": n,
+            "weight_dtype": "fp8" or "int4", "gpu": key}, each present only where one fits.
+        ridge_batch: the batch from which a decode step at the mean context (prompt + output / 2) is
+            compute-bound: its FLOPs / bytes reach the GPU's peak FLOP/s / bandwidth; None when each
+            request's KV reads outlast its compute, so that the step is memory-bound at any batch.
+        ridge: the ridge's terms, seconds of one decode step: "weights_s" (the GPU's weights read once),
+            "compute_s" and "kv_s" (one request's compute, and its KV and block-table reads), "context"
+            (tokens), "intensity_balance" (the GPU's peak FLOP/s / bandwidth, FLOP/B).
         decode_curve: rows {"batch", "step_ms", "memory_ms", "compute_ms", "tokens_per_s"} of one
-            decode step at each batch (log-spaced up to beyond the ridge and the largest fit).
+            decode step at each batch (log-spaced up to beyond the ridge and the largest fit); from
+            ``ridge_batch`` on, compute_ms >= memory_ms, and below it memory_ms > compute_ms.
         systems: a :class:`SystemResult` per entry of :data:`SYSTEMS`.
         cost_model: the coefficients used (:meth:`CostModel.to_json`). sim_wall_s: the simulator's
             wall time, all systems. sim_num_requests: requests each simulator run serves. command: the CLI command that prints this result.
@@ -239,7 +306,7 @@ class WhatIfResult:
     kv_memory_bytes: float
     kv_slots: int
     fits: bool
-    ridge_batch: int
+    ridge_batch: int | None
     decode_curve: list[dict]
     systems: list[SystemResult]
     cost_model: dict
@@ -247,6 +314,11 @@ class WhatIfResult:
     sim_num_requests: int = 0
     command: str = ""
     formulas: dict = field(default_factory=dict)
+    weight_bytes_per_gpu: float = 0.0
+    kv_bytes_per_token_per_gpu: int = 0
+    kv_memory_bytes_per_gpu: float = 0.0
+    ridge: dict = field(default_factory=dict)
+    would_fit: dict = field(default_factory=dict)
 
     def system(self, name: str) -> SystemResult:
         return next(s for s in self.systems if s.system == name)
@@ -255,17 +327,21 @@ class WhatIfResult:
         return asdict(self)
 
 
-def cost_model_of(model: ModelConfig, gpu: GPUSpec, dtype: str, kv_cache_dtype: str = "auto") -> CostModel:
-    """The simulator's roofline step-time model (:meth:`CostModel.from_figures`) for ``model`` on ``gpu`` in ``dtype``,
-    its KV read in ``kv_cache_dtype`` (an fp8 cache reads 1 byte per element)."""
-    nbytes = DTYPE_BYTES[dtype]
+def cost_model_of(model: ModelConfig, gpu: GPUSpec, dtype: str, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1,
+                  weight_dtype: str = "auto") -> CostModel:
+    """The simulator's roofline step-time model (:meth:`CostModel.from_figures`) of one GPU of
+    ``tensor_parallel_size`` running ``model`` in ``dtype``: it reads its share of the weights (in
+    ``weight_dtype``) and of the KV heads (in ``kv_cache_dtype``: an fp8 cache reads 1 byte per
+    element), and computes its share of the FLOPs in ``dtype``."""
+    nbytes, tp = DTYPE_BYTES[dtype], tensor_parallel_size
     peak = gpu.peak_flops if nbytes == 2 else gpu.peak_flops_fp32
     hardware = Hardware(gpu.name, peak_flops=peak, mem_bandwidth=gpu.mem_bandwidth, step_overhead_s=STEP_OVERHEAD_S)
-    spec = ModelSpec(model.name, param_bytes=model.num_params * nbytes, flops_per_token=2 * model.num_params,
-                     attn_flops_per_pair=4 * model.num_layers * model.num_attention_heads * model.head_dim,
-                     kv_bytes_per_token=kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim,
-                                                          kv_cache_element_bytes(kv_cache_dtype, nbytes)),
-                     num_layers=model.num_layers)
+    kv_bytes = kv_bytes_per_slot(model.num_layers, kv_heads_per_gpu(model.num_kv_heads, tp), model.head_dim,
+                                 kv_cache_element_bytes(kv_cache_dtype, nbytes))
+    spec = ModelSpec(model.name, param_bytes=model.num_params * weight_bytes_per_param(dtype, weight_dtype) / tp,
+                     flops_per_token=2 * model.num_params / tp,
+                     attn_flops_per_pair=4 * model.num_layers * model.num_attention_heads * model.head_dim / tp,
+                     kv_bytes_per_token=kv_bytes, num_layers=model.num_layers)
     return CostModel.from_figures(hardware, spec)
 
 
@@ -285,29 +361,47 @@ def slots_per_request(system: str, cfg: WhatIfConfig) -> int:
 
 
 def decode_step(cost: CostModel, batch: int, context: int, block_size: int | None) -> dict:
-    """One decode step of ``batch`` requests of ``context`` tokens each: its time (ms) from the cost
-    model, its memory-side and compute-side parts (ms), and tokens/s."""
-    # StepShape.of_batch([], [context] * batch, block_size), without a list of a million contexts
-    shape = StepShape(num_decodes=batch, decode_context=batch * context, kv_blocks=batch * -(-context // block_size) if block_size else 0)
-    step = cost.step_time(shape)
-    memory = cost.weights_s + shape.decode_context * cost.kv_token_s
-    compute = batch * cost.token_s + shape.decode_context * cost.pair_s
+    """One decode step of ``batch`` requests of ``context`` tokens each, on one roofline for the whole
+    step: its memory side (the weights read once, and each request's K and V and, paged, its block
+    table walk) against its compute side (each request's linear layers and attention); the step takes
+    the longer of the two, plus the step's fixed overhead. Returns its time and both sides (ms) and
+    tokens/s."""
+    memory = cost.weights_s + batch * _kv_read_s(cost, context, block_size)
+    compute = batch * _compute_s(cost, context)
+    step = cost.step_overhead_s + max(memory, compute)
     return {"batch": batch, "step_ms": 1e3 * step, "memory_ms": 1e3 * memory, "compute_ms": 1e3 * compute,
             "tokens_per_s": batch / step}
 
 
+def _kv_read_s(cost: CostModel, context: int, block_size: int | None) -> float:
+    """One request's KV reads in a decode step: its ``context`` tokens' K and V, and its blocks' walk (paged)."""
+    return context * cost.kv_token_s + (-(-context // block_size) * cost.block_s if block_size else 0.0)
+
+
+def _compute_s(cost: CostModel, context: int) -> float:
+    """One request's compute in a decode step: its token through the linear layers, and attention over ``context``."""
+    return cost.token_s + context * cost.pair_s
+
+
+def ridge_point(cost: CostModel, context: int, block_size: int | None) -> int | None:
+    """The smallest batch whose decode step (:func:`decode_step`) is compute-bound: ``ceil(weights_s /
+    (compute_s - kv_s))``, one request's compute less its KV reads; None when the KV reads are not
+    less (the step stays memory-bound at any batch)."""
+    gain = _compute_s(cost, context) - _kv_read_s(cost, context, block_size)
+    return math.ceil(cost.weights_s / gain) if gain > 0 else None
+
+
 def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult:
     """Every figure of one what-if (module docstring); ``simulate_throughput=False`` skips the simulator runs."""
-    model, gpu = MODELS[cfg.model], GPUS[cfg.gpu]
-    nbytes = DTYPE_BYTES[cfg.dtype]
-    weight_bytes = model.num_params * nbytes
-    kv_per_token = kv_bytes_per_slot(model.num_layers, model.num_kv_heads, model.head_dim, cfg.kv_dtype_bytes)
-    kv_memory = cfg.gpu_memory_utilization * gpu.memory_bytes - weight_bytes
-    kv_slots = max(int(kv_memory // kv_per_token), 0)
+    model, gpu, tp = MODELS[cfg.model], GPUS[cfg.gpu], cfg.tensor_parallel_size
+    weight_bytes = model.num_params * cfg.weight_bytes_per_param
+    kv_per_gpu = kv_bytes_per_slot(model.num_layers, cfg.kv_heads_per_gpu, model.head_dim, cfg.kv_dtype_bytes)
+    kv_memory_per_gpu = cfg.gpu_memory_utilization * gpu.memory_bytes - weight_bytes / tp
+    kv_slots = max(int(kv_memory_per_gpu // kv_per_gpu), 0)
     fits = kv_slots // cfg.block_size * cfg.block_size >= cfg.max_model_len
-    cost = cost_model_of(model, gpu, cfg.dtype, cfg.kv_cache_dtype)
-    ridge = math.ceil(cost.weights_s / cost.token_s)
+    cost = cost_model_of(model, gpu, cfg.dtype, cfg.kv_cache_dtype, tp, cfg.weight_dtype)
     context = cfg.prompt_len + cfg.output_len // 2
+    ridge = ridge_point(cost, context, cfg.block_size)
     systems = []
     for name in SYSTEMS:
         per_request = slots_per_request(name, cfg)
@@ -315,8 +409,8 @@ def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult
         batch = min(fit, cfg.max_num_seqs, cfg.num_users)
         tokens = decode_step(cost, batch, context, cfg.block_size if name == "paged" else None)["tokens_per_s"] if batch else 0.0
         systems.append(SystemResult(name, per_request, fit, batch, tokens))
-    top = max([ridge, cfg.max_num_seqs] + [s.requests_fit for s in systems])
-    batches = sorted({max(1, round(2 ** (i / 4))) for i in range(0, 4 * math.ceil(math.log2(2 * top)) + 1)})
+    top = max([ridge or 0, cfg.max_num_seqs] + [s.requests_fit for s in systems])
+    batches = sorted({max(1, round(2 ** (i / 4))) for i in range(0, 4 * math.ceil(math.log2(2 * top)) + 1)} | ({ridge} if ridge else set()))
     curve = [decode_step(cost, b, context, cfg.block_size) for b in batches]
     wall, num = 0.0, sim_requests(cfg, systems)
     if simulate_throughput and fits:
@@ -331,8 +425,32 @@ def what_if(cfg: WhatIfConfig, simulate_throughput: bool = True) -> WhatIfResult
             s.sim_requests_per_s, s.sim_tokens_per_s = res.throughput_requests_per_s, res.throughput_tokens_per_s
             s.sim_mean_running, s.sim_preemptions, s.sim_seconds = res.mean_concurrent_requests, res.preemptions, res.simulated_seconds
         wall = time.perf_counter() - t0
-    return WhatIfResult(cfg, model, gpu, weight_bytes, kv_per_token, kv_memory, kv_slots, fits, ridge, curve, systems,
-                        cost.to_json(), wall, num, command(cfg), formulas(cfg, model, gpu, num))
+    peak = gpu.peak_flops if DTYPE_BYTES[cfg.dtype] == 2 else gpu.peak_flops_fp32
+    terms = {"weights_s": cost.weights_s, "compute_s": _compute_s(cost, context), "kv_s": _kv_read_s(cost, context, cfg.block_size),
+             "context": context, "intensity_balance": peak / gpu.mem_bandwidth}
+    return WhatIfResult(cfg, model, gpu, weight_bytes, kv_per_gpu * tp, tp * kv_memory_per_gpu, kv_slots, fits, ridge, curve, systems,
+                        cost.to_json(), wall, num, command(cfg), formulas(cfg, model, gpu, num), weight_bytes / tp, kv_per_gpu,
+                        kv_memory_per_gpu, terms, {} if fits else would_fit(cfg))
+
+
+def would_fit(cfg: WhatIfConfig) -> dict:
+    """The nearest choices under which ``cfg`` fits (the weights, and one request of max_model_len):
+    more GPUs of the same kind, smaller weights on the same GPUs, or one GPU with more memory; each
+    key only where one does."""
+    options = {
+        "tensor_parallel_size": [dict(tensor_parallel_size=n) for n in TENSOR_PARALLEL_SIZES if n > cfg.tensor_parallel_size
+                                 and not tensor_parallel_problem(MODELS[cfg.model], n)],
+        "weight_dtype": [dict(weight_dtype=w) for w in ("fp8", "int4") if WEIGHT_DTYPES[w] < cfg.weight_bytes_per_param],
+        "gpu": [dict(gpu=g.key) for g in sorted(GPUS.values(), key=lambda g: g.memory_bytes)
+                if g.key != THIS_CPU and g.memory_bytes > GPUS[cfg.gpu].memory_bytes],
+    }
+    found = {}
+    for name, changes in options.items():
+        for change in changes:
+            if what_if(dataclasses.replace(cfg, **change), simulate_throughput=False).fits:
+                found[name] = change[name]
+                break
+    return found
 
 
 def sim_requests(cfg: WhatIfConfig, systems: list[SystemResult]) -> int:
@@ -345,18 +463,22 @@ def command(cfg: WhatIfConfig) -> str:
     """The CLI command that prints ``cfg``'s result as JSON."""
     return (f"python -m engine whatif --model {cfg.model} --gpu {cfg.gpu} --dtype {cfg.dtype} --max-model-len {cfg.max_model_len} "
             f"--num-users {cfg.num_users} --prompt-len {cfg.prompt_len} --output-len {cfg.output_len} --block-size {cfg.block_size}"
-            + (f" --kv-cache-dtype {cfg.kv_cache_dtype}" if cfg.kv_cache_dtype != "auto" else ""))
+            + (f" --kv-cache-dtype {cfg.kv_cache_dtype}" if cfg.kv_cache_dtype != "auto" else "")
+            + (f" --tensor-parallel-size {cfg.tensor_parallel_size}" if cfg.tensor_parallel_size != 1 else "")
+            + (f" --weight-dtype {cfg.weight_dtype}" if cfg.weight_dtype != "auto" else ""))
 
 
 def formulas(cfg: WhatIfConfig, model: ModelConfig, gpu: GPUSpec, num_requests: int) -> dict[str, str]:
     """Where each figure comes from, filled in with this what-if's numbers (language-neutral)."""
-    nbytes = DTYPE_BYTES[cfg.dtype]
+    tp = cfg.tensor_parallel_size
+    per_gpu = f" ÷ {tp} GPUs" if tp > 1 else ""
     return {
-        "weights": f"{model.num_params:.4g} parameters × {nbytes} B",
-        "kv_per_token": f"2 × {model.num_layers} layers × {model.num_kv_heads} KV heads × {model.head_dim} head_dim × {cfg.kv_dtype_bytes} B",
-        "kv_memory": f"{cfg.gpu_memory_utilization:g} × {gpu.memory_bytes / GIB:.1f} GiB − weights",
-        "kv_slots": "KV memory ÷ KV bytes per token",
-        "ridge": "weights_s ÷ token_s = peak FLOP/s × dtype bytes ÷ (2 × bandwidth)",
+        "weights": f"{model.num_params:.4g} parameters × {cfg.weight_bytes_per_param:g} B{per_gpu}",
+        "kv_per_token": f"2 × {model.num_layers} layers × {cfg.kv_heads_per_gpu} KV heads × {model.head_dim} head_dim × {cfg.kv_dtype_bytes} B"
+                        + (f" per GPU × {tp} GPUs" if tp > 1 else ""),
+        "kv_memory": (f"{tp} × " if tp > 1 else "") + f"({cfg.gpu_memory_utilization:g} × {gpu.memory_bytes / GIB:.1f} GiB − weights per GPU)",
+        "kv_slots": "KV memory per GPU ÷ KV bytes per token per GPU",
+        "ridge": "weights_s ÷ (compute_s − kv_s) per request at the mean context",
         "simulate": (f"simulate(requests=[Request(0, {cfg.prompt_len}, {cfg.output_len})] × {num_requests}, "
                      f"kv_slots=…, block_size={cfg.block_size}, allocator=…, reservation=…, max_num_seqs={cfg.max_num_seqs}, "
                      f"cost_model=CostModel.from_figures(…))"),
@@ -379,10 +501,14 @@ def register_cli(subparsers) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION)
     p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS)
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", help="auto: KV in --dtype; fp8 forms: 1 byte per element")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the weights and KV heads are split over (default: 1)")
+    p.add_argument("--weight-dtype", choices=tuple(WEIGHT_DTYPES), default="auto",
+                   help="auto: weights in --dtype; fp8: 1 byte per weight; int4: half a byte (AWQ / GPTQ)")
 
     def run(args) -> None:
         cfg = WhatIfConfig(args.model, args.gpu, args.dtype, args.max_model_len, args.num_users, args.prompt_len,
-                           args.output_len, args.block_size, args.gpu_memory_utilization, args.max_num_seqs, args.kv_cache_dtype)
+                           args.output_len, args.block_size, args.gpu_memory_utilization, args.max_num_seqs, args.kv_cache_dtype,
+                           args.tensor_parallel_size, args.weight_dtype)
         data = what_if(cfg).to_json()
         data.pop("decode_curve")
         print(json.dumps(data, indent=2))

@@ -132,9 +132,11 @@ def commands(model_dir: Path, served_name: str, settings: dict, prefix_caching: 
               "--max-model-len", str(settings["max_model_len"]), "--max-num-batched-tokens", str(settings["max_num_batched_tokens"]),
               "--no-enable-chunked-prefill", caching, "--dtype", "float32", "--seed", "0", "--uvicorn-log-level", "warning"]
     return {
-        # vLLM has no per-client cap on requests in flight; the lab's (64 by default) would refuse part of a large trace.
+        # vLLM has no cap on requests in flight or waiting; the lab's (64 per client and per address, 256 waiting, by
+        # default) would refuse part of a large trace.
         "lab": [sys.executable, "-m", "engine", "serve", "--model", str(model_dir), "--num-gpu-blocks-override", str(settings["num_blocks"]),
-                "--max-concurrent-requests-per-client", str(UNCAPPED), *common],
+                "--max-concurrent-requests-per-client", str(UNCAPPED), "--max-concurrent-requests-per-address", str(UNCAPPED),
+                "--max-waiting-requests", str(UNCAPPED), *common],
         "vllm": [str(vllm_python), "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir),
                  "--num-gpu-blocks-override", str(settings["num_blocks"] + 1), *common],
     }

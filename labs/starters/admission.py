@@ -1,10 +1,10 @@
-"""Lab admission: Scheduler admission (vLLM v1) / 调度器的准入规则（vLLM v1）.
+"""Lab admission: Scheduler admission (vLLM v1) / vLLM v1 调度器的准入规则.
 
 Whether the request at the head of the waiting queue joins this step: its prompt must fit the token
 budget left of max_num_batched_tokens (a chunk always does) and its blocks the free pool less the
 watermark.
 
-等待队列队头的请求能否加入本步：它的提示词必须放得进 max_num_batched_tokens 剩下的词元预算（分块总能放下），它的块必须放得进扣除水位线后的空闲块。
+等待队列队头的请求能否加入本步：它的提示词必须放得进 max_num_batched_tokens 剩下的 token 预算（分块总能放下），它的块必须放得进扣除水位线后的空闲块。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

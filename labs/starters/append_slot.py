@@ -1,10 +1,10 @@
-"""Lab append_slot: Appending a token: when a new block is needed / 追加词元：何时需要新块.
+"""Lab append_slot: Appending a token: when a new block is needed / 追加 token：何时需要新块.
 
 Decode's append_slot: a new block only when the new token's position is past the last block, never
 ahead of time, so a request wastes less than one block (internal fragmentation); a position inside
 the table goes to copy-on-write.
 
-解码时的 append_slot：只有新词元的位置超出最后一个块时才取新块，从不提前预留，因此每个请求浪费的槽位少于一个块（内部碎片）；位置在块表之内时交给写时复制。
+解码时的 append_slot：只有新 token 的位置超出最后一个块时才取新块，从不提前预留，因此每个请求浪费的槽位少于一个块（内部碎片）；位置在块表之内时交给写时复制。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

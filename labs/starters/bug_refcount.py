@@ -3,7 +3,7 @@
 A copy of the block pool with one bug seeded. Run the tests, read the failing hint, find and fix the
 line.
 
-块池的一个副本，其中埋了一个错误。运行测试、读失败提示，找到并修正那一行。
+块池的一个副本，其中埋了一个错误。运行测试、读失败时给出的线索，找到并修正那一行。
 
 Your part plugs into the engine in place of its own, in engine/core/block_pool.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

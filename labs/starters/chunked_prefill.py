@@ -4,7 +4,7 @@ How many prompt tokens a waiting request computes this step under the token budg
 step advancing each sequence's num_computed_tokens by what it computed; only a sequence with every
 token computed samples.
 
-在词元预算下一个等待中的请求本步计算多少个提示词词元，以及一步之后按实际计算量推进每个序列的 num_computed_tokens；只有全部词元都已计算的序列才采样。
+在 token 预算下一个等待中的请求本步计算多少个提示词 token，以及一步之后按实际计算量推进每个序列的 num_computed_tokens；只有全部 token 都已计算的序列才采样。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduler.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

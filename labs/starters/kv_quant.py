@@ -5,7 +5,7 @@ and saturated at the format's largest one (448 for e4m3, 57344 for e5m2), fp8 * 
 out, and vLLM's calculate_kv_scales (max|K| / 200, max|V| / 100). Every attention path of the engine
 reads the pool your functions write.
 
-fp8 池里存的是什么、注意力读回来的是什么：fp8(x / scale)，舍入到最近的值，超出格式最大值（e4m3 为 448，e5m2 为 57344）时饱和到最大值；读出时乘回 scale；以及 vLLM 的 calculate_kv_scales（max|K| / 200，max|V| / 100）。引擎的每条注意力路径都读取你的函数写入的池。
+fp8 池里存的是什么、注意力读回来的是什么：fp8(x / scale)，舍入到最近的值，超出格式最大值（e4m3 为 448，e5m2 为 57344）时饱和到最大值；读出时乘回缩放因子；以及 vLLM 的 calculate_kv_scales（max|K| / 200，max|V| / 100）。引擎的每条注意力路径都读取你的函数写入的池。
 
 Your part plugs into the engine in place of its own, in engine/model_executor/kv_quant.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

@@ -4,7 +4,7 @@ Tentative slots for k draft tokens from free blocks only (fewer when the pool ru
 verification giving back the rejected drafts' slots, freeing every block left with no verified
 token.
 
-只用空闲块为 k 个草稿词元分配暂定槽位（池子不够时少给），验证之后归还被拒草稿的槽位，并释放不再含有已验证词元的块。
+只用空闲块为 k 个草稿 token 分配暂定槽位（块池不够时少分配），验证之后归还被拒草稿的槽位，并释放不再含有已验证的 token 的块。
 
 Your part plugs into the engine in place of its own, in engine/core/lookahead.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

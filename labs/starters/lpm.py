@@ -3,7 +3,7 @@
 SGLang's LPM order for the waiting queue: preempted requests first, then those waiting too long (the
 starvation guard, oldest first), then the rest by their prompt tokens already cached, longest first.
 
-SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），其余的按已缓存的提示词词元数从多到少排序。
+SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），其余的按已缓存的提示词 token 数从多到少排序。
 
 Your part plugs into the engine in place of its own, in engine/core/scheduling_policy.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

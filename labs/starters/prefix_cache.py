@@ -5,7 +5,7 @@ leading blocks (token ids and parent checked), caching a written block, and drop
 block's hash when the least recently freed block at the head of the free queue is handed out again
 (LRU eviction).
 
-提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对词元 ID 与父哈希）、缓存一个写好的块，以及空闲队列队头最久未用的块被重新分配时删除它的哈希（LRU 驱逐）。
+提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对 token id 与父哈希）、缓存一个写好的块，以及空闲队列队头那个最早释放的块被重新分配时删除它的哈希（LRU 驱逐）。
 
 Your part plugs into the engine in place of its own, in engine/core/prefix_cache.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

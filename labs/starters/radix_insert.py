@@ -1,10 +1,10 @@
-"""Lab radix_insert: The radix tree: insert and LRU eviction of leaves / 基数树：插入与按 LRU 驱逐叶子.
+"""Lab radix_insert: The radix tree: insert and LRU eviction of leaves / 基数树：插入与按 LRU 驱逐叶节点.
 
 Insert a sequence's newly full blocks under the path it holds (lock counts moved to the new last
 node, a block the tree already holds reported so its copy is freed), pick the least recently used
 unlocked leaf from a heap with stale entries, and evict its last block.
 
-把一个序列新填满的块插入到它持有的路径之下（锁计数移到新的末节点；树中已有的块要报告出来，以便释放这份副本），从含有过期条目的堆中选出最久未用的未加锁叶子，并驱逐它的最后一个块。
+把一个序列新填满的块插入到它持有的路径之下（锁计数移到新的末节点；树中已有的块要报告出来，以便释放这份副本），从含有过期条目的堆中选出最久未用的未锁定叶节点，并驱逐它的最后一个块。
 
 Your part plugs into the engine in place of its own, in engine/core/radix_cache.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

@@ -4,7 +4,7 @@ SGLang's radix tree of cached blocks (RadixAttention): walk from the root along 
 blocks, child by the token ids of its first block, to the longest cached run, and split a node the
 prompt leaves part-way so that every match ends on a node boundary.
 
-SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的词元 ID 找子节点），找到最长的已缓存前缀；提示词在某个节点中途分岔时把该节点分裂，使每次匹配都结束在节点边界上。
+SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的 token id 找子节点），找到最长的已缓存前缀；提示词在某个节点中途分岔时把该节点分裂，使每次匹配都结束在节点边界上。
 
 Your part plugs into the engine in place of its own, in engine/core/radix_cache.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

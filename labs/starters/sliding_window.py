@@ -5,7 +5,7 @@ the next query's window, the block goes back to the pool and its table entry bec
 so the group holds at most ceil((window - 1) / block_size) + 1 blocks however long the request
 grows.
 
-滑动窗口组的 remove_skipped_blocks（vLLM v1 的同名函数）：一个块的所有词元都落在下一个查询的窗口之前时，把块还给块池，块表里的这一项换成空块（null block），于是无论请求多长，该组最多只占 ceil((window - 1) / block_size) + 1 个块。
+滑动窗口组的 remove_skipped_blocks（vLLM v1 的同名函数）：一个块的所有 token 都落在下一个查询的窗口之前时，把块还给块池，块表里的这一项换成空块（null block），于是无论请求多长，该组最多只占 ceil((window - 1) / block_size) + 1 个块。
 
 Your part plugs into the engine in place of its own, in engine/core/single_type_kv_cache_manager.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

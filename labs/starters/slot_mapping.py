@@ -4,7 +4,7 @@ How many blocks hold n tokens, growing a block table for a prefill chunk, and th
 each position: slot = block_table[pos // block_size] * block_size + pos % block_size, for prefill
 and decode.
 
-n 个词元需要几个块、为一段预填充扩展块表，以及每个位置的物理槽位：slot = block_table[pos // block_size] * block_size + pos % block_size，预填充与解码都用它。
+n 个 token 需要几个块、为一个预填充分块扩展块表，以及每个位置的物理槽位：slot = block_table[pos // block_size] * block_size + pos % block_size，预填充与解码都用它。
 
 Your part plugs into the engine in place of its own, in engine/core/block_manager.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

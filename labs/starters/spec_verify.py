@@ -3,7 +3,7 @@
 Keep the longest prefix of the draft tokens that the target model's argmax agrees with, then the
 target's own token at the first disagreement (or the bonus token after all k).
 
-保留草稿词元中与目标模型 argmax 一致的最长前缀，再接上第一个不一致位置目标模型自己的词元（全部 k 个都接受时是额外的奖励词元）。
+保留草稿 token 中与目标模型 argmax 一致的最长前缀，再接上第一个不一致位置目标模型自己的 token（全部 k 个草稿都被接受时，再加上额外 token）。
 
 Your part plugs into the engine in place of its own, in engine/spec_decode/rejection_sampler.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

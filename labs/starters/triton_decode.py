@@ -4,7 +4,7 @@ Inside the engine's Triton kernel: gather one block id per token of a tile throu
 and the online-softmax update (running max, rescaled sum and accumulator). Runs in Triton's
 interpreter on a CPU.
 
-在引擎的 Triton 内核里：按块表为一个分片的每个词元取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。在 CPU 上由 Triton 解释器运行。
+在引擎的 Triton 内核里：按块表为一个段中的每个 token 取出块号，以及在线 softmax 的更新（当前最大值、重新缩放的和与累加器）。在 CPU 上由 Triton 解释器运行。
 
 Your part plugs into the engine in place of its own, in paged_kernels/paged_attention_decode.py (the engine module's names are in
 scope here). Grade it in your copy of the starters (labs/README.md), where the labs build on

@@ -236,7 +236,7 @@ print(check())
 # Write this lesson's parts of the engine yourself, graded in the engine: `block_pool` (The block pool: allocate, free, free-list order, refcounts, 40 min), `slot_mapping` (Block tables and slot mapping, 30 min), `append_slot` (Appending a token: when a new block is needed, 30 min), `paged_attention` (Paged attention in torch, 60 min), `bug_refcount` (Find the bug, 30 min), `bug_slot` (Find the bug, 20 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`block_pool`（块池：分配、释放、空闲列表顺序与引用计数，40 分钟）、`slot_mapping`（块表与槽位映射，30 分钟）、`append_slot`（追加词元：何时需要新块，30 分钟）、`paged_attention`（用 torch 写分页注意力，60 分钟）、`bug_refcount`（找错误：块池，30 分钟）、`bug_slot`（找错误：槽位映射，20 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`block_pool`（块池：分配、释放、空闲列表顺序与引用计数，40 分钟）、`slot_mapping`（块表与槽位映射，30 分钟）、`append_slot`（追加 token：何时需要新块，30 分钟）、`paged_attention`（用 torch 写分页注意力，60 分钟）、`bug_refcount`（找错误：块池，30 分钟）、`bug_slot`（找错误：槽位映射，20 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

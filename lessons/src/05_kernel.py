@@ -187,7 +187,7 @@ plt.show()
 # - `p`：本块 logits 在新最大值下的 exp，形状 [num_heads, n]；
 # - 返回值：归一化后的输出，形状 [num_heads, head_dim]。
 #
-# 检查单元会在上面三个序列上把它与 `paged_attention_reference` 比较，然后再用放大一百倍的 logits 比较一次——不减去当前最大值的 softmax 在那时会溢出。
+# 检查单元格会在上面三个序列上把它与 `paged_attention_reference` 比较，然后再用放大一百倍的 logits 比较一次——不减去当前最大值的 softmax 在那时会溢出。
 
 # %% tags=["exercise"]
 def decode_one(q, key_cache, value_cache, block_table, context_len, scale):
@@ -240,7 +240,7 @@ print(check())
 # Write this lesson's parts of the engine yourself, graded in the engine: `triton_decode` (A Triton paged-attention decode kernel, 90 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`triton_decode`（Triton 分页注意力解码内核，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`triton_decode`（Triton 分页注意力解码内核，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

@@ -376,7 +376,7 @@ print(check())
 # Write this lesson's parts of the engine yourself, graded in the engine: `admission` (Scheduler admission (vLLM v1), 30 min), `preemption` (Preemption: the victim, recompute or swap, 45 min), `swap` (Swapping: the block mapping out and in, 40 min), `chunked_prefill` (Chunked prefill: the chunk boundary and num_computed_tokens, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`admission`（调度器的准入规则（vLLM v1），30 分钟）、`preemption`（抢占：选择牺牲者，重计算或交换，45 分钟）、`swap`（交换：换出与换入的块映射，40 分钟）、`chunked_prefill`（分块预填充：分块边界与 num_computed_tokens，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`admission`（vLLM v1 调度器的准入规则，30 分钟）、`preemption`（抢占：选择牺牲者，重计算或交换，45 分钟）、`swap`（交换：换出与换入的块映射，40 分钟）、`chunked_prefill`（分块预填充：分块边界与 num_computed_tokens，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

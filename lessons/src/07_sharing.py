@@ -296,7 +296,7 @@ print(check())
 # Write this lesson's parts of the engine yourself, graded in the engine: `fork_cow` (Fork and copy-on-write, 45 min), `bug_cow` (Find the bug, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`fork_cow`（派生与写时复制，45 分钟）、`bug_cow`（找错误：派生与写时复制，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`fork_cow`（派生与写时复制，45 分钟）、`bug_cow`（找错误：派生与写时复制，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check
@@ -309,4 +309,4 @@ print(check())
 # 供讨论或考试使用；答案都可以从本课推出。
 # - **热身。**n = 4 个样本派生之后，它们共享的提示词块的引用计数是多少？
 # - **核心。**两个样本共享一个未满的最后一块。样本 1 写入下一个 token：哪个块被复制？之后各块的引用计数是多少？
-# - **设计。**束搜索每一步都在派生和剪掉候选束。为什么分页显存在束搜索上比在并行采样上省得更多？
+# - **设计。**束搜索每一步都在派生和剪掉候选束。为什么分页管理在束搜索中省下的显存比在并行采样中更多？

@@ -253,10 +253,10 @@ print(check())
 
 # %% [markdown] lang="en"
 # ## Labs
-# Write this lesson's parts of the engine yourself, graded in the engine: `prefix_cache` (Prefix caching: the block hash chain, hits, eviction, 60 min); optional: `radix_match` (The radix tree: match and split, 45 min), `radix_insert` (The radix tree: insert and LRU eviction of leaves, 60 min), `lpm` (Cache-aware scheduling: longest prefix match, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
+# Write this lesson's parts of the engine yourself, graded in the engine: `prefix_cache` (Prefix caching: the block hash chain, hits, eviction, 60 min). The radix tree's and LPM's labs come with lesson 13. Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`prefix_cache`（前缀缓存：块哈希链、命中与驱逐，60 分钟）；选做：`radix_match`（基数树：匹配与分裂，45 分钟）、`radix_insert`（基数树：插入与按 LRU 驱逐叶子，60 分钟）、`lpm`（缓存感知调度：最长前缀匹配，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`prefix_cache`（前缀缓存：块哈希链、命中与驱逐，60 分钟）。基数树和 LPM 的实验放在第 13 课之后。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

@@ -418,7 +418,7 @@ print(t("lp9_stopped", LANG, code=stop_server()))
 # Write this lesson's parts of the engine yourself, graded in the engine: `open_scheduler` (Open lab: a scheduling policy of your own, 90 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`open_scheduler`（开放实验：自己设计的调度策略，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`open_scheduler`（开放实验：自己设计的调度策略，90 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check
@@ -430,5 +430,5 @@ print(t("lp9_stopped", LANG, code=stop_server()))
 # ## 自测题
 # 供讨论或考试使用；答案都可以从本课推出。
 # - **热身。**给出首 token 延迟（TTFT）、每输出 token 时间（TPOT）和 token 间延迟（ITL）的定义。排在队头的一个长提示词对哪一个伤害最大？
-# - **核心。**按利特尔定律，请求以每秒 2 个的请求速率到达，每个在服务器中停留 6 秒，服务器里平均有多少个请求？到达得比引擎能服务的更快时会怎样？
+# - **核心。**按利特尔定律，请求速率为每秒 2 个，每个在服务器中停留 6 秒，服务器里平均有多少个请求？到达得比引擎能服务的更快时会怎样？
 # - **设计。**服务器在一个单独的线程上让引擎逐步运行。如果 HTTP 处理和引擎的步共用一个线程，什么会出问题或变慢？

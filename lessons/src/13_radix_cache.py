@@ -31,13 +31,13 @@
 # %% [markdown] lang="zh"
 # # 第 13 课　基数树、缓存感知调度与 CPU 层
 #
-# **目标**：在真实引擎上让同一条多轮对话请求轨迹分别经过 vLLM 的哈希链和 SGLang 的基数树，看清两者各保留什么、驱逐什么；然后按已缓存前缀给等待队列排序（LPM 对比 FCFS），并在缓存之下加一层 CPU 层，再在模拟器上把这些都测出来。
+# **目标**：在真实引擎上让同一条多轮对话请求轨迹分别经过 vLLM 的哈希链和 SGLang 的基数树，看清两者各保留什么、驱逐什么；然后按已缓存前缀给等待队列排序（LPM 对比 FCFS），并在缓存下面再加一个 CPU 层，再在模拟器上把这些都测出来。
 #
-# 第 8 课讲了**哈希链**（hash chain）：每个满块由它的 token 和父块哈希算出的哈希命名；被释放的块保持已缓存，直到空闲队列再次把它分配出去，最早释放的最先。SGLang 的 **RadixAttention**（Zheng 等，2024，§3）把同样的块组织成一棵**基数树**（radix tree）：每条边是一串 token，每个节点持有这条边的块，从根出发的路径拼出一个前缀。
+# 第 8 课讲了**哈希链**（hash chain）：每个满块由它的 token 和父块哈希算出的哈希命名；被释放的块仍留在缓存中，直到空闲队列再次把它分配出去；*最早释放*的块最先被分配出去（也就最先被驱逐）。SGLang 的 **RadixAttention**（Zheng 等，2024，§3）把同样的块组织成一棵**基数树**（radix tree）：每条边是一串 token，每个节点持有这条边的块，从根出发的路径拼出一个前缀。
 #
 # - 查找从根开始沿树向下走；提示词在某个节点中途分岔时，这个节点被**分裂**。
 # - 每个节点有一个**锁计数**（lock count）：路径经过它的运行中请求数。被锁定的节点永不驱逐；驱逐时取**最久未用的未锁定叶节点**，一块一块地驱逐。
-# - 被驱逐的块可以进入 **CPU 层**（cpu tier；SGLang 的 HiCache、vLLM 的 KV 卸载），之后命中时**载回**（load back），而不是重新计算。
+# - 被驱逐的块可以进入 **CPU 层**（cpu tier；SGLang 的 HiCache、vLLM 的 KV 卸载），之后命中时**载回**（load back），而不是重计算。
 #
 # 引擎中的位置：`engine/core/radix_cache.py`（树）、`engine/core/scheduling_policy.py`（LPM）、`engine/core/kv_offload.py`（CPU 层），用 `EngineConfig(prefix_cache="radix", scheduling_policy="lpm", kv_offload_blocks=N)` 选择。
 
@@ -124,7 +124,7 @@ show_tree(reports[-1])
 # there instead of dropped; the tier itself drops its least recently used block when full.
 
 # %% [markdown] lang="zh"
-# 两种缓存找到的块相同：无论哪种，命中都是开头的一串满块（提示词的最后一个 token 总是要计算）。树把哈希链隐含的结构画了出来：系统提示词一个节点——B 在 3 个块之后离开 A 的路径时被**分裂**出来——每段对话一个分支。所有锁计数都是 0：没有请求在运行，所以每个叶节点都可驱逐；只要下面还挂着分支，系统提示词的节点就不是叶节点。
+# 两种缓存找到的块相同：无论哪种，命中都是开头的一串满块（提示词的最后一个 token 总是要计算）。树把哈希链隐含的结构画了出来：系统提示词单独成一个节点（B 在第 3 个块之后离开 A 的路径时，它被**分裂**出来），每段对话各一个分支。所有锁计数都是 0：没有请求在运行，所以每个叶节点都可驱逐；只要下面还挂着分支，系统提示词的节点就不是叶节点。
 #
 # ## 2. 驱逐：最久未用的叶节点，以及其下的 CPU 层
 # 一个 8 块的显存池装着上面的树（7 个已缓存的块）。一个 20 token 的无关长提示词需要 6 个块：只有 1 个空闲，于是必须驱逐 5 个已缓存的块。树先驱逐最久未用的叶节点，从它的最后一块开始；叶节点清空后，它的父节点就成了叶节点。有 4 块的 CPU 层时，被驱逐的块复制到那里而不是丢弃；CPU 层满时，它自己丢弃最久未用的块。
@@ -203,7 +203,14 @@ assert rows[-1].prefix_cache_hit_rate > rows[0].prefix_cache_hit_rate
 # [docs/prefix-caching.md](../../docs/prefix-caching.md) give the numbers.
 
 # %% [markdown] lang="zh"
-# 对照第 1、2 节读这些行：树保留了后续轮次需要的共享历史，而哈希链可能先驱逐一个内部块；LPM 让共享前缀的请求趁前缀还在缓存中时运行，而不是让它们互相驱逐；CPU 层把大部分驱逐变成载回，代价是每步要为复制付出时间。载回是否比重计算划算取决于机器：`CostModel.load_beats_recompute` 和 [docs/prefix-caching.md](../../docs/prefix-caching.md) 给出了数字。
+# 对照第 1、2 节来看这几行结果：树保留了后续轮次需要的共享历史，而哈希链可能先驱逐一个内部块；LPM 让共享前缀的请求趁前缀还在缓存中时运行，而不是让它们互相驱逐对方的前缀块；CPU 层把大部分驱逐变成了之后的载回，代价是发生复制的那些步要多花时间。载回是否比重计算划算取决于机器：`CostModel.load_beats_recompute` 和 [docs/prefix-caching.md](../../docs/prefix-caching.md) 给出了数字。
+
+# %% [markdown] lang="en"
+# ## Labs
+# Write this lesson's parts of the engine yourself, graded in the engine (all optional): `radix_match` (The radix tree: match and split, 45 min), `radix_insert` (The radix tree: insert and LRU eviction of leaves, 60 min), `lpm` (Cache-aware scheduling: longest prefix match, 30 min). Copy the starter from `labs/starters/`, fill in the TODOs and run `python -m lessons grade <lab> --impl <your file>`; [the labs](../../docs/labs.md) explains each one.
+# %% [markdown] lang="zh"
+# ## 实验
+# 亲手实现本课讲到的引擎部件，放进引擎中运行并评分（均为选做）：`radix_match`（基数树：匹配与分裂，45 分钟）、`radix_insert`（基数树：插入与按 LRU 驱逐叶节点，60 分钟）、`lpm`（缓存感知调度：最长前缀匹配，30 分钟）。从 `labs/starters/` 复制起始代码，完成其中的 TODO，然后运行 `python -m lessons grade <lab> --impl <你的文件>`；[实验说明](../../docs/labs.zh.md)逐一介绍每个实验。
 
 # %% [markdown] lang="en"
 # ## Self-check

@@ -12,7 +12,9 @@ it may be unencodable. With API keys every /v1 route, /metrics and the lab's rea
 interactive API docs are off; keys and the teacher token are compared in constant time, and an
 address that sends too many wrong ones gets 429 (engine/entrypoints/auth.py). Each client (the key's
 name, or without keys the request's ``user``) has a cap on requests in flight and on the tokens they
-may generate (429 with ``Retry-After``).
+may generate (429 with ``Retry-After``). Without keys a name is free to choose, so each address has a
+cap too; and the whole server holds at most ``--max-waiting-requests`` requests waiting for the
+engine (429 beyond: a flood under many names cannot queue without end).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from engine.entrypoints.async_llm import PACE_MODES, AsyncLLM, check_steps_per_s
-from engine.entrypoints.auth import AuthFailures, bearer, key_name, same_secret
+from engine.entrypoints.auth import AuthFailures, bearer, client_address, key_name, same_secret
 from engine.entrypoints.lab import (DEFAULT_VIEWER_BUFFER, StepHub, add_lab_routes, engine_info, new_teacher_token, prompt_text,
                                     run_settings)
 from engine.entrypoints.openai.metrics import ServerMetrics
@@ -59,6 +61,12 @@ class ServerSettings:
         api_keys: key -> client name; empty = no authentication (a request's client is its ``user``,
             "anonymous" without one).
         max_concurrent_requests_per_client: requests one client may have in flight (429 beyond).
+        max_concurrent_requests_per_address: without API keys, requests one address may have in
+            flight whatever names they carry (429 beyond). The app relays its students' requests
+            from 127.0.0.1 naming each student's address in ``X-Forwarded-For``, which uvicorn
+            believes from 127.0.0.1 only.
+        max_waiting_requests: requests the whole server may hold that are not running yet
+            (waiting or swapped out; 429 beyond).
         max_tokens_per_client: tokens (``max_tokens`` x ``n``) one client's requests in flight may
             ask for together (429 beyond; 400 for one request that asks for more on its own);
             None = no cap.
@@ -76,6 +84,8 @@ class ServerSettings:
     served_model_name: str | None = None
     api_keys: dict[str, str] = field(default_factory=dict)
     max_concurrent_requests_per_client: int = 64
+    max_concurrent_requests_per_address: int = 64
+    max_waiting_requests: int = 256
     max_tokens_per_client: int | None = None
     max_request_body_bytes: int = 1 << 20
     retry_after_s: int = 1
@@ -91,7 +101,8 @@ class ServerSettings:
             raise ValueError("teacher_token must be a string of at least 8 characters, no surrounding spaces")
         if self.lab_mode not in PACE_MODES:
             raise ValueError(f"lab_mode must be one of {', '.join(PACE_MODES)}, got {self.lab_mode!r}")
-        for name in ("max_concurrent_requests_per_client", "max_request_body_bytes", "retry_after_s"):
+        for name in ("max_concurrent_requests_per_client", "max_concurrent_requests_per_address", "max_waiting_requests",
+                     "max_request_body_bytes", "retry_after_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -105,16 +116,24 @@ class ServerSettings:
 
 
 class ClientLimits:
-    """Per-client caps on requests and requested tokens in flight (429 with ``Retry-After`` beyond).
+    """Caps on requests in flight: per client, on requested tokens per client, per address (without
+    API keys) and, server-wide, on the requests not yet running (429 with ``Retry-After`` beyond).
     Used from the event loop only."""
 
     def __init__(self, settings: ServerSettings):
         self.settings = settings
         self.requests: Counter[str] = Counter()
         self.tokens: Counter[str] = Counter()
+        self.addresses: Counter[str] = Counter()
 
-    def acquire(self, client: str, num_tokens: int, field_name: str) -> None:
-        """Count a request of ``num_tokens`` (max_tokens x n) against ``client``.
+    @property
+    def in_flight(self) -> int:
+        return sum(self.requests.values())
+
+    def acquire(self, client: str, num_tokens: int, field_name: str, address: str | None = None, num_running: int = 0) -> None:
+        """Count a request of ``num_tokens`` (max_tokens x n) against ``client`` and, when given,
+        ``address`` (a server without keys). ``num_running``: the engine's running requests now; the
+        others in flight are waiting.
 
         Raises:
             APIError: 429 over a cap while others run; 400 when this request alone asks for more
@@ -122,9 +141,16 @@ class ClientLimits:
         """
         s = self.settings
         retry = {"Retry-After": str(s.retry_after_s)}
+        waiting = self.in_flight - num_running
+        if waiting >= s.max_waiting_requests:
+            raise APIError(429, f"the server already holds {waiting} requests waiting for the engine, its limit "
+                           "(--max-waiting-requests); retry when some have run", None, retry)
         if self.requests[client] >= s.max_concurrent_requests_per_client:
             raise APIError(429, f"client '{client}' already has {self.requests[client]} requests in flight, its limit "
                            f"(--max-concurrent-requests-per-client); retry when one ends", None, retry)
+        if address is not None and self.addresses[address] >= s.max_concurrent_requests_per_address:
+            raise APIError(429, f"this address already has {self.addresses[address]} requests in flight, whatever their "
+                           "'user', its limit (--max-concurrent-requests-per-address); retry when one ends", None, retry)
         cap = s.max_tokens_per_client
         if cap is not None and num_tokens > cap:
             raise APIError(400, f"'{field_name}' x n = {num_tokens} tokens exceeds the per-client limit of {cap} tokens "
@@ -135,12 +161,18 @@ class ClientLimits:
                            field_name, retry)
         self.requests[client] += 1
         self.tokens[client] += num_tokens
+        if address is not None:
+            self.addresses[address] += 1
 
-    def release(self, client: str, num_tokens: int) -> None:
+    def release(self, client: str, num_tokens: int, address: str | None = None) -> None:
         self.requests[client] -= 1
         self.tokens[client] -= num_tokens
         if not self.requests[client]:  # every `user` is a client: forget the ones with nothing in flight
             del self.requests[client], self.tokens[client]
+        if address is not None:
+            self.addresses[address] -= 1
+            if not self.addresses[address]:
+                del self.addresses[address]
 
 
 def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = None, host: str = "127.0.0.1") -> FastAPI:
@@ -276,7 +308,9 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
         ids = serving.prompt_token_ids(request, chat)
         max_tokens = serving.max_tokens(request, len(ids), chat)
         reserved = max_tokens * request.n
-        limits.acquire(client, reserved, request.max_tokens_name)
+        # Without keys a name is free to choose: the address is capped too (the app forwards its students').
+        address = None if keyed else client_address(raw)
+        limits.acquire(client, reserved, request.max_tokens_name, address, len(engine.scheduler.running))
         streaming = False
         try:
             # Metrics count by key (a bounded set of names), not by `user`.
@@ -284,13 +318,13 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
             hub.note_request(request_id, client, prompt_text(request.prompt, serving.tokenizer), max_tokens)
             if request.stream:
                 response = serving.stream(request_id, len(ids), request.n, chat, request.include_usage,
-                                          on_close=lambda: limits.release(client, reserved), return_token_ids=request.return_token_ids)
+                                          on_close=lambda: limits.release(client, reserved, address), return_token_ids=request.return_token_ids)
                 streaming = True  # the stream releases the client's share when it closes
                 return response
             return await serving.complete(raw, request_id, len(ids), request.n, chat, request.return_token_ids)
         finally:
             if not streaming:
-                limits.release(client, reserved)
+                limits.release(client, reserved, address)
 
     return app
 

@@ -62,6 +62,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="accept 'Authorization: Bearer KEY' and call its client NAME; repeat for several clients "
                         "(a bare KEY is named 'default'). Without any, no authentication")
     g.add_argument("--max-concurrent-requests-per-client", type=int, default=64, help="requests in flight per client (429 beyond; default: 64)")
+    g.add_argument("--max-concurrent-requests-per-address", type=int, default=64,
+                   help="without API keys, requests in flight per address whatever 'user' they give (429 beyond; default: 64)")
+    g.add_argument("--max-waiting-requests", type=int, default=256,
+                   help="requests the whole server holds that are not running yet (429 beyond; default: 256)")
     g.add_argument("--max-tokens-per-client", type=int, default=None,
                    help="max_tokens x n over a client's requests in flight (429 beyond; default: no cap)")
     g.add_argument("--max-request-body-bytes", type=int, default=1 << 20, help="largest request body (413 beyond; default: 1 MiB)")
@@ -127,6 +131,7 @@ def serve(args) -> None:
     settings = ServerSettings(
         served_model_name=args.served_model_name, api_keys=parse_api_keys(args.api_key),
         max_concurrent_requests_per_client=args.max_concurrent_requests_per_client,
+        max_concurrent_requests_per_address=args.max_concurrent_requests_per_address, max_waiting_requests=args.max_waiting_requests,
         max_tokens_per_client=args.max_tokens_per_client, max_request_body_bytes=args.max_request_body_bytes,
         teacher_token=args.teacher_token, lab_mode=args.lab_mode, lab_max_steps_per_s=args.lab_max_steps_per_s,
         lab_viewer_buffer=args.lab_viewer_buffer, default_temperature=args.default_temperature,
