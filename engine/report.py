@@ -42,6 +42,11 @@ PREEMPTED_BY_SWAP = "swap"
 RECOMPUTE_CPU_POOL_FULL = "recompute (the CPU swap space is full)"
 RECOMPUTE_PARTIAL_PREFILL = "recompute (a partial prefill: recomputed, not swapped)"
 
+# FREE's detail: why a block left a table (empty: it went back to the free queue, nobody else held it).
+FREED_STILL_SHARED = "still shared"  # "still shared, refcount N": only this sequence's reference went (paper §4.4)
+FREED_CACHED = "cached, evictable"  # back in the free queue, its KV still cached under its hash (prefix caching)
+FREED_OUT_OF_WINDOW = "out of the sliding window"  # a sliding-window group: every token in it is before the window
+
 # Why a waiting request was not admitted this step (StepReport.waiting's values). Admission is first
 # come, first served: the head of the queue names its own reason, the requests behind it WAIT_QUEUE.
 WAIT_BUDGET = "budget"  # its prompt (or chunk) does not fit the token budget the step has left

@@ -1425,10 +1425,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                  "预测加速 {speedup:.2f} 倍，实测 {measured_speedup:.2f} 倍"),
     "kv_groups": ("KV cache groups", "KV 缓存组"),
     "kv_groups_caption": ("A model with sliding-window layers: its layers in groups of one attention type (vLLM v1's hybrid KV cache "
-                          "manager), each group with its own block table per request over one pool. ∅: the null block, a block "
-                          "freed once every token in it left the sliding window.",
+                          "manager), each group with its own block table per request over one pool. ∅: the null block, block 0 "
+                          "of the pool, reserved and never allocated. When every token in a block has left the sliding window, the "
+                          "block goes back to the free queue and its table entry points at the null block instead, so the other "
+                          "entries keep their logical positions.",
                           "带滑动窗口层的模型：层按注意力类型分成若干组（vLLM v1 的混合 KV 缓存管理器），每组为每个请求各有一张块表，"
-                          "所有组共用一个块池。∅：空块，即其中所有 token 都已移出滑动窗口、已被释放的块。"),
+                          "所有组共用一个块池。∅：空块（null block），即块池中的块 0，它被预留、从不分配。当一个块中所有 token 都已移出"
+                          "滑动窗口时，这个块回到空闲队列，块表中它的那一项改为指向空块，其余各项的逻辑位置不变。"),
     "kv_group": ("group", "组"),
     "kv_group_label": ("group {group} · {kind} · layers {layers}", "第 {group} 组 · {kind} · 层 {layers}"),
     "kv_sliding_window": ("sliding window {window}", "滑动窗口 {window}"),
@@ -1438,9 +1441,42 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "kv_blocks_in_use": ("blocks in use", "占用的块"),
     "kv_blocks_all_full": ("with all layers full attention", "若全部为全注意力层"),
     "kv_window_saved": ("What the sliding window saves", "滑动窗口省下的块"),
-    "kv_window_saved_caption": ("After this step the groups hold {in_use} blocks; the same tables with every layer full attention "
-                                "would hold {all_full}: the window saves {saved} blocks.",
-                                "这一步之后各组共占 {in_use} 个块；同样的块表若每层都是全注意力，将占 {all_full} 个块：窗口省下 {saved} 个块。"),
+    "kv_window_saved_caption": ("After this step the groups hold {in_use} blocks ({in_use_mib:.1f} MiB); the same tables with every "
+                                "layer full attention would hold {all_full} ({all_full_mib:.1f} MiB): the window saves {saved} blocks, "
+                                "{share:.0%}. The saving grows with the context, because a sliding group never holds more than its "
+                                "window while the full-attention group keeps every token: one request of {short} tokens needs "
+                                "{short_ratio:.1f}× fewer blocks than with all layers full attention, one of {long} tokens {long_ratio:.1f}×.",
+                                "这一步之后各组共占 {in_use} 个块（{in_use_mib:.1f} MiB）；同样的块表若每层都是全注意力，将占 {all_full} 个块"
+                                "（{all_full_mib:.1f} MiB）：窗口省下 {saved} 个块，即 {share:.0%}。上下文越长省得越多：滑动窗口组占用的块"
+                                "从不超过一个窗口，而全注意力组保留每个 token。对一个 {short} 个 token 的请求，全部为全注意力层时所需的块是"
+                                "现在的 {short_ratio:.1f} 倍；对一个 {long} 个 token 的请求则是 {long_ratio:.1f} 倍。"),
+    "kv_mib_axis": ("KV cache (MiB)", "KV 缓存（MiB）"),
+    "kv_group_short": ("group {group}", "第 {group} 组"),
+    "null_block": ("null block (∅)", "空块（null block，∅）"),
+    "null_block_text": ("the null block: reserved, never allocated; a table entry freed out of a sliding window points here",
+                        "空块（null block）：预留、从不分配；因移出滑动窗口而释放的块表项指向这里"),
+    "ev_free_window_detail": ("block {block} (group {group}, logical {logical}) freed: every token in it is before the last {window} "
+                              "tokens, the sliding window no later query reads past; its table entry now points at the null block 0",
+                              "块 {block}（第 {group} 组，逻辑块 {logical}）被释放：其中每个 token 都在最后 {window} 个 token 之前，"
+                              "即滑动窗口之外，之后的查询都不会再读它；块表中这一项现在指向空块（null block）0"),
+    "ev_free_cached_detail": ("physical block {block} (logical {logical}) returned; its KV stays cached (evictable)",
+                              "物理块 {block}（逻辑块 {logical}）归还；其 KV 仍留在缓存中（可被驱逐）"),
+    "pool_capacity_hybrid": (
+        "{blocks} blocks of {group_layers} layers each = {mib:.1f} MiB. One token of context costs **{token_kib:.0f} KiB**: a slot "
+        "in each of the {groups} KV cache groups ({groups} × {slot_kib:.1f} KiB) until it leaves the sliding window, then only the "
+        "full-attention group's. So the pool holds **{tokens} tokens of context** while every token is in the window, and one "
+        "request of up to {long_tokens} tokens (the sliding groups then hold a window each).",
+        "{blocks} 个块，每块含 {group_layers} 层 = {mib:.1f} MiB。上下文中的一个 token 要占 **{token_kib:.0f} KiB**："
+        "在 {groups} 个 KV 缓存组中各占一个槽位（{groups} × {slot_kib:.1f} KiB），移出滑动窗口后只剩全注意力组的那一个。"
+        "所以在所有 token 都还在窗口内时，块池能放下 **{tokens} 个 token 的上下文**；单个请求最长可达 {long_tokens} 个 token"
+        "（这时每个滑动窗口组只占一个窗口）。",
+    ),
+    "pool_groups_legend": ("Colour = KV cache group (as under KV cache groups); ∅ = the null block 0.",
+                           "颜色 = KV 缓存组（与下方“KV 缓存组”一致）；∅ = 空块（null block）0。"),
+    "memory_caption_hybrid": ("A hybrid model's slots are per group: one token of context takes a slot in every group until it leaves "
+                              "the sliding window, so the chart's tokens are group slots, not tokens of context.",
+                              "混合模型的槽位按组计：上下文中的一个 token 在移出滑动窗口之前在每个组里都占一个槽位，"
+                              "所以图中的 token 数是各组槽位之和，而不是上下文的 token 数。"),
     "l11_fail_none": ("FAIL: blocks_in_use is still None", "FAIL：blocks_in_use 仍是 None"),
     "l11_fail": ("FAIL: {value} blocks predicted, but the engine's groups hold another number",
                  "FAIL：预测 {value} 个块，但引擎各组占用的块数不同"),
