@@ -1456,9 +1456,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "null_block_text": ("the null block: reserved, never allocated; a table entry freed out of a sliding window points here",
                         "空块（null block）：预留、从不分配；因移出滑动窗口而释放的块表项指向这里"),
     "ev_free_window_detail": ("block {block} (group {group}, logical {logical}) freed: every token in it is before the last {window} "
-                              "tokens, the sliding window no later query reads past; its table entry now points at the null block 0",
+                              "tokens, out of the sliding window; its table entry now points at the null block 0",
                               "块 {block}（第 {group} 组，逻辑块 {logical}）被释放：其中每个 token 都在最后 {window} 个 token 之前，"
-                              "即滑动窗口之外，之后的查询都不会再读它；块表中这一项现在指向空块（null block）0"),
+                              "即滑动窗口之外；块表中这一项现在指向空块（null block）0"),
     "ev_free_cached_detail": ("physical block {block} (logical {logical}) returned; its KV stays cached (evictable)",
                               "物理块 {block}（逻辑块 {logical}）归还；其 KV 仍留在缓存中（可被驱逐）"),
     "pool_capacity_hybrid": (
