@@ -355,8 +355,10 @@ def step_summary(report, views, lang: str) -> None:
         queues = f"{t('running_waiting', lang)}{colon}{count['running']} / {waiting} / {count['finished']}"
     st.caption(f"{t('time_per_phase', lang)}{colon}{timings} · {queues}")
     if getattr(report, "admissions", None):  # scheduling_policy "lpm": who was admitted, and why
-        items = t("sep_list", lang).join(t(f"admission_{reason}", lang, rid=rid, hit=hit) for rid, reason, hit in report.admissions)
-        st.caption(f"{t('admissions_caption', lang)}{colon}{items}")
+        hits = {rid: hit for rid, _, hit in report.admissions}
+        items = [t(f"admission_{reason}", lang, rid=rid, hit=hit) for rid, reason, hit in report.admissions]
+        items += [t("admission_passed_over", lang, rid=rid, by=by, hit=hits.get(by, 0)) for rid, by in report.passed_over.items()]
+        st.caption(f"{t('admissions_caption', lang)}{colon}{t('sep_list', lang).join(items)}")
     if getattr(report, "kv_offload", None) is not None:  # kv_offload_blocks: the CPU tier's traffic
         o = report.kv_offload
         st.caption(t("kv_offload_caption", lang, offloaded=len(o.offloaded), loaded=len(o.loaded), dropped=o.dropped,

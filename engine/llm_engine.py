@@ -469,6 +469,7 @@ class LLMEngine:
             swapped_out=[g.request_id for g in batch.swapped_out],
             swapped_in=[g.request_id for g in batch.swapped_in],
             admissions=list(batch.admissions) if batch.admission_reasons is not None else None,
+            passed_over=dict(batch.passed_over),
             kv_offload=self.kv.offload_stats(),
             radix_tree=self.prefix_reporter.radix_tree(events) if self.prefix_reporter else None,
             prefix_matches=self._prefix_matches(events),

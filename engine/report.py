@@ -56,7 +56,10 @@ WAIT_SWAPPED = "swapped"  # requests are swapped out: they come back before anyo
 WAIT_PREEMPTION = "preemption"  # the step preempted a running request (this one, or another): nothing new is admitted
 WAIT_QUEUE = "queue"  # behind the head of the queue, which could not be admitted
 WAIT_STATIC_BATCH = "static_batch"  # static batching: the running batch runs until its longest request finishes
-WAIT_REASONS = (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS, WAIT_SWAPPED, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_STATIC_BATCH)
+# Longest prefix match (SGLang's LPM): a later arrival with a longer cached prefix was admitted before it this step
+WAIT_LPM_PASSED_OVER = "lpm_passed_over"
+WAIT_REASONS = (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS, WAIT_SWAPPED, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_STATIC_BATCH,
+                WAIT_LPM_PASSED_OVER)
 
 
 @dataclass(frozen=True)
@@ -331,6 +334,9 @@ class StepReport:
         admissions: scheduling_policy "lpm": ``(request id, reason, cached prompt tokens)`` of each
             request admitted this step, in admission order; reason "longest-prefix", "starved" (the
             starvation guard) or "preempted" (``engine/core/scheduling_policy.py``). None under FCFS.
+        passed_over: scheduling_policy "lpm": each waiting request that a later arrival overtook this
+            step (admitted first for its longer cached prefix; ``waiting`` says WAIT_LPM_PASSED_OVER) ->
+            that request's id (its cached tokens are in ``admissions``).
         kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
         radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted
@@ -375,6 +381,7 @@ class StepReport:
     start_ms: float | None = None
     arrived: dict[int, float] = field(default_factory=dict)
     admissions: list[tuple[int, str, int]] | None = None
+    passed_over: dict[int, int] = field(default_factory=dict)
     kv_offload: KVOffloadStats | None = None
     radix_tree: RadixTreeView | None = None
     prefix_matches: dict[int, PrefixMatch] = field(default_factory=dict)

@@ -833,3 +833,20 @@ def test_an_fp8_kv_cache_holds_4x_the_tokens_in_the_same_mib(app: AppTest):
     caption = "".join(c.value for c in app.sidebar.caption)
     assert "128 blocks × 16 = **2048 tokens**, 0.2 MiB" in caption
     assert "fp8 KV cache: 4× the tokens a float32 cache holds in the same 0.2 MiB" in caption
+
+
+def test_the_lpm_preset_says_who_passed_a_request_over_and_the_queues_name_request_ids(app: AppTest):
+    """The "Longest prefix match" preset: the step that admits a later question before the long prompt says so
+    under the step's title, with the cached tokens that won; the queues line names request ids, not counts."""
+    _load_preset(app, "preset_lpm")
+    captions = ""
+    for _ in range(40):
+        app.button(key="btn_step").click().run()
+        captions = " ".join(c.value for c in app.main.caption)
+        if "passed over" in captions:
+            break
+    report = app.session_state["reports"][-1]
+    (rid, by), = report.passed_over.items()
+    hit = dict((r, h) for r, _, h in report.admissions)[by]
+    assert hit > 0 and f"request {rid} passed over: request {by} went first, {hit} of its tokens cached" in captions
+    assert re.search(r"Queues — waiting: requests? \d+(, \d+)* · running: request \d+", captions), captions

@@ -511,6 +511,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "why_queue": ("behind request {rid} in the queue (first come, first served)", "在队列中排在请求 {rid} 之后（先来先服务）"),
     "why_static_batch": ("a static batch runs until its longest request ends", "静态批处理：当前这批要等最长的请求结束"),
     "why_unknown": ("the run file does not say", "运行文件没有记录"),
+    "why_lpm_passed_over": ("passed over by request {rid} (longest prefix match): {hit} of its tokens cached",
+                            "被请求 {rid} 越过（最长前缀匹配）：它有 {hit} 个 token 已缓存"),
     "why_shares_long_prefill": ("shares the step with a long prefill: request {rid}'s {n} of {total} tokens",
                                 "与长预填充同在一步：请求 {rid} 占本步 {total} 个 token 中的 {n} 个"),
     "why_stalled": ("admitted, but not in this step's batch: the token budget went to other requests",
@@ -579,6 +581,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
     "swap_cpu_in": ("copied back to GPU block {block} (swapped in)", "已复制回 GPU 块 {block}（换入）"),
     "queues_line": ("Queues — waiting: {waiting} · running: {running}", "队列——等待：{waiting} · 运行：{running}"),
+    "queue_request_id": ("request {ids}", "请求 {ids}"),
+    "queue_request_ids": ("requests {ids}", "请求 {ids}"),
     "queues_swapped": (" · swapped: {swapped}", " · 已换出：{swapped}"),
     "queue_empty": ("none", "无"),
     "prefill_progress": ("Chunked prefill", "分块预填充"),
@@ -1280,6 +1284,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "admission_longest-prefix": ("Request {rid}: longest cached prefix, {hit} tokens", "请求 {rid}：已缓存前缀最长，{hit} 个 token"),
     "admission_starved": ("Request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
+    "admission_passed_over": ("request {rid} passed over: request {by} went first, {hit} of its tokens cached",
+                              "请求 {rid} 被越过：请求 {by} 先被接纳，它有 {hit} 个 token 已缓存"),
     "admission_preempted": ("Request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
     "kv_offload_caption": ("CPU tier this step: {offloaded} blocks offloaded, {loaded} loaded back, {dropped} dropped; cached blocks "
                            "on the GPU {gpu}, on the CPU {cpu} of {capacity}",
@@ -1337,6 +1343,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "tier; the last question finds part of the system prompt there and loads it back instead of computing it.",
         "基数树，每次一个请求，CPU 层 8 块。系统提示词之后的两个问题让树分出两支；随后一个长提示词需要显存池的大部分，"
         "于是最久未用的叶节点被驱逐到 CPU 层；最后一个问题在那里找到系统提示词的一部分，把它载回，而不是重新计算。"),
+    "preset_lpm": ("Longest prefix match: cached prompts go first", "最长前缀匹配：已缓存的提示词先行"),
+    "preset_lpm_note": (
+        "Radix tree, longest-prefix-match scheduling, one request at a time. After the first question the waiting "
+        "questions share its system prompt, cached, and are admitted before the long unrelated prompt that arrived "
+        "earlier: the step's caption and the timeline say who passed it over and how many of their tokens were cached.",
+        "基数树，最长前缀匹配调度，每次一个请求。第一个问题跑完后，等待中的问题与它共享已缓存的系统提示词，于是先于"
+        "更早到达、毫不相关的长提示词被接纳：本步的说明和时间线会写出是谁越过了它，以及它们有多少 token 已缓存。"),
     # prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
     "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示词（前缀缓存）"),
     "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),

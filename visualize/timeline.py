@@ -41,7 +41,7 @@ def span_texts(span: Span, lang: str) -> tuple[str, str]:
         if span.reason == WAIT_BUDGET and long:
             why = t("why_budget_long", lang, **behind)
         elif span.reason:
-            why = t(f"why_{span.reason}", lang, rid=span.blocker)
+            why = t(f"why_{span.reason}", lang, rid=span.blocker, hit=span.blocker_cached)
         else:
             why = t("why_unknown", lang)
     elif span.state == PREFILL:
