@@ -19,7 +19,7 @@ def mark_swaps(spec: dict, report, lang: str) -> dict:
 
 
 def request_ids_text(ids: list[int], lang: str) -> str:
-    """"requests 3, 4" (request ids, not a count), or "empty"."""
+    """"request ids 3, 4" (not a count), or "empty"."""
     if not ids:
         return t("queue_empty", lang)
     return t("queue_request_ids" if len(ids) > 1 else "queue_request_id", lang, ids=t("sep_list", lang).join(map(str, ids)))

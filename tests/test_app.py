@@ -369,6 +369,7 @@ def test_compare_page_in_chinese_has_chinese_headings_and_chart_text(tiny_llama_
     assert not at.exception, [e.value for e in at.exception]
     text = _texts(at)
     assert "### 分页" in text and "### 连续（max）" in text
+    assert "两次运行说明：整段预填充时" in text and "最长 ITL（毫秒）" in text  # the head-of-line demo's conclusion and ITL column
     assert untranslated(text) == [], untranslated(text)
     figure = " | ".join(at.session_state["paper_figure_texts"])
     assert "论文 96.3%" in figure and "空闲" in figure
@@ -848,5 +849,5 @@ def test_the_lpm_preset_says_who_passed_a_request_over_and_the_queues_name_reque
     report = app.session_state["reports"][-1]
     (rid, by), = report.passed_over.items()
     hit = dict((r, h) for r, _, h in report.admissions)[by]
-    assert hit > 0 and f"request {rid} passed over: request {by} went first, {hit} of its tokens cached" in captions
-    assert re.search(r"Queues — waiting: requests? \d+(, \d+)* · running: request \d+", captions), captions
+    assert hit > 0 and f"Request {rid} passed over: request {by} went first, {hit} of its tokens cached" in captions
+    assert re.search(r"Queues — waiting: request ids? \d+(, \d+)* · running: request id \d+", captions), captions

@@ -528,15 +528,27 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_title": ("Latency per request", "每个请求的延迟"),
     "latency_caption": (
         "The definitions of bench-serve (vLLM's bench serve), on the engine's clock: TTFT = first token − arrival; "
-        "E2EL = end − arrival; TPOT = (E2EL − TTFT) / (output tokens − 1). A token counts when its step ends.",
+        "E2EL = end − arrival; TPOT = (E2EL − TTFT) / (output tokens − 1); longest ITL = the longest gap between two of its "
+        "tokens. A token counts when its step ends.",
         "与 `bench-serve`（vLLM 的 `bench serve`）定义相同，按引擎时间计：TTFT = 首 token − 到达；E2EL = 结束 − 到达；"
-        "TPOT = (E2EL − TTFT) / (输出 token 数 − 1)。一个 token 在它所在的步结束时计入。",
+        "TPOT = (E2EL − TTFT) / (输出 token 数 − 1)；最长 ITL = 它相邻两个 token 之间最长的间隔。一个 token 在它所在的步结束时计入。",
     ),
     "latency_ttft": ("TTFT (ms)", "首 token 延迟 TTFT（毫秒）"),
     "latency_ttft_steps": ("TTFT (steps)", "TTFT（步数）"),
     "latency_tpot": ("TPOT (ms)", "每输出 token 时间 TPOT（毫秒）"),
     "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
     "latency_itl": ("ITL (ms)", "token 间延迟 ITL（毫秒）"),
+    "latency_itl_max": ("Longest ITL (ms)", "最长 ITL（毫秒）"),
+    "sim_timeline_conclusion": (
+        "What the two runs show: with whole prompts the long prompt's prefill holds up a step the short requests were "
+        "decoding in, so their longest gap between tokens is {itl_whole} ms; chunked prefill spreads it over steps that "
+        "keep decoding them, and their longest gap falls to {itl_chunked} ms. The long prompt's own first token comes a "
+        "little later ({ttft_chunked} against {ttft_whole} ms TTFT): chunked prefill protects the running requests' "
+        "inter-token latency, it does not make a long prompt faster.",
+        "两次运行说明：整段预填充时，长提示词的预填充占住了短请求正在解码的那一步，它们相邻 token 之间最长隔了 {itl_whole} "
+        "毫秒；分块预填充把它分到几步里，这些步照常为短请求解码，最长间隔降到 {itl_chunked} 毫秒。长提示词自己的首 token "
+        "稍晚一些（TTFT {ttft_chunked} 毫秒，对比 {ttft_whole} 毫秒）：分块预填充保护的是正在运行的请求的 token 间延迟，"
+        "并不会让长提示词更快。"),
     "latency_arrival": ("Arrival (ms)", "到达（毫秒）"),
     "latency_output_tokens": ("Output tokens", "输出 token 数"),
     "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已结束的请求）"),
@@ -545,12 +557,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_median": ("Median", "中位数"),
     "latency_p99": ("P99", "P99"),
     "timeline_download": ("Download the timeline as a trace (Chrome / Perfetto JSON)", "下载时间线追踪文件（Chrome / Perfetto 格式的 JSON）"),
-    "sim_timeline_title": ("Head-of-line blocking on the simulator", "模拟器上的队头阻塞"),
+    "sim_timeline_title": ("Head-of-line blocking on the simulator: a long prompt arrives while others decode",
+                           "模拟器上的队头阻塞：其他请求正在解码时来了一个长提示词"),
     "sim_timeline_caption": (
-        "One prompt of 1,500 tokens, then eight of 50, all at time 0, each generating 32 tokens; OPT-13B on an A100 "
-        "(the step-time model), simulated time.",
-        "一个 1,500 个 token 的提示词，后面八个 50 个 token 的提示词，全部在时刻 0 到达，每个生成 32 个 token；"
-        "A100 上的 OPT-13B（步耗时模型），模拟时间。",
+        "Eight prompts of 50 tokens at time 0, then one of 1,500 tokens at {arrival} ms, while the eight are decoding; each "
+        "generates 32 tokens; OPT-13B on an A100 (the step-time model), simulated time. Watch the longest ITL column: the "
+        "longest gap between two tokens of a request.",
+        "八个 50 个 token 的提示词在时刻 0 到达，{arrival} 毫秒时在它们解码期间又来了一个 1,500 个 token 的提示词；每个生成 "
+        "32 个 token；A100 上的 OPT-13B（步耗时模型），模拟时间。请看“最长 ITL”一列：一个请求相邻两个 token 之间最长的间隔。",
     ),
     "sim_timeline_whole": ("Whole prompts (vLLM v0's prefill-first rule)", "整段提示词预填充（vLLM v0 的预填充优先规则）"),
     "sim_timeline_chunked": ("Chunked prefill, 512 tokens a step (decodes first)", "分块预填充，每步 512 个 token（解码优先）"),
@@ -581,8 +595,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
     "swap_cpu_in": ("copied back to GPU block {block} (swapped in)", "已复制回 GPU 块 {block}（换入）"),
     "queues_line": ("Queues — waiting: {waiting} · running: {running}", "队列——等待：{waiting} · 运行：{running}"),
-    "queue_request_id": ("request {ids}", "请求 {ids}"),
-    "queue_request_ids": ("requests {ids}", "请求 {ids}"),
+    "queue_request_id": ("request id {ids}", "请求 id {ids}"),
+    "queue_request_ids": ("request ids {ids}", "请求 id {ids}"),
     "queues_swapped": (" · swapped: {swapped}", " · 已换出：{swapped}"),
     "queue_empty": ("none", "无"),
     "prefill_progress": ("Chunked prefill", "分块预填充"),
@@ -1284,7 +1298,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "admission_longest-prefix": ("Request {rid}: longest cached prefix, {hit} tokens", "请求 {rid}：已缓存前缀最长，{hit} 个 token"),
     "admission_starved": ("Request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
-    "admission_passed_over": ("request {rid} passed over: request {by} went first, {hit} of its tokens cached",
+    "admission_passed_over": ("Request {rid} passed over: request {by} went first, {hit} of its tokens cached",
                               "请求 {rid} 被越过：请求 {by} 先被接纳，它有 {hit} 个 token 已缓存"),
     "admission_preempted": ("Request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
     "kv_offload_caption": ("CPU tier this step: {offloaded} blocks offloaded, {loaded} loaded back, {dropped} dropped; cached blocks "
