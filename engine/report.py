@@ -257,9 +257,11 @@ class PrefixMatch:
     Attributes:
         num_cached_tokens: prompt tokens found cached (full blocks; vLLM's ``num_cached_tokens``),
             of which num_loaded_tokens were loaded back from the CPU tier.
-        num_prompt_tokens: the prompt's tokens.
+        num_prompt_tokens: the tokens the prefill covers: the prompt's, and after a recompute
+            preemption the output it had too (all recomputed but the cached prefix).
         cached_text, loaded_text, rest_text: the prompt decoded in three parts: found on the GPU,
             loaded back from the CPU tier, computed.
+        recompute: the request was admitted again after a recompute preemption.
     """
 
     num_cached_tokens: int
@@ -268,6 +270,7 @@ class PrefixMatch:
     cached_text: str
     loaded_text: str
     rest_text: str
+    recompute: bool = False
 
 
 @dataclass

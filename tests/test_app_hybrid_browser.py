@@ -43,6 +43,10 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
                 step_button(page).wait_for(timeout=300_000)
                 step_button(page).click()
                 step_title(page, f"Step {n}", timeout_s=300)
+                if n == 0:  # the preset's note gives the prompt's length the prefill computed
+                    processed = page.locator('[data-testid="stMetric"]').filter(has_text="Tokens processed")
+                    tokens = processed.locator('[data-testid="stMetricValue"]').inner_text()
+                    assert page.get_by_text(f"on a {tokens}-token prompt, past its 512-token sliding window").count() == 1, tokens
             groups = page.locator('[data-testid="kv-group"]')
             groups.nth(5).wait_for(timeout=60_000)
             no_exception_box(page)

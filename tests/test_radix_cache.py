@@ -405,3 +405,42 @@ def test_the_lpm_preset_shows_whom_longest_prefix_match_passed_over_and_why(tiny
     assert span_texts(spans[0], "en")[1] == f"passed over by request {by} (longest prefix match): {hit} of its tokens cached"
     assert span_texts(spans[0], "zh")[1] == f"被请求 {by} 越过（最长前缀匹配）：它有 {hit} 个 token 已缓存"
     assert t("admission_passed_over", "zh", rid=1, by=by, hit=hit) == f"请求 1 被越过：请求 {by} 先被接纳，它有 {hit} 个 token 已缓存"
+
+
+def test_an_evicted_subtree_is_drawn_with_its_shape_parent_above_children():
+    """Eviction cuts a path back leaf first: the evicted leaves are drawn under their evicted parent,
+    one level deeper, after it, not beside it at its depth."""
+    import re
+
+    from engine.report import RadixNodeView, RadixTreeView
+    from visualize.radix import radix_tree_html
+
+    def node(node_id, parent_id, text):
+        return RadixNodeView(node_id, parent_id, [1, 2], text, [node_id], 0, 1)
+
+    tree = RadixTreeView(nodes=[node(1, 0, "system prompt")],
+                         evicted=[node(3, 2, ". Question: What is a token?"), node(4, 2, ". Question: What is attention?"),
+                                  node(2, 1, "words, define any technical term")])
+    page = radix_tree_html(tree, "en")
+    drawn = re.findall(r'data-node-id="(\d+)" .*?margin:3px 0 3px (\d+)px', page)
+    order, margin = [int(i) for i, _ in drawn], {int(i): int(m) for i, m in drawn}
+    assert order[:2] == [1, 2] and set(order[2:]) == {3, 4}, order
+    assert margin[1] < margin[2] < margin[3] == margin[4]
+
+
+def test_a_recomputed_requests_cache_hit_counts_the_tokens_its_re_prefill_covers(tiny_llama_dir):
+    """After a recompute preemption a request prefills its prompt and its output so far: the prefix it finds
+    cached is counted against those tokens (it was "37 of 37 prompt tokens"), and the label says so."""
+    from visualize.radix import prefix_match_html
+
+    llm = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=14, enable_prefix_caching=True))
+    add_workload(llm, [(p, 40) for p, _ in PRESETS["preset_preemption"]["rows"][:4]], temperature=0.0, seed=0)
+    prompt_len = {rid: group.num_prompt_tokens for rid, group in llm.requests.items()}
+    found = []
+    while llm.has_unfinished_requests() and not found:
+        report = llm.step()
+        found = [(rid, m) for rid, m in report.prefix_matches.items() if m.recompute]
+    (rid, match), *_ = found
+    assert prompt_len[rid] < match.num_prompt_tokens and match.num_cached_tokens < match.num_prompt_tokens
+    assert f"{match.num_cached_tokens} of the {match.num_prompt_tokens} tokens it recomputes" in prefix_match_html(match, "en")
+    assert f"重新计算的 {match.num_prompt_tokens} 个 token" in prefix_match_html(match, "zh")

@@ -454,11 +454,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
     "preset_gemma_sliding_window": ("Gemma 3: sliding-window blocks freed", "Gemma 3：释放滑动窗口之外的块"),
     "preset_gemma_sliding_window_note": (
-        "Gemma 3 270M (the extra \"gemma\", under the Gemma Terms of Use) on an 800-token prompt, past its 512-token "
+        "Gemma 3 270M (the extra \"gemma\", under the Gemma Terms of Use) on a 593-token prompt, past its 512-token "
         "sliding window. Its 18 layers form 6 KV cache groups (5 sliding-window, 1 full attention), each with its own block "
         "table. After the prefill every group holds the prompt's blocks; from the first decode step each sliding-window "
         "group frees the blocks out of its window (∅) while the full-attention group grows.",
-        "Gemma 3 270M（附加依赖 `gemma`，遵守 Gemma 使用条款）处理一个 800 token 的提示词，超过它 512 token 的滑动窗口。"
+        "Gemma 3 270M（附加依赖 `gemma`，遵守 Gemma 使用条款）处理一个 593 个 token 的提示词，超过它 512 token 的滑动窗口。"
         "它的 18 层分成 6 个 KV 缓存组（5 个滑动窗口组、1 个全注意力组），每组有自己的块表。预填充之后每组都占着提示词的块；"
         "从第一个解码步起，每个滑动窗口组释放窗口之外的块（∅），而全注意力组继续增长。"),
     # --- the per-request timeline (visualize/timeline.py; Live, Classroom and Paged vs contiguous pages)
@@ -1349,6 +1349,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "cpu_tier_move_in": ("loaded back CPU {cpu} ↑ GPU {gpu}", "载回 CPU {cpu} ↑ GPU {gpu}"),
     "cpu_tier_no_moves": ("No copies between the tiers this step.", "本步两层之间没有复制。"),
     "prefix_match_label": ("Prefix found cached: {cached} of {total} prompt tokens", "找到的已缓存前缀：提示词 {total} 个 token 中的 {cached} 个"),
+    "prefix_match_label_recompute": ("Prefix found cached after its preemption: {cached} of the {total} tokens it recomputes "
+                                     "(its prompt and its output so far)",
+                                     "被抢占后找到的已缓存前缀：它要重新计算的 {total} 个 token（提示词和已生成的输出）中的 {cached} 个"),
     "prefix_match_loaded": (", {loaded} of them loaded back from the CPU tier", "，其中 {loaded} 个从 CPU 层载回"),
     "preset_radix_offload": ("Radix tree and CPU tier (prefix caching)", "基数树与 CPU 层（前缀缓存）"),
     "preset_radix_offload_note": (
