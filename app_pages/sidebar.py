@@ -218,8 +218,10 @@ def show_capacity(llm, lang: str) -> None:
                  slot_kib=llm.bytes_per_slot / 1024)
     if llm.config.kv_cache_dtype != "auto":  # the same memory in the model's dtype would hold `ratio` times fewer tokens
         ratio = llm.dtype.itemsize // llm.kv_cache_dtype.itemsize
-        text += "  \n" + t("pool_capacity_kv_dtype", lang, kv_dtype=llm.config.kv_cache_dtype, ratio=ratio,
-                           model_dtype=str(llm.dtype).replace("torch.", ""), mib=mib)
+        in_blocks = llm.config.kv_cache_memory is None  # the pool kept its blocks: the saving shows as fewer MiB
+        text += "  \n" + t("pool_capacity_kv_dtype_blocks" if in_blocks else "pool_capacity_kv_dtype", lang,
+                           kv_dtype=llm.config.kv_cache_dtype, ratio=ratio, model_dtype=str(llm.dtype).replace("torch.", ""),
+                           mib=mib, full_mib=mib * ratio, blocks=llm.num_blocks)
     slot.caption(text)
 
 

@@ -39,6 +39,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_custom": ("Your own file or folder…", "你自己的文件或目录…"),
     "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
     "labs_run": ("Run beside the engine", "与引擎并排运行"),
+    "labs_choose_first": ("First choose a lab implementation in the sidebar, under Lab implementation (on a phone, open the "
+                          "sidebar with the » at the top left); then run it beside the engine here.",
+                          "请先在侧边栏的“实验实现”中选择一个实验实现（在手机上，点左上角的 » 打开侧边栏），再在这里与引擎并排运行。"),
     "labs_running": ("Running the engine's parts and yours…", "正在运行引擎的部件和你的部件…"),
     "labs_same": ("The same as the engine's own parts at every one of {steps} steps.", "全部 {steps} 步的结果都与引擎自己的部件相同。"),
     "labs_diverged": ("First difference at step {step}: {what}.", "第一次不同出现在第 {step} 步：{what}。"),
@@ -114,6 +117,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "pool_capacity_kv_dtype": (
         "{kv_dtype} KV cache: {ratio}× the tokens a {model_dtype} cache holds in the same {mib:.1f} MiB",
         "{kv_dtype} KV 缓存：同样 {mib:.1f} MiB 能放下的 token 是 {model_dtype} 缓存的 {ratio} 倍",
+    ),
+    "pool_capacity_kv_dtype_blocks": (
+        "{kv_dtype} KV cache: the pool is sized in blocks, so it keeps its {blocks} blocks, now {mib:.1f} MiB instead of "
+        "{model_dtype}'s {full_mib:.1f} MiB. Size the pool in MiB to see {ratio}× the tokens in the same memory.",
+        "{kv_dtype} KV 缓存：块池按块数设定，所以仍是 {blocks} 个块，现在只占 {mib:.1f} MiB，而 {model_dtype} 要 {full_mib:.1f} MiB。"
+        "把块池大小改用 MiB 设定，就能看到同样的内存放下 {ratio} 倍的 token。",
     ),
     "value_clamped": (
         "{typed} is outside {lo}–{hi}, so {used} is used.",
