@@ -213,23 +213,42 @@ def simulator_comparison(lang: str) -> None:
     latency_against_rate(workload, settings.seed, lang)
 
 
+LONG_ARRIVAL_S = 0.15  # the long prompt arrives while the eight short requests decode (their 32 tokens take ~0.6 s)
+
+
 @st.cache_data(show_spinner=False, max_entries=2)
 def _head_of_line_steps(chunked: bool) -> list:
     from engine.sim.simulator import simulate
     from engine.sim.workloads import head_of_line_workload
 
-    return simulate(requests=head_of_line_workload(), kv_slots=15_700, cost_model="a100-opt-13b", record_steps=True,
-                    enable_chunked_prefill=chunked, max_num_batched_tokens=512 if chunked else None).step_reports
+    return simulate(requests=head_of_line_workload(long_arrival_s=LONG_ARRIVAL_S), kv_slots=15_700, cost_model="a100-opt-13b",
+                    record_steps=True, enable_chunked_prefill=chunked, max_num_batched_tokens=512 if chunked else None).step_reports
 
 
 def head_of_line_timelines(lang: str) -> None:
-    """The simulator's head-of-line demo (one long prompt, then eight short ones) on its A100 clock,
-    with whole prompts and with chunked prefill, each as a per-request timeline."""
+    """The simulator's decode-stall demo (eight short requests decoding when a long prompt arrives) on its
+    A100 clock, with whole prompts and with chunked prefill, each as a per-request timeline, and what the
+    two runs show, measured on them (:func:`decode_stall_numbers`)."""
     st.markdown(f"**{t('sim_timeline_title', lang)}**")
-    st.caption(t("sim_timeline_caption", lang))
-    for chunked in (False, True):
+    st.caption(t("sim_timeline_caption", lang, arrival=f"{LONG_ARRIVAL_S * 1000:.0f}"))
+    runs = {chunked: _head_of_line_steps(chunked) for chunked in (False, True)}
+    for chunked, reports in runs.items():
         st.markdown(t("sim_timeline_chunked" if chunked else "sim_timeline_whole", lang))
-        timeline_panel.timeline_view(_head_of_line_steps(chunked), lang, key=f"sim_timeline_{int(chunked)}")
+        timeline_panel.timeline_view(reports, lang, key=f"sim_timeline_{int(chunked)}")
+    st.caption(t("sim_timeline_conclusion", lang, **decode_stall_numbers(runs[False], runs[True])))
+
+
+def decode_stall_numbers(whole: list, chunked: list) -> dict:
+    """The decode-stall demo's result, from its two runs' step reports: the short requests' longest gap
+    between two tokens (ITL, ms) with whole prompts and with chunked prefill, and the long prompt's TTFT
+    (ms) in each (the long prompt is the last request)."""
+    from engine.timeline import build_timeline
+
+    rows = {name: build_timeline(reports) for name, reports in (("whole", whole), ("chunked", chunked))}
+    stall = {name: max(max(r.itl_ms) for r in rs[:-1] if r.itl_ms) for name, rs in rows.items()}
+    ttft = {name: rs[-1].ttft_ms for name, rs in rows.items()}
+    return dict(itl_whole=f"{stall['whole']:.0f}", itl_chunked=f"{stall['chunked']:.0f}", ttft_whole=f"{ttft['whole']:.0f}",
+                ttft_chunked=f"{ttft['chunked']:.0f}")
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -24,6 +24,8 @@ def page() -> None:
     st.title(t("page_labs", lang))
     st.caption(t("labs_intro", lang) + " " + t("labs_on_live", lang))
     impl = st.session_state.get("lab_impl")
+    if not impl:  # the choice is in the sidebar, folded away on a phone
+        st.info(t("labs_choose_first", lang))
     if st.button(t("labs_run", lang), type="primary", disabled=not impl):
         with st.spinner(t("labs_running", lang)):
             reference, mine = run("solution"), run(impl)

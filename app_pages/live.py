@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from app_pages import beside_panel, prefix_panel, swap_panel, timeline_panel
-from app_pages.kv_groups_panel import kv_groups_view
+from app_pages.kv_groups_panel import kv_groups_view, swatch_html, table_cells_html
 from app_pages.common import category_help, current_engine, html_text, plain, png_download
 from app_pages.sidebar import show_capacity
 from app_pages.widgets import localized_choice
@@ -24,6 +24,7 @@ from visualize.classroom import blocks_of, highlight_blocks
 from visualize.colors import (COW_DST_BORDER, COW_SRC_BORDER, EDGE_COLOR, ROLLBACK_COLOR, SHARED_BORDER, SHARED_COLOR,
                               TOUCHED_COLOR, request_color)
 from visualize.i18n import CATALOGUE, error_text, t
+from visualize.kv_groups import NULL_COLOR, group_color, group_label
 from visualize.memory import memory_chart, memory_figure, memory_frame
 from visualize.pool import (block_tables_figure, copy_on_write_pairs, cow_sides, event_log_rows, free_queue_cells, num_blocks_of,
                             pool_map_figure, pool_map_spec)
@@ -298,7 +299,7 @@ def show_step(prompts: dict[int, str], reports: list, block_size: int, lang: str
             swap_panel.queues_caption(report, views, lang)
             swap_panel.cpu_lane(report, block_size, lang)
             memory_view(reports[: at + 1], lang)
-    kv_groups_view(report, reports[: at + 1], num_blocks_of(report, block_size) + 1, block_size, lang)  # + the null block 0
+    kv_groups_view(report, reports[: at + 1], num_blocks_of(report, block_size), block_size, lang)
     beam_tree_view(reports[: at + 1], lang)
     timeline_panel.timeline_view(reports[: at + 1], lang, labels=labels)
     events_view(report, lang)
@@ -354,8 +355,10 @@ def step_summary(report, views, lang: str) -> None:
         queues = f"{t('running_waiting', lang)}{colon}{count['running']} / {waiting} / {count['finished']}"
     st.caption(f"{t('time_per_phase', lang)}{colon}{timings} · {queues}")
     if getattr(report, "admissions", None):  # scheduling_policy "lpm": who was admitted, and why
-        items = t("sep_list", lang).join(t(f"admission_{reason}", lang, rid=rid, hit=hit) for rid, reason, hit in report.admissions)
-        st.caption(f"{t('admissions_caption', lang)}{colon}{items}")
+        hits = {rid: hit for rid, _, hit in report.admissions}
+        items = [t(f"admission_{reason}", lang, rid=rid, hit=hit) for rid, reason, hit in report.admissions]
+        items += [t("admission_passed_over", lang, rid=rid, by=by, hit=hits.get(by, 0)) for rid, by in report.passed_over.items()]
+        st.caption(f"{t('admissions_caption', lang)}{colon}{t('sep_list', lang).join(items)}")
     if getattr(report, "kv_offload", None) is not None:  # kv_offload_blocks: the CPU tier's traffic
         o = report.kv_offload
         st.caption(t("kv_offload_caption", lang, offloaded=len(o.offloaded), loaded=len(o.loaded), dropped=o.dropped,
@@ -466,6 +469,9 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
     if not report.block_tables:
         st.caption(t("no_live_requests", lang))
         return
+    if report.kv_groups:  # a hybrid model: every group's tables, in the group's colour
+        hybrid_block_tables_html(report, block_size, lang, large)
+        return
     rows, font = [], 20 if large else 11
     several = Counter(snap.request_id for snap in report.block_tables)
     cow = cow_sides(report)
@@ -490,6 +496,20 @@ def block_tables_html(report, block_size: int, lang: str, large: bool = False, s
     st.markdown("".join(rows), unsafe_allow_html=True)
     if download:
         png_download(t("save_png", lang), lambda: block_tables_figure(report, block_size, lang), f"block_tables_step{report.step}.png", "png_tables")
+
+
+def hybrid_block_tables_html(report, block_size: int, lang: str, large: bool = False) -> None:
+    """A hybrid model's block tables: per request, one row per KV cache group, in the group's colour
+    (as under KV cache groups and on the pool map); ∅ is the null block 0."""
+    colon, font, rows = t("sep_colon", lang), 18 if large else 10, []
+    for seq in report.block_tables:  # the full-attention group's: one per live sequence
+        for g in report.kv_groups:
+            color = group_color(report, g.group_id)
+            for snap in (s for s in g.block_tables if s.seq_id == seq.seq_id):
+                rows.append(f'<div data-testid="block-table-group" data-group="{g.group_id}">{swatch_html(color)}'
+                            f'<b style="color:{request_color(snap.request_id)}">{t("request", lang)} {snap.request_id}</b> · '
+                            f'{t("kv_group_short", lang, group=g.group_id)}{colon}{table_cells_html(snap, color, block_size, lang, font)}</div>')
+    st.markdown("".join(rows), unsafe_allow_html=True)
 
 
 def _cell_border(ref_count: int, cow: str | None) -> str:
@@ -537,6 +557,10 @@ def pool_legend(report, lang: str) -> None:
         return f'<span style="display:inline-block;width:18px;height:11px;vertical-align:middle;{style}"></span>'
 
     items = [(box(f"border:2.5px solid {TOUCHED_COLOR}"), t("legend_touched", lang))]
+    if report.kv_groups:  # a hybrid model: blocks in their group's colour, the null block
+        items += [(box(f"background:{group_color(report, g.group_id)};border:1px solid {EDGE_COLOR}"), group_label(g, lang))
+                  for g in report.kv_groups]
+        items.append((box(f"background:{NULL_COLOR};border:1px solid {EDGE_COLOR}"), t("null_block", lang)))
     spec = getattr(report, "spec", {})
     if any(s.tentative_slots for s in spec.values()):  # speculative decoding: the drafts' slots, those given back
         items.append((box(f"background:#eeeeee;border:1.5px dashed {EDGE_COLOR}"),
@@ -572,6 +596,8 @@ def memory_view(reports, lang: str) -> None:
     frame = memory_frame(reports, unit)
     st.altair_chart(memory_chart(frame, unit, lang), width="stretch", height=300)
     st.caption(t("memory_caption", lang))
+    if reports and reports[-1].kv_groups:
+        st.caption(t("memory_caption_hybrid", lang))
     category_help(lang)
     png_download(t("save_png", lang), lambda: memory_figure(frame, unit, lang), "memory.png", "png_memory")
 

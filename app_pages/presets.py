@@ -100,6 +100,13 @@ RADIX_ROWS = [(SYSTEM_PROMPT + "Question: " + QUESTIONS[0][0], 8), (SYSTEM_PROMP
               (LONG_PROMPT, 8), (SYSTEM_PROMPT + "Question: " + QUESTIONS[3][0], 8)]
 PRESETS["preset_radix_offload"] = dict(rows=RADIX_ROWS, num_blocks=14, max_batch=1, prefix_caching=True, prefix_cache="radix",
                                        kv_offload_blocks=8)
+# Longest prefix match (SGLang's cache-aware scheduling): one request at a time; once the first question has run,
+# the waiting questions that share its system prompt find it cached and go before the long unrelated prompt,
+# which arrived earlier and is passed over twice (its wait reason says by whom and how much they had cached).
+LPM_ROWS = [(SYSTEM_PROMPT + "Question: " + QUESTIONS[0][0], 8), (LONG_PROMPT, 8), (SYSTEM_PROMPT + "Question: " + QUESTIONS[1][0], 8),
+            (SYSTEM_PROMPT + "Question: " + QUESTIONS[3][0], 8)]
+PRESETS["preset_lpm"] = dict(rows=LPM_ROWS, num_blocks=40, max_batch=1, prefix_caching=True, prefix_cache="radix",
+                             scheduling_policy="lpm")
 PRESETS["preset_multi_turn_chat"] = dict(rows=[(question, 24) for question, _ in CHAT], num_blocks=12, max_batch=1,
                                          prefix_caching=True, chat=True)
 

@@ -215,9 +215,33 @@ def show_capacity(llm, lang: str) -> None:
         return
     bs = llm.config.block_size
     mib = llm.num_blocks * bs * llm.bytes_per_slot / (1 << 20)
-    text = t("pool_capacity", lang, blocks=llm.num_blocks, block_size=bs, tokens=llm.num_blocks * bs, mib=mib, slot_kib=llm.bytes_per_slot / 1024)
+    if llm.kv_cache_config is not None:  # a hybrid model: a page holds one group's layers, a token needs a slot per group
+        text = hybrid_capacity_text(llm.kv_cache_config, llm.num_blocks, bs, llm.bytes_per_slot, lang)
+    else:
+        text = t("pool_capacity", lang, blocks=llm.num_blocks, block_size=bs, tokens=llm.num_blocks * bs, mib=mib,
+                 slot_kib=llm.bytes_per_slot / 1024)
     if llm.config.kv_cache_dtype != "auto":  # the same memory in the model's dtype would hold `ratio` times fewer tokens
         ratio = llm.dtype.itemsize // llm.kv_cache_dtype.itemsize
-        text += "  \n" + t("pool_capacity_kv_dtype", lang, kv_dtype=llm.config.kv_cache_dtype, ratio=ratio,
-                           model_dtype=str(llm.dtype).replace("torch.", ""), mib=mib)
+        in_blocks = llm.config.kv_cache_memory is None  # the pool kept its blocks: the saving shows as fewer MiB
+        text += "  \n" + t("pool_capacity_kv_dtype_blocks" if in_blocks else "pool_capacity_kv_dtype", lang,
+                           kv_dtype=llm.config.kv_cache_dtype, ratio=ratio, model_dtype=str(llm.dtype).replace("torch.", ""),
+                           mib=mib, full_mib=mib * ratio, blocks=llm.num_blocks)
     slot.caption(text)
+
+
+def hybrid_capacity_text(kv_cache_config, num_blocks: int, block_size: int, bytes_per_slot: int, lang: str) -> str:
+    """A hybrid pool's capacity in tokens of context (vLLM v1's hybrid KV cache manager: every group takes
+    its pages from one pool of ``num_blocks`` blocks, block 0 the null block). ``bytes_per_slot``: one
+    group's slot (its layers' K and V for one token). One token of context costs a slot in every group
+    while it is in the sliding window; a request of L tokens then holds ceil(L / block_size) blocks in each
+    full-attention group and at most ``sliding_window // block_size + 1`` in each sliding one."""
+    groups = kv_cache_config.kv_cache_groups
+    usable = num_blocks - 1  # the null block
+    sliding = [g.kv_cache_spec.sliding_window for g in groups if g.kv_cache_spec.sliding_window is not None]
+    num_full = len(groups) - len(sliding)
+    window_blocks = sum(w // block_size + 1 for w in sliding)
+    long_tokens = (usable - window_blocks) // max(num_full, 1) * block_size
+    return t("pool_capacity_hybrid", lang, blocks=num_blocks, group_layers=max(len(g.layer_names) for g in groups),
+             mib=num_blocks * block_size * bytes_per_slot / (1 << 20), token_kib=len(groups) * bytes_per_slot / 1024,
+             groups=len(groups), slot_kib=bytes_per_slot / 1024, tokens=f"{usable * block_size // len(groups):,}",
+             long_tokens=f"{long_tokens:,}")

@@ -18,16 +18,19 @@ def mark_swaps(spec: dict, report, lang: str) -> dict:
     return gpu_swap_spec(spec, report, lang)
 
 
-def _ids(ids: list[int], lang: str) -> str:
-    return ", ".join(map(str, ids)) if ids else t("queue_empty", lang)
+def request_ids_text(ids: list[int], lang: str) -> str:
+    """"request ids 3, 4" (not a count), or "empty"."""
+    if not ids:
+        return t("queue_empty", lang)
+    return t("queue_request_ids" if len(ids) > 1 else "queue_request_id", lang, ids=t("sep_list", lang).join(map(str, ids)))
 
 
 def queues_caption(report, views, lang: str) -> None:
     """Waiting, running and (with a swap space) swapped request ids, one line under the GPU pool."""
     q = queues(report, [v.request_id for v in views], {v.request_id for v in views if v.status == "finished"})
-    text = t("queues_line", lang, waiting=_ids(q["waiting"], lang), running=_ids(q["running"], lang))
+    text = t("queues_line", lang, waiting=request_ids_text(q["waiting"], lang), running=request_ids_text(q["running"], lang))
     if report.cpu_memory is not None:
-        text += t("queues_swapped", lang, swapped=_ids(q["swapped"], lang))
+        text += t("queues_swapped", lang, swapped=request_ids_text(q["swapped"], lang))
     st.caption(text)
 
 

@@ -16,7 +16,8 @@ from visualize.i18n import t
 from visualize.timeline import CHART_EXTRA_PX, bench_serve_summary, latency_rows, request_label, timeline_chart
 
 LATENCY_COLUMNS = (("arrival_ms", "latency_arrival"), ("ttft_ms", "latency_ttft"), ("ttft_steps", "latency_ttft_steps"),
-                   ("tpot_ms", "latency_tpot"), ("e2el_ms", "latency_e2el"), ("output_tokens", "latency_output_tokens"))
+                   ("tpot_ms", "latency_tpot"), ("itl_max_ms", "latency_itl_max"), ("e2el_ms", "latency_e2el"),
+                   ("output_tokens", "latency_output_tokens"))
 
 
 def timeline_view(reports: list, lang: str, key: str = "timeline", labels: dict[int, str] | None = None) -> None:

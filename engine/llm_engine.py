@@ -509,6 +509,7 @@ class LLMEngine:
             swapped_out=[g.request_id for g in batch.swapped_out],
             swapped_in=[g.request_id for g in batch.swapped_in],
             admissions=list(batch.admissions) if batch.admission_reasons is not None else None,
+            passed_over=dict(batch.passed_over),
             kv_offload=self.kv.offload_stats(),
             radix_tree=self.prefix_reporter.radix_tree(events) if self.prefix_reporter else None,
             prefix_matches=self._prefix_matches(events),
@@ -524,8 +525,11 @@ class LLMEngine:
         if self.prefix_reporter is None:
             return {}
         hit = {e.request_id for e in events if e.kind == CACHE_HIT}
-        prompts = {rid: self.requests[rid].seqs[0].token_ids[: self.requests[rid].num_prompt_tokens] for rid in hit if rid in self.requests}
-        return self.prefix_reporter.matches(events, prompts)
+        # What the (re)prefill covers: the prompt, and after a recompute preemption its output so far too.
+        prompts = {rid: seq.token_ids[: max(self.requests[rid].num_prompt_tokens, seq.num_computed_tokens)]
+                   for rid in hit if rid in self.requests for seq in self.requests[rid].seqs[:1]}
+        return {rid: dataclasses.replace(m, recompute=self.requests[rid].num_preemptions > 0)
+                for rid, m in self.prefix_reporter.matches(events, prompts).items()}
 
     def _make_kv_manager(self, max_num_batched_tokens: int) -> KVCacheManager:
         cfg = self.config

@@ -42,6 +42,11 @@ PREEMPTED_BY_SWAP = "swap"
 RECOMPUTE_CPU_POOL_FULL = "recompute (the CPU swap space is full)"
 RECOMPUTE_PARTIAL_PREFILL = "recompute (a partial prefill: recomputed, not swapped)"
 
+# FREE's detail: why a block left a table (empty: it went back to the free queue, nobody else held it).
+FREED_STILL_SHARED = "still shared"  # "still shared, refcount N": only this sequence's reference went (paper §4.4)
+FREED_CACHED = "cached, evictable"  # back in the free queue, its KV still cached under its hash (prefix caching)
+FREED_OUT_OF_WINDOW = "out of the sliding window"  # a sliding-window group: every token in it is before the window
+
 # Why a waiting request was not admitted this step (StepReport.waiting's values). Admission is first
 # come, first served: the head of the queue names its own reason, the requests behind it WAIT_QUEUE.
 WAIT_BUDGET = "budget"  # its prompt (or chunk) does not fit the token budget the step has left
@@ -51,7 +56,10 @@ WAIT_SWAPPED = "swapped"  # requests are swapped out: they come back before anyo
 WAIT_PREEMPTION = "preemption"  # the step preempted a running request (this one, or another): nothing new is admitted
 WAIT_QUEUE = "queue"  # behind the head of the queue, which could not be admitted
 WAIT_STATIC_BATCH = "static_batch"  # static batching: the running batch runs until its longest request finishes
-WAIT_REASONS = (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS, WAIT_SWAPPED, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_STATIC_BATCH)
+# Longest prefix match (SGLang's LPM): a later arrival with a longer cached prefix was admitted before it this step
+WAIT_LPM_PASSED_OVER = "lpm_passed_over"
+WAIT_REASONS = (WAIT_BUDGET, WAIT_NO_FREE_BLOCK, WAIT_MAX_NUM_SEQS, WAIT_SWAPPED, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_STATIC_BATCH,
+                WAIT_LPM_PASSED_OVER)
 
 
 @dataclass(frozen=True)
@@ -249,9 +257,11 @@ class PrefixMatch:
     Attributes:
         num_cached_tokens: prompt tokens found cached (full blocks; vLLM's ``num_cached_tokens``),
             of which num_loaded_tokens were loaded back from the CPU tier.
-        num_prompt_tokens: the prompt's tokens.
+        num_prompt_tokens: the tokens the prefill covers: the prompt's, and after a recompute
+            preemption the output it had too (all recomputed but the cached prefix).
         cached_text, loaded_text, rest_text: the prompt decoded in three parts: found on the GPU,
             loaded back from the CPU tier, computed.
+        recompute: the request was admitted again after a recompute preemption.
     """
 
     num_cached_tokens: int
@@ -260,6 +270,7 @@ class PrefixMatch:
     cached_text: str
     loaded_text: str
     rest_text: str
+    recompute: bool = False
 
 
 @dataclass
@@ -327,6 +338,9 @@ class StepReport:
             request admitted this step, in admission order; reason "longest-prefix", "starved" (the
             starvation guard), "preempted" or "long-queue" (over 128 waiting: first come, first served,
             as SGLang; ``engine/core/scheduling_policy.py``). None under FCFS.
+        passed_over: scheduling_policy "lpm": each waiting request that a later arrival overtook this
+            step (admitted first for its longer cached prefix; ``waiting`` says WAIT_LPM_PASSED_OVER) ->
+            that request's id (its cached tokens are in ``admissions``).
         kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
         radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted
@@ -371,6 +385,7 @@ class StepReport:
     start_ms: float | None = None
     arrived: dict[int, float] = field(default_factory=dict)
     admissions: list[tuple[int, str, int]] | None = None
+    passed_over: dict[int, int] = field(default_factory=dict)
     kv_offload: KVOffloadStats | None = None
     radix_tree: RadixTreeView | None = None
     prefix_matches: dict[int, PrefixMatch] = field(default_factory=dict)

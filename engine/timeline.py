@@ -51,7 +51,9 @@ class Span:
         num_tokens: tokens this request computed in the step (prefill chunk, or its decodes).
         reason: WAITING: a ``engine.report.WAIT_*`` code ("" in run files without it);
             PREEMPTED: the PREEMPT event's detail (recompute, swap, or why a swap recomputed).
-        blocker: WAITING with WAIT_QUEUE: the head of the queue it waits behind; else None.
+        blocker: WAITING with WAIT_QUEUE: the head of the queue it waits behind; with
+            WAIT_LPM_PASSED_OVER: the later arrival admitted before it (``StepReport.passed_over``); else None.
+        blocker_cached: WAIT_LPM_PASSED_OVER: the prompt tokens the blocker found cached (``StepReport.admissions``).
         computed, prompt_tokens: PREFILL: the tokens with KV after the step and the tokens the
             whole (re)prefill computes, so a chunk is ``computed / prompt_tokens`` of the way.
         new_tokens: output tokens the step gave the request.
@@ -70,6 +72,7 @@ class Span:
     num_tokens: int = 0
     reason: str = ""
     blocker: int | None = None
+    blocker_cached: int = 0
     computed: int = 0
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -199,9 +202,11 @@ def _spans(report: StepReport, start: float, end: float, rows: dict[int, Request
         spans[rid] = Span(rid, state=PREEMPTED, reason=how.get(rid, PREEMPTED_BY_SWAP if rid in report.swapped_out else PREEMPTED_BY_RECOMPUTE), **base)
     waiting = getattr(report, "waiting", {})
     head = next((rid for rid, reason in waiting.items() if reason not in (WAIT_QUEUE, WAIT_PREEMPTION)), None)
+    passed_over, cached = getattr(report, "passed_over", {}), {rid: hit for rid, _, hit in report.admissions or ()}
     for rid, reason in waiting.items():
         if rid not in spans:
-            spans[rid] = Span(rid, state=WAITING, reason=reason, blocker=head if reason == WAIT_QUEUE else None, **base)
+            blocker = head if reason == WAIT_QUEUE else passed_over.get(rid)
+            spans[rid] = Span(rid, state=WAITING, reason=reason, blocker=blocker, blocker_cached=cached.get(blocker, 0), **base)
     for rid in report.swapped:
         spans.setdefault(rid, Span(rid, state=SWAPPED, **base))
     live = {b.request_id for b in report.block_tables}
@@ -290,5 +295,6 @@ def _span_args(span: Span) -> dict:
     if span.blocker is not None:
         args["behind_request"] = span.blocker
     if span.largest_prefill is not None and span.largest_prefill != span.request_id:
-        args["largest_prefill"] = f"request {span.largest_prefill}: {span.largest_prefill_tokens} tokens"
+        n = span.largest_prefill_tokens
+        args["largest_prefill"] = f"request {span.largest_prefill}: {n} token{'' if n == 1 else 's'}"
     return args

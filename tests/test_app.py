@@ -369,6 +369,7 @@ def test_compare_page_in_chinese_has_chinese_headings_and_chart_text(tiny_llama_
     assert not at.exception, [e.value for e in at.exception]
     text = _texts(at)
     assert "### 分页" in text and "### 连续（max）" in text
+    assert "两次运行说明：整段预填充时" in text and "最长 ITL（毫秒）" in text  # the head-of-line demo's conclusion and ITL column
     assert untranslated(text) == [], untranslated(text)
     figure = " | ".join(at.session_state["paper_figure_texts"])
     assert "论文 96.3%" in figure and "空闲" in figure
@@ -825,6 +826,11 @@ print("kernel ran")
 
 def test_an_fp8_kv_cache_holds_4x_the_tokens_in_the_same_mib(app: AppTest):
     # Tiny model: 512 B per token in float32, 128 B in fp8; 0.25 MiB = 32 float32 blocks of 16.
+    app.sidebar.selectbox(key="kv_cache_dtype").set_value("fp8").run()  # in blocks: the same 64 blocks, a quarter of the MiB
+    caption = "".join(c.value for c in app.sidebar.caption)
+    assert "the pool is sized in blocks, so it keeps its 64 blocks, now 0.1 MiB instead of float32's 0.5 MiB" in caption
+    assert "Size the pool in MiB to see 4× the tokens in the same memory" in caption
+    app.sidebar.selectbox(key="kv_cache_dtype").set_value("auto").run()
     app.radio(key="pool_unit__en").set_value("mib").run()
     app.number_input(key="pool_mib__input").set_value(0.25).run()
     assert "32 blocks × 16 = **512 tokens**" in "".join(c.value for c in app.sidebar.caption)
@@ -833,3 +839,34 @@ def test_an_fp8_kv_cache_holds_4x_the_tokens_in_the_same_mib(app: AppTest):
     caption = "".join(c.value for c in app.sidebar.caption)
     assert "128 blocks × 16 = **2048 tokens**, 0.2 MiB" in caption
     assert "fp8 KV cache: 4× the tokens a float32 cache holds in the same 0.2 MiB" in caption
+
+
+def test_the_lpm_preset_says_who_passed_a_request_over_and_the_queues_name_request_ids(app: AppTest):
+    """The "Longest prefix match" preset: the step that admits a later question before the long prompt says so
+    under the step's title, with the cached tokens that won; the queues line names request ids, not counts."""
+    _load_preset(app, "preset_lpm")
+    captions = ""
+    for _ in range(40):
+        app.button(key="btn_step").click().run()
+        captions = " ".join(c.value for c in app.main.caption)
+        if "passed over" in captions:
+            break
+    report = app.session_state["reports"][-1]
+    (rid, by), = report.passed_over.items()
+    hit = dict((r, h) for r, _, h in report.admissions)[by]
+    assert hit > 0 and f"Request {rid} passed over: request {by} went first, {hit} of its tokens cached" in captions
+    assert re.search(r"Queues — waiting: request ids? \d+(, \d+)* · running: request id \d+", captions), captions
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_labs_page_says_where_to_choose_a_lab_before_its_button_is_enabled(app: AppTest, lang: str):
+    """With no lab implementation chosen the run button is disabled: the page says the choice is in the
+    sidebar (folded away on a phone), in the reader's language."""
+    from visualize.i18n import t
+
+    app.session_state["lang"] = lang
+    _open_page(app, "labs")
+    assert not app.exception, [e.value for e in app.exception]
+    assert next(b for b in app.main.button if b.label == t("labs_run", lang)).disabled
+    assert [i.value for i in app.main.info] == [t("labs_choose_first", lang)]
+    assert ("Lab implementation" if lang == "en" else "实验实现") in app.main.info[0].value

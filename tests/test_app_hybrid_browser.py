@@ -1,7 +1,9 @@
 """The app in a real browser on a hybrid model: the Gemma 3 preset (Gemma 3 270M, the extra "gemma") steps
 past its sliding window, and the page's KV cache groups show five sliding-window groups that freed their
 blocks out of the window (∅ entries, at most a window's blocks in use) beside a full-attention group that
-kept them all. Helpers from tests/test_app_browser.py."""
+kept them all; the pool map colours every group's blocks as the groups view does and marks the null block;
+the events say each freed block left the window, with its group; ∅ is defined as the reserved block 0; in
+English and in 中文. Helpers from tests/test_app_browser.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,12 @@ import time
 
 import pytest
 
-from test_app_browser import CHROMIUM, no_exception_box, open_app, start_server, step_button, step_title, free_port
+from test_app_browser import SHOTS, CHROMIUM, no_exception_box, open_app, start_server, step_button, step_title, free_port
+
+# Every chart's rect fills (Vega draws a cell as a path with a fill) and its texts, in page order.
+CHART_FILLS_JS = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"] svg')].map(svg => ({
+    fills: [...svg.querySelectorAll('.mark-rect path')].map(p => p.getAttribute('fill')),
+    texts: [...svg.querySelectorAll('text')].map(t => t.textContent)}))"""
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +43,10 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
                 step_button(page).wait_for(timeout=300_000)
                 step_button(page).click()
                 step_title(page, f"Step {n}", timeout_s=300)
+                if n == 0:  # the preset's note gives the prompt's length the prefill computed
+                    processed = page.locator('[data-testid="stMetric"]').filter(has_text="Tokens processed")
+                    tokens = processed.locator('[data-testid="stMetricValue"]').inner_text()
+                    assert page.get_by_text(f"on a {tokens}-token prompt, past its 512-token sliding window").count() == 1, tokens
             groups = page.locator('[data-testid="kv-group"]')
             groups.nth(5).wait_for(timeout=60_000)
             no_exception_box(page)
@@ -57,6 +68,35 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
             assert len(set(swatches)) == 6, swatches
             head_colors = [groups.nth(i).locator("b").evaluate("e => getComputedStyle(e).color") for i in range(6)]
             assert all(_luminance(c) < 0.2 for c in head_colors), head_colors
+            # The pool map (the chart whose cells are numbered, block 0 marked ∅) has every group's colour, as
+            # many cells of each as the group holds blocks, and the legend under it names every group.
+            group_fills = [_hex(c) for c in swatches]
+            pool = _pool_map(page)
+            assert pool["texts"][0] == "∅", pool["texts"][:3]
+            counts = [sum(1 for f in pool["fills"] if f == c) for c in group_fills]
+            assert all(n >= u for n, u in zip(counts, in_use)), (counts, in_use)  # each cell is drawn pale and its filled part solid
+            legend = page.locator('[data-testid="pool-legend"]').inner_text()
+            assert all(h.split(" · layers")[0].split(" · ")[0] in legend for h in heads) and "null block (∅)" in legend, legend
+            # The events: every block freed this step left the sliding window, named with its group.
+            cells = _event_cells(page)
+            window = [c for c in cells if re.fullmatch(r"block \d+ \(group [0-4], logical \d+\) freed: every token in it is before "
+                                                        r"the last 512 tokens, .* now points at the null block 0", c)]
+            assert cells.count("free") == len(window) >= 5 and not any("still held by others" in c for c in cells), cells
+            caption = "∅: the null block, block 0 of the pool, reserved and never allocated"
+            assert page.get_by_text(caption, exact=False).count() == 1
+            page.screenshot(path=str(SHOTS / "gemma_hybrid_en.png"), full_page=True)
+            # 中文: the same views in the reader's language.
+            page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
+            step_title(page, "第 1 步", timeout_s=120)
+            page.locator('[data-testid="kv-group"]').nth(5).wait_for(timeout=60_000)
+            no_exception_box(page)
+            assert page.get_by_text("∅：空块（null block），即块池中的块 0，它被预留、从不分配", exact=False).count() == 1
+            cells = _event_cells(page)
+            assert cells.count("释放") == sum("即滑动窗口之外" in c for c in cells) >= 5 and not any("其他序列仍持有" in c for c in cells)
+            assert "空块（null block，∅）" in page.locator('[data-testid="pool-legend"]').inner_text()
+            assert [_hex(c) for c in [groups.nth(i).locator('[data-testid="kv-group-swatch"]').evaluate(
+                "e => getComputedStyle(e).backgroundColor") for i in range(6)]] == group_fills
+            page.screenshot(path=str(SHOTS / "gemma_hybrid_zh.png"), full_page=True)
             browser.close()
     finally:
         server.kill()
@@ -68,3 +108,28 @@ def _luminance(css_rgb: str) -> float:
     channels = [int(x) / 255 for x in re.findall(r"\d+", css_rgb)[:3]]
     linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
     return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _hex(css_rgb: str) -> str:
+    return "#" + "".join(f"{int(x):02x}" for x in re.findall(r"\d+", css_rgb)[:3])
+
+
+def _pool_map(page) -> dict:
+    """The pool map's fills and texts: the chart whose first text is a block label (∅ or 0) followed by 1, 2."""
+    for _ in range(60):
+        charts = page.evaluate(CHART_FILLS_JS)
+        pools = [c for c in charts if c["texts"][:1] in (["∅"], ["0"]) and c["texts"][1:3] == ["1", "2"]]
+        if pools:
+            return pools[0]
+        time.sleep(1)
+    raise AssertionError(f"no pool map among {[c['texts'][:3] for c in charts]}")
+
+
+def _event_cells(page) -> list[str]:
+    """The events table's cells' texts: the grid draws on a canvas and keeps the text of the rows it
+    shows in an accessible table behind it."""
+    grid = page.locator('[data-testid="stDataFrame"]').last
+    grid.scroll_into_view_if_needed()
+    cells = grid.locator('[role="gridcell"]')
+    cells.first.wait_for(state="attached", timeout=60_000)
+    return [c.strip() for c in cells.all_text_contents()]

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.test_app_sharing import app  # noqa: F401 (the fixture: the app on the tiny random Llama)
 from tests.test_app_sharing import load as load_preset
+from app_pages.swap_panel import request_ids_text
 from visualize.i18n import t, untranslated
 
 
@@ -72,7 +73,7 @@ def test_swap_preset_swaps_and_both_maps_show_the_copies(app: AppTest, lang: str
     assert cpu_cells[c]["owner_text"] == f"{t('request', lang)} {swapped}"
     # the queues line names the swapped request; the caption counts the copies
     line = next(x for x in captions(app) if x.startswith(t("queues_line", lang, waiting="", running="")[:4]))
-    assert line.endswith(t("queues_swapped", lang, swapped=", ".join(map(str, report.swapped))))
+    assert line.endswith(t("queues_swapped", lang, swapped=request_ids_text(report.swapped, lang)))  # "request 3", not a count
     assert any(t("cpu_pool_caption", lang, out=len(report.blocks_to_swap_out), inn=0, ms=0)[:20] in x for x in captions(app))
     # the step summary counts the third queue, and the request list says who is swapped out
     summary = next(x for x in captions(app) if t("running_waiting_swapped", lang) in x)

@@ -209,7 +209,8 @@ def default_loaded():
     return load_model(None)
 
 
-@pytest.mark.parametrize("name", [n for n in PRESETS if "model" not in PRESETS[n]])  # the default model's presets
+# The default model's presets; the LPM preset's order is checked on a tiny model below (its outputs are the radix preset's kind).
+@pytest.mark.parametrize("name", [n for n in PRESETS if "model" not in PRESETS[n] and n != "preset_lpm"])
 def test_radix_gives_the_greedy_outputs_of_no_caching_and_of_the_hash_chain(default_loaded, name):
     runs = {caching: run_preset(default_loaded, name, caching) for caching in (None, "hash", "radix")}
     assert runs["radix"][0] == runs[None][0] == runs["hash"][0]
@@ -547,3 +548,74 @@ def test_every_block_holds_the_kv_its_table_and_its_hash_name_with_a_small_cpu_t
     scheduler = Scheduler(kv, max_num_seqs, max(6, max_num_seqs * 3) if chunked else 10_000, enable_chunked_prefill=chunked,
                           preemption_mode="swap" if num_cpu_blocks else "recompute")
     run_conversations(kv, scheduler, chats, random.Random(seed), vocab=2)
+
+
+def test_the_lpm_preset_shows_whom_longest_prefix_match_passed_over_and_why(tiny_llama_dir):
+    """The "Longest prefix match" preset on a tiny model (the scheduling depends on token ids, not on the
+    weights): once the first question has run, the questions that share its system prompt go before the long
+    prompt that came earlier; each step that passes it over names who went first and how many of their tokens
+    were cached, in the report, the timeline's wait reason and the step's caption, in English and 中文."""
+    from engine.report import WAIT_LPM_PASSED_OVER
+    from engine.timeline import WAITING, build_timeline
+    from visualize.i18n import t
+    from visualize.timeline import span_texts
+
+    settings = preset_settings("preset_lpm")
+    assert (settings["prefix_cache"], settings["scheduling_policy"], settings["max_batch"]) == ("radix", "lpm", 1)
+    llm = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=settings["num_blocks"], max_num_seqs=1,
+                                 enable_prefix_caching=True, prefix_cache="radix", scheduling_policy="lpm"))
+    add_workload(llm, [(p, 2) for p, _ in PRESETS["preset_lpm"]["rows"]], temperature=0.0, seed=0)
+    reports = []
+    while llm.has_unfinished_requests():
+        reports.append(llm.step())
+    order = [rid for r in reports for rid, _, _ in r.admissions or ()]
+    assert order == [0, 2, 3, 1], "the long prompt (request 1) came second and goes last"
+    passed = [(r.passed_over, r.admissions[0]) for r in reports if r.passed_over]
+    assert [p for p, _ in passed] == [{1: 2}, {1: 3}]
+    assert all(hit > 0 and r.waiting[1] == WAIT_LPM_PASSED_OVER for r in reports if r.passed_over for _, _, hit in r.admissions)
+    by, hit = 2, passed[0][1][2]
+    spans = [s for row in build_timeline(reports) if row.request_id == 1 for s in row.spans
+             if s.state == WAITING and s.reason == WAIT_LPM_PASSED_OVER]
+    assert [s.blocker for s in spans] == [2, 3] and spans[0].blocker_cached == hit
+    assert span_texts(spans[0], "en")[1] == f"passed over by request {by} (longest prefix match): {hit} of its tokens cached"
+    assert span_texts(spans[0], "zh")[1] == f"被请求 {by} 越过（最长前缀匹配）：它有 {hit} 个 token 已缓存"
+    assert t("admission_passed_over", "zh", rid=1, by=by, hit=hit) == f"请求 1 被越过：请求 {by} 先被接纳，它有 {hit} 个 token 已缓存"
+
+
+def test_an_evicted_subtree_is_drawn_with_its_shape_parent_above_children():
+    """Eviction cuts a path back leaf first: the evicted leaves are drawn under their evicted parent,
+    one level deeper, after it, not beside it at its depth."""
+    import re
+
+    from engine.report import RadixNodeView, RadixTreeView
+    from visualize.radix import radix_tree_html
+
+    def node(node_id, parent_id, text):
+        return RadixNodeView(node_id, parent_id, [1, 2], text, [node_id], 0, 1)
+
+    tree = RadixTreeView(nodes=[node(1, 0, "system prompt")],
+                         evicted=[node(3, 2, ". Question: What is a token?"), node(4, 2, ". Question: What is attention?"),
+                                  node(2, 1, "words, define any technical term")])
+    page = radix_tree_html(tree, "en")
+    drawn = re.findall(r'data-node-id="(\d+)" .*?margin:3px 0 3px (\d+)px', page)
+    order, margin = [int(i) for i, _ in drawn], {int(i): int(m) for i, m in drawn}
+    assert order[:2] == [1, 2] and set(order[2:]) == {3, 4}, order
+    assert margin[1] < margin[2] < margin[3] == margin[4]
+
+
+def test_a_recomputed_requests_cache_hit_counts_the_tokens_its_re_prefill_covers(tiny_llama_dir):
+    """After a recompute preemption a request prefills its prompt and its output so far: the prefix it finds
+    cached is counted against those tokens (it was "37 of 37 prompt tokens"), and the label says so."""
+    from visualize.radix import prefix_match_html
+
+    llm = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=14, enable_prefix_caching=True))
+    add_workload(llm, [(p, 40) for p, _ in PRESETS["preset_preemption"]["rows"][:4]], temperature=0.0, seed=0)
+    prompt_len = {rid: group.num_prompt_tokens for rid, group in llm.requests.items()}
+    found = []
+    while llm.has_unfinished_requests() and not found:
+        report = llm.step()
+        found = [(rid, m) for rid, m in report.prefix_matches.items() if m.recompute]
+    (rid, match), *_ = found
+    assert prompt_len[rid] < match.num_prompt_tokens and match.num_cached_tokens < match.num_prompt_tokens
+    assert f"{match.num_cached_tokens} of the {match.num_prompt_tokens} tokens it recomputes" in prefix_match_html(match, "en")
+    assert f"重新计算的 {match.num_prompt_tokens} 个 token" in prefix_match_html(match, "zh")

@@ -232,3 +232,25 @@ def test_the_trace_is_strict_json_and_refuses_a_time_that_is_not_finite(head_of_
     broken = [dataclasses.replace(reports[0], start_ms=float("inf")), *reports[1:]]
     with pytest.raises(ValueError, match="Out of range float"):  # never "ts": Infinity, which no trace viewer opens
         chrome_trace_json(broken)
+
+
+def test_the_simulators_head_of_line_demo_shows_chunked_prefill_protecting_running_decodes():
+    """The Paged vs contiguous page's demo: eight short requests are decoding when a 1,500-token prompt
+    arrives. With whole prompts its prefill stalls their decodes (their longest ITL spikes); chunked prefill
+    keeps decoding them (the longest ITL falls), at a slightly later first token for the long prompt; the
+    caption states it with the runs' own numbers, in English and 中文."""
+    from app_pages.compare import LONG_ARRIVAL_S, _head_of_line_steps, decode_stall_numbers
+    from visualize.i18n import t
+    from visualize.timeline import latency_rows
+
+    whole, chunked = _head_of_line_steps(False), _head_of_line_steps(True)
+    rows = latency_rows(build_timeline(whole))
+    long, short = rows[-1], rows[:-1]
+    assert long["arrival_ms"] == LONG_ARRIVAL_S * 1000 and all(r["ttft_ms"] < long["arrival_ms"] < r["e2el_ms"] for r in short), \
+        "the short requests are decoding when the long prompt arrives"
+    n = decode_stall_numbers(whole, chunked)
+    assert n["itl_whole"] == f"{max(r['itl_max_ms'] for r in short):.0f}", "the latency table's longest ITL column"
+    assert float(n["itl_chunked"]) < float(n["itl_whole"]) / 2
+    assert float(n["ttft_chunked"]) >= float(n["ttft_whole"])
+    en, zh = t("sim_timeline_conclusion", "en", **n), t("sim_timeline_conclusion", "zh", **n)
+    assert f"their longest gap falls to {n['itl_chunked']} ms" in en and f"最长间隔降到 {n['itl_chunked']} 毫秒" in zh

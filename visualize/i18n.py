@@ -39,6 +39,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "labs_custom": ("Your own file or folder…", "你自己的文件或目录……"),
     "labs_path": ("Path of your file or folder", "你的文件或目录的路径"),
     "labs_run": ("Run beside the engine", "与引擎并排运行"),
+    "labs_choose_first": ("First choose a lab implementation in the sidebar, under Lab implementation (on a phone, open the "
+                          "sidebar with the » at the top left); then run it beside the engine here.",
+                          "请先在侧边栏的“实验实现”中选择一个实验实现（在手机上，点左上角的 » 打开侧边栏），再在这里与引擎并排运行。"),
     "labs_running": ("Running the engine's parts and yours…", "正在运行引擎的部件和你的部件……"),
     "labs_same": ("The same as the engine's own parts at every one of {steps} steps.", "全部 {steps} 步的结果都与引擎自己的部件相同。"),
     "labs_diverged": ("First difference at step {step}: {what}.", "第一次不同出现在第 {step} 步：{what}。"),
@@ -114,6 +117,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "pool_capacity_kv_dtype": (
         "{kv_dtype} KV cache: {ratio}× the tokens a {model_dtype} cache holds in the same {mib:.1f} MiB",
         "{kv_dtype} KV 缓存：同样 {mib:.1f} MiB 能放下的 token 是 {model_dtype} 缓存的 {ratio} 倍",
+    ),
+    "pool_capacity_kv_dtype_blocks": (
+        "{kv_dtype} KV cache: the pool is sized in blocks, so it keeps its {blocks} blocks, now {mib:.1f} MiB instead of "
+        "{model_dtype}'s {full_mib:.1f} MiB. Size the pool in MiB to see {ratio}× the tokens in the same memory.",
+        "{kv_dtype} KV 缓存：块池按块数设定，所以仍是 {blocks} 个块，现在只占 {mib:.1f} MiB，而 {model_dtype} 要 {full_mib:.1f} MiB。"
+        "把块池大小改用 MiB 设定，就能看到同样的内存放下 {ratio} 倍的 token。",
     ),
     "value_clamped": (
         "{typed} is outside {lo}–{hi}, so {used} is used.",
@@ -483,11 +492,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preset_chunked_prefill": ("Long prompt, chunked prefill", "长提示词，分块预填充"),
     "preset_gemma_sliding_window": ("Gemma 3: sliding-window blocks freed", "Gemma 3：释放滑动窗口之外的块"),
     "preset_gemma_sliding_window_note": (
-        "Gemma 3 270M (the extra \"gemma\", under the Gemma Terms of Use) on an 800-token prompt, past its 512-token "
+        "Gemma 3 270M (the extra \"gemma\", under the Gemma Terms of Use) on a 593-token prompt, past its 512-token "
         "sliding window. Its 18 layers form 6 KV cache groups (5 sliding-window, 1 full attention), each with its own block "
         "table. After the prefill every group holds the prompt's blocks; from the first decode step each sliding-window "
         "group frees the blocks out of its window (∅) while the full-attention group grows.",
-        "Gemma 3 270M（附加依赖 `gemma`，遵守 Gemma 使用条款）处理一个 800 token 的提示词，超过它 512 token 的滑动窗口。"
+        "Gemma 3 270M（附加依赖 `gemma`，遵守 Gemma 使用条款）处理一个 593 个 token 的提示词，超过它 512 token 的滑动窗口。"
         "它的 18 层分成 6 个 KV 缓存组（5 个滑动窗口组、1 个全注意力组），每组有自己的块表。预填充之后每组都占着提示词的块；"
         "从第一个解码步起，每个滑动窗口组释放窗口之外的块（∅），而全注意力组继续增长。"),
     # --- the per-request timeline (visualize/timeline.py; Live, Classroom and Paged vs contiguous pages)
@@ -541,6 +550,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "why_queue": ("behind request {rid} in the queue (first come, first served)", "在队列中排在请求 {rid} 之后（先来先服务）"),
     "why_static_batch": ("a static batch runs until its longest request ends", "静态批处理：当前这批要等最长的请求结束"),
     "why_unknown": ("the run file does not say", "运行文件没有记录"),
+    "why_lpm_passed_over": ("passed over by request {rid} (longest prefix match): {hit} of its tokens cached",
+                            "被请求 {rid} 越过（最长前缀匹配）：它有 {hit} 个 token 已缓存"),
     "why_shares_long_prefill": ("shares the step with a long prefill: request {rid}'s {n} of {total} tokens",
                                 "与长预填充同在一步：请求 {rid} 占本步 {total} 个 token 中的 {n} 个"),
     "why_stalled": ("admitted, but not in this step's batch: the token budget went to other requests",
@@ -556,15 +567,27 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_title": ("Latency per request", "每个请求的延迟"),
     "latency_caption": (
         "The definitions of bench-serve (vLLM's bench serve), on the engine's clock: TTFT = first token − arrival; "
-        "E2EL = end − arrival; TPOT = (E2EL − TTFT) / (output tokens − 1). A token counts when its step ends.",
+        "E2EL = end − arrival; TPOT = (E2EL − TTFT) / (output tokens − 1); longest ITL = the longest gap between two of its "
+        "tokens. A token counts when its step ends.",
         "与 `bench-serve`（vLLM 的 `bench serve`）定义相同，按引擎时间计：TTFT = 首 token − 到达；E2EL = 结束 − 到达；"
-        "TPOT = (E2EL − TTFT) / (输出 token 数 − 1)。一个 token 在它所在的步结束时计入。",
+        "TPOT = (E2EL − TTFT) / (输出 token 数 − 1)；最长 ITL = 它相邻两个 token 之间最长的间隔。一个 token 在它所在的步结束时计入。",
     ),
     "latency_ttft": ("TTFT (ms)", "首 token 延迟 TTFT（毫秒）"),
     "latency_ttft_steps": ("TTFT (steps)", "首 token 延迟 TTFT（步数）"),
     "latency_tpot": ("TPOT (ms)", "每输出 token 时间 TPOT（毫秒）"),
     "latency_e2el": ("E2EL (ms)", "端到端延迟 E2EL（毫秒）"),
     "latency_itl": ("ITL (ms)", "token 间延迟 ITL（毫秒）"),
+    "latency_itl_max": ("Longest ITL (ms)", "最长 ITL（毫秒）"),
+    "sim_timeline_conclusion": (
+        "What the two runs show: with whole prompts the long prompt's prefill holds up a step the short requests were "
+        "decoding in, so their longest gap between tokens is {itl_whole} ms; chunked prefill spreads it over steps that "
+        "keep decoding them, and their longest gap falls to {itl_chunked} ms. The long prompt's own first token comes a "
+        "little later ({ttft_chunked} against {ttft_whole} ms TTFT): chunked prefill protects the running requests' "
+        "inter-token latency, it does not make a long prompt faster.",
+        "两次运行说明：整段预填充时，长提示词的预填充占住了短请求正在解码的那一步，它们相邻 token 之间最长隔了 {itl_whole} "
+        "毫秒；分块预填充把它分到几步里，这些步照常为短请求解码，最长间隔降到 {itl_chunked} 毫秒。长提示词自己的首 token "
+        "稍晚一些（TTFT {ttft_chunked} 毫秒，对比 {ttft_whole} 毫秒）：分块预填充保护的是正在运行的请求的 token 间延迟，"
+        "并不会让长提示词更快。"),
     "latency_arrival": ("Arrival (ms)", "到达时间（毫秒）"),
     "latency_output_tokens": ("Output tokens", "输出 token 数"),
     "latency_summary_title": ("As bench-serve prints them (finished requests)", "`bench-serve` 打印的汇总（已完成的请求）"),
@@ -573,12 +596,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "latency_median": ("Median", "中位数"),
     "latency_p99": ("P99", "P99"),
     "timeline_download": ("Download the timeline as a trace (Chrome / Perfetto JSON)", "下载时间线追踪文件（Chrome / Perfetto 格式的 JSON）"),
-    "sim_timeline_title": ("Head-of-line blocking on the simulator", "模拟器上的队头阻塞"),
+    "sim_timeline_title": ("Head-of-line blocking on the simulator: a long prompt arrives while others decode",
+                           "模拟器上的队头阻塞：其他请求正在解码时来了一个长提示词"),
     "sim_timeline_caption": (
-        "One prompt of 1,500 tokens, then eight of 50, all at time 0, each generating 32 tokens; OPT-13B on an A100 "
-        "(the step-time model), simulated time.",
-        "一个 1,500 个 token 的提示词，后面八个 50 个 token 的提示词，全部在时刻 0 到达，每个生成 32 个 token；"
-        "A100 上的 OPT-13B（步时模型），模拟时间。",
+        "Eight prompts of 50 tokens at time 0, then one of 1,500 tokens at {arrival} ms, while the eight are decoding; each "
+        "generates 32 tokens; OPT-13B on an A100 (the step-time model), simulated time. Watch the longest ITL column: the "
+        "longest gap between two tokens of a request.",
+        "八个 50 个 token 的提示词在时刻 0 到达，{arrival} 毫秒时在它们解码期间又来了一个 1,500 个 token 的提示词；每个生成 "
+        "32 个 token；A100 上的 OPT-13B（步时模型），模拟时间。请看“最长 ITL”一列：一个请求相邻两个 token 之间最长的间隔。",
     ),
     "sim_timeline_whole": ("Whole prompts (vLLM v0's prefill-first rule)", "整段提示词预填充（vLLM v0 的预填充优先规则）"),
     "sim_timeline_chunked": ("Chunked prefill, 512 tokens a step (decodes first)", "分块预填充，每步 512 个 token（解码优先）"),
@@ -609,6 +634,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "swap_cpu_out": ("copy of GPU block {block} (swapped out)", "GPU 块 {block} 的副本（换出）"),
     "swap_cpu_in": ("copied back to GPU block {block} (swapped in)", "已复制回 GPU 块 {block}（换入）"),
     "queues_line": ("Queues — waiting: {waiting} · running: {running}", "队列——等待：{waiting} · 运行：{running}"),
+    "queue_request_id": ("request id {ids}", "请求 id {ids}"),
+    "queue_request_ids": ("request ids {ids}", "请求 id {ids}"),
     "queues_swapped": (" · swapped: {swapped}", " · 已换出：{swapped}"),
     "queue_empty": ("none", "无"),
     "prefill_progress": ("Chunked prefill", "分块预填充"),
@@ -1375,6 +1402,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "admission_longest-prefix": ("Request {rid}: longest cached prefix, {hit} tokens", "请求 {rid}：已缓存前缀最长，{hit} 个 token"),
     "admission_starved": ("Request {rid}: waited too long (starvation guard), {hit} tokens cached",
                           "请求 {rid}：等待过久（防饥饿），已缓存 {hit} 个 token"),
+    "admission_passed_over": ("Request {rid} passed over: request {by} went first, {hit} of its tokens cached",
+                              "请求 {rid} 被越过：请求 {by} 先被接纳，它有 {hit} 个 token 已缓存"),
     "admission_preempted": ("Request {rid}: preempted earlier, first again", "请求 {rid}：此前被抢占，重新排在最前"),
     "admission_long-queue": ("Request {rid}: first come, first served (more than 128 waiting: no prefix matched), {hit} tokens cached",
                              "请求 {rid}：先来先服务（等待超过 128 个，不做前缀匹配），已缓存 {hit} 个 token"),
@@ -1426,6 +1455,9 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "cpu_tier_move_in": ("loaded back CPU {cpu} ↑ GPU {gpu}", "载回 CPU {cpu} ↑ GPU {gpu}"),
     "cpu_tier_no_moves": ("No copies between the tiers this step.", "本步两层之间没有复制。"),
     "prefix_match_label": ("Prefix found cached: {cached} of {total} prompt tokens", "找到的已缓存前缀：提示词 {total} 个 token 中的 {cached} 个"),
+    "prefix_match_label_recompute": ("Prefix found cached after its preemption: {cached} of the {total} tokens it recomputes "
+                                     "(its prompt and its output so far)",
+                                     "被抢占后找到的已缓存前缀：它要重新计算的 {total} 个 token（提示词和已生成的输出）中的 {cached} 个"),
     "prefix_match_loaded": (", {loaded} of them loaded back from the CPU tier", "，其中 {loaded} 个从 CPU 层载回"),
     "preset_radix_offload": ("Radix tree and CPU tier (prefix caching)", "基数树与 CPU 层（前缀缓存）"),
     "preset_radix_offload_note": (
@@ -1434,6 +1466,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "tier; the last question finds part of the system prompt there and loads it back instead of computing it.",
         "基数树，每次一个请求，CPU 层 8 块。系统提示词之后的两个问题让树分出两支；随后一个长提示词需要显存池的大部分，"
         "于是最久未用的叶节点被驱逐到 CPU 层；最后一个问题在那里找到系统提示词的一部分，把它载回，而不是重计算。"),
+    "preset_lpm": ("Longest prefix match: cached prompts go first", "最长前缀匹配：已缓存的提示词先行"),
+    "preset_lpm_note": (
+        "Radix tree, longest-prefix-match scheduling, one request at a time. After the first question the waiting "
+        "questions share its system prompt, cached, and are admitted before the long unrelated prompt that arrived "
+        "earlier: the step's caption and the timeline say who passed it over and how many of their tokens were cached.",
+        "基数树，最长前缀匹配调度，每次一个请求。第一个问题跑完后，等待中的问题与它共享已缓存的系统提示词，于是先于"
+        "更早到达、毫不相关的长提示词被接纳：本步的说明和时间线会写出是谁越过了它，以及它们有多少 token 已缓存。"),
     # prefix caching in the Live engine page (presets, cached vs computed, pool-map marks and hashes)
     "preset_shared_system_prompt": ("Shared system prompt (prefix caching)", "共享系统提示词（前缀缓存）"),
     "preset_multi_turn_chat": ("Multi-turn chat (prefix caching)", "多轮对话（前缀缓存）"),
@@ -1522,11 +1561,13 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                  "预测加速 {speedup:.2f} 倍，实测 {measured_speedup:.2f} 倍"),
     "kv_groups": ("KV cache groups", "KV 缓存组"),
     "kv_groups_caption": ("A model with sliding-window layers: its layers in groups of one attention type (vLLM v1's hybrid KV cache "
-                          "manager), each group with its own block table per request over one pool. ∅: an entry pointing to the null "
-                          "block (the shared placeholder, block 0): the block it held was freed once every token in it left "
-                          "the sliding window.",
+                          "manager), each group with its own block table per request over one pool. ∅: the null block, block 0 "
+                          "of the pool, reserved and never allocated. When every token in a block has left the sliding window, the "
+                          "block goes back to the free queue and its table entry points at the null block instead, so the other "
+                          "entries keep their logical positions.",
                           "带滑动窗口层的模型：层按注意力类型分成若干组（vLLM v1 的混合 KV 缓存管理器），每组为每个请求各有一张块表，"
-                          "所有组共用一个块池。∅：块表中指向空块（共用的占位块 0）的项——原来那个块里的 token 都已移出滑动窗口，块已被释放。"),
+                          "所有组共用一个块池。∅：空块（null block），即块池中的块 0，它被预留、从不分配。当一个块中所有 token 都已移出"
+                          "滑动窗口时，这个块回到空闲队列，块表中它的那一项改为指向空块，其余各项的逻辑位置不变。"),
     "kv_group": ("group", "组"),
     "kv_group_label": ("group {group} · {kind} · layers {layers}", "第 {group} 组 · {kind} · 层 {layers}"),
     "kv_sliding_window": ("sliding window {window}", "滑动窗口 {window}"),
@@ -1536,9 +1577,42 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "kv_blocks_in_use": ("blocks in use", "占用的块"),
     "kv_blocks_all_full": ("with all layers full attention", "若全部为全注意力层"),
     "kv_window_saved": ("What the sliding window saves", "滑动窗口省下的块"),
-    "kv_window_saved_caption": ("After this step the groups hold {in_use} blocks; the same tables with every layer full attention "
-                                "would hold {all_full}: the window saves {saved} blocks.",
-                                "这一步之后各组共占 {in_use} 个块；同样的块表若每层都是全注意力，将占 {all_full} 个块：窗口省下 {saved} 个块。"),
+    "kv_window_saved_caption": ("After this step the groups hold {in_use} blocks ({in_use_mib:.1f} MiB); the same tables with every "
+                                "layer full attention would hold {all_full} ({all_full_mib:.1f} MiB): the window saves {saved} blocks, "
+                                "{share:.0%}. The saving grows with the context, because a sliding group never holds more than its "
+                                "window while the full-attention group keeps every token: one request of {short} tokens needs "
+                                "{short_ratio:.1f}× fewer blocks than with all layers full attention, one of {long} tokens {long_ratio:.1f}×.",
+                                "这一步之后各组共占 {in_use} 个块（{in_use_mib:.1f} MiB）；同样的块表若每层都是全注意力，将占 {all_full} 个块"
+                                "（{all_full_mib:.1f} MiB）：窗口省下 {saved} 个块，即 {share:.0%}。上下文越长省得越多：滑动窗口组占用的块"
+                                "从不超过一个窗口，而全注意力组保留每个 token。对一个 {short} 个 token 的请求，全部为全注意力层时所需的块是"
+                                "现在的 {short_ratio:.1f} 倍；对一个 {long} 个 token 的请求则是 {long_ratio:.1f} 倍。"),
+    "kv_mib_axis": ("KV cache (MiB)", "KV 缓存（MiB）"),
+    "kv_group_short": ("group {group}", "第 {group} 组"),
+    "null_block": ("null block (∅)", "空块（null block，∅）"),
+    "null_block_text": ("the null block: reserved, never allocated; a table entry freed out of a sliding window points here",
+                        "空块（null block）：预留、从不分配；因移出滑动窗口而释放的块表项指向这里"),
+    "ev_free_window_detail": ("block {block} (group {group}, logical {logical}) freed: every token in it is before the last {window} "
+                              "tokens, out of the sliding window; its table entry now points at the null block 0",
+                              "块 {block}（第 {group} 组，逻辑块 {logical}）被释放：其中每个 token 都在最后 {window} 个 token 之前，"
+                              "即滑动窗口之外；块表中这一项现在指向空块（null block）0"),
+    "ev_free_cached_detail": ("physical block {block} (logical {logical}) returned; its KV stays cached (evictable)",
+                              "物理块 {block}（逻辑块 {logical}）归还；其 KV 仍留在缓存中（可被驱逐）"),
+    "pool_capacity_hybrid": (
+        "{blocks} blocks of {group_layers} layers each = {mib:.1f} MiB. One token of context costs **{token_kib:.0f} KiB**: a slot "
+        "in each of the {groups} KV cache groups ({groups} × {slot_kib:.1f} KiB) until it leaves the sliding window, then only the "
+        "full-attention group's. So the pool holds **{tokens} tokens of context** while every token is in the window, and one "
+        "request of up to {long_tokens} tokens (the sliding groups then hold a window each).",
+        "{blocks} 个块，每块含 {group_layers} 层 = {mib:.1f} MiB。上下文中的一个 token 要占 **{token_kib:.0f} KiB**："
+        "在 {groups} 个 KV 缓存组中各占一个槽位（{groups} × {slot_kib:.1f} KiB），移出滑动窗口后只剩全注意力组的那一个。"
+        "所以在所有 token 都还在窗口内时，块池能放下 **{tokens} 个 token 的上下文**；单个请求最长可达 {long_tokens} 个 token"
+        "（这时每个滑动窗口组只占一个窗口）。",
+    ),
+    "pool_groups_legend": ("Colour = KV cache group (as under KV cache groups); ∅ = the null block 0.",
+                           "颜色 = KV 缓存组（与下方“KV 缓存组”一致）；∅ = 空块（null block）0。"),
+    "memory_caption_hybrid": ("A hybrid model's slots are per group: one token of context takes a slot in every group until it leaves "
+                              "the sliding window, so the chart's tokens are group slots, not tokens of context.",
+                              "混合模型的槽位按组计：上下文中的一个 token 在移出滑动窗口之前在每个组里都占一个槽位，"
+                              "所以图中的 token 数是各组槽位之和，而不是上下文的 token 数。"),
     "l11_fail_none": ("FAIL: blocks_in_use is still None", "FAIL：blocks_in_use 仍是 None"),
     "l11_fail": ("FAIL: {value} blocks predicted, but the engine's groups hold another number",
                  "FAIL：预测 {value} 个块，但引擎各组占用的块数不同"),

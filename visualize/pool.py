@@ -12,12 +12,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, PREEMPT, PREEMPTED_BY_SWAP,
-                           RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, SPEC_ACCEPT, SPEC_PROPOSE, SPEC_REJECT, SWAP_IN,
-                           SWAP_OUT, WRITE, StepReport)
+from engine.core.kv_cache_interface import SLIDING_WINDOW
+from engine.report import (ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FINISH, FORK, FREE, FREED_CACHED, FREED_OUT_OF_WINDOW,
+                           FREED_STILL_SHARED, PREEMPT, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
+                           SPEC_ACCEPT, SPEC_PROPOSE, SPEC_REJECT, SWAP_IN, SWAP_OUT, WRITE, BlockTableSnapshot, StepReport)
 from visualize.colors import (CACHED_COLOR, COW_DST_BORDER, COW_SRC_BORDER, EDGE_COLOR, EVICT_COLOR, FREE_COLOR, HIT_COLOR,
                               ROLLBACK_COLOR, SHARED_BORDER, SHARED_COLOR, TOUCHED_COLOR, request_color)
 from visualize.i18n import finish_reason_text, t
+from visualize.kv_groups import NULL_BLOCK, NULL_COLOR, group_color, group_label
 from visualize.prefix import CacheEntries, cache_marks, parent_chain_text, short_hash
 from visualize.style import as_svg, use_cjk_font
 
@@ -25,8 +27,23 @@ CELL_W, CELL_H = 0.9, 0.8  # a block's cell inside its 1 x 1 grid square; the ga
 
 
 def num_blocks_of(report: StepReport, block_size: int) -> int:
-    """Blocks in the pool: the report's capacity (slots) divided by the block size."""
-    return report.memory.capacity // block_size
+    """Blocks in the pool: the report's capacity (slots) divided by the block size, and for a hybrid model
+    (several KV cache groups) the null block 0 too, which its pool reserves outside the capacity."""
+    return report.memory.capacity // block_size + (1 if report.kv_groups else 0)
+
+
+def table_snapshots(report: StepReport) -> list[tuple[int | None, BlockTableSnapshot]]:
+    """Every block table that holds the step's blocks, with its KV cache group: a hybrid model's tables
+    of every group (``report.kv_groups``; ``report.block_tables`` is only the full-attention group's),
+    else ``report.block_tables`` with group None."""
+    if report.kv_groups:
+        return [(g.group_id, snap) for g in report.kv_groups for snap in g.block_tables]
+    return [(None, snap) for snap in report.block_tables]
+
+
+def is_null_entry(report: StepReport, group: int | None, block: int) -> bool:
+    """A sliding-window group's table entry freed out of the window: it points at the null block 0."""
+    return group is not None and block == NULL_BLOCK and report.kv_groups[group].attention_type == SLIDING_WINDOW
 
 
 def touched_blocks(report: StepReport) -> set[int]:
@@ -70,6 +87,8 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: C
     """One row per physical block after the step, in block order.
 
     Keys: block, row, col (grid position, ``columns`` blocks per row), owner (request id or None),
+    group (a hybrid model: the KV cache group whose tables hold it, else None), null (True for a hybrid
+    pool's null block 0: never allocated, the entry every table freed out of a sliding window points at),
     logical_index (its index in the owner's block table), filled (slots holding token states),
     block_size, touched (allocated / written / freed this step), owners (every request with slots
     in it: a contiguous range need not start on a block boundary, so two may share a block),
@@ -86,7 +105,8 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: C
     (a saved run) only the free cached blocks' hashes are known, from the report.
     """
     blocks = [
-        dict(block=b, row=b // columns, col=b % columns, owner=None, logical_index=None, filled=0,
+        dict(block=b, row=b // columns, col=b % columns, owner=None, group=None, null=bool(report.kv_groups) and b == NULL_BLOCK,
+             logical_index=None, filled=0,
              block_size=block_size, touched=False, owners=[], holders=[], ref_count=0, cow=None,
              cached_hash=getattr(report, "cached_free", {}).get(b), block_hash=None, cache_mark="",
              tentative=[], rolled_back=[])
@@ -100,10 +120,13 @@ def pool_blocks(report: StepReport, block_size: int, columns: int = 16, cache: C
     for b, mark in cache_marks(report).items():
         if b < len(blocks):
             blocks[b]["cache_mark"] = mark
-    for snap in report.block_tables:
+    for group, snap in table_snapshots(report):
         refs = snap.ref_counts or [1] * len(snap.block_table)
         for logical, (physical, filled, ref) in enumerate(zip(snap.block_table, snap.filled, refs)):
+            if is_null_entry(report, group, physical):
+                continue
             cell = blocks[physical]
+            cell["group"] = group
             if snap.request_id not in cell["owners"]:
                 cell["owners"].append(snap.request_id)
             cell["holders"].append((snap.request_id, snap.seq_id))
@@ -123,14 +146,18 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
                cache: CacheEntries | None = None) -> pd.DataFrame:
     """``pool_blocks`` as a DataFrame with the drawing coordinates, colours and tooltip texts."""
     blocks = pool_blocks(report, block_size, columns, cache)
-    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash", "block_hash", "tentative", "rolled_back"])
+    df = pd.DataFrame(blocks).drop(columns=["owners", "holders", "cached_hash", "block_hash", "tentative", "rolled_back", "group"])
     df["x"], df["x2"] = df["col"], df["col"] + CELL_W
-    df["fill_x2"] = df["col"] + CELL_W * df["filled"] / block_size
+    df["fill_x2"] = df["col"] + CELL_W * df["filled"].where(~df["null"], block_size) / block_size  # the null block solid
     df["y"], df["y2"] = df["row"], df["row"] + CELL_H
     # Computed from the plain rows: pandas turns a column of ints and Nones into floats.
-    df["color"] = [CACHED_COLOR if b["cached_hash"] and b["owner"] is None else request_color(b["owner"]) for b in blocks]
-    df["owner_text"] = [t("sep_list", lang).join(f"{t('request', lang)} {o}" for o in b["owners"])
+    df["color"] = [_block_color(report, b) for b in blocks]
+    groups = {g.group_id: group_label(g, lang) for g in report.kv_groups}
+    df["owner_text"] = [t("null_block_text", lang) if b["null"] else
+                        (t("sep_list", lang).join(f"{t('request', lang)} {o}" for o in b["owners"])
+                         + (f" · {groups[b['group']]}" if b["group"] is not None else ""))
                         or (t("cached_free", lang, hash=b["cached_hash"][:8]) if b["cached_hash"] else t("free", lang)) for b in blocks]
+    df["label"] = ["∅" if b["null"] else str(b["block"]) for b in blocks]
     df["logical_text"] = [str(b["logical_index"]) if b["owner"] is not None else "–" for b in blocks]
     df["held_text"] = [f"{b['filled']} / {block_size}" for b in blocks]
     df["touched_text"] = ["✓" if b["touched"] else t("no", lang) for b in blocks]
@@ -156,6 +183,16 @@ def pool_frame(report: StepReport, block_size: int, lang: str = "en", columns: i
     df["spec_text"] = [t("spec_block_text", lang, tentative=len(b["tentative"]), rolled_back=len(b["rolled_back"]))
                        if b["tentative"] else "–" for b in blocks]
     return df
+
+
+def _block_color(report: StepReport, block: dict) -> str:
+    """A block's colour on the pool map: its KV cache group's (a hybrid model: as in the KV cache groups
+    view), the null block's, a free cached block's, else its owner's (free: grey)."""
+    if block["null"]:
+        return NULL_COLOR
+    if block["group"] is not None:
+        return group_color(report, block["group"])
+    return CACHED_COLOR if block["cached_hash"] and block["owner"] is None else request_color(block["owner"])
 
 
 def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns: int = 16,
@@ -195,7 +232,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         {"mark": {"type": "rect", "opacity": 0.35, "stroke": EDGE_COLOR, "strokeWidth": 0.5},
          "encoding": {**box, "color": color, "tooltip": tooltip}},
         # the filled slots, solid
-        {"transform": [{"filter": "datum.filled > 0"}], "mark": {"type": "rect"},
+        {"transform": [{"filter": "datum.filled > 0 || datum.null"}], "mark": {"type": "rect"},
          "encoding": {**box, "x2": {"field": "fill_x2"}, "color": color, "tooltip": tooltip}},
         # touched this step: a black outline
         {"transform": [{"filter": "datum.touched"}],
@@ -235,7 +272,7 @@ def pool_map_spec(report: StepReport, block_size: int, lang: str = "en", columns
         # the physical block number
         {"transform": [{"calculate": f"datum.x + {CELL_W / 2}", "as": "cx"}, {"calculate": f"datum.y + {CELL_H / 2}", "as": "cy"}],
          "mark": {"type": "text", "fontSize": 9, "color": "#222"},
-         "encoding": {"x": {**x, "field": "cx"}, "y": {**y, "field": "cy"}, "text": {"field": "block", "type": "quantitative"},
+         "encoding": {"x": {**x, "field": "cx"}, "y": {**y, "field": "cy"}, "text": {"field": "label", "type": "nominal"},
                       "tooltip": tooltip}},
     ]
     return as_svg({
@@ -268,8 +305,8 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
         fig = ax.figure
     for cell in df.itertuples():
         ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, facecolor=cell.color, alpha=0.35, edgecolor=EDGE_COLOR, lw=0.5))
-        if cell.filled:
-            ax.add_patch(Rectangle((cell.x, cell.y), CELL_W * cell.filled / block_size, CELL_H, facecolor=cell.color))
+        if cell.filled or cell.null:
+            ax.add_patch(Rectangle((cell.x, cell.y), cell.fill_x2 - cell.x, CELL_H, facecolor=cell.color))
         if cell.touched:
             ax.add_patch(Rectangle((cell.x, cell.y), CELL_W, CELL_H, fill=False, edgecolor=TOUCHED_COLOR, lw=2))
         _share_marks(ax, cell.x, cell.y, cell.ref_count, cell.cow, lang)
@@ -283,7 +320,7 @@ def pool_map_figure(report: StepReport, block_size: int, lang: str = "en", colum
             hit = cell.cache_mark == "hit"
             ax.plot(cell.x + 0.16, cell.y + 0.2, "o" if hit else "X", ms=5, color=HIT_COLOR if hit else EVICT_COLOR,
                     label=cell.mark_text)
-        ax.text(cell.x + CELL_W / 2, cell.y + CELL_H / 2, str(cell.block), ha="center", va="center", fontsize=7)
+        ax.text(cell.x + CELL_W / 2, cell.y + CELL_H / 2, cell.label, ha="center", va="center", fontsize=7)
     ax.set_xlim(0, columns)
     ax.set_ylim(rows, 0)
     ax.set_axis_off()
@@ -323,26 +360,29 @@ def block_tables_figure(report: StepReport, block_size: int, lang: str = "en", a
     """Each live request's block table as a row of boxes: logical index above, physical block inside;
     shared blocks and this step's copy-on-writes outlined as in the app (``_share_marks``), with a legend."""
     use_cjk_font()
-    snaps = report.block_tables
-    width = max((len(s.block_table) for s in snaps), default=1)
+    snaps = table_snapshots(report)  # a hybrid model: every group's tables, in the group's colour
+    width = max((len(s.block_table) for _, s in snaps), default=1)
     own_figure = ax is None
     if own_figure:
         fig, ax = plt.subplots(figsize=(1.2 + 0.7 * width, 0.6 + 0.6 * max(len(snaps), 1)))
     else:
         fig = ax.figure
     cow = cow_sides(report)
-    for row, snap in enumerate(snaps):
-        color = request_color(snap.request_id)
-        ax.text(-0.2, row + 0.4, f"{t('request', lang)} {snap.request_id}", ha="right", va="center", color=color, fontsize=9)
+    for row, (group, snap) in enumerate(snaps):
+        color = request_color(snap.request_id) if group is None else group_color(report, group)
+        name = f"{t('request', lang)} {snap.request_id}" + ("" if group is None else f" · {t('kv_group_short', lang, group=group)}")
+        ax.text(-0.2, row + 0.4, name, ha="right", va="center", color=request_color(snap.request_id), fontsize=9)
         refs = snap.ref_counts or [1] * len(snap.block_table)
         for i, (b, f, r) in enumerate(zip(snap.block_table, snap.filled, refs)):
-            ax.add_patch(Rectangle((i, row), 0.9, 0.8, facecolor=color, alpha=0.25 + 0.75 * f / block_size, edgecolor=EDGE_COLOR))
+            null = is_null_entry(report, group, b)
+            ax.add_patch(Rectangle((i, row), 0.9, 0.8, facecolor=NULL_COLOR if null else color,
+                                   alpha=1 if null else 0.25 + 0.75 * f / block_size, edgecolor=EDGE_COLOR))
             _share_marks(ax, i, row, r, cow.get((b, snap.seq_id)), lang)
-            ax.text(i + 0.45, row + 0.4, str(b), ha="center", va="center", fontsize=8)
+            ax.text(i + 0.45, row + 0.4, "∅" if null else str(b), ha="center", va="center", fontsize=8)
     handles = dict(zip(*reversed(ax.get_legend_handles_labels())))
     if handles:
         ax.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0), frameon=False, fontsize=8, ncol=1)
-    ax.set_xlim(-2.5, width)
+    ax.set_xlim(-2.5 if not report.kv_groups else -4, width)
     ax.set_ylim(max(len(snaps), 1), -0.5)
     ax.set_xticks([i + 0.45 for i in range(width)], [str(i) for i in range(width)])
     ax.xaxis.tick_top()
@@ -378,10 +418,8 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
             continue
         if e.kind == ALLOCATE:
             detail = t("ev_allocate_detail", lang, logical=e.logical_index, block=e.block_id)
-        elif e.kind == FREE and e.detail:  # a shared block: only this sequence's reference goes
-            detail = t("ev_free_shared_detail", lang, logical=e.logical_index, block=e.block_id, seq=e.seq_id)
         elif e.kind == FREE:
-            detail = t("ev_free_detail", lang, logical=e.logical_index, block=e.block_id)
+            detail = _free_text(report, e, lang)
         elif e.kind == FORK:
             detail = t("ev_fork_detail", lang, parent=e.parent_seq_id, child=e.seq_id)
         elif e.kind == COPY_ON_WRITE:
@@ -414,6 +452,23 @@ def event_log_rows(report: StepReport, lang: str = "en") -> list[dict]:
                 row["detail"] = t("ev_write_detail", lang, count=w["count"], first=w["first"], last=w["last"], blocks=blocks)
         row["event"] = t(f"ev_{row['kind']}", lang)
     return rows
+
+
+def _free_text(report: StepReport, e, lang: str) -> str:
+    """Why a FREE event's block left its table (its ``detail``), naming a hybrid model's KV cache group."""
+    where = dict(logical=e.logical_index, block=e.block_id, seq=e.seq_id)
+    if e.detail == FREED_OUT_OF_WINDOW:  # vLLM's remove_skipped_blocks: the window moved past every token in it
+        group = report.kv_groups[e.kv_cache_group] if report.kv_groups and e.kv_cache_group is not None else None
+        return t("ev_free_window_detail", lang, **where, group=e.kv_cache_group, window=group.sliding_window if group else "?")
+    if e.detail.startswith(FREED_STILL_SHARED):  # a shared block: only this sequence's reference goes
+        text = t("ev_free_shared_detail", lang, **where)
+    elif e.detail == FREED_CACHED:
+        text = t("ev_free_cached_detail", lang, **where)
+    else:
+        text = t("ev_free_detail", lang, **where)
+    if report.kv_groups and e.kv_cache_group is not None:
+        text = f"{t('kv_group_short', lang, group=e.kv_cache_group)}{t('sep_colon', lang)}{text}"
+    return text
 
 
 def free_queue_cells(report: StepReport, lang: str = "en", max_cells: int = 64) -> list[dict]:

@@ -38,9 +38,16 @@ def radix_tree_html(tree: RadixTreeView, lang: str = "en", large: bool = False) 
     ids = {n.node_id for n in tree.nodes}
     for n in tree.nodes:
         children.setdefault(n.parent_id, []).append(n)
-    ghosts: dict[int, list[RadixNodeView]] = {}
-    for n in tree.evicted:  # under what is left of its node, else under its parent, else the root
-        ghosts.setdefault(n.node_id if n.node_id in ids else n.parent_id if n.parent_id in ids else 0, []).append(n)
+    ghosts: dict[int, list[RadixNodeView]] = {}  # under a live node
+    gone = {n.node_id for n in tree.evicted if n.node_id not in ids}  # nodes evicted whole this step
+    ghost_children: dict[int, list[RadixNodeView]] = {}  # under a node evicted whole: the subtree keeps its shape
+    for n in reversed(tree.evicted):  # evicted leaf first: reversed, a parent comes before its children
+        if n.node_id in ids:  # under what is left of its node
+            ghosts.setdefault(n.node_id, []).append(n)
+        elif n.parent_id in gone:
+            ghost_children.setdefault(n.parent_id, []).append(n)
+        else:  # under its parent, else the root
+            ghosts.setdefault(n.parent_id if n.parent_id in ids else 0, []).append(n)
     font = 20 if large else 14
     out = [f'<div data-testid="radix-tree" style="font-size:{font}px;line-height:1.35">',
            f'<div style="font-weight:600">{html.escape(t("radix_root", lang))}</div>']
@@ -57,6 +64,8 @@ def radix_tree_html(tree: RadixTreeView, lang: str = "en", large: bool = False) 
         if alive:
             stack += [(g, depth + 1, False) for g in reversed(ghosts.get(node.node_id, []))]
             stack += [(c, depth + 1, True) for c in reversed(children.get(node.node_id, []))]
+        else:
+            stack += [(g, depth + 1, False) for g in reversed(ghost_children.pop(node.node_id, []))]
     out.append("</div>")
     return "".join(out)
 
@@ -105,12 +114,14 @@ def cpu_tier_html(stats: KVOffloadStats, lang: str = "en", large: bool = False) 
 
 def prefix_match_html(match: PrefixMatch, lang: str = "en") -> str:
     """A prompt as the model saw it (chat template included) with the prefix it found cached
-    highlighted: green on the GPU, blue loaded back from the CPU tier; the rest was computed."""
+    highlighted: green on the GPU, blue loaded back from the CPU tier; the rest was computed (after a
+    recompute preemption the re-prefill covers the output so far too, and the label says so)."""
     def part(kind: str, text: str, bg: str | None) -> str:
         style = f"background:{bg};" if bg else "color:#888;"
         return f'<span data-testid="prefix-match-{kind}" style="{style}white-space:pre-wrap">{html.escape(shorten(visible(text), 80, 40))}</span>'
 
-    label = t("prefix_match_label", lang, cached=match.num_cached_tokens, total=match.num_prompt_tokens)
+    label = t("prefix_match_label_recompute" if match.recompute else "prefix_match_label", lang, cached=match.num_cached_tokens,
+              total=match.num_prompt_tokens)
     if match.num_loaded_tokens:
         label += t("prefix_match_loaded", lang, loaded=match.num_loaded_tokens)
     return (f'<div data-testid="prefix-match" data-cached="{match.num_cached_tokens}" data-loaded="{match.num_loaded_tokens}">'

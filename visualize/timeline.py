@@ -41,7 +41,7 @@ def span_texts(span: Span, lang: str) -> tuple[str, str]:
         if span.reason == WAIT_BUDGET and long:
             why = t("why_budget_long", lang, **behind)
         elif span.reason:
-            why = t(f"why_{span.reason}", lang, rid=span.blocker)
+            why = t(f"why_{span.reason}", lang, rid=span.blocker, hit=span.blocker_cached)
         else:
             why = t("why_unknown", lang)
     elif span.state == PREFILL:
@@ -154,10 +154,12 @@ def timeline_chart(timelines: list[RequestTimeline], lang: str = "en", unit: str
 
 
 def latency_rows(timelines: list[RequestTimeline]) -> list[dict]:
-    """Per request: request_id, arrival_ms, ttft_ms, ttft_steps, tpot_ms, e2el_ms, output_tokens
-    (None where not known yet), as the page's latency table shows them."""
+    """Per request: request_id, arrival_ms, ttft_ms, ttft_steps, tpot_ms, itl_max_ms (its longest gap
+    between two tokens: a decode stall), e2el_ms, output_tokens (None where not known yet), as the page's
+    latency table shows them."""
     return [dict(request_id=r.request_id, arrival_ms=r.arrival_ms, ttft_ms=r.ttft_ms, ttft_steps=r.ttft_steps, tpot_ms=r.tpot_ms,
-                 e2el_ms=r.e2el_ms, output_tokens=r.output_tokens) for r in timelines]
+                 itl_max_ms=max(r.itl_ms) if r.itl_ms else None, e2el_ms=r.e2el_ms, output_tokens=r.output_tokens)
+            for r in timelines]
 
 
 def bench_serve_summary(timelines: list[RequestTimeline]) -> dict | None:

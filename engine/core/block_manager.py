@@ -26,7 +26,7 @@ from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
 from engine.core.radix_cache import RadixCache, RadixFreeQueue
 from engine.core.kv_offload import LOADED_BACK, KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, FREED_CACHED, FREED_STILL_SHARED, BlockTableSnapshot
 from engine.core.sequence import Sequence
 
 
@@ -351,9 +351,9 @@ class PagedBlockManager(SwapSpaceMixin, LookaheadSlotsMixin, KVCacheManager):
                 continue
             returned = self.allocator.free(block_id)
             if self.events.enabled:  # the simulator's null log: no text to format
-                detail = "" if returned else f"still shared, refcount {self.allocator.ref_counts[block_id]}"
+                detail = "" if returned else f"{FREED_STILL_SHARED}, refcount {self.allocator.ref_counts[block_id]}"
                 if returned and self._is_cached(block_id):
-                    detail = "cached, evictable"
+                    detail = FREED_CACHED
                 self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id, detail=detail)
         seq.block_table = []
         if self.num_committed_blocks.pop(seq.seq_id, None) is not None:

@@ -52,9 +52,10 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.lab_impl import plug_lab_parts
 from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler_output import SchedulerOutput
-from engine.core.scheduling_policy import lpm_order
+from engine.core.scheduling_policy import LONGEST_PREFIX, lpm_order
 from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL,
-                           WAIT_BUDGET, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE, WAIT_SWAPPED)
+                           WAIT_BUDGET, WAIT_LPM_PASSED_OVER, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE,
+                           WAIT_SWAPPED)
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -136,6 +137,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
         out = self._schedule_step()
+        self._mark_passed_over(out)
         out.kv_offload_out, out.kv_offload_in = self.kv.take_offload_copies()  # the CPU tier's copies (prefix caching)
         return out
 
@@ -161,6 +163,20 @@ class Scheduler:
             stop = self._schedule_prefills(out, budget)
         out.waiting = self._why_waiting(out, stop)
         return out
+
+    def _mark_passed_over(self, out: SchedulerOutput) -> None:
+        """Longest prefix match: a waiting request that a later arrival overtook this step (admitted
+        first for its longer cached prefix) waits WAIT_LPM_PASSED_OVER, ``out.passed_over`` names the
+        first request that overtook it. A preempted request keeps its own reason."""
+        if out.admission_reasons is None or not self.report_waiting:
+            return
+        admitted = {g.request_id: g for g in self.running}
+        later = [(admitted[rid].arrival_time, rid) for rid, reason, _ in out.admissions if reason == LONGEST_PREFIX and rid in admitted]
+        for group in self.waiting:
+            by = next((rid for arrival, rid in later if (arrival, rid) > (group.arrival_time, group.request_id)), None)
+            if by is not None and out.waiting.get(group.request_id) not in (None, WAIT_PREEMPTION):
+                out.waiting[group.request_id] = WAIT_LPM_PASSED_OVER
+                out.passed_over[group.request_id] = by
 
     def _why_waiting(self, out: SchedulerOutput, stop: str | None) -> dict[int, str]:
         """Every waiting request's reason, in queue order: WAIT_PREEMPTION for one preempted this

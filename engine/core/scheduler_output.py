@@ -28,6 +28,8 @@ class SchedulerOutput:
             admitted (``engine.report.WAIT_REASONS``).
         admissions: scheduling_policy "lpm": ``(request id, reason, cached prompt tokens)`` of each
             request admitted this step, in order (reasons: ``engine/core/scheduling_policy.py``).
+        passed_over: "lpm": each waiting request a later arrival was admitted before this step -> that
+            request's id (``waiting`` says WAIT_LPM_PASSED_OVER).
         admission_reasons: "lpm": the order's reason for each waiting request it looked at; None
             under FCFS.
         kv_offload_out, kv_offload_in: the prefix cache's CPU tier (``engine/core/kv_offload.py``):
@@ -47,6 +49,7 @@ class SchedulerOutput:
     waiting: dict[int, str] = field(default_factory=dict)
     admissions: list[tuple[int, str, int]] = field(default_factory=list)
     admission_reasons: dict[int, tuple[str, int]] | None = None
+    passed_over: dict[int, int] = field(default_factory=dict)
     kv_offload_out: list[tuple[int, int]] = field(default_factory=list)
     kv_offload_in: list[tuple[int, int]] = field(default_factory=list)
 

@@ -24,7 +24,7 @@ from engine.core.block_manager import PagedBlockManager
 from engine.core.kv_cache_interface import SLIDING_WINDOW, KVCacheSpec
 from engine.core.lab_impl import plug_lab_parts
 from engine.core.sequence import Sequence
-from engine.report import FORK, FREE
+from engine.report import FORK, FREE, FREED_OUT_OF_WINDOW
 
 NULL_BLOCK = 0  # vLLM v1's BlockPool.null_block: block 0, kept out of the free queue
 
@@ -73,7 +73,7 @@ class SlidingWindowManager(PagedBlockManager):
             table[logical_index] = NULL_BLOCK
             self.allocator.free(block_id)
             self.events.emit(FREE, seq.request_id, block_id=block_id, logical_index=logical_index, seq_id=seq.seq_id,
-                             detail="out of the sliding window")
+                             detail=FREED_OUT_OF_WINDOW)
             freed.append(block_id)
         return freed
         # END SOLUTION

@@ -123,16 +123,26 @@ def make_workload(
     return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompt, output)]
 
 
-def head_of_line_workload(long_prompt: int = 1500, num_short: int = 8, short_prompt: int = 50, output_len: int = 32) -> list[Request]:
-    """One long prompt, then ``num_short`` short ones, all at time 0 and queued in that order: the
-    head-of-line blocking demo (``engine/timeline.py`` draws who waits behind whom).
+def head_of_line_workload(long_prompt: int = 1500, num_short: int = 8, short_prompt: int = 50, output_len: int = 32,
+                          long_arrival_s: float | None = None) -> list[Request]:
+    """The head-of-line blocking demo (``engine/timeline.py`` draws who waits behind whom), in arrival order.
+
+    ``long_arrival_s`` None: one long prompt, then ``num_short`` short ones, all at time 0 and queued in
+    that order (queued prompts behind a long one). A time in seconds: the short ones at 0 and the long
+    prompt at ``long_arrival_s``, when they are decoding: its prefill stalls their decodes unless it is
+    chunked (the stall chunked prefill removes: Agrawal et al. 2023, Sarathi, §3; vLLM's chunked prefill).
 
     Raises:
-        ValueError: a length < 1 or ``num_short`` < 0.
+        ValueError: a length < 1, ``num_short`` < 0 or a negative ``long_arrival_s``.
     """
     if num_short < 0:
         raise ValueError(f"num_short must be >= 0, got {num_short}")
-    return [Request(0.0, long_prompt, output_len)] + [Request(0.0, short_prompt, output_len) for _ in range(num_short)]
+    short = [Request(0.0, short_prompt, output_len) for _ in range(num_short)]
+    if long_arrival_s is None:
+        return [Request(0.0, long_prompt, output_len)] + short
+    if long_arrival_s < 0:
+        raise ValueError(f"long_arrival_s must be >= 0, got {long_arrival_s}")
+    return short + [Request(float(long_arrival_s), long_prompt, output_len)]
 
 
 def _lognormal(rng: np.random.Generator, mean: float, sigma: float = 0.8) -> int:
