@@ -100,23 +100,6 @@ LABS: list[Lab] = [
          "the least recently freed block at the head of the free queue is handed out again (LRU eviction).",
          "提示词满块的哈希链（每个哈希都包含父块的哈希）、已缓存的最长前导块序列（同时核对 token id 与父哈希）、缓存一个写好的块，"
          "以及空闲队列队头那个最早释放的块被重新分配时删除它的哈希（LRU 驱逐）。")),
-    Lab("radix_match", ("The radix tree: match and split", "基数树：匹配与分裂"), 8, 45,
-        ("SGLang's radix tree of cached blocks (RadixAttention): walk from the root along a prompt's full blocks, "
-         "child by the token ids of its first block, to the longest cached run, and split a node the prompt leaves "
-         "part-way so that every match ends on a node boundary.",
-         "SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的 token id 找子节点），"
-         "找到最长的已缓存前缀；提示词在某个节点中途分岔时把该节点分裂，使每次匹配都结束在节点边界上。"), core=False),
-    Lab("radix_insert", ("The radix tree: insert and LRU eviction of leaves", "基数树：插入与按 LRU 驱逐叶节点"), 8, 60,
-        ("Insert a sequence's newly full blocks under the path it holds (lock counts moved to the new last node, a "
-         "block the tree already holds reported so its copy is freed), pick the least recently used unlocked leaf "
-         "from a heap with stale entries, and evict its last block.",
-         "把一个序列新填满的块插入到它持有的路径之下（锁计数移到新的末节点；树中已有的块要报告出来，以便释放这份副本），"
-         "从含有过期条目的堆中选出最久未用的未锁定叶节点，并驱逐它的最后一个块。"), core=False),
-    Lab("lpm", ("Cache-aware scheduling: longest prefix match", "缓存感知调度：最长前缀匹配"), 8, 30,
-        ("SGLang's LPM order for the waiting queue: preempted requests first, then those waiting too long (the "
-         "starvation guard, oldest first), then the rest by their prompt tokens already cached, longest first.",
-         "SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），"
-         "其余的按已缓存的提示词 token 数从多到少排序。"), core=False),
     Lab("admission", ("Scheduler admission (vLLM v1)", "vLLM v1 调度器的准入规则"), 6, 30,
         ("Whether the request at the head of the waiting queue joins this step: its prompt must fit the token budget "
          "left of max_num_batched_tokens (a chunk always does) and its blocks the free pool less the watermark.",
@@ -158,6 +141,23 @@ LABS: list[Lab] = [
          "fp8 池里存的是什么、注意力读回来的是什么：fp8(x / scale)，舍入到最近的值，超出格式最大值（e4m3 为 448，e5m2 为 57344）"
          "时饱和到最大值；读出时乘回缩放因子；以及 vLLM 的 calculate_kv_scales（max|K| / 200，max|V| / 100）。"
          "引擎的每条注意力路径都读取你的函数写入的池。"), core=False),
+    Lab("radix_match", ("The radix tree: match and split", "基数树：匹配与分裂"), 13, 45,
+        ("SGLang's radix tree of cached blocks (RadixAttention): walk from the root along a prompt's full blocks, "
+         "child by the token ids of its first block, to the longest cached run, and split a node the prompt leaves "
+         "part-way so that every match ends on a node boundary.",
+         "SGLang 的缓存块基数树（RadixAttention）：从根出发沿提示词的满块向下走（按子节点第一个块的 token id 找子节点），"
+         "找到最长的已缓存前缀；提示词在某个节点中途分岔时把该节点分裂，使每次匹配都结束在节点边界上。"), core=False),
+    Lab("radix_insert", ("The radix tree: insert and LRU eviction of leaves", "基数树：插入与按 LRU 驱逐叶节点"), 13, 60,
+        ("Insert a sequence's newly full blocks under the path it holds (lock counts moved to the new last node, a "
+         "block the tree already holds reported so its copy is freed), pick the least recently used unlocked leaf "
+         "from a heap with stale entries, and evict its last block.",
+         "把一个序列新填满的块插入到它持有的路径之下（锁计数移到新的末节点；树中已有的块要报告出来，以便释放这份副本），"
+         "从含有过期条目的堆中选出最久未用的未锁定叶节点，并驱逐它的最后一个块。"), core=False),
+    Lab("lpm", ("Cache-aware scheduling: longest prefix match", "缓存感知调度：最长前缀匹配"), 13, 30,
+        ("SGLang's LPM order for the waiting queue: preempted requests first, then those waiting too long (the "
+         "starvation guard, oldest first), then the rest by their prompt tokens already cached, longest first.",
+         "SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），"
+         "其余的按已缓存的提示词 token 数从多到少排序。"), core=False),
     Lab("spec_verify", ("Speculative decoding: greedy verification", "投机解码：贪心验证"), 10, 20,
         ("Keep the longest prefix of the draft tokens that the target model's argmax agrees with, then the target's "
          "own token at the first disagreement (or the bonus token after all k).",
