@@ -330,6 +330,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "student_name": ("Your name", "你的名字"),
     "student_name_help": ("Labels your requests on the projector.", "用于在投影屏幕上标注你的请求。"),
     "name_first": ("Write your name first.", "请先写上你的名字。"),
+    "send_model_language_note": (
+        "The class's small model (SmolLM2-135M by default) is weak in Chinese: a question in Chinese may get an answer in "
+        "English or a made-up one. Questions in English work best.",
+        "课堂用的小模型（默认是 SmolLM2-135M）中文较弱：用中文提问时，回答可能是英文，或是编造的内容。用英文提问效果最好。"),
     "chat_placeholder": ("Ask the model something", "向模型提个问题"),
     "send_max_tokens": ("Longest answer (tokens)", "回答最大长度（token 数）"),
     "your_blocks": ("Your blocks are outlined in pink on the shared pool: {blocks}.", "你的块在共享块池中以粉色框出：{blocks}。"),
