@@ -541,7 +541,7 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         spec["height"] *= 2
         spec["layer"][-1]["mark"]["fontSize"] = 16
     st.vega_lite_chart(spec, width="stretch", key=key)
-    st.caption(t("pool_caption", lang))
+    st.caption(t("pool_caption_hybrid" if report.kv_groups else "pool_caption", lang))
     pool_legend(report, lang)
     if report.free_queue:  # paged: the order in which free blocks are handed out (and evicted)
         free_queue_html(report, lang, large)

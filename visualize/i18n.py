@@ -667,6 +667,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
+    "pool_caption_hybrid": ("One cell per physical block, coloured by the KV cache group whose tables hold it (free: grey; ∅: "
+                            "the null block 0). The darker bar is the filled part. Hover a block for its request and group.",
+                            "每个格子是一个物理块，按持有它的 KV 缓存组着色（空闲：灰色；∅：空块（null block）0）。深色条是已填充的部分。"
+                            "把鼠标移到块上可查看它属于哪个请求、哪个组。"),
     "pool_caption": (
         "One cell per physical block, coloured by the request that owns it (free: grey). The darker bar is the filled part. "
         "Hover a block for details.",
