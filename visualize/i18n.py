@@ -1368,7 +1368,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "prefix_match_label": ("Prefix found cached: {cached} of {total} prompt tokens", "找到的已缓存前缀：提示词 {total} 个 token 中的 {cached} 个"),
     "prefix_match_label_recompute": ("Prefix found cached after its preemption: {cached} of the {total} tokens it recomputes "
                                      "(its prompt and its output so far)",
-                                     "被抢占后找到的已缓存前缀：它要重新计算的 {total} 个 token（提示词和已生成的输出）中的 {cached} 个"),
+                                     "被抢占后找到的已缓存前缀：它要重计算的 {total} 个 token（提示词和已生成的输出）中的 {cached} 个"),
     "prefix_match_loaded": (", {loaded} of them loaded back from the CPU tier", "，其中 {loaded} 个从 CPU 层载回"),
     "preset_radix_offload": ("Radix tree and CPU tier (prefix caching)", "基数树与 CPU 层（前缀缓存）"),
     "preset_radix_offload_note": (
