@@ -42,7 +42,7 @@ from engine.core.prefix_cache import HashFn, PrefixCache, hash_block_tokens
 from engine.core.radix_cache import RadixCache, RadixFreeQueue
 from engine.core.kv_offload import LOADED_BACK, KVOffloadStats, KVOffloadTier
 from engine.core.events import EventLog
-from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, BlockTableSnapshot
+from engine.report import ALLOCATE, CACHE_HIT, COPY_ON_WRITE, EVICT, FORK, FREE, FREED_CACHED, FREED_STILL_SHARED, BlockTableSnapshot
 from engine.core.sequence import Sequence
 
 LAB = "append_slot"  # the lab whose parts this file holds

@@ -41,7 +41,7 @@ from __future__ import annotations
 from engine.core.block_manager import PagedBlockManager
 from engine.core.kv_cache_interface import SLIDING_WINDOW, KVCacheSpec
 from engine.core.sequence import Sequence
-from engine.report import FORK, FREE
+from engine.report import FORK, FREE, FREED_OUT_OF_WINDOW
 
 LAB = "sliding_window"  # the lab whose parts this file holds
 
