@@ -317,7 +317,7 @@ def beam_tree_view(reports: list, lang: str) -> None:
 
 
 def live_prompts(llm, request_ids: list[int], chat=None) -> dict[int, str]:
-    """Each request's prompt as the user wrote it; in chat mode (``chat``: the session's ``ChatTurns``)
+    """Each request's prompt as the user wrote it; in chat mode (``chat``: the ``ChatTurns`` in ``st.session_state``)
     each turn's own question: a later turn is sent as token ids (its history, answers included), which
     the request list would show whole, and untranslated in 中文."""
     prompts = {rid: llm.get_output(rid).prompt_text.strip() for rid in sorted(request_ids)}
