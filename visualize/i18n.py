@@ -1518,8 +1518,6 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "所以在所有 token 都还在窗口内时，块池能放下 **{tokens} 个 token 的上下文**；单个请求最长可达 {long_tokens} 个 token"
         "（这时每个滑动窗口组只占一个窗口）。",
     ),
-    "pool_groups_legend": ("Colour = KV cache group (as under KV cache groups); ∅ = the null block 0.",
-                           "颜色 = KV 缓存组（与下方“KV 缓存组”一致）；∅ = 空块（null block）0。"),
     "memory_caption_hybrid": ("A hybrid model's slots are per group: one token of context takes a slot in every group until it leaves "
                               "the sliding window, so the chart's tokens are group slots, not tokens of context.",
                               "混合模型的槽位按组计：上下文中的一个 token 在移出滑动窗口之前在每个组里都占一个槽位，"
