@@ -222,7 +222,7 @@ def live_view() -> None:
     controls(llm, lang)
     reports = st.session_state.get("reports", [])
     beside_panel.view(reports, llm.config.block_size, lang, block_tables_html, pool_view)
-    prompts = live_prompts(llm, st.session_state.get("request_ids", []))
+    prompts = live_prompts(llm, st.session_state.get("request_ids", []), st.session_state.get("chat_turns"))
     if not reports:
         st.info(t("no_steps_yet", lang))
         views = request_views(prompts, [_empty_report(llm)], 0)
@@ -316,10 +316,14 @@ def beam_tree_view(reports: list, lang: str) -> None:
         st.caption(t("beam_tree_caption", lang))
 
 
-def live_prompts(llm, request_ids: list[int]) -> dict[int, str]:
-    """Each request's prompt as the user wrote it: a chat turn's last message (its history, the earlier
-    turns, is not repeated in the request list)."""
-    return {rid: llm.get_output(rid).prompt_text.strip() for rid in sorted(request_ids)}
+def live_prompts(llm, request_ids: list[int], chat=None) -> dict[int, str]:
+    """Each request's prompt as the user wrote it; in chat mode (``chat``: the ``ChatTurns`` in ``st.session_state``)
+    each turn's own question: a later turn is sent as token ids (its history, answers included), which
+    the request list would show whole, and untranslated in 中文."""
+    prompts = {rid: llm.get_output(rid).prompt_text.strip() for rid in sorted(request_ids)}
+    if chat is not None:
+        prompts.update({rid: question.strip() for rid, (question, _) in zip(request_ids, chat.rows)})
+    return prompts
 
 
 def _empty_report(llm):
@@ -537,7 +541,7 @@ def pool_view(report, block_size: int, lang: str, large: bool = False, cache: di
         spec["height"] *= 2
         spec["layer"][-1]["mark"]["fontSize"] = 16
     st.vega_lite_chart(spec, width="stretch", key=key)
-    st.caption(t("pool_caption", lang))
+    st.caption(t("pool_caption_hybrid" if report.kv_groups else "pool_caption", lang))
     pool_legend(report, lang)
     if report.free_queue:  # paged: the order in which free blocks are handed out (and evicted)
         free_queue_html(report, lang, large)

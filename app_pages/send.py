@@ -41,6 +41,8 @@ def page() -> None:
         st.info(t("send_no_server", lang))
         return
     sampling_line(follower.sampling, lang)
+    if lang == "zh":  # a Chinese question to the default model often gets an English or made-up answer
+        st.caption(t("send_model_language_note", lang))
     name = st.text_input(t("student_name", lang), key="student_name", max_chars=MAX_NAME_CHARS,
                          help=t("student_name_help", lang)).strip()
     key = None

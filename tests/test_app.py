@@ -870,3 +870,24 @@ def test_the_labs_page_says_where_to_choose_a_lab_before_its_button_is_enabled(a
     assert next(b for b in app.main.button if b.label == t("labs_run", lang)).disabled
     assert [i.value for i in app.main.info] == [t("labs_choose_first", lang)]
     assert ("Lab implementation" if lang == "en" else "实验实现") in app.main.info[0].value
+
+
+def test_a_chat_turn_shows_its_own_question_translated_in_chinese(app: AppTest):
+    """Multi-turn chat in 中文: a later turn is sent as token ids (its history), yet the request list shows
+    its own question with its translation, as it does the first turn's."""
+    from app_pages.presets import CHAT
+
+    app.session_state["lang"] = "zh"
+    app.run()
+    app.selectbox(key="preset__zh").set_value("preset_multi_turn_chat").run()
+    next(b for b in app.button if b.label == "载入预设").click().run()
+    for _ in range(4):
+        if len(app.session_state["request_ids"]) > 1:
+            break
+        app.number_input(key="n_steps").set_value(30).run()
+        app.button(key="btn_run").click().run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert len(app.session_state["request_ids"]) > 1, "the second turn was sent"
+    page = " ".join(m.value for m in app.markdown)
+    for question, zh in CHAT[:2]:
+        assert f'data-testid="request-prompt">{question}</span> <span style="color:#888">（{zh}）' in page, question

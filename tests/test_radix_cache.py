@@ -617,4 +617,4 @@ def test_a_recomputed_requests_cache_hit_counts_the_tokens_its_re_prefill_covers
     (rid, match), *_ = found
     assert prompt_len[rid] < match.num_prompt_tokens and match.num_cached_tokens < match.num_prompt_tokens
     assert f"{match.num_cached_tokens} of the {match.num_prompt_tokens} tokens it recomputes" in prefix_match_html(match, "en")
-    assert f"重新计算的 {match.num_prompt_tokens} 个 token" in prefix_match_html(match, "zh")
+    assert f"重计算的 {match.num_prompt_tokens} 个 token" in prefix_match_html(match, "zh")

@@ -254,3 +254,22 @@ def test_the_simulators_head_of_line_demo_shows_chunked_prefill_protecting_runni
     assert float(n["ttft_chunked"]) >= float(n["ttft_whole"])
     en, zh = t("sim_timeline_conclusion", "en", **n), t("sim_timeline_conclusion", "zh", **n)
     assert f"their longest gap falls to {n['itl_chunked']} ms" in en and f"最长间隔降到 {n['itl_chunked']} 毫秒" in zh
+
+
+def test_the_simulator_records_whom_lpm_passed_over():
+    """Longest prefix match on the simulator: a request that shares nothing, queued before two that share a
+    cached prefix, waits for "lpm_passed_over" while they go first, and its timeline names who passed it."""
+    from engine.report import WAIT_LPM_PASSED_OVER
+    from engine.sim.simulator import simulate
+    from engine.sim.workloads import Request
+
+    shared = list(range(100, 164))
+    out = [7, 7, 7, 7]
+    requests = [Request(0.0, 64, 4, tuple(shared + out)), Request(0.0, 64, 4, tuple(range(300, 364)) + tuple(out)),
+                Request(0.0, 68, 4, tuple(shared + [1, 2, 3, 4] + out))]
+    result = simulate(requests=requests, kv_slots=16 * 40, max_model_len=128, max_num_seqs=1, enable_prefix_caching=True, scheduling_policy="lpm",
+                      record_steps=True)
+    passed = [r for r in result.step_reports if r.passed_over]
+    assert passed and passed[0].passed_over == {1: 2} and passed[0].waiting[1] == WAIT_LPM_PASSED_OVER
+    spans = [s for row in build_timeline(result.step_reports) if row.request_id == 1 for s in row.spans if s.reason == WAIT_LPM_PASSED_OVER]
+    assert spans[0].blocker == 2 and spans[0].blocker_cached == 64

@@ -336,6 +336,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                          "limits your requests, so that one busy student does not hold the others back.",
                          "这个服务器要求每个学生使用自己的密钥，由老师发给你。它用来标注并限制你的请求，这样一个学生发得多也不会拖住其他人。"),
     "key_first": ("Type your API key first (the teacher gives it to you).", "请先输入你的 API 密钥（由老师发给你）。"),
+    "send_model_language_note": (
+        "The class's small model (SmolLM2-135M by default) is weak in Chinese: a question in Chinese may get an answer in "
+        "English or a made-up one. Questions in English work best.",
+        "课堂用的小模型（默认是 SmolLM2-135M）中文较弱：用中文提问时，回答可能是英文，或是编造的内容。用英文提问效果最好。"),
     "chat_placeholder": ("Ask the model something", "向模型提个问题"),
     "send_max_tokens": ("Longest answer (tokens)", "回答最大长度（token 数）"),
     "your_blocks": ("Your blocks are outlined in pink on the shared pool: {blocks}.", "你的块在共享块池中以粉色框出：{blocks}。"),
@@ -693,6 +697,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "preempted_times": ("preempted ×{n}", "被抢占 {n} 次"),
     # --- pool and block tables
     "pool": ("Physical KV block pool", "物理 KV 块池"),
+    "pool_caption_hybrid": ("One cell per physical block, coloured by the KV cache group whose tables hold it (free: grey; ∅: "
+                            "the null block 0). The darker bar is the filled part. Hover a block for its request and group.",
+                            "每个格子是一个物理块，按持有它的 KV 缓存组着色（空闲：灰色；∅：空块（null block）0）。深色条是已填充的部分。"
+                            "把鼠标移到块上可查看它属于哪个请求、哪个组。"),
     "pool_caption": (
         "One cell per physical block, coloured by the request that owns it (free: grey). The darker bar is the filled part. "
         "Hover a block for details.",
@@ -1607,8 +1615,6 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "所以在所有 token 都还在窗口内时，块池能放下 **{tokens} 个 token 的上下文**；单个请求最长可达 {long_tokens} 个 token"
         "（这时每个滑动窗口组只占一个窗口）。",
     ),
-    "pool_groups_legend": ("Colour = KV cache group (as under KV cache groups); ∅ = the null block 0.",
-                           "颜色 = KV 缓存组（与下方“KV 缓存组”一致）；∅ = 空块（null block）0。"),
     "memory_caption_hybrid": ("A hybrid model's slots are per group: one token of context takes a slot in every group until it leaves "
                               "the sliding window, so the chart's tokens are group slots, not tokens of context.",
                               "混合模型的槽位按组计：上下文中的一个 token 在移出滑动窗口之前在每个组里都占一个槽位，"

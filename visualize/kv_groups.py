@@ -109,7 +109,7 @@ def window_savings_spec(frame: pd.DataFrame, lang: str = "en") -> dict:
     last = int(frame["step"].max()) if len(frame) else 0
     return as_svg({
         "data": {"values": long.to_dict("records")}, "height": 220, "title": t("kv_window_saved", lang), "autosize": FIT_WIDTH,
-        "mark": {"type": "line", "interpolate": "step-after", "point": True, "strokeWidth": 2.5},
+        "mark": {"type": "line", "point": True, "strokeWidth": 2.5},
         "encoding": {"x": {"field": "step", "type": "quantitative", "title": t("lc_step", lang),
                            "scale": {"domain": [int(frame["step"].min()) if len(frame) else 0, max(last, 1)]},
                            "axis": {"format": "d", "tickMinStep": 1}},

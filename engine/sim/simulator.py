@@ -572,7 +572,8 @@ class _Run:
                 finished={g.request_id: "length" for g in done}, preempted=[g.request_id for g in out.preempted], events=[],
                 block_tables=[], kv_groups=self.kv.kv_groups(self.sched.running), memory=usage, timings_ms={"total": (self.clock.now - start) / 1e9},
                 swapped=[g.request_id for g in self.sched.swapped], swapped_out=[g.request_id for g in out.swapped_out],
-                swapped_in=[g.request_id for g in out.swapped_in], waiting=out.waiting, start_ms=start / 1e9, arrived=self.arrived))
+                swapped_in=[g.request_id for g in out.swapped_in], waiting=out.waiting, start_ms=start / 1e9, arrived=self.arrived,
+                admissions=list(out.admissions) if out.admission_reasons is not None else None, passed_over=dict(out.passed_over)))
             self.arrived = {}
 
     def _count_preemptions(self, out: SchedulerOutput) -> None:
