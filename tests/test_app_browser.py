@@ -671,7 +671,7 @@ def swap_lane(page, sync_api, port, server) -> None:
         except sync_api.TimeoutError:
             pass
     assert copied_out.count() == 1, "no block was swapped out"
-    page.get_by_text(re.compile(r"· swapped: \d")).wait_for()  # the queues name the swapped requests
+    page.get_by_text(re.compile(r"· swapped: request ids? \d")).wait_for()  # the queues name the swapped requests
     page.get_by_text(t("cpu_pool", "en"), exact=True).wait_for()
     wait_for_charts(page, 3)  # the GPU pool, the CPU swap space, the memory chart
     no_exception_box(page)
@@ -679,7 +679,7 @@ def swap_lane(page, sync_api, port, server) -> None:
     page.screenshot(path=str(SHOTS / "swap_en.png"), full_page=True)
     page.locator('[data-testid="stSidebar"]').get_by_text("中文").click()
     page.get_by_text(t("cpu_pool", "zh"), exact=True).wait_for(timeout=180_000)
-    page.get_by_text(re.compile(r"已换出：\d")).wait_for(timeout=180_000)
+    page.get_by_text(re.compile(r"已换出：请求 id \d")).wait_for(timeout=180_000)
     wait_for_charts(page, 3)
     no_exception_box(page)
     assert chart_text_problems(page, "zh") == []
