@@ -443,7 +443,9 @@ class RequestOutput:
     found in the prefix cache at its first prefill (vLLM's name; 0 with prefix caching off).
     ``error``: finish reason "error": what failed, as ``"TypeError: message"``; else None.
     ``prompt_text``: the prompt as text: a text prompt as given, the last chat message's content,
-    or the decoding of a prompt given as token ids.
+    or the decoding of a prompt given as token ids. ``kv_transfer_params``: prefill/decode
+    disaggregation (vLLM's field): a prefill instance's where-to-read parameters for the decode
+    instance, or a decode instance's ``{"kv_load": "loaded" | "recomputed", ...}``; else None.
     """
 
     request_id: int
@@ -456,6 +458,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     prompt_text: str = ""
+    kv_transfer_params: dict | None = None
 
     @property
     def finished(self) -> bool:
