@@ -10,6 +10,7 @@ process outputs (text, stopping rules, forks and beams; free finished requests' 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Callable
 
@@ -354,10 +355,10 @@ class LLMEngine:
         """
         return self.kv_connector_worker.serve_read(transfer_id, block_ids, prompt_hash, peer)
 
-    def release_kv_transfer(self, transfer_id) -> bool:
-        """A decode instance is done with the blocks lent under ``transfer_id``: they are freed now.
-        Returns whether it named a live lease."""
-        released = self.kv_connector_worker.release(transfer_id)
+    def release_kv_transfer(self, transfer_id, prompt_hash) -> bool:
+        """A decode instance is done with the blocks lent under ``transfer_id`` for its prompt (of
+        ``prompt_hash``): they are freed now. Returns whether it named such a live lease."""
+        released = self.kv_connector_worker.release(transfer_id, prompt_hash)
         self.scheduler.free_lent_blocks()
         return released
 
@@ -369,10 +370,11 @@ class LLMEngine:
         """The connector's counters and the pool, for the server's ``/kv_transfer/status``."""
         c, s = self.kv_connector, self.scheduler
         leases = c.leases
-        return {"engine_id": c.engine_id, "kv_role": self.config.kv_transfer_config.kv_role,
+        return {"engine_id": c.engine_id, "pid": os.getpid(), "kv_role": self.config.kv_transfer_config.kv_role,
                 "num_free_blocks": self.kv.num_free_blocks, "num_blocks": self.kv.num_usable_blocks,
-                "num_lent_requests": len(s.lent), "num_leases": len(leases) if leases else 0,
-                "num_refused_reads": leases.num_refused if leases else 0, "num_expired_leases": leases.num_expired if leases else 0,
+                "num_lent_requests": len(s.lent), "num_leases": len(leases) if leases is not None else 0,
+                "num_refused_reads": leases.num_refused if leases is not None else 0,
+                "num_expired_leases": leases.num_expired if leases is not None else 0,
                 "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed}
 
     def shutdown_kv_connector(self) -> None:

@@ -5,6 +5,8 @@ prefill instance's side channel."""
 from __future__ import annotations
 
 import logging
+import socket
+import time
 
 import httpx
 import pytest
@@ -78,7 +80,8 @@ def test_leases_end_when_released_or_expired_and_an_ended_lease_serves_nothing()
     table = LeaseTable(30, clock)
     read, unread = table.grant(0, [1], "h"), table.grant(1, [2], "h")
     assert table.take_freeable() == []
-    assert table.release(read.transfer_id) and not table.release("unknown")
+    assert not table.release(read.transfer_id, "another prompt") and not table.release("unknown", "h")
+    assert table.release(read.transfer_id, "h")
     assert table.take_freeable() == [0]
     clock.now = 30.0
     with pytest.raises(TransferRefused, match="ended"):
@@ -102,7 +105,7 @@ def test_a_prefill_instance_lends_a_finished_requests_blocks_until_they_are_read
     assert params["do_remote_prefill"] and params["remote_block_ids"] == [0, 1, 2] and params["remote_port"] == 9
     assert kv.num_free_blocks == 16 - 3, "the plain request's blocks are free, the lent ones held"
     assert s.free_lent_blocks() == [] and kv.num_free_blocks == 13
-    s.connector.leases.release(params["transfer_id"])
+    s.connector.leases.release(params["transfer_id"], prompt_hash(lent.seqs[0].token_ids[:10]))
     assert s.free_lent_blocks() == [0] and kv.num_free_blocks == 16
     again = request(2, 10, {"do_remote_decode": True})
     s.add(again)
@@ -177,6 +180,18 @@ def test_a_request_aborted_while_loading_frees_its_blocks_and_its_load_is_discar
     assert not s.remote_kv_ready
 
 
+def test_a_decode_request_aborted_before_its_load_gives_the_prefill_instances_lease_back():
+    s = scheduler("kv_consumer", num_blocks=3)
+    running, queued = request(0, 10), request(1, 10, remote_params(10))
+    s.add(running)
+    s.add(queued)
+    s.schedule()
+    assert queued.status is SequenceStatus.WAITING, "no room: it waits in the queue, its load not begun"
+    s.finish(queued, "abort")
+    (spec,) = s.schedule().kv_connector_metadata.reqs_to_recv
+    assert spec.transfer_id == "t" * 32 and spec.local_block_ids == (), "a load of no block: it only releases the lease"
+
+
 def test_kv_transfer_config_is_vllms_dict_checked_field_by_field():
     assert EngineConfig(kv_transfer_config={"kv_connector": "SharedMemoryConnector", "kv_role": "kv_consumer"}).kv_transfer_config.is_kv_consumer
     with pytest.raises(ValueError, match="kv_role"):
@@ -189,14 +204,24 @@ def test_kv_transfer_config_is_vllms_dict_checked_field_by_field():
 
 # ---- one real handover, two engines, a tiny model -----------------------------------------------
 
+def tiny_config(tiny_llama_dir) -> dict:
+    return dict(model=str(tiny_llama_dir), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False)
+
+
+def run(engine: LLMEngine, prompt: list[int], params: SamplingParams, kv_transfer_params: dict | None = None):
+    """One request through ``engine`` to its end (at most 30 s); its output."""
+    rid = engine.add_request(prompt, params, kv_transfer_params=kv_transfer_params)
+    started = time.monotonic()
+    while engine.has_unfinished_requests():
+        engine.step()
+        assert time.monotonic() - started < 30, "the request did not finish"
+    return engine.take_output(rid)
+
+
 def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_decodes_as_a_colocated_engine(tiny_llama_dir):
-    base = dict(model=str(tiny_llama_dir), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False)
+    base = tiny_config(tiny_llama_dir)
     prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=6, temperature=0)
-    colocated = LLMEngine(EngineConfig(**base))
-    rid = colocated.add_request(prompt, greedy)
-    while colocated.has_unfinished_requests():
-        colocated.step()
-    want = colocated.take_output(rid).token_ids
+    want = run(LLMEngine(EngineConfig(**base)), prompt, greedy).token_ids
     with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer"})) as (url, app):
         prefill = app.state.llm.engine
         prefill.kv_connector.side_channel = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
@@ -219,11 +244,38 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
             assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded"
             status = httpx.get(f"{url}/kv_transfer/status").json()
             assert status["num_free_blocks"] == status["num_blocks"] and status["num_leases"] == 0, "read, released, freed"
-            rid = decode.add_request(prompt, greedy, kv_transfer_params=params)  # the same params again: the lease is spent
-            while decode.has_unfinished_requests():
-                decode.step()
-            out = decode.take_output(rid)
+            out = run(decode, prompt, greedy, params)  # the same params again: the lease is spent
             assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "recomputed" and "403" in out.kv_transfer_params["kv_load_error"]
             assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks
         finally:
             decode.shutdown_kv_connector()
+
+
+def test_a_prefill_instance_that_never_answers_times_out_and_the_decode_engine_recomputes_saying_so(tiny_llama_dir):
+    base = tiny_config(tiny_llama_dir)
+    prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=4, temperature=0)
+    want = run(LLMEngine(EngineConfig(**base)), prompt, greedy).token_ids
+    silent = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer", "kv_connector_extra_config": {"timeout_s": 0.5}}))
+    try:
+        out = run(decode, prompt, greedy, remote_params(len(prompt), remote_port=silent.getsockname()[1]))
+        assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "recomputed" and "timed out" in out.kv_transfer_params["kv_load_error"]
+        assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks
+    finally:
+        decode.shutdown_kv_connector()
+        silent.close()
+
+
+def test_an_idle_prefill_server_frees_the_blocks_of_a_lease_nobody_reads_when_it_expires(tiny_llama_dir):
+    config = EngineConfig(**tiny_config(tiny_llama_dir), kv_transfer_config={"kv_role": "kv_producer", "kv_lease_duration": 1})
+    with serving(config) as (url, _):
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": list(range(5, 23)), "max_tokens": 1,
+                                                           "kv_transfer_params": {"do_remote_decode": True}}, timeout=30).json()
+        assert answer["kv_transfer_params"]["transfer_id"]
+        held = httpx.get(f"{url}/kv_transfer/status").json()
+        assert held["num_lent_requests"] == 1 and held["num_free_blocks"] == held["num_blocks"] - 5
+        wait_until(lambda: httpx.get(f"{url}/kv_transfer/status").json()["num_expired_leases"] == 1, timeout=10, what="the lease to expire")
+        freed = httpx.get(f"{url}/kv_transfer/status").json()
+        assert freed["num_free_blocks"] == freed["num_blocks"] and freed["num_lent_requests"] == 0

@@ -294,6 +294,8 @@ class Scheduler:
         elif group in self.waiting:
             self.waiting.remove(group)
             self.waiting_since.pop(group.request_id, None)
+            if self.connector is not None:  # a decode request that never loaded: its prefill instance's lease is given back
+                self.connector.request_finished(group, [])
         elif group in self.swapped:
             self.swapped.remove(group)
             self.kv.free_swapped(group)

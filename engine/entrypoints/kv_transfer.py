@@ -5,7 +5,7 @@ the same handshake).
 ``POST /kv_transfer/read`` ``{"transfer_id", "block_ids", "prompt_hash"}``: the blocks of one live
 lease, copied into a shared-memory segment; 403 when the lease table refuses (an unknown or ended
 transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
-``{"transfer_id"}``: the reader is done; the segment is unlinked and the blocks freed at once.
+``{"transfer_id", "prompt_hash"}``: the reader is done; the segment is unlinked and the blocks freed at once.
 ``GET /kv_transfer/status``: the pool and the connector's counters (either role). Every call into the
 engine runs on its thread, between steps; a task frees expired leases every second while idle.
 
@@ -59,7 +59,8 @@ def add_kv_transfer_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> 
         body = await read_json_body(raw, max_body_bytes)
         if not isinstance(body, dict):
             raise APIError(400, "the body must be an object")
-        return JSONResponse({"released": await llm.run_on_engine(engine.release_kv_transfer, body.get("transfer_id"))})
+        released = await llm.run_on_engine(engine.release_kv_transfer, body.get("transfer_id"), body.get("prompt_hash"))
+        return JSONResponse({"released": released})
 
 
 @contextlib.asynccontextmanager

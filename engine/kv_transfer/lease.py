@@ -114,12 +114,13 @@ class LeaseTable:
         logger.warning("refused a KV read from %s (transfer id %s): %s", peer, shown, why)
         raise TransferRefused(why)
 
-    def release(self, transfer_id) -> bool:
+    def release(self, transfer_id, prompt_hash_) -> bool:
         """The reader is done with (or gives up) a lease: its blocks may be freed. Returns whether
-        ``transfer_id`` named a live lease (an unknown one changes nothing)."""
+        ``transfer_id`` named a live lease lent for the prompt of ``prompt_hash_`` (anything else
+        changes nothing: a reader refused for another prompt cannot end someone's lease)."""
         with self._lock:
             lease = self._leases.get(transfer_id) if isinstance(transfer_id, str) else None
-            if lease is None:
+            if lease is None or lease.prompt_hash != prompt_hash_:
                 return False
             lease.released = True
             return True

@@ -147,8 +147,17 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
     # ---- producer ------------------------------------------------------------------------------
 
     def request_finished(self, request: SequenceGroup, block_ids: list[int]) -> tuple[bool, dict | None]:
-        """A prefill request that completed (``do_remote_decode``) lends its blocks under a new lease."""
+        """A prefill request that completed (``do_remote_decode``) lends its blocks under a new lease.
+        A decode request that finished before its load began (aborted while queued) gives its
+        prefill instance's lease back: a load of no block, which only releases (vLLM's consumer side
+        notifies its producer the same way)."""
         params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill") and self.config.is_kv_consumer and self._check_params(request) is None:
+            request.kv_transfer_params = None
+            self._to_recv.append(KVLoadSpec(request.request_id, params["transfer_id"], params["remote_host"], params["remote_port"],
+                                            tuple(params["remote_block_ids"]), (), 0,
+                                            prompt_hash(request.seqs[0].token_ids[: request.num_prompt_tokens])))
+            return False, None
         if self.leases is None or not params or not params.get("do_remote_decode") or request.finish_reason not in ("stop", "length"):
             return False, None
         seq = request.seqs[0]
@@ -237,7 +246,8 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
 
     def _release_remote(self, spec: KVLoadSpec) -> None:
         try:
-            _post(spec.remote_host, spec.remote_port, "/kv_transfer/release", {"transfer_id": spec.transfer_id}, self.timeout_s)
+            _post(spec.remote_host, spec.remote_port, "/kv_transfer/release",
+                  {"transfer_id": spec.transfer_id, "prompt_hash": spec.prompt_hash}, self.timeout_s)
         except Exception as error:  # noqa: BLE001 - the lease then expires on its own
             logger.warning("request %d: could not release the prefill instance's lease (%s): it expires on its own", spec.request_id, error)
 
@@ -281,15 +291,18 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         del out
         return {"shm_name": segment.name, "shape": list(shape), "dtype": str(k0.dtype).removeprefix("torch.")}
 
-    def release(self, transfer_id) -> bool:
-        """The reader is done (or gives up): unlink the segment, end the lease (the scheduler frees
-        the blocks at its next :meth:`~engine.core.scheduler.Scheduler.free_lent_blocks`)."""
+    def release(self, transfer_id, prompt_hash_) -> bool:
+        """The reader is done (or gives up): end the lease (``LeaseTable.release``: only for its own
+        prompt) and unlink the segment it was read into; the scheduler frees the blocks at its next
+        :meth:`~engine.core.scheduler.Scheduler.free_lent_blocks`."""
+        if self.leases is None or not self.leases.release(transfer_id, prompt_hash_):
+            return False
         with self._lock:
-            segment = self._segments.pop(transfer_id, None) if isinstance(transfer_id, str) else None
+            segment = self._segments.pop(transfer_id, None)
         if segment is not None:
             segment.close()
             segment.unlink()
-        return self.leases.release(transfer_id) if self.leases is not None else False
+        return True
 
     def drop_segments(self) -> None:
         """Unlink segments nobody released (an engine shutting down)."""
