@@ -299,6 +299,7 @@ class LLMEngine:
         the copies failed, the prefix cache's CPU tier and GPU cache forget the blocks they never received.
         """
         timer = _Timer()
+        wall_start_ms = time.time() * 1e3 if self.kv_connector is not None else None
         batch = self.scheduler.schedule()
         timer.lap("schedule")
         self._swap(batch)
@@ -320,6 +321,8 @@ class LLMEngine:
         report = self._make_report(batch, scheduled, out)
         timer.lap("report")
         report.timings_ms = timer.timings_ms()
+        if self.kv_connector is not None:
+            report.wall_start_ms, report.kv_transfers = wall_start_ms, self._kv_transfers()
         report.start_ms, report.arrived, self._arrived = self.clock_ms, self._arrived, {}
         self.clock_ms += report.timings_ms["total"]
         self.step_index += 1
@@ -345,6 +348,11 @@ class LLMEngine:
             self.kv_connector_worker.wait_for_any(0.02)
             finished = self.kv_connector_worker.get_finished()
         self.scheduler.update_from_kv_xfer_finished(finished)
+
+    def _kv_transfers(self) -> dict[int, str]:
+        """``StepReport.kv_transfers``: the requests in a handover after the step."""
+        s = self.scheduler
+        return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in s.waiting_for_remote_kvs}}
 
     def serve_kv_read(self, transfer_id, block_ids, prompt_hash, peer: str = "unknown") -> dict:
         """A decode instance reads the blocks lent under ``transfer_id`` (a prefill instance; call

@@ -328,6 +328,11 @@ class StepReport:
             starvation guard) or "preempted" (``engine/core/scheduling_policy.py``). None under FCFS.
         kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
+        kv_transfers: with a KV connector (``engine/kv_transfer/``), after the step: request id ->
+            "loading" (a decode instance's request waiting for its prompt's KV, ``WAITING_FOR_REMOTE_KVS``)
+            or "lent" (a prefill instance's finished request whose blocks are held for a decode instance).
+        wall_start_ms: with a KV connector, when the step started on the wall clock (Unix time, ms):
+            two instances' steps side by side (``engine.timeline.disagg_chrome_trace``); else None.
         radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted
             (:class:`RadixTreeView`); None otherwise (the simulator records none).
         prefix_matches: prefix caching: per request id admitted this step with a cache hit, what it
@@ -374,6 +379,8 @@ class StepReport:
     radix_tree: RadixTreeView | None = None
     prefix_matches: dict[int, PrefixMatch] = field(default_factory=dict)
     kv_groups: list[KVCacheGroupReport] = field(default_factory=list)
+    kv_transfers: dict[int, str] = field(default_factory=dict)
+    wall_start_ms: float | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,7 @@ from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.kv_transfer.base import KVConnectorOutput
 from engine.kv_transfer.lease import LeaseTable, TransferRefused, prompt_hash
 from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler
+from engine.timeline import disagg_chrome_trace
 from serving import serving, wait_until
 
 BLOCK = 4
@@ -223,7 +224,8 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
     prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=6, temperature=0)
     want = run(LLMEngine(EngineConfig(**base)), prompt, greedy).token_ids
     with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer"})) as (url, app):
-        prefill = app.state.llm.engine
+        prefill, prefill_reports, decode_reports = app.state.llm.engine, [], []
+        app.state.llm.step_callbacks.append(prefill_reports.append)
         prefill.kv_connector.side_channel = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
         answer = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
                             timeout=30).json()
@@ -232,16 +234,24 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
         decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer"}))
         try:
             rid = decode.add_request(prompt, greedy, kv_transfer_params=params)
-            decode.step()
-            wait_until(lambda: decode.step() and decode.scheduler.running, timeout=30, what="the load")
+            decode_reports.append(decode.step())
+            wait_until(lambda: decode_reports.append(decode.step()) or decode.scheduler.running, timeout=30, what="the load")
             blocks = decode.requests[rid].seqs[0].block_table
             for layer in range(2):  # every layer's K and V of the prompt's blocks, as the prefill engine computed them
                 mine = torch.stack([decode.runner.kv_caches[layer][i][blocks] for i in (0, 1)])
                 assert torch.equal(mine[:, :-1], lent[layer][:, :-1]) and torch.equal(mine[:, -1, :1], lent[layer][:, -1, :1])
             while decode.has_unfinished_requests():
-                decode.step()
+                decode_reports.append(decode.step())
             out = decode.take_output(rid)
             assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded"
+            trace = disagg_chrome_trace([("prefill instance", prefill_reports), ("decode instance", decode_reports)])
+            slices = {(e["pid"], e["name"]): e for e in trace["traceEvents"] if e["ph"] == "X"}  # each (track, state)'s last slice
+            names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+            assert names == {1: "prefill instance", 2: "decode instance"}
+            prefilled, loading = slices[(1, "prefill")], slices[(2, "kv_transfer")]
+            assert loading["args"]["reason"] == "loading" and loading["ts"] >= prefilled["ts"] + prefilled["dur"], \
+                "on the wall clock the decode instance loads after the prefill instance computed the prompt"
+            assert slices[(2, "prefill")]["args"]["num_tokens"] == 1, "then it computes the last prompt token alone"
             status = httpx.get(f"{url}/kv_transfer/status").json()
             assert status["num_free_blocks"] == status["num_blocks"] and status["num_leases"] == 0, "read, released, freed"
             out = run(decode, prompt, greedy, params)  # the same params again: the lease is spent

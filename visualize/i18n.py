@@ -501,6 +501,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "state_preempted": ("preempted", "被抢占"),
     "state_swapped": ("swapped out", "已换出"),
     "state_stalled": ("admitted, not scheduled", "已接纳、本步未调度"),
+    "state_kv_transfer": ("KV transfer (prefill/decode)", "KV 传输（预填充/解码分离）"),
     "why_budget": ("the step's token budget is spent", "本步的 token 预算已用完"),
     "why_budget_long": ("behind a long prefill: request {rid} prefills {n} of the step's {total} tokens",
                         "排在长预填充之后：请求 {rid} 预填充了本步 {total} 个 token 中的 {n} 个"),

@@ -6,7 +6,9 @@ prompts' prefills run in the same steps as the streams' decodes) and then ``pyth
 serve-disagg`` (a prefill and a decode instance: the prefills run in another process), and on each
 keeps ``--streams`` greedy streams of ``--output-len`` tokens running while a ``--long-prompt-len``
 token prompt arrives every ``--long-every`` seconds. It prints each setup's ITL p50 / p99 (ms, the
-gaps between a stream's chunks after its first) and TTFT p50 of the long prompts.
+gaps between a stream's chunks after its first) and TTFT p50 of the long prompts. With ``--burst N
+--cancel K`` it instead sends N streams at once through serve-disagg, cancels K of them mid-transfer,
+and reports how long until every block of both instances is free again.
 
 Both instances share this machine's cores: on a CPU, the prefill instance's work slows the decode
 instance's steps by contention instead of by batching, which is what the numbers measure.
@@ -72,6 +74,36 @@ async def run_load(url: str, streams: int, output_len: int, long_len: int, long_
             "long_ttft_p50_ms": percentile(ttfts, 0.5), "num_long_prompts": len(ttfts)}
 
 
+async def run_burst(url: str, num_streams: int, num_cancelled: int, output_len: int) -> dict:
+    """``num_streams`` streams at once through serve-disagg, the first ``num_cancelled`` cancelled
+    after 0.3 s (mid-transfer); then how long until every block is free on both instances."""
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        async def stream(i: int) -> int:
+            body = {"prompt": f"Request {i}: " + "tell me about paged attention. " * 8, "max_tokens": output_len, "stream": True}
+            chunks = 0
+            async with client.stream("POST", "/v1/completions", json=body) as answer:
+                async for line in answer.aiter_lines():
+                    chunks += line.startswith("data: {")
+            return chunks
+
+        start = time.perf_counter()
+        tasks = [asyncio.create_task(stream(i)) for i in range(num_streams)]
+        await asyncio.sleep(0.3)
+        for task in tasks[:num_cancelled]:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        done = time.perf_counter()
+        while True:
+            status = (await client.get("/kv_transfer/status")).json()
+            if all(side["num_free_blocks"] == side["num_blocks"] and side["num_lent_requests"] == 0
+                   and side["num_waiting_for_remote_kvs"] == 0 for side in status.values()):
+                break
+            await asyncio.sleep(0.1)
+    return {"completed": sum(isinstance(r, int) and r > 0 for r in results),
+            "cancelled": sum(isinstance(r, asyncio.CancelledError) for r in results),
+            "burst_s": round(done - start, 2), "all_blocks_free_after_s": round(time.perf_counter() - done, 2), "status": status}
+
+
 def serve_and_measure(command: list[str], args) -> dict:
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "engine", *command, "--port", str(port), "--no-enable-prefix-caching",
@@ -89,6 +121,8 @@ def serve_and_measure(command: list[str], args) -> dict:
                 pass
             assert time.monotonic() < deadline, f"{command[0]} did not start"
             time.sleep(0.5)
+        if args.burst:
+            return asyncio.run(run_burst(url, args.burst, args.cancel, args.output_len))
         return asyncio.run(run_load(url, args.streams, args.output_len, args.long_prompt_len, args.long_every))
     finally:
         process.send_signal(signal.SIGTERM)
@@ -108,8 +142,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len", type=int, default=64, help="tokens per stream")
     p.add_argument("--long-prompt-len", type=int, default=1024, help="tokens of each interfering prompt")
     p.add_argument("--long-every", type=float, default=2.0, help="seconds between interfering prompts")
+    p.add_argument("--burst", type=int, default=0, help="instead: this many streams at once through serve-disagg ...")
+    p.add_argument("--cancel", type=int, default=0, help="... the first of them cancelled after 0.3 s; then the time until every block is free")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
+    if args.burst:
+        print(json.dumps(serve_and_measure(["serve-disagg"], args), indent=2))
+        return
     results = {"colocated": serve_and_measure(["serve"], args), "1P1D": serve_and_measure(["serve-disagg"], args)}
     if args.json:
         print(json.dumps(results, indent=2))
