@@ -459,7 +459,6 @@ class SpeculativeConfig:
 
 KV_CONNECTORS = ("SharedMemoryConnector",)  # engine/kv_transfer/: the transports behind the connector interface
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")  # vLLM's: prefill instance, decode instance, either
-KV_HANDOVERS = ("pull", "push")  # vLLM's order (decode reads prefill's leased blocks), SGLang's (prefill writes decode's slots)
 KV_LOAD_FAILURE_POLICIES = ("recompute",)  # vLLM's kv_load_failure_policy (its "fail" is not offered here)
 DEFAULT_KV_LEASE_DURATION_S = 30.0  # how long a prefill instance holds a finished request's blocks for its decode instance
 
@@ -481,7 +480,6 @@ class KVTransferConfig:
             (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` lease); a lease not read by then is freed.
         kv_load_failure_policy: what a consumer does when a load fails: "recompute" (prefill the
             prompt itself, log it, and say so in the request's ``kv_transfer_params``).
-        handover: "pull" (vLLM: prefill holds, decode reads) or "push" (SGLang: decode reserves, prefill writes).
         kv_connector_extra_config: the transport's own settings: ``timeout_s`` (a load's HTTP timeout,
             default 10), ``allowed_remote_hosts`` (hosts a consumer reads from; default loopback only).
 
@@ -497,7 +495,6 @@ class KVTransferConfig:
     kv_port: int | None = None
     kv_lease_duration: float = DEFAULT_KV_LEASE_DURATION_S
     kv_load_failure_policy: str = "recompute"
-    handover: str = "pull"
     kv_connector_extra_config: dict = field(default_factory=dict)
 
     @classmethod
@@ -514,7 +511,6 @@ class KVTransferConfig:
         _choice("kv_transfer_config.kv_role", self.kv_role, KV_ROLES)
         _choice("kv_transfer_config.kv_buffer_device", self.kv_buffer_device, ("cpu",))
         _choice("kv_transfer_config.kv_load_failure_policy", self.kv_load_failure_policy, KV_LOAD_FAILURE_POLICIES)
-        _choice("kv_transfer_config.handover", self.handover, KV_HANDOVERS)
         lease = self.kv_lease_duration
         if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= 3600:
             raise ValueError(f"kv_transfer_config.kv_lease_duration must be seconds in (0, 3600], got {lease!r}")

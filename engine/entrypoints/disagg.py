@@ -56,8 +56,8 @@ def register_cli(sub) -> None:
     g = p.add_argument_group("disaggregation")
     g.add_argument("--host", default="127.0.0.1", help="address the proxy binds (default: 127.0.0.1, this machine only)")
     g.add_argument("--port", type=int, default=8000, help="the proxy's port, where clients connect (default: 8000)")
-    g.add_argument("--prefill-port", type=int, default=0, help="the prefill instance's port on 127.0.0.1 (0: a free one)")
-    g.add_argument("--decode-port", type=int, default=0, help="the decode instance's port on 127.0.0.1 (0: a free one)")
+    g.add_argument("--prefill-port", type=int, default=0, help="the prefill instance's port on 127.0.0.1 (default: 0, a free one)")
+    g.add_argument("--decode-port", type=int, default=0, help="the decode instance's port on 127.0.0.1 (default: 0, a free one)")
     g.add_argument("--handover", choices=("pull",), default="pull",
                    help="pull: the prefill instance holds its blocks under a lease and the decode instance reads them (vLLM's order)")
     g.add_argument("--kv-lease-duration", type=float, default=30.0,
@@ -262,7 +262,14 @@ def _exit_on_signal(signum, frame) -> None:
 
 
 def serve_disagg(args, parser: argparse.ArgumentParser) -> None:
-    """Start both instances, serve the proxy until SIGINT or SIGTERM, then stop both."""
+    """Start both instances, serve the proxy until SIGINT or SIGTERM, then stop both.
+
+    Raises:
+        ValueError: ``--kv-transfer-config`` given (serve-disagg makes each instance's own).
+    """
+    if args.kv_transfer_config is not None:
+        raise ValueError("serve-disagg makes each instance's --kv-transfer-config itself (a producer and a consumer); "
+                         "use --kv-lease-duration for the lease")
     engine_argv = instance_argv(args, parser)
     ports = {"prefill": args.prefill_port or free_port(), "decode": args.decode_port or free_port()}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
