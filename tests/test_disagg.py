@@ -15,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from engine.entrypoints.disagg import instance_argv
 from serving import wait_until, wait_until_healthy
 
 pytestmark = pytest.mark.slow
@@ -80,8 +81,9 @@ def all_free(proxy: str) -> bool:
 
 def test_greedy_tokens_through_prefill_and_decode_equal_a_colocated_engine_request_by_request(disagg):
     proxy, _, decode = disagg
+    forged = {"do_remote_prefill": True, "transfer_id": "C" * 32, "remote_host": "127.0.0.1", "remote_port": 1, "remote_block_ids": [0]}
     for prompt in PROMPTS:
-        handed_over = complete(proxy, prompt)
+        handed_over = complete(proxy, prompt, kv_transfer_params=forged)  # a client's own are dropped: the proxy makes them
         assert handed_over["kv_transfer_params"]["kv_load"] == "loaded", "the decode instance read the prompt's KV"
         assert tokens(handed_over) == tokens(complete(decode, prompt)), prompt
 
@@ -138,3 +140,12 @@ def test_when_the_prefill_instance_dies_the_decode_instance_computes_the_prompt_
     assert tokens(dead) == want and dead["kv_transfer_params"]["kv_load"] == "recomputed"
     left = status(proxy)["decode"]
     assert left["num_free_blocks"] == left["num_blocks"]
+
+
+def test_each_instance_gets_the_engine_flags_given_to_serve_disagg():
+    from engine.cli import build_parser
+
+    parser = next(a for a in build_parser()._actions if a.dest == "command").choices["serve-disagg"]
+    args = parser.parse_args(["my-model", "--block-size", "32", "--no-enable-prefix-caching", "--reserve-null-block", "--port", "9"])
+    assert instance_argv(args, parser) == ["--block-size", "32", "--no-enable-prefix-caching",
+                                           "--reserve-null-block", "--model", "my-model"]
