@@ -371,8 +371,14 @@ class LLMEngine:
         return released
 
     def free_lent_blocks(self) -> list[int]:
-        """Free the blocks of leases read or expired (the server calls it every second when idle)."""
-        return self.scheduler.free_lent_blocks() if self.kv_connector is not None else []
+        """Free the blocks of leases read or expired, and the shared memory of expired ones (the
+        server calls it every second, idle or not)."""
+        if self.kv_connector is None:
+            return []
+        freed = self.scheduler.free_lent_blocks()
+        if self.kv_connector.leases is not None:
+            self.kv_connector_worker.drop_segments(keep=self.kv_connector.leases.live_ids())
+        return freed
 
     def kv_transfer_status(self) -> dict:
         """The connector's counters and the pool, for the server's ``/kv_transfer/status``."""

@@ -235,7 +235,7 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
         try:
             rid = decode.add_request(prompt, greedy, kv_transfer_params=params)
             decode_reports.append(decode.step())
-            wait_until(lambda: decode_reports.append(decode.step()) or decode.scheduler.running, timeout=30, what="the load")
+            wait_until(lambda: decode_reports.append(decode.step()) or decode.scheduler.running, timeout=60, what="the load")
             blocks = decode.requests[rid].seqs[0].block_table
             for layer in range(2):  # every layer's K and V of the prompt's blocks, as the prefill engine computed them
                 mine = torch.stack([decode.runner.kv_caches[layer][i][blocks] for i in (0, 1)])

@@ -125,6 +125,11 @@ class LeaseTable:
             lease.released = True
             return True
 
+    def live_ids(self) -> set[str]:
+        """The transfer ids of the leases not yet taken by :meth:`take_freeable`."""
+        with self._lock:
+            return set(self._leases)
+
     def take_freeable(self) -> list[int]:
         """Request ids of the leases released or expired, each once (the table forgets them)."""
         now = self.clock()

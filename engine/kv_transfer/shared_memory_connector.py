@@ -304,10 +304,13 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
             segment.unlink()
         return True
 
-    def drop_segments(self) -> None:
-        """Unlink segments nobody released (an engine shutting down)."""
+    def drop_segments(self, keep: set[str] = frozenset()) -> None:
+        """Unlink the segments of leases that ended without a release (expired), all but ``keep``'s
+        transfer ids; with no ``keep`` (an engine shutting down), every one. A reader that still maps
+        one keeps its pages until it closes it (POSIX)."""
         with self._lock:
-            segments, self._segments = list(self._segments.values()), {}
+            ended = [tid for tid in self._segments if tid not in keep]
+            segments = [self._segments.pop(tid) for tid in ended]
         for segment in segments:
             segment.close()
             segment.unlink()
