@@ -239,7 +239,7 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
             expected = (len(self.kv_caches), 2, len(spec.remote_block_ids), *self.block_shape)
             if shape != expected or dtype != self.kv_caches[0][0].dtype:
                 raise ValueError(f"the prefill instance's blocks are {shape} {dtype}, this pool's {expected} {self.kv_caches[0][0].dtype}")
-            return _read_segment(str(reply["shm_name"]), shape, dtype)
+            return read_segment(str(reply["shm_name"]), shape, dtype)
         finally:
             self._release_remote(spec)
             self._landed.set()
@@ -338,7 +338,7 @@ def _post(host: str, port: int, path: str, body: dict, timeout_s: float) -> dict
         raise RuntimeError(f"the prefill instance refused {path} ({error.code}): {detail}") from None
 
 
-def _read_segment(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def read_segment(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A copy of the shared-memory segment ``name`` as a ``shape`` tensor of ``dtype``. The segment
     is the producer's to unlink: it is mapped here without ``SharedMemory``, whose resource tracker
     would otherwise claim it (Python < 3.13 tracks every segment a process attaches)."""
