@@ -304,6 +304,7 @@ class LLMEngine:
         timer.lap("schedule")
         self._swap(batch)
         timer.lap("swap")
+        loading = list(self.scheduler.waiting_for_remote_kvs)  # loads in flight during this step (none without a connector)
         if self.kv_connector_worker is not None:
             self.kv_connector_worker.start_load_kv(batch.kv_connector_metadata)
         logits = self._execute(batch)
@@ -322,7 +323,7 @@ class LLMEngine:
         timer.lap("report")
         report.timings_ms = timer.timings_ms()
         if self.kv_connector is not None:
-            report.wall_start_ms, report.kv_transfers = wall_start_ms, self._kv_transfers()
+            report.wall_start_ms, report.kv_transfers = wall_start_ms, self._kv_transfers(loading)
         report.start_ms, report.arrived, self._arrived = self.clock_ms, self._arrived, {}
         self.clock_ms += report.timings_ms["total"]
         self.step_index += 1
@@ -349,19 +350,21 @@ class LLMEngine:
             finished = self.kv_connector_worker.get_finished()
         self.scheduler.update_from_kv_xfer_finished(finished)
 
-    def _kv_transfers(self) -> dict[int, str]:
-        """``StepReport.kv_transfers``: the requests in a handover after the step."""
+    def _kv_transfers(self, loading: list[int]) -> dict[int, str]:
+        """``StepReport.kv_transfers``: the requests in a handover during the step: lent after it, or
+        loading in it (``loading``: those waiting for their KV when it was scheduled, a load that
+        landed within the step included)."""
         s = self.scheduler
-        return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in s.waiting_for_remote_kvs}}
+        return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
 
-    def serve_kv_read(self, transfer_id, block_ids, prompt_hash, peer: str = "unknown") -> dict:
-        """A decode instance reads the blocks lent under ``transfer_id`` (a prefill instance; call
-        on the engine's thread). See ``SharedMemoryConnectorWorker.serve_read``.
+    def serve_kv_read(self, lease) -> dict:
+        """A decode instance reads the blocks of a claimed lease (a prefill instance; call on the
+        engine's thread). See ``SharedMemoryConnectorWorker.claim`` and ``serve_read``.
 
         Raises:
-            engine.kv_transfer.lease.TransferRefused: not a live lease of these blocks and this prompt.
+            engine.kv_transfer.lease.TransferRefused: the lease ended before the copy.
         """
-        return self.kv_connector_worker.serve_read(transfer_id, block_ids, prompt_hash, peer)
+        return self.kv_connector_worker.serve_read(lease)
 
     def release_kv_transfer(self, transfer_id, prompt_hash) -> bool:
         """A decode instance is done with the blocks lent under ``transfer_id`` for its prompt (of

@@ -90,20 +90,26 @@ def test_leases_end_when_released_or_expired_and_an_ended_lease_serves_nothing()
     assert table.take_freeable() == [1] and table.num_expired == 1 and len(table) == 0
 
 
-def test_a_read_copies_exactly_the_lent_blocks_and_an_expired_leases_segment_is_unlinked():
+def test_a_claimed_lease_outlives_a_busy_lender_a_read_copies_exactly_its_blocks_and_an_ended_leases_segment_is_unlinked():
     clock = Clock()
     table = LeaseTable(30, clock)
     pool = [(torch.randn(8, BLOCK, 2, 3), torch.randn(8, BLOCK, 2, 3)) for _ in range(2)]  # 2 layers of 8 blocks
     worker = SharedMemoryConnectorWorker(KVTransferConfig(kv_role="kv_producer"), pool, table)
     lease = table.grant(0, [5, 2], prompt_hash([1, 2]))
     with pytest.raises(TransferRefused):
-        worker.serve_read(lease.transfer_id, [5, 3], prompt_hash([1, 2]))  # one block not lent
-    reply = worker.serve_read(lease.transfer_id, [5, 2], prompt_hash([1, 2]))
+        worker.claim(lease.transfer_id, [5, 3], prompt_hash([1, 2]))  # one block not lent
+    clock.now = 29.0
+    claimed = worker.claim(lease.transfer_id, [5, 2], prompt_hash([1, 2]))
+    clock.now = 58.0  # a claimed lease lives on: the lender's thread may serve the copy late
+    assert table.take_freeable() == []
+    reply = worker.serve_read(claimed)
     data = read_segment(reply["shm_name"], tuple(reply["shape"]), torch.float32)
     for layer, (k, v) in enumerate(pool):
         assert torch.equal(data[layer, 0], k[[5, 2]]) and torch.equal(data[layer, 1], v[[5, 2]])
-    clock.now = 30.0
+    clock.now = 59.0
     assert table.take_freeable() == [0]
+    with pytest.raises(TransferRefused, match="ended"):
+        worker.serve_read(claimed)  # a copy after the end would read blocks that may be someone else's
     worker.drop_segments(keep=table.live_ids())
     with pytest.raises(FileNotFoundError):
         read_segment(reply["shm_name"], tuple(reply["shape"]), torch.float32)

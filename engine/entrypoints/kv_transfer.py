@@ -47,9 +47,9 @@ def add_kv_transfer_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> 
         if not isinstance(body, dict):
             raise APIError(400, "the body must be an object")
         peer = raw.client.host if raw.client else "unknown"
-        try:
-            reply = await llm.run_on_engine(engine.serve_kv_read, body.get("transfer_id"), body.get("block_ids"),
-                                            body.get("prompt_hash"), peer)
+        try:  # claimed now, copied when the engine's thread is free
+            lease = engine.kv_connector_worker.claim(body.get("transfer_id"), body.get("block_ids"), body.get("prompt_hash"), peer)
+            reply = await llm.run_on_engine(engine.serve_kv_read, lease)
         except TransferRefused as error:
             raise APIError(403, f"KV read refused: {error}") from None
         return JSONResponse(reply)

@@ -88,7 +88,8 @@ class LeaseTable:
 
     def claim(self, transfer_id, block_ids, prompt_hash_, peer: str = "unknown") -> Lease:
         """The one read of a lease: ``block_ids`` must be exactly the blocks lent under ``transfer_id``
-        and ``prompt_hash_`` the reader's prompt's, the same as the lender's.
+        and ``prompt_hash_`` the reader's prompt's, the same as the lender's. A claimed lease lives
+        ``duration_s`` more from now: a read that came in time is not lost to a busy lender.
 
         Raises:
             TransferRefused: an unknown or expired transfer id, a lease already read, other blocks
@@ -108,6 +109,7 @@ class LeaseTable:
                 why = "the reader's prompt is not the one these blocks hold"
             else:
                 lease.read = True
+                lease.expires_at = self.clock() + self.duration_s
                 return lease
             self.num_refused += 1
         shown = transfer_id[:6] + "..." if isinstance(transfer_id, str) else repr(type(transfer_id).__name__)

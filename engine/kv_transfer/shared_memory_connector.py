@@ -49,7 +49,7 @@ from engine.config import KVTransferConfig
 from engine.core.sequence import SequenceGroup
 from engine.kv_transfer.base import (KVConnectorMetadata, KVConnectorOutput, KVConnectorScheduler, KVConnectorWorker,
                                      KVLoadSpec)
-from engine.kv_transfer.lease import LeaseTable, TransferRefused, prompt_hash
+from engine.kv_transfer.lease import Lease, LeaseTable, TransferRefused, prompt_hash
 
 logger = logging.getLogger("engine.kv_transfer")
 
@@ -263,20 +263,31 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
 
     # ---- producer ------------------------------------------------------------------------------
 
-    def serve_read(self, transfer_id, block_ids, prompt_hash_, peer: str = "unknown") -> dict:
-        """A decode instance reads lent blocks: only those of a live lease, named by its transfer id,
-        for the same prompt (``LeaseTable.claim``). Copies them, every layer, into a new shared-memory
-        segment. Call it on the engine's thread (the pool's owner).
-
-        Returns:
-            ``{"shm_name", "shape": [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], "dtype"}``.
+    def claim(self, transfer_id, block_ids, prompt_hash_, peer: str = "unknown") -> Lease:
+        """A decode instance asks to read lent blocks: only those of a live lease, named by its
+        transfer id, for the same prompt (``LeaseTable.claim``; thread-safe: the side channel claims
+        as the request arrives, not when the engine's thread is free).
 
         Raises:
             TransferRefused: the lease table refused the read (logged there).
         """
         if self.leases is None:
             raise TransferRefused("this engine lends no blocks (kv_role is kv_consumer)")
-        lease = self.leases.claim(transfer_id, block_ids, prompt_hash_, peer)
+        return self.leases.claim(transfer_id, block_ids, prompt_hash_, peer)
+
+    def serve_read(self, lease: Lease) -> dict:
+        """Copy a claimed lease's blocks, every layer, into a new shared-memory segment. Call it on
+        the engine's thread (the pool's owner): there the lease is checked to be still held (not
+        expired since its claim), so its blocks are still its own.
+
+        Returns:
+            ``{"shm_name", "shape": [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], "dtype"}``.
+
+        Raises:
+            TransferRefused: the lease ended between its claim and the copy.
+        """
+        if lease.transfer_id not in self.leases.live_ids():
+            raise TransferRefused("the lease ended before its blocks could be copied")
         index = torch.tensor(lease.block_ids, dtype=torch.int64)
         k0 = self.kv_caches[0][0]
         shape = (len(self.kv_caches), 2, len(lease.block_ids), *self.block_shape)
