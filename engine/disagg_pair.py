@@ -78,7 +78,9 @@ class Handover:
 
     @property
     def moves(self) -> list[tuple[int, int]]:
-        """``(prefill block, decode block)`` for each block read, logical order."""
+        """``(prefill block, decode block)`` for each block read, logical order (none before the read)."""
+        if self.read_at_step is None:
+            return []
         end = min(len(self.prefill_blocks), len(self.decode_blocks))
         return list(zip(self.prefill_blocks[self.first_block : end], self.decode_blocks[self.first_block : end]))
 

@@ -69,6 +69,7 @@ def test_a_prompts_blocks_move_from_the_prefill_pool_to_the_decode_pool_in_both_
             assert lent and all(prefill[b][0] == "0" for b in lent), prefill
             assert all(state == "free" for _, state in decode.values()), "nothing on the decode instance yet"
             assert transfer_row(page)["Lease state"] == "lent"
+            page.screenshot(path=str(SHOTS / "handover_en_lent.png"), full_page=True)
 
             click(page, "Step")
             step_title(page, "Step 1")

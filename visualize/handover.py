@@ -87,10 +87,10 @@ def pool_html(pool: PoolState, lang: str, numbers: dict[int, int] | None = None,
         tip = html.escape(f'{t("block", lang)} {row["block"]}{t("sep_colon", lang)}{who}')
         cells.append(f'<span data-testid="ho-block" data-block="{row["block"]}" data-request="{"" if rid is None else rid}" '
                      f'data-state="{state}" title="{tip}" '
-                     f'style="display:inline-block;box-sizing:border-box;width:34px;height:26px;margin:1px;border:{border};'
-                     f'background:{background};font-size:11px;line-height:22px;text-align:center;color:#222">{row["block"]}</span>')
-    grid = "".join("<div>" + "".join(cells[i : i + columns]) + "</div>" for i in range(0, len(cells), columns))
-    return f'<div data-testid="ho-pool" data-role="{pool.role}">{grid}</div>'
+                     f'style="box-sizing:border-box;height:24px;border:{border};background:{background};font-size:11px;'
+                     f'line-height:20px;text-align:center;color:#222">{row["block"]}</span>')
+    return (f'<div data-testid="ho-pool" data-role="{pool.role}" style="display:grid;grid-template-columns:repeat({columns}, 1fr);'
+            f'gap:2px;max-width:{columns * 40}px">{"".join(cells)}</div>')
 
 
 def block_tables_html(pool: PoolState, lang: str, numbers: dict[int, int] | None = None) -> str:
