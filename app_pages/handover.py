@@ -49,7 +49,7 @@ def page() -> None:
 
 
 def current_pair(settings, lease_s: float, lang: str) -> DisaggPair | None:
-    """This session's pair for these settings, rebuilt (its history cleared) when they changed."""
+    """The browser session's pair for these settings, rebuilt (its history cleared) when they changed."""
     ss = st.session_state
     key = (settings, lease_s)
     if ss.get("ho_key") == key and ss.get("ho_pair") is not None:
