@@ -57,7 +57,8 @@ class Handover:
         copy_ms: the prefill engine's copy of the blocks into a shared-memory segment, ms.
         read_ms: from that copy's start to the decode instance's release (the copy, the segment's
             copy out on the decode side, the release), ms.
-        lent_at_step, read_at_step: the pair's step that lent and read it (None: not yet).
+        lent_at_step, read_at_step, ended_at_step: the pair's step that lent it, read it, and ended
+            its load (loaded or recomputed) (None: not yet).
     """
 
     prefill_request_id: int
@@ -73,6 +74,7 @@ class Handover:
     read_ms: float | None = None
     lent_at_step: int | None = None
     read_at_step: int | None = None
+    ended_at_step: int | None = None
     _read_started: float | None = None
     _round_trip_done: bool = False  # the decode instance's release arrived (a refused read releases too)
 
@@ -243,7 +245,7 @@ class DisaggPair:
             if h.load in ("waiting", "loading") and h.decode_request_id is not None:
                 params = self.decode.get_output(h.decode_request_id).kv_transfer_params or {}
                 if params.get("kv_load") in ("loaded", "recomputed"):
-                    h.load = params["kv_load"]
+                    h.load, h.ended_at_step = params["kv_load"], self.step_index
 
     def _serve(self, block: bool) -> None:
         """Run the side channel's calls into the prefill engine. ``block``: until every load begun

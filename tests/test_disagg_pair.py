@@ -3,10 +3,12 @@ on a tiny model: what the pair reports of each handover is what the engines did.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.disagg_pair import DisaggPair
+from visualize.handover import story
 
 BLOCK = 4
 PROMPT = list(range(5, 23))  # 18 tokens: 5 blocks of 4
@@ -63,6 +65,7 @@ def test_a_lease_nobody_reads_in_time_expires_and_the_decode_engine_recomputes(t
             state = p.step()
         (h,) = state.handovers
         assert (h.lease, h.load, h.num_bytes, h.moves) == ("expired", "recomputed", 0, []), "nothing was read"
+        assert story(state, "en") == [] and "recompute" in story(dataclasses.replace(state, step=h.ended_at_step), "en")[0]
         assert not state.prefill.holders and not state.decode.holders
     finally:
         p.close()

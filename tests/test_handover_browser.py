@@ -95,6 +95,7 @@ def test_a_prompts_blocks_move_from_the_prefill_pool_to_the_decode_pool_in_both_
             decode = pool(page, "decode")
             assert sorted(b for b, (_, state) in decode.items() if state == "loaded") == loading, "the bytes landed in its blocks"
             assert transfer_row(page)["解码实例"] == "已加载"
+            assert "请求 0：它的 KV 已写入解码实例的块" in page.locator('[data-testid="ho-story"]').and_(fresh(page)).inner_text()
             assert page.get_by_text("预填充实例（kv_producer）").count() == 1 and page.get_by_text("Prefill instance").count() == 0
             no_exception_box(page)
             page.screenshot(path=str(SHOTS / "handover_zh.png"), full_page=True)

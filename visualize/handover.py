@@ -145,4 +145,6 @@ def story(state: PairState, lang: str) -> list[str]:
         if h.read_at_step == state.step:
             lines.append(t("ho_story_read", lang, rid=n, n=len(h.moves), size=_bytes(h.num_bytes),
                            ms=f"{h.read_ms:.1f}" if h.read_ms is not None else "–"))
+        if h.ended_at_step == state.step:
+            lines.append(t(f"ho_story_{h.load}", lang, rid=n))
     return lines

@@ -1754,6 +1754,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ho_story_read": ("Request {rid}: the decode instance read {n} blocks ({size}) in {ms} ms and released the lease: the "
                       "prefill blocks are free.",
                       "请求 {rid}：解码实例在 {ms} 毫秒内读取了 {n} 个块（{size}）并释放了租约：预填充实例的这些块已空闲。"),
+    "ho_story_loaded": ("Request {rid}: its KV is in the decode instance's blocks; its next step computes only the last "
+                        "prompt token, whose logits choose the first output token.",
+                        "请求 {rid}：它的 KV 已写入解码实例的块；下一步只计算提示词的最后一个 token，由它的 logits 选出第一个输出 token。"),
+    "ho_story_recomputed": ("Request {rid}: its KV could not be read (an ended lease, a prefill instance that did not "
+                            "answer): the decode instance prefills the prompt itself (recompute).",
+                            "请求 {rid}：它的 KV 无法读取（租约已结束，或预填充实例没有应答）：解码实例自己预填充这个提示词（重计算）。"),
     "ho_replies": ("The decode instance's replies", "解码实例的回答"),
 
 }
