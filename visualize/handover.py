@@ -88,9 +88,14 @@ def pool_html(pool: PoolState, lang: str, numbers: dict[int, int] | None = None,
         cells.append(f'<span data-testid="ho-block" data-block="{row["block"]}" data-request="{"" if rid is None else rid}" '
                      f'data-state="{state}" title="{tip}" '
                      f'style="box-sizing:border-box;height:24px;border:{border};background:{background};font-size:11px;'
-                     f'line-height:20px;text-align:center;color:#222">{row["block"]}</span>')
+                     f'line-height:20px;text-align:center;color:#222">{_label(row["block"], rid is not None)}</span>')
     return (f'<div data-testid="ho-pool" data-role="{pool.role}" style="display:grid;grid-template-columns:repeat({columns}, 1fr);'
             f'gap:2px;max-width:{columns * 40}px">{"".join(cells)}</div>')
+
+
+def _label(block: int, held: bool) -> str:
+    """A block's number, on a white patch where the cell is coloured or striped (legible on any request colour)."""
+    return f'<span style="background:#ffffffd9;padding:0 2px;border-radius:2px">{block}</span>' if held else str(block)
 
 
 def block_tables_html(pool: PoolState, lang: str, numbers: dict[int, int] | None = None) -> str:

@@ -1749,8 +1749,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ho_load_loading": ("loading", "加载中"),
     "ho_load_loaded": ("loaded", "已加载"),
     "ho_load_recomputed": ("recomputed", "已重计算"),
-    "ho_story_lent": ("Request {rid}: the prefill instance computed its prompt and lends its {n} blocks under lease {lease}.",
-                      "请求 {rid}：预填充实例算完了它的提示词，在租约 {lease} 下借出它的 {n} 个块。"),
+    "ho_story_lent": ("Request {rid}: the prefill instance computed its prompt and lends its {n} blocks under a lease ({lease}).",
+                      "请求 {rid}：预填充实例算完了它的提示词，在一个租约（{lease}）下借出它的 {n} 个块。"),
     "ho_story_read": ("Request {rid}: the decode instance read {n} blocks ({size}) in {ms} ms and released the lease: the "
                       "prefill blocks are free.",
                       "请求 {rid}：解码实例在 {ms} 毫秒内读取了 {n} 个块（{size}）并释放了租约：预填充实例的这些块已空闲。"),
