@@ -32,7 +32,7 @@ def page() -> None:
     b = st.columns(4)
     if b[0].button(t("ho_send", lang), key="ho_btn_send", width="stretch") and prompt.strip():
         try:
-            st.caption(t("ho_sent", lang, rid=pair.add_request(prompt.strip(), max_tokens)))
+            st.caption(t("ho_sent", lang, rid=pair.add_request(prompt.strip(), max_tokens, st.session_state["settings"].temperature)))
         except ValueError as error:
             st.error(plain(error_text(error, lang)))
     stepped = b[1].button(t("step", lang), type="primary", key="ho_btn_step", width="stretch")
