@@ -75,8 +75,6 @@ class Handover:
     lent_at_step: int | None = None
     read_at_step: int | None = None
     ended_at_step: int | None = None
-    _read_started: float | None = None
-    _round_trip_done: bool = False  # the decode instance's release arrived (a refused read releases too)
 
     @property
     def moves(self) -> list[tuple[int, int]]:
@@ -152,6 +150,8 @@ class DisaggPair:
         self.handovers: list[Handover] = []
         self._queued: list[tuple[int, list[int], int, float]] = []  # prefill request id, prompt ids, max_tokens, temperature
         self._to_send: list[tuple[Handover, list[int], SamplingParams, dict]] = []
+        self._read_started: dict[str, float] = {}  # transfer id -> when its copy began (perf_counter, s)
+        self._released: set[str] = set()  # transfer ids whose reader's release arrived (a refused read releases too)
         self._thread = _SteppedEngineThread(prefill)
         app = FastAPI()
         add_kv_transfer_routes(app, self._thread, 1 << 20)
@@ -252,7 +252,7 @@ class DisaggPair:
         has been read and released (at most :data:`SERVE_TIMEOUT_S`), then until its bytes arrived."""
         deadline = time.monotonic() + SERVE_TIMEOUT_S
         while True:
-            pending = [h for h in self.handovers if h.load == "loading" and not h._round_trip_done
+            pending = [h for h in self.handovers if h.load == "loading" and h.transfer_id not in self._released
                        and h.decode_request_id in self.decode.scheduler.waiting_for_remote_kvs]
             if block and not pending:
                 break
@@ -277,17 +277,17 @@ class DisaggPair:
         name = getattr(fn, "__name__", "")
         if name == "serve_kv_read" and args[0].transfer_id in by_id:
             h = by_id[args[0].transfer_id]
-            h.lease, h.read_at_step, h._read_started = "read", self.step_index, started
+            h.lease, h.read_at_step, self._read_started[h.transfer_id] = "read", self.step_index, started
             h.copy_ms = (time.perf_counter() - started) * 1e3
             element = torch.empty((), dtype=getattr(torch, result["dtype"])).element_size()
             h.num_bytes = math.prod(result["shape"]) * element
         elif name == "release_kv_transfer" and args[0] in by_id:
             h = by_id[args[0]]
-            h._round_trip_done = True
+            self._released.add(h.transfer_id)
             if result:
                 h.lease = "released"
-            if result and h._read_started is not None:
-                h.read_ms = (time.perf_counter() - h._read_started) * 1e3
+            if result and h.transfer_id in self._read_started:
+                h.read_ms = (time.perf_counter() - self._read_started[h.transfer_id]) * 1e3
         done.set_result(result)
 
     def _note_leases(self) -> None:
