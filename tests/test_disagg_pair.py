@@ -8,7 +8,7 @@ import time
 
 from engine import EngineConfig, LLMEngine, SamplingParams
 from engine.disagg_pair import DisaggPair
-from visualize.handover import story
+from visualize.handover import handover_rows, story
 
 BLOCK = 4
 PROMPT = list(range(5, 23))  # 18 tokens: 5 blocks of 4
@@ -67,5 +67,22 @@ def test_a_lease_nobody_reads_in_time_expires_and_the_decode_engine_recomputes(t
         assert (h.lease, h.load, h.num_bytes, h.moves) == ("expired", "recomputed", 0, []), "nothing was read"
         assert story(state, "en") == [] and "recompute" in story(dataclasses.replace(state, step=h.ended_at_step), "en")[0]
         assert not state.prefill.holders and not state.decode.holders
+    finally:
+        p.close()
+
+
+def test_a_prompt_the_decode_instance_has_cached_reads_only_the_blocks_it_lacks(tiny_llama_dir):
+    p = pair(tiny_llama_dir)
+    try:
+        for _ in range(2):  # the same prompt twice, one after the other
+            p.add_request(PROMPT, 2)
+            while p.has_unfinished():
+                state = p.step()
+        first, again = state.handovers
+        assert (first.first_block, len(first.moves)) == (0, 5)
+        assert again.first_block == 4 and again.moves == [(again.prefill_blocks[4], again.decode_blocks[4])], \
+            "4 full blocks hit the decode instance's prefix cache; only the last, partial one is read"
+        assert again.decode_blocks[:4] == first.decode_blocks[:4] and again.lease == "released"
+        assert handover_rows(state, "en")[1]["Prefix cache hits on decode (blocks, not read)"] == 4
     finally:
         p.close()

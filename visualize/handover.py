@@ -42,7 +42,8 @@ def pool_rows(pool: PoolState, numbers: dict[int, int] | None = None) -> list[di
 
 def handover_rows(state: PairState, lang: str = "en") -> list[dict]:
     """One row per handover, newest last, in the reader's language: request, lease (its id shortened),
-    lease state, blocks moved ("prefill → decode"), bytes, ms, and the decode instance's load state."""
+    lease state, blocks moved ("prefill → decode"), blocks the decode instance found in its own prefix
+    cache (not read), bytes, ms, and the decode instance's load state."""
     rows = []
     for h in state.handovers:
         rows.append({
@@ -51,6 +52,7 @@ def handover_rows(state: PairState, lang: str = "en") -> list[dict]:
             t("ho_lease_state", lang): t(f"ho_lease_{h.lease}", lang),
             t("ho_moves", lang): " ".join(f"{p}→{d}" for p, d in h.moves) or "–",
             t("ho_num_blocks", lang): len(h.moves),
+            t("ho_decode_hits", lang): h.first_block if h.decode_blocks else "–",
             t("ho_bytes", lang): _bytes(h.num_bytes) if h.num_bytes else "–",
             t("ho_copy_ms", lang): f"{h.copy_ms:.1f}" if h.copy_ms is not None else "–",
             t("ho_read_ms", lang): f"{h.read_ms:.1f}" if h.read_ms is not None else "–",

@@ -1741,6 +1741,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ho_lease_expired": ("expired", "已过期"),
     "ho_moves": ("Blocks moved (prefill → decode)", "移动的块（预填充 → 解码）"),
     "ho_num_blocks": ("Blocks", "块数"),
+    "ho_decode_hits": ("Prefix cache hits on decode (blocks, not read)", "解码实例的前缀缓存命中（块，不读取）"),
     "ho_bytes": ("Bytes", "字节数"),
     "ho_copy_ms": ("Copy (ms)", "复制（毫秒）"),
     "ho_read_ms": ("Read (ms)", "读取（毫秒）"),
