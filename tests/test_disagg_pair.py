@@ -83,6 +83,6 @@ def test_a_prompt_the_decode_instance_has_cached_reads_only_the_blocks_it_lacks(
         assert again.first_block == 4 and again.moves == [(again.prefill_blocks[4], again.decode_blocks[4])], \
             "4 full blocks hit the decode instance's prefix cache; only the last, partial one is read"
         assert again.decode_blocks[:4] == first.decode_blocks[:4] and again.lease == "released"
-        assert handover_rows(state, "en")[1]["Prefix cache hits on decode (blocks, not read)"] == 4
+        assert handover_rows(state, "en")[1]["Hits on decode"] == 4
     finally:
         p.close()

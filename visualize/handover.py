@@ -135,11 +135,11 @@ def handover_table_html(state: PairState, lang: str) -> str:
     rows = handover_rows(state, lang)
     if not rows:
         return f'<small style="color:#888">{t("ho_none_yet", lang)}</small>'
-    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+    head = "".join(f'<th style="white-space:nowrap">{html.escape(k)}</th>' for k in rows[0])
     body = "".join(f'<tr data-testid="ho-row" data-request="{h.prefill_request_id}">'
                    + "".join(f"<td>{html.escape(str(v))}</td>" for v in row.values()) + "</tr>"
                    for h, row in zip(state.handovers, rows))
-    return f'<table data-testid="ho-transfers" style="font-size:0.85rem"><tr>{head}</tr>{body}</table>'
+    return f'<table data-testid="ho-transfers" style="font-size:0.85rem;width:100%"><tr>{head}</tr>{body}</table>'
 
 
 def story(state: PairState, lang: str) -> list[str]:

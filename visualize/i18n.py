@@ -1728,10 +1728,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ho_transfers_caption": ("Each prefill block read and the decode block it went to; the bytes are every layer's K and V "
                              "of those blocks. Copy: the prefill engine copies the blocks into a shared-memory segment. Read: "
                              "from that copy to the decode instance's release (the copy, its own copy out of the segment, "
-                             "the release). The bytes land in the decode blocks at the decode instance's next step.",
+                             "the release). The bytes land in the decode blocks at the decode instance's next step. Hits on decode: "
+                             "blocks the decode instance found in its own prefix cache, not read.",
                              "每个被读取的预填充块及其去往的解码块；字节数是这些块在每一层的 K 和 V。复制：预填充引擎把块复制到"
                              "一个共享内存段。读取：从这次复制开始到解码实例释放为止（复制、解码实例从共享内存段复制出来、释放）。"
-                             "这些字节在解码实例的下一步写入它的块。"),
+                             "这些字节在解码实例的下一步写入它的块。解码端命中：解码实例在自己的前缀缓存中找到、无需读取的块。"),
     "ho_none_yet": ("No handover yet: send a prompt, then step.", "还没有交接：先发送一个提示词，再单步执行。"),
     "ho_lease": ("Lease", "租约"),
     "ho_lease_state": ("Lease state", "租约状态"),
@@ -1741,7 +1742,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ho_lease_expired": ("expired", "已过期"),
     "ho_moves": ("Blocks moved (prefill → decode)", "移动的块（预填充 → 解码）"),
     "ho_num_blocks": ("Blocks", "块数"),
-    "ho_decode_hits": ("Prefix cache hits on decode (blocks, not read)", "解码实例的前缀缓存命中（块，不读取）"),
+    "ho_decode_hits": ("Hits on decode", "解码端命中"),
     "ho_bytes": ("Bytes", "字节数"),
     "ho_copy_ms": ("Copy (ms)", "复制（毫秒）"),
     "ho_read_ms": ("Read (ms)", "读取（毫秒）"),
