@@ -22,7 +22,7 @@ import streamlit as st  # noqa: E402
 import paged_kernels  # noqa: F401
 import torch
 
-from app_pages import beside_vllm, classroom, compare, kernel_lab, labs_page, lessons, live, send, whatif
+from app_pages import beside_vllm, classroom, compare, handover, kernel_lab, labs_page, lessons, live, send, whatif
 from app_pages.common import refuse_unsafe_serving
 from app_pages.sidebar import engine_settings, lab_choice, language, student_mode
 from app_pages.state import torch_threads
@@ -47,6 +47,7 @@ else:
         st.Page(compare.page, title=t("page_compare", lang), icon=":material/compare:", url_path="compare"),
         st.Page(whatif.page, title=t("page_whatif", lang), icon=":material/calculate:", url_path="whatif"),
         st.Page(beside_vllm.page, title=t("page_vllm", lang), icon=":material/difference:", url_path="vllm"),
+        st.Page(handover.page, title=t("page_handover", lang), icon=":material/swap_horiz:", url_path="handover"),
         st.Page(kernel_lab.page, title=t("page_kernel", lang), icon=":material/memory:", url_path="kernel"),
         st.Page(lessons.page, title=t("page_lessons", lang), icon=":material/menu_book:", url_path="lessons"),
         st.Page(labs_page.page, title=t("page_labs", lang), icon=":material/construction:", url_path="labs"),

@@ -20,6 +20,7 @@ _EXPORTS = {
     "LLMEngine": "engine.llm_engine",
     "EngineConfig": "engine.config",
     "SpeculativeConfig": "engine.config",
+    "KVTransferConfig": "engine.config",
     "SamplingParams": "engine.sampling_params",
     "BeamSearchParams": "engine.sampling_params",
     "StepReport": "engine.report",

@@ -1,4 +1,4 @@
-"""``python -m engine``: generate, bench, bench-kv-dtype, bench-cpu, bench-prefix, simulate, whatif, calibrate, serve, bench-serve and
+"""``python -m engine``: generate, bench, bench-kv-dtype, bench-cpu, bench-prefix, simulate, whatif, calibrate, serve, serve-disagg, bench-serve and
 prepare-room from the command line (the paper's figures: ``python -m visualize reproduce-paper``)."""
 
 from __future__ import annotations
@@ -437,6 +437,9 @@ def _add_serve(sub) -> None:
     from engine.entrypoints.openai.cli_args import register_cli  # adds "serve"
 
     register_cli(sub)
+    from engine.entrypoints.disagg import register_cli as register_serve_disagg  # adds "serve-disagg"
+
+    register_serve_disagg(sub)
     from engine.tools.bench_serve import register_cli as register_bench_serve  # adds "bench-serve"
 
     register_bench_serve(sub, _bench_serve)

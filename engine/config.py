@@ -7,7 +7,7 @@ Torch-free: the simulator (``engine/sim/``) and the run files (``engine/runfile.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 DTYPES = ("auto", "float32", "float16", "bfloat16", "float64")
 DEVICES = ("auto", "cpu", "cuda")
@@ -222,10 +222,17 @@ class EngineConfig:
     kv_offload_blocks: int = 0
     kv_cache_dtype: str = "auto"
     calculate_kv_scales: bool = False
+    kv_transfer_config: KVTransferConfig | dict | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.speculative_config, Mapping):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if isinstance(self.kv_transfer_config, Mapping):
+            self.kv_transfer_config = KVTransferConfig.from_dict(self.kv_transfer_config)
+        if self.kv_transfer_config is not None and not isinstance(self.kv_transfer_config, KVTransferConfig):
+            raise ValueError(f"kv_transfer_config must be a KVTransferConfig, a dict of its settings or None, got {self.kv_transfer_config!r}")
+        if self.kv_transfer_config is not None and (self.allocator != "paged" or self.speculative_config is not None):
+            raise ValueError("kv_transfer_config hands over KV blocks: it needs allocator='paged' and no speculative_config")
         _positive_int("block_size", self.block_size)
         if self.num_gpu_blocks is not None and self.kv_cache_memory is not None:
             raise ValueError("give either num_gpu_blocks or kv_cache_memory, not both")
@@ -340,6 +347,19 @@ def _positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def _from_dict(cls, settings: Mapping, name: str):
+    """``cls(**settings)`` for a config given as vLLM's dict, each key checked against the fields.
+
+    Raises:
+        ValueError: a key that is not a field of ``cls`` (named, with those that are).
+    """
+    known = [f.name for f in fields(cls)]
+    for key in settings:
+        if key not in known:
+            raise ValueError(f"{name} has no setting {key!r}; the settings are: {', '.join(known)}")
+    return cls(**settings)
+
+
 def _choice(name: str, value, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
@@ -389,11 +409,7 @@ class SpeculativeConfig:
             ValueError: a key that is not one of the fields above (named, with those that are), or a value
                 :meth:`__post_init__` refuses.
         """
-        known = [field.name for field in fields(cls)]
-        for key in settings:
-            if key not in known:
-                raise ValueError(f"speculative_config has no setting {key!r}; the settings are: {', '.join(known)}")
-        return cls(**settings)
+        return _from_dict(cls, settings, "speculative_config")
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -444,3 +460,74 @@ class SpeculativeConfig:
                              f"in one step, more than the whole KV pool ({num_slots} slots) can ever hold")
         if k >= max_model_len:
             raise ValueError(f"speculative_config.num_speculative_tokens (k={k}) must be below max_model_len ({max_model_len})")
+
+
+KV_CONNECTORS = ("SharedMemoryConnector",)  # engine/kv_transfer/: the transports behind the connector interface
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")  # vLLM's: prefill instance, decode instance, either
+KV_LOAD_FAILURE_POLICIES = ("recompute",)  # vLLM's kv_load_failure_policy (its "fail" is not offered here)
+DEFAULT_KV_LEASE_DURATION_S = 30.0  # how long a prefill instance holds a finished request's blocks for its decode instance
+
+
+@dataclass
+class KVTransferConfig:
+    """Prefill/decode disaggregation: how this engine hands KV blocks to, or takes them from, another
+    engine (vLLM's ``KVTransferConfig``, ``--kv-transfer-config '{...}'``; ``engine/kv_transfer/``).
+
+    Attributes:
+        kv_connector: the transport class, one of :data:`KV_CONNECTORS`.
+        kv_role: "kv_producer" (a prefill instance: runs prompts, lends their blocks), "kv_consumer"
+            (a decode instance: reads a prompt's blocks, then decodes) or "kv_both".
+        kv_buffer_device: where transfers are staged: "cpu" (shared memory), the only one here.
+        engine_id: this engine's name in transfer parameters (``remote_engine_id``); None = a random one.
+        kv_ip, kv_port: where a producer's side channel answers (its HTTP server): what it writes
+            into ``remote_host`` / ``remote_port``; None = the server's own address.
+        kv_lease_duration: seconds a producer holds a finished request's blocks for its consumer
+            (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` lease); a lease not read by then is freed.
+        kv_load_failure_policy: what a consumer does when a load fails: "recompute" (prefill the
+            prompt itself, log it, and say so in the request's ``kv_transfer_params``).
+        kv_connector_extra_config: the transport's own settings: ``timeout_s`` (a load's HTTP timeout,
+            default 10), ``allowed_remote_hosts`` (hosts a consumer reads from; default loopback only).
+
+    Raises:
+        ValueError: an unknown setting or a bad value, naming it.
+    """
+
+    kv_connector: str = "SharedMemoryConnector"
+    kv_role: str = "kv_both"
+    kv_buffer_device: str = "cpu"
+    engine_id: str | None = None
+    kv_ip: str | None = None
+    kv_port: int | None = None
+    kv_lease_duration: float = DEFAULT_KV_LEASE_DURATION_S
+    kv_load_failure_policy: str = "recompute"
+    kv_connector_extra_config: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, settings: Mapping) -> KVTransferConfig:
+        """A KVTransferConfig from vLLM's dict (or ``--kv-transfer-config`` JSON) form.
+
+        Raises:
+            ValueError: a key that is not a field (named, with those that are), or a bad value.
+        """
+        return _from_dict(cls, settings, "kv_transfer_config")
+
+    def __post_init__(self) -> None:
+        _choice("kv_transfer_config.kv_connector", self.kv_connector, KV_CONNECTORS)
+        _choice("kv_transfer_config.kv_role", self.kv_role, KV_ROLES)
+        _choice("kv_transfer_config.kv_buffer_device", self.kv_buffer_device, ("cpu",))
+        _choice("kv_transfer_config.kv_load_failure_policy", self.kv_load_failure_policy, KV_LOAD_FAILURE_POLICIES)
+        lease = self.kv_lease_duration
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= 3600:
+            raise ValueError(f"kv_transfer_config.kv_lease_duration must be seconds in (0, 3600], got {lease!r}")
+        if self.kv_port is not None and (isinstance(self.kv_port, bool) or not isinstance(self.kv_port, int) or not 0 < self.kv_port < 65536):
+            raise ValueError(f"kv_transfer_config.kv_port must be a TCP port, got {self.kv_port!r}")
+        if not isinstance(self.kv_connector_extra_config, Mapping):
+            raise ValueError("kv_transfer_config.kv_connector_extra_config must be an object")
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")

@@ -10,6 +10,7 @@ process outputs (text, stopping rules, forks and beams; free finished requests' 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Callable
 
@@ -24,6 +25,7 @@ from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.cpu import ops as cpu_ops
+from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler, SharedMemoryConnectorWorker
 from engine.model_executor.model import build_model
 from engine.model_executor.model_loader import LoadedModel, load_model
 from engine.model_executor import kv_quant
@@ -112,8 +114,10 @@ class LLMEngine:
                 groups = self.kv.num_kv_cache_groups
                 raise ValueError(f"a KV pool of {self.num_blocks} blocks cannot hold one token of this model: each token takes a slot "
                                  f"in each of its {groups} KV cache groups, and block 0 is the null block; give at least {groups + 1} blocks")
+        self.kv_connector, self.kv_connector_worker = self._make_kv_connector()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, max_batched, config.preemption_mode, config.enable_chunked_prefill,
-                                   config.schedule_first, config.scheduling_policy, config.lpm_max_wait_steps)
+                                   config.schedule_first, config.scheduling_policy, config.lpm_max_wait_steps,
+                                   connector=self.kv_connector)
         self.eos_token_ids = _eos_token_ids(loaded.config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, self.scheduler, self.events, self.eos_token_ids, self.max_model_len)
         self.requests: dict[int, SequenceGroup] = self.output_processor.requests
@@ -168,8 +172,15 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         return ids
 
-    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | BeamSearchParams | None = None) -> int:
+    def add_request(self, prompt: Prompt, sampling_params: SamplingParams | BeamSearchParams | None = None,
+                    kv_transfer_params: dict | None = None) -> int:
         """Queue a request; returns its request_id.
+
+        ``kv_transfer_params`` (prefill/decode disaggregation, an engine with ``kv_transfer_config``):
+        ``{"do_remote_decode": true}`` on a prefill instance (its output's ``kv_transfer_params`` then
+        tell a decode instance where its blocks are), or those parameters on a decode instance
+        (``engine/kv_transfer/``). Untrusted: a decode instance checks them, and a prefill instance
+        serves only the blocks it lent under that transfer id.
 
         ``SamplingParams(n=k)`` asks for k parallel samples and :class:`~engine.BeamSearchParams` for
         beam search: the request's :class:`~engine.core.sequence.SequenceGroup` then holds several
@@ -179,8 +190,10 @@ class LLMEngine:
             ValueError: a bad field of ``sampling_params`` (named), a stop token id outside the
                 vocabulary, a bad prompt, or a request that can never fit: its prompt + 1 token is longer
                 than max_model_len or larger than the KV pool, or its n samples / beam_width beams
-                could not all reach their length in the pool. Nothing is queued then.
+                could not all reach their length in the pool; ``kv_transfer_params`` on an engine
+                without a KV connector or in the wrong role, or not an object. Nothing is queued then.
         """
+        self._check_kv_transfer_params(kv_transfer_params, sampling_params)
         params = sampling_params or SamplingParams()
         if not isinstance(params, (SamplingParams, BeamSearchParams)):
             raise ValueError("sampling_params must be a SamplingParams or a BeamSearchParams")
@@ -197,7 +210,8 @@ class LLMEngine:
         stopping = beam.stopping_params() if beam else params
         seq = Sequence(request_id, len(ids), max_len=min(len(ids) + stopping.max_tokens, self.max_model_len),
                        sampling_params=stopping, token_ids=ids, seq_id=self.output_processor.next_seq_id)
-        request = SequenceGroup(request_id, [seq], stopping, beam_search=beam)
+        request = SequenceGroup(request_id, [seq], stopping, beam_search=beam,
+                                kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None)
         if self.spec is not None and not request.is_single:
             what = "beam search" if beam is not None else f"n={params.n}"
             raise ValueError(f"speculative decoding serves one sequence per request: {what} is refused (use n=1, or an engine "
@@ -244,6 +258,21 @@ class LLMEngine:
         if chunk is not None and chunk >= self.config.max_num_seqs:
             why += f", or chunked prefill with max_num_batched_tokens of at most {chunk}"
         return why
+
+    def _check_kv_transfer_params(self, kv_transfer_params, sampling_params) -> None:
+        if kv_transfer_params is None:
+            return
+        if not isinstance(kv_transfer_params, dict):
+            raise ValueError("kv_transfer_params must be an object")
+        config = self.config.kv_transfer_config
+        if config is None:
+            raise ValueError("kv_transfer_params: this engine hands no KV over (start it with a kv_transfer_config)")
+        if kv_transfer_params.get("do_remote_decode") and not config.is_kv_producer:
+            raise ValueError(f"kv_transfer_params.do_remote_decode: this engine is a {config.kv_role}, it lends no blocks")
+        if kv_transfer_params.get("do_remote_prefill") and not config.is_kv_consumer:
+            raise ValueError(f"kv_transfer_params.do_remote_prefill: this engine is a {config.kv_role}, it reads no blocks")
+        if isinstance(sampling_params, BeamSearchParams) or (sampling_params is not None and sampling_params.n != 1):
+            raise ValueError("kv_transfer_params: only one-sequence requests (n=1, no beam search) are handed over")
 
     def _prompt_text(self, prompt: Prompt, ids: list[int]) -> str:
         """The prompt as text: a text prompt as given, chat messages' last content, or the decoded ids."""
@@ -310,10 +339,14 @@ class LLMEngine:
         the copies failed, the prefix cache's CPU tier and GPU cache forget the blocks they never received.
         """
         timer = _Timer()
+        wall_start_ms = time.time() * 1e3 if self.kv_connector is not None else None
         batch = self.scheduler.schedule()
         timer.lap("schedule")
         self._swap(batch)
         timer.lap("swap")
+        loading = list(self.scheduler.waiting_for_remote_kvs)  # loads in flight during this step (none without a connector)
+        if self.kv_connector_worker is not None:
+            self.kv_connector_worker.start_load_kv(batch.kv_connector_metadata)
         logits = self._execute(batch)
         timer.lap("forward")
         # After the pass (speculation picks its drafts in it), before the outputs advance any sequence.
@@ -324,13 +357,86 @@ class LLMEngine:
             samples = self._sample(batch, logits)
             self._process_outputs(samples, out)
         timer.lap("sample")
+        if self.kv_connector_worker is not None:
+            self._finish_kv_loads(batch)
         report = self._make_report(batch, scheduled, out)
         timer.lap("report")
         report.timings_ms = timer.timings_ms()
+        if self.kv_connector is not None:
+            report.wall_start_ms, report.kv_transfers = wall_start_ms, self._kv_transfers(loading)
         report.start_ms, report.arrived, self._arrived = self.clock_ms, self._arrived, {}
         self.clock_ms += report.timings_ms["total"]
         self.step_index += 1
         return report
+
+    # ---- KV transfer (engine/kv_transfer/) ------------------------------------------------------
+
+    def _make_kv_connector(self):
+        """The connector's scheduler and worker sides (vLLM instantiates one class per role), or (None, None)."""
+        config = self.config.kv_transfer_config
+        if config is None:
+            return None, None
+        if self.kv_cache_config is not None:
+            raise ValueError("kv_transfer_config: a model with sliding-window layers (several KV cache groups) is not handed over")
+        scheduler_side = SharedMemoryConnectorScheduler(config, self.config.block_size)
+        return scheduler_side, SharedMemoryConnectorWorker(config, self.runner.kv_caches, scheduler_side.leases)
+
+    def _finish_kv_loads(self, batch: SchedulerOutput) -> None:
+        """The loads that ended go back to the scheduler; an engine with nothing to run but loads in
+        flight waits for one (up to 20 ms) instead of spinning empty steps."""
+        finished = self.kv_connector_worker.get_finished()
+        if finished.is_empty and batch.is_empty and self.scheduler.waiting_for_remote_kvs:
+            self.kv_connector_worker.wait_for_any(0.02)
+            finished = self.kv_connector_worker.get_finished()
+        self.scheduler.update_from_kv_xfer_finished(finished)
+
+    def _kv_transfers(self, loading: list[int]) -> dict[int, str]:
+        """``StepReport.kv_transfers``: the requests in a handover during the step: lent after it, or
+        loading in it (``loading``: those waiting for their KV when it was scheduled, a load that
+        landed within the step included)."""
+        s = self.scheduler
+        return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
+
+    def serve_kv_read(self, lease) -> dict:
+        """A decode instance reads the blocks of a claimed lease (a prefill instance; call on the
+        engine's thread). See ``SharedMemoryConnectorWorker.claim`` and ``serve_read``.
+
+        Raises:
+            engine.kv_transfer.lease.TransferRefused: the lease ended before the copy.
+        """
+        return self.kv_connector_worker.serve_read(lease)
+
+    def release_kv_transfer(self, transfer_id, prompt_hash) -> bool:
+        """A decode instance is done with the blocks lent under ``transfer_id`` for its prompt (of
+        ``prompt_hash``): they are freed now. Returns whether it named such a live lease."""
+        released = self.kv_connector_worker.release(transfer_id, prompt_hash)
+        self.scheduler.free_lent_blocks()
+        return released
+
+    def free_lent_blocks(self) -> list[int]:
+        """Free the blocks of leases read or expired, and the shared memory of expired ones (the
+        server calls it every second, idle or not)."""
+        if self.kv_connector is None:
+            return []
+        freed = self.scheduler.free_lent_blocks()
+        if self.kv_connector.leases is not None:
+            self.kv_connector_worker.drop_segments(keep=self.kv_connector.leases.live_ids())
+        return freed
+
+    def kv_transfer_status(self) -> dict:
+        """The connector's counters and the pool, for the server's ``/kv_transfer/status``."""
+        c, s = self.kv_connector, self.scheduler
+        leases = c.leases
+        return {"engine_id": c.engine_id, "pid": os.getpid(), "kv_role": self.config.kv_transfer_config.kv_role,
+                "num_free_blocks": self.kv.num_free_blocks, "num_blocks": self.kv.num_usable_blocks,
+                "num_lent_requests": len(s.lent), "num_leases": len(leases) if leases is not None else 0,
+                "num_refused_reads": leases.num_refused if leases is not None else 0,
+                "num_expired_leases": leases.num_expired if leases is not None else 0,
+                "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed}
+
+    def shutdown_kv_connector(self) -> None:
+        if self.kv_connector_worker is not None:
+            self.kv_connector_worker.shutdown()
 
     def _swap(self, batch: SchedulerOutput) -> None:
         """The step's swap copies, before anything else: a block swapped out may be handed out

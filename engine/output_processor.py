@@ -174,6 +174,7 @@ class OutputProcessor:
             num_cached_tokens=request.seqs[0].num_prefix_hit_tokens if request.seqs else 0,
             error=self.errors.get(request_id),
             prompt_text=self.prompt_texts[request_id],
+            kv_transfer_params=request.kv_transfer_params,
         )
 
     def take_output(self, request_id: int) -> RequestOutput:

@@ -343,6 +343,11 @@ class StepReport:
             that request's id (its cached tokens are in ``admissions``).
         kv_offload: with ``kv_offload_blocks``, the step's :class:`~engine.core.kv_offload.KVOffloadStats`:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
+        kv_transfers: with a KV connector (``engine/kv_transfer/``): request id -> "loading" (a decode
+            instance's request waiting for its prompt's KV during the step, ``WAITING_FOR_REMOTE_KVS``)
+            or "lent" (a prefill instance's finished request whose blocks are held after the step).
+        wall_start_ms: with a KV connector, when the step started on the wall clock (Unix time, ms):
+            two instances' steps side by side (``engine.timeline.disagg_chrome_trace``); else None.
         radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted
             (:class:`RadixTreeView`); None otherwise (the simulator records none).
         prefix_matches: prefix caching: per request id admitted this step with a cache hit, what it
@@ -390,6 +395,8 @@ class StepReport:
     radix_tree: RadixTreeView | None = None
     prefix_matches: dict[int, PrefixMatch] = field(default_factory=dict)
     kv_groups: list[KVCacheGroupReport] = field(default_factory=list)
+    kv_transfers: dict[int, str] = field(default_factory=dict)
+    wall_start_ms: float | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -459,7 +466,9 @@ class RequestOutput:
     found in the prefix cache at its first prefill (vLLM's name; 0 with prefix caching off).
     ``error``: finish reason "error": what failed, as ``"TypeError: message"``; else None.
     ``prompt_text``: the prompt as text: a text prompt as given, the last chat message's content,
-    or the decoding of a prompt given as token ids.
+    or the decoding of a prompt given as token ids. ``kv_transfer_params``: prefill/decode
+    disaggregation (vLLM's field): a prefill instance's where-to-read parameters for the decode
+    instance, or a decode instance's ``{"kv_load": "loaded" | "recomputed", ...}``; else None.
     """
 
     request_id: int
@@ -472,6 +481,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     error: str | None = None
     prompt_text: str = ""
+    kv_transfer_params: dict | None = None
 
     @property
     def finished(self) -> bool:

@@ -36,7 +36,8 @@ DECODE = "decode"  # computing its newest token (with speculative decoding: veri
 PREEMPTED = "preempted"  # evicted this step (Span.reason: recompute or swap)
 SWAPPED = "swapped"  # waiting in the CPU pool, swapped out
 STALLED = "stalled"  # admitted, holding its blocks, but not in this step's batch (the token budget went to others)
-STATES = (WAITING, PREFILL, DECODE, PREEMPTED, SWAPPED, STALLED)
+KV_TRANSFER = "kv_transfer"  # disaggregation: its prompt's KV is being read in, or its blocks are lent (Span.reason)
+STATES = (WAITING, PREFILL, DECODE, PREEMPTED, SWAPPED, STALLED, KV_TRANSFER)
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class Span:
         batch_size: requests in the step's batch; step_tokens: tokens the whole step computed.
         num_tokens: tokens this request computed in the step (prefill chunk, or its decodes).
         reason: WAITING: a ``engine.report.WAIT_*`` code ("" in run files without it);
-            PREEMPTED: the PREEMPT event's detail (recompute, swap, or why a swap recomputed).
+            PREEMPTED: the PREEMPT event's detail (recompute, swap, or why a swap recomputed);
+            KV_TRANSFER: "loading" (decode instance) or "lent" (prefill instance).
         blocker: WAITING with WAIT_QUEUE: the head of the queue it waits behind; with
             WAIT_LPM_PASSED_OVER: the later arrival admitted before it (``StepReport.passed_over``); else None.
         blocker_cached: WAIT_LPM_PASSED_OVER: the prompt tokens the blocker found cached (``StepReport.admissions``).
@@ -209,6 +211,8 @@ def _spans(report: StepReport, start: float, end: float, rows: dict[int, Request
             spans[rid] = Span(rid, state=WAITING, reason=reason, blocker=blocker, blocker_cached=cached.get(blocker, 0), **base)
     for rid in report.swapped:
         spans.setdefault(rid, Span(rid, state=SWAPPED, **base))
+    for rid, what in getattr(report, "kv_transfers", {}).items():
+        spans.setdefault(rid, Span(rid, state=KV_TRANSFER, reason=what, **base))
     live = {b.request_id for b in report.block_tables}
     for rid, row in rows.items():
         if rid in spans or rid in report.finished or row.end_ms is not None:
@@ -234,10 +238,10 @@ def latency_table(timelines: list[RequestTimeline]) -> list[dict]:
 TRACE_PID = 1
 
 
-def chrome_trace(reports: list[StepReport], name: str = "PagedAttention Lab") -> dict:
+def chrome_trace(reports: list[StepReport], name: str = "PagedAttention Lab", pid: int = TRACE_PID) -> dict:
     """The timeline in the Trace Event Format (Chrome's ``chrome://tracing``, ui.perfetto.dev).
 
-    One process (pid 1, named ``name``); one thread (track) per request, tid = request id, named
+    One process (``pid``, 1 by default, named ``name``); one thread (track) per request, tid = request id, named
     "request <id>" by "M" metadata events and sorted by id; one complete event ("X", ``ts`` and
     ``dur`` in µs) per request per step, named by its state (STATES), with the step, its batch and
     tokens, and the reason it waited in ``args``; instant events ("i", thread scope) for its arrival,
@@ -246,17 +250,18 @@ def chrome_trace(reports: list[StepReport], name: str = "PagedAttention Lab") ->
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``, ready for ``json.dump``.
     """
-    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": TRACE_PID, "tid": 0, "args": {"name": name}}]
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}},
+                          {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
     for row in build_timeline(reports):
         tid = row.request_id
-        events.append({"name": "thread_name", "ph": "M", "pid": TRACE_PID, "tid": tid, "args": {"name": f"request {tid}"}})
-        events.append({"name": "thread_sort_index", "ph": "M", "pid": TRACE_PID, "tid": tid, "args": {"sort_index": tid}})
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": f"request {tid}"}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
         for span in row.spans:
-            events.append({"name": span.state, "cat": "request", "ph": "X", "pid": TRACE_PID, "tid": tid,
+            events.append({"name": span.state, "cat": "request", "ph": "X", "pid": pid, "tid": tid,
                            "ts": _us(span.start_ms), "dur": _us(span.end_ms - span.start_ms), "args": _span_args(span)})
         for mark, ms in (("arrival", row.arrival_ms), ("first token", row.first_token_ms), ("finished", row.end_ms)):
             if ms is not None:
-                events.append({"name": mark, "cat": "request", "ph": "i", "s": "t", "pid": TRACE_PID, "tid": tid, "ts": _us(ms)})
+                events.append({"name": mark, "cat": "request", "ph": "i", "s": "t", "pid": pid, "tid": tid, "ts": _us(ms)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"source": name, "clock": "the engine's busy time (simulated time for the simulator)"}}
 
@@ -266,6 +271,26 @@ def chrome_trace_json(reports: list[StepReport], name: str = "PagedAttention Lab
     ``Infinity`` or ``NaN``, so a time that is not finite raises ValueError rather than being
     written (run files bound their times, engine/runfile.py's MAX_TIME_MS)."""
     return json.dumps(chrome_trace(reports, name), allow_nan=False)
+
+
+def disagg_chrome_trace(instances: list[tuple[str, list[StepReport]]]) -> dict:
+    """Prefill/decode disaggregation: several engines' timelines in one trace, one process track per
+    engine (pid 1, 2, ... in order, each named), on the wall clock (``StepReport.wall_start_ms``,
+    which engines with a KV connector record), 0 at the earliest step. A handover shows as a
+    ``kv_transfer`` slice on both tracks: "lent" on the prefill instance's request (in the steps it
+    took while the blocks were held), "loading" on the decode instance's while its KV is read in.
+
+    Raises:
+        ValueError: a report without ``wall_start_ms`` (an engine without a KV connector).
+    """
+    if any(r.wall_start_ms is None for _, reports in instances for r in reports):
+        raise ValueError("disagg_chrome_trace needs StepReport.wall_start_ms: reports of engines with a kv_transfer_config")
+    t0 = min((r.wall_start_ms for _, reports in instances for r in reports), default=0.0)
+    events: list[dict] = []
+    for pid, (name, reports) in enumerate(instances, start=1):
+        on_wall = [replace(r, start_ms=r.wall_start_ms - t0, arrived={rid: r.wall_start_ms - t0 for rid in r.arrived}) for r in reports]
+        events += chrome_trace(on_wall, name, pid)["traceEvents"]
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": "prefill/decode disaggregation", "clock": "wall clock"}}
 
 
 def write_chrome_trace(reports: list[StepReport], path: str, name: str = "PagedAttention Lab") -> None:

@@ -41,7 +41,7 @@ def test_every_generate_option_says_what_it_does_and_its_default():
         assert f"default: {default}" in described, f"{option} shows no default: {described!r}"
 
 
-@pytest.mark.parametrize("command", ["generate", "serve", "bench-serve", "simulate", "calibrate", "bench"])
+@pytest.mark.parametrize("command", ["generate", "serve", "serve-disagg", "bench-serve", "simulate", "calibrate", "bench"])
 def test_an_option_with_a_default_shows_it(command):
     """Whatever a command's option defaults to (a number, a name) is in its help, written or added by the formatter."""
     from engine.cli import build_parser

@@ -544,6 +544,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "state_preempted": ("preempted", "被抢占"),
     "state_swapped": ("swapped out", "已换出"),
     "state_stalled": ("admitted, not scheduled", "已接纳、本步未调度"),
+    "state_kv_transfer": ("KV transfer (prefill/decode)", "KV 传输（预填充/解码分离）"),
     "why_budget": ("the step's token budget is spent", "本步的 token 预算已用完"),
     "why_budget_long": ("behind a long prefill: request {rid} prefills {n} of the step's {total} tokens",
                         "排在长预填充之后：请求 {rid} 预填充了本步 {total} 个 token 中的 {n} 个"),
@@ -1875,6 +1876,81 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                    "{context:>6} 个 token：全部为全注意力层 {full:.1f} MiB，Gemma 3 的模式 {hybrid:.1f} MiB（仅为前者的 1/{ratio:.1f}）"),
     "lp10_given": ("alpha = {alpha:.3f}, k = {k}, plain_step_ms = {plain:.1f}, verify_step_ms = {verify:.1f}",
                    "alpha = {alpha:.3f}，k = {k}，plain_step_ms = {plain:.1f}，verify_step_ms = {verify:.1f}"),
+    # --- Prefill/decode handover (app_pages/handover.py, engine/disagg_pair.py): two engines, one request's KV blocks moving
+    "page_handover": ("Prefill/decode handover", "预填充/解码交接"),
+    "ho_intro": ("Two engines in this app, the shared-memory KV connector between them: the prefill instance computes a "
+                 "prompt and lends its KV cache blocks under a lease; the decode instance allocates its own blocks, reads "
+                 "the lent ones into them through the prefill instance's side channel, releases the lease and generates. "
+                 "Send a prompt, then step both engines.",
+                 "本应用里有两个引擎，之间是共享内存 KV 连接器：预填充实例计算提示词，在租约下借出它的 KV 缓存块；"
+                 "解码实例分配自己的块，经由预填充实例的旁路通道把借出的块读进来，释放租约，然后生成。"
+                 "先发送一个提示词，再让两个引擎单步执行。"),
+    "ho_prompt": ("Prompt", "提示词"),
+    "ho_max_tokens": ("Max new tokens", "最多新 token 数"),
+    "ho_lease_s": ("Lease duration (s)", "租约时长（秒）"),
+    "ho_lease_s_help": ("How long the prefill instance holds a finished prompt's blocks for the decode instance "
+                        "(`kv_lease_duration`). Make it short and wait before stepping to see a lease expire: the decode "
+                        "instance then recomputes the prompt.",
+                        "预填充实例为解码实例保留已完成提示词的块多长时间（`kv_lease_duration`）。设得短一些，并在单步前等待，"
+                        "就能看到租约过期：解码实例随后自己重计算提示词。"),
+    "ho_send": ("Send", "发送"),
+    "ho_run_all": ("Run to the end", "运行到结束"),
+    "ho_sent": ("Request {rid} sent to the prefill instance (max_tokens 1, do_remote_decode).",
+                "请求 {rid} 已发送到预填充实例（max_tokens 1，do_remote_decode）。"),
+    "ho_building": ("Building the prefill and decode engines…", "正在构建预填充引擎和解码引擎…"),
+    "ho_error": ("The two engines could not be built: {error}", "无法构建这两个引擎：{error}"),
+    "ho_step_title": ("Step {step}", "第 {step} 步"),
+    "ho_before_first": ("Before the first step", "第一步之前"),
+    "ho_prefill_instance": ("Prefill instance (kv_producer)", "预填充实例（kv_producer）"),
+    "ho_decode_instance": ("Decode instance (kv_consumer)", "解码实例（kv_consumer）"),
+    "ho_pool": ("KV cache pool: {used} of {total} blocks held", "KV 缓存池：占用 {total} 个块中的 {used} 个"),
+    "ho_tables": ("Block tables", "块表"),
+    "ho_no_tables": ("No block held.", "没有占用任何块。"),
+    "ho_state_running": ("running", "运行中"),
+    "ho_state_lent": ("lent under a lease", "在租约下借出"),
+    "ho_state_loading": ("its KV being read in", "正在读入它的 KV"),
+    "ho_state_loaded": ("KV read in, its last prompt token next", "KV 已读入，下一步计算提示词的最后一个 token"),
+    "ho_legend_moved": ("moved this step", "本步移动的块"),
+    "ho_transfers": ("Handovers", "交接记录"),
+    "ho_transfers_caption": ("Each prefill block read and the decode block it went to; the bytes are every layer's K and V "
+                             "of those blocks. Copy: the prefill engine copies the blocks into a shared-memory segment. Read: "
+                             "from that copy to the decode instance's release (the copy, its own copy out of the segment, "
+                             "the release). The bytes land in the decode blocks at the decode instance's next step. Hits on decode: "
+                             "blocks the decode instance found in its own prefix cache, not read.",
+                             "每个被读取的预填充块及其去往的解码块；字节数是这些块在每一层的 K 和 V。复制：预填充引擎把块复制到"
+                             "一个共享内存段。读取：从这次复制开始到解码实例释放为止（复制、解码实例从共享内存段复制出来、释放）。"
+                             "这些字节在解码实例的下一步写入它的块。解码端命中：解码实例在自己的前缀缓存中找到、无需读取的块。"),
+    "ho_none_yet": ("No handover yet: send a prompt, then step.", "还没有交接：先发送一个提示词，再单步执行。"),
+    "ho_lease": ("Lease", "租约"),
+    "ho_lease_state": ("Lease state", "租约状态"),
+    "ho_lease_lent": ("lent", "已借出"),
+    "ho_lease_read": ("read", "已读取"),
+    "ho_lease_released": ("released", "已释放"),
+    "ho_lease_expired": ("expired", "已过期"),
+    "ho_moves": ("Blocks moved (prefill → decode)", "移动的块（预填充 → 解码）"),
+    "ho_num_blocks": ("Blocks", "块数"),
+    "ho_decode_hits": ("Hits on decode", "解码端命中"),
+    "ho_bytes": ("Bytes", "字节数"),
+    "ho_copy_ms": ("Copy (ms)", "复制（毫秒）"),
+    "ho_read_ms": ("Read (ms)", "读取（毫秒）"),
+    "ho_load": ("Decode instance", "解码实例"),
+    "ho_load_waiting": ("not admitted yet", "尚未接纳"),
+    "ho_load_loading": ("loading", "加载中"),
+    "ho_load_loaded": ("loaded", "已加载"),
+    "ho_load_recomputed": ("recomputed", "已重计算"),
+    "ho_story_lent": ("Request {rid}: the prefill instance computed its prompt and lends its {n} blocks under a lease ({lease}).",
+                      "请求 {rid}：预填充实例算完了它的提示词，在一个租约（{lease}）下借出它的 {n} 个块。"),
+    "ho_story_read": ("Request {rid}: the decode instance read {n} blocks ({size}) in {ms} ms and released the lease: the "
+                      "prefill blocks are free.",
+                      "请求 {rid}：解码实例在 {ms} 毫秒内读取了 {n} 个块（{size}）并释放了租约：预填充实例的这些块已空闲。"),
+    "ho_story_loaded": ("Request {rid}: its KV is in the decode instance's blocks; its next step computes only the last "
+                        "prompt token, whose logits choose the first output token.",
+                        "请求 {rid}：它的 KV 已写入解码实例的块；下一步只计算提示词的最后一个 token，由它的 logits 选出第一个输出 token。"),
+    "ho_story_recomputed": ("Request {rid}: its KV could not be read (an ended lease, a prefill instance that did not "
+                            "answer): the decode instance prefills the prompt itself (recompute).",
+                            "请求 {rid}：它的 KV 无法读取（租约已结束，或预填充实例没有应答）：解码实例自己预填充这个提示词（重计算）。"),
+    "ho_replies": ("The decode instance's replies", "解码实例的回答"),
+
 }
 
 
@@ -1935,6 +2011,9 @@ GLOSSARY: dict[str, str] = {
     # the radix tree's nodes, the scheduler's admission, the What-ifs page's model
     "leaf": "叶节点", "locked": "已锁定", "unlocked": "未锁定", "admission": "准入", "admit": "接纳",
     "cost model": "步时模型", "what-ifs at scale": "规模推演",
+    # prefill/decode disaggregation (vLLM's KV connectors)
+    "lease": "租约", "handover": "交接", "kv cache": "KV 缓存", "shared memory": "共享内存", "prefill instance": "预填充实例",
+    "decode instance": "解码实例", "side channel": "旁路通道",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {

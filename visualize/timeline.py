@@ -12,12 +12,12 @@ import altair as alt
 import pandas as pd
 
 from engine.report import PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, RECOMPUTE_CPU_POOL_FULL, RECOMPUTE_PARTIAL_PREFILL, WAIT_BUDGET
-from engine.timeline import DECODE, PREEMPTED, PREFILL, STALLED, STATES, SWAPPED, WAITING, RequestTimeline, Span
+from engine.timeline import DECODE, KV_TRANSFER, PREEMPTED, PREFILL, STALLED, STATES, SWAPPED, WAITING, RequestTimeline, Span
 from visualize.i18n import t
 from visualize.style import as_svg
 
 STATE_COLORS = {WAITING: "#d9d9d9", PREFILL: "#ff7f0e", DECODE: "#1f77b4", PREEMPTED: "#d62728", SWAPPED: "#9467bd",
-                STALLED: "#f2e394"}
+                STALLED: "#f2e394", KV_TRANSFER: "#17becf"}
 MARKS = (("arrival", "triangle-right", "#000000"), ("first_token", "diamond", "#2ca02c"), ("finished", "square", "#000000"))
 PREEMPT_KEYS = {PREEMPTED_BY_RECOMPUTE: "ev_preempt_detail", PREEMPTED_BY_SWAP: "ev_preempt_swap_detail",
                 RECOMPUTE_CPU_POOL_FULL: "ev_preempt_cpu_full", RECOMPUTE_PARTIAL_PREFILL: "ev_preempt_partial_prefill"}

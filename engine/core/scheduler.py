@@ -37,6 +37,14 @@ a group's sequences decode together, a preemption frees or swaps all of them, an
 a whole. Every request is one, whether it holds one sequence or several (the simulator's lock-step
 path alone schedules a bare ``Sequence``, which answers the same interface).
 
+With a KV connector (prefill/decode disaggregation, vLLM v1's ``KVConnector``; ``engine/kv_transfer/``)
+the scheduler asks it at admission how many prompt tokens another engine computed. Such a request gets
+its blocks and waits in ``waiting_for_remote_kvs`` (``WAITING_FOR_REMOTE_KVS``) while the workers read
+the KV into them; once read, it is admitted before the waiting queue with one prompt token left to
+compute (the last one, whose logits choose its first token). A load that fails is recomputed: the
+request goes back to the head of the queue and prefills its prompt itself. On the prefill side a
+finished request's blocks may outlive it, lent under a lease until its decode instance has read them.
+
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
 requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``).
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import TYPE_CHECKING
 
 from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
@@ -57,6 +66,9 @@ from engine.report import (PREEMPT, PREEMPTED_BY_RECOMPUTE, PREEMPTED_BY_SWAP, R
                            WAIT_BUDGET, WAIT_LPM_PASSED_OVER, WAIT_MAX_NUM_SEQS, WAIT_NO_FREE_BLOCK, WAIT_PREEMPTION, WAIT_QUEUE,
                            WAIT_SWAPPED)
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+
+if TYPE_CHECKING:  # the connector sits above core (engine/kv_transfer/): the scheduler only calls it
+    from engine.kv_transfer.base import KVConnectorOutput, KVConnectorScheduler
 
 
 class Scheduler:
@@ -78,6 +90,8 @@ class Scheduler:
             ``SchedulerOutput.admissions`` with its reason.
         report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
             every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
+        connector: a KV connector's scheduler side (``engine/kv_transfer/base.py``); None = this engine
+            computes every prompt itself.
 
     Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
     blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
@@ -96,7 +110,7 @@ class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
                  schedule_first: str = "decodes", scheduling_policy: str = "fcfs", lpm_max_wait_steps: int = 64,
-                 report_waiting: bool = True):
+                 report_waiting: bool = True, connector: KVConnectorScheduler | None = None):
         check_schedule_first(schedule_first, enable_chunked_prefill)
         if scheduling_policy not in ("fcfs", "lpm"):
             raise ValueError(f"scheduling_policy must be one of fcfs, lpm; got {scheduling_policy!r}")
@@ -124,6 +138,10 @@ class Scheduler:
         # Prefix caching: tokens looked up and found at admissions (evictions: the allocator's).
         self.prefix_cache_stats = PrefixCacheStats() if kv_manager.enable_caching else None
         self.events = kv_manager.events  # one ordered log (engine/core/events.py): the allocator's and the scheduler's
+        self.connector = connector
+        self.waiting_for_remote_kvs: dict[int, SequenceGroup] = {}  # request id -> request whose KV is being read in
+        self.remote_kv_ready: deque[SequenceGroup] = deque()  # read in: admitted first, its last prompt token to compute
+        self.lent: dict[int, SequenceGroup] = {}  # finished requests whose blocks are lent to a decode instance
 
     def add(self, group: SequenceGroup) -> None:
         self._set_status(group, SequenceStatus.WAITING)
@@ -132,14 +150,85 @@ class Scheduler:
             self.waiting_since[group.request_id] = self.num_steps
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        return bool(self.waiting or self.running or self.swapped or self.waiting_for_remote_kvs or self.remote_kv_ready)
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
+        if self.connector is not None:
+            self.free_lent_blocks()
         out = self._schedule_step()
         self._mark_passed_over(out)
         out.kv_offload_out, out.kv_offload_in = self.kv.take_offload_copies()  # the CPU tier's copies (prefix caching)
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
+
+    # --- KV transfer (engine/kv_transfer/): vLLM v1's connector calls -------------------------
+
+    def free_lent_blocks(self, now: float | None = None) -> list[int]:
+        """Free the blocks of lent requests whose decode instance has read them, or whose lease
+        expired (``KVConnectorScheduler.take_freeable``). Returns their request ids."""
+        freed = [rid for rid in self.connector.take_freeable(now) if rid in self.lent]
+        for request_id in freed:
+            group = self.lent.pop(request_id)
+            for seq in group.seqs:  # finished: every sequence's blocks were kept
+                self.kv.free(seq)
+            self.kv.free_group(group)
+        return freed
+
+    def update_from_kv_xfer_finished(self, output: KVConnectorOutput) -> None:
+        """The workers' finished loads: a request read in waits in ``remote_kv_ready`` with all but
+        its last prompt token computed; a failed one goes back to the head of the queue and
+        prefills its prompt itself (vLLM's ``kv_load_failure_policy="recompute"``; the connector's
+        ``request_load_failed`` records why, in the request's ``kv_transfer_params``)."""
+        for request_id in sorted(output.finished_recving):
+            group = self.waiting_for_remote_kvs.pop(request_id, None)
+            if group is None:
+                continue  # aborted while loading
+            seq = group.seqs[0]
+            seq.num_computed_tokens = max(seq.num_computed_tokens, seq.num_tokens - 1)
+            group.status = seq.status = SequenceStatus.WAITING
+            self.connector.request_loaded(group)
+            self.remote_kv_ready.append(group)
+        for request_id, why in sorted(output.failed_recving.items()):
+            group = self.waiting_for_remote_kvs.pop(request_id, None)
+            if group is None:
+                continue
+            self._release(group)
+            self._reset(group)
+            self.connector.request_load_failed(group, why)
+            self.waiting.appendleft(group)
+
+    def _start_remote_load(self, group: SequenceGroup, computed: tuple[list[int], int], num_external: int) -> str | None:
+        """Admission of a request whose prompt another engine computed (``num_external`` tokens after
+        its prefix-cache hit ``computed``): allocate its blocks and wait for the load in
+        ``waiting_for_remote_kvs``, outside the step's batch and budget. Returns None when it went
+        there, else why it waits."""
+        if not self.kv.can_allocate(group, None, computed[0]):
+            return WAIT_NO_FREE_BLOCK
+        self.waiting.popleft()
+        self.kv.allocate(group, None, computed[0])
+        seq = group.seqs[0]
+        seq.num_computed_tokens = computed[1]
+        self.connector.update_state_after_alloc(group, list(seq.block_table), num_external)
+        group.status = seq.status = SequenceStatus.WAITING_FOR_REMOTE_KVS
+        self.waiting_for_remote_kvs[group.request_id] = group
+        return None
+
+    def _admit_remote_kv_ready(self, out: SchedulerOutput, budget: int) -> int:
+        """Requests whose KV was read in run first: each computes what its prompt lacks (its last
+        token) in this step's batch, within ``budget``. Returns the budget left."""
+        while self.remote_kv_ready and len(self.running) < self.max_num_seqs:
+            seq = self.remote_kv_ready[0].seqs[0]
+            if seq.num_new_tokens > budget:
+                break
+            group = self.remote_kv_ready.popleft()
+            self._set_status(group, SequenceStatus.RUNNING)
+            self.running.append(group)
+            out.prefill_seqs.append(seq)
+            out.num_scheduled_tokens[seq.seq_id] = seq.num_new_tokens
+            budget -= seq.num_new_tokens
+        return budget
 
     def _schedule_step(self) -> SchedulerOutput:
         out = SchedulerOutput(blocks_to_copy=self.kv.take_pending_copies())
@@ -216,18 +305,40 @@ class Scheduler:
         unfinished sequence; a swapped-out one's CPU blocks)."""
         if group in self.running:
             self.running.remove(group)
-            self._release(group)
+            group.finish_reason = reason  # the connector lends blocks only of a request that completed
+            self._release_or_lend(group)
         elif group in self.waiting:
             self.waiting.remove(group)
             self.waiting_since.pop(group.request_id, None)
+            if self.connector is not None:  # a decode request that never loaded: its prefill instance's lease is given back
+                self.connector.request_finished(group, [])
         elif group in self.swapped:
             self.swapped.remove(group)
             self.kv.free_swapped(group)
+        elif self.waiting_for_remote_kvs.pop(group.request_id, None) is not None:
+            self._release(group)
+            self.connector.request_aborted_while_loading(group.request_id)
+        elif group in self.remote_kv_ready:
+            self.remote_kv_ready.remove(group)
+            self._release(group)
         for s in group.unfinished_seqs():
             s.status = SequenceStatus.FINISHED
             s.finish_reason = s.finish_reason or reason
         group.status = SequenceStatus.FINISHED
         group.finish_reason = reason
+
+    def _release_or_lend(self, group: SequenceGroup) -> None:
+        """A running request leaves: free its memory, unless the connector lends its blocks to a
+        decode instance (``request_finished``: delay_free); then they are freed by
+        :meth:`free_lent_blocks`. The connector's parameters go to ``group.kv_transfer_params``."""
+        if self.connector is not None and group.is_single and group.seqs[0].block_table:
+            delay_free, params = self.connector.request_finished(group, list(group.seqs[0].block_table))
+            if params is not None:
+                group.kv_transfer_params = params
+            if delay_free:
+                self.lent[group.request_id] = group
+                return
+        self._release(group)
 
     def finish_seq(self, seq: Sequence, reason: str) -> None:
         """One sequence of a running group is done (a sample hit EOS, a beam was pruned or
@@ -383,11 +494,22 @@ class Scheduler:
             if sorted(map(id, ordered)) != sorted(map(id, self.waiting)):
                 raise ValueError(f"{type(self).__name__}.order_waiting must return the waiting requests, each once")
             self.waiting = deque(ordered)
+        if self.remote_kv_ready:
+            budget = self._admit_remote_kv_ready(out, budget)
         while self.waiting:
             if len(self.running) >= self.max_num_seqs:
                 return WAIT_MAX_NUM_SEQS
             group = self.waiting[0]
             computed = self.kv.get_computed_blocks(group) if self.kv.enable_caching else _NO_HIT  # once per admission
+            if self.connector is not None and group.kv_transfer_params and group.kv_transfer_params.get("do_remote_prefill"):
+                num_external, load_async = self.connector.get_num_new_matched_tokens(group, computed[1])
+                if num_external is None:
+                    return WAIT_QUEUE
+                if load_async:
+                    why = self._start_remote_load(group, computed, num_external)
+                    if why is not None:
+                        return why
+                    continue
             num_tokens = self.kv.num_prefill_tokens(group, computed[0])
             chunk = self._prefill_chunk(group, num_tokens, budget)
             if chunk is not None and chunk <= 0:  # no budget left (a re-prefilling group may have overdrawn it)

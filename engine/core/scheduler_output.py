@@ -35,6 +35,8 @@ class SchedulerOutput:
         kv_offload_out, kv_offload_in: the prefix cache's CPU tier (``engine/core/kv_offload.py``):
             ``(gpu_block, cpu_block)`` copies of evicted cached blocks, run with the swap-outs, and
             ``(cpu_block, gpu_block)`` loads of CPU hits, run with the swap-ins.
+        kv_connector_metadata: with a KV connector, what its worker side must move this step (a
+            ``engine.kv_transfer.base.KVConnectorMetadata``; vLLM's ``SchedulerOutput.kv_connector_metadata``).
     """
 
     prefill_seqs: list[Sequence] = field(default_factory=list)
@@ -52,6 +54,7 @@ class SchedulerOutput:
     passed_over: dict[int, int] = field(default_factory=dict)
     kv_offload_out: list[tuple[int, int]] = field(default_factory=list)
     kv_offload_in: list[tuple[int, int]] = field(default_factory=list)
+    kv_connector_metadata: object | None = None  # typed loosely: the connector sits above core
 
     @property
     def is_empty(self) -> bool:

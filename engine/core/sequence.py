@@ -29,6 +29,7 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"  # preempted by swap: its KV blocks wait in the CPU pool (paper §4.5)
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # its blocks are allocated; a prefill instance's KV is being read into them (vLLM v1)
     FINISHED = "finished"
 
 
@@ -170,6 +171,10 @@ class SequenceGroup:
         beam_search: the beam-search parameters, or None (one sequence, or parallel sampling).
         finished_beams: beam search: the finished hypotheses so far, best first (at most beam_width).
         status, num_preemptions, finish_reason, arrival_time: of the whole request.
+        kv_transfer_params: prefill/decode disaggregation (vLLM's ``Request.kv_transfer_params``):
+            ``{"do_remote_decode": True}`` on a prefill instance; on a decode instance the
+            parameters its prefill instance returned (``do_remote_prefill``, ``remote_block_ids``,
+            ``transfer_id``, ...); None otherwise (``engine/kv_transfer/``).
     """
 
     request_id: int
@@ -181,6 +186,7 @@ class SequenceGroup:
     num_preemptions: int = 0
     finish_reason: str | None = None
     finished_beams: list[FinishedBeam] = field(default_factory=list)
+    kv_transfer_params: dict | None = None
 
     @property
     def is_single(self) -> bool:

@@ -186,8 +186,10 @@ class AsyncLLM:
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def add_request(self, prompt_token_ids: list[int], params: SamplingParams, client: str = "") -> int:
-        """Queue a request at the engine's next step; returns its request_id.
+    async def add_request(self, prompt_token_ids: list[int], params: SamplingParams, client: str = "",
+                          kv_transfer_params: dict | None = None) -> int:
+        """Queue a request at the engine's next step; returns its request_id (``kv_transfer_params``:
+        see :meth:`LLMEngine.add_request <engine.LLMEngine.add_request>`).
 
         Raises:
             ValueError: the engine refused it (e.g. its n samples could never fit in the KV pool).
@@ -198,7 +200,7 @@ class AsyncLLM:
         state = _RequestState(asyncio.Queue(), client, len(prompt_token_ids), time.monotonic())
 
         def add() -> int:
-            request_id = self.engine.add_request(prompt_token_ids, params)
+            request_id = self.engine.add_request(prompt_token_ids, params, kv_transfer_params=kv_transfer_params)
             self._states[request_id] = state  # before any step can report it
             self._unclaimed[request_id] = state  # until stream() takes it, however fast the request ends
             return request_id
@@ -267,6 +269,7 @@ class AsyncLLM:
         if self._task is not None:
             await self._task
         snapshot = await self._call(self._snapshot, None)
+        await self._call(self.engine.shutdown_kv_connector)  # its threads stopped, its shared memory unlinked
         self._executor.shutdown(wait=True)
         return {"finished": self.num_finished, "aborted": self.num_aborted, "aborted_at_shutdown": len(running),
                 "num_free_blocks": snapshot.num_free_blocks, "num_blocks": snapshot.num_blocks}

@@ -20,6 +20,7 @@ engine (429 beyond: a flood under many names cannot queue without end).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import sys
@@ -37,6 +38,7 @@ from starlette.responses import JSONResponse, Response
 
 from engine.entrypoints.async_llm import PACE_MODES, AsyncLLM, check_steps_per_s
 from engine.entrypoints.auth import AuthFailures, bearer, client_address, key_name, same_secret
+from engine.entrypoints.kv_transfer import add_kv_transfer_routes, lease_sweeper
 from engine.entrypoints.lab import (DEFAULT_VIEWER_BUFFER, StepHub, add_lab_routes, engine_info, new_teacher_token, prompt_text,
                                     run_settings)
 from engine.entrypoints.openai.metrics import ServerMetrics
@@ -202,13 +204,16 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
     llm.step_callbacks.append(hub.publish_step)
     auth_failures = AuthFailures()
 
+    kv_transfer = engine.kv_connector is not None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await llm.start()
         llm.set_pace(settings.lab_mode, settings.lab_max_steps_per_s)
         hub.mode = {"mode": llm.pace_mode, "max_steps_per_s": llm.max_steps_per_s}
         app.state.serving = OpenAIServing(llm, model_name)
-        yield
+        async with (lease_sweeper(llm) if kv_transfer else contextlib.nullcontext()):
+            yield
         hub.close()
         summary = await llm.shutdown()
         app.state.shutdown_summary = summary
@@ -229,6 +234,8 @@ def create_app(engine: LLMEngine | EngineConfig, settings: ServerSettings | None
     app.state.auth_failures = auth_failures
     created = int(time.time())
     add_lab_routes(app, llm, hub, teacher_token, settings.api_keys, auth_failures, settings.max_request_body_bytes)
+    if kv_transfer:  # prefill/decode disaggregation: the side channel a decode instance reads through
+        add_kv_transfer_routes(app, llm, settings.max_request_body_bytes)
 
     def authenticate(raw: Request) -> str | None:
         """The name of the request's API key; None on a server without keys.
@@ -362,6 +369,9 @@ def run_server(engine: LLMEngine | EngineConfig, settings: ServerSettings, host:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     app = create_app(engine, settings, host)
+    connector = app.state.llm.engine.kv_connector
+    if connector is not None and connector.side_channel[1] is None:  # a prefill instance's side channel is this server
+        connector.side_channel = (connector.side_channel[0] if connector.config.kv_ip else host, port)
     # uvicorn's own grace period is a backstop: the drain below ends every request before it.
     config = server_config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout_s + 10)
     server = _Server(config, app.state.llm, shutdown_timeout_s)

@@ -4,6 +4,7 @@ flag name where vLLM has one, then the server's own (vLLM's ``cli_args.py``)."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from engine.config import (ALLOCATORS, ATTENTION_BACKENDS, DTYPES, DEVICES, KV_CACHE_DTYPES, PLACEMENTS, PREEMPTION_MODES, RESERVATIONS,
                            EngineConfig, add_prefix_cache_args, prefix_cache_kwargs)
@@ -51,6 +52,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--placement", choices=PLACEMENTS, default="first-fit", help="contiguous allocator: where a range goes")
     g.add_argument("--shuffle-blocks", action="store_true", help="hand out physical blocks in a seeded random order")
     g.add_argument("--reserve-null-block", action="store_true", help="keep block 0 out of the pool, as vLLM v1 does")
+    g.add_argument("--kv-transfer-config", type=_json_object, default=None, metavar="JSON",
+                   help="prefill/decode disaggregation, vLLM's flag: e.g. '{\"kv_connector\": \"SharedMemoryConnector\", "
+                        "\"kv_role\": \"kv_producer\"}' (kv_role: kv_producer, kv_consumer or kv_both; docs/disaggregation.md)")
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -102,8 +106,16 @@ def engine_config(args) -> EngineConfig:
         preemption_mode=args.preemption_mode, swap_space=None if args.swap_space is None else int(args.swap_space * GIB),
         enable_chunked_prefill=args.enable_chunked_prefill, reserve_null_block=args.reserve_null_block,
         **prefix_cache_kwargs(args),
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=args.kv_cache_dtype, kv_transfer_config=args.kv_transfer_config,
     )
+
+
+def _json_object(text: str) -> dict:
+    """A flag's JSON object (argparse turns the ValueError into a usage error naming the flag)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
 
 
 def parse_api_keys(values: list[str]) -> dict[str, str]:

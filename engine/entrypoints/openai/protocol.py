@@ -50,7 +50,7 @@ JSON_CONTENT_TYPES = ("application/json",)  # and any application/*+json
 
 # Fields both endpoints read, then each endpoint's own.
 COMMON_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
-                 "user", "ignore_eos", "return_token_ids"}
+                 "user", "ignore_eos", "return_token_ids", "kv_transfer_params"}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt"}
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens"}
 
@@ -90,6 +90,8 @@ class GenerateRequest:
         max_tokens_name: the field ``max_tokens`` came from ("max_tokens" or "max_completion_tokens").
         return_token_ids: vLLM's extra field: each choice (each stream chunk) also carries its
             generated ``token_ids`` (a stream chunk: the ones it adds).
+        kv_transfer_params: vLLM's extra field for prefill/decode disaggregation (an object, passed
+            to the engine, which checks it; ``engine/kv_transfer/``); None without it.
     """
 
     model: str | None
@@ -102,6 +104,7 @@ class GenerateRequest:
     user: str | None = None
     max_tokens_name: str = "max_tokens"
     return_token_ids: bool = False
+    kv_transfer_params: dict | None = None
 
     @property
     def prompt_field(self) -> str:
@@ -264,7 +267,11 @@ def _common(body: dict, prompt, max_tokens, max_tokens_name: str, default_temper
     return_token_ids = _get(body, "return_token_ids", False)
     if not isinstance(return_token_ids, bool):
         raise APIError(400, f"'return_token_ids' must be true or false, got {return_token_ids!r}", "return_token_ids")
-    return GenerateRequest(model, prompt, max_tokens, sampling, n, stream, include_usage, user, max_tokens_name, return_token_ids)
+    kv_transfer_params = body.get("kv_transfer_params")
+    if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+        raise APIError(400, "'kv_transfer_params' must be an object", "kv_transfer_params")
+    return GenerateRequest(model, prompt, max_tokens, sampling, n, stream, include_usage, user, max_tokens_name, return_token_ids,
+                           kv_transfer_params)
 
 
 def _get(body: dict, name: str, default):

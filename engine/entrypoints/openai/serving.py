@@ -93,11 +93,12 @@ class OpenAIServing:
         """
         params = request.sampling_params(max_tokens)
         try:
-            return await self.llm.add_request(ids, params, client)
+            return await self.llm.add_request(ids, params, client, request.kv_transfer_params)
         except EngineStopping as error:
             raise APIError(503, str(error)) from None
         except ValueError as error:
-            raise APIError(400, str(error), "n" if request.n > 1 else request.prompt_field) from None
+            field = "kv_transfer_params" if str(error).startswith("kv_transfer_params") else "n" if request.n > 1 else request.prompt_field
+            raise APIError(400, str(error), field) from None
 
     # ---- whole answers ------------------------------------------------------------------------
 
@@ -135,10 +136,11 @@ class OpenAIServing:
                 choices.append({"index": completion.index, "text": text, "logprobs": None, "finish_reason": completion.finish_reason})
             if return_token_ids:
                 choices[-1]["token_ids"] = list(completion.token_ids)
-        return JSONResponse({
-            "id": _id(chat, request_id), "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices, "usage": _usage(num_prompt_tokens, output),
-        })
+        body = {"id": _id(chat, request_id), "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": self.model_name, "choices": choices, "usage": _usage(num_prompt_tokens, output)}
+        if output.kv_transfer_params is not None:  # vLLM's field: where a decode instance reads this prefill's KV
+            body["kv_transfer_params"] = output.kv_transfer_params
+        return JSONResponse(body)
 
     # ---- streams ------------------------------------------------------------------------------
 

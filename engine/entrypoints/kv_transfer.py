@@ -1,0 +1,81 @@
+"""A prefill instance's side channel: where a decode instance reads the KV blocks lent to it
+(``engine/kv_transfer/shared_memory_connector.py``; vLLM's NixlConnector has a ZMQ side channel for
+the same handshake).
+
+``POST /kv_transfer/read`` ``{"transfer_id", "block_ids", "prompt_hash"}``: the blocks of one live
+lease, copied into a shared-memory segment; 403 when the lease table refuses (an unknown or ended
+transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
+``{"transfer_id", "prompt_hash"}``: the reader is done; the segment is unlinked and the blocks freed at once.
+``GET /kv_transfer/status``: the pool and the connector's counters (either role). Every call into the
+engine runs on its thread, between steps; a task frees expired leases every second while idle.
+
+The routes need no API key: a read is only as good as its transfer id, 192 random bits that only the
+client of the prefill request ever saw (through the proxy: only the proxy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.entrypoints.async_llm import AsyncLLM
+from engine.entrypoints.openai.protocol import APIError, read_json_body
+from engine.kv_transfer.lease import TransferRefused
+
+LEASE_SWEEP_S = 1.0  # how often an idle prefill instance frees expired leases
+
+
+def add_kv_transfer_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> None:
+    """The side-channel routes, on an engine with a KV connector (``kv_transfer_config``)."""
+    engine = llm.engine
+    producer = engine.config.kv_transfer_config.is_kv_producer
+
+    @app.get("/kv_transfer/status")
+    async def status() -> JSONResponse:
+        return JSONResponse(await llm.run_on_engine(engine.kv_transfer_status))
+
+    if not producer:
+        return
+
+    @app.post("/kv_transfer/read")
+    async def read(raw: Request) -> JSONResponse:
+        body = await read_json_body(raw, max_body_bytes)
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be an object")
+        peer = raw.client.host if raw.client else "unknown"
+        try:  # claimed now, copied when the engine's thread is free
+            lease = engine.kv_connector_worker.claim(body.get("transfer_id"), body.get("block_ids"), body.get("prompt_hash"), peer)
+            reply = await llm.run_on_engine(engine.serve_kv_read, lease)
+        except TransferRefused as error:
+            raise APIError(403, f"KV read refused: {error}") from None
+        return JSONResponse(reply)
+
+    @app.post("/kv_transfer/release")
+    async def release(raw: Request) -> JSONResponse:
+        body = await read_json_body(raw, max_body_bytes)
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be an object")
+        released = await llm.run_on_engine(engine.release_kv_transfer, body.get("transfer_id"), body.get("prompt_hash"))
+        return JSONResponse({"released": released})
+
+
+@contextlib.asynccontextmanager
+async def lease_sweeper(llm: AsyncLLM):
+    """While the server runs: free expired leases every :data:`LEASE_SWEEP_S` (a busy engine frees
+    them at each step too)."""
+    async def sweep() -> None:
+        while True:
+            await asyncio.sleep(LEASE_SWEEP_S)
+            await llm.run_on_engine(llm.engine.free_lent_blocks)
+
+    task = asyncio.create_task(sweep(), name="kv-lease-sweeper")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
