@@ -36,6 +36,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.entrypoints.openai.api_server import LOOPBACK_HOST_HEADERS, LOOPBACK_HOSTS, bind_warning, server_config
@@ -158,7 +159,9 @@ def create_proxy_app(prefill_url: str, decode_url: str, host: str = "127.0.0.1",
         except httpx.TransportError as error:  # the prefill instance's lease, if any, ends on its own
             raise APIError(503, f"the decode instance is unavailable: {type(error).__name__}") from None
         if body.get("stream") and upstream.status_code == 200:
-            return StreamingResponse(_relay(upstream), media_type=upstream.headers.get("content-type"), headers=extra)
+            # the background task closes the decode instance's stream even when the client left before it began
+            return StreamingResponse(_relay(upstream), media_type=upstream.headers.get("content-type"), headers=extra,
+                                     background=BackgroundTask(upstream.aclose))
         try:
             content = await upstream.aread()
         finally:
