@@ -319,6 +319,8 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int
 std::string small_batch_linear_simd() {
 #if defined(__AVX512F__)
   return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "avx2";
 #else
   return "generic";
 #endif
