@@ -23,12 +23,12 @@ from engine.cpu import ops as cpu_ops
 from engine.model_executor.model import Linear, RMSNorm, apply_rotary
 
 def all_kernels() -> str:
-    """The engine's CPU backend as it names itself once the kernels are loaded: with AVX-512 the matmul is
-    the engine's too."""
+    """The engine's CPU backend as it names itself once the kernels are loaded: with AVX-512 or AVX2 the
+    matmul is the engine's too."""
     assert cpu_ops.load_kernel(), f"the kernels did not build here: {cpu_ops.kernel_error()}"
-    if cpu_ops.matmul_simd() == "avx512":
+    if cpu_ops.matmul_simd() in cpu_ops.MATMUL_ISAS:
         return "engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)"
-    return "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX-512)"
+    return "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX2)"
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +132,8 @@ def test_engines_on_the_same_weights_share_one_packed_copy(kernel, tiny_llama_di
 
     from engine.model_executor.model_loader import load_model
 
-    if cpu_ops.matmul_simd() != "avx512":
-        pytest.skip("the packed matmul runs with AVX-512 only (elsewhere torch's matmul: nothing is packed)")
+    if cpu_ops.matmul_simd() not in cpu_ops.MATMUL_ISAS:
+        pytest.skip("the packed matmul runs with AVX-512 or AVX2 only (elsewhere torch's matmul: nothing is packed)")
 
     loaded = load_model(str(tiny_llama_dir))
     first = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16), loaded_model=loaded)
@@ -356,9 +356,9 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tiny_llama_dir
         model = engine.runner.model
         layer = model.model.layers[0]
         assert layer.post_attention_layernorm.cpu_kernel == layer.self_attn.cpu_kernel == flag
-        assert layer.mlp.up_proj.cpu_kernel == (flag and cpu_ops.matmul_simd() == "avx512"), "the matmul kernel wants AVX-512"
+        assert layer.mlp.up_proj.cpu_kernel == (flag and cpu_ops.matmul_simd() in cpu_ops.MATMUL_ISAS), "the matmul kernel wants AVX-512 or AVX2"
         assert layer.mlp.cpu_kernel == flag
-        assert model.cpu_kernels == (flag and cpu_ops.matmul_simd() == "avx512")  # the LM head, a matmul
+        assert model.cpu_kernels == (flag and cpu_ops.matmul_simd() in cpu_ops.MATMUL_ISAS)  # the LM head, a matmul
         ids = [engine.add_request(p, params) for p in prompts]
         while engine.has_unfinished_requests():
             engine.step()
@@ -558,7 +558,7 @@ AVX2_CHECKS = textwrap.dedent(
     from engine.model_executor.model import apply_rotary
     from engine.model_executor.attention import paged_attention_reference
     assert cpu_ops.load_kernel(ROOT), cpu_ops.kernel_error()
-    assert cpu_ops.matmul_simd() == "avx2" and not cpu_ops.matmul_bf16()
+    assert cpu_ops.matmul_simd() == "avx2" and cpu_ops.supports(torch.ones(4, 4)) and not cpu_ops.matmul_bf16()
     g = torch.Generator().manual_seed(0)
     for rows, k, n in [(1, 576, 192), (7, 37, 13), (16, 1536, 576), (64, 15, 5), (70, 701, 33)]:
         x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
@@ -627,6 +627,15 @@ def test_the_avx2_build_has_no_avx512_instruction(avx2_build):
     assert "vfmadd" in text and "%ymm" in text  # the AVX2 + FMA code is there
     avx512 = [line for line in text.splitlines() if "%zmm" in line or "%k1" in line or "{%k" in line]
     assert not avx512, avx512[:5]
+
+
+def test_the_avx2_build_gives_torchs_results_and_the_engine_runs_all_its_kernels(avx2_build, tiny_llama_dir):
+    stdout, *_ = avx2_build
+    backend = next(line for line in stdout.splitlines() if line.startswith("backend: ")).removeprefix("backend: ")
+    assert backend.split(";")[0] == "engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)", backend
+    out = LLM(str(tiny_llama_dir), num_gpu_blocks=16).generate(["The capital of France is", "Paged attention"],
+                                                               SamplingParams(max_tokens=6, temperature=0.0))
+    assert f"tokens: {[o.token_ids for o in out]}" in stdout  # greedy tokens identical to this process's build
 
 
 def test_kernels_under_autograd_fall_back_to_torch_and_the_ops_refuse_grad(kernel, tiny_llama_dir):
@@ -700,22 +709,35 @@ def test_prefill_sized_matmuls_go_to_mkl_on_intel_cpus_only(kernel, monkeypatch)
     assert calls == [1, 4]  # 5 and 70 rows went through F.linear
 
 
-@pytest.mark.skipif(not (sys.platform == "linux" and os.uname().machine == "x86_64" and shutil.which("c++")),
-                    reason="checks the x86-64 builds with and without AVX-512 (Linux, a C++ compiler)")
-@pytest.mark.parametrize("march", ["-march=x86-64-v3 -mno-avx512f", "-march=sapphirerapids"])
-def test_the_kernels_compile_for_cpus_with_and_without_avx512(march):
-    """Most laptops have no AVX-512, most servers have it (with AVX512-BF16 and AMX on Sapphire Rapids):
-    the sources compile for both, whatever this machine has, so each path is checked where the other
+# Every ISA the engine ships a path for, whatever this machine has (the AVX2 build itself is compiled in
+# full by the avx2_build fixture): (compiler, flags).
+COMPILE_TARGETS = {
+    "x86-64 baseline (SSE2 only: the generic build)": ("c++", "-march=x86-64"),
+    "Sapphire Rapids (AVX-512, AVX512-BF16, AMX)": ("c++", "-march=sapphirerapids"),
+    "aarch64 (NEON: the generic build)": ("aarch64-linux-gnu-g++", "-march=armv8-a"),
+}
+
+
+@pytest.mark.parametrize("target", list(COMPILE_TARGETS))
+def test_the_kernels_compile_for_every_isa_they_have_a_path_for(target):
+    """Most laptops have AVX2 and no AVX-512, most servers have AVX-512 (with AVX512-BF16 and AMX on
+    Sapphire Rapids), old x86 and ARM take the generic build: the sources compile (syntax and templates,
+    against torch's headers) for each, whatever this machine has, so each path is checked where another
     one runs. A helper defined only under ``#if defined(__AVX512F__)`` and used outside it, or a
     signature changed on one side only, fails here."""
     from torch.utils.cpp_extension import include_paths
     import sysconfig
 
-    flags = ["c++", "-std=c++20", "-fsyntax-only", "-fopenmp", *march.split(),
+    compiler, march = COMPILE_TARGETS[target]
+    if not (sys.platform == "linux" and shutil.which(compiler)):
+        pytest.skip(f"needs Linux and {compiler}" + (" (Debian: apt-get install g++-aarch64-linux-gnu)" if "aarch64" in compiler else ""))
+    if compiler == "c++" and os.uname().machine != "x86_64":
+        pytest.skip("this machine's c++ does not target x86-64")
+    flags = [compiler, "-std=c++20", "-fsyntax-only", "-fopenmp", *march.split(),
              "-DTORCH_EXTENSION_NAME=syntax_check", "-DTORCH_API_INCLUDE_EXTENSION_H",
              *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}"]
     jobs = [subprocess.Popen([*flags, str(source)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for source in cpu_ops.SOURCES]
     for source, job in zip(cpu_ops.SOURCES, jobs):
         out, _ = job.communicate(timeout=600)
-        assert job.returncode == 0, f"{source.name} with {march}:\n{out[-3000:]}"
+        assert job.returncode == 0, f"{source.name} for {target}:\n{out[-3000:]}"

@@ -84,7 +84,7 @@ SOURCES = [Path(__file__).parent / "csrc" / name for name in ("unity_kernels.cpp
 # Included by the sources: part of the fingerprint, not compiled alone.
 HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp",
-                        "sampling.cpp", "vec_exp.h", "ops.h")]
+                        "sampling.cpp", "vec_exp.h", "simd.h", "ops.h")]
 CFLAGS = ["-O3", "-fopenmp"]  # and the ISA's own, :func:`build_flags`
 ISA_ENV_VAR = "PAGEDATTENTION_LAB_CPU_ISA"
 ISAS = ("avx512", "avx2", "generic")  # best first
@@ -168,12 +168,7 @@ def matmul_simd() -> str | None:
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     """The CPU's feature flags (the ``flags`` line of /proc/cpuinfo, Linux x86); empty where not known."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         if line.startswith("flags"):
             return set(line.split(":", 1)[1].split())
     return set()
@@ -210,6 +205,36 @@ def build_isa(flags: set[str] | None = None, machine: str | None = None) -> str:
     return wanted
 
 
+def isa_report() -> dict:
+    """Which instruction set this process's CPU kernels run on, for the benches' reports: ``isa`` (the loaded
+    build's, :func:`matmul_simd`; before a load, the one :func:`build_isa` would build), ``cpu_isa`` (the best
+    this CPU runs, :func:`cpu_isa`), ``forced`` (``$PAGEDATTENTION_LAB_CPU_ISA`` chose ``isa``), ``cpu`` (the
+    CPU's model name, "" where not known)."""
+    try:
+        isa = matmul_simd() or build_isa()
+    except ValueError:  # a forced ISA this CPU cannot run: the build fails and says why; report the CPU's
+        isa = cpu_isa()
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
+    return {"isa": isa, "cpu_isa": cpu_isa(), "forced": bool(os.environ.get(ISA_ENV_VAR, "").strip()), "cpu": model or platform.processor()}
+
+
+def describe_isa(report: dict) -> str:
+    """One line for a bench: ``"ISA avx2 (AVX2 build on an AVX-512 CPU, forced with PAGEDATTENTION_LAB_CPU_ISA: Intel(R) Xeon(R) ...)"``."""
+    where = f": {report['cpu']}" if report["cpu"] else ""
+    if report["isa"] == report["cpu_isa"]:
+        return f"ISA {report['isa']} ({report['isa']} CPU{where})"
+    names = {"avx512": "an AVX-512", "avx2": "an AVX2", "generic": "a generic"}
+    forced = f", forced with {ISA_ENV_VAR}" if report["forced"] else ""
+    return f"ISA {report['isa']} ({report['isa']} build on {names[report['cpu_isa']]} CPU{forced}{where})"
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def build_flags(isa: str, flags: set[str] | None = None, machine: str | None = None) -> list[str]:
     """The compiler's flags for one ISA: :data:`CFLAGS` and a fixed target (never ``-march=native``, so a
     build runs on every CPU of its ISA, and the cache key says which)."""
@@ -229,10 +254,13 @@ def matmul_bf16() -> bool:
 
 def supports(weight: torch.Tensor) -> bool:
     """The engine should multiply by this ``[N, K]`` weight (``nn.Linear``'s layout) with the kernel: float32
-    (or bfloat16 where :func:`matmul_bf16`) on CPU, 2-D, contiguous, and the kernel built with AVX-512
-    (elsewhere ``F.linear`` is faster)."""
+    (or bfloat16 where :func:`matmul_bf16`) on CPU, 2-D, contiguous, and the kernel built for AVX-512 or AVX2
+    (:data:`MATMUL_ISAS`; the generic build is slower than ``F.linear``)."""
     dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and matmul_bf16())
-    return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() == "avx512"
+    return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() in MATMUL_ISAS
+
+
+MATMUL_ISAS = ("avx512", "avx2")  # the builds whose matmul kernel the engine uses (a register tile that fits the ISA's registers)
 
 
 MKL_MIN_ROWS = 65  # from this many rows of x, float32 on an Intel CPU, F.linear (MKL's sgemm) beats the kernel
