@@ -15,7 +15,7 @@
 // The multiply is then an outer product per k, in registers:
 //     for each k: w = the panel's 16 weights of k (one vector load);
 //                 for each row m: acc[m] += broadcast(x[m, k]) * w     (one fused multiply-add)
-// - up to kMaxRows = 16 rows at once: 16 vector accumulators of 16 output columns each, so every
+// - up to kMaxRows = 16 rows at once (AVX-512; 6 with AVX2): 16 vector accumulators of 16 output columns each, so every
 //   weight loaded is used for 16 multiply-adds, and no horizontal sums are needed at the end (each
 //   lane of acc[m] is one output y[m, 16 p + lane]: the accumulators are simply stored). Batches of
 //   more than 16 rows are cut into balanced groups (40 rows: 14 + 13 + 13) that read the same panel,
@@ -40,11 +40,13 @@
 // and _mm512_dpbf16_ps adds, in each fp32 lane j, x[m, k] w[j, k] + x[m, k + 1] w[j, k + 1]: half the
 // bytes of fp32 per weight; the fp32 sums are rounded to bf16 once at the end.
 //
-// Built on first use by engine/cpu_ops.py (torch.utils.cpp_extension, -O3 -march=native -fopenmp).
-// Without AVX-512 the same code compiles to GCC vector types of 16 floats: correct, but each becomes
-// two or four registers (AVX2, NEON), 16 accumulators no longer fit, and it runs slower than MKL at
-// 8-16 rows. small_batch_linear_simd() says which was built, and the engine multiplies with F.linear
-// where it is "generic".
+// Built on first use by engine/cpu/ops.py (torch.utils.cpp_extension) for one ISA, and written once against
+// csrc/simd.h's vector: with AVX-512 a panel row is one zmm vector and the tile 16 rows (16 accumulators
+// of 32 registers); with AVX2 two ymm vectors and 6 rows (12 accumulators of 16 registers: BLIS's Haswell
+// sgemm tile, 6 x 16), the same packed panels. Both stream the weights at the memory limit (the avx2 build
+// within noise of the avx512 one on one Xeon, 1-16 rows). The generic build (SSE2, NEON: 4 floats) is
+// correct but slower than MKL, and the engine multiplies with F.linear there (small_batch_linear_simd()
+// says which ISA was built).
 
 #include <ATen/core/Tensor.h>  // not ATen/ATen.h, which declares every operator: a third of a build's time
 #include <ATen/ops/empty.h>
