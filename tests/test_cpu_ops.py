@@ -492,8 +492,9 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == set(data["attention_ms"]) == {"1", "3"}
     timed = [*data["matmul_ms"].values(), *data["norm_rope_ms"].values(), *data["attention_ms"].values()]
     assert all(t["kernel"] > 0 and t["torch"] > 0 for t in timed) and data["context"] == 128
+    assert data["isa"]["isa"] == data["matmul_simd"] == cpu_ops.build_isa()  # the ISA it ran on, this CPU's here
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert text.returncode == 0 and "speed-up" in text.stdout
+    assert text.returncode == 0 and "speed-up" in text.stdout and f"measured on: ISA {data['isa']['isa']} (" in text.stdout
     bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "--rows must be at least 1" in bad.stderr
 
