@@ -20,18 +20,18 @@ from paged_cases import make_paged_kv
 MODEL_TYPES = ["llama", "qwen2", "qwen3"]  # qwen2: biases on q, k, v; qwen3: RMSNorm on q and k
 
 
-def skip_without_avx512() -> None:
-    """A layer in one C++ call runs on the engine's AVX-512 matmul; elsewhere each module runs on its own."""
+def skip_without_the_matmul_kernel() -> None:
+    """A layer in one C++ call runs on the engine's matmul (AVX-512 or AVX2); elsewhere each module runs on its own."""
     assert cpu_ops.load_kernel(), cpu_ops.kernel_error()
-    if cpu_ops.matmul_simd() != "avx512":
-        pytest.skip("a decoder layer in one C++ call needs the AVX-512 matmul (this CPU runs the modules)")
+    if cpu_ops.matmul_simd() not in cpu_ops.MATMUL_ISAS:
+        pytest.skip("a decoder layer in one C++ call needs the engine's matmul, AVX-512 or AVX2 (this build runs the modules)")
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, default_model_dir):
     """(model type, dtype) -> the engine's model, with its CPU kernels."""
     assert cpu_ops.load_kernel(), cpu_ops.kernel_error()
-    skip_without_avx512()
+    skip_without_the_matmul_kernel()
     dtypes = ["float32"] + (["bfloat16"] if cpu_ops.matmul_bf16() else [])
     out = {}
     for model_type in MODEL_TYPES:
@@ -204,7 +204,7 @@ def test_engine_decode_steps_run_one_call_per_layer_with_the_same_tokens(models,
 
 def test_a_forward_hook_inside_the_layers_makes_decode_steps_run_the_modules(tiny_llama_dir):
     # The app's Kernel lab keeps each q_proj's output with a forward hook: it must see every step.
-    skip_without_avx512()
+    skip_without_the_matmul_kernel()
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
     model = engine.runner.model
     assert model.decode_layers
@@ -227,7 +227,7 @@ def test_a_forward_hook_inside_the_layers_makes_decode_steps_run_the_modules(tin
 @pytest.mark.parametrize("where", ["pre-hook inside the layers", "global hook"])
 def test_a_pre_hook_or_a_global_hook_makes_decode_steps_run_the_modules(tiny_llama_dir, where):
     # The app's Kernel lab also reads o_proj's input with a pre-hook; a global hook sees every module.
-    skip_without_avx512()
+    skip_without_the_matmul_kernel()
     engine = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=64))
     model = engine.runner.model
     seen = []

@@ -18,17 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn import functional as F
 
-from engine import EngineConfig, LLMEngine, SamplingParams
+from engine import LLM, EngineConfig, LLMEngine, SamplingParams
 from engine.cpu import ops as cpu_ops
 from engine.model_executor.model import Linear, RMSNorm, apply_rotary
 
 def all_kernels() -> str:
-    """The engine's CPU backend as it names itself once the kernels are loaded: with AVX-512 the matmul is
-    the engine's too."""
+    """The engine's CPU backend as it names itself once the kernels are loaded: with AVX-512 or AVX2 the
+    matmul is the engine's too."""
     assert cpu_ops.load_kernel(), f"the kernels did not build here: {cpu_ops.kernel_error()}"
-    if cpu_ops.matmul_simd() == "avx512":
+    if cpu_ops.matmul_simd() in cpu_ops.MATMUL_ISAS:
         return "engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)"
-    return "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX-512)"
+    return "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX2)"
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +132,8 @@ def test_engines_on_the_same_weights_share_one_packed_copy(kernel, tiny_llama_di
 
     from engine.model_executor.model_loader import load_model
 
-    if cpu_ops.matmul_simd() != "avx512":
-        pytest.skip("the packed matmul runs with AVX-512 only (elsewhere torch's matmul: nothing is packed)")
+    if cpu_ops.matmul_simd() not in cpu_ops.MATMUL_ISAS:
+        pytest.skip("the packed matmul runs with AVX-512 or AVX2 only (elsewhere torch's matmul: nothing is packed)")
 
     loaded = load_model(str(tiny_llama_dir))
     first = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=16), loaded_model=loaded)
@@ -356,9 +356,9 @@ def test_engine_gives_the_same_tokens_with_and_without_the_kernel(tiny_llama_dir
         model = engine.runner.model
         layer = model.model.layers[0]
         assert layer.post_attention_layernorm.cpu_kernel == layer.self_attn.cpu_kernel == flag
-        assert layer.mlp.up_proj.cpu_kernel == (flag and cpu_ops.matmul_simd() == "avx512"), "the matmul kernel wants AVX-512"
+        assert layer.mlp.up_proj.cpu_kernel == (flag and cpu_ops.matmul_simd() in cpu_ops.MATMUL_ISAS), "the matmul kernel wants AVX-512 or AVX2"
         assert layer.mlp.cpu_kernel == flag
-        assert model.cpu_kernels == (flag and cpu_ops.matmul_simd() == "avx512")  # the LM head, a matmul
+        assert model.cpu_kernels == (flag and cpu_ops.matmul_simd() in cpu_ops.MATMUL_ISAS)  # the LM head, a matmul
         ids = [engine.add_request(p, params) for p in prompts]
         while engine.has_unfinished_requests():
             engine.step()
@@ -376,7 +376,7 @@ def test_a_failed_build_warns_and_falls_back_to_torch(tmp_path, tiny_llama_dir):
     script = textwrap.dedent(
         f"""
         import warnings
-        from engine import EngineConfig, LLMEngine, SamplingParams
+        from engine import LLM, EngineConfig, LLMEngine, SamplingParams
         from engine.cpu import ops as cpu_ops
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -492,59 +492,151 @@ def test_bench_cpu_command_times_both_sides(tiny_llama_dir):
     assert set(data["matmul_ms"]) == set(data["norm_rope_ms"]) == set(data["attention_ms"]) == {"1", "3"}
     timed = [*data["matmul_ms"].values(), *data["norm_rope_ms"].values(), *data["attention_ms"].values()]
     assert all(t["kernel"] > 0 and t["torch"] > 0 for t in timed) and data["context"] == 128
+    assert data["isa"]["isa"] == data["matmul_simd"] == cpu_ops.build_isa()  # the ISA it ran on, this CPU's here
     text = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert text.returncode == 0 and "speed-up" in text.stdout
+    assert text.returncode == 0 and "speed-up" in text.stdout and f"measured on: ISA {data['isa']['isa']} (" in text.stdout
     bad = subprocess.run(cmd[:-5] + ["--rows", "0"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "--rows must be at least 1" in bad.stderr
 
 
-def test_the_portable_code_path_without_avx512_gives_the_same_results(tmp_path, tiny_llama_dir):
-    # Built with AVX-512 switched off, the kernels use GCC's generic 16-float vectors (what an AMD Zen 2
-    # or an older Intel CPU compiles): same results as torch, and rotary still exactly.
-    script = textwrap.dedent(
-        f"""
-        import torch
-        from torch.nn import functional as F
-        from engine.cpu import ops as cpu_ops
-        from engine.model_executor.model import apply_rotary
-        cpu_ops.CFLAGS = cpu_ops.CFLAGS + ["-mno-avx512f"]
-        assert cpu_ops.load_kernel({str(tmp_path)!r}), cpu_ops.kernel_error()
-        assert cpu_ops.matmul_simd() == "generic" and not cpu_ops.supports(torch.ones(4, 4))
-        g = torch.Generator().manual_seed(0)
-        for rows, k, n in [(1, 576, 192), (7, 37, 13), (16, 1536, 576), (64, 15, 5)]:
-            x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
-            exact = x.double() @ w.double().t()
-            ours = (cpu_ops.small_batch_linear(x, w).double() - exact).abs().max()
-            theirs = (F.linear(x, w).double() - exact).abs().max()
-            assert ours <= 4 * theirs + 1e-5 * k ** 0.5, (rows, k, n, float(ours), float(theirs))
-        x, r, w = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g), torch.randn(576, generator=g)
-        normed, summed = cpu_ops.add_rms_norm(x, r, w, 1e-6)
-        assert torch.equal(summed, x + r)
-        torch.testing.assert_close(normed, w * F.rms_norm(x + r, (576,), eps=1e-6), rtol=2e-6, atol=2e-6)
-        q, kk = torch.randn(4, 9, 64, generator=g), torch.randn(4, 3, 64, generator=g)
-        angles = torch.rand(4, 1, 64, generator=g) * 50
-        q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
-        assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
-        assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
-        gate, up = torch.randn(2, 5, 1536, generator=g) * 6
-        torch.testing.assert_close(cpu_ops.silu_and_mul(gate, up), F.silu(gate) * up, rtol=2e-6, atol=1e-30)
-        from engine.model_executor.attention import paged_attention_reference
-        kc, vc = torch.randn(2, 6, 16, 8, 64, generator=g)
-        tables, lens = torch.tensor([[3, 1], [0, 5]], dtype=torch.int32), torch.tensor([20, 9], dtype=torch.int32)
-        q = torch.randn(2, 24, 64, generator=g)
-        torch.testing.assert_close(cpu_ops.paged_attention_decode(q, kc, vc, tables, lens, 0.125),
-                                   paged_attention_reference(q, kc, vc, tables, lens, 0.125), atol=1e-5, rtol=1e-5)
-        # Slower than MKL there (24 accumulators do not fit in 16 AVX2 registers): the engine keeps
-        # F.linear for its matmuls and uses the fused RMSNorm and RoPE.
-        from engine import EngineConfig, LLMEngine
-        engine = LLMEngine(EngineConfig(model={str(tiny_llama_dir)!r}, num_gpu_blocks=16))
-        assert engine.cpu_backend.split(";")[0] == "engine CPU kernels (RMSNorm, RoPE, SiLU-and-mul, decode attention), torch matmul (no AVX-512)", engine.cpu_backend
-        print("portable ok")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+def test_each_isa_has_its_own_build_and_a_cpu_never_gets_one_above_it(monkeypatch, tmp_path):
+    """The ISA is read from the CPU's flags, a forced one (PAGEDATTENTION_LAB_CPU_ISA) must be one the CPU runs,
+    and each ISA's flags name a fixed target, so its build has a directory of its own, shared by every CPU of
+    that ISA (a classroom's laptops) whatever their model."""
+    laptop = {"fpu", "sse2", "avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"}
+    server = laptop | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+    assert [cpu_ops.cpu_isa(f, "x86_64") for f in (server, laptop, {"fpu", "sse2"})] == ["avx512", "avx2", "generic"]
+    assert cpu_ops.cpu_isa(laptop - {"fma"}, "x86_64") == "generic"  # AVX2 without FMA: x86-64-v3 is both
+    assert cpu_ops.cpu_isa(server, "aarch64") == "generic"
+    monkeypatch.setenv(cpu_ops.ISA_ENV_VAR, "avx2")
+    assert cpu_ops.build_isa(server, "x86_64") == "avx2"
+    monkeypatch.setenv(cpu_ops.ISA_ENV_VAR, "avx512")
+    with pytest.raises(ValueError, match="this CPU runs avx2 at most"):
+        cpu_ops.build_isa(laptop, "x86_64")
+    monkeypatch.setenv(cpu_ops.ISA_ENV_VAR, "neon")
+    with pytest.raises(ValueError, match="not one of avx512, avx2, generic"):
+        cpu_ops.build_isa(laptop, "x86_64")
+    flags = {isa: cpu_ops.build_flags(isa, server, "x86_64") for isa in cpu_ops.ISAS}
+    assert not any("-march=native" in f for f in flags.values())
+    assert len({cpu_ops.build_directory(tmp_path, f) for f in flags.values()}) == 3
+    other_laptop = laptop | {"sha_ni", "vaes"}
+    assert cpu_ops.build_flags("avx2", laptop, "x86_64") == cpu_ops.build_flags("avx2", other_laptop, "x86_64")
+    assert "-mavx512bf16" in cpu_ops.build_flags("avx512", server | {"avx512_bf16"}, "x86_64")
+    assert "-mavx512bf16" not in flags["avx512"]
+
+
+@pytest.fixture(scope="module")
+def avx2_build(tmp_path_factory, tiny_llama_dir):
+    """The kernels built for AVX2 (x86-64-v3) in a fresh cache, in a process of their own (one library per
+    process), where this CPU runs AVX2 or more: the one extra build of this test run. The cache first holds
+    this process's own build, copied twice as a cache copied between machines would be: under its own
+    directory, and renamed into the AVX2 build's directory. Returns (stdout, stderr, AVX2 library path)."""
+    if cpu_ops.cpu_isa() == "generic":
+        pytest.skip("this CPU has no AVX2")
+    assert cpu_ops.load_kernel(), cpu_ops.kernel_error()
+    root = tmp_path_factory.mktemp("avx2_cache")
+    avx2_dir = cpu_ops.build_directory(root, cpu_ops.build_flags("avx2"))
+    built = _loaded_library()
+    if built is not None and cpu_ops.matmul_simd() != "avx2":
+        ignore = shutil.ignore_patterns("*.lock", "lock")
+        shutil.copytree(built.parent, root / built.parent.name, ignore=ignore)
+        shutil.copytree(built.parent, avx2_dir, ignore=ignore)
+        (avx2_dir / built.name).rename(avx2_dir / f"pagedattention_lab_cpu_{avx2_dir.name}.so")
+    script = AVX2_CHECKS.replace("ROOT", repr(str(root))).replace("MODEL", repr(str(tiny_llama_dir)))
+    env = dict(os.environ, **{cpu_ops.ISA_ENV_VAR: "avx2"})
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "portable ok" in result.stdout
+    return result.stdout, result.stderr, avx2_dir / f"pagedattention_lab_cpu_{avx2_dir.name}.so"
+
+
+# Run in the AVX2 build's process: what every kernel gives there against torch (the same checks as the
+# tests of this file and test_cpu_paged_attention.py, in fewer shapes) and what the engine then runs.
+AVX2_CHECKS = textwrap.dedent(
+    """
+    import torch
+    from torch.nn import functional as F
+    from engine.cpu import ops as cpu_ops
+    from engine.model_executor.model import apply_rotary
+    from engine.model_executor.attention import paged_attention_reference
+    assert cpu_ops.load_kernel(ROOT), cpu_ops.kernel_error()
+    assert cpu_ops.matmul_simd() == "avx2" and cpu_ops.supports(torch.ones(4, 4)) and not cpu_ops.matmul_bf16()
+    g = torch.Generator().manual_seed(0)
+    for rows, k, n in [(1, 576, 192), (7, 37, 13), (16, 1536, 576), (64, 15, 5), (70, 701, 33)]:
+        x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g)
+        exact = x.double() @ w.double().t()
+        ours = (cpu_ops.small_batch_linear(x, w).double() - exact).abs().max()
+        theirs = (F.linear(x, w).double() - exact).abs().max()
+        assert ours <= 4 * theirs + 1e-5 * k ** 0.5, (rows, k, n, float(ours), float(theirs))
+    x, r, w = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g), torch.randn(576, generator=g)
+    normed, summed = cpu_ops.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(summed, x + r)
+    torch.testing.assert_close(normed, w * F.rms_norm(x + r, (576,), eps=1e-6), rtol=2e-6, atol=2e-6)
+    q, kk = torch.randn(4, 9, 64, generator=g), torch.randn(4, 3, 64, generator=g)
+    angles = torch.rand(4, 1, 64, generator=g) * 50
+    q_rot, k_rot = cpu_ops.rotary_embedding(q, kk, angles.cos(), angles.sin())
+    assert torch.equal(q_rot, apply_rotary(q, angles.cos(), angles.sin()))
+    assert torch.equal(k_rot, apply_rotary(kk, angles.cos(), angles.sin()))
+    for dtype in (torch.float32, torch.bfloat16):
+        gate, up = (torch.randn(2, 5, 1539, generator=g) * 6).to(dtype)
+        torch.testing.assert_close(cpu_ops.silu_and_mul(gate, up), (F.silu(gate.float()) * up.float()).to(dtype),
+                                   rtol=2e-6 if dtype == torch.float32 else 8e-3, atol=1e-30)
+    logits = torch.randn(5, 49157, generator=g)
+    logits[1, 7], logits[2, 300] = float("nan"), logits[2].max() + 1
+    logits[3, 40000:40002] = logits[3].max() + 2  # a tie: the first one
+    assert torch.equal(cpu_ops.greedy_tokens(logits), logits.argmax(dim=-1))
+    for dim, dtype, window in [(64, torch.float32, 0), (128, torch.float32, 0), (40, torch.float32, 0),
+                               (64, torch.bfloat16, 0), (64, torch.float32, 7)]:
+        kc, vc = torch.randn(2, 9, 16, 2, dim, generator=g).to(dtype)
+        tables = torch.tensor([[3, 1, 8], [0, 5, 2], [4, 6, 7]], dtype=torch.int32)
+        lens, q = torch.tensor([37, 9, 0], dtype=torch.int32), torch.randn(3, 6, dim, generator=g).to(dtype)
+        expected = paged_attention_reference(q, kc, vc, tables, lens, 0.125, sliding_window=window or None)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(cpu_ops.paged_attention_decode(q, kc, vc, tables, lens, 0.125, sliding_window=window),
+                                   expected, atol=tol, rtol=tol)
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        kc, vc = (torch.randn(2, 9, 16, 2, 64, generator=g) * 4).to(fp8)
+        tables, lens = torch.tensor([[3, 1, 8]], dtype=torch.int32), torch.tensor([40], dtype=torch.int32)
+        q = torch.randn(1, 6, 64, generator=g)
+        expected = paged_attention_reference(q, kc.float() * 0.5, vc.float() * 2.0, tables, lens, 0.125)
+        torch.testing.assert_close(cpu_ops.paged_attention_decode(q, kc, vc, tables, lens, 0.125, k_scale=0.5, v_scale=2.0),
+                                   expected, atol=1e-5, rtol=1e-5)
+    from engine import LLM, SamplingParams
+    llm = LLM(MODEL, num_gpu_blocks=16)
+    print("backend:", llm.engine.cpu_backend)
+    out = llm.generate(["The capital of France is", "Paged attention"], SamplingParams(max_tokens=6, temperature=0.0))
+    print("tokens:", [o.token_ids for o in out])
+    """
+)
+
+
+def test_a_cache_built_for_another_isa_is_rebuilt_never_loaded(avx2_build):
+    # A cache copied from an AVX-512 machine (prepare-room) onto an AVX2 laptop: loading its library
+    # there would stop the first decode step with SIGILL. Whether found under its own directory or renamed
+    # into the AVX2 build's, it is built again for AVX2.
+    if cpu_ops.matmul_simd() == "avx2":
+        pytest.skip("this CPU's own build is the AVX2 one: no other ISA's build to copy")
+    _, stderr, library = avx2_build
+    assert "Building the engine's CPU kernels for this machine (avx2;" in stderr, stderr[-3000:]
+    assert (library.parent / "loaded-ok").read_text().strip() == "avx2"
+
+
+@pytest.mark.skipif(not shutil.which("objdump"), reason="reads the library's instructions with objdump (binutils)")
+def test_the_avx2_build_has_no_avx512_instruction(avx2_build):
+    """Not one instruction on a zmm or mask register (AVX-512's), so an AVX2 laptop never meets a SIGILL."""
+    *_, library = avx2_build
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], capture_output=True, text=True, check=True).stdout
+    assert "vfmadd" in text and "%ymm" in text  # the AVX2 + FMA code is there
+    avx512 = [line for line in text.splitlines() if "%zmm" in line or "%k1" in line or "{%k" in line]
+    assert not avx512, avx512[:5]
+
+
+def test_the_avx2_build_gives_torchs_results_and_the_engine_runs_all_its_kernels(avx2_build, tiny_llama_dir):
+    stdout, *_ = avx2_build
+    backend = next(line for line in stdout.splitlines() if line.startswith("backend: ")).removeprefix("backend: ")
+    assert backend.split(";")[0] == "engine CPU kernels (matmul, RMSNorm, RoPE, SiLU-and-mul, decode attention)", backend
+    out = LLM(str(tiny_llama_dir), num_gpu_blocks=16).generate(["The capital of France is", "Paged attention"],
+                                                               SamplingParams(max_tokens=6, temperature=0.0))
+    assert f"tokens: {[o.token_ids for o in out]}" in stdout  # greedy tokens identical to this process's build
 
 
 def test_kernels_under_autograd_fall_back_to_torch_and_the_ops_refuse_grad(kernel, tiny_llama_dir):
@@ -618,22 +710,35 @@ def test_prefill_sized_matmuls_go_to_mkl_on_intel_cpus_only(kernel, monkeypatch)
     assert calls == [1, 4]  # 5 and 70 rows went through F.linear
 
 
-@pytest.mark.skipif(not (sys.platform == "linux" and os.uname().machine == "x86_64" and shutil.which("c++")),
-                    reason="checks the x86-64 builds with and without AVX-512 (Linux, a C++ compiler)")
-@pytest.mark.parametrize("march", ["-march=x86-64-v3 -mno-avx512f", "-march=sapphirerapids"])
-def test_the_kernels_compile_for_cpus_with_and_without_avx512(march):
-    """Most laptops have no AVX-512, most servers have it (with AVX512-BF16 and AMX on Sapphire Rapids):
-    the sources compile for both, whatever this machine has, so each path is checked where the other
+# Every ISA the engine ships a path for, whatever this machine has (the AVX2 build itself is compiled in
+# full by the avx2_build fixture): (compiler, flags).
+COMPILE_TARGETS = {
+    "x86-64 baseline (SSE2 only: the generic build)": ("c++", "-march=x86-64"),
+    "Sapphire Rapids (AVX-512, AVX512-BF16, AMX)": ("c++", "-march=sapphirerapids"),
+    "aarch64 (NEON: the generic build)": ("aarch64-linux-gnu-g++", "-march=armv8-a"),
+}
+
+
+@pytest.mark.parametrize("target", list(COMPILE_TARGETS))
+def test_the_kernels_compile_for_every_isa_they_have_a_path_for(target):
+    """Most laptops have AVX2 and no AVX-512, most servers have AVX-512 (with AVX512-BF16 and AMX on
+    Sapphire Rapids), old x86 and ARM take the generic build: the sources compile (syntax and templates,
+    against torch's headers) for each, whatever this machine has, so each path is checked where another
     one runs. A helper defined only under ``#if defined(__AVX512F__)`` and used outside it, or a
     signature changed on one side only, fails here."""
     from torch.utils.cpp_extension import include_paths
     import sysconfig
 
-    flags = ["c++", "-std=c++20", "-fsyntax-only", "-fopenmp", *march.split(),
+    compiler, march = COMPILE_TARGETS[target]
+    if not (sys.platform == "linux" and shutil.which(compiler)):
+        pytest.skip(f"needs Linux and {compiler}" + (" (Debian: apt-get install g++-aarch64-linux-gnu)" if "aarch64" in compiler else ""))
+    if compiler == "c++" and os.uname().machine != "x86_64":
+        pytest.skip("this machine's c++ does not target x86-64")
+    flags = [compiler, "-std=c++20", "-fsyntax-only", "-fopenmp", *march.split(),
              "-DTORCH_EXTENSION_NAME=syntax_check", "-DTORCH_API_INCLUDE_EXTENSION_H",
              *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}"]
     jobs = [subprocess.Popen([*flags, str(source)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for source in cpu_ops.SOURCES]
     for source, job in zip(cpu_ops.SOURCES, jobs):
         out, _ = job.communicate(timeout=600)
-        assert job.returncode == 0, f"{source.name} with {march}:\n{out[-3000:]}"
+        assert job.returncode == 0, f"{source.name} for {target}:\n{out[-3000:]}"

@@ -427,6 +427,11 @@ def test_bench_command_compares_with_transformers(tiny_llama_dir):
     # Continuous batching: the engine's decode batch shrinks from 4 requests to 1 as they finish.
     assert set(data["engine_decode_step_ms_by_batch"]) == {"4", "3", "2", "1"}
     assert data["engine_cpu_backend"].split(";")[0] == all_kernels()
+    # Which ISA it ran on, and on which CPU: the loaded kernels' (all_kernels() loaded this process's, the same build).
+    from engine.cpu import ops as cpu_ops
+
+    assert data["isa"]["isa"] == cpu_ops.matmul_simd() and data["isa"]["cpu_isa"] == cpu_ops.cpu_isa()
+    assert f"measured on: ISA {cpu_ops.matmul_simd()} (" in format_result(data)
     # The roofline: every decode step of the fastest engine run against the machine's measured limits (the
     # prefill gives each request its first token; max_tokens 2, 4, 7, 9 then take 1 step at batch 4, 2 at 3...).
     steps = data["roofline"]["steps"]

@@ -78,7 +78,7 @@ def test_the_engine_keeps_packed_weights_and_kv_cache_in_huge_pages_and_its_toke
     while engine.has_unfinished_requests():
         engine.step()
     assert huge_pages.huge_page_share(engine.runner.kv_caches[0][0]) > 0.5
-    if up.cpu_kernel:  # AVX-512: the packed copies, one arena for the model
+    if up.cpu_kernel:  # AVX-512 or AVX2: the packed copies, one arena for the model
         assert huge_pages.huge_page_share(up.packed_weight) > 0.5
         assert engine.cpu_backend.endswith("; packed weights and KV cache in 2 MiB pages")
     else:

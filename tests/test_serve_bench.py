@@ -52,7 +52,7 @@ def test_bench_serve_prints_vllms_report(tiny_llama_dir, capsys):
         main(["bench-serve", "--base-url", base, "--num-prompts", "4", "--random-input-len", "8", "--random-output-len", "4"])
     out = capsys.readouterr().out
     for label in ("Serving Benchmark Result", "Successful requests:                     4", "Output token throughput (tok/s):",
-                  "Median TTFT (ms):", "P99 ITL (ms):", "P90 TPOT (ms):", "Mean E2EL (ms):"):
+                  "Median TTFT (ms):", "P99 ITL (ms):", "P90 TPOT (ms):", "Mean E2EL (ms):", "CPU ISA (this machine's):"):
         assert label in out, out
 
 

@@ -32,9 +32,17 @@ Figures (2-core Xeon, SmolLM2-135M; ``python -m engine bench-cpu`` measures them
 the README. ``python -m engine bench`` shows what they do to a whole workload.
 
 The kernels are compiled on first use with ``torch.utils.cpp_extension`` (a C++ compiler with
-OpenMP, and ``ninja``), for this machine's CPU (``-march=native``), into
-``<cache>/cpu_kernels/<fingerprint>/`` (see :func:`engine.user_cache.cache_dir`); later
-processes load the built library in well under a second. Where they cannot be built, the engine
+OpenMP, and ``ninja``) for one instruction set, the best this CPU runs (:func:`build_isa`): ``avx512``
+(x86-64-v4, with AVX512-BF16 where the CPU has it), ``avx2`` (x86-64-v3: AVX2 and FMA, most laptops) or
+``generic`` (x86-64's SSE2, or the compiler's default target elsewhere: correct, slow). One source serves
+every width (the kernels are written against a vector of 16, 8 or 4 floats, see
+``csrc/small_batch_linear.cpp``), as ATen's own kernels are compiled per ISA from one source.
+``$PAGEDATTENTION_LAB_CPU_ISA`` picks another one this CPU can run (e.g. ``avx2`` on an AVX-512
+machine, to measure a laptop's code path there). Each ISA is built into its own
+``<cache>/cpu_kernels/<fingerprint>/`` (the fingerprint covers the ISA and its flags, see
+:func:`engine.user_cache.cache_dir`), and only the one this CPU needs is built; later processes load it in
+well under a second, and a cache copied from another machine (``python -m engine prepare-room``) is used
+only where it was built for an ISA this CPU runs: an AVX-512 build never runs on an AVX2 laptop. Where they cannot be built, the engine
 warns once and uses torch everywhere (``F.linear``, ``F.rms_norm``, the rotary in engine/model_executor/model.py):
 slower, the same results within float rounding.
 """
@@ -76,8 +84,16 @@ SOURCES = [Path(__file__).parent / "csrc" / name for name in ("unity_kernels.cpp
 # Included by the sources: part of the fingerprint, not compiled alone.
 HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp",
-                        "sampling.cpp", "vec_exp.h", "ops.h")]
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+                        "sampling.cpp", "vec_exp.h", "simd.h", "ops.h")]
+CFLAGS = ["-O3", "-fopenmp"]  # and the ISA's own, :func:`build_flags`
+ISA_ENV_VAR = "PAGEDATTENTION_LAB_CPU_ISA"
+ISAS = ("avx512", "avx2", "generic")  # best first
+# What each ISA asks of the CPU (/proc/cpuinfo's flag names): x86-64-v4's and x86-64-v3's levels.
+ISA_CPU_FLAGS = {
+    "avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma", "bmi2", "f16c", "movbe"},
+    "avx2": {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe"},
+    "generic": set(),
+}
 BUILD_TIME = "15-30 s on a 2-core laptop"  # the first build, measured: docs/performance.md, "The first start"
 LOCK_TIMEOUT_S = 600  # seconds a start waits for another live process's build (a build takes 15-30 s on a 2-core laptop, several minutes on a busy one)
 
@@ -142,11 +158,93 @@ def kernel_error() -> str | None:
 
 
 def matmul_simd() -> str | None:
-    """What the matmul kernel was compiled with: "avx512", "generic" (no AVX-512: correct, but slower than
-    MKL, see the top of csrc/small_batch_linear.cpp), or None when the kernels are not loaded."""
+    """The ISA the loaded kernels were compiled for: "avx512", "avx2" (the register tile at the memory limit
+    on laptops without AVX-512), "generic" (SSE2 or NEON: correct, but slower than MKL, so the engine
+    multiplies with ``F.linear`` there), or None when the kernels are not loaded."""
     if not _state.get("ok"):
         return None
     return torch.ops.pagedattention_lab.small_batch_linear_simd()
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (the ``flags`` line of /proc/cpuinfo, Linux x86); empty where not known."""
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_isa(flags: set[str] | None = None, machine: str | None = None) -> str:
+    """The best of :data:`ISAS` that a CPU with these feature flags runs (default: this CPU's)."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64"):
+        return "generic"
+    if flags is None:
+        flags = cpu_flags()
+        if not flags:  # no /proc/cpuinfo (macOS, Windows): ATen's own detection
+            capability = torch.backends.cpu.get_cpu_capability()
+            return {"AVX512": "avx512", "AVX2": "avx2"}.get(capability, "generic")
+    return next(isa for isa in ISAS if ISA_CPU_FLAGS[isa] <= flags)
+
+
+def build_isa(flags: set[str] | None = None, machine: str | None = None) -> str:
+    """The ISA the kernels are built for here: ``$PAGEDATTENTION_LAB_CPU_ISA`` when set, else :func:`cpu_isa`.
+
+    Raises:
+        ValueError: the variable names no ISA, or one this CPU cannot run (avx512 on an AVX2 laptop
+            would stop the process with SIGILL at the first AVX-512 instruction).
+    """
+    best = cpu_isa(flags, machine)
+    wanted = os.environ.get(ISA_ENV_VAR, "").strip().lower()
+    if not wanted:
+        return best
+    if wanted not in ISAS:
+        raise ValueError(f"{ISA_ENV_VAR}={wanted!r} is not one of {', '.join(ISAS)}")
+    if ISAS.index(wanted) < ISAS.index(best):
+        raise ValueError(f"{ISA_ENV_VAR}={wanted} but this CPU runs {best} at most")
+    return wanted
+
+
+def isa_report() -> dict:
+    """Which instruction set this process's CPU kernels run on, for the benches' reports: ``isa`` (the loaded
+    build's, :func:`matmul_simd`; before a load, the one :func:`build_isa` would build), ``cpu_isa`` (the best
+    this CPU runs, :func:`cpu_isa`), ``forced`` (``$PAGEDATTENTION_LAB_CPU_ISA`` chose ``isa``), ``cpu`` (the
+    CPU's model name, "" where not known)."""
+    try:
+        isa = matmul_simd() or build_isa()
+    except ValueError:  # a forced ISA this CPU cannot run: the build fails and says why; report the CPU's
+        isa = cpu_isa()
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
+    return {"isa": isa, "cpu_isa": cpu_isa(), "forced": bool(os.environ.get(ISA_ENV_VAR, "").strip()), "cpu": model or platform.processor()}
+
+
+def describe_isa(report: dict) -> str:
+    """One line for a bench: ``"ISA avx2 (AVX2 build on an AVX-512 CPU, forced with PAGEDATTENTION_LAB_CPU_ISA: Intel(R) Xeon(R) ...)"``."""
+    where = f": {report['cpu']}" if report["cpu"] else ""
+    if report["isa"] == report["cpu_isa"]:
+        return f"ISA {report['isa']} ({report['isa']} CPU{where})"
+    names = {"avx512": "an AVX-512", "avx2": "an AVX2", "generic": "a generic"}
+    forced = f", forced with {ISA_ENV_VAR}" if report["forced"] else ""
+    return f"ISA {report['isa']} ({report['isa']} build on {names[report['cpu_isa']]} CPU{forced}{where})"
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
+def build_flags(isa: str, flags: set[str] | None = None, machine: str | None = None) -> list[str]:
+    """The compiler's flags for one ISA: :data:`CFLAGS` and a fixed target (never ``-march=native``, so a
+    build runs on every CPU of its ISA, and the cache key says which)."""
+    x86 = (machine or platform.machine()).lower() in ("x86_64", "amd64")
+    if isa == "avx512":
+        bf16 = "avx512_bf16" in (cpu_flags() if flags is None else flags)
+        return [*CFLAGS, "-march=x86-64-v4", *(["-mavx512bf16"] if bf16 else [])]
+    if isa == "avx2":
+        return [*CFLAGS, "-march=x86-64-v3"]
+    return [*CFLAGS, "-march=x86-64"] if x86 else list(CFLAGS)
 
 
 def matmul_bf16() -> bool:
@@ -156,10 +254,13 @@ def matmul_bf16() -> bool:
 
 def supports(weight: torch.Tensor) -> bool:
     """The engine should multiply by this ``[N, K]`` weight (``nn.Linear``'s layout) with the kernel: float32
-    (or bfloat16 where :func:`matmul_bf16`) on CPU, 2-D, contiguous, and the kernel built with AVX-512
-    (elsewhere ``F.linear`` is faster)."""
+    (or bfloat16 where :func:`matmul_bf16`) on CPU, 2-D, contiguous, and the kernel built for AVX-512 or AVX2
+    (:data:`MATMUL_ISAS`; the generic build is slower than ``F.linear``)."""
     dtype_ok = weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and matmul_bf16())
-    return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() == "avx512"
+    return weight.dim() == 2 and dtype_ok and weight.device.type == "cpu" and weight.is_contiguous() and matmul_simd() in MATMUL_ISAS
+
+
+MATMUL_ISAS = ("avx512", "avx2")  # the builds whose matmul kernel the engine uses (a register tile that fits the ISA's registers)
 
 
 MKL_MIN_ROWS = 65  # from this many rows of x, float32 on an Intel CPU, F.linear (MKL's sgemm) beats the kernel
@@ -524,36 +625,64 @@ def _build_and_load(build_root: str | Path | None, progress: Callable[[str, floa
     A finished build (its library and ``loaded-ok``, written only after a process loaded it) is never
     changed again, so it is loaded without the lock: from a read-only cache (a shared lab image), or
     while another process holds the lock."""
-    build_dir = build_directory(build_root)
+    isa = build_isa()
+    flags = build_flags(isa)
+    build_dir = build_directory(build_root, flags)
     library = build_dir / f"pagedattention_lab_cpu_{build_dir.name}.so"
-    if library.exists() and (build_dir / "loaded-ok").exists():
-        torch.ops.load_library(str(library))
+    if library.exists() and _finished_for(build_dir, isa):
+        _load_library(library, isa)
         return
     build_dir.mkdir(parents=True, exist_ok=True)
     with build_lock(build_dir, progress):
-        _build_locked(build_dir.name, build_dir, progress)
+        _build_locked(build_dir.name, build_dir, progress, isa, flags)
 
 
-def build_directory(build_root: str | Path | None = None) -> Path:
-    """Where this machine's build of the kernels lives: ``<build_root>/<fingerprint>`` (default root:
-    ``<cache>/cpu_kernels``); the fingerprint covers the sources, torch's version, the flags and the CPU."""
+def _finished_for(build_dir: Path, isa: str) -> bool:
+    """A process has loaded this build (``loaded-ok``, written after the load) and it was built for ``isa``
+    (the file holds the ISA): a directory copied or renamed from another ISA's build is built again, never loaded."""
+    try:
+        return (build_dir / "loaded-ok").read_text().strip() == isa
+    except OSError:
+        return False
+
+
+def _load_library(library: Path, isa: str) -> None:
+    torch.ops.load_library(str(library))
+    _check_built_for(isa, library)
+
+
+def _check_built_for(isa: str, library: Path) -> None:
+    built = torch.ops.pagedattention_lab.small_batch_linear_simd()
+    if built != isa:  # the compiler ignored the target: say so, never run it as another ISA's
+        raise RuntimeError(f"the kernels in {library} were compiled for {built}, not {isa}")
+
+
+def build_directory(build_root: str | Path | None = None, flags: list[str] | None = None) -> Path:
+    """Where the build of the kernels for this CPU's ISA lives: ``<build_root>/<fingerprint>`` (default root:
+    ``<cache>/cpu_kernels``); the fingerprint covers the sources, torch's version, the machine and the
+    compiler's flags (default: :func:`build_flags` of :func:`build_isa`), which name the ISA.
+
+    Raises:
+        ValueError: as :func:`build_isa`.
+    """
     from engine.user_cache import cache_dir
 
     sources = [path.read_text() for path in SOURCES + HEADERS]
     # Not the sources' directory: a library once built and loaded is loaded directly (no ninja, which would
     # compare the sources' paths and times), so another checkout, or a lab cache copied from a teacher's
-    # machine (python -m engine prepare-room), finds it.
-    key = "\n".join([*sources, torch.__version__, " ".join(CFLAGS), platform.machine(), _cpu_flags()])
+    # machine (python -m engine prepare-room), finds it: on a CPU of the same ISA only, since the flags differ.
+    flags = build_flags(build_isa()) if flags is None else flags
+    key = "\n".join([*sources, torch.__version__, " ".join(flags), platform.machine()])
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:16]
     return (Path(build_root) if build_root else cache_dir() / "cpu_kernels") / fingerprint
 
 
-def _build_locked(fingerprint: str, build_dir: Path, progress) -> None:
+def _build_locked(fingerprint: str, build_dir: Path, progress, isa: str, flags: list[str]) -> None:
     """Build (if needed) and load, while this process holds the build directory's lock."""
     name = f"pagedattention_lab_cpu_{fingerprint}"
     library, loaded_once = build_dir / f"{name}.so", build_dir / "loaded-ok"
-    if library.exists() and loaded_once.exists():  # finished by the process this one waited for
-        torch.ops.load_library(str(library))
+    if library.exists() and _finished_for(build_dir, isa):  # finished by the process this one waited for
+        _load_library(library, isa)
         return
     # Imported here: it is slow to import and only needed to build. Where a CUDA toolkit is installed but
     # torch is a CPU build (or no GPU is there), its import warns "No CUDA runtime is found, using
@@ -567,13 +696,14 @@ def _build_locked(fingerprint: str, build_dir: Path, progress) -> None:
     if fcntl is not None or (baton.exists() and time.time() - baton.stat().st_mtime > LOCK_TIMEOUT_S):
         baton.unlink(missing_ok=True)  # without an OS lock (Windows): only once older than any build
     # A library that no process has loaded yet may be the half-written output of a killed build (or of
-    # a full disk); loading it can kill the process (SIGBUS), so it is built again from scratch.
-    if library.exists() and not loaded_once.exists():
+    # a full disk); loading it can kill the process (SIGBUS), so it is built again from scratch. So is
+    # one built for another ISA (a copied directory): its first AVX-512 instruction would be a SIGILL.
+    if library.exists() and not _finished_for(build_dir, isa):
         for path in build_dir.iterdir():
             if path.name != "build.lock":
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
     building = not library.exists()
-    said = f"Building the engine's CPU kernels for this machine ({BUILD_TIME}, once; kept once built) in {build_dir}"
+    said = f"Building the engine's CPU kernels for this machine ({isa}; {BUILD_TIME}, once; kept once built) in {build_dir}"
     if building:
         _say(said, progress)
     # torch logs a long banner when the compiler is not the one it was built with; the warning above
@@ -582,13 +712,14 @@ def _build_locked(fingerprint: str, build_dir: Path, progress) -> None:
     atexit.register(_exit_quietly_if_building)
     try:
         if not library.exists() and os.name == "posix":
-            _build_in_child(name, build_dir)  # the compilers in a process group of their own (see there)
+            _build_in_child(name, build_dir, flags)  # the compilers in a process group of their own (see there)
         with _cpp_extension_quiet():
-            _load(cpp_extension, name, build_dir)
+            _load(cpp_extension, name, build_dir, flags)
+        _check_built_for(isa, library)
     finally:
         _building.clear()
         atexit.unregister(_exit_quietly_if_building)
-    loaded_once.touch()
+    loaded_once.write_text(f"{isa}\n")
     if building and progress is not None:
         progress(said, 1.0)
 
@@ -626,7 +757,7 @@ def _exit_quietly() -> None:
 _child: dict[str, subprocess.Popen] = {}  # "build": the compiling child, while there is one
 
 
-def _build_in_child(name: str, build_dir: Path) -> None:
+def _build_in_child(name: str, build_dir: Path, flags: list[str]) -> None:
     """Compile the kernels in a child Python process that leads a process group of its own, and wait.
 
     However this process ends, the compilers end with it: a SIGTERM (a closed terminal, ``kill``) or
@@ -641,8 +772,7 @@ def _build_in_child(name: str, build_dir: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
     code = "import sys; from engine.cpu.ops import _child_build; _child_build(*sys.argv[1:])"
-    flags = json.dumps(CFLAGS)  # this process's flags (a caller may have changed them), so both build the same library
-    proc = subprocess.Popen([sys.executable, "-c", code, name, str(build_dir), str(os.getpid()), flags], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", code, name, str(build_dir), str(os.getpid()), json.dumps(flags)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     _child["build"] = proc
     try:
@@ -684,13 +814,11 @@ def _child_build(name: str, build_dir: str, parent_pid: str, flags: str) -> None
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the parent dies
     if os.getppid() != int(parent_pid):  # the parent died before the line above
         stop()
-    global CFLAGS
-    CFLAGS = json.loads(flags)
     try:
         with _cpp_extension_quiet():
             from torch.utils import cpp_extension
 
-            _load(cpp_extension, name, Path(build_dir))
+            _load(cpp_extension, name, Path(build_dir), json.loads(flags))  # the parent's flags: both build the same library
     except Exception as error:  # noqa: BLE001 - said to the parent in one message, as an in-process build would
         print(f"{type(error).__name__}: {error}".strip(), flush=True)
         os._exit(1)
@@ -748,23 +876,13 @@ def _say(text: str, progress) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _load(cpp_extension, name: str, build_dir: Path) -> None:
+def _load(cpp_extension, name: str, build_dir: Path, flags: list[str]) -> None:
     cpp_extension.load(
         name=name,
         sources=[str(path) for path in SOURCES],
-        extra_cflags=CFLAGS,
+        extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
         build_directory=str(build_dir),
         is_python_module=False,  # registers torch.ops.pagedattention_lab.*; needs no Python headers
         verbose=False,
     )
-
-
-def _cpu_flags() -> str:
-    """The CPU's model and feature flags (Linux), so that a library built with -march=native is rebuilt on another CPU."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = [line for line in lines if line.startswith(("model name", "flags", "Features"))]
-    return "\n".join(sorted(set(wanted)))

@@ -550,7 +550,7 @@ class CausalLM(nn.Module):
         """Run the engine's C++ CPU kernels (:mod:`engine.cpu.ops`) instead of torch where they apply:
         matmuls in every projection (up to :func:`engine.cpu.ops.kernel_max_rows` rows) and the LM head (each weight packed once into the
         kernel's panels, :func:`engine.cpu.ops.pack_weights`, shared with other models built on the same
-        weights; only where the kernel was built with AVX-512, see :func:`engine.cpu.ops.supports`), the
+        weights; only where the kernel was built for AVX-512 or AVX2, see :func:`engine.cpu.ops.supports`), the
         residual add with RMSNorm, RoPE, and SwiGLU's
         silu-and-multiply. When every projection takes the kernel, a step of decode tokens only runs each
         decoder layer as one C++ call (:meth:`DecoderLayer.decode`, :func:`engine.cpu.ops.decode_layer`),

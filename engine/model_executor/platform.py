@@ -25,7 +25,7 @@ def describe_cpu_backend(model, backend, dtype: torch.dtype, greedy_kernel: bool
     rest = [name for name in ("matmul", "RMSNorm", "RoPE", "SiLU-and-mul", "decode attention") if name not in parts]
     why = ""
     if "matmul" in rest:
-        why = " (no AVX-512)" if dtype == torch.float32 else " (no AVX512-BF16)"
+        why = " (no AVX2)" if dtype == torch.float32 else " (no AVX512-BF16)"
     text = f"engine CPU kernels ({', '.join(parts)})" + (f", torch {', '.join(rest)}{why}" if rest else "")
     if model.decode_layers and backend.cpu_decode_layer:
         text += "; decode steps: " + ("all decoder layers in one C++ call" if model.layers_decode_weights is not None else "one C++ call per decoder layer")

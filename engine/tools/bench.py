@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import transformers
 
+from engine.cpu import ops as cpu_ops
 from engine.tools import precision, roofline
 from engine.config import EngineConfig
 from engine.llm import LLM
@@ -171,6 +172,7 @@ def run_bench(
     result = extra | {
         "workload": "mixed", "num_prompts": num_prompts, "tokens": tokens, "device": str(engine.device),
         "dtype": str(engine.dtype).replace("torch.", ""), "repeats": repeats, "engine_cpu_backend": engine.cpu_backend,
+        "isa": cpu_ops.isa_report(),
         "engine_seconds": engine_s, "hf_seconds": hf_s, "engine_runs_s": engine_runs, "hf_runs_s": hf_runs,
         "engine_tokens_per_s": tokens / engine_s, "hf_tokens_per_s": tokens / hf_s,
         "ratio": hf_s / engine_s, "ratios": [h / e for e, h in zip(engine_runs, hf_runs)],
@@ -269,6 +271,7 @@ def _hf_generate(hf, inputs: dict, max_new: int) -> list[list[int]]:
 def format_result(r: dict) -> str:
     lines = [
         f"workload mixed: {r['num_prompts']} chat prompts, {r['tokens']} generated tokens, greedy, ignore_eos, {r['dtype']} on {r['device']}",
+        f"measured on: {cpu_ops.describe_isa(r['isa'])}",
         f"engine (continuous batching, paged KV): {r['engine_seconds']:.2f} s  {r['engine_tokens_per_s']:.1f} tokens/s   (CPU ops: {r['engine_cpu_backend']})",
         f"transformers generate (static batch):   {r['hf_seconds']:.2f} s  {r['hf_tokens_per_s']:.1f} tokens/s",
         f"engine speed-up (transformers seconds / engine seconds): {r['ratio']:.2f}x   outputs identical: {r['outputs_identical']}",

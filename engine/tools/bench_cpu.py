@@ -34,8 +34,8 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
     """Time the CPU kernels against torch for one decode step of ``model`` at each row count.
 
     Returns:
-        ``{"model", "weights_mb", "layers", "repeats", "matmul_simd" ("avx512" or "generic", see
-        :func:`engine.cpu.ops.matmul_simd`), "matmul_ms": {rows: {"kernel", "torch"}},
+        ``{"model", "weights_mb", "layers", "repeats", "matmul_simd" ("avx512", "avx2" or "generic", see
+        :func:`engine.cpu.ops.matmul_simd`), "isa" (:func:`engine.cpu.ops.isa_report`), "matmul_ms": {rows: {"kernel", "torch"}},
         "norm_rope_ms": {rows: {"kernel", "torch"}}, "context", "attention_ms": {rows: {"kernel", "torch"}}}``;
         times are medians in ms per decode step; attention: ``context`` tokens per row, every layer on its own pool.
 
@@ -93,7 +93,7 @@ def run_cpu_bench(model: str | None = None, rows: tuple[int, ...] = (1, 4, 8, 16
             attention_ms[r] = _decode_attention(net, r, context, repeats, generator)
     return {
         "model": llm.engine.model_name, "weights_mb": sum(w.numel() * w.element_size() for w in weights) / 1e6,
-        "layers": net.num_layers, "repeats": repeats, "matmul_simd": cpu_ops.matmul_simd(),
+        "layers": net.num_layers, "repeats": repeats, "matmul_simd": cpu_ops.matmul_simd(), "isa": cpu_ops.isa_report(),
         "matmul_ms": matmul_ms, "norm_rope_ms": norm_rope_ms, "context": context, "attention_ms": attention_ms,
     }
 
@@ -137,6 +137,7 @@ def _alternate(sides: dict[str, Callable[[], None]], repeats: int) -> dict[str, 
 def format_cpu_bench(r: dict) -> str:
     lines = [
         f"{r['model']}: one decode step, by rows (requests in the step); medians of {r['repeats']} alternating passes, ms",
+        f"measured on: {cpu_ops.describe_isa(r['isa'])}",
         f"{'rows':>5}  {'matmuls: kernel':>15}  {'F.linear':>9}  {'speed-up':>8}   {'norm+RoPE: kernel':>17}  {'torch':>7}  {'speed-up':>8}"
         f"   {'attention: kernel':>17}  {'torch':>7}  {'speed-up':>8}",
     ]
@@ -152,6 +153,6 @@ def format_cpu_bench(r: dict) -> str:
         f"norm+RoPE: {r['layers']} layers x (2 residual adds + RMSNorms, RoPE on q and k); "
         f"attention: {r['layers']} layers of decode attention, {r['context']} tokens of context per row"
     )
-    if r["matmul_simd"] != "avx512":
-        lines.append("this CPU has no AVX-512: the matmul kernel is built generic, and the engine multiplies with F.linear here")
+    if r["matmul_simd"] not in cpu_ops.MATMUL_ISAS:
+        lines.append("this CPU has no AVX2: the matmul kernel is built generic, and the engine multiplies with F.linear here")
     return "\n".join(lines)

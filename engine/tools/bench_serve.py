@@ -254,6 +254,10 @@ def format_result(result: dict, percentiles: list[float], selected: list[str], m
     def row(label, value, fmt="{:<10.2f}"):
         lines.append("{:<40} ".format(label) + (fmt.format(value) if not isinstance(value, str) else f"{value:<10}"))
 
+    if "isa" in result:
+        from engine.cpu.ops import describe_isa
+
+        row("CPU ISA (this machine's):", describe_isa(result["isa"]).removeprefix("ISA "))
     row("Successful requests:", result["completed"], "{:<10}")
     if result["failed"]:
         row("Failed requests:", result["failed"], "{:<10}")
@@ -380,7 +384,8 @@ def run_cli(args) -> dict:
                                               return_token_ids=args.return_token_ids))
     result = calculate_metrics(results, duration, percentiles, selected, goodput)
     result.update(model_id=model, base_url=base_url, dataset_name=args.dataset_name, num_prompts=args.num_prompts,
-                  request_rate=args.request_rate, burstiness=args.burstiness, max_concurrency=args.max_concurrency)
+                  request_rate=args.request_rate, burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+                  isa=_isa_report())
     if args.dataset_name == "random":
         result.update(random_input_len=args.random_input_len, random_output_len=args.random_output_len)
     if args.predict:
@@ -404,6 +409,13 @@ def run_cli(args) -> dict:
         with open(name, "w") as f:
             json.dump(_jsonable(result), f, indent=2)
     return result
+
+
+def _isa_report() -> dict:
+    """This machine's CPU ISA (:func:`engine.cpu.ops.isa_report`): the server's where it runs here (a local base_url)."""
+    from engine.cpu.ops import isa_report  # imports torch: only once a run has finished
+
+    return isa_report()
 
 
 def server_settings(args) -> dict:

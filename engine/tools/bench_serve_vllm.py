@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.tools.bench_serve import (benchmark, calculate_metrics, make_dataset, parse_goodput,
+from engine.tools.bench_serve import (_isa_report, benchmark, calculate_metrics, make_dataset, parse_goodput,
                                       parse_percentiles, server_settings)
 
 STARTUP_TIMEOUT_S = 1200.0  # vLLM's start on 2 busy cores (torch.compile) has taken several minutes
@@ -235,7 +235,7 @@ def run_against(args, selected: list[str], percentiles: list[float], goodput: di
     finally:
         for server in servers.values():
             server.close()
-    result = {"settings": settings | {"prefix_caching": args.enable_prefix_caching, "dataset_name": args.dataset_name,
+    result = {"settings": settings | {"prefix_caching": args.enable_prefix_caching, "dataset_name": args.dataset_name, "isa": _isa_report(),
                                       "num_prompts": len(requests), "vllm_version": _vllm_version(python)},
               "startup_s": startup, "runs": runs, "outputs_identical": all(r["outputs"]["identical"] for r in runs)}
     if args.json:
@@ -315,10 +315,13 @@ def format_rate(run: dict, goodput: dict[str, float]) -> str:
 
 
 def format_summary(r: dict) -> str:
+    from engine.cpu.ops import describe_isa
+
     s = r["settings"]
     return (f"vLLM {s['vllm_version']} and the lab, same model, {s['num_blocks']} blocks of {s['block_size']} slots (vLLM: +1 null block), "
             f"max_num_seqs {s['max_num_seqs']}, max_model_len {s['max_model_len']}, prefix caching {'on' if s['prefix_caching'] else 'off'}, "
             f"chunked prefill off, float32, greedy, ignore_eos; {s['num_prompts']} {s['dataset_name']} requests per rate\n"
+            + (f"measured on: {describe_isa(s['isa'])}\n" if "isa" in s else "") +
             f"start-up: lab {r['startup_s']['lab']:.0f} s, vLLM {r['startup_s']['vllm']:.0f} s; outputs token-identical at every rate: "
             f"{r['outputs_identical']}")
 

@@ -8,8 +8,9 @@ A student then installs and starts with no network (docs/classroom.md, "A classr
     pip install --no-index --find-links DIR/wheels -e .
     cp -a DIR/cache ~/lab-cache && export PAGEDATTENTION_LAB_CACHE=~/lab-cache
 
-The cached model is read on any machine; the built kernels only on one with the same CPU features, torch and
-kernel sources (elsewhere they are built there, 15-30 s on 2 cores).
+The cached model is read on any machine; the built kernels only on one whose CPU runs their instruction set
+(avx512, avx2, generic; PAGEDATTENTION_LAB_CPU_ISA=avx2 prepares the laptops' build on an AVX-512 machine), with
+the same torch and kernel sources (elsewhere they are built there, 15-30 s on 2 cores).
 """
 
 from __future__ import annotations

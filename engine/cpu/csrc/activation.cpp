@@ -11,7 +11,7 @@
 // it is one pass and one call: 16 x 1536 (a 16-request decode step's MLP) took 6.0 us against torch's
 // 15.2 us, 1 x 1536 2.4 against 3.3 us (2-core EPYC, throwaway harness alternating the two).
 //
-// exp: csrc/vec_exp.h (16 values at a time with AVX-512).
+// exp: csrc/vec_exp.h (a vector at a time: 16 values with AVX-512, 8 with AVX2).
 //
 // Built with the other CPU kernels by engine/cpu_ops.py. Inference only: no autograd.
 
@@ -38,27 +38,25 @@ void silu_mul(const T* __restrict__ gate, const T* __restrict__ up, T* __restric
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(silu_mul_one(static_cast<float>(gate[i]), static_cast<float>(up[i])));
 }
 
-#if defined(__AVX512F__)
-// The same arithmetic, 16 floats at a time (the compiler does not vectorize the loop above).
+#if defined(PAGEDATTENTION_LAB_SIMD)
+// The same arithmetic, a vector at a time (csrc/simd.h; the compiler does not vectorize the loop above).
 template <>
 void silu_mul<float>(const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, int64_t n) {
-  const __m512 one = _mm512_set1_ps(1.0f);
+  const simd::vfloat one = simd::set1(1.0f);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = _mm512_loadu_ps(gate + i);
-    const __m512 denominator = _mm512_add_ps(one, vec_exp::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(g, denominator), _mm512_loadu_ps(up + i)));
+  for (; i + simd::kWidth <= n; i += simd::kWidth) {
+    const simd::vfloat g = simd::load(gate + i);
+    simd::store(out + i, g / (one + vec_exp::expv(-g)) * simd::load(up + i));
   }
   for (; i < n; ++i) out[i] = silu_mul_one(gate[i], up[i]);
 }
+#endif
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 // bf16 (CPUs with AVX512-BF16, which bf16 matmuls need anyway): 16 values widened to fp32 (a bf16 is
 // the top half of a float), the same arithmetic, then rounded to the nearest bf16, ties to even (what
 // c10::BFloat16 does; NaN stays NaN). Elsewhere bf16 takes the loop above.
-inline __m512 widen(const c10::BFloat16* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
+inline __m512 widen(const c10::BFloat16* p) { return simd::load(p); }
 inline __m256i narrow(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 template <>
 void silu_mul<c10::BFloat16>(const c10::BFloat16* __restrict__ gate, const c10::BFloat16* __restrict__ up, c10::BFloat16* __restrict__ out,
@@ -67,13 +65,12 @@ void silu_mul<c10::BFloat16>(const c10::BFloat16* __restrict__ gate, const c10::
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 g = widen(gate + i);
-    const __m512 denominator = _mm512_add_ps(one, vec_exp::exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)));
+    const __m512 denominator = _mm512_add_ps(one, vec_exp::expv(_mm512_sub_ps(_mm512_setzero_ps(), g)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), narrow(_mm512_mul_ps(_mm512_div_ps(g, denominator), widen(up + i))));
   }
   for (; i < n; ++i) out[i] = static_cast<c10::BFloat16>(silu_mul_one(static_cast<float>(gate[i]), static_cast<float>(up[i])));
 }
 #endif  // __AVX512BF16__
-#endif
 
 }  // namespace
 

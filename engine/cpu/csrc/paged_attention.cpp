@@ -14,7 +14,7 @@
 //       k_scale, v_scale  fp8 caches only: a cached byte b stands for fp8(b) * scale (vLLM's per-tensor k/v scales)
 //
 // fp8 caches (engine/model_executor/kv_quant.py): each byte is widened to fp32 in registers through a
-// 256-entry table (AVX-512: one gather of 16 floats per 16 bytes), never written back. The scales are
+// 256-entry table (AVX-512 and AVX2: one gather of a vector of floats per 16 or 8 bytes), never written back. The scales are
 // applied where they cost nothing: q . (k8 * k_scale) = (q * k_scale) . k8, so k_scale joins the softmax
 // scale; sum_i w_i (v8_i * v_scale) = v_scale * sum_i w_i v8_i, so v_scale multiplies the output once.
 //
@@ -31,10 +31,10 @@
 //     V rows rescaled when the maximum grows. Everything is accumulated in fp32, whatever the dtype;
 //   - tasks are shared out among threads with at::parallel_for (16 sequences x 3 KV heads = 48 tasks
 //     for the default model), each writing its own output rows;
-//   - with AVX-512 and head_dim 64 or 128, attend_span below does the same in registers, 16 positions
-//     at a time (8 sequences of 128 tokens, 30 layers, each on its own pool: 4.15 -> 2.99 ms; hot in
+//   - with AVX-512 or AVX2 and head_dim 64 or 128, attend_span below does the same in registers, 16 (8)
+//     positions at a time (8 sequences of 128 tokens, 30 layers, each on its own pool: 4.15 -> 2.99 ms; hot in
 //     cache 1.96 -> 0.93 ms; throwaway harness alternating the two on the 2-core EPYC); attend() is
-//     the portable version, for other head sizes and CPUs without AVX-512;
+//     the portable version, for other head sizes and the generic build (no AVX2);
 //   - a thread walks its tasks span by span (run_spans): kSpan positions of a sequence for every KV
 //     head it runs there, then the next span. The KV heads of a slot lie side by side, so a span's
 //     slots are one stretch of memory per slot; while one span is computed, the next one's slots (the
@@ -169,7 +169,7 @@ void attend(const T* q, const C* key_cache, const C* value_cache, const int32_t*
       denominator[g] *= rescale;
       for (int64_t d = 0; d < D; ++d) acc[g * D + d] *= rescale;
       for (int64_t i = 0; i < n; ++i) lg[i] -= new_max;
-      vec_exp::exp_inplace(lg, n);  // csrc/vec_exp.h: 16 at a time
+      vec_exp::exp_inplace(lg, n);  // csrc/vec_exp.h: a vector at a time
       for (int64_t i = 0; i < n; ++i) denominator[g] += lg[i];
     }
     for (int64_t i = 0; i < n; ++i) {  // each V row read once for the whole group
@@ -193,32 +193,35 @@ void attend(const T* q, const C* key_cache, const C* value_cache, const int32_t*
 // The first position a decode query sees: 0, or with a sliding window of W, context - W.
 inline int64_t window_first(int64_t context, int64_t window) { return window > 0 && context > window ? context - window : 0; }
 
-#if defined(__AVX512F__)
-// The same attention with AVX-512, for head_dim 64 or 128, in registers. Per tile of 16 positions:
-//   - logits: each K row is loaded once (D / 16 vectors) and multiplied with the GC query heads of a
-//     chunk of the group, giving one vector of 16 partial sums per (head, position); sum16 then adds
-//     up 16 such vectors at once into one vector holding the 16 positions' logits (a transpose-and-add
-//     tree: 45 shuffles and adds instead of 16 horizontal sums of ~8 steps each);
-//   - the softmax step on that vector (exp 16 at a time, positions past the context masked out);
-//   - V: each V row is loaded once, and the GC heads' running sums (GC x D / 16 vectors) stay in
+#if defined(PAGEDATTENTION_LAB_SIMD)
+// The same attention a vector at a time (csrc/simd.h: W = 16 floats with AVX-512, 8 with AVX2), for
+// head_dim 64 or 128, in registers. Per tile of W positions:
+//   - logits: each K row is loaded once (D / W vectors) and multiplied with the GC query heads of a
+//     chunk of the group, giving one vector of W partial sums per (head, position); sum_lanes then adds
+//     up W such vectors at once into one vector holding the W positions' logits (a transpose-and-add
+//     tree: 45 shuffles and adds instead of 16 horizontal sums of ~8 steps each with AVX-512, 8 hadds
+//     and one add with AVX2);
+//   - the softmax step on that vector (exp W at a time, positions past the context masked out);
+//   - V: each V row is loaded once, and the GC heads' running sums (GC x D / W vectors) stay in
 //     registers, one multiply-add per vector;
 //   - K and V rows of the next tile are prefetched while this one is computed (through the block
 //     table: rows are 768 bytes apart within a block and blocks lie anywhere in the pool), and the
 //     first KV head's task brings whole slots into L2 for the others (16 sequences x 85 tokens, 30
 //     layers on their own pools: 4.0-6.0 -> 3.4-5.0 ms, 15-18% less in each of 7 alternations).
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {  // a bf16 is the top half of a float
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
+using simd::vfloat;
+constexpr int W = simd::kWidth;
+inline vfloat load_row(const float* p) { return simd::load(p); }
+inline vfloat load_row(const c10::BFloat16* p) { return simd::load(p); }
 template <typename C, typename = std::enable_if_t<kIsFp8<C>>>
-inline __m512 load16(const C* p) {  // 16 fp8 bytes -> 16 floats: each byte indexes the format's table
-  const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm512_i32gather_ps(index, fp8_values(p), 4);
+inline vfloat load_row(const C* p) {  // W fp8 bytes -> W floats: each byte indexes the format's table
+  return simd::gather_bytes(reinterpret_cast<const uint8_t*>(p), fp8_values(p));
 }
 
-// Lane i of the result is the sum of the 16 lanes of v[(i % 4) * 4 + i / 4] (callers store position p's
-// partial sums at that index, so that lane p holds position p's logit).
-inline __m512 sum16(const __m512* v) {
+#if defined(__AVX512F__)
+// Lane i of the result is the sum of the 16 lanes of v[slot(i)] (callers store position p's partial
+// sums at v[slot(p)], so that lane p holds position p's logit).
+inline int slot(int i) { return (i % 4) * 4 + i / 4; }
+inline __m512 sum_lanes(const __m512* v) {
   __m512 s[8], u[4], w[2];
   for (int i = 0; i < 8; ++i)  // lanes 0-7: half sums of v[2i], 8-15: of v[2i + 1]
     s[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
@@ -228,6 +231,18 @@ inline __m512 sum16(const __m512* v) {
     w[k] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * k], u[2 * k + 1], 0x44), _mm512_shuffle_ps(u[2 * k], u[2 * k + 1], 0xEE));
   return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));  // lane 4c + r: v[4r + c]
 }
+#else
+// AVX2: lane i of the result is the sum of the 8 lanes of v[i].
+inline int slot(int i) { return i; }
+inline __m256 sum_lanes(const __m256* v) {
+  // hadd pairs neighbours within each 128-bit half: after two rounds, half h of u0 holds v[0..3]'s sums
+  // over lanes 4h .. 4h + 3, and u1 v[4..7]'s; the halves are then added across.
+  const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
 
 // Lines to bring into L2 while a span is computed: `count` slots, each from byte `from` of its row
 // start (rows[i], element offsets in the caches) for `lines` cache lines, of K and of V.
@@ -250,17 +265,17 @@ template <typename T, int D, int GC>
 void attend_span(const float* qf, const T* key_cache, const T* value_cache, const int64_t* rows, int64_t begin, int64_t end,
                  int64_t context, float* acc_state, float* running_max, float* denominator, const Prefetch& pf, int64_t own_from,
                  int64_t own_lines) {
-  constexpr int V = D / 16;  // vectors per row
+  constexpr int V = D / W;  // vectors per row
   constexpr int64_t kLines = D * static_cast<int64_t>(sizeof(T)) / 64;
-  __m512 q[GC][V], acc[GC][V];
+  vfloat q[GC][V], acc[GC][V];
   for (int g = 0; g < GC; ++g)
-    for (int c = 0; c < V; ++c) q[g][c] = _mm512_loadu_ps(qf + g * D + 16 * c), acc[g][c] = _mm512_loadu_ps(acc_state + g * D + 16 * c);
-  alignas(64) float partial[GC][16][16];
-  alignas(64) float weight[GC][16];
+    for (int c = 0; c < V; ++c) q[g][c] = simd::load(qf + g * D + W * c), acc[g][c] = simd::load(acc_state + g * D + W * c);
+  alignas(64) float partial[GC][W][W];
+  alignas(64) float weight[GC][W];
   const int64_t span = end - begin;
   int64_t pf_done = 0;
-  for (int64_t p0 = begin; p0 < end; p0 += 16) {
-    const int n = static_cast<int>(end - p0 < 16 ? end - p0 : 16);
+  for (int64_t p0 = begin; p0 < end; p0 += W) {
+    const int n = static_cast<int>(end - p0 < W ? end - p0 : W);
     for (int i = 0; i < n; ++i) {
       for (const int64_t until = (p0 - begin + i + 1) * pf.count / span; pf_done < until; ++pf_done) {
         const int64_t at = pf.rows[pf_done];
@@ -272,42 +287,41 @@ void attend_span(const float* qf, const T* key_cache, const T* value_cache, cons
         const char* vn = reinterpret_cast<const char*>(value_cache + at) + own_from;
         for (int64_t l = 0; l < own_lines; ++l) __builtin_prefetch(kn + 64 * l, 0, 2), __builtin_prefetch(vn + 64 * l, 0, 2);
       }
-      if (p0 + 16 + i < context) {  // the next tile's rows, into L1
-        const char* kn = reinterpret_cast<const char*>(key_cache + rows[p0 + 16 + i]);
-        const char* vn = reinterpret_cast<const char*>(value_cache + rows[p0 + 16 + i]);
+      if (p0 + W + i < context) {  // the next tile's rows, into L1
+        const char* kn = reinterpret_cast<const char*>(key_cache + rows[p0 + W + i]);
+        const char* vn = reinterpret_cast<const char*>(value_cache + rows[p0 + W + i]);
         for (int64_t l = 0; l < kLines; ++l) __builtin_prefetch(kn + 64 * l, 0, 3), __builtin_prefetch(vn + 64 * l, 0, 3);
       }
       const T* k = key_cache + rows[p0 + i];
-      __m512 kv[V];
-      for (int c = 0; c < V; ++c) kv[c] = load16(k + 16 * c);
+      vfloat kv[V];
+      for (int c = 0; c < V; ++c) kv[c] = load_row(k + W * c);
       for (int g = 0; g < GC; ++g) {
-        __m512 sum = _mm512_mul_ps(q[g][0], kv[0]);
-        for (int c = 1; c < V; ++c) sum = _mm512_fmadd_ps(q[g][c], kv[c], sum);
-        _mm512_store_ps(partial[g][(i % 4) * 4 + i / 4], sum);
+        vfloat sum = q[g][0] * kv[0];
+        for (int c = 1; c < V; ++c) sum = simd::fmadd(q[g][c], kv[c], sum);
+        simd::store(partial[g][slot(i)], sum);
       }
     }
-    for (int i = n; i < 16; ++i)
-      for (int g = 0; g < GC; ++g) _mm512_store_ps(partial[g][(i % 4) * 4 + i / 4], _mm512_setzero_ps());
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+    for (int i = n; i < W; ++i)
+      for (int g = 0; g < GC; ++g) simd::store(partial[g][slot(i)], simd::zero());
     for (int g = 0; g < GC; ++g) {
-      const __m512 logits = sum16(reinterpret_cast<const __m512*>(partial[g]));
-      const float tile_max = _mm512_mask_reduce_max_ps(valid, logits);
+      const vfloat logits = sum_lanes(reinterpret_cast<const vfloat*>(partial[g]));
+      const float tile_max = simd::reduce_max(simd::first_lanes(logits, n, -std::numeric_limits<float>::infinity()));
       const float new_max = tile_max > running_max[g] ? tile_max : running_max[g];
       const float rescale = std::exp(running_max[g] - new_max);  // 0 on the first tile (exp(-inf))
       running_max[g] = new_max;
-      const __m512 w = _mm512_maskz_mov_ps(valid, vec_exp::exp16(_mm512_sub_ps(logits, _mm512_set1_ps(new_max))));
-      denominator[g] = denominator[g] * rescale + _mm512_reduce_add_ps(w);
-      _mm512_store_ps(weight[g], w);
-      const __m512 r = _mm512_set1_ps(rescale);
-      for (int c = 0; c < V; ++c) acc[g][c] = _mm512_mul_ps(acc[g][c], r);
+      const vfloat w = simd::first_lanes(vec_exp::expv(logits - simd::set1(new_max)), n, 0.0f);
+      denominator[g] = denominator[g] * rescale + simd::reduce_add(w);
+      simd::store(weight[g], w);
+      const vfloat r = simd::set1(rescale);
+      for (int c = 0; c < V; ++c) acc[g][c] = acc[g][c] * r;
     }
     for (int i = 0; i < n; ++i) {
       const T* v = value_cache + rows[p0 + i];
-      __m512 vv[V];
-      for (int c = 0; c < V; ++c) vv[c] = load16(v + 16 * c);
+      vfloat vv[V];
+      for (int c = 0; c < V; ++c) vv[c] = load_row(v + W * c);
       for (int g = 0; g < GC; ++g) {
-        const __m512 wb = _mm512_set1_ps(weight[g][i]);
-        for (int c = 0; c < V; ++c) acc[g][c] = _mm512_fmadd_ps(wb, vv[c], acc[g][c]);
+        const vfloat wb = simd::set1(weight[g][i]);
+        for (int c = 0; c < V; ++c) acc[g][c] = simd::fmadd(wb, vv[c], acc[g][c]);
       }
     }
   }
@@ -316,7 +330,7 @@ void attend_span(const float* qf, const T* key_cache, const T* value_cache, cons
     prefetch_slot(reinterpret_cast<const char*>(key_cache + at) + pf.from, reinterpret_cast<const char*>(value_cache + at) + pf.from, pf);
   }
   for (int g = 0; g < GC; ++g)
-    for (int c = 0; c < V; ++c) _mm512_storeu_ps(acc_state + g * D + 16 * c, acc[g][c]);
+    for (int c = 0; c < V; ++c) simd::store(acc_state + g * D + W * c, acc[g][c]);
 }
 
 template <typename T, int D>
@@ -343,7 +357,10 @@ inline void slot_rows(const int32_t* table, int64_t first, int64_t count, const 
 template <typename T, typename C, int D>
 void run_spans(const T* qp, const C* kp, const C* vp, const int32_t* tables, const int32_t* lens, const Layout& L, float scale,
                int64_t window, float v_scale, T* op, int64_t num_kv_heads, int64_t t0, int64_t t1) {
-  constexpr int kChunk = 256 / D;  // query heads per attend_span call: 16 accumulator vectors, as many for the queries
+  // Query heads per attend_span call: as many accumulator vectors (and as many for the queries) as the
+  // registers hold: 16 of AVX-512's 32, 8 of AVX2's 16 (one head at a time there).
+  constexpr int kAccVectors = W == 16 ? 16 : 8;
+  constexpr int kChunk = kAccVectors * W / D > 1 ? kAccVectors * W / D : 1;
   const int64_t G = L.group, chunks = (G + kChunk - 1) / kChunk;
   static const SpanFn<C, D> spans[] = {attend_span<C, D, 1>, attend_span<C, D, (kChunk >= 2 ? 2 : 1)>,
                                        attend_span<C, D, (kChunk >= 3 ? 3 : 1)>, attend_span<C, D, (kChunk >= 4 ? 4 : 1)>};
@@ -382,7 +399,7 @@ void run_spans(const T* qp, const C* kp, const C* vp, const int32_t* tables, con
       const int64_t units = (kv_b - kv_a) * chunks;
       int64_t unit = 0;
       for (int64_t kv = kv_a; kv < kv_b; ++kv) {
-        for (int64_t p = b; p < (e + 16 < context ? e + 16 : context); ++p) kv_rows[p] = rows[p] + kv * L.cache_head;  // and the next tile's
+        for (int64_t p = b; p < (e + W < context ? e + W : context); ++p) kv_rows[p] = rows[p] + kv * L.cache_head;  // and the next tile's
         for (int64_t h0 = 0; h0 < G; h0 += kChunk, ++unit) {
           const int gc = static_cast<int>(G - h0 < kChunk ? G - h0 : kChunk);
           const int64_t h = (kv - kv_a) * G + h0;
@@ -413,7 +430,7 @@ void run(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& val
   const C *kp = static_cast<const C*>(key_cache.data_ptr()), *vp = static_cast<const C*>(value_cache.data_ptr());
   T* op = out.data_ptr<T>();
   at::parallel_for(0, q.size(0) * num_kv_heads, 1, [&](int64_t t0, int64_t t1) {
-#if defined(__AVX512F__)
+#if defined(PAGEDATTENTION_LAB_SIMD)
     if (L.dim == 64) return run_spans<T, C, 64>(qp, kp, vp, tables, lens, L, scale, window, v_scale, op, num_kv_heads, t0, t1);
     if (L.dim == 128) return run_spans<T, C, 128>(qp, kp, vp, tables, lens, L, scale, window, v_scale, op, num_kv_heads, t0, t1);
 #endif

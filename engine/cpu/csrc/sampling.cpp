@@ -9,8 +9,8 @@
 // 1,024 logits, then argmax inside the winning chunk), because argmax itself does not vectorise its
 // search. Right after a decode step has streamed the weights through the caches, each of those
 // operators runs with cold caches (~0.16 ms for the first one here, against ~5 us warm), so the six
-// took 0.34-0.49 ms per step at 1-16 rows. Here it is one call: per row, the maximum with AVX-512
-// (and whether there is any NaN), then the first position that holds it.
+// took 0.34-0.49 ms per step at 1-16 rows. Here it is one call: per row, the maximum a vector at a time
+// (csrc/simd.h; and whether there is any NaN), then the first position that holds it.
 //
 // Built with the other CPU kernels by engine/cpu_ops.py.
 
@@ -24,41 +24,36 @@
 #include <cmath>
 #include <limits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
 // The first index of the maximum of x[0:n] (n >= 1), NaN counting as the largest.
 int64_t first_argmax(const float* x, int64_t n) {
+  constexpr int W = simd::kWidth;
   float best = -std::numeric_limits<float>::infinity();
   bool any_nan = false;
   int64_t i = 0;
-#if defined(__AVX512F__)
-  __m512 vmax = _mm512_set1_ps(best);
-  __mmask16 nan = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    vmax = _mm512_max_ps(vmax, v);  // a NaN lane may be dropped here: `nan` has seen it
+  simd::vfloat vmax = simd::set1(best);
+  uint32_t nan = 0;
+  for (; i + W <= n; i += W) {
+    const simd::vfloat v = simd::load(x + i);
+    nan |= simd::nan_lanes(v);
+    vmax = simd::vmax(vmax, v);  // a NaN lane may be dropped here: `nan` has seen it
   }
-  best = _mm512_reduce_max_ps(vmax);
+  best = simd::reduce_max(vmax);
   any_nan = nan != 0;
-#endif
   for (; i < n; ++i) {
     if (std::isnan(x[i])) any_nan = true;
     else if (x[i] > best) best = x[i];
   }
   i = 0;
-#if defined(__AVX512F__)
-  const __m512 target = _mm512_set1_ps(best);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    const __mmask16 hit = any_nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
-    if (hit) return i + __builtin_ctz(static_cast<unsigned>(hit));
+  const simd::vfloat target = simd::set1(best);
+  for (; i + W <= n; i += W) {
+    const simd::vfloat v = simd::load(x + i);
+    const uint32_t hit = any_nan ? simd::nan_lanes(v) : simd::equal_lanes(v, target);
+    if (hit) return i + __builtin_ctz(hit);
   }
-#endif
   for (; i < n; ++i)
     if (any_nan ? std::isnan(x[i]) : x[i] == best) return i;
   return 0;  // not reached: the maximum is in the row

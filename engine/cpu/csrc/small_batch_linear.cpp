@@ -15,7 +15,7 @@
 // The multiply is then an outer product per k, in registers:
 //     for each k: w = the panel's 16 weights of k (one vector load);
 //                 for each row m: acc[m] += broadcast(x[m, k]) * w     (one fused multiply-add)
-// - up to kMaxRows = 16 rows at once: 16 vector accumulators of 16 output columns each, so every
+// - up to kMaxRows = 16 rows at once (AVX-512; 6 with AVX2): 16 vector accumulators of 16 output columns each, so every
 //   weight loaded is used for 16 multiply-adds, and no horizontal sums are needed at the end (each
 //   lane of acc[m] is one output y[m, 16 p + lane]: the accumulators are simply stored). Batches of
 //   more than 16 rows are cut into balanced groups (40 rows: 14 + 13 + 13) that read the same panel,
@@ -40,11 +40,13 @@
 // and _mm512_dpbf16_ps adds, in each fp32 lane j, x[m, k] w[j, k] + x[m, k + 1] w[j, k + 1]: half the
 // bytes of fp32 per weight; the fp32 sums are rounded to bf16 once at the end.
 //
-// Built on first use by engine/cpu_ops.py (torch.utils.cpp_extension, -O3 -march=native -fopenmp).
-// Without AVX-512 the same code compiles to GCC vector types of 16 floats: correct, but each becomes
-// two or four registers (AVX2, NEON), 16 accumulators no longer fit, and it runs slower than MKL at
-// 8-16 rows. small_batch_linear_simd() says which was built, and the engine multiplies with F.linear
-// where it is "generic".
+// Built on first use by engine/cpu/ops.py (torch.utils.cpp_extension) for one ISA, and written once against
+// csrc/simd.h's vector: with AVX-512 a panel row is one zmm vector and the tile 16 rows (16 accumulators
+// of 32 registers); with AVX2 two ymm vectors and 6 rows (12 accumulators of 16 registers: BLIS's Haswell
+// sgemm tile, 6 x 16), the same packed panels. Both stream the weights at the memory limit (the avx2 build
+// within noise of the avx512 one on one Xeon, 1-16 rows). The generic build (SSE2, NEON: 4 floats) is
+// correct but slower than MKL, and the engine multiplies with F.linear there (small_batch_linear_simd()
+// says which ISA was built).
 
 #include <ATen/core/Tensor.h>  // not ATen/ATen.h, which declares every operator: a third of a build's time
 #include <ATen/ops/empty.h>
@@ -60,75 +62,71 @@
 #include <string>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace {
 
-constexpr int64_t kLanes = 16;    // output columns per panel: floats per vector
-constexpr int kMaxRows = 16;      // rows of x per register tile: 16 vector accumulators
+constexpr int64_t kLanes = 16;    // output columns per panel: one AVX-512 vector, two AVX2 ones, four SSE/NEON ones
+constexpr int kVecs = kLanes / simd::kWidth;  // vectors per panel row
+// Rows of x per register tile: MR x kVecs accumulators, plus the panel row's kVecs vectors and one broadcast
+// of x, within the registers: 16 x 1 of AVX-512's 32; 6 x 2 of AVX2's 16 (BLIS's Haswell sgemm tile, 6 x 16);
+// 3 x 4 of SSE's 16.
+#if defined(__AVX512F__)
+constexpr int kMaxRows = 16;
+constexpr int kAccumulators = 16;
+#elif defined(PAGEDATTENTION_LAB_AVX2)
+constexpr int kMaxRows = 6;
+constexpr int kAccumulators = 12;
+#else
+constexpr int kMaxRows = 3;
+constexpr int kAccumulators = 12;
+#endif
 constexpr int64_t kPrefetch = 32; // prefetch the panel's line this many k's (cache lines) ahead
 constexpr int64_t kPrefetchL2 = 128;  // and, from kPrefetchL2Rows rows on, this many lines ahead into L2
-constexpr int kPrefetchL2Rows = 6;
-
-#if defined(__AVX512F__)
-using vec = __m512;
-inline vec vzero() { return _mm512_setzero_ps(); }
-inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vec vfma(float a, vec b, vec acc) { return _mm512_fmadd_ps(_mm512_set1_ps(a), b, acc); }
-#else
-typedef float vec __attribute__((vector_size(64)));
-inline vec vzero() { return vec{}; }
-inline vec vload(const float* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline vec vfma(float a, vec b, vec acc) { return acc + a * b; }
-#endif
-
-// Stores the first `cols` lanes of acc at y (cols = 16 but in the last, padded panel).
-inline void store(float* y, vec acc, int64_t cols) {
-#if defined(__AVX512F__)
-  if (cols == kLanes) return _mm512_storeu_ps(y, acc);
-  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << cols) - 1), acc);
-#else
-  float s[kLanes];
-  std::memcpy(s, &acc, sizeof s);
-  std::memcpy(y, s, cols * sizeof(float));
-#endif
-}
+constexpr int kPrefetchL2Rows = kMaxRows < 6 ? kMaxRows : 6;
 
 // y[m, 0:cols] = sum over k of x[m, k] * panel[k, 0:cols], for the MR rows of x at `x` (ldx apart).
-// Up to 8 rows, even and odd k go to two sets of accumulators (added at the end): with few rows, one
-// chain of dependent multiply-adds per output would wait on each one's latency (4 cycles).
+// With few rows, even and odd k go to two sets of accumulators (added at the end), as long as both fit:
+// one chain of dependent multiply-adds per output would wait on each one's latency (4 cycles).
 template <int MR>
 void tile_f32(const float* x, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols) {
-  constexpr int S = MR <= 8 ? 2 : 1;  // accumulator sets
-  vec acc[S][MR];
+  using simd::vfloat;
+  constexpr int S = 2 * MR * kVecs <= kAccumulators ? 2 : 1;  // accumulator sets
+  vfloat acc[S][MR][kVecs];
   for (int s = 0; s < S; ++s)
-    for (int m = 0; m < MR; ++m) acc[s][m] = vzero();
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < kVecs; ++v) acc[s][m][v] = simd::zero();
   int64_t k = 0;
   for (; k + S <= K; k += S) {
 #pragma GCC unroll 2
     for (int s = 0; s < S; ++s) {
       __builtin_prefetch(panel + (k + s + kPrefetch) * kLanes, 0, 3);  // a prefetch never faults, even past the end
       if constexpr (MR >= kPrefetchL2Rows) __builtin_prefetch(panel + (k + s + kPrefetchL2) * kLanes, 0, 2);
-      const vec w = vload(panel + (k + s) * kLanes);
+      vfloat w[kVecs];
+      for (int v = 0; v < kVecs; ++v) w[v] = simd::load(panel + (k + s) * kLanes + v * simd::kWidth);
 #pragma GCC unroll 16
-      for (int m = 0; m < MR; ++m) acc[s][m] = vfma(x[m * ldx + k + s], w, acc[s][m]);
+      for (int m = 0; m < MR; ++m) {
+        const vfloat xm = simd::set1(x[m * ldx + k + s]);
+        for (int v = 0; v < kVecs; ++v) acc[s][m][v] = simd::fmadd(xm, w[v], acc[s][m][v]);
+      }
     }
   }
   for (; k < K; ++k) {  // an odd K's last term
-    const vec w = vload(panel + k * kLanes);
-    for (int m = 0; m < MR; ++m) acc[0][m] = vfma(x[m * ldx + k], w, acc[0][m]);
+    vfloat w[kVecs];
+    for (int v = 0; v < kVecs; ++v) w[v] = simd::load(panel + k * kLanes + v * simd::kWidth);
+    for (int m = 0; m < MR; ++m)
+      for (int v = 0; v < kVecs; ++v) acc[0][m][v] = simd::fmadd(simd::set1(x[m * ldx + k]), w[v], acc[0][m][v]);
   }
-  for (int m = 0; m < MR; ++m) {
-    vec sum = acc[0][m];
-    for (int s = 1; s < S; ++s) sum = sum + acc[s][m];
-    store(y + m * ldy, sum, cols);
-  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < kVecs; ++v) {
+      vfloat sum = acc[0][m][v];
+      for (int s = 1; s < S; ++s) sum = sum + acc[s][m][v];
+      const int64_t lanes = cols - v * simd::kWidth;  // cols = 16 but in the last, padded panel
+      if (lanes >= simd::kWidth)
+        simd::store(y + m * ldy + v * simd::kWidth, sum);
+      else if (lanes > 0)
+        simd::store_first(y + m * ldy + v * simd::kWidth, sum, static_cast<int>(lanes));
+    }
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -167,9 +165,15 @@ template <typename X, typename W, typename Y>
 using TileFn = void (*)(const X*, int64_t, const W*, int64_t, Y*, int64_t, int64_t);
 
 // One function per row count (the accumulators are registers only when MR is a constant).
+#if defined(__AVX512F__)
 #define PAGEDATTENTION_LAB_TILES(FN)                                                                  \
   FN<1>, FN<2>, FN<3>, FN<4>, FN<5>, FN<6>, FN<7>, FN<8>, FN<9>, FN<10>, FN<11>, FN<12>, FN<13>, FN<14>, \
       FN<15>, FN<16>
+#elif defined(PAGEDATTENTION_LAB_AVX2)
+#define PAGEDATTENTION_LAB_TILES(FN) FN<1>, FN<2>, FN<3>, FN<4>, FN<5>, FN<6>
+#else
+#define PAGEDATTENTION_LAB_TILES(FN) FN<1>, FN<2>, FN<3>
+#endif
 
 // One weight of a multiply: its packed panels and its output y [M, N].
 template <typename W, typename Y>
@@ -316,13 +320,7 @@ at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& packed, int
   return small_batch_linears(x, {packed}, {N})[0];
 }
 
-std::string small_batch_linear_simd() {
-#if defined(__AVX512F__)
-  return "avx512";
-#else
-  return "generic";
-#endif
-}
+std::string small_batch_linear_simd() { return simd::kIsa; }
 
 }  // namespace pagedattention_lab
 

@@ -1,9 +1,9 @@
-// exp(x) for the CPU kernels, 16 floats at a time with AVX-512 (std::exp is one scalar call per value,
+// exp(x) for the CPU kernels, a vector at a time (csrc/simd.h: 16 floats with AVX-512, 8 with AVX2; std::exp is one scalar call per value,
 // and GCC does not vectorize a loop of it): x = n ln(2) + r with n = round(x log2(e)) and
 // r = x - n ln(2), ln(2) in two parts (Cody and Waite) so that r stays exact for large |x| (one
 // product x * log2(e) would lose |x| * 2^-24 in the exponent: 3e-6 relative at x = 60); e^r for
 // |r| <= ln(2)/2 from its Taylor polynomial of degree 6 (error below 1.3e-7, about one float
-// rounding); 2^n applied with _mm512_scalef_ps (ldexp in the scalar version). x is clamped to
+// rounding); 2^n applied with _mm512_scalef_ps, or two products by powers of 2 (simd::scale2; ldexp in the scalar version). x is clamped to
 // [-kExpLimit, kExpLimit] = [-100, 100]: below, the result is a denormal or 0 (e^-100 = 3.7e-44);
 // above, ~2.7e43, which is only ever used inside 1 / (1 + e^x) (silu), where it gives 0.
 // Used by csrc/activation.cpp (silu) and csrc/paged_attention.cpp (the softmax).
@@ -11,9 +11,7 @@
 
 #include <cmath>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "simd.h"
 
 namespace vec_exp {
 
@@ -30,30 +28,30 @@ inline float exp1(float x) {
   return std::ldexp(p, static_cast<int>(n));
 }
 
-#if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-kExpLimit)), _mm512_set1_ps(kExpLimit));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(c6), _mm512_set1_ps(c5));
-  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c4));
-  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c3));
-  p = _mm512_fmadd_ps(r, p, _mm512_set1_ps(c2));
-  p = _mm512_fmadd_ps(r, p, one);
-  p = _mm512_fmadd_ps(r, p, one);
-  return _mm512_scalef_ps(p, n);
+#if defined(PAGEDATTENTION_LAB_SIMD)
+inline simd::vfloat expv(simd::vfloat x) {
+  using simd::fmadd, simd::set1, simd::vfloat;
+  x = simd::vmin(simd::vmax(x, set1(-kExpLimit)), set1(kExpLimit));
+  const vfloat n = simd::round_nearest(x * set1(kLog2e));
+  const vfloat r = fmadd(-n, set1(kLn2Lo), fmadd(-n, set1(kLn2Hi), x));
+  const vfloat one = set1(1.0f);
+  vfloat p = fmadd(r, set1(c6), set1(c5));
+  p = fmadd(r, p, set1(c4));
+  p = fmadd(r, p, set1(c3));
+  p = fmadd(r, p, set1(c2));
+  p = fmadd(r, p, one);
+  p = fmadd(r, p, one);
+  return simd::scale2(p, n);
 }
 #endif
 
 // x[i] = exp(x[i]) for i < n, in place.
 inline void exp_inplace(float* x, long n) {
   long i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, exp16(_mm512_loadu_ps(x + i)));
+#if defined(PAGEDATTENTION_LAB_SIMD)
+  for (; i + simd::kWidth <= n; i += simd::kWidth) simd::store(x + i, expv(simd::load(x + i)));
   if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(x + i, tail, exp16(_mm512_maskz_loadu_ps(tail, x + i)));
+    simd::store_first(x + i, expv(simd::load_first(x + i, static_cast<int>(n - i))), static_cast<int>(n - i));
     return;
   }
 #endif
