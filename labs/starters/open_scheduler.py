@@ -56,6 +56,14 @@ a group's sequences decode together, a preemption frees or swaps all of them, an
 a whole. Every request is one, whether it holds one sequence or several (the simulator's lock-step
 path alone schedules a bare ``Sequence``, which answers the same interface).
 
+With a KV connector (prefill/decode disaggregation, vLLM v1's ``KVConnector``; ``engine/kv_transfer/``)
+the scheduler asks it at admission how many prompt tokens another engine computed. Such a request gets
+its blocks and waits in ``waiting_for_remote_kvs`` (``WAITING_FOR_REMOTE_KVS``) while the workers read
+the KV into them; once read, it is admitted before the waiting queue with one prompt token left to
+compute (the last one, whose logits choose its first token). A load that fails is recomputed: the
+request goes back to the head of the queue and prefills its prompt itself. On the prefill side a
+finished request's blocks may outlive it, lent under a lease until its decode instance has read them.
+
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
 requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``).
@@ -64,6 +72,7 @@ requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``)
 from __future__ import annotations
 import bisect
 from collections import deque
+from typing import TYPE_CHECKING
 from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats

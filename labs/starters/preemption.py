@@ -55,6 +55,14 @@ a group's sequences decode together, a preemption frees or swaps all of them, an
 a whole. Every request is one, whether it holds one sequence or several (the simulator's lock-step
 path alone schedules a bare ``Sequence``, which answers the same interface).
 
+With a KV connector (prefill/decode disaggregation, vLLM v1's ``KVConnector``; ``engine/kv_transfer/``)
+the scheduler asks it at admission how many prompt tokens another engine computed. Such a request gets
+its blocks and waits in ``waiting_for_remote_kvs`` (``WAITING_FOR_REMOTE_KVS``) while the workers read
+the KV into them; once read, it is admitted before the waiting queue with one prompt token left to
+compute (the last one, whose logits choose its first token). A load that fails is recomputed: the
+request goes back to the head of the queue and prefills its prompt itself. On the prefill side a
+finished request's blocks may outlive it, lent under a lease until its decode instance has read them.
+
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
 requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``).
@@ -63,6 +71,7 @@ requests under recompute without chunking, wraps it: ``engine/sim/lockstep.py``)
 from __future__ import annotations
 import bisect
 from collections import deque
+from typing import TYPE_CHECKING
 from engine.config import PREEMPTION_MODES, check_schedule_first
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.prefix_cache import PrefixCacheStats
@@ -95,6 +104,8 @@ class Scheduler:
             ``SchedulerOutput.admissions`` with its reason.
         report_waiting: fill ``SchedulerOutput.waiting`` (why each waiting request was not admitted)
             every step; the simulator turns it off unless it records steps (it costs a pass over the queue).
+        connector: a KV connector's scheduler side (``engine/kv_transfer/base.py``); None = this engine
+            computes every prompt itself.
 
     Prefix caching (vLLM v1's cut): each admission asks the allocator once for the prompt's cached
     blocks (``get_computed_blocks``) and hands them to ``can_allocate``/``allocate``; the scheduler
@@ -114,7 +125,7 @@ class Scheduler:
     def __init__(self, kv_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", enable_chunked_prefill: bool = False,
                  schedule_first: str = "decodes", scheduling_policy: str = "fcfs", lpm_max_wait_steps: int = 64,
-                 report_waiting: bool = True):
+                 report_waiting: bool = True, connector: KVConnectorScheduler | None = None):
         check_schedule_first(schedule_first, enable_chunked_prefill)
         if scheduling_policy not in ("fcfs", "lpm"):
             raise ValueError(f"scheduling_policy must be one of fcfs, lpm; got {scheduling_policy!r}")
@@ -142,6 +153,10 @@ class Scheduler:
         # Prefix caching: tokens looked up and found at admissions (evictions: the allocator's).
         self.prefix_cache_stats = PrefixCacheStats() if kv_manager.enable_caching else None
         self.events = kv_manager.events  # one ordered log (engine/core/events.py): the allocator's and the scheduler's
+        self.connector = connector
+        self.waiting_for_remote_kvs: dict[int, SequenceGroup] = {}  # request id -> request whose KV is being read in
+        self.remote_kv_ready: deque[SequenceGroup] = deque()  # read in: admitted first, its last prompt token to compute
+        self.lent: dict[int, SequenceGroup] = {}  # finished requests whose blocks are lent to a decode instance
 
     @staticmethod
     def _pick_victim(pending: deque[SequenceGroup] | list[SequenceGroup], group: SequenceGroup) -> SequenceGroup:
