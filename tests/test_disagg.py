@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -50,7 +51,12 @@ def disagg(default_model_dir):
             process.wait(90)
         except subprocess.TimeoutExpired:
             pass
-        leftovers = subprocess.run(["pgrep", "-g", str(process.pid)], capture_output=True, text=True).stdout.split()
+        deadline = time.monotonic() + 10  # a helper process (multiprocessing's resource tracker) ends once its parents have
+        while True:
+            leftovers = subprocess.run(["pgrep", "-a", "-g", str(process.pid)], capture_output=True, text=True).stdout.splitlines()
+            if not leftovers or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         try:
             os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the process group, in any case
         except ProcessLookupError:
