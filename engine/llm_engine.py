@@ -102,7 +102,10 @@ class LLMEngine:
         available = available_host_memory()
         check_host_blocks(f"kv_offload_blocks={config.kv_offload_blocks} (--kv-offload-blocks)", config.kv_offload_blocks, block_bytes, available)
         check_host_blocks(f"the swap space (swap_space, --swap-space) of {self.num_cpu_blocks} blocks", self.num_cpu_blocks, block_bytes, available)
-        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend, self.num_cpu_blocks + config.kv_offload_blocks,
+        # A hybrid cache's CPU swap space keeps a null block of its own (block 0) beside its num_cpu_blocks.
+        cpu_null_block = 1 if self.kv_cache_config is not None and self.num_cpu_blocks else 0
+        self.runner = ModelRunner(model, self.num_blocks, config.block_size, backend,
+                                  self.num_cpu_blocks + cpu_null_block + config.kv_offload_blocks,
                                   kv_cache_config=self.kv_cache_config, kv_cache_dtype=config.kv_cache_dtype,
                                   calculate_kv_scales=config.calculate_kv_scales)
         self.events = EventLog()
