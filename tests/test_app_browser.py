@@ -470,7 +470,7 @@ def classroom(page, sync_api, port, server, tmp_path, untranslated) -> None:
     # "internal fragmentatio"), the concurrency lines.
     sidebar.get_by_role("link", name="Paged vs contiguous").click()
     page.get_by_role("button", name="Run both").click()
-    page.get_by_role("heading", name="contiguous (max)").wait_for(timeout=300_000)
+    page.get_by_role("heading", name="contiguous (max)", exact=True).wait_for(timeout=300_000)
     wait_for_charts(page, 5)
     no_exception_box(page)
     assert chart_text_problems(page, "en") == []
