@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import importlib
 
+from engine.cpu.isa import apply_isa_caps
+
+apply_isa_caps()  # a forced ISA (PAGEDATTENTION_LAB_CPU_ISA) caps torch's libraries too, before torch loads
+
 # public name -> the module that defines it
 _EXPORTS = {
     "LLM": "engine.llm",

@@ -525,6 +525,35 @@ def test_each_isa_has_its_own_build_and_a_cpu_never_gets_one_above_it(monkeypatc
     assert "-mavx512bf16" not in flags["avx512"]
 
 
+def test_a_forced_isa_caps_torch_and_vllm_beside_it_as_on_a_laptop(monkeypatch):
+    """PAGEDATTENTION_LAB_CPU_ISA=avx2 measures what an AVX2 laptop runs, not only the engine's own kernels:
+    `import engine` caps ATen, MKL and oneDNN before torch loads, a variable set by hand is kept, and vLLM's
+    environment makes vLLM pick its AVX2 kernel library (its platform asks torch.cpu, which reads the CPU)."""
+    from engine.cpu import isa
+    from engine.vllm_bridge.env import ISA_SITE, runtime_env
+
+    if cpu_ops.cpu_isa() == "generic":
+        pytest.skip("this CPU has no AVX2")
+    probe = ("import engine, os, torch, torch.cpu; print(torch.backends.cpu.get_cpu_capability(), "
+             "os.environ['MKL_ENABLE_INSTRUCTIONS'], os.environ['ONEDNN_MAX_CPU_ISA'], torch.cpu._is_avx512_supported())")
+    clean = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")}
+    run = lambda **env: subprocess.run([sys.executable, "-c", probe], env={**clean, **env}, capture_output=True, text=True, timeout=120)
+    capped = run(PAGEDATTENTION_LAB_CPU_ISA="avx2")
+    assert capped.returncode == 0, capped.stderr
+    assert capped.stdout.split()[:3] == ["AVX2", "AVX2", "AVX2"]
+    kept = run(PAGEDATTENTION_LAB_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="AVX2_VNNI")
+    assert kept.stdout.split()[2] == "AVX2_VNNI"
+    monkeypatch.delenv(isa.ISA_ENV_VAR, raising=False)
+    assert isa.apply_isa_caps() == {} and runtime_env().get("PYTHONPATH") != str(ISA_SITE)
+    monkeypatch.setenv(isa.ISA_ENV_VAR, "avx2")
+    env = runtime_env()
+    assert env["PYTHONPATH"] == str(ISA_SITE) and env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    # The sitecustomize vLLM's interpreter loads: here with the lab's own torch, whose torch.cpu vLLM asks.
+    site = subprocess.run([sys.executable, "-c", "import torch.cpu; print(torch.cpu._is_avx512_supported(), torch.cpu._is_amx_tile_supported())"],
+                          env={**clean, "PYTHONPATH": str(ISA_SITE)}, capture_output=True, text=True, timeout=120)
+    assert site.stdout.split() == ["False", "False"], site.stderr
+
+
 @pytest.fixture(scope="module")
 def avx2_build(tmp_path_factory, tiny_llama_dir):
     """The kernels built for AVX2 (x86-64-v3) in a fresh cache, in a process of their own (one library per

@@ -71,6 +71,7 @@ from pathlib import Path
 import torch
 
 from engine.cpu import huge_pages
+from engine.cpu.isa import ISA_ENV_VAR
 
 try:
     import fcntl  # POSIX: a lock that the OS releases when its process dies, however it dies
@@ -86,7 +87,6 @@ HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp",
                         "sampling.cpp", "vec_exp.h", "simd.h", "ops.h")]
 CFLAGS = ["-O3", "-fopenmp"]  # and the ISA's own, :func:`build_flags`
-ISA_ENV_VAR = "PAGEDATTENTION_LAB_CPU_ISA"
 ISAS = ("avx512", "avx2", "generic")  # best first
 # What each ISA asks of the CPU (/proc/cpuinfo's flag names): x86-64-v4's and x86-64-v3's levels.
 ISA_CPU_FLAGS = {
@@ -209,13 +209,15 @@ def isa_report() -> dict:
     """Which instruction set this process's CPU kernels run on, for the benches' reports: ``isa`` (the loaded
     build's, :func:`matmul_simd`; before a load, the one :func:`build_isa` would build), ``cpu_isa`` (the best
     this CPU runs, :func:`cpu_isa`), ``forced`` (``$PAGEDATTENTION_LAB_CPU_ISA`` chose ``isa``), ``cpu`` (the
-    CPU's model name, "" where not known)."""
+    CPU's model name, "" where not known), ``torch`` (ATen's vectorized code path, ``torch.backends.cpu.
+    get_cpu_capability()``: ``AVX2`` when a forced ISA capped it, :mod:`engine.cpu.isa`)."""
     try:
         isa = matmul_simd() or build_isa()
     except ValueError:  # a forced ISA this CPU cannot run: the build fails and says why; report the CPU's
         isa = cpu_isa()
     model = next((line.split(":", 1)[1].strip() for line in _cpuinfo().splitlines() if line.startswith("model name")), "")
-    return {"isa": isa, "cpu_isa": cpu_isa(), "forced": bool(os.environ.get(ISA_ENV_VAR, "").strip()), "cpu": model or platform.processor()}
+    return {"isa": isa, "cpu_isa": cpu_isa(), "forced": bool(os.environ.get(ISA_ENV_VAR, "").strip()), "cpu": model or platform.processor(),
+            "torch": torch.backends.cpu.get_cpu_capability()}
 
 
 def describe_isa(report: dict) -> str:
@@ -225,6 +227,9 @@ def describe_isa(report: dict) -> str:
         return f"ISA {report['isa']} ({report['isa']} CPU{where})"
     names = {"avx512": "an AVX-512", "avx2": "an AVX2", "generic": "a generic"}
     forced = f", forced with {ISA_ENV_VAR}" if report["forced"] else ""
+    torch_isa = report.get("torch")
+    if torch_isa:  # were ATen, MKL and oneDNN capped too (engine.cpu.isa), or do they still run the CPU's best?
+        forced += f"; torch {torch_isa}"
     return f"ISA {report['isa']} ({report['isa']} build on {names[report['cpu_isa']]} CPU{forced}{where})"
 
 

