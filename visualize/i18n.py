@@ -1809,7 +1809,7 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "lp14_through_handover": ("through the handover", "经过交接"),
     "lp14_colocated": ("one colocated engine", "单个不分离的引擎"),
     "lp14_kv_bytes": ("KV bytes per token: 2 (K and V) x {layers} layers x {heads} KV heads x {dim} (head_dim) x {elem} bytes = {total:,}",
-                      "每个 token 的 KV 字节数：2（K 和 V）x {layers} 层 x {heads} 个 KV 头 x {dim}（head_dim）x {elem} 字节 = {total:,}"),
+                      "每个 token 的 KV 字节数：2（K 和 V）x {layers} 层 x {heads} 个 KV 头 x 每头 {dim} 维 x {elem} 字节 = {total:,}"),
     "lp14_moved": ("{blocks} blocks x {block_size} slots x {per_token:,} bytes = {bytes:,} bytes: what the decode instance read",
                    "{blocks} 个块 x {block_size} 个槽位 x {per_token:,} 字节 = {bytes:,} 字节：解码实例读取的量"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),

@@ -189,7 +189,7 @@ assert through_handover == colocated.get_output(rid).outputs[0].token_ids
 
 # %% [markdown] lang="zh"
 # ## 3. 一次交接搬运了什么
-# 第 2 课算过一个 token 的 KV 字节数：`2（K 和 V）× 层数 × KV 头数 × head_dim × 元素字节数`。交接按整块搬运：每个借出的块，每一层的 K 和 V 都要搬，不管提示词只填了最后一块的多少。
+# 第 2 课算过一个 token 的 KV 字节数：`2（K 和 V）× 层数 × KV 头数 × 每头维数 × 元素字节数`。交接按整块搬运：每个借出的块，每一层的 K 和 V 都要搬，不管提示词只填了最后一块的多少。
 
 # %%
 config = weights.config
