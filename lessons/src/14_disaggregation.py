@@ -155,8 +155,8 @@ assert through_handover == colocated.get_output(rid).outputs[0].token_ids
 # first: it reserves the KV slots for the request *before* the prefill runs and tells the prefill side where they
 # are; the **prefill** side then writes into them, layer by layer as it computes, so the transfer overlaps the
 # prefill. Both sides follow the request through the same states (`KVPoll`): `Bootstrapping` (the two sides find
-# each other through a bootstrap server), `WaitingForInput` (the decode side's slots are reserved; the prefill
-# waits for them), `Transferring`, then `Success` or `Failed`.
+# each other through a bootstrap server), `WaitingForInput` (each waits for the other: the prefill side for the
+# indices of the slots the decode side reserved, the decode side for the KV), `Transferring`, then `Success` or `Failed`.
 #
 # | | pull (vLLM, this engine) | push (SGLang) |
 # |---|---|---|
@@ -171,7 +171,7 @@ assert through_handover == colocated.get_output(rid).outputs[0].token_ids
 
 # %% [markdown] lang="zh"
 # ## 2. SGLang 的顺序：推送
-# SGLang 的预填充/解码分离（`python/sglang/srt/disaggregation/`）把顺序反了过来。先动的是**解码**一侧：它在预填充开始*之前*就为请求预留好 KV 槽位，并告诉预填充一侧这些槽位在哪里；然后**预填充**一侧一边逐层计算，一边把结果写进这些槽位，于是传输与预填充重叠进行。两侧用同一组状态（`KVPoll`）跟踪请求：`Bootstrapping`（两侧通过引导服务器找到彼此）、`WaitingForInput`（解码一侧的槽位已预留，等待预填充的数据）、`Transferring`（传输中），最后是 `Success`（成功）或 `Failed`（失败）。
+# SGLang 的预填充/解码分离（`python/sglang/srt/disaggregation/`）把顺序反了过来。先动的是**解码**一侧：它在预填充开始*之前*就为请求预留好 KV 槽位，并告诉预填充一侧这些槽位在哪里；然后**预填充**一侧一边逐层计算，一边把结果写进这些槽位，于是传输与预填充重叠进行。两侧用同一组状态（`KVPoll`）跟踪请求：`Bootstrapping`（两侧通过引导服务器找到彼此）、`WaitingForInput`（互相等待：预填充一侧等解码一侧发来预留槽位的索引，解码一侧等 KV 数据）、`Transferring`（传输中），最后是 `Success`（成功）或 `Failed`（失败）。
 #
 # | | 拉取（vLLM，本引擎） | 推送（SGLang） |
 # |---|---|---|
