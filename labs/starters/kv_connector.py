@@ -4,8 +4,8 @@ vLLM v1's KV connector between a prefill and a decode instance, its scheduler si
 tokens the prefill instance supplies (all but the last, less the local prefix hit, loaded
 asynchronously), the load recorded once the decode blocks are allocated (which remote blocks land in
 which local ones, from which block on), and on the prefill side a finished request's blocks kept
-under a lease and the kv_transfer_params that name them. Your part runs in both engines of serve-
-disagg.
+under a lease and the kv_transfer_params that name them. serve-disagg runs your part in both of its
+engines.
 
 vLLM v1 在预填充实例与解码实例之间的 KV 连接器，它的调度器侧：预填充实例提供多少个提示词 token（除最后一个之外的全部，减去本地前缀缓存的命中，异步载入）；解码实例分配好块之后记下这次载入（哪些远端块落到哪些本地块，从第几个块开始）；以及在预填充一侧，把已完成请求的块在租约下保留，并给出指明这些块的 kv_transfer_params。你的代码在 serve-disagg 的两个引擎里运行。
 
