@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 EPILOG = """\
 The rest of the lab:
   streamlit run app.py                 the app: the KV pool step by step, the paper's figures, the classroom
-  jupyter lab lessons/en/              thirteen lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
+  jupyter lab lessons/en/              fourteen lessons, in English (lessons/en/) and Chinese (lessons/zh/); see lessons/README.md
   python -m visualize reproduce-paper  the PagedAttention paper's figures on the simulator, as tables, JSON or charts
   python -m lessons grade              the graded labs (docs/labs.md)
 --impl solution|starter|PATH (any command): run the labs' parts from there (the LAB_IMPL environment variable;

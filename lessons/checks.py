@@ -86,3 +86,20 @@ def fp8_read_back(x: float, scale: float, largest: float) -> float:
     * scale`` with x's sign (saturation; the rounding of other values is the format's, not recomputed here)."""
     stored = min(abs(x) / scale, largest)
     return (stored if x >= 0 else -stored) * scale
+
+
+def handover_expectation(pair, prompt_ids: list[int]) -> tuple[int, int]:
+    """Lesson 14: hand ``prompt_ids`` from the prefill instance to the decode instance of ``pair`` (an
+    ``engine.disagg_pair.DisaggPair``) and run it to its end. Returns the blocks the prefill instance
+    lent (``Handover.prefill_blocks``) and the bytes the decode instance read (``Handover.num_bytes``).
+
+    Raises:
+        RuntimeError: the decode instance could not read the blocks (it recomputed the prompt).
+    """
+    pair.add_request(prompt_ids, max_tokens=2)
+    while pair.has_unfinished():
+        pair.step()
+    handover = pair.handovers[-1]
+    if handover.load != "loaded":
+        raise RuntimeError(f"the handover ended {handover.load!r}, not loaded: the engine's numbers are not there to check")
+    return len(handover.prefill_blocks), handover.num_bytes

@@ -158,6 +158,16 @@ LABS: list[Lab] = [
          "starvation guard, oldest first), then the rest by their prompt tokens already cached, longest first.",
          "SGLang 的 LPM 等待队列顺序：先是被抢占的请求，再是等得太久的请求（防饥饿，最早到达的在前），"
          "其余的按已缓存的提示词 token 数从多到少排序。"), core=False),
+    Lab("kv_connector", ("The KV connector's scheduler side: prefill hands over to decode", "KV 连接器的调度器侧：预填充交接给解码"), 14, 45,
+        ("vLLM v1's KV connector between a prefill and a decode instance, its scheduler side: how many prompt tokens "
+         "the prefill instance supplies (all but the last, less the local prefix hit, loaded asynchronously), the load "
+         "recorded once the decode blocks are allocated (which remote blocks land in which local ones, from which "
+         "block on), and on the prefill side a finished request's blocks kept under a lease and the "
+         "kv_transfer_params that name them. serve-disagg runs your part in both of its engines.",
+         "vLLM v1 在预填充实例与解码实例之间的 KV 连接器，它的调度器侧：预填充实例提供多少个提示词 token（除最后一个之外的全部，"
+         "减去本地前缀缓存的命中，异步载入）；解码实例分配好块之后记下这次载入（哪些远端块落到哪些本地块，从第几个块开始）；"
+         "以及在预填充一侧，把已完成请求的块在租约下保留，并给出指明这些块的 kv_transfer_params。你的代码在 serve-disagg 的两个引擎里运行。"),
+        core=False),
     Lab("spec_verify", ("Speculative decoding: greedy verification", "投机解码：贪心验证"), 10, 20,
         ("Keep the longest prefix of the draft tokens that the target model's argmax agrees with, then the target's "
          "own token at the first disagreement (or the bonus token after all k).",

@@ -1,6 +1,10 @@
 """``python -m engine serve-disagg`` on the default model: a prefill and a decode instance (two
 processes) behind the proxy, started once for the module. The decode instance asked directly without
-``kv_transfer_params`` is an ordinary colocated engine: it is the reference the handover must equal."""
+``kv_transfer_params`` is an ordinary colocated engine: it is the reference the handover must equal.
+
+Both instances run the ``kv_connector`` lab's parts (the connector's scheduler side) from a student's
+file, the model answer cut by ``lessons/labs.py``, plugged in through the seam (``--impl``): every test
+here is also the lab's part in the live two-process engine."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import openai
 import pytest
 
 from engine.entrypoints.disagg import instance_argv
+from lessons import labs
 from serving import wait_until, wait_until_healthy
 
 pytestmark = pytest.mark.slow
@@ -33,17 +38,26 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def disagg(default_model_dir):
-    """(proxy URL, prefill URL, decode URL) of one serve-disagg, killed with both instances at the end."""
+def disagg(default_model_dir, tmp_path_factory):
+    """(proxy URL, prefill URL, decode URL) of one serve-disagg, killed with both instances at the end; both
+    instances run the kv_connector lab's model answer from a file (module docstring)."""
+    answer = tmp_path_factory.mktemp("kv-connector") / "kv_connector.py"
+    answer.write_text(labs.cut(labs.get("kv_connector"), keep_solution=True), encoding="utf-8")
     ports = [free_port() for _ in range(3)]
     process = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve-disagg", "--port", str(ports[0]), "--prefill-port", str(ports[1]),
          "--decode-port", str(ports[2]), "--kv-lease-duration", str(LEASE_S), "--num-gpu-blocks-override", "128",
-         "--max-model-len", "1024", "--no-enable-prefix-caching"],  # no cache: the colocated reference computes every token
+         "--max-model-len", "1024", "--no-enable-prefix-caching",  # no cache: the colocated reference computes every token
+         "--impl", str(answer)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     try:
         wait_until_healthy(process, urls[0], timeout=300)
+        said = []  # serve-disagg's stderr up to its ready line: each instance, started before it, has said its own
+        while not said or said[-1] and not said[-1].startswith("serving prefill/decode disaggregated"):
+            said.append(process.stderr.readline())
+        plugged = f"lab parts: {answer} in place of the engine's own (LAB_IMPL)\n"
+        assert said.count(plugged) == 3, f"serve-disagg and both its instances run the lab's file: {said}"
         yield urls
     finally:
         process.send_signal(signal.SIGTERM)  # serve-disagg stops its two instances, then itself

@@ -47,7 +47,9 @@ WRONG_ANSWERS = {"03_memory_problem": "orca_max_saturation_rate = decode_tokens_
                  # Lesson 9: Little's law with one request in the server instead of a full batch.
                  "09_serving": "ttft_explodes_at = 1 / (output_tokens * step_s)",
                  # Lesson 10: every draft judged (1 + alpha * k), as if a rejection did not end the verification.
-                 "10_speculative": "tokens_per_step = 1 + alpha * k"}
+                 "10_speculative": "tokens_per_step = 1 + alpha * k",
+                 # Lesson 14: the bytes of the prompt's tokens, as if a handover moved tokens rather than whole blocks.
+                 "14_disaggregation": "predicted_bytes = len(EXERCISE_PROMPT) * kv_bytes_per_token"}
 
 
 def _tags(cell) -> list[str]:

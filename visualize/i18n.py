@@ -1534,6 +1534,17 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "FAIL：memory_saved = {value}，但引擎报告的比例不同；4 个互不共享的样本一共要持有多少块？"),
     "l7_pass": ("PASS: {saved} blocks saved of {without}: memory saved by sharing {share}, as the engine reports",
                 "PASS：不共享时需要 {without} 个块，共享省下其中 {saved} 个，共享节省的显存为 {share}，与引擎报告一致"),
+    "l14_fail_none": ("FAIL: predicted_lent_blocks, predicted_bytes or predicted_link_ms is still None",
+                      "FAIL：predicted_lent_blocks、predicted_bytes 或 predicted_link_ms 仍是 None"),
+    "l14_fail_blocks": ("FAIL: you predict {value} lent blocks, but the prefill instance lent another number",
+                        "FAIL：你预测借出 {value} 个块，但预填充实例借出的块数不是这个"),
+    "l14_fail_bytes": ("FAIL: the blocks are right, but the decode instance did not read {value:,} bytes "
+                       "(a block moves whole: every layer's K and V for all of its slots)",
+                       "FAIL：块数对了，但解码实例读取的不是 {value:,} 字节（块是整块搬运的：每一层的 K 和 V，覆盖块里的全部槽位）"),
+    "l14_fail_ms": ("FAIL: blocks and bytes are right, but {value} ms is not what those bytes take over the link",
+                    "FAIL：块数和字节数都对了，但 {value} 毫秒不是这些字节经过这条链路所需的时间"),
+    "l14_pass": ("PASS: {blocks} blocks lent, {bytes:,} bytes read, {ms:.4f} ms over the link",
+                 "PASS：借出 {blocks} 个块，读取 {bytes:,} 字节，经过链路需要 {ms:.4f} 毫秒"),
     "l13_fail_none": ("FAIL: predicted_cached_tokens or predicted_loaded_tokens is still None",
                       "FAIL：predicted_cached_tokens 或 predicted_loaded_tokens 仍是 None"),
     "l13_fail_cached": ("FAIL: you predict {value} cached tokens, but the engine found another number",
@@ -1786,6 +1797,21 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                      "TTFT p50 {p50:.2f} s, p99 {p99:.2f} s",
                      "{cache}，{policy}，CPU 层 {offload} 块：命中率 {rate:.1%} · 预填充计算 {prefill:,} 个 token · "
                      "首 token 延迟 p50 {p50:.2f} 秒，p99 {p99:.2f} 秒"),
+    "lp14_role_prefill": ("prefill instance", "预填充实例"),
+    "lp14_role_decode": ("decode instance", "解码实例"),
+    "lp14_pool": ("{role}: {holders}", "{role}：{holders}"),
+    "lp14_step": ("step {step}", "第 {step} 步"),
+    "lp14_holds": ("request {rid} holds blocks {blocks} ({why})", "请求 {rid} 占用块 {blocks}（{why}）"),
+    "lp14_all_free": ("every block free", "所有块空闲"),
+    "lp14_handover": ("handover: prefill blocks {prefill} -> decode blocks {decode}, lease {lease}, {bytes:,} bytes read",
+                      "交接：预填充块 {prefill} -> 解码块 {decode}，租约{lease}，读取 {bytes:,} 字节"),
+    "lp14_tokens": ("greedy tokens, {how}: {tokens}", "贪心解码的 token，{how}：{tokens}"),
+    "lp14_through_handover": ("through the handover", "经过交接"),
+    "lp14_colocated": ("one colocated engine", "单个不分离的引擎"),
+    "lp14_kv_bytes": ("KV bytes per token: 2 (K and V) x {layers} layers x {heads} KV heads x {dim} (head_dim) x {elem} bytes = {total:,}",
+                      "每个 token 的 KV 字节数：2（K 和 V）x {layers} 层 x {heads} 个 KV 头 x 每头 {dim} 维 x {elem} 字节 = {total:,}"),
+    "lp14_moved": ("{blocks} blocks x {block_size} slots x {per_token:,} bytes = {bytes:,} bytes: what the decode instance read",
+                   "{blocks} 个块 x {block_size} 个槽位 x {per_token:,} 字节 = {bytes:,} 字节：解码实例读取的量"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),
     "lp8_free_queue": ("  free queue: {queue}", "  空闲队列：{queue}"),
     "lp8_cached_blocks": ("cached blocks: {blocks}", "已缓存的块：{blocks}"),
@@ -2060,6 +2086,7 @@ ALLOWED_ENGLISH = frozenset("""
     token tokens logits logit softmax argmax exp max min torch numpy transformers safetensors gguf Hugging Face Hub
     Triton Orca Max Pow2 Oracle Alpaca Llama Python Jupyter JupyterLab Streamlit Milakov Gimelshein Touvron Zhang et al
     Leviathan Chen Chrome Perfetto Zheng
+    Zhong Patel Splitwise Mooncake
     Gemma
     Split-K split-K Roofline vs ms id None slot Linux Prometheus alpha bonus auto
 """.split())  # slot, alpha: lessons 4 and 10's exercise variables, which their printed lines name; auto: a kv_cache_dtype

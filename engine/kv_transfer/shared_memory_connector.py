@@ -46,6 +46,7 @@ import numpy
 import torch
 
 from engine.config import KVTransferConfig
+from engine.core.lab_impl import plug_lab_parts
 from engine.core.sequence import SequenceGroup
 from engine.kv_transfer.base import (KVConnectorMetadata, KVConnectorOutput, KVConnectorScheduler, KVConnectorWorker,
                                      KVLoadSpec)
@@ -84,16 +85,40 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
     # ---- consumer ------------------------------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: SequenceGroup, num_computed_tokens: int) -> tuple[int | None, bool]:
-        """All prompt tokens but the last, less the ones hit in this engine's prefix cache, come from
-        the prefill instance, asynchronously. Parameters that cannot be served (a host not allowed,
-        malformed fields) are refused here: the request prefills itself, saying why."""
+        """At admission of a request whose ``kv_transfer_params`` say ``do_remote_prefill``: how many of
+        its prompt tokens the prefill instance supplies, beyond the ``num_computed_tokens`` (a multiple
+        of ``block_size``) that this engine's own prefix cache holds already.
+
+        Returns ``(num_external_tokens, load_async)``: all prompt tokens but the last
+        (``request.num_prompt_tokens - 1``; the decode instance computes the last itself, its logits
+        choose the first output token), less the local hit, never below 0; ``load_async`` True (the
+        request waits in ``WAITING_FOR_REMOTE_KVS`` while the others run: vLLM's NixlConnector). The
+        parameters are untrusted: ones that cannot be served (a host not allowed, malformed fields)
+        are refused first, and the request prefills its whole prompt itself, ``(0, False)``."""
         why = self._check_params(request)
         if why is not None:
             self.request_load_failed(request, why)
             return 0, False
+        # BEGIN SOLUTION kv_connector
         return max(request.num_prompt_tokens - 1 - num_computed_tokens, 0), True
+        # END SOLUTION
 
     def update_state_after_alloc(self, request: SequenceGroup, block_ids: list[int], num_external_tokens: int) -> None:
+        """The scheduler allocated the request's blocks (``block_ids``: every block of its prompt, in
+        logical order): remember the load, to be handed to the worker side at this step's
+        :meth:`build_connector_meta`.
+
+        Records one :class:`KVLoadSpec` in ``self._to_recv`` (this step's loads) and in
+        ``self._pending`` (request id -> its load, until it ends): the request id; the
+        ``transfer_id``, ``remote_host``, ``remote_port`` (an int) and ``remote_block_ids`` (a tuple)
+        of its ``kv_transfer_params``; ``block_ids`` as a tuple; the first logical block to load
+        (the blocks before it hit this engine's prefix cache: the prompt's tokens not supplied
+        remotely, ``num_prompt_tokens - 1 - num_external_tokens``, in whole blocks); and the prompt's
+        :func:`prompt_hash` (its first ``num_prompt_tokens`` token ids), which the prefill instance
+        checks. The request's ``kv_transfer_params`` become ``{"kv_load": "loading",
+        "remote_engine_id": <the one it was given>}``: the transfer id is not kept where a client
+        would see it."""
+        # BEGIN SOLUTION kv_connector
         params = request.kv_transfer_params
         first = (request.num_prompt_tokens - 1 - num_external_tokens) // self.block_size
         spec = KVLoadSpec(request.request_id, params["transfer_id"], params["remote_host"], int(params["remote_port"]),
@@ -102,6 +127,7 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
         request.kv_transfer_params = {"kv_load": "loading", "remote_engine_id": params.get("remote_engine_id")}
         self._to_recv.append(spec)
         self._pending[request.request_id] = spec
+        # END SOLUTION
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         meta = KVConnectorMetadata(self._to_recv, self._to_discard)
@@ -147,10 +173,22 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
     # ---- producer ------------------------------------------------------------------------------
 
     def request_finished(self, request: SequenceGroup, block_ids: list[int]) -> tuple[bool, dict | None]:
-        """A prefill request that completed (``do_remote_decode``) lends its blocks under a new lease.
+        """A request finished (its ``finish_reason`` set; ``block_ids``: its blocks, logical order).
+        Returns ``(delay_free, kv_transfer_params)`` (vLLM's ``request_finished``).
+
         A decode request that finished before its load began (aborted while queued) gives its
         prefill instance's lease back: a load of no block, which only releases (vLLM's consumer side
-        notifies its producer the same way)."""
+        notifies its producer the same way); ``(False, None)``.
+
+        On a prefill instance (``self.leases`` is its :class:`LeaseTable`), a request whose
+        ``kv_transfer_params`` say ``do_remote_decode`` and that completed (``finish_reason`` "stop"
+        or "length", not an abort) lends its blocks: ``self.leases.grant(request id, block_ids,
+        prompt_hash of its prompt's token ids)``, and returns ``(True, params)``, ``delay_free`` True
+        (the scheduler keeps the blocks until the lease is released or expires), with
+        ``params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": the
+        blocks as a list, "remote_engine_id": self.engine_id, "remote_host", "remote_port": from
+        self.side_channel, "transfer_id": the lease's}``: what the decode instance needs to read
+        them. Every other request lends nothing: ``(False, None)``."""
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill") and self.config.is_kv_consumer and self._check_params(request) is None:
             request.kv_transfer_params = None
@@ -158,6 +196,7 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
                                             tuple(params["remote_block_ids"]), (), 0,
                                             prompt_hash(request.seqs[0].token_ids[: request.num_prompt_tokens])))
             return False, None
+        # BEGIN SOLUTION kv_connector
         if self.leases is None or not params or not params.get("do_remote_decode") or request.finish_reason not in ("stop", "length"):
             return False, None
         seq = request.seqs[0]
@@ -166,6 +205,7 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
         return True, {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(block_ids),
                       "remote_engine_id": self.engine_id, "remote_host": host, "remote_port": port,
                       "transfer_id": lease.transfer_id}
+        # END SOLUTION
 
     def take_freeable(self, now: float | None = None) -> list[int]:
         return self.leases.take_freeable() if self.leases is not None else []
@@ -361,3 +401,6 @@ def read_segment(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch
     finally:
         os.close(fd)
     return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)
