@@ -208,6 +208,9 @@ def _spread(requests: list[Request], instance: SimulationConfig, count: int, kv_
     request's first-token and finish times (s, NaN if not served) and the prompt tokens they computed."""
     first, finish = np.full(len(requests), np.nan), np.full(len(requests), np.nan)
     computed = 0
+    if kv_role != "kv_both" and instance.enable_chunked_prefill:  # chunking is the colocated replicas' remedy; split instances run whole prompts
+        instance = replace(instance, enable_chunked_prefill=False, max_num_batched_tokens=max(2048, instance.max_model_len,
+                                                                                            instance.max_num_batched_tokens or 0))
     for k in range(count):
         share = requests[k::count]
         if not share:
@@ -303,6 +306,23 @@ def sweep(instance: SimulationConfig, deployments: list[Deployment], rates: list
             "wall_s": time.perf_counter() - started}
 
 
+def unloaded(instance: SimulationConfig, prompt_len: int, output_len: int) -> dict[str, float]:
+    """One request served alone on one colocated instance: its TTFT and TPOT (s), the floor under any
+    SLO (DistServe scales its SLOs from such figures)."""
+    times = serve([Request(0.0, prompt_len, output_len)], instance, Deployment(num_colocated=1))
+    return {"ttft_s": float(times.ttft_s[0]), "tpot_s": float(times.tpot_s[0]) if output_len > 1 else math.nan}
+
+
+def default_rates(instance: SimulationConfig, prompt_lens, output_lens, num_gpus: int, points: int = 12) -> list[float]:
+    """``points`` rates from 1/8 to 3/2 of what ``num_gpus`` colocated replicas sustain: one replica's
+    throughput with every request queued at once (the rate where its queue grows without bound) times
+    ``num_gpus``, in three significant digits."""
+    requests = [Request(0.0, int(p), int(o)) for p, o in zip(prompt_lens, output_lens)]
+    capacity = serve(requests, instance, Deployment(num_colocated=1))
+    rate = num_gpus * len(requests) / float(np.nanmax(capacity.e2el_s))
+    return [float(f"{rate * f:.3g}") for f in np.linspace(1 / 8, 3 / 2, points)]
+
+
 def _percentile(values: np.ndarray, q: float) -> float:
     values = values[~np.isnan(values)]
     return float(np.percentile(values, q)) if values.size else math.nan
@@ -312,7 +332,7 @@ def format_sweep(result: dict) -> str:
     """The sweep as a table: per deployment and rate, the shares meeting TTFT, TPOT and both; then each
     deployment's goodput, per GPU, and its transfer per request."""
     slo = result["slo"]
-    lines = [f"SLOs: TTFT <= {1e3 * slo['ttft_s']:g} ms, TPOT <= {1e3 * slo['tpot_s']:g} ms, target {slo['target']:.0%} of requests",
+    lines = [f"SLOs: TTFT <= {1e3 * slo['ttft_s']:.4g} ms, TPOT <= {1e3 * slo['tpot_s']:.4g} ms, target {slo['target']:.0%} of requests",
              f"{'deployment':<11}{'GPUs':>5}{'rate/s':>9}{'TTFT ok':>9}{'TPOT ok':>9}{'both':>7}{'TTFT p90 ms':>13}{'TPOT p99 ms':>13}"]
     for row in result["deployments"]:
         for i, rate in enumerate(result["rates"]):
@@ -325,3 +345,61 @@ def format_sweep(result: dict) -> str:
         lines.append(f"{row['label']:<11}{row['gpus']:>5}{row['goodput']:>15.3g}{row['goodput_per_gpu']:>9.3g}{row['transfer_ms']:>16.2f}")
     lines.append(f"(simulated in {result['wall_s']:.2f} s)")
     return "\n".join(lines)
+
+
+# --- Command line: python -m engine simulate --goodput ... --------------------------------------------
+
+DEFAULT_TTFT_SCALE = 10.0  # with no --ttft-slo-ms: 10x one request's TTFT alone
+DEFAULT_TPOT_SCALE = 1.5  # with no --tpot-slo-ms: 1.5x one request's TPOT alone
+
+
+def add_goodput_args(p) -> None:
+    """The ``simulate --goodput`` flags (``--num-requests``, ``--max-model-len``, ``--block-size``, ``--max-num-seqs``,
+    ``--seed``, ``--kv-cache-dtype``, ``--enable-chunked-prefill`` and ``--json`` are simulate's own)."""
+    from engine.sim.whatif import GPUS, MODELS
+
+    g = p.add_argument_group("goodput of prefill/decode disaggregation (DistServe; engine/sim/disagg.py)")
+    g.add_argument("--goodput", action="store_true",
+                   help="sweep request rates and print SLO attainment and goodput of xPyD against as many colocated GPUs")
+    g.add_argument("--model", choices=sorted(MODELS), default="llama-3-8b", help="with --goodput: the model (default: llama-3-8b)")
+    g.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="with --goodput: each replica's GPU (default: h100)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="with --goodput: GPUs per replica (default: 1)")
+    g.add_argument("--disagg", nargs="+", default=["1P1D"], metavar="xPyD",
+                   help="x prefill and y decode instances, each against x + y colocated replicas (default: 1P1D)")
+    g.add_argument("--link", choices=tuple(LINKS), default=DEFAULT_LINK,
+                   help=f"the link each GPU's KV crosses: {', '.join(f'{k} {v / 1e9:g} GB/s' for k, v in LINKS.items())} "
+                        f"(default: {DEFAULT_LINK})")
+    g.add_argument("--ttft-slo-ms", type=float, default=None,
+                   help=f"TTFT SLO, ms (default: {DEFAULT_TTFT_SCALE:g}x one request's TTFT alone)")
+    g.add_argument("--tpot-slo-ms", type=float, default=None,
+                   help=f"TPOT SLO, ms (default: {DEFAULT_TPOT_SCALE:g}x one request's TPOT alone)")
+    g.add_argument("--target", type=float, default=DEFAULT_TARGET, help="share of requests that must meet both SLOs (default: 0.9)")
+    g.add_argument("--rates", default=None, help="request rates, requests/s, comma-separated (default: 12 up to 1.5x the colocated capacity)")
+    g.add_argument("--prompt-len", type=int, default=512, help="with --goodput: every request's prompt tokens (default: 512)")
+    g.add_argument("--output-len", type=int, default=256, help="with --goodput: every request's output tokens (default: 256)")
+
+
+def run_goodput(args) -> None:
+    """``simulate --goodput``: one sweep per ``--disagg`` deployment, printed as a table (or JSON)."""
+    import json
+
+    from engine.sim.whatif import WhatIfConfig, goodput_of, instance_of
+
+    cfg = WhatIfConfig(args.model, args.gpu, "float32" if args.dtype_bytes == 4 else "bfloat16", args.max_model_len, 1,
+                       args.prompt_len, args.output_len, args.block_size, max_num_seqs=args.max_num_seqs,
+                       kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size)
+    alone = unloaded(instance_of(cfg), args.prompt_len, args.output_len)
+    slo = SLO(args.ttft_slo_ms / 1e3 if args.ttft_slo_ms else DEFAULT_TTFT_SCALE * alone["ttft_s"],
+              args.tpot_slo_ms / 1e3 if args.tpot_slo_ms else DEFAULT_TPOT_SCALE * alone["tpot_s"], args.target)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else None
+    results = [goodput_of(cfg, d, slo, args.link, rates, args.num_requests, args.enable_chunked_prefill, args.seed) for d in args.disagg]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for result in results:
+        print(f"{cfg.model} on {cfg.gpu}" + (f" x{cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else "")
+              + f", prompt {cfg.prompt_len} / output {cfg.output_len} tokens, {args.num_requests} requests per rate; "
+              f"alone: TTFT {1e3 * result['unloaded']['ttft_s']:.1f} ms, TPOT {1e3 * result['unloaded']['tpot_s']:.2f} ms; "
+              f"KV {result['kv_bytes_per_token']:,} B/token over {result['link']}")
+        print(format_sweep(result))
+        print()
