@@ -313,7 +313,7 @@ def unloaded(instance: SimulationConfig, prompt_len: int, output_len: int) -> di
     return {"ttft_s": float(times.ttft_s[0]), "tpot_s": float(times.tpot_s[0]) if output_len > 1 else math.nan}
 
 
-def default_rates(instance: SimulationConfig, prompt_lens, output_lens, num_gpus: int, points: int = 12) -> list[float]:
+def default_rates(instance: SimulationConfig, prompt_lens, output_lens, num_gpus: int, points: int = 10) -> list[float]:
     """``points`` rates from 1/8 to 3/2 of what ``num_gpus`` colocated replicas sustain: one replica's
     throughput with every request queued at once (the rate where its queue grows without bound) times
     ``num_gpus``, in three significant digits."""
@@ -374,7 +374,7 @@ def add_goodput_args(p) -> None:
     g.add_argument("--tpot-slo-ms", type=float, default=None,
                    help=f"TPOT SLO, ms (default: {DEFAULT_TPOT_SCALE:g}x one request's TPOT alone)")
     g.add_argument("--target", type=float, default=DEFAULT_TARGET, help="share of requests that must meet both SLOs (default: 0.9)")
-    g.add_argument("--rates", default=None, help="request rates, requests/s, comma-separated (default: 12 up to 1.5x the colocated capacity)")
+    g.add_argument("--rates", default=None, help="request rates, requests/s, comma-separated (default: 10 up to 1.5x the colocated capacity)")
     g.add_argument("--prompt-len", type=int, default=512, help="with --goodput: every request's prompt tokens (default: 512)")
     g.add_argument("--output-len", type=int, default=256, help="with --goodput: every request's output tokens (default: 256)")
 

@@ -519,7 +519,7 @@ def register_cli(subparsers) -> None:
 
 # --- Goodput of prefill/decode disaggregation (engine/sim/disagg.py) --------------------------------
 
-GOODPUT_REQUESTS = 200  # requests per rate on the page: a 12-rate sweep of two deployments stays well under a second
+GOODPUT_REQUESTS = 200  # requests per rate on the page: a 10-rate sweep of two deployments takes about half a second
 DISAGG_CHOICES = ("1P1D", "2P1D", "1P2D", "3P1D", "2P2D")  # what the page offers (x prefill, y decode instances)
 
 
@@ -554,11 +554,13 @@ def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LIN
 
     Returns:
         The sweep's dict, plus "unloaded" (one request alone: "ttft_s", "tpot_s"), "link", "link_bandwidth"
-        (B/s), "kv_bytes_per_token" (per GPU), "transfer_ms" (one request's prompt) and "command".
+        (B/s), "kv_bytes_per_token" (per GPU), "transfer_ms" (one request's prompt), "num_requests" and "command";
+        "wall_s" counts all of it.
 
     Raises:
         ValueError: an unknown link or deployment, a model that does not fit, bad rates.
     """
+    started = time.perf_counter()
     if link not in LINKS:
         raise ValueError(f"link must be one of {', '.join(LINKS)}; got {link!r}")
     split = Deployment.parse(disagg, cfg.tensor_parallel_size)
@@ -571,12 +573,16 @@ def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LIN
         rates = default_rates(instance, prompts[:num_requests], outputs[:num_requests], split.num_gpus)
     result = sweep(instance, [split, split.equal_gpus()], rates, slo, prompts, outputs, kv_bytes, LINKS[link], seed)
     rates_text = ",".join(f"{r:g}" for r in rates)
-    result.update(unloaded=unloaded(instance, cfg.prompt_len, cfg.output_len), link=link, link_bandwidth=LINKS[link],
+    result.update(unloaded=unloaded(instance, cfg.prompt_len, cfg.output_len), link=link, link_bandwidth=LINKS[link], num_requests=num_requests,
                   kv_bytes_per_token=kv_bytes, transfer_ms=1e3 * float(transfer_s(cfg.prompt_len, kv_bytes, LINKS[link])),
                   command=(f"python -m engine simulate --goodput --model {cfg.model} --gpu {cfg.gpu} --disagg {split.label} "
                            f"--prompt-len {cfg.prompt_len} --output-len {cfg.output_len} --max-model-len {cfg.max_model_len} "
                            f"--ttft-slo-ms {1e3 * slo.ttft_s:.4g} --tpot-slo-ms {1e3 * slo.tpot_s:.4g} --target {slo.target:g} "
                            f"--link {link} --num-requests {num_requests} --rates {rates_text}"
                            + (" --enable-chunked-prefill" if enable_chunked_prefill else "")
+                           + (f" --block-size {cfg.block_size}" if cfg.block_size != 16 else "")
+                           + (f" --kv-cache-dtype {cfg.kv_cache_dtype}" if cfg.kv_cache_dtype != "auto" else "")
+                           + (" --dtype-bytes 4" if cfg.dtype == "float32" else "")
                            + (f" --tensor-parallel-size {cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else "")))
+    result["wall_s"] = time.perf_counter() - started  # the sweep, its rates and the unloaded run
     return result
