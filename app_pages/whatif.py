@@ -183,7 +183,7 @@ def goodput_section(cfg: WhatIfConfig, lang: str) -> None:
     st.caption(t("goodput_slos", lang, ttft_scale=ttft_scale, ttft_alone=1e3 * alone["ttft_s"], ttft=1e3 * slo["ttft_s"],
                  tpot_scale=tpot_scale, tpot_alone=1e3 * alone["tpot_s"], tpot=1e3 * slo["tpot_s"], target=slo["target"])
                + " · " + t("goodput_transfer_caption", lang, formula=transfer))
-    st.vega_lite_chart(goodput_spec(result, lang), width="stretch", height=340)
+    st.vega_lite_chart(goodput_spec(result, lang), width="stretch", height=320)
     st.caption(t("goodput_source", lang, ms=1e3 * result["wall_s"], n=result["num_requests"],
                  command=result["command"]))
     st.caption(t("goodput_not_modelled", lang))

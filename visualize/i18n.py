@@ -1363,8 +1363,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "goodput_slo_ttft": ("TTFT only", "仅首 token 延迟"),
     "goodput_slo_tpot": ("TPOT only", "仅每输出 token 时间"),
     "goodput_target_label": ("target {target:.0%}", "目标 {target:.0%}"),
-    "goodput_label_disagg": ("{label} disaggregated", "{label} 分离"),
-    "goodput_label_colocated": ("{n} colocated", "{n} 个共置"),
+    "goodput_label_disagg": ("{label} disaggregated", "{label} 分离部署"),
+    "goodput_label_colocated": ("{n} colocated instances", "{n} 个共置实例"),
     "goodput_source": (
         "Simulated in {ms:.0f} ms: {n} requests per rate, each deployment. The same sweep as a table: `{command}`",
         "模拟用时 {ms:.0f} ms：每个部署在每个速率下 {n} 个请求。同样的扫描以表格输出：`{command}`",

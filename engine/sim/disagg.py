@@ -374,7 +374,9 @@ def add_goodput_args(p) -> None:
     g.add_argument("--tpot-slo-ms", type=float, default=None,
                    help=f"TPOT SLO, ms (default: {DEFAULT_TPOT_SCALE:g}x one request's TPOT alone)")
     g.add_argument("--target", type=float, default=DEFAULT_TARGET, help="share of requests that must meet both SLOs (default: 0.9)")
-    g.add_argument("--rates", default=None, help="request rates, requests/s, comma-separated (default: 10 up to 1.5x the colocated capacity)")
+    g.add_argument("--rates", default=None,
+                   help="request rates, requests/s, comma-separated (default: --rate-points of them up to 1.5x the colocated capacity)")
+    g.add_argument("--rate-points", type=int, default=20, help="how many rates the default sweep takes (default: 20)")
     g.add_argument("--prompt-len", type=int, default=512, help="with --goodput: every request's prompt tokens (default: 512)")
     g.add_argument("--output-len", type=int, default=256, help="with --goodput: every request's output tokens (default: 256)")
 
@@ -392,7 +394,8 @@ def run_goodput(args) -> None:
     slo = SLO(args.ttft_slo_ms / 1e3 if args.ttft_slo_ms else DEFAULT_TTFT_SCALE * alone["ttft_s"],
               args.tpot_slo_ms / 1e3 if args.tpot_slo_ms else DEFAULT_TPOT_SCALE * alone["tpot_s"], args.target)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else None
-    results = [goodput_of(cfg, d, slo, args.link, rates, args.num_requests, args.enable_chunked_prefill, args.seed) for d in args.disagg]
+    results = [goodput_of(cfg, d, slo, args.link, rates, args.num_requests, args.enable_chunked_prefill, args.seed, args.rate_points)
+               for d in args.disagg]
     if args.json:
         print(json.dumps(results, indent=2))
         return

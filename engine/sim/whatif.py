@@ -541,7 +541,7 @@ def instance_of(cfg: WhatIfConfig, enable_chunked_prefill: bool = False) -> Simu
 
 
 def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LINK, rates: list[float] | None = None,
-               num_requests: int = GOODPUT_REQUESTS, enable_chunked_prefill: bool = False, seed: int = 0) -> dict:
+               num_requests: int = GOODPUT_REQUESTS, enable_chunked_prefill: bool = False, seed: int = 0, points: int = 10) -> dict:
     """SLO attainment against the request rate, and goodput, for ``disagg`` (xPyD) and the colocated
     deployment with as many GPUs (:func:`engine.sim.disagg.sweep`), every request of ``cfg.prompt_len``
     and ``cfg.output_len`` tokens, Poisson arrivals.
@@ -549,7 +549,7 @@ def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LIN
     Args:
         cfg: the model, GPU(s) per replica, KV and limits. disagg: e.g. "1P1D". slo: TTFT and TPOT SLOs (s), target share.
         link: a key of :data:`engine.sim.disagg.LINKS`: each GPU's link for the KV transfer.
-        rates: requests/s, ascending; None = :func:`engine.sim.disagg.default_rates`.
+        rates: requests/s, ascending; None = ``points`` of :func:`engine.sim.disagg.default_rates`.
         num_requests: requests per rate. enable_chunked_prefill: the colocated replicas chunk prompts.
 
     Returns:
@@ -570,7 +570,7 @@ def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LIN
     prompts, outputs = [cfg.prompt_len] * num_requests, [cfg.output_len] * num_requests
     kv_bytes = kv_bytes_per_slot(MODELS[cfg.model].num_layers, cfg.kv_heads_per_gpu, MODELS[cfg.model].head_dim, cfg.kv_dtype_bytes)
     if rates is None:
-        rates = default_rates(instance, prompts[:num_requests], outputs[:num_requests], split.num_gpus)
+        rates = default_rates(instance, prompts, outputs, split.num_gpus, points)
     result = sweep(instance, [split, split.equal_gpus()], rates, slo, prompts, outputs, kv_bytes, LINKS[link], seed)
     rates_text = ",".join(f"{r:g}" for r in rates)
     result.update(unloaded=unloaded(instance, cfg.prompt_len, cfg.output_len), link=link, link_bandwidth=LINKS[link], num_requests=num_requests,
