@@ -169,7 +169,8 @@ def goodput_section(cfg: WhatIfConfig, lang: str) -> None:
     tpot_scale = _kept(c[3].slider, t("goodput_tpot_scale", lang), "goodput_tpot_scale", lang, 1.5, min_value=1.05, max_value=5.0, step=0.05)
     target = _kept(c[4].slider, t("goodput_target", lang), "goodput_target", lang, 90, min_value=50, max_value=99)
     if cfg.output_len < 2:
-        return  # no TPOT to meet
+        st.info(t("goodput_needs_two_tokens", lang))
+        return
     result = _goodput(cfg, disagg, ttft_scale, tpot_scale, target / 100, link)
     m = st.columns(3)
     for box, row in zip(m, result["deployments"]):

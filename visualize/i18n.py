@@ -1353,6 +1353,8 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                      "= {tpot:.2f} ms; at least {target:.0%} of the requests within both.",
                      "SLO：首 token 延迟 ≤ {ttft_scale:g} × {ttft_alone:.1f} ms = {ttft:.1f} ms；每输出 token 时间 ≤ "
                      "{tpot_scale:g} × {tpot_alone:.2f} ms = {tpot:.2f} ms；至少 {target:.0%} 的请求同时满足两者。"),
+    "goodput_needs_two_tokens": ("A one-token output has no time per output token: choose an output of 2 tokens or more.",
+                                 "只有一个 token 的输出没有每输出 token 时间：请选择至少 2 个 token 的输出。"),
     "goodput_transfer_caption": ("KV transfer per request: {formula}", "每个请求的 KV 传输：{formula}"),
     "goodput_chart_title": ("SLO attainment against request rate", "SLO 达成率随请求速率的变化"),
     "goodput_rate_axis": ("request rate (requests/s, all instances)", "请求速率（每秒请求数，全部实例）"),

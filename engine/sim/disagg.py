@@ -185,10 +185,11 @@ def _disaggregated(requests, order, instance, deployment, kv_bytes_per_token, li
     served = np.flatnonzero(~np.isnan(ready))
     first, finish = np.full(len(order), np.nan), np.full(len(order), np.nan)
     first[served] = ready[served]
-    # On the decode instance a request arrives with its prompt and its first token computed.
+    # On the decode instance a request arrives with its prompt and its first token computed; a one-token output is done.
     handed = sorted(served, key=lambda i: ready[i])
     onward = [i for i in handed if by_arrival[i].output_len > 1]
-    finish[[i for i in handed if by_arrival[i].output_len == 1]] = ready[[i for i in handed if by_arrival[i].output_len == 1]]
+    done_at_handover = [i for i in handed if by_arrival[i].output_len == 1]
+    finish[done_at_handover] = ready[done_at_handover]
     decode_requests = [Request(float(ready[i]), by_arrival[i].prompt_len + 1, by_arrival[i].output_len - 1) for i in onward]
     decode_tokens = {"decode": 0}
     if onward:

@@ -388,7 +388,7 @@ class SimulationResult:
         if config["scheduler_cls"] is not None:
             config["scheduler_cls"] = config["scheduler_cls"].__qualname__
         config["scheduler_rule"] = self.config.scheduler_rule  # schedule_first with None resolved
-        for name in _PREFIX_CACHE_FIELDS:  # shown where set: a run without them reads as it always did
+        for name in _SHOWN_WHERE_SET:  # shown where set: a run without them reads as it always did
             if config[name] == SimulationConfig.__dataclass_fields__[name].default:
                 del config[name]
         keys = ("token_state_fraction", "token_state_share_of_in_use", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
@@ -411,7 +411,7 @@ class SimulationResult:
         np.savetxt(path, table, fmt=fmt, delimiter=",", header=header, comments="")
 
 
-_PREFIX_CACHE_FIELDS = ("enable_prefix_caching", "prefix_cache", "scheduling_policy", "lpm_max_wait_steps", "kv_offload_blocks",
+_SHOWN_WHERE_SET = ("enable_prefix_caching", "prefix_cache", "scheduling_policy", "lpm_max_wait_steps", "kv_offload_blocks",
                         "kv_role")
 
 
