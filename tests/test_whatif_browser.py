@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.test_app_browser import CHROMIUM, SHOTS, chart_text_problems, in_browser, no_exception_box, wait_for_charts
+from tests.test_app_browser import (CHROMIUM, SHOTS, chart_text_problems, in_browser, no_exception_box, wait_for_charts,
+                                    widget_text_problems)
 from visualize.i18n import t, untranslated
 
 pytestmark = pytest.mark.slow
@@ -101,6 +102,7 @@ def check_goodput(page, lang: str) -> None:
         read = goodput_from_chart(points, label, t("goodput_slo_both", lang), 0.9)
         assert shown == (t("goodput_value", lang, rate=read) if read else t("goodput_below_sweep", lang)), (label, shown, read)
     assert metric(page, t("goodput_transfer", lang)).endswith(" ms")
+    assert widget_text_problems(page) == []  # the metrics' long labels ("Goodput, 2 colocated instances (2 GPUs)") whole
     page.get_by_role("heading", name=t("page_whatif", lang), exact=True).scroll_into_view_if_needed()  # back to the controls
 
 
