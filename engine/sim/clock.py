@@ -180,7 +180,7 @@ def _mean(values: np.ndarray) -> float:
 
 
 class LoadedKVClock(SimClock):
-    """A decode instance's clock under prefill/decode disaggregation (DistServe §3, Splitwise §4;
+    """A decode instance's clock under prefill/decode disaggregation (DistServe, Splitwise;
     ``SimulationConfig.kv_role="kv_consumer"``): each prompt's K and V arrive computed from a prefill
     instance, so the step that admits a request computes one token over its whole context (the one
     the prefill instance sampled), what a decode costs, and no prompt tokens (vLLM's connector has

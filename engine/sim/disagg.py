@@ -1,13 +1,13 @@
 """Goodput of prefill/decode disaggregation at production scale, on the model-free simulator.
 
-DistServe (Zhong et al., OSDI 2024, §2-§3) judges a serving system by its **goodput**: the highest
+DistServe (Zhong et al., OSDI 2024) judges a serving system by its **goodput**: the highest
 request rate at which a target share of the requests (90 % here by default) meets *both* a
 time-to-first-token SLO and a time-per-output-token SLO. Its **SLO attainment** is that share at one
 rate; plotted against the rate it falls from 1 as the load grows. Colocating prefill and decode on
 one instance couples the two latencies: a long prefill in a step delays every decode of that step
 (TPOT), and decodes in a step delay the prefill (TTFT). Disaggregation gives each phase its own
-instances, **xPyD**: x prefill instances and y decode instances; Splitwise (Patel et al., ISCA 2024,
-§4) names them the prompt and token machines. Between them each request's KV cache crosses a link.
+instances, **xPyD**: x prefill instances and y decode instances; Splitwise (Patel et al., ISCA 2024)
+names them the prompt and token machines. Between them each request's KV cache crosses a link.
 
 What runs here, one instance = one model replica (its GPUs, its own KV pool), each on the
 simulator's own stepping (``engine/sim/simulator.py``: the engine's scheduler and allocator, the
@@ -115,7 +115,7 @@ class Deployment:
         return f"{self.num_prefill}P{self.num_decode}D" if self.disaggregated else f"{self.num_colocated}C"
 
     def equal_gpus(self) -> Deployment:
-        """The colocated deployment with as many GPUs: x + y replicas for xPyD (DistServe §6.2 compares so)."""
+        """The colocated deployment with as many GPUs: x + y replicas for xPyD (DistServe compares per GPU)."""
         return Deployment(num_colocated=self.num_instances, gpus_per_instance=self.gpus_per_instance)
 
 
