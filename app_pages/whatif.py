@@ -12,10 +12,11 @@ import streamlit as st
 
 from app_pages.widgets import localized_choice
 from engine.config import KV_CACHE_DTYPES
-from engine.sim.whatif import (DTYPE_BYTES, GIB, GPUS, MODELS, SYSTEMS, TENSOR_PARALLEL_SIZES, THIS_CPU, WEIGHT_DTYPES, WhatIfConfig,
-                               tensor_parallel_problem, what_if)
+from engine.sim.disagg import DEFAULT_LINK, LINKS, SLO, unloaded
+from engine.sim.whatif import (DISAGG_CHOICES, DTYPE_BYTES, GIB, GPUS, MODELS, SYSTEMS, TENSOR_PARALLEL_SIZES, THIS_CPU, WEIGHT_DTYPES,
+                               WhatIfConfig, goodput_of, instance_of, tensor_parallel_problem, what_if)
 from visualize.i18n import t
-from visualize.whatif import decode_roofline_spec, system_name, systems_spec
+from visualize.whatif import decode_roofline_spec, deployment_name, goodput_spec, system_name, systems_spec
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 PAPER_SLOTS = 15_700  # PagedAttention Table 1: OPT-13B on one A100-40GB
@@ -145,6 +146,48 @@ def page() -> None:
     st.caption(t("whatif_paper_check", lang, gib=check.kv_memory_bytes / 2**30, slots=check.kv_slots,
                  diff=check.kv_slots / PAPER_SLOTS - 1))
     st.caption(t("whatif_timing", lang, ms=1e3 * (time.perf_counter() - started)))
+    goodput_section(cfg, lang)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _goodput(cfg: WhatIfConfig, disagg: str, ttft_scale: float, tpot_scale: float, target: float, link: str) -> dict:
+    alone = unloaded(instance_of(cfg), cfg.prompt_len, cfg.output_len)
+    slo = SLO(ttft_scale * alone["ttft_s"], tpot_scale * alone["tpot_s"], target)
+    return goodput_of(cfg, disagg, slo, link)
+
+
+def goodput_section(cfg: WhatIfConfig, lang: str) -> None:
+    """DistServe's goodput of xPyD against as many colocated GPUs (``engine.sim.whatif.goodput_of``)."""
+    st.subheader(t("goodput_heading", lang))
+    st.caption(t("goodput_intro", lang))
+    c = st.columns(5)
+    disagg = localized_choice(c[0].selectbox, t("goodput_deployment", lang), DISAGG_CHOICES, "goodput_disagg", lang, str,
+                              help=t("goodput_deployment_help", lang))
+    link = localized_choice(c[1].selectbox, t("goodput_link", lang), tuple(LINKS), "goodput_link", lang,
+                            lambda k: t(f"goodput_link_{k}", lang, gbs=LINKS[k] / 1e9), default=DEFAULT_LINK)
+    ttft_scale = _kept(c[2].slider, t("goodput_ttft_scale", lang), "goodput_ttft_scale", lang, 10.0, min_value=1.5, max_value=50.0, step=0.5)
+    tpot_scale = _kept(c[3].slider, t("goodput_tpot_scale", lang), "goodput_tpot_scale", lang, 1.5, min_value=1.05, max_value=5.0, step=0.05)
+    target = _kept(c[4].slider, t("goodput_target", lang), "goodput_target", lang, 90, min_value=50, max_value=99)
+    if cfg.output_len < 2:
+        st.info(t("goodput_needs_two_tokens", lang))
+        return
+    result = _goodput(cfg, disagg, ttft_scale, tpot_scale, target / 100, link)
+    m = st.columns(3)
+    for box, row in zip(m, result["deployments"]):
+        value = t("goodput_value", lang, rate=row["goodput"]) if row["goodput"] else t("goodput_below_sweep", lang)
+        box.metric(t("goodput_of", lang, label=deployment_name(row, lang), gpus=row["gpus"]), value,
+                   t("goodput_per_gpu", lang, rate=row["goodput_per_gpu"]), delta_color="off")
+    transfer = t("goodput_transfer_formula", lang, kv=result["kv_bytes_per_token"], prompt=cfg.prompt_len,
+                 gbs=result["link_bandwidth"] / 1e9, ms=result["transfer_ms"])
+    m[2].metric(t("goodput_transfer", lang), f"{result['transfer_ms']:.2f} ms", help=transfer)
+    slo, alone = result["slo"], result["unloaded"]
+    st.caption(t("goodput_slos", lang, ttft_scale=ttft_scale, ttft_alone=1e3 * alone["ttft_s"], ttft=1e3 * slo["ttft_s"],
+                 tpot_scale=tpot_scale, tpot_alone=1e3 * alone["tpot_s"], tpot=1e3 * slo["tpot_s"], target=slo["target"])
+               + " · " + t("goodput_transfer_caption", lang, formula=transfer))
+    st.vega_lite_chart(goodput_spec(result, lang), width="stretch", height=320)
+    st.caption(t("goodput_source", lang, ms=1e3 * result["wall_s"], n=result["num_requests"],
+                 command=result["command"]))
+    st.caption(t("goodput_not_modelled", lang))
 
 
 def formulas(result, lang: str) -> dict[str, str]:

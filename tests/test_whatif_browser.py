@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.test_app_browser import CHROMIUM, SHOTS, chart_text_problems, in_browser, no_exception_box, wait_for_charts
+from tests.test_app_browser import (CHROMIUM, SHOTS, chart_text_problems, in_browser, no_exception_box, wait_for_charts,
+                                    widget_text_problems)
 from visualize.i18n import t, untranslated
 
 pytestmark = pytest.mark.slow
@@ -53,6 +54,58 @@ def bar_labels(page) -> list[str]:
         : []""")
 
 
+def goodput_chart(page) -> dict:
+    """The goodput chart (the page's third): its texts, and its marks as Vega describes each to a screen
+    reader ("<rate axis>: 10.4; <share axis>: 100%; deployment: …; SLO: …"), parsed into dicts."""
+    return page.evaluate("""() => { const chart = [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')][2];
+        const points = [...chart.querySelectorAll('g.mark-symbol [aria-label]')].map(p => p.getAttribute('aria-label'));
+        return {texts: [...chart.querySelectorAll('svg text')].map(x => x.textContent),
+                points: points.map(label => Object.fromEntries(label.split('; ').map(kv => kv.split(': '))))}; }""")
+
+
+def goodput_points(chart: dict, lang: str) -> list[tuple[str, str, float, float]]:
+    """The chart's points as (deployment, SLO, rate, share 0..1), keyed by the axes' and legends' titles in ``lang``."""
+    rate, share = t("goodput_rate_axis", lang), t("goodput_share_axis", lang)
+    deployment, slo = t("goodput_deployment_axis", lang), t("goodput_slo_axis", lang)
+    return [(p[deployment], p[slo], float(p[rate].replace(",", "")), float(p[share].rstrip("%")) / 100)
+            for p in chart["points"] if deployment in p]
+
+
+def goodput_from_chart(points: list, deployment: str, both: str, target: float) -> float:
+    """What a reader reads off the chart: the highest rate up to which the deployment's solid line
+    (both SLOs) stays on or above the target line."""
+    rows = sorted((rate, share) for name, slo, rate, share in points if name == deployment and slo == both)
+    assert rows, (deployment, points[:3])
+    best = 0.0
+    for rate, share in rows:
+        if share < target:
+            break
+        best = rate
+    return best
+
+
+def check_goodput(page, lang: str) -> None:
+    """The goodput chart's labels in ``lang``, and each goodput metric equal to what its line shows."""
+    page.get_by_role("heading", name=t("goodput_heading", lang), exact=True).scroll_into_view_if_needed()
+    wait_for_charts(page, 3)
+    chart = goodput_chart(page)
+    page.locator('[data-testid="stVegaLiteChart"]').nth(2).screenshot(path=str(SHOTS / f"whatif_goodput_{lang}.png"))
+    split, colocated = t("goodput_label_disagg", lang, label="1P1D"), t("goodput_label_colocated", lang, n=2)
+    expected = {t("goodput_chart_title", lang), t("goodput_rate_axis", lang), t("goodput_share_axis", lang), split, colocated,
+                t("goodput_slo_both", lang), t("goodput_slo_ttft", lang), t("goodput_slo_tpot", lang),
+                t("goodput_target_label", lang, target=0.9)}
+    assert expected <= set(chart["texts"]), expected - set(chart["texts"])
+    points = goodput_points(chart, lang)
+    assert len(points) == 2 * 3 * 10, len(points)  # two deployments, three lines, ten rates
+    for label, gpus in ((split, 2), (colocated, 2)):
+        shown = metric(page, t("goodput_of", lang, label=label, gpus=gpus))
+        read = goodput_from_chart(points, label, t("goodput_slo_both", lang), 0.9)
+        assert shown == (t("goodput_value", lang, rate=read) if read else t("goodput_below_sweep", lang)), (label, shown, read)
+    assert metric(page, t("goodput_transfer", lang)).endswith(" ms")
+    assert widget_text_problems(page) == []  # the metrics' long labels ("Goodput, 2 colocated instances (2 GPUs)") whole
+    page.get_by_role("heading", name=t("page_whatif", lang), exact=True).scroll_into_view_if_needed()  # back to the controls
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 def test_whatif_page_in_a_browser():
     in_browser(None, whatif, "failure_whatif.png")
@@ -79,6 +132,9 @@ def whatif(page, sync_api, port, server) -> None:
     assert {t("system_paged", "en"), "contiguous (Max)", "contiguous (Pow2)", "contiguous (Oracle)"} <= set(labels), labels
     assert fit in labels, (fit, labels)  # the bar's value label is the metric's number
     assert t("whatif_fit_axis", "en") in labels and t("whatif_rate_axis", "en") in labels
+    check_goodput(page, "en")
+    # Llama-3-8B: 131,072 B per token x 512 prompt tokens over 100 Gb/s RDMA (12.5 GB/s), the default link.
+    assert metric(page, t("goodput_transfer", "en")) == "5.37 ms"
     assert chart_text_problems(page, "en") == []
 
     choose(page, t("whatif_model", "en"), "OPT-13B")
@@ -104,6 +160,8 @@ def whatif(page, sync_api, port, server) -> None:
     assert "1.57 万" in text  # the paper check, in 中文
     assert "2 × 40 层 × 40 个 KV 头 × 每头维数 128 × 2 B" in text
     assert "0.9 × 40.00 GiB − 权重 23.93 GiB = 12.07 GiB" in text  # one unit: 36 − 23.93 = 12.07, as a student checks
+    check_goodput(page, "zh")
+    assert metric(page, t("goodput_transfer", "zh")) == "33.55 ms"  # OPT-13B: 819,200 B x 512 / 12.5 GB/s
     assert untranslated(prose(page)) == []
     assert chart_text_problems(page, "zh") == []
     page.screenshot(path=str(SHOTS / "whatif_zh.png"), full_page=True)

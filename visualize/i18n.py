@@ -1316,6 +1316,68 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "whatif_fit_axis": ("requests that fit", "可容纳的请求数"),
     "whatif_rate_axis": ("requests/s (simulator)", "每秒请求数（模拟器）"),
     "whatif_timing": ("Computed in {ms:.0f} ms.", "计算用时 {ms:.0f} ms。"),
+    # goodput of prefill/decode disaggregation (engine/sim/disagg.py; DistServe, Splitwise)
+    "goodput_heading": ("Goodput: prefill/decode disaggregation", "有效吞吐量：预填充/解码分离"),
+    "goodput_intro": (
+        "DistServe's measure: the goodput is the highest request rate at which at least the target share of requests meets "
+        "both a TTFT SLO and a TPOT SLO. Colocated, every instance prefills and decodes, and a long prefill in a step delays "
+        "that step's decodes; disaggregated (xPyD), x prefill instances hand each prompt's KV cache over a link to y decode "
+        "instances. Each instance is one replica of the model above on its GPUs, simulated with the engine's own scheduler; "
+        "requests of the prompt and output lengths above arrive as a Poisson process.",
+        "DistServe 的衡量方式：有效吞吐量是至少有目标比例的请求同时满足首 token 延迟 SLO 和每输出 token 时间 SLO 的最高请求速率。"
+        "共置时，每个实例既做预填充又做解码，一步里的长预填充会拖慢这一步的解码；分离时（xPyD），x 个预填充实例把每个提示词的 "
+        "KV 缓存经链路交给 y 个解码实例。每个实例是上面的模型在它的 GPU 上的一个副本，用引擎自己的调度器模拟；请求的提示词长度"
+        "和输出长度同上，按泊松过程到达。",
+    ),
+    "goodput_deployment": ("Disaggregated deployment (xPyD)", "分离部署（xPyD）"),
+    "goodput_deployment_help": ("x prefill instances and y decode instances; it is compared with x + y colocated instances, "
+                                "as many GPUs.", "x 个预填充实例和 y 个解码实例；与 x + y 个共置实例（同样多的 GPU）比较。"),
+    "goodput_link": ("KV transfer link", "KV 传输链路"),
+    "goodput_link_nvlink": ("NVLink 4 ({gbs:g} GB/s)", "NVLink 4（{gbs:g} GB/s）"),
+    "goodput_link_rdma-400g": ("RDMA 400 Gb/s ({gbs:g} GB/s)", "RDMA 400 Gb/s（{gbs:g} GB/s）"),
+    "goodput_link_rdma-100g": ("RDMA 100 Gb/s ({gbs:g} GB/s)", "RDMA 100 Gb/s（{gbs:g} GB/s）"),
+    "goodput_link_pcie-5": ("PCIe 5.0 x16 ({gbs:g} GB/s)", "PCIe 5.0 x16（{gbs:g} GB/s）"),
+    "goodput_link_pcie-4": ("PCIe 4.0 x16 ({gbs:g} GB/s)", "PCIe 4.0 x16（{gbs:g} GB/s）"),
+    "goodput_ttft_scale": ("TTFT SLO (× one request's TTFT alone)", "首 token 延迟 SLO（单个请求独自运行时的倍数）"),
+    "goodput_tpot_scale": ("TPOT SLO (× one request's TPOT alone)", "每输出 token 时间 SLO（单个请求独自运行时的倍数）"),
+    "goodput_target": ("Target share of requests (%)", "目标请求比例（%）"),
+    "goodput_of": ("Goodput, {label} ({gpus} GPUs)", "有效吞吐量，{label}（{gpus} 块 GPU）"),
+    "goodput_value": ("{rate:,.3g} req/s", "每秒 {rate:,.3g} 个请求"),
+    "goodput_per_gpu": ("{rate:,.3g} req/s per GPU", "每块 GPU 每秒 {rate:,.3g} 个请求"),
+    "goodput_below_sweep": ("below the sweep", "低于扫描范围"),
+    "goodput_transfer": ("KV transfer per request", "每个请求的 KV 传输"),
+    "goodput_transfer_formula": ("{kv:,} B per token × {prompt:,} prompt tokens ÷ {gbs:g} GB/s = {ms:.2f} ms, added to the "
+                                 "disaggregated TTFT", "每 token {kv:,} B × 提示词 {prompt:,} 个 token ÷ {gbs:g} GB/s = "
+                                 "{ms:.2f} ms，计入分离部署的首 token 延迟"),
+    "goodput_slos": ("SLOs: TTFT ≤ {ttft_scale:g} × {ttft_alone:.1f} ms = {ttft:.1f} ms; TPOT ≤ {tpot_scale:g} × {tpot_alone:.2f} ms "
+                     "= {tpot:.2f} ms; at least {target:.0%} of the requests within both.",
+                     "SLO：首 token 延迟 ≤ {ttft_scale:g} × {ttft_alone:.1f} ms = {ttft:.1f} ms；每输出 token 时间 ≤ "
+                     "{tpot_scale:g} × {tpot_alone:.2f} ms = {tpot:.2f} ms；至少 {target:.0%} 的请求同时满足两者。"),
+    "goodput_needs_two_tokens": ("A one-token output has no time per output token: choose an output of 2 tokens or more.",
+                                 "只有一个 token 的输出没有每输出 token 时间：请选择至少 2 个 token 的输出。"),
+    "goodput_transfer_caption": ("KV transfer per request: {formula}", "每个请求的 KV 传输：{formula}"),
+    "goodput_chart_title": ("SLO attainment against request rate", "SLO 达成率随请求速率的变化"),
+    "goodput_rate_axis": ("request rate (requests/s, all instances)", "请求速率（每秒请求数，全部实例）"),
+    "goodput_share_axis": ("share of requests within the SLOs", "满足 SLO 的请求比例"),
+    "goodput_deployment_axis": ("deployment", "部署"),
+    "goodput_slo_axis": ("SLO", "SLO"),
+    "goodput_slo_both": ("both", "两者"),
+    "goodput_slo_ttft": ("TTFT only", "仅首 token 延迟"),
+    "goodput_slo_tpot": ("TPOT only", "仅每输出 token 时间"),
+    "goodput_target_label": ("target {target:.0%}", "目标 {target:.0%}"),
+    "goodput_label_disagg": ("{label} disaggregated", "{label} 分离部署"),
+    "goodput_label_colocated": ("{n} colocated instances", "{n} 个共置实例"),
+    "goodput_source": (
+        "Simulated in {ms:.0f} ms: {n} requests per rate, each deployment. The same sweep as a table: `{command}`",
+        "模拟用时 {ms:.0f} ms：每个部署在每个速率下 {n} 个请求。同样的扫描以表格输出：`{command}`",
+    ),
+    "goodput_not_modelled": (
+        "Not modelled: the transfer's wait for free blocks on the decode instance, several transfers sharing one link, a "
+        "transfer overlapping the prefill's layers, load-aware dispatch (requests go round-robin), and the search for each "
+        "phase's own parallelism that DistServe makes: every instance here is the same replica.",
+        "没有建模的部分：传输等待解码实例上的空闲块、多个传输共用一条链路、传输与预填充的各层重叠、按负载分发（请求轮流分配），"
+        "以及 DistServe 为每个阶段分别搜索的并行方式：这里每个实例都是同一个副本。",
+    ),
     # --- end of what-ifs
     # --- kernel lab
     "kernel_intro": (
@@ -2040,6 +2102,8 @@ GLOSSARY: dict[str, str] = {
     # prefill/decode disaggregation (vLLM's KV connectors)
     "lease": "租约", "handover": "交接", "kv cache": "KV 缓存", "shared memory": "共享内存", "prefill instance": "预填充实例",
     "decode instance": "解码实例", "side channel": "旁路通道",
+    # goodput of disaggregated serving (DistServe)
+    "colocated": "共置", "disaggregated": "分离", "slo attainment": "SLO 达成率", "link": "链路",
 }
 # Chinese term -> patterns of the other renderings it replaced.
 FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {

@@ -76,3 +76,46 @@ def systems_spec(result, lang: str = "en") -> dict:
     return as_svg({"data": {"values": rows}, "hconcat": [bars("requests_fit", t("whatif_fit_axis", lang), ",d"),
                                                           bars("requests_per_s", t("whatif_rate_axis", lang), ",.2f")],
                    "title": t("whatif_systems_title", lang)})
+
+
+GOODPUT_SLOS = ("both", "ttft", "tpot")  # engine.sim.disagg.attainment's keys, solid then dashed lines
+
+
+def deployment_name(row: dict, lang: str) -> str:
+    """A sweep row's deployment in the reader's language: "1P1D disaggregated", "2 colocated instances"."""
+    if row["disaggregated"]:
+        return t("goodput_label_disagg", lang, label=row["label"])
+    return t("goodput_label_colocated", lang, n=row["label"].rstrip("C"))
+
+
+def goodput_spec(result: dict, lang: str = "en") -> dict:
+    """SLO attainment against the request rate (``engine.sim.whatif.goodput_of``'s sweep): one colour per
+    deployment, a solid line for the share within both SLOs and dashed ones for each alone; a dashed rule
+    at the target share. Data: the first layer's ``data.values`` rows (deployment, slo, rate, share), the
+    rule's in the second's (share, label). No height: Streamlit's ``st.vega_lite_chart(..., height=)`` sets it."""
+    slo_names = {k: t(f"goodput_slo_{k}", lang) for k in GOODPUT_SLOS}
+    rows = [{"deployment": deployment_name(d, lang), "slo": slo_names[k], "rate": rate, "share": round(share, 4)}
+            for d in result["deployments"] for k in GOODPUT_SLOS for rate, share in zip(result["rates"], d["attainment"][k])]
+    names = [deployment_name(d, lang) for d in result["deployments"]]
+    target = result["slo"]["target"]
+    x = {"field": "rate", "type": "quantitative", "title": t("goodput_rate_axis", lang)}
+    y = {"field": "share", "type": "quantitative", "title": t("goodput_share_axis", lang), "axis": {"format": "%"},
+         "scale": {"domain": [0, 1]}}
+    return as_svg({
+        "title": t("goodput_chart_title", lang),
+        "layer": [
+            {"data": {"values": rows}, "mark": {"type": "line", "point": True, "tooltip": True},
+             "encoding": {"x": x, "y": y,
+                          "color": {"field": "deployment", "type": "nominal", "title": t("goodput_deployment_axis", lang),
+                                    "scale": {"domain": names, "range": ["#d62728", "#1f77b4"]}, "legend": {"labelLimit": 0}},
+                          "strokeDash": {"field": "slo", "type": "nominal", "title": t("goodput_slo_axis", lang),
+                                         "scale": {"domain": list(slo_names.values()), "range": [[1, 0], [6, 3], [2, 2]]},
+                                         "legend": {"labelLimit": 0}},
+                          "opacity": {"condition": {"test": f"datum.slo === {slo_names['both']!r}", "value": 1}, "value": 0.45}}},
+            {"data": {"values": [{"share": target, "label": t("goodput_target_label", lang, target=target)}]}, "layer": [
+                {"mark": {"type": "rule", "strokeDash": [4, 4], "color": "#555555"}, "encoding": {"y": {**y, "field": "share"}}},
+                {"mark": {"type": "text", "align": "left", "dx": 4, "dy": -6, "x": 0, "color": "#555555"},
+                 "encoding": {"y": {**y, "field": "share"}, "text": {"field": "label"}}},
+            ]},
+        ],
+    })

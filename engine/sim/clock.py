@@ -21,6 +21,7 @@ jumps to the next arrival.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -176,3 +177,26 @@ class SimClock:
 
 def _mean(values: np.ndarray) -> float:
     return float(values.mean()) if values.size else math.nan
+
+
+class LoadedKVClock(SimClock):
+    """A decode instance's clock under prefill/decode disaggregation (DistServe, Splitwise;
+    ``SimulationConfig.kv_role="kv_consumer"``): each prompt's K and V arrive computed from a prefill
+    instance, so the step that admits a request computes one token over its whole context (the one
+    the prefill instance sampled), what a decode costs, and no prompt tokens (vLLM's connector has
+    the scheduler compute only the tokens it did not load). The scheduler still admits the prompt and
+    allocates its blocks as usual: only the step's time changes."""
+
+    def shape_of(self, out: SchedulerOutput) -> StepShape:
+        return prompts_loaded(super().shape_of(out))
+
+    def lockstep_shape(self, out: SchedulerOutput, sums: dict[str, int], running: int, decoded: bool = True) -> StepShape:
+        return prompts_loaded(super().lockstep_shape(out, sums, running, decoded))
+
+
+def prompts_loaded(shape: StepShape) -> StepShape:
+    """``shape`` with each (whole-prompt) prefill turned into one decode token over its prompt: its
+    context is the prompt's tokens, which its attention reads from the KV cache. Tokens, blocks and
+    swaps otherwise unchanged."""
+    return replace(shape, num_prefills=0, prefill_tokens=0, prefill_pairs=0, num_decodes=shape.num_decodes + shape.num_prefills,
+                   decode_context=shape.decode_context + shape.prefill_tokens)

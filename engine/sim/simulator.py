@@ -57,12 +57,14 @@ from engine.config import (ALLOCATORS, DEFAULT_LPM_MAX_WAIT_STEPS, KV_CACHE_DTYP
                            SCHEDULE_FIRST, add_prefix_cache_args, check_prefix_cache_options, default_max_num_batched_tokens,
                            kv_bytes_per_slot, kv_cache_element_bytes, prefix_cache_kwargs)
 from engine.core.scheduler import Scheduler, SchedulerOutput, check_schedule_first
-from engine.sim.clock import SimClock, resolve_cost_model
+from engine.sim.clock import LoadedKVClock, SimClock, resolve_cost_model
 from engine.sim.lockstep import LockstepScheduler
 from engine.baselines.static_batching import POLICIES, StaticBatchScheduler
 from engine.core.sequence import Sequence, SequenceGroup, fork_samples
 from engine.sim.workloads import TOKEN_WORKLOADS, WORKLOADS, Request, load_trace, make_workload
 
+
+KV_ROLES = ("kv_both", "kv_producer", "kv_consumer")  # vLLM's KVTransferConfig.kv_role
 
 
 @dataclass
@@ -145,6 +147,13 @@ class SimulationConfig:
             ``kv_slots`` are token slots of the pool's pages (a page holds ``group_size`` layers), the
             paged allocator and continuous batching only, every step through ``Scheduler.schedule()``.
             None: one group, the allocator as always.
+        kv_role: vLLM's ``kv_role`` of this instance under prefill/decode disaggregation (DistServe,
+            Splitwise; ``engine/sim/disagg.py`` runs the instances): "kv_both" (default) prefills and
+            decodes; "kv_producer" (a prefill instance) ends every request after its prefill, whose
+            step samples the first token, and hands its KV on; "kv_consumer" (a decode instance)
+            receives each prompt's K and V computed, so the step that admits a request computes one
+            token over its context, a decode's cost (``engine.sim.clock.LoadedKVClock``). Both need
+            one-sequence requests, whole prompts, recompute preemption and no prefix caching.
     """
 
     workload: str = "sharegpt"
@@ -182,6 +191,7 @@ class SimulationConfig:
     lpm_max_wait_steps: int = DEFAULT_LPM_MAX_WAIT_STEPS
     kv_offload_blocks: int = 0
     kv_cache_spec: dict | None = field(default=None, repr=False)
+    kv_role: str = "kv_both"
 
     @property
     def prefix_caching(self) -> bool:
@@ -254,6 +264,12 @@ class SimulationConfig:
                                    self.kv_offload_blocks, self.lpm_max_wait_steps)
         if self.shared_prefix and self.requests is None and self.trace is None and self.workload in TOKEN_WORKLOADS:
             raise ValueError(f"shared_prefix is for the length workloads; the {self.workload!r} workload has its own prompts' token ids")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {', '.join(KV_ROLES)}; got {self.kv_role!r}")
+        if self.kv_role != "kv_both" and (self.n > 1 or self.beam_width > 1 or self.enable_chunked_prefill or self.prefix_caching
+                                          or self.preemption_mode != "recompute" or self.policy != "continuous"):
+            raise ValueError(f"kv_role={self.kv_role!r} is simulated for one-sequence requests, whole prompts, recompute "
+                             "preemption, continuous batching and no prefix caching")
 
 
 @dataclass
@@ -372,7 +388,7 @@ class SimulationResult:
         if config["scheduler_cls"] is not None:
             config["scheduler_cls"] = config["scheduler_cls"].__qualname__
         config["scheduler_rule"] = self.config.scheduler_rule  # schedule_first with None resolved
-        for name in _PREFIX_CACHE_FIELDS:  # shown where set: a run without them reads as it always did
+        for name in _SHOWN_WHERE_SET:  # shown where set: a run without them reads as it always did
             if config[name] == SimulationConfig.__dataclass_fields__[name].default:
                 del config[name]
         keys = ("token_state_fraction", "token_state_share_of_in_use", "fragmentation", "mean_concurrent_requests", "max_concurrent_requests",
@@ -395,7 +411,8 @@ class SimulationResult:
         np.savetxt(path, table, fmt=fmt, delimiter=",", header=header, comments="")
 
 
-_PREFIX_CACHE_FIELDS = ("enable_prefix_caching", "prefix_cache", "scheduling_policy", "lpm_max_wait_steps", "kv_offload_blocks")
+_SHOWN_WHERE_SET = ("enable_prefix_caching", "prefix_cache", "scheduling_policy", "lpm_max_wait_steps", "kv_offload_blocks",
+                        "kv_role")
 
 
 def make_kv_manager(cfg: SimulationConfig) -> KVCacheManager:
@@ -441,8 +458,11 @@ class _Run:
         self.lockstep = (cfg.fast_forward and cfg.scheduler_cls is None and cfg.n == 1 and cfg.beam_width == 1
                          and not cfg.prefix_caching and cfg.preemption_mode == "recompute" and not cfg.enable_chunked_prefill
                          and not cfg.record_steps and cfg.kv_cache_spec is None)
+        if cfg.kv_role == "kv_producer":  # a prefill instance: the prefill samples the first token, then the KV leaves
+            requests = [replace(r, output_len=1) for r in requests]
         self.requests = sorted(requests, key=lambda r: r.arrival)
-        self.clock = SimClock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
+        clock = LoadedKVClock if cfg.kv_role == "kv_consumer" else SimClock
+        self.clock = clock(cfg.cost_model, cfg.step_ms, self.requests, self.kv)
         if self.lockstep:
             self.sched = LockstepScheduler(self.kv, cfg.max_num_seqs, max_batched, schedule_first=cfg.scheduler_rule,
                                            policy=cfg.policy, on_batch_end=self.clock.return_together)
@@ -749,6 +769,11 @@ def _swap_slots(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
+    if args.goodput:
+        from engine.sim.disagg import run_goodput
+
+        run_goodput(args)
+        return
     result = simulate(
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
@@ -845,6 +870,9 @@ help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first wit
     p.add_argument("--chrome-trace", default=None, metavar="OUT.json",
                    help="write the per-request timeline as a Chrome / Perfetto trace (one track per request, one slice per "
                         "step, simulated time); steps one by one, for small runs")
+    from engine.sim.disagg import add_goodput_args
+
+    add_goodput_args(p)
     p.set_defaults(func=_cmd_simulate)
 
 

@@ -51,7 +51,8 @@ from dataclasses import asdict, dataclass, field
 
 from engine.config import KV_CACHE_DTYPES, kv_bytes_per_slot, kv_cache_element_bytes
 from engine.sim.cost_model import CostModel, Hardware, ModelSpec, StepShape
-from engine.sim.simulator import simulate
+from engine.sim.disagg import DEFAULT_LINK, LINKS, SLO, Deployment, default_rates, sweep, transfer_s, unloaded
+from engine.sim.simulator import SimulationConfig, simulate
 from engine.sim.workloads import Request
 
 GIB = 2**30
@@ -514,3 +515,74 @@ def register_cli(subparsers) -> None:
         print(json.dumps(data, indent=2))
 
     p.set_defaults(func=run)
+
+
+# --- Goodput of prefill/decode disaggregation (engine/sim/disagg.py) --------------------------------
+
+GOODPUT_REQUESTS = 200  # requests per rate on the page: a 10-rate sweep of two deployments takes about half a second
+DISAGG_CHOICES = ("1P1D", "2P1D", "1P2D", "3P1D", "2P2D")  # what the page offers (x prefill, y decode instances)
+
+
+def instance_of(cfg: WhatIfConfig, enable_chunked_prefill: bool = False) -> SimulationConfig:
+    """One replica of ``cfg`` (its GPUs, its KV slots, its step times) as a simulator instance, the
+    engine's scheduler with decodes first (vLLM v1's rule), whole prompts or chunked prefill.
+
+    Raises:
+        ValueError: the model does not fit (the weights, or one request of max_model_len).
+    """
+    result = what_if(cfg, simulate_throughput=False)
+    if not result.fits:
+        raise ValueError(f"{result.model.name} does not fit {cfg.tensor_parallel_size} × {result.gpu.name} with room for "
+                         f"one request of {cfg.max_model_len} tokens")
+    budget = None if enable_chunked_prefill else max(2048, cfg.max_model_len)
+    return SimulationConfig(num_requests=1, kv_slots=result.kv_slots, block_size=cfg.block_size, max_num_seqs=cfg.max_num_seqs,
+                            max_model_len=cfg.max_model_len, cost_model=CostModel.from_json(result.cost_model),
+                            schedule_first="decodes", enable_chunked_prefill=enable_chunked_prefill, max_num_batched_tokens=budget)
+
+
+def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LINK, rates: list[float] | None = None,
+               num_requests: int = GOODPUT_REQUESTS, enable_chunked_prefill: bool = False, seed: int = 0, points: int = 10) -> dict:
+    """SLO attainment against the request rate, and goodput, for ``disagg`` (xPyD) and the colocated
+    deployment with as many GPUs (:func:`engine.sim.disagg.sweep`), every request of ``cfg.prompt_len``
+    and ``cfg.output_len`` tokens, Poisson arrivals.
+
+    Args:
+        cfg: the model, GPU(s) per replica, KV and limits. disagg: e.g. "1P1D". slo: TTFT and TPOT SLOs (s), target share.
+        link: a key of :data:`engine.sim.disagg.LINKS`: each GPU's link for the KV transfer.
+        rates: requests/s, ascending; None = ``points`` of :func:`engine.sim.disagg.default_rates`.
+        num_requests: requests per rate. enable_chunked_prefill: the colocated replicas chunk prompts.
+
+    Returns:
+        The sweep's dict, plus "unloaded" (one request alone: "ttft_s", "tpot_s"), "link", "link_bandwidth"
+        (B/s), "kv_bytes_per_token" (per GPU), "transfer_ms" (one request's prompt), "num_requests" and "command";
+        "wall_s" counts all of it.
+
+    Raises:
+        ValueError: an unknown link or deployment, a model that does not fit, bad rates.
+    """
+    started = time.perf_counter()
+    if link not in LINKS:
+        raise ValueError(f"link must be one of {', '.join(LINKS)}; got {link!r}")
+    split = Deployment.parse(disagg, cfg.tensor_parallel_size)
+    if not split.disaggregated:
+        raise ValueError(f"{disagg!r}: give the disaggregated deployment as xPyD; its colocated peer is added")
+    instance = instance_of(cfg, enable_chunked_prefill)
+    prompts, outputs = [cfg.prompt_len] * num_requests, [cfg.output_len] * num_requests
+    kv_bytes = kv_bytes_per_slot(MODELS[cfg.model].num_layers, cfg.kv_heads_per_gpu, MODELS[cfg.model].head_dim, cfg.kv_dtype_bytes)
+    if rates is None:
+        rates = default_rates(instance, prompts, outputs, split.num_gpus, points)
+    result = sweep(instance, [split, split.equal_gpus()], rates, slo, prompts, outputs, kv_bytes, LINKS[link], seed)
+    rates_text = ",".join(f"{r:g}" for r in rates)
+    result.update(unloaded=unloaded(instance, cfg.prompt_len, cfg.output_len), link=link, link_bandwidth=LINKS[link], num_requests=num_requests,
+                  kv_bytes_per_token=kv_bytes, transfer_ms=1e3 * float(transfer_s(cfg.prompt_len, kv_bytes, LINKS[link])),
+                  command=(f"python -m engine simulate --goodput --model {cfg.model} --gpu {cfg.gpu} --disagg {split.label} "
+                           f"--prompt-len {cfg.prompt_len} --output-len {cfg.output_len} --max-model-len {cfg.max_model_len} "
+                           f"--ttft-slo-ms {1e3 * slo.ttft_s:.4g} --tpot-slo-ms {1e3 * slo.tpot_s:.4g} --target {slo.target:g} "
+                           f"--link {link} --num-requests {num_requests} --rates {rates_text}"
+                           + (" --enable-chunked-prefill" if enable_chunked_prefill else "")
+                           + (f" --block-size {cfg.block_size}" if cfg.block_size != 16 else "")
+                           + (f" --kv-cache-dtype {cfg.kv_cache_dtype}" if cfg.kv_cache_dtype != "auto" else "")
+                           + (" --dtype-bytes 4" if cfg.dtype == "float32" else "")
+                           + (f" --tensor-parallel-size {cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else "")))
+    result["wall_s"] = time.perf_counter() - started  # the sweep, its rates and the unloaded run
+    return result
