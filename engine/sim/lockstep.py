@@ -35,6 +35,7 @@ from engine.baselines.contiguous import ContiguousAllocator
 from engine.baselines.static_batching import StaticBatchScheduler
 from engine.core.block_manager import PagedBlockManager
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.lab_impl import is_engines_own
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.events import EventLog, NullEventLog
@@ -305,6 +306,11 @@ class LockstepScheduler:
         else:
             self.scheduler = Scheduler(view, max_num_seqs, max_num_batched_tokens, schedule_first=schedule_first)
         self.schedule_first = self.scheduler.schedule_first
+        # A step whose head of the queue :meth:`_could_admit` found not fitting skips admission, when the
+        # admission rule is the engine's own (a student's part in its place is always called: lab_impl.py).
+        self.skip_refused_admission = (not self.static and all(is_engines_own(part) for part in (
+            Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
+        self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
         # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
         # where it is, since no running request grew; its admissions are dated one step earlier.
         self.clock = 0  # decode steps done
@@ -346,7 +352,8 @@ class LockstepScheduler:
         empty: every request in ``running`` that was not admitted this step decoded one token."""
         out = SchedulerOutput()
         sched = self.scheduler
-        if self.schedule_first == "prefills":
+        head_refused, self.head_refused = self.head_refused, False
+        if self.schedule_first == "prefills" and not head_refused:
             self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
             sched._schedule_prefills(out, sched.max_num_batched_tokens)
             self.admit_clock = self.clock
@@ -373,9 +380,14 @@ class LockstepScheduler:
         now will not fit before the next finish or preemption.
         """
         if not self.offsets or self._could_admit():  # offsets: one entry per running request
+            self.head_refused = False
             return 0
-        k = min(limit, self._next_finish_clock() - self.clock)
-        return self.pool.free_steps(self.clock, k)
+        heap = self.finish_heap
+        while self.admission_number.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)  # a preempted request's stale entry
+        k = self.pool.free_steps(self.clock, min(limit, heap[0][0] - self.clock))
+        self.head_refused = k == 0 and self.skip_refused_admission
+        return k
 
     def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
         """Run ``k`` pure decode steps and return each memory category summed over them
@@ -389,6 +401,10 @@ class LockstepScheduler:
         """Token states after each of the next k decode steps, summed (changes nothing)."""
         # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
         return k * self._token_states(self.clock) + len(self.offsets) * k * (k + 1) // 2
+
+    def finish_due(self) -> bool:
+        """Might a running request have reached ``max_len`` (then call :meth:`lockstep_finished`)?"""
+        return bool(self.finish_heap) and self.finish_heap[0][0] <= self.clock
 
     def lockstep_finished(self) -> list[Sequence]:
         """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
@@ -460,8 +476,3 @@ class LockstepScheduler:
         """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
         seq.num_tokens = self.offsets[seq] + self.clock
         seq.num_computed_tokens = seq.num_tokens - 1
-
-    def _next_finish_clock(self) -> int:
-        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
-            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
-        return self.finish_heap[0][0]
