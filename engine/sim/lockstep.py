@@ -311,6 +311,10 @@ class LockstepScheduler:
         self.skip_refused_admission = (not self.static and all(is_engines_own(part) for part in (
             Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
         self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
+        # The head of the queue :meth:`_could_admit` refused stays refused while only decode steps run (free
+        # memory only shrinks), so it is not asked again until then, when the block count is the engine's own.
+        self.refused_head: Sequence | None = None
+        self.remember_refusal = is_engines_own(PagedBlockManager.blocks_needed)
         # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
         # where it is, since no running request grew; its admissions are dated one step earlier.
         self.clock = 0  # decode steps done
@@ -352,7 +356,7 @@ class LockstepScheduler:
         empty: every request in ``running`` that was not admitted this step decoded one token."""
         out = SchedulerOutput()
         sched = self.scheduler
-        head_refused, self.head_refused = self.head_refused, False
+        head_refused, self.head_refused, self.refused_head = self.head_refused, False, None
         if self.schedule_first == "prefills" and not head_refused:
             self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
             sched._schedule_prefills(out, sched.max_num_batched_tokens)
@@ -379,9 +383,16 @@ class LockstepScheduler:
         could be admitted now. Free memory only shrinks during decode, so a head that does not fit
         now will not fit before the next finish or preemption.
         """
-        if not self.offsets or self._could_admit():  # offsets: one entry per running request
+        if not self.offsets:  # one entry per running request
             self.head_refused = False
             return 0
+        waiting = self.scheduler.waiting
+        if not (waiting and waiting[0] is self.refused_head):
+            if self._could_admit():
+                self.head_refused = False
+                return 0
+            if waiting and self.remember_refusal:
+                self.refused_head = waiting[0]
         heap = self.finish_heap
         while self.admission_number.get(heap[0][2]) != heap[0][1]:
             heapq.heappop(heap)  # a preempted request's stale entry
@@ -399,8 +410,9 @@ class LockstepScheduler:
 
     def lockstep_token_state_steps(self, k: int) -> int:
         """Token states after each of the next k decode steps, summed (changes nothing)."""
-        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
-        return k * self._token_states(self.clock) + len(self.offsets) * k * (k + 1) // 2
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1) (see _token_states); summed over j = 1..k.
+        running = len(self.offsets)
+        return k * (self.offset_sum + running * (self.clock - 1)) + running * k * (k + 1) // 2
 
     def finish_due(self) -> bool:
         """Might a running request have reached ``max_len`` (then call :meth:`lockstep_finished`)?"""
@@ -454,6 +466,7 @@ class LockstepScheduler:
     def _admitted(self, seq: Sequence) -> None:
         """The scheduler admitted ``seq``: prefilled in step admit_clock + 1, num_tokens + 1 tokens after it."""
         self.pool.admit(seq, self.admit_clock)
+        self.refused_head = None
         offset = seq.num_tokens - self.admit_clock
         self.offsets[seq] = offset
         self.offset_sum += offset
@@ -465,6 +478,7 @@ class LockstepScheduler:
         """``seq`` left ``running`` (finished or preempted): bring it up to the clock, free its memory."""
         self._sync(seq)
         self.pool.release(seq, seq.num_tokens)
+        self.refused_head = None
         self.offset_sum -= self.offsets.pop(seq)
         del self.admission_number[seq]
 

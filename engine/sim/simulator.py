@@ -649,7 +649,8 @@ class _Run:
     def _record(self, k: int, sums: dict[str, int], running: int) -> None:
         """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
         (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
-        self.rows.append((self.step, k, running, len(self.sched.waiting), *sums.values()))
+        self.rows.append((self.step, k, running, len(self.sched.scheduler.waiting) if self.lockstep else len(self.sched.waiting),
+                          *sums.values()))
         self.row_end_times.append(self.clock.now)
         self.step += k
 
