@@ -617,9 +617,12 @@ class _Run:
         if out.preempted:
             self._count_preemptions(out)
         sums = sched.lockstep_usage(self._next_waiting())
-        shape = self.clock.lockstep_shape(out, sums, running, sched.last_step_decoded(out))
-        self.prefill_tokens_computed += shape.prefill_tokens
-        self.clock.run_step(shape, out.prefill_seqs)
+        if out.prefill_seqs:
+            shape = self.clock.lockstep_shape(out, sums, running, sched.last_step_decoded(out))
+            self.prefill_tokens_computed += shape.prefill_tokens
+            self.clock.run_step(shape, out.prefill_seqs)
+        else:  # a decode step (one that preempted): the closed form of a one-step stretch, the same picoseconds
+            self.clock.run_decode_steps(1, running, sums)
         self._record(1, sums, running)
         if sched.finish_due():
             self._finish(sched.lockstep_finished())
