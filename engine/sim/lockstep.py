@@ -311,6 +311,7 @@ class LockstepScheduler:
         self.skip_refused_admission = (not self.static and all(is_engines_own(part) for part in (
             Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
         self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
+        self._out = SchedulerOutput()
         # The head of the queue :meth:`_could_admit` refused stays refused while only decode steps run (free
         # memory only shrinks), so it is not asked again until then, when the block count is the engine's own.
         self.refused_head: Sequence | None = None
@@ -353,8 +354,12 @@ class LockstepScheduler:
 
     def lockstep_step(self) -> SchedulerOutput:
         """Schedule one step as ``Scheduler.schedule()`` would and run it. ``decode_seqs`` stays
-        empty: every request in ``running`` that was not admitted this step decoded one token."""
-        out = SchedulerOutput()
+        empty: every request in ``running`` that was not admitted this step decoded one token.
+        The output is one object for all steps, read before the next: a lock-step step fills only its
+        ``prefill_seqs`` and ``preempted`` (no swap, no chunks, no LPM), new lists each step, and a
+        new SchedulerOutput's sixteen fields would cost more than most steps' own work."""
+        out = self._out
+        out.prefill_seqs, out.preempted = [], []
         sched = self.scheduler
         head_refused, self.head_refused, self.refused_head = self.head_refused, False, None
         if self.schedule_first == "prefills" and not head_refused:
