@@ -55,13 +55,15 @@ def main(argv: list[str] | None = None) -> None:
     argv = _take_impl(sys.argv[1:] if argv is None else list(argv))
     if argv[:1] == ["reproduce-paper"]:  # its options are visualize's: say where the command is, whatever follows
         _reproduce_paper_moved(argv[1:])
-    try:  # registering some commands imports the engine's modules, which plug the --impl parts in
-        parser = build_parser(argv[0] if argv else None)
+    impl = os.environ.get("LAB_IMPL", "").strip()
+    # Registering every command imports the engine's modules, which plug the --impl parts in (one that cannot be
+    # used fails here, in one line); without --impl only the command that runs is registered: a faster start.
+    try:
+        parser = build_parser(argv[0] if argv and impl in ("", "solution") else None)
     except ValueError as error:  # an --impl that cannot be used (engine/core/lab_impl.py's LabImplError)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     args = parser.parse_args(argv)
-    impl = os.environ.get("LAB_IMPL", "").strip()
     if impl not in ("", "solution"):  # whose parts run: said once the parts are plugged in
         print(f"lab parts: {impl} in place of the engine's own (LAB_IMPL)", file=sys.stderr)
     try:
