@@ -37,6 +37,7 @@ from engine.core.block_manager import PagedBlockManager
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.lab_impl import is_engines_own
 from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.report import WAIT_NO_FREE_BLOCK
 from engine.core.sequence import Sequence
 from engine.core.events import EventLog, NullEventLog
 
@@ -364,13 +365,14 @@ class LockstepScheduler:
         head_refused, self.head_refused, self.refused_head = self.head_refused, False, None
         if self.schedule_first == "prefills" and not head_refused:
             self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
-            sched._schedule_prefills(out, sched.max_num_batched_tokens)
+            why = sched._schedule_prefills(out, sched.max_num_batched_tokens)
             self.admit_clock = self.clock
             if out.prefill_seqs:
+                self._remember_refusal(why)
                 return out  # vLLM v0: a prefill step; the running requests decode in the next one
         self._decodes(out)
         if not out.preempted and self.schedule_first == "decodes":
-            sched._schedule_prefills(out, sched.max_num_batched_tokens - len(self.running))
+            self._remember_refusal(sched._schedule_prefills(out, sched.max_num_batched_tokens - len(self.running)))
         self.clock += 1
         self.admit_clock = self.clock
         return out
@@ -456,6 +458,12 @@ class LockstepScheduler:
                 sched._preempt(victim, out)
                 if victim is seq:
                     break
+
+    def _remember_refusal(self, why: str | None) -> None:
+        """Admission ended the step (nothing changes memory after it) refusing the head of the queue for
+        memory: it stays refused while only decodes run (see ``refused_head``)."""
+        if why == WAIT_NO_FREE_BLOCK and self.skip_refused_admission and self.remember_refusal:
+            self.refused_head = self.scheduler.waiting[0]
 
     def _could_admit(self) -> bool:
         """Would the head of the queue be admitted if the next step had no preemption?"""

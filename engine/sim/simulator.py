@@ -452,6 +452,8 @@ class _Run:
             self.sched = (cfg.scheduler_cls or Scheduler)(self.kv, cfg.max_num_seqs, max_batched, cfg.preemption_mode,
                                                           cfg.enable_chunked_prefill, cfg.scheduler_rule, cfg.scheduling_policy,
                                                           cfg.lpm_max_wait_steps)
+        # The scheduler that holds the queues (in lock-step mode the wrapped one: no property between, per round)
+        self.queues = self.sched.scheduler if self.lockstep else self.sched
         if not self.lockstep:  # why each waiting request waits: a pass over the queue per step, only when recorded
             self.sched.report_waiting = cfg.record_steps
         self.prefill_tokens_computed = 0
@@ -474,9 +476,8 @@ class _Run:
         if not self.lockstep:
             self._run_single_steps()
             return
-        # ~360,000 rounds on 100,000 requests: the loop reads the wrapped scheduler's queues directly and,
-        # once every request has arrived, skips the arrival checks.
-        sched, queues, num_requests = self.sched, self.sched.scheduler, len(self.requests)
+        # ~360,000 rounds on 100,000 requests: once every request has arrived the loop skips the arrival checks.
+        sched, queues, num_requests = self.sched, self.queues, len(self.requests)
         while self.next_request < num_requests or queues.running or queues.waiting:
             if self.next_request < num_requests:
                 self._arrive()
@@ -611,7 +612,7 @@ class _Run:
         """The same step in lock-step mode: only the requests something happens to are touched."""
         sched = self.sched
         out = sched.lockstep_step()
-        running = len(sched.scheduler.running)
+        running = len(self.queues.running)
         if not running:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
         if out.preempted:
@@ -630,14 +631,14 @@ class _Run:
     def _fast_forward(self, k: int) -> None:
         sched = self.sched
         sums = sched.lockstep_decode(k, self._next_waiting())
-        running = len(sched.scheduler.running)
+        running = len(self.queues.running)
         self.clock.run_decode_steps(k, running, sums)
         self._record(k, sums, running)
         if sched.finish_due():
             self._finish(sched.lockstep_finished())
 
     def _next_waiting(self) -> Sequence | None:
-        waiting = self.sched.waiting
+        waiting = self.queues.waiting
         return waiting[0] if waiting else None
 
     def _finish(self, done: list[Sequence]) -> None:
@@ -652,8 +653,7 @@ class _Run:
     def _record(self, k: int, sums: dict[str, int], running: int) -> None:
         """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
         (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
-        self.rows.append((self.step, k, running, len(self.sched.scheduler.waiting) if self.lockstep else len(self.sched.waiting),
-                          *sums.values()))
+        self.rows.append((self.step, k, running, len(self.queues.waiting), *sums.values()))
         self.row_end_times.append(self.clock.now)
         self.step += k
 
