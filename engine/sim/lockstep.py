@@ -313,8 +313,8 @@ class LockstepScheduler:
             Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
         self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
         self._out = SchedulerOutput()
-        # The head of the queue :meth:`_could_admit` refused stays refused while only decode steps run (free
-        # memory only shrinks), so it is not asked again until then, when the block count is the engine's own.
+        # A queue head found not fitting stays so while only decode steps run (free memory only shrinks): it is
+        # not asked again until a step, an admission or a release, when the block count is the engine's own.
         self.refused_head: Sequence | None = None
         self.remember_refusal = is_engines_own(PagedBlockManager.blocks_needed)
         # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
@@ -417,9 +417,8 @@ class LockstepScheduler:
 
     def lockstep_token_state_steps(self, k: int) -> int:
         """Token states after each of the next k decode steps, summed (changes nothing)."""
-        # Token states after step clock + j: offset_sum + R * (clock + j - 1) (see _token_states); summed over j = 1..k.
-        running = len(self.offsets)
-        return k * (self.offset_sum + running * (self.clock - 1)) + running * k * (k + 1) // 2
+        # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
+        return k * self._token_states(self.clock) + len(self.offsets) * k * (k + 1) // 2
 
     def finish_due(self) -> bool:
         """Might a running request have reached ``max_len`` (then call :meth:`lockstep_finished`)?"""
