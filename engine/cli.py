@@ -36,22 +36,18 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """``python -m engine``'s parser: every sub-command, each with :class:`HelpFormatter`."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """``python -m engine``'s parser: every sub-command, each with :class:`HelpFormatter`; with ``command`` (a
+    sub-command's name), only the sub-commands registered beside it, so that running one imports only its own
+    modules (``serve``'s import torch, transformers and fastapi: seconds that ``simulate`` does not need)."""
     parser = argparse.ArgumentParser(prog="python -m engine", description="PagedAttention Lab's step-through inference engine",
                                      epilog=EPILOG, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter))
-    _add_generate(sub)
-    _add_bench(sub)
-    _add_bench_kv_dtype(sub)
-    _add_bench_cpu(sub)
-    _add_simulator(sub)
-    _add_vllm(sub)
-    _add_calibrate(sub)
-    _add_serve(sub)
-    _add_bench_prefix(sub)
-    _add_prepare_room(sub)
+    adders = [_add_generate, _add_bench, _add_bench_kv_dtype, _add_bench_cpu, _add_simulator, _add_vllm, _add_calibrate, _add_serve,
+              _add_bench_prefix, _add_prepare_room]
+    for add in adders if command not in _REGISTERED_BY else [_REGISTERED_BY[command]]:
+        add(sub)
     return parser
 
 
@@ -59,13 +55,15 @@ def main(argv: list[str] | None = None) -> None:
     argv = _take_impl(sys.argv[1:] if argv is None else list(argv))
     if argv[:1] == ["reproduce-paper"]:  # its options are visualize's: say where the command is, whatever follows
         _reproduce_paper_moved(argv[1:])
-    try:  # registering some commands imports the engine's modules, which plug the --impl parts in
-        parser = build_parser()
+    impl = os.environ.get("LAB_IMPL", "").strip()
+    # Registering every command imports the engine's modules, which plug the --impl parts in (one that cannot be
+    # used fails here, in one line); without --impl only the command that runs is registered: a faster start.
+    try:
+        parser = build_parser(argv[0] if argv and impl in ("", "solution") else None)
     except ValueError as error:  # an --impl that cannot be used (engine/core/lab_impl.py's LabImplError)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     args = parser.parse_args(argv)
-    impl = os.environ.get("LAB_IMPL", "").strip()
     if impl not in ("", "solution"):  # whose parts run: said once the parts are plugged in
         print(f"lab parts: {impl} in place of the engine's own (LAB_IMPL)", file=sys.stderr)
     try:
@@ -514,3 +512,12 @@ def _calibrate(args) -> None:
 
     result = calibrate(model=args.model, validate=not args.no_validate, threads=args.threads, progress=progress)
     print(json.dumps(result, indent=2) if args.json else format_calibration(result))
+
+
+# sub-command -> the function that registers it (and the commands beside it): ``build_parser(command)``
+_REGISTERED_BY = {
+    "generate": _add_generate, "bench": _add_bench, "bench-kv-dtype": _add_bench_kv_dtype, "bench-cpu": _add_bench_cpu,
+    "simulate": _add_simulator, "whatif": _add_simulator, "reproduce-paper": _add_simulator, "vllm": _add_vllm, "replay": _add_vllm,
+    "calibrate": _add_calibrate, "serve": _add_serve, "serve-disagg": _add_serve, "bench-serve": _add_serve,
+    "bench-prefix": _add_bench_prefix, "prepare-room": _add_prepare_room,
+}

@@ -83,3 +83,26 @@ def test_bench_serve_says_its_ignore_eos_default_is_not_vllms():
 def test_the_engine_help_points_to_the_app_and_the_lessons():
     text = _help("-m", "engine")
     assert "streamlit run app.py" in text and "lessons/" in text and "python -m visualize reproduce-paper" in text
+
+
+def test_a_command_parses_alone_as_in_the_whole_parser():
+    """``python -m engine COMMAND`` registers COMMAND alone (with the commands one function registers beside it):
+    the same options and defaults as the whole parser's, and ``simulate`` starts without the model's or the
+    server's libraries."""
+    from engine.cli import build_parser
+
+    def commands(parser):
+        return next(a for a in parser._actions if a.dest == "command").choices
+
+    def options(sub):
+        return [(a.option_strings, a.dest, a.default, a.help) for a in sub._actions]
+
+    whole = commands(build_parser())
+    for name, sub in whole.items():
+        alone = commands(build_parser(name))
+        assert name in alone and len(alone) < len(whole), f"{name} registered with every command"
+        assert options(alone[name]) == options(sub), f"{name}'s options differ when it is registered alone"
+    check = ("import sys; from engine.cli import build_parser; build_parser('simulate'); "
+             "print(sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

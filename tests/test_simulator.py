@@ -372,3 +372,50 @@ def test_every_simulate_option_has_its_own_help():
     assert len(set(helps.values())) == len(helps)  # no two options say the same
     reservation = helps["reservation"]
     assert "pow2 = the prompt, plus its output length" in reservation and "pow2-total = the whole length" in reservation
+
+
+# Figures of the lock-step fast path, pinned: (steps, preemptions, series rows, token-state share, simulated seconds,
+# mean latency). Making the simulator faster must leave every one as it is; a change to the model updates them on purpose.
+PINNED = {
+    "sharegpt": (dict(workload="sharegpt", num_requests=400),
+                 (20827, 590, 1896, 0.9146913335450768, 1041.35, 539.3536250000001)),
+    "sharegpt, block 8, decodes first": (dict(workload="sharegpt", num_requests=400, block_size=8, schedule_first="decodes"),
+                                         (20276, 591, 1895, 0.9243746794239495, 1013.8, 525.898125)),
+    "alpaca, arrivals, cost model": (dict(workload="alpaca", num_requests=400, request_rate=20.0, cost_model="a100-opt-13b"),
+                                     (1402, 11, 805, 0.5778345202041393, 26.085320420219, 1.6735006330941349)),
+    "contiguous pow2 buddy": (dict(workload="sharegpt", num_requests=300, allocator="contiguous", reservation="pow2", placement="buddy"),
+                              (43048, 0, 504, 0.3184691094110094, 2152.4, 1093.8525)),
+    "static batching": (dict(workload="alpaca", num_requests=300, policy="static"),
+                        (1939, 0, 265, 0.2152887328216485, 96.95, 52.95533333333333)),
+}
+
+
+@pytest.mark.parametrize("case", list(PINNED))
+def test_the_fast_path_gives_its_pinned_figures(case):
+    config, expected = PINNED[case]
+    r = simulate(**config, **SMALL)
+    assert (r.steps, r.preemptions, len(r.series_step), r.token_state_fraction, r.simulated_seconds, r.mean_latency_s) == expected
+
+
+def test_a_students_admission_rule_is_asked_in_every_lock_step_step(monkeypatch):
+    """The lock-step path skips admission in a step whose queue head it found not fitting, and does not ask again
+    while only decodes run, only with the engine's own parts (engine/core/lab_impl.py): with a student's admission
+    rule or block count in their place it asks them in every step, and the same rule gives the same run."""
+    from engine.core.lab_impl import is_engines_own
+
+    calls = []
+    engines_can_admit, engines_blocks_needed = Scheduler._can_admit, PagedBlockManager.blocks_needed
+
+    def students_can_admit(self, group, *args):
+        calls.append(group.request_id)
+        return engines_can_admit(self, group, *args)
+
+    assert is_engines_own(engines_can_admit) and not is_engines_own(students_can_admit)
+    own = simulate(workload="sharegpt", num_requests=150, **SMALL)
+    monkeypatch.setattr(Scheduler, "_can_admit", students_can_admit)
+    monkeypatch.setattr(PagedBlockManager, "blocks_needed", lambda self, n: engines_blocks_needed(self, n))
+    fast = LockstepScheduler(PagedBlockManager(64, 16), 8, 2048, schedule_first="prefills")
+    assert not fast.skip_refused_admission and not fast.remember_refusal
+    students = simulate(workload="sharegpt", num_requests=150, **SMALL)
+    assert key(students) == key(own) and students.mean_latency_s == own.mean_latency_s
+    assert len(calls) > students.completed + students.preemptions, "asked for every admission and every refusal"

@@ -210,6 +210,15 @@ def _code_file(value: object) -> str | None:
     return code.co_filename if code is not None else None
 
 
+def is_engines_own(part: object) -> bool:
+    """Is ``part`` (a function or method, e.g. ``Scheduler._can_admit``) the engine's own code, not a student's
+    plugged in (which keeps the file it was compiled from) nor any other function set in its place? A fast path
+    that stands in for a part (the simulator's lock-step path) takes that path only when it is."""
+    name = getattr(part, "__module__", None) or ""
+    module = sys.modules.get(name)
+    return name.partition(".")[0] == "engine" and module is not None and _code_file(part) == getattr(module, "__file__", None)
+
+
 def _rebind(value: object, namespace: dict) -> object:
     """``value`` (a plain function, or a staticmethod of one) with ``namespace`` as its globals: the
     student's part then reads the engine module's names live, as the engine's own part does (a test

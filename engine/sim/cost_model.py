@@ -46,6 +46,7 @@ OPT-13B on one A100-40GB (15.7K slots, Table 1), Llama-3-8B on an H100, and this
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import asdict, dataclass, fields
@@ -384,7 +385,12 @@ class PicosecondCost:
         KV blocks summed over the k steps. Equals the sum of :meth:`step` over them: with no prefill,
         both sides of the attention roofline are proportional to the context."""
         per_step = self.step_ps + num_decodes * self.seq_ps + self._combine(num_decodes * self.token_ps, self.weights_ps)
-        return k * per_step + self._combine(self.pair_ps, self.kv_ps) * context_sum + self.block_ps * block_sum
+        return k * per_step + self._context_ps * context_sum + self.block_ps * block_sum
+
+    @functools.cached_property
+    def _context_ps(self) -> int:
+        """Picoseconds per token of decode context: its attention pairs and its KV read, combined."""
+        return self._combine(self.pair_ps, self.kv_ps)
 
 
 # --- Speculative decoding (Leviathan et al., 2023, §3.1; engine/spec_decode/) ----------------------

@@ -35,7 +35,9 @@ from engine.baselines.contiguous import ContiguousAllocator
 from engine.baselines.static_batching import StaticBatchScheduler
 from engine.core.block_manager import PagedBlockManager
 from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.lab_impl import is_engines_own
 from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.report import WAIT_NO_FREE_BLOCK
 from engine.core.sequence import Sequence
 from engine.core.events import EventLog, NullEventLog
 
@@ -305,6 +307,16 @@ class LockstepScheduler:
         else:
             self.scheduler = Scheduler(view, max_num_seqs, max_num_batched_tokens, schedule_first=schedule_first)
         self.schedule_first = self.scheduler.schedule_first
+        # A step whose head of the queue :meth:`_could_admit` found not fitting skips admission, when the
+        # admission rule is the engine's own (a student's part in its place is always called: lab_impl.py).
+        self.skip_refused_admission = (not self.static and all(is_engines_own(part) for part in (
+            Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
+        self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
+        self._out = SchedulerOutput()
+        # A queue head found not fitting stays so while only decode steps run (free memory only shrinks): it is
+        # not asked again until a step, an admission or a release, when the block count is the engine's own.
+        self.refused_head: Sequence | None = None
+        self.remember_refusal = is_engines_own(PagedBlockManager.blocks_needed)
         # The clock counts decode steps: a prefill-only step (schedule_first="prefills") leaves it
         # where it is, since no running request grew; its admissions are dated one step earlier.
         self.clock = 0  # decode steps done
@@ -343,18 +355,24 @@ class LockstepScheduler:
 
     def lockstep_step(self) -> SchedulerOutput:
         """Schedule one step as ``Scheduler.schedule()`` would and run it. ``decode_seqs`` stays
-        empty: every request in ``running`` that was not admitted this step decoded one token."""
-        out = SchedulerOutput()
+        empty: every request in ``running`` that was not admitted this step decoded one token.
+        The output is one object for all steps, read before the next: a lock-step step fills only its
+        ``prefill_seqs`` and ``preempted`` (no swap, no chunks, no LPM), new lists each step, and a
+        new SchedulerOutput's sixteen fields would cost more than most steps' own work."""
+        out = self._out
+        out.prefill_seqs, out.preempted = [], []
         sched = self.scheduler
-        if self.schedule_first == "prefills":
+        head_refused, self.head_refused, self.refused_head = self.head_refused, False, None
+        if self.schedule_first == "prefills" and not head_refused:
             self.admit_clock = self.clock - 1  # prefilled in this step, which is no decode step
-            sched._schedule_prefills(out, sched.max_num_batched_tokens)
+            why = sched._schedule_prefills(out, sched.max_num_batched_tokens)
             self.admit_clock = self.clock
             if out.prefill_seqs:
+                self._remember_refusal(why)
                 return out  # vLLM v0: a prefill step; the running requests decode in the next one
         self._decodes(out)
         if not out.preempted and self.schedule_first == "decodes":
-            sched._schedule_prefills(out, sched.max_num_batched_tokens - len(self.running))
+            self._remember_refusal(sched._schedule_prefills(out, sched.max_num_batched_tokens - len(self.running)))
         self.clock += 1
         self.admit_clock = self.clock
         return out
@@ -372,10 +390,22 @@ class LockstepScheduler:
         could be admitted now. Free memory only shrinks during decode, so a head that does not fit
         now will not fit before the next finish or preemption.
         """
-        if not self.offsets or self._could_admit():  # offsets: one entry per running request
+        if not self.offsets:  # one entry per running request
+            self.head_refused = False
             return 0
-        k = min(limit, self._next_finish_clock() - self.clock)
-        return self.pool.free_steps(self.clock, k)
+        waiting = self.scheduler.waiting
+        if not (waiting and waiting[0] is self.refused_head):
+            if self._could_admit():
+                self.head_refused = False
+                return 0
+            if waiting and self.remember_refusal:
+                self.refused_head = waiting[0]
+        heap = self.finish_heap
+        while self.admission_number.get(heap[0][2]) != heap[0][1]:
+            heapq.heappop(heap)  # a preempted request's stale entry
+        k = self.pool.free_steps(self.clock, min(limit, heap[0][0] - self.clock))
+        self.head_refused = k == 0 and self.skip_refused_admission
+        return k
 
     def lockstep_decode(self, k: int, next_waiting: Sequence | None) -> dict[str, int]:
         """Run ``k`` pure decode steps and return each memory category summed over them
@@ -389,6 +419,10 @@ class LockstepScheduler:
         """Token states after each of the next k decode steps, summed (changes nothing)."""
         # Token states after step clock + j: offset_sum + R * (clock + j - 1); summed over j = 1..k.
         return k * self._token_states(self.clock) + len(self.offsets) * k * (k + 1) // 2
+
+    def finish_due(self) -> bool:
+        """Might a running request have reached ``max_len`` (then call :meth:`lockstep_finished`)?"""
+        return bool(self.finish_heap) and self.finish_heap[0][0] <= self.clock
 
     def lockstep_finished(self) -> list[Sequence]:
         """Running requests that have reached ``max_len`` (pass each to :meth:`finish`), synced."""
@@ -424,6 +458,12 @@ class LockstepScheduler:
                 if victim is seq:
                     break
 
+    def _remember_refusal(self, why: str | None) -> None:
+        """Admission ended the step (nothing changes memory after it) refusing the head of the queue for
+        memory: it stays refused while only decodes run (see ``refused_head``)."""
+        if why == WAIT_NO_FREE_BLOCK and self.skip_refused_admission and self.remember_refusal:
+            self.refused_head = self.scheduler.waiting[0]
+
     def _could_admit(self) -> bool:
         """Would the head of the queue be admitted if the next step had no preemption?"""
         sched, num_running = self.scheduler, len(self.offsets)
@@ -438,6 +478,7 @@ class LockstepScheduler:
     def _admitted(self, seq: Sequence) -> None:
         """The scheduler admitted ``seq``: prefilled in step admit_clock + 1, num_tokens + 1 tokens after it."""
         self.pool.admit(seq, self.admit_clock)
+        self.refused_head = None
         offset = seq.num_tokens - self.admit_clock
         self.offsets[seq] = offset
         self.offset_sum += offset
@@ -449,6 +490,7 @@ class LockstepScheduler:
         """``seq`` left ``running`` (finished or preempted): bring it up to the clock, free its memory."""
         self._sync(seq)
         self.pool.release(seq, seq.num_tokens)
+        self.refused_head = None
         self.offset_sum -= self.offsets.pop(seq)
         del self.admission_number[seq]
 
@@ -460,8 +502,3 @@ class LockstepScheduler:
         """Bring a running request's lengths up to the clock (after a step: newest token uncached)."""
         seq.num_tokens = self.offsets[seq] + self.clock
         seq.num_computed_tokens = seq.num_tokens - 1
-
-    def _next_finish_clock(self) -> int:
-        while self.admission_number.get(self.finish_heap[0][2]) != self.finish_heap[0][1]:
-            heapq.heappop(self.finish_heap)  # a preempted request's stale entry
-        return self.finish_heap[0][0]
