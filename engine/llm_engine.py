@@ -435,7 +435,8 @@ class LLMEngine:
                 "num_lent_requests": len(s.lent), "num_leases": len(leases) if leases is not None else 0,
                 "num_refused_reads": leases.num_refused if leases is not None else 0,
                 "num_expired_leases": leases.num_expired if leases is not None else 0,
-                "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed}
+                "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed,
+                "num_loaded_blocks": self.kv_connector_worker.num_loaded_blocks, "num_loaded_bytes": self.kv_connector_worker.num_loaded_bytes}
 
     def shutdown_kv_connector(self) -> None:
         if self.kv_connector_worker is not None:

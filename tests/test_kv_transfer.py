@@ -269,6 +269,8 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
                 decode_reports.append(decode.step())
             out = decode.take_output(rid)
             assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded"
+            counted = decode.kv_transfer_status()  # what the comparison beside vLLM's NixlConnector reads
+            assert counted["num_loaded_blocks"] == len(params["remote_block_ids"]) and counted["num_loaded_bytes"] == sum(t.nbytes for t in lent)
             trace = disagg_chrome_trace([("prefill instance", prefill_reports), ("decode instance", decode_reports)])
             slices = {(e["pid"], e["name"]): e for e in trace["traceEvents"] if e["ph"] == "X"}  # each (track, state)'s last slice
             names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}

@@ -190,6 +190,8 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         self._landed = threading.Event()
         self._segments: dict[str, shared_memory.SharedMemory] = {}  # producer: transfer id -> the segment it was read into
         self._lock = threading.Lock()
+        self.num_loaded_blocks = 0  # consumer: blocks read from prefill instances (every layer's K and V)
+        self.num_loaded_bytes = 0  # ... and their bytes (vLLM's NixlConnector: vllm:nixl_bytes_transferred)
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -215,11 +217,15 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
                 continue
             del self._loads[request_id]
             try:
-                self._copy_in(spec, future.result())
+                data = future.result()
+                self._copy_in(spec, data)
             except Exception as error:  # noqa: BLE001 - any failure of a load means recompute
                 out.failed_recving[request_id] = f"{type(error).__name__}: {error}"
                 continue
             out.finished_recving.add(request_id)
+            if data is not None:
+                self.num_loaded_blocks += data.shape[2]
+                self.num_loaded_bytes += data.nbytes
         self._landed.clear()
         return out
 
