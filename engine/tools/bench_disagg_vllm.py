@@ -91,9 +91,10 @@ def vllm_commands(python: Path, model_dir: Path, served_name: str, connector: st
     return lines
 
 
-def lab_command() -> list[str]:
+def lab_command(kv_connector: str = "SharedMemoryConnector") -> list[str]:
     """The lab's ``serve-disagg`` with the same settings (its two instances on private ports)."""
-    return [sys.executable, "-m", "engine", "serve-disagg", *_common_flags(), "--num-gpu-blocks-override", str(NUM_BLOCKS)]
+    return [sys.executable, "-m", "engine", "serve-disagg", *_common_flags(), "--num-gpu-blocks-override", str(NUM_BLOCKS),
+            "--kv-connector", kv_connector]
 
 
 def _common_flags() -> list[str]:
@@ -113,8 +114,9 @@ async def handovers(client: httpx.AsyncClient, model: str, prompts: list[str], m
 
 def vllm_reads(decode_url: str, connector: str, storage: Path) -> dict:
     """vLLM's decode instance's KV reads: {"num_reads", "num_bytes", "num_failed"}. NixlConnector:
-    from its Prometheus counters; ExampleConnector: the files its prefill instance wrote (each read
-    back once)."""
+    its Prometheus counters (one read per request, every layer's K and V of the prompt's blocks);
+    ExampleConnector: the prompts whose KV its prefill instance wrote to files and their bytes
+    (whole blocks only, safetensors headers included: the decode instance computes the rest)."""
     if connector == "ExampleConnector":
         folders = [d for d in storage.iterdir() if d.is_dir()]
         return {"num_reads": len(folders), "num_bytes": sum(f.stat().st_size for d in folders for f in d.glob("*.safetensors")), "num_failed": 0}
@@ -127,20 +129,25 @@ def vllm_reads(decode_url: str, connector: str, storage: Path) -> dict:
             "num_failed": int(total("vllm:nixl_num_failed_transfers_total"))}
 
 
-def stop(server: ServerProcess) -> None:
-    """SIGTERM, then SIGKILL of whatever is left of its process group (vLLM's engine core and worker)."""
-    try:
-        server.close()
-    finally:
+def stop(*servers: ServerProcess) -> None:
+    """SIGTERM to all at once (they shut down side by side), then, for each, SIGKILL of whatever is
+    left of its process group (vLLM's engine core and worker) once it has exited or after 60 s."""
+    for server in servers:
+        if server.proc.poll() is None:
+            server.proc.terminate()
+    for server in servers:
         try:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+            server.close()
+        finally:
+            try:
+                os.killpg(server.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
-def run_lab(prompts: list[str], max_tokens: int, say) -> dict:
+def run_lab(prompts: list[str], max_tokens: int, say, kv_connector: str = "SharedMemoryConnector") -> dict:
     """The lab's serve-disagg: its tokens and its decode instance's reads."""
-    server = ServerProcess("serve-disagg", lab_command(), dict(os.environ))
+    server = ServerProcess("serve-disagg", lab_command(kv_connector), dict(os.environ))
     try:
         say(f"the lab's serve-disagg: ready after {server.wait_ready(STARTUP_TIMEOUT_S):.0f} s")
         model = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -153,7 +160,7 @@ def run_lab(prompts: list[str], max_tokens: int, say) -> dict:
         status = httpx.get(f"{server.base_url}/kv_transfer/status", timeout=30).json()["decode"]
     finally:
         stop(server)
-    return {"model": model, "token_ids": tokens, "reads": {"num_reads": status["num_loaded"], "num_blocks": status["num_loaded_blocks"],
+    return {"connector": status["kv_connector"], "model": model, "token_ids": tokens, "reads": {"num_reads": status["num_loaded"], "num_blocks": status["num_loaded_blocks"],
                                                             "num_bytes": status["num_loaded_bytes"], "num_failed": status["num_recomputed"]}}
 
 
@@ -183,12 +190,12 @@ def run_vllm(python: Path, model: str, prompts: list[str], max_tokens: int, conn
         except RuntimeError as error:
             raise RuntimeError(f"vLLM's P/D ({connector}) did not run: {error}") from None
         finally:
-            for server in servers.values():
-                stop(server)
+            stop(*servers.values())
     return {"connector": connector, "token_ids": tokens, "reads": reads}
 
 
-def compare(prompts: list[str], max_tokens: int, vllm_python: str | None = None, connector: str | None = None, say=print) -> dict:
+def compare(prompts: list[str], max_tokens: int, vllm_python: str | None = None, connector: str | None = None, say=print,
+            lab_connector: str = "SharedMemoryConnector") -> dict:
     """Both sides on the same prompts; {"vllm_connector", "outputs" (``compare_token_ids``), "lab", "vllm"}.
 
     Raises:
@@ -204,7 +211,7 @@ def compare(prompts: list[str], max_tokens: int, vllm_python: str | None = None,
         connector = "NixlConnector" if why is None else "ExampleConnector"
         say("vLLM's P/D transport: NixlConnector (NIXL over UCX, kv_buffer_device cpu)" if why is None else
             f"vLLM's P/D transport: ExampleConnector, because NIXL does not start in {python} ({why}; `{python} -m pip install nixl` adds it)")
-    lab = run_lab(prompts, max_tokens, say)
+    lab = run_lab(prompts, max_tokens, say, lab_connector)
     vllm = run_vllm(python, lab["model"], prompts, max_tokens, connector, say)
     return {"vllm_connector": connector, "num_prompts": len(prompts), "max_tokens": max_tokens, "block_size": BLOCK_SIZE,
             "outputs": compare_token_ids(lab["token_ids"], vllm["token_ids"]), "lab": lab, "vllm": vllm}
@@ -212,7 +219,7 @@ def compare(prompts: list[str], max_tokens: int, vllm_python: str | None = None,
 
 def format_comparison(r: dict) -> str:
     lines = [f"{r['num_prompts']} prompts, {r['max_tokens']} greedy tokens each, block size {r['block_size']}, float32; "
-             f"vLLM's transport: {r['vllm_connector']}",
+             f"transports: the lab's {r['lab']['connector']}, vLLM's {r['vllm_connector']}",
              f"{'decode instance reads':<24}{'lab':>14}{'vLLM':>14}"]
     for key, label in (("num_reads", "reads"), ("num_bytes", "bytes"), ("num_failed", "failed / recomputed")):
         lines.append(f"{label:<24}{r['lab']['reads'][key]:>14,}{r['vllm']['reads'][key]:>14,}")
@@ -229,7 +236,7 @@ def run_cli(args) -> dict:
     prompts = list(PROMPTS[: args.num_prompts]) if args.num_prompts <= len(PROMPTS) else \
         [PROMPTS[i % len(PROMPTS)] + f" ({i})" for i in range(args.num_prompts)]
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
-    result = compare(prompts, args.output_len, args.vllm_python, args.vllm_kv_connector, say)
+    result = compare(prompts, args.output_len, args.vllm_python, args.vllm_kv_connector, say, args.lab_kv_connector)
     print(json.dumps(result, indent=2) if args.json else format_comparison(result))
     return result
 
