@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vllm-python", default=None, help="--against: an interpreter that imports vLLM (default: the venv of `python -m engine vllm setup`)")
     p.add_argument("--vllm-kv-connector", choices=["NixlConnector", "ExampleConnector"], default=None,
                    help="--against: vLLM's transport (default: NixlConnector where NIXL starts in vLLM's venv, else ExampleConnector)")
+    p.add_argument("--lab-kv-connector", choices=["SharedMemoryConnector", "NixlConnector"], default="SharedMemoryConnector",
+                   help="--against: the lab's transport (serve-disagg --kv-connector; NixlConnector needs .[disagg])")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
     if args.against:
