@@ -300,6 +300,7 @@ def test_nixl_connector_without_nixl_says_so_in_one_line_and_falls_back_to_share
     with caplog.at_level(logging.WARNING, "engine.kv_transfer"):
         engine = LLMEngine(EngineConfig(**tiny_config(tiny_llama_dir), kv_transfer_config={"kv_role": "kv_consumer", "kv_connector": "NixlConnector"}))
     assert type(engine.kv_connector_worker) is SharedMemoryConnectorWorker
+    assert engine.kv_transfer_status()["kv_connector"] == "SharedMemoryConnector", "the status names the transport that runs"
     said = [r.getMessage() for r in caplog.records if "NIXL" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("kv_connector NixlConnector: NIXL cannot start here (ModuleNotFoundError: ") \
         and said[0].endswith("pip install -e '.[disagg]'): the shared-memory transport carries the KV"), said

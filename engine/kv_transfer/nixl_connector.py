@@ -28,6 +28,7 @@ import base64
 import logging
 import secrets
 import threading
+import time
 
 import torch
 
@@ -49,7 +50,8 @@ class NixlConnectorWorker(SharedMemoryConnectorWorker):
 
     Raises:
         ImportError: NIXL is not installed (``pip install -e '.[disagg]'``).
-        RuntimeError: its agent or UCX backend did not start, or the pool is not contiguous.
+        RuntimeError: the pool is not contiguous (NIXL's own errors when its agent or UCX backend
+            does not start).
     """
 
     kv_connector = "NixlConnector"
@@ -120,7 +122,7 @@ class NixlConnectorWorker(SharedMemoryConnectorWorker):
             try:
                 state = self.agent.transfer(handle)
                 while state == "PROC":
-                    threading.Event().wait(POLL_S)
+                    time.sleep(POLL_S)
                     state = self.agent.check_xfer_state(handle)
                 if state != "DONE":
                     raise RuntimeError(f"the NIXL READ ended in state {state}")
@@ -151,7 +153,7 @@ def make_worker(config: KVTransferConfig, kv_caches: list[tuple[torch.Tensor, to
     if config.kv_connector == "NixlConnector":
         try:
             return NixlConnectorWorker(config, kv_caches, leases)
-        except (ImportError, RuntimeError) as error:
+        except Exception as error:  # noqa: BLE001 - not installed, or NIXL's own errors while starting: all fall back
             logger.warning("kv_connector NixlConnector: NIXL cannot start here (%s: %s; pip install -e '.[disagg]'): "
                            "the shared-memory transport carries the KV", type(error).__name__, error)
     return SharedMemoryConnectorWorker(config, kv_caches, leases)

@@ -48,7 +48,6 @@ PROMPTS = (
     "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25",
     "A block table maps each sequence's logical blocks to physical blocks. Explain copy-on-write in two sentences:",
 )
-VLLM_CONNECTORS = ("NixlConnector", "ExampleConnector")
 
 
 def why_no_nixl(python: str | Path) -> str | None:
