@@ -4,8 +4,8 @@ the same handshake).
 
 ``POST /kv_transfer/read`` ``{"transfer_id", "block_ids", "prompt_hash"}``: the blocks of one live
 lease, copied into a shared-memory segment (with ``"transport": "nixl"``, on an instance whose
-connector is NIXL's: where they are, for the reader's NIXL READ); 403 when the lease table refuses (an unknown or ended
-transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
+connector is NIXL's: where they are, for the reader's NIXL READ); 403 when the lease table refuses
+(an unknown or ended transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
 ``{"transfer_id", "prompt_hash"}``: the reader is done; the segment is unlinked and the blocks freed at once.
 ``GET /kv_transfer/status``: the pool and the connector's counters (either role). Every call into the
 engine runs on its thread, between steps; a task frees expired leases every second while idle.
