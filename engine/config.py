@@ -462,7 +462,7 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.num_speculative_tokens (k={k}) must be below max_model_len ({max_model_len})")
 
 
-KV_CONNECTORS = ("SharedMemoryConnector",)  # engine/kv_transfer/: the transports behind the connector interface
+KV_CONNECTORS = ("SharedMemoryConnector", "NixlConnector")  # engine/kv_transfer/: the transports behind the connector interface
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")  # vLLM's: prefill instance, decode instance, either
 KV_LOAD_FAILURE_POLICIES = ("recompute",)  # vLLM's kv_load_failure_policy (its "fail" is not offered here)
 DEFAULT_KV_LEASE_DURATION_S = 30.0  # how long a prefill instance holds a finished request's blocks for its decode instance
@@ -474,10 +474,12 @@ class KVTransferConfig:
     engine (vLLM's ``KVTransferConfig``, ``--kv-transfer-config '{...}'``; ``engine/kv_transfer/``).
 
     Attributes:
-        kv_connector: the transport class, one of :data:`KV_CONNECTORS`.
+        kv_connector: the transport class, one of :data:`KV_CONNECTORS`: "SharedMemoryConnector", or
+            "NixlConnector" (NIXL READ from the prefill instance's pool; ``.[disagg]``; without NIXL,
+            one warning and the shared-memory transport).
         kv_role: "kv_producer" (a prefill instance: runs prompts, lends their blocks), "kv_consumer"
             (a decode instance: reads a prompt's blocks, then decodes) or "kv_both".
-        kv_buffer_device: where transfers are staged: "cpu" (shared memory), the only one here.
+        kv_buffer_device: where transfers are staged: "cpu" (shared memory, or NIXL's DRAM), the only one here.
         engine_id: this engine's name in transfer parameters (``remote_engine_id``); None = a random one.
         kv_ip, kv_port: where a producer's side channel answers (its HTTP server): what it writes
             into ``remote_host`` / ``remote_port``; None = the server's own address.

@@ -25,7 +25,8 @@ from engine.core.prefix_cache import PrefixCacheStats
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.cpu import ops as cpu_ops
-from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler, SharedMemoryConnectorWorker
+from engine.kv_transfer.nixl_connector import make_worker
+from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler
 from engine.model_executor.model import build_model
 from engine.model_executor.model_loader import LoadedModel, load_model
 from engine.model_executor import kv_quant
@@ -381,8 +382,8 @@ class LLMEngine:
             return None, None
         if self.kv_cache_config is not None:
             raise ValueError("kv_transfer_config: a model with sliding-window layers (several KV cache groups) is not handed over")
-        scheduler_side = SharedMemoryConnectorScheduler(config, self.config.block_size)
-        return scheduler_side, SharedMemoryConnectorWorker(config, self.runner.kv_caches, scheduler_side.leases)
+        scheduler_side = SharedMemoryConnectorScheduler(config, self.config.block_size)  # every transport's
+        return scheduler_side, make_worker(config, self.runner.kv_caches, scheduler_side.leases)
 
     def _finish_kv_loads(self, batch: SchedulerOutput) -> None:
         """The loads that ended go back to the scheduler; an engine with nothing to run but loads in
@@ -400,14 +401,14 @@ class LLMEngine:
         s = self.scheduler
         return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
 
-    def serve_kv_read(self, lease) -> dict:
+    def serve_kv_read(self, lease, transport: str = "shm") -> dict:
         """A decode instance reads the blocks of a claimed lease (a prefill instance; call on the
         engine's thread). See ``SharedMemoryConnectorWorker.claim`` and ``serve_read``.
 
         Raises:
             engine.kv_transfer.lease.TransferRefused: the lease ended before the copy.
         """
-        return self.kv_connector_worker.serve_read(lease)
+        return self.kv_connector_worker.serve_read(lease, transport)
 
     def release_kv_transfer(self, transfer_id, prompt_hash) -> bool:
         """A decode instance is done with the blocks lent under ``transfer_id`` for its prompt (of
@@ -431,11 +432,13 @@ class LLMEngine:
         c, s = self.kv_connector, self.scheduler
         leases = c.leases
         return {"engine_id": c.engine_id, "pid": os.getpid(), "kv_role": self.config.kv_transfer_config.kv_role,
+                "kv_connector": self.kv_connector_worker.kv_connector,  # the transport running (NIXL's falls back without NIXL)
                 "num_free_blocks": self.kv.num_free_blocks, "num_blocks": self.kv.num_usable_blocks,
                 "num_lent_requests": len(s.lent), "num_leases": len(leases) if leases is not None else 0,
                 "num_refused_reads": leases.num_refused if leases is not None else 0,
                 "num_expired_leases": leases.num_expired if leases is not None else 0,
-                "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed}
+                "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed,
+                "num_loaded_blocks": self.kv_connector_worker.num_loaded_blocks, "num_loaded_bytes": self.kv_connector_worker.num_loaded_bytes}
 
     def shutdown_kv_connector(self) -> None:
         if self.kv_connector_worker is not None:

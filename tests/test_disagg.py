@@ -26,6 +26,7 @@ from serving import wait_until, wait_until_healthy
 
 pytestmark = pytest.mark.slow
 
+BLOCK_SIZE = 32  # vLLM's CPU attention takes multiples of 32: vLLM's P/D beside this one reads the same blocks
 LEASE_S = 30  # kv_lease_duration of the module's prefill instance (an expiry is tested in test_kv_transfer.py)
 PROMPTS = ["The capital of France is", "Paged attention stores the KV cache in fixed-size blocks, so that " * 3,
            "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25"]
@@ -46,7 +47,7 @@ def disagg(default_model_dir, tmp_path_factory):
     ports = [free_port() for _ in range(3)]
     process = subprocess.Popen(
         [sys.executable, "-m", "engine", "serve-disagg", "--port", str(ports[0]), "--prefill-port", str(ports[1]),
-         "--decode-port", str(ports[2]), "--kv-lease-duration", str(LEASE_S), "--num-gpu-blocks-override", "128",
+         "--decode-port", str(ports[2]), "--kv-lease-duration", str(LEASE_S), "--num-gpu-blocks-override", "128", "--block-size", str(BLOCK_SIZE),
          "--max-model-len", "1024", "--no-enable-prefix-caching",  # no cache: the colocated reference computes every token
          "--impl", str(answer)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -106,6 +107,29 @@ def test_greedy_tokens_through_prefill_and_decode_equal_a_colocated_engine_reque
         handed_over = complete(proxy, prompt, kv_transfer_params=forged)  # a client's own are dropped: the proxy makes them
         assert handed_over["kv_transfer_params"]["kv_load"] == "loaded", "the decode instance read the prompt's KV"
         assert tokens(handed_over) == tokens(complete(decode, prompt)), prompt
+
+
+def test_vllms_own_prefill_and_decode_gives_the_lab_proxys_greedy_tokens_and_reads_the_same_kv_bytes(disagg):
+    """vLLM's P/D (two ``vllm serve`` from vLLM's venv, NixlConnector on the CPU where NIXL starts there)
+    behind the same proxy code: request by request the tokens of the lab's serve-disagg, and its decode
+    instance reads as many prompts' KV, of as many bytes (same block size, float32)."""
+    from engine.tools.bench_disagg_vllm import run_vllm, why_no_nixl
+    from engine.vllm_bridge.env import venv_dir, venv_python, why_not_supported
+
+    reason = why_not_supported() or (None if venv_python().exists() else f"no vLLM environment at {venv_dir()} (python -m engine vllm setup)")
+    if reason:
+        pytest.skip(reason)
+    proxy = disagg[0]
+    model = httpx.get(f"{proxy}/v1/models").json()["data"][0]["id"]
+    before = status(proxy)["decode"]
+    lab = [tokens(complete(proxy, prompt, max_tokens=4, temperature=0, ignore_eos=True)) for prompt in PROMPTS]
+    after = status(proxy)["decode"]
+    connector = "NixlConnector" if why_no_nixl(venv_python()) is None else "ExampleConnector"
+    vllm = run_vllm(venv_python(), model, PROMPTS, 4, connector, say=lambda *_: None)
+    assert vllm["token_ids"] == lab, f"vLLM's P/D ({connector}) and the lab's disagree"
+    assert after["num_loaded"] - before["num_loaded"] == len(PROMPTS)
+    if connector == "NixlConnector":
+        assert vllm["reads"] == {"num_reads": len(PROMPTS), "num_bytes": after["num_loaded_bytes"] - before["num_loaded_bytes"], "num_failed": 0}
 
 
 def test_a_burst_of_streams_some_cancelled_mid_transfer_leaves_every_block_free_on_both_sides(disagg):

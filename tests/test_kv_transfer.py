@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 
 import httpx
@@ -19,11 +20,13 @@ from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.kv_transfer.base import KVConnectorOutput
 from engine.kv_transfer.lease import LeaseTable, TransferRefused, prompt_hash
+from engine.kv_transfer.nixl_connector import NixlConnectorWorker
 from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler, SharedMemoryConnectorWorker, read_segment
 from engine.timeline import disagg_chrome_trace
 from serving import serving, wait_until
 
 BLOCK = 4
+WORKERS = {"SharedMemoryConnector": SharedMemoryConnectorWorker, "NixlConnector": NixlConnectorWorker}
 
 
 class Clock:
@@ -244,11 +247,15 @@ def run(engine: LLMEngine, prompt: list[int], params: SamplingParams, kv_transfe
     return engine.take_output(rid)
 
 
-def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_decodes_as_a_colocated_engine(tiny_llama_dir):
+@pytest.mark.parametrize("lender, reader", [("SharedMemoryConnector", "SharedMemoryConnector"), ("NixlConnector", "NixlConnector"),
+                                            ("SharedMemoryConnector", "NixlConnector")])  # a NIXL reader takes a segment too
+def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_decodes_as_a_colocated_engine(tiny_llama_dir, lender, reader):
+    if "NixlConnector" in (lender, reader):
+        pytest.importorskip("nixl._api", reason="NIXL is not installed (pip install -e '.[disagg]')")
     base = tiny_config(tiny_llama_dir)
     prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=6, temperature=0)
     want = run(LLMEngine(EngineConfig(**base)), prompt, greedy).token_ids
-    with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer"})) as (url, app):
+    with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer", "kv_connector": lender})) as (url, app):
         prefill, prefill_reports, decode_reports = app.state.llm.engine, [], []
         app.state.llm.step_callbacks.append(prefill_reports.append)
         prefill.kv_connector.side_channel = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
@@ -256,8 +263,9 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
                             timeout=30).json()
         params = answer["kv_transfer_params"]
         lent = [torch.stack([prefill.runner.kv_caches[layer][i][params["remote_block_ids"]] for i in (0, 1)]) for layer in range(2)]
-        decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer"}))
+        decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer", "kv_connector": reader}))
         try:
+            assert (type(prefill.kv_connector_worker), type(decode.kv_connector_worker)) == (WORKERS[lender], WORKERS[reader]), "no fallback"
             rid = decode.add_request(prompt, greedy, kv_transfer_params=params)
             decode_reports.append(decode.step())
             wait_until(lambda: decode_reports.append(decode.step()) or decode.scheduler.running, timeout=60, what="the load")
@@ -269,6 +277,8 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
                 decode_reports.append(decode.step())
             out = decode.take_output(rid)
             assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded"
+            counted = decode.kv_transfer_status()  # what the comparison beside vLLM's NixlConnector reads
+            assert counted["num_loaded_blocks"] == len(params["remote_block_ids"]) and counted["num_loaded_bytes"] == sum(t.nbytes for t in lent)
             trace = disagg_chrome_trace([("prefill instance", prefill_reports), ("decode instance", decode_reports)])
             slices = {(e["pid"], e["name"]): e for e in trace["traceEvents"] if e["ph"] == "X"}  # each (track, state)'s last slice
             names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
@@ -284,6 +294,17 @@ def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_deco
             assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks
         finally:
             decode.shutdown_kv_connector()
+
+
+def test_nixl_connector_without_nixl_says_so_in_one_line_and_falls_back_to_shared_memory(tiny_llama_dir, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "nixl._api", None)  # NIXL absent, whether or not .[disagg] is installed
+    with caplog.at_level(logging.WARNING, "engine.kv_transfer"):
+        engine = LLMEngine(EngineConfig(**tiny_config(tiny_llama_dir), kv_transfer_config={"kv_role": "kv_consumer", "kv_connector": "NixlConnector"}))
+    assert type(engine.kv_connector_worker) is SharedMemoryConnectorWorker
+    assert engine.kv_transfer_status()["kv_connector"] == "SharedMemoryConnector", "the status names the transport that runs"
+    said = [r.getMessage() for r in caplog.records if "NIXL" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("kv_connector NixlConnector: NIXL cannot start here (ModuleNotFoundError: ") \
+        and said[0].endswith("pip install -e '.[disagg]'): the shared-memory transport carries the KV"), said
 
 
 def test_a_prefill_instance_that_never_answers_times_out_and_the_decode_engine_recomputes_saying_so(tiny_llama_dir):

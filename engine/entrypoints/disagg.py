@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from engine.config import KV_CONNECTORS
 from engine.entrypoints.openai.api_server import LOOPBACK_HOST_HEADERS, LOOPBACK_HOSTS, bind_warning, server_config
 from engine.entrypoints.openai.cli_args import add_engine_args
 from engine.entrypoints.openai.protocol import APIError, read_json_body
@@ -61,6 +62,8 @@ def register_cli(sub) -> None:
     g.add_argument("--decode-port", type=int, default=0, help="the decode instance's port on 127.0.0.1 (default: 0, a free one)")
     g.add_argument("--handover", choices=("pull",), default="pull",
                    help="pull: the prefill instance holds its blocks under a lease and the decode instance reads them (vLLM's order)")
+    g.add_argument("--kv-connector", choices=KV_CONNECTORS, default="SharedMemoryConnector",
+                   help="both instances' transport: SharedMemoryConnector (default) or NixlConnector (NIXL READ; pip install -e '.[disagg]')")
     g.add_argument("--kv-lease-duration", type=float, default=30.0,
                    help="seconds the prefill instance holds a request's blocks for the decode instance (default: 30)")
     g.add_argument("--startup-timeout", type=float, default=300.0, help="seconds both instances get to start")
@@ -215,9 +218,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def start_instance(role: str, port: int, engine_argv: list[str], lease_s: float) -> subprocess.Popen:
+def start_instance(role: str, port: int, engine_argv: list[str], lease_s: float,
+                   kv_connector: str = "SharedMemoryConnector") -> subprocess.Popen:
     """One ``python -m engine serve`` instance in ``role`` ("kv_producer" or "kv_consumer") on 127.0.0.1:port."""
-    config = {"kv_connector": "SharedMemoryConnector", "kv_role": role, "engine_id": "prefill" if role == "kv_producer" else "decode",
+    config = {"kv_connector": kv_connector, "kv_role": role, "engine_id": "prefill" if role == "kv_producer" else "decode",
               "kv_lease_duration": lease_s}
     argv = [sys.executable, "-m", "engine", "serve", *engine_argv, "--host", "127.0.0.1", "--port", str(port),
             "--kv-transfer-config", json.dumps(config), "--uvicorn-log-level", "warning"]
@@ -280,8 +284,8 @@ def serve_disagg(args, parser: argparse.ArgumentParser) -> None:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     processes = {
-        "prefill": (start_instance("kv_producer", ports["prefill"], engine_argv, args.kv_lease_duration), urls["prefill"]),
-        "decode": (start_instance("kv_consumer", ports["decode"], engine_argv, args.kv_lease_duration), urls["decode"]),
+        "prefill": (start_instance("kv_producer", ports["prefill"], engine_argv, args.kv_lease_duration, args.kv_connector), urls["prefill"]),
+        "decode": (start_instance("kv_consumer", ports["decode"], engine_argv, args.kv_lease_duration, args.kv_connector), urls["decode"]),
     }
     try:
         wait_healthy(processes, args.startup_timeout)

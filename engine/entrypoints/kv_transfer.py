@@ -3,8 +3,9 @@
 the same handshake).
 
 ``POST /kv_transfer/read`` ``{"transfer_id", "block_ids", "prompt_hash"}``: the blocks of one live
-lease, copied into a shared-memory segment; 403 when the lease table refuses (an unknown or ended
-transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
+lease, copied into a shared-memory segment (with ``"transport": "nixl"``, on an instance whose
+connector is NIXL's: where they are, for the reader's NIXL READ); 403 when the lease table refuses
+(an unknown or ended transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
 ``{"transfer_id", "prompt_hash"}``: the reader is done; the segment is unlinked and the blocks freed at once.
 ``GET /kv_transfer/status``: the pool and the connector's counters (either role). Every call into the
 engine runs on its thread, between steps; a task frees expired leases every second while idle.
@@ -49,7 +50,8 @@ def add_kv_transfer_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> 
         peer = raw.client.host if raw.client else "unknown"
         try:  # claimed now, copied when the engine's thread is free
             lease = engine.kv_connector_worker.claim(body.get("transfer_id"), body.get("block_ids"), body.get("prompt_hash"), peer)
-            reply = await llm.run_on_engine(engine.serve_kv_read, lease)
+            transport = body.get("transport") if body.get("transport") in ("shm", "nixl") else "shm"
+            reply = await llm.run_on_engine(engine.serve_kv_read, lease, transport)
         except TransferRefused as error:
             raise APIError(403, f"KV read refused: {error}") from None
         return JSONResponse(reply)

@@ -221,6 +221,8 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         leases: the scheduler side's lease table (a producer), or None.
     """
 
+    kv_connector = "SharedMemoryConnector"  # the transport, as kv_transfer_config names it
+
     def __init__(self, config: KVTransferConfig, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], leases: LeaseTable | None):
         self.kv_caches = kv_caches
         self.leases = leases
@@ -230,6 +232,8 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         self._landed = threading.Event()
         self._segments: dict[str, shared_memory.SharedMemory] = {}  # producer: transfer id -> the segment it was read into
         self._lock = threading.Lock()
+        self.num_loaded_blocks = 0  # consumer: blocks read from prefill instances (every layer's K and V)
+        self.num_loaded_bytes = 0  # ... and their bytes (vLLM's NixlConnector: vllm:nixl_bytes_transferred)
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -255,11 +259,15 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
                 continue
             del self._loads[request_id]
             try:
-                self._copy_in(spec, future.result())
+                data = future.result()
+                self._copy_in(spec, data)
             except Exception as error:  # noqa: BLE001 - any failure of a load means recompute
                 out.failed_recving[request_id] = f"{type(error).__name__}: {error}"
                 continue
             out.finished_recving.add(request_id)
+            if data is not None:
+                self.num_loaded_blocks += data.shape[2]
+                self.num_loaded_bytes += data.nbytes
         self._landed.clear()
         return out
 
@@ -273,16 +281,24 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         try:
             if spec.first_block >= min(len(spec.local_block_ids), len(spec.remote_block_ids)):
                 return None
-            reply = _post(spec.remote_host, spec.remote_port, "/kv_transfer/read", {
-                "transfer_id": spec.transfer_id, "block_ids": list(spec.remote_block_ids), "prompt_hash": spec.prompt_hash}, self.timeout_s)
-            shape, dtype = tuple(reply["shape"]), getattr(torch, str(reply["dtype"]).removeprefix("torch."))
-            expected = (len(self.kv_caches), 2, len(spec.remote_block_ids), *self.block_shape)
-            if shape != expected or dtype != self.kv_caches[0][0].dtype:
-                raise ValueError(f"the prefill instance's blocks are {shape} {dtype}, this pool's {expected} {self.kv_caches[0][0].dtype}")
-            return read_segment(str(reply["shm_name"]), shape, dtype)
+            return self._fetch(spec)
         finally:
             self._release_remote(spec)
             self._landed.set()
+
+    def _fetch(self, spec: KVLoadSpec) -> torch.Tensor:
+        """The transport's part of a read: ask the side channel, then take the bytes (here: from the
+        shared-memory segment it names)."""
+        reply = _post(spec.remote_host, spec.remote_port, "/kv_transfer/read", {
+            "transfer_id": spec.transfer_id, "block_ids": list(spec.remote_block_ids), "prompt_hash": spec.prompt_hash}, self.timeout_s)
+        return self._from_segment(reply, spec)
+
+    def _from_segment(self, reply: dict, spec: KVLoadSpec) -> torch.Tensor:
+        shape, dtype = tuple(reply["shape"]), getattr(torch, str(reply["dtype"]).removeprefix("torch."))
+        expected = (len(self.kv_caches), 2, len(spec.remote_block_ids), *self.block_shape)
+        if shape != expected or dtype != self.kv_caches[0][0].dtype:
+            raise ValueError(f"the prefill instance's blocks are {shape} {dtype}, this pool's {expected} {self.kv_caches[0][0].dtype}")
+        return read_segment(str(reply["shm_name"]), shape, dtype)
 
     def _release_remote(self, spec: KVLoadSpec) -> None:
         try:
@@ -315,9 +331,10 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
             raise TransferRefused("this engine lends no blocks (kv_role is kv_consumer)")
         return self.leases.claim(transfer_id, block_ids, prompt_hash_, peer)
 
-    def serve_read(self, lease: Lease) -> dict:
-        """Copy a claimed lease's blocks, every layer, into a new shared-memory segment. Call it on
-        the engine's thread (the pool's owner): there the lease is checked to be still held (not
+    def serve_read(self, lease: Lease, transport: str = "shm") -> dict:
+        """Copy a claimed lease's blocks, every layer, into a new shared-memory segment (whatever
+        ``transport`` the reader asks for: a NIXL reader takes a segment too). Call it on the
+        engine's thread (the pool's owner): there the lease is checked to be still held (not
         expired since its claim), so its blocks are still its own.
 
         Returns:

@@ -8,7 +8,10 @@ keeps ``--streams`` greedy streams of ``--output-len`` tokens running while a ``
 token prompt arrives every ``--long-every`` seconds. It prints each setup's ITL p50 / p99 (ms, the
 gaps between a stream's chunks after its first) and TTFT p50 of the long prompts. With ``--burst N
 --cancel K`` it instead sends N streams at once through serve-disagg, cancels K of them mid-transfer,
-and reports how long until every block of both instances is free again.
+and reports how long until every block of both instances is free again. With ``--against vllm`` it
+sends the same greedy prompts through serve-disagg and through vLLM's own P/D (two ``vllm serve``
+with NixlConnector on the CPU, behind the same proxy) and compares tokens and KV reads
+(engine/tools/bench_disagg_vllm.py).
 
 Both instances share this machine's cores: on a CPU, the prefill instance's work slows the decode
 instance's steps by contention instead of by batching, which is what the numbers measure.
@@ -144,8 +147,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--long-every", type=float, default=2.0, help="seconds between interfering prompts")
     p.add_argument("--burst", type=int, default=0, help="instead: this many streams at once through serve-disagg ...")
     p.add_argument("--cancel", type=int, default=0, help="... the first of them cancelled after 0.3 s; then the time until every block is free")
+    p.add_argument("--against", choices=["vllm"], default=None,
+                   help="instead: the same greedy prompts through the lab's serve-disagg and vLLM's own P/D (two `vllm serve`, "
+                        "NixlConnector on the CPU); compare tokens and the decode instances' KV reads (engine/tools/bench_disagg_vllm.py)")
+    p.add_argument("--num-prompts", type=int, default=4, help="--against: prompts sent, one at a time")
+    p.add_argument("--vllm-python", default=None, help="--against: an interpreter that imports vLLM (default: the venv of `python -m engine vllm setup`)")
+    p.add_argument("--vllm-kv-connector", choices=["NixlConnector", "ExampleConnector"], default=None,
+                   help="--against: vLLM's transport (default: NixlConnector where NIXL starts in vLLM's venv, else ExampleConnector)")
+    p.add_argument("--lab-kv-connector", choices=["SharedMemoryConnector", "NixlConnector"], default="SharedMemoryConnector",
+                   help="--against: the lab's transport (serve-disagg --kv-connector; NixlConnector needs .[disagg])")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
+    if args.against:
+        from engine.tools.bench_disagg_vllm import run_cli
+
+        run_cli(args)
+        return
     if args.burst:
         print(json.dumps(serve_and_measure(["serve-disagg"], args), indent=2))
         return
