@@ -107,6 +107,15 @@ def test_greedy_tokens_through_prefill_and_decode_equal_a_colocated_engine_reque
         handed_over = complete(proxy, prompt, kv_transfer_params=forged)  # a client's own are dropped: the proxy makes them
         assert handed_over["kv_transfer_params"]["kv_load"] == "loaded", "the decode instance read the prompt's KV"
         assert tokens(handed_over) == tokens(complete(decode, prompt)), prompt
+    # The two instances in one Perfetto trace: a process track each, the prefill on one, the KV's load on the other.
+    trace = httpx.get(f"{proxy}/kv_transfer/trace", timeout=60)
+    assert trace.status_code == 200, trace.text
+    events = trace.json()["traceEvents"]
+    tracks = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(name.split()[0] for name in tracks.values()) == ["decode", "prefill"]
+    slices = {(tracks[e["pid"]].split()[0], e["name"], e["args"].get("reason")) for e in events if e["ph"] == "X"}
+    assert ("prefill", "prefill", None) in slices and ("decode", "kv_transfer", "loading") in slices, \
+        "the prefill instance computed the prompts, the decode instance loaded their KV"
 
 
 def test_vllms_own_prefill_and_decode_gives_the_lab_proxys_greedy_tokens_and_reads_the_same_kv_bytes(disagg):

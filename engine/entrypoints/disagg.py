@@ -96,7 +96,8 @@ def create_proxy_app(prefill_url: str, decode_url: str, host: str = "127.0.0.1",
                      max_request_body_bytes: int = 1 << 20) -> FastAPI:
     """The proxy: ``POST /v1/completions`` and ``/v1/chat/completions`` as two calls (module docstring);
     ``GET /v1/models`` and ``/health`` from the decode instance; ``GET /kv_transfer/status`` both
-    instances' pools and connector counters, side by side."""
+    instances' pools and connector counters, side by side; ``GET /kv_transfer/trace`` both instances'
+    steps as one Perfetto trace (open it at ui.perfetto.dev)."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
 
     @contextlib.asynccontextmanager
@@ -134,6 +135,34 @@ def create_proxy_app(prefill_url: str, decode_url: str, host: str = "127.0.0.1",
             except httpx.TransportError as error:
                 both[name] = {"error": f"{type(error).__name__}: {error}"}
         return JSONResponse(both)
+
+    @app.get("/kv_transfer/trace")
+    async def trace(raw: Request) -> Response:
+        """Both instances' recent steps as one Perfetto / Chrome trace: a process track per instance on
+        the wall clock, each handover a ``kv_transfer`` slice on both (``engine.timeline.disagg_chrome_trace``,
+        from each instance's ``GET /lab/session``)."""
+        from engine.runfile import RunFileError, load_run
+        from engine.timeline import disagg_chrome_trace
+
+        instances = []
+        for name, url in (("prefill", prefill_url), ("decode", decode_url)):
+            try:
+                answer = await client.get(f"{url}/lab/session", headers=_forwarded(raw))
+            except httpx.TransportError as error:
+                raise APIError(503, f"the {name} instance is unavailable: {type(error).__name__}") from None
+            if answer.status_code == 409:  # it has not stepped yet: an empty track
+                steps = []
+            elif answer.status_code != 200:
+                return Response(answer.content, answer.status_code, media_type="application/json")
+            else:
+                try:
+                    steps = load_run(answer.content, f"the {name} instance's steps").steps
+                except RunFileError as error:
+                    raise APIError(502, str(error)) from None
+            instances.append((f"{name} instance ({url})", steps))
+        body = json.dumps(disagg_chrome_trace(instances), allow_nan=False)
+        return Response(body, media_type="application/json",
+                        headers={"Content-Disposition": 'attachment; filename="disagg_trace.json"'})
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
