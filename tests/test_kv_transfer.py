@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 
 import httpx
@@ -314,3 +315,52 @@ def test_an_idle_prefill_server_frees_the_blocks_of_a_lease_nobody_reads_when_it
         wait_until(lambda: httpx.get(f"{url}/kv_transfer/status").json()["num_expired_leases"] == 1, timeout=10, what="the lease to expire")
         freed = httpx.get(f"{url}/kv_transfer/status").json()
         assert freed["num_free_blocks"] == freed["num_blocks"] and freed["num_lent_requests"] == 0
+
+
+# ---- the push order (SGLang's): the decode instance reserves, the prefill instance writes ---------
+
+def push_params(room: int, url: str) -> dict:
+    return {"do_remote_prefill": True, "bootstrap_room": room, "remote_host": "127.0.0.1", "remote_port": int(url.rsplit(":", 1)[1])}
+
+
+def prefill_call(url: str, prompt: list[int], params: dict) -> threading.Thread:
+    """The router's call to the prefill instance, in the background (it answers once the KV is written)."""
+    thread = threading.Thread(target=lambda: httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 1,
+                                                                                      "kv_transfer_params": params}, timeout=60))
+    thread.start()
+    return thread
+
+
+def handover(order: str, base: dict, prompt: list[int], greedy: SamplingParams):
+    """One request handed over in ``order`` between a served prefill engine and a decode engine stepped
+    here; (its decode output, the decode engine's pool's free blocks == all, the prefill server's status)."""
+    config = {"kv_handover": order}
+    with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer", **config})) as (url, app):
+        app.state.llm.engine.kv_connector.side_channel = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer", **config}))
+        try:
+            if order == "push":
+                call = prefill_call(url, prompt, {"do_remote_decode": True, "bootstrap_room": 7})
+                out = run(decode, prompt, greedy, push_params(7, url))
+                call.join(30)
+            else:
+                params = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+                                    timeout=30).json()["kv_transfer_params"]
+                out = run(decode, prompt, greedy, params)
+            status = lambda: httpx.get(f"{url}/kv_transfer/status").json()  # noqa: E731
+            wait_until(lambda: status()["num_free_blocks"] == status()["num_blocks"], timeout=10, what="the prefill blocks freed")
+            return out, decode.kv.num_free_blocks == decode.kv.num_usable_blocks, status()
+        finally:
+            decode.shutdown_kv_connector()
+
+
+def test_in_the_push_order_the_decode_engine_reserves_the_prefill_engine_writes_and_greedy_tokens_equal_a_colocated_engine(tiny_llama_dir, caplog):
+    base = tiny_config(tiny_llama_dir)
+    prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=6, temperature=0)
+    want = run(LLMEngine(EngineConfig(**base)), prompt, greedy).token_ids
+    with caplog.at_level(logging.INFO, "engine.kv_transfer"):
+        out, decode_free, prefill = handover("push", base, prompt, greedy)
+    assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded" and out.kv_transfer_params["kv_poll"] == "Success"
+    assert decode_free and prefill["num_free_blocks"] == prefill["num_blocks"] and prefill["kv_poll"]["Success"] == 1
+    states = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records if "KV push room 7" in r.getMessage()]
+    assert states == ["WaitingForInput", "Transferring", "Success"], states
