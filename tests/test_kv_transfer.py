@@ -19,6 +19,7 @@ from engine.core.block_manager import PagedBlockManager
 from engine.core.scheduler import Scheduler
 from engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from engine.kv_transfer.base import KVConnectorOutput
+from engine.kv_transfer.bootstrap import BootstrapTable, KVPoll, Reservation
 from engine.kv_transfer.lease import LeaseTable, TransferRefused, prompt_hash
 from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler, SharedMemoryConnectorWorker, read_segment
 from engine.timeline import disagg_chrome_trace
@@ -333,7 +334,7 @@ def prefill_call(url: str, prompt: list[int], params: dict) -> threading.Thread:
 
 def handover(order: str, base: dict, prompt: list[int], greedy: SamplingParams):
     """One request handed over in ``order`` between a served prefill engine and a decode engine stepped
-    here; (its decode output, the decode engine's pool's free blocks == all, the prefill server's status)."""
+    here; (its decode output, the decode engine, the prefill server's status once its blocks are free)."""
     config = {"kv_handover": order}
     with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer", **config})) as (url, app):
         app.state.llm.engine.kv_connector.side_channel = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
@@ -349,7 +350,7 @@ def handover(order: str, base: dict, prompt: list[int], greedy: SamplingParams):
                 out = run(decode, prompt, greedy, params)
             status = lambda: httpx.get(f"{url}/kv_transfer/status").json()  # noqa: E731
             wait_until(lambda: status()["num_free_blocks"] == status()["num_blocks"], timeout=10, what="the prefill blocks freed")
-            return out, decode.kv.num_free_blocks == decode.kv.num_usable_blocks, status()
+            return out, decode, status()
         finally:
             decode.shutdown_kv_connector()
 
@@ -359,8 +360,110 @@ def test_in_the_push_order_the_decode_engine_reserves_the_prefill_engine_writes_
     prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=6, temperature=0)
     want = run(LLMEngine(EngineConfig(**base)), prompt, greedy).token_ids
     with caplog.at_level(logging.INFO, "engine.kv_transfer"):
-        out, decode_free, prefill = handover("push", base, prompt, greedy)
+        out, decode, prefill = handover("push", base, prompt, greedy)
     assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded" and out.kv_transfer_params["kv_poll"] == "Success"
-    assert decode_free and prefill["num_free_blocks"] == prefill["num_blocks"] and prefill["kv_poll"]["Success"] == 1
+    assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks and prefill["num_free_blocks"] == prefill["num_blocks"] and prefill["kv_poll"]["Success"] == 1
     states = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records if "KV push room 7" in r.getMessage()]
     assert states == ["WaitingForInput", "Transferring", "Success"], states
+
+
+@pytest.mark.parametrize("order", ["pull", "push"])
+def test_an_fp8_kv_cache_is_handed_over_with_its_scales_and_decodes_as_a_colocated_fp8_engine(tiny_llama_dir, order):
+    base = {**tiny_config(tiny_llama_dir), "kv_cache_dtype": "fp8", "calculate_kv_scales": True}
+    prompt, greedy = list(range(5, 23)), SamplingParams(max_tokens=6, temperature=0)
+    colocated = LLMEngine(EngineConfig(**base))
+    want = run(colocated, prompt, greedy).token_ids
+    out, decode, _ = handover(order, base, prompt, greedy)
+    assert out.kv_transfer_params["kv_load"] == "loaded" and out.token_ids == want
+    scales = [[(a.k_scale, a.v_scale) for a in (layer.self_attn for layer in e.runner.model.model.layers)] for e in (colocated, decode)]
+    assert scales[1] == scales[0] and scales[0][0] != (1.0, 1.0), "the decode engine reads the pages with the scales they were written with"
+
+
+class Attention:
+    """What the connector reads of a layer's attention: its fp8 scales."""
+
+    def __init__(self, k_scale=1.0, v_scale=1.0, calculate_kv_scales=False):
+        self.k_scale, self.v_scale, self.calculate_kv_scales = k_scale, v_scale, calculate_kv_scales
+
+
+def test_fp8_pages_take_their_writers_scales_once_and_scales_that_differ_are_refused_naming_what_works():
+    pool = [(torch.zeros(4, BLOCK, 2, 3, dtype=torch.float8_e4m3fn),) * 2 for _ in range(2)]
+    fresh, fixed = [Attention(calculate_kv_scales=True), Attention(calculate_kv_scales=True)], [Attention(0.5, 0.25), Attention(0.5, 0.25)]
+    reader = SharedMemoryConnectorWorker(KVTransferConfig(kv_role="kv_producer"), pool, None, attention=fresh)
+    reader._take_kv_scales([[0.5, 0.25], [0.125, 2.0]])
+    assert reader.kv_scales() == [[0.5, 0.25], [0.125, 2.0]] and not any(a.calculate_kv_scales for a in fresh)
+    settled = SharedMemoryConnectorWorker(KVTransferConfig(kv_role="kv_producer"), pool, None, attention=fixed)
+    settled._take_kv_scales([[0.5, 0.25], [0.5, 0.25]])
+    with pytest.raises(ValueError, match=r"are not this pool.s \[0.5, 0.25\].*calculate_kv_scales off on both"):
+        settled._take_kv_scales([[0.5, 0.25], [1.0, 1.0]])
+    with pytest.raises(ValueError, match="without their k_scale and v_scale"):
+        settled._take_kv_scales(None)
+
+
+def test_a_bootstrap_room_goes_bootstrapping_waiting_for_input_transferring_success_and_forged_reservations_are_refused_logged(caplog):
+    clock = Clock()
+    table = BootstrapTable(30, clock)
+
+    def reservation(room, prompt, shm="pal-kv-push-" + "a" * 24, tid="T" * 32):
+        return Reservation(tid, room, prompt_hash(prompt), (4, 5), shm, (2, 2, 2, BLOCK, 2, 3), "float32")
+
+    assert table.add_request(0, 11, prompt_hash([1, 2])) is KVPoll.Bootstrapping and not table.waiting_for_input(0)
+    with caplog.at_level(logging.WARNING, "engine.kv_transfer"):
+        for forged in (reservation(11, [9, 9]),  # another prompt for my room
+                       reservation(11, [1, 2], shm="psm_victim"),  # a segment not reserved for a push
+                       reservation("11", [1, 2])):
+            with pytest.raises(TransferRefused):
+                table.bootstrap(forged, peer="10.0.0.9")
+        assert table.bootstrap(reservation(11, [1, 2])) is KVPoll.WaitingForInput and table.waiting_for_input(0)
+        with pytest.raises(TransferRefused, match="already has a reservation"):
+            table.bootstrap(reservation(11, [1, 2], tid="U" * 32))
+        with pytest.raises(TransferRefused):
+            table.wait(11, "U" * 32)  # a poll of someone else's reservation
+    assert table.num_refused == 5 and sum("refused a KV" in r.getMessage() for r in caplog.records) == 5
+    done = table.wait(11, "T" * 32)
+    assert table.set_transferring(0) and table.state(0) is KVPoll.Transferring
+    table.end(0, KVPoll.Success, detail={"kv_scales": None})
+    assert done.result(0) == {"state": "Success", "why": "", "kv_scales": None} and table.forget(0) is KVPoll.Success
+
+
+def test_a_reservation_that_came_first_for_another_prompt_is_dropped_and_rooms_past_their_deadline_fail():
+    clock = Clock()
+    table = BootstrapTable(30, clock)
+    early = Reservation("T" * 32, 3, prompt_hash([9]), (1,), "pal-kv-push-" + "b" * 24, (), "float32")
+    table.bootstrap(early)  # the decode side reserved before the prefill request arrived
+    assert table.add_request(0, 3, prompt_hash([1])) is KVPoll.Bootstrapping and table.num_refused == 1, "its prompt is not the room's"
+    table.add_request(1, 4, prompt_hash([1]))
+    table.bootstrap(Reservation("V" * 32, 4, prompt_hash([1]), (1,), "pal-kv-push-" + "c" * 24, (), "float32"))
+    waited = table.wait(4, "V" * 32)
+    clock.now = 30.0
+    assert table.expire() == [0], "never bootstrapped: it runs alone"
+    assert table.waiting_for_input(0) and table.forget(0) is KVPoll.Failed
+    assert waited.result(0)["state"] == "Failed" and "did not write the KV within 30 s" in waited.result(0)["why"]
+
+
+def test_in_the_push_order_a_prefill_that_never_writes_and_a_forged_room_leave_the_decode_engine_recomputing_saying_why(tiny_llama_dir, caplog):
+    base = tiny_config(tiny_llama_dir)
+    victim, forger, greedy = list(range(5, 23)), list(range(30, 48)), SamplingParams(max_tokens=3, temperature=0)
+    reference = LLMEngine(EngineConfig(**base))
+    want = {tuple(p): run(reference, p, greedy).token_ids for p in (victim, forger)}
+    push = {"kv_handover": "push", "kv_lease_duration": 1}
+    with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer", **push})) as (url, app):
+        decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer", **push}))
+        try:
+            lonely = run(decode, victim, greedy, push_params(1, url))  # no prefill request ever comes for room 1
+            assert lonely.token_ids == want[tuple(victim)] and lonely.kv_transfer_params["kv_poll"] == "Failed"
+            assert "did not write the KV within 1 s" in lonely.kv_transfer_params["kv_load_error"]
+            call = prefill_call(url, victim, {"do_remote_decode": True, "bootstrap_room": 2})
+            wait_until(lambda: httpx.get(f"{url}/kv_transfer/status").json()["num_bootstrapping"] == 1, what="the victim's prefill request")
+            with caplog.at_level(logging.WARNING, "engine.kv_transfer"):
+                forged = run(decode, forger, greedy, push_params(2, url))  # the victim's room, the forger's prompt
+            assert forged.token_ids == want[tuple(forger)] and "403" in forged.kv_transfer_params["kv_load_error"]
+            assert "refused a KV reservation" in caplog.text
+            rightful = run(decode, victim, greedy, push_params(2, url))
+            call.join(30)
+            assert rightful.kv_transfer_params["kv_load"] == "loaded" and rightful.token_ids == want[tuple(victim)]
+            status = httpx.get(f"{url}/kv_transfer/status").json()
+            assert status["num_refused_reservations"] == 1 and status["num_free_blocks"] == status["num_blocks"]
+            assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks
+        finally:
+            decode.shutdown_kv_connector()
