@@ -4,6 +4,8 @@ prefill instance's side channel."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import socket
 import threading
@@ -23,7 +25,8 @@ from engine.kv_transfer.bootstrap import BootstrapTable, KVPoll, Reservation
 from engine.kv_transfer.lease import LeaseTable, TransferRefused, prompt_hash
 from engine.kv_transfer.shared_memory_connector import SharedMemoryConnectorScheduler, SharedMemoryConnectorWorker, read_segment
 from engine.timeline import disagg_chrome_trace
-from serving import serving, wait_until
+from engine.entrypoints.disagg import create_proxy_app
+from serving import serving, serving_app, wait_until
 
 BLOCK = 4
 
@@ -244,6 +247,14 @@ def run(engine: LLMEngine, prompt: list[int], params: SamplingParams, kv_transfe
         engine.step()
         assert time.monotonic() - started < 30, "the request did not finish"
     return engine.take_output(rid)
+
+
+def run_all(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """Every prompt through ``engine`` in one batch; their token ids, in order."""
+    rids = [engine.add_request(p, params) for p in prompts]
+    while engine.has_unfinished_requests():
+        engine.step()
+    return [engine.take_output(rid).token_ids for rid in rids]
 
 
 def test_a_decode_engine_reads_the_prefill_engines_blocks_byte_for_byte_and_decodes_as_a_colocated_engine(tiny_llama_dir):
@@ -467,3 +478,45 @@ def test_in_the_push_order_a_prefill_that_never_writes_and_a_forged_room_leave_t
             assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks
         finally:
             decode.shutdown_kv_connector()
+
+
+def test_a_push_order_burst_through_the_proxy_some_streams_cancelled_leaves_every_block_free_on_both_sides(tiny_llama_dir):
+    base, push = tiny_config(tiny_llama_dir), {"kv_handover": "push", "kv_lease_duration": 2}
+    prompts = [list(range(5 + i, 23 + i)) for i in range(6)]
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    reference = LLMEngine(EngineConfig(**base))
+    want = run_all(reference, prompts, greedy)
+    with (serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer", **push})) as (prefill, _),
+          serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer", **push})) as (decode, _),
+          serving_app(create_proxy_app(prefill, decode, kv_handover="push")) as proxy):
+
+        async def stream(client: httpx.AsyncClient, prompt: list[int], max_tokens: int = 8, cancel_at_first: bool = False) -> list[int]:
+            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "return_token_ids": True}
+            ids = []
+            async with client.stream("POST", f"{proxy}/v1/completions", json=body) as answer:
+                async for line in answer.aiter_lines():
+                    if line.startswith("data: {"):
+                        ids += json.loads(line[6:])["choices"][0].get("token_ids") or []
+                        if cancel_at_first:
+                            raise asyncio.CancelledError  # the client leaves at its first token
+            return ids
+
+        async def burst() -> list:
+            async with httpx.AsyncClient(timeout=60) as client:
+                early = asyncio.create_task(stream(client, prompts[0], max_tokens=40))
+                tasks = [early, stream(client, prompts[1], max_tokens=40, cancel_at_first=True), *(stream(client, p) for p in prompts[2:])]
+                await asyncio.sleep(0.02)  # the first leaves while its handover is under way
+                early.cancel()
+                return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = asyncio.run(burst())
+        assert all(isinstance(r, asyncio.CancelledError) for r in results[:2]), results
+        assert results[2:] == want[2:], (results, want)
+
+        def all_free() -> bool:
+            sides = [httpx.get(f"{url}/kv_transfer/status").json() for url in (prefill, decode)]
+            return all(s["num_free_blocks"] == s["num_blocks"] and s["num_bootstrapping"] == 0 and s["num_waiting_for_remote_kvs"] == 0
+                       for s in sides)
+
+        wait_until(all_free, timeout=10, what="every block free on both instances")
+        assert httpx.get(f"{decode}/kv_transfer/status").json()["num_loaded"] >= 4, "the completed ones were pushed, not recomputed"

@@ -78,6 +78,7 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
         self.leases = LeaseTable(config.kv_lease_duration, *([clock] if clock else [])) if config.is_kv_producer and not push else None
         self.bootstrap = BootstrapTable(config.kv_lease_duration, *([clock] if clock else [])) if config.is_kv_producer and push else None
         self._pushing: dict[int, SequenceGroup] = {}  # producer, push: request id -> request whose room is live
+        self._bootstrapping: set[int] = set()  # producer, push: those still waiting for their reservation
         extra = config.kv_connector_extra_config
         self.allowed_remote_hosts = tuple(extra.get("allowed_remote_hosts", LOOPBACK_HOSTS))
         self.side_channel: tuple[str, int | None] = (config.kv_ip or "127.0.0.1", config.kv_port)
@@ -216,19 +217,25 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
         self._pushing[request.request_id] = request
         seq = request.seqs[0]
         self.bootstrap.add_request(request.request_id, room, prompt_hash(seq.token_ids[: seq.num_prompt_tokens]))
-        return not self.bootstrap.waiting_for_input(request.request_id)
+        if self.bootstrap.waiting_for_input(request.request_id):
+            return False
+        self._bootstrapping.add(request.request_id)
+        return True
 
     def take_bootstrapped(self) -> list[int]:
         if self.bootstrap is None:
             return []
         self.bootstrap.expire()
         self.bootstrap.changed.clear()
-        return [rid for rid in self._pushing if self.bootstrap.waiting_for_input(rid)]
+        ready = [rid for rid in self._bootstrapping if self.bootstrap.waiting_for_input(rid)]
+        self._bootstrapping.difference_update(ready)
+        return ready
 
     def _push_finished(self, request: SequenceGroup) -> tuple[bool, dict]:
         """A pushing prefill request ended: its KV was written in the step that completed its prompt
         (Success), or its room fails now. Its blocks are freed at once: nothing waits on them."""
         del self._pushing[request.request_id]
+        self._bootstrapping.discard(request.request_id)
         state = self.bootstrap.forget(request.request_id) or KVPoll.Failed
         room = (request.kv_transfer_params or {}).get("bootstrap_room")
         return False, {"do_remote_decode": True, "bootstrap_room": room, "kv_poll": state.value}
