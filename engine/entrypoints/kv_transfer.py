@@ -99,7 +99,7 @@ def _add_push_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> None:
         except TransferRefused as error:
             raise APIError(403, f"KV poll refused: {error}") from None
         try:  # the room fails on its own at its deadline (the sweeper); this bound only guards a lost one
-            return JSONResponse(await asyncio.wait_for(asyncio.wrap_future(done), table.timeout_s + 2 * LEASE_SWEEP_S))
+            return JSONResponse(await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), table.timeout_s + 2 * LEASE_SWEEP_S))
         except (asyncio.TimeoutError, asyncio.CancelledError):
             table.give_up(body.get("bootstrap_room"), body.get("transfer_id"), "the decode instance stopped waiting")
             raise

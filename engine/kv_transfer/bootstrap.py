@@ -224,7 +224,8 @@ class BootstrapTable:
         del self._rooms[room.bootstrap_room]
         if room.request_id is not None:
             self._ended[room.request_id] = state
-        room.done.set_result({"state": state.value, "why": why, **(detail or {})})
+        if not room.done.done():
+            room.done.set_result({"state": state.value, "why": why, **(detail or {})})
 
     def wait(self, bootstrap_room, transfer_id) -> Future:
         """The future a decode instance's poll waits on: its reservation's final state.

@@ -37,9 +37,12 @@ import mmap
 import os
 import secrets
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
 from multiprocessing import shared_memory
 
 import numpy
@@ -117,6 +120,10 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
             request.kv_transfer_params = {"kv_load": "loading", "remote_engine_id": params.get("remote_engine_id")}
         self._to_recv.append(spec)
         self._pending[request.request_id] = spec
+
+    def pending_load(self, request_id: int) -> KVLoadSpec | None:
+        """A consumer's load (or push reservation) under way, or None."""
+        return self._pending.get(request_id)
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         """The step's loads and discards; for a pushing producer, the pushes of the requests whose
@@ -241,6 +248,19 @@ class SharedMemoryConnectorScheduler(KVConnectorScheduler):
         return False, {"do_remote_decode": True, "bootstrap_room": room, "kv_poll": state.value}
 
 
+@dataclass(frozen=True)
+class Pushed:
+    """One push a prefill instance made: its request and blocks, the decode instance's reserved blocks
+    they went to (logical order), the bytes (every layer's K and V) and the write's time (ms)."""
+
+    request_id: int
+    bootstrap_room: int
+    block_ids: tuple[int, ...]
+    decode_block_ids: tuple[int, ...]
+    num_bytes: int
+    write_ms: float
+
+
 class SharedMemoryConnectorWorker(KVConnectorWorker):
     """The worker side: reads lent blocks in (consumer), serves them out (producer).
 
@@ -263,6 +283,7 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         self.push_timeout_s = float(config.kv_lease_duration)
         self.poll_states: dict[int, KVPoll] = {}  # consumer, push: request id -> its reservation's state, until it lands
         self._sends: list[KVSendSpec] = []
+        self.pushed: list[Pushed] = []  # producer, push: the writes made, for whoever watches (engine/disagg_pair.py drains it)
         self.timeout_s = float(config.kv_connector_extra_config.get("timeout_s", DEFAULT_TIMEOUT_S))
         self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-load") if config.is_kv_consumer else None
         self._loads: dict[int, tuple[KVLoadSpec, Future]] = {}
@@ -312,6 +333,17 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
     def wait_for_any(self, timeout_s: float) -> None:
         if self._loads:
             self._landed.wait(timeout_s)
+
+    def load_in_flight(self, request_id: int) -> bool:
+        """Whether the load of ``request_id`` is still under way (its bytes, or its failure, not yet in)."""
+        entry = self._loads.get(request_id)
+        return entry is not None and not entry[1].done()
+
+    def wait_for_load(self, request_id: int, timeout_s: float) -> None:
+        """Block until the load of ``request_id`` (if any) has its bytes or failed, at most ``timeout_s``."""
+        entry = self._loads.get(request_id)
+        if entry is not None:
+            futures_wait([entry[1]], timeout_s)
 
     def _read(self, spec: KVLoadSpec) -> tuple[torch.Tensor | None, list | None]:
         """Pull, in a background thread: the lent blocks ``[num_layers, 2, num_blocks, *block_shape]`` in a
@@ -432,16 +464,19 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
             reservation = self.bootstrap.reservation(send.request_id)
             if reservation is None or not self.bootstrap.set_transferring(send.request_id):
                 continue  # the room ended while the prompt ran: nothing to write
+            started = time.perf_counter()
             try:
-                self._write(send, reservation)
+                num_bytes = self._write(send, reservation)
             except Exception as error:  # noqa: BLE001 - the decode instance recomputes
                 logger.warning("request %d: could not write its KV into room %d (%s)", send.request_id, reservation.bootstrap_room, error)
                 self.bootstrap.end(send.request_id, KVPoll.Failed, f"{type(error).__name__}: {error}")
                 continue
             self.bootstrap.end(send.request_id, KVPoll.Success, detail={"kv_scales": self.kv_scales()})
+            self.pushed.append(Pushed(send.request_id, reservation.bootstrap_room, send.block_ids, reservation.block_ids, num_bytes,
+                                      (time.perf_counter() - started) * 1e3))
 
-    def _write(self, send: KVSendSpec, reservation: Reservation) -> None:
-        """Copy the request's blocks, every layer, into the reservation's segment.
+    def _write(self, send: KVSendSpec, reservation: Reservation) -> int:
+        """Copy the request's blocks, every layer, into the reservation's segment; returns the bytes written.
 
         Raises:
             ValueError: the reservation is for another shape or dtype than this pool's blocks.
@@ -465,6 +500,7 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
                 del out
         finally:
             os.close(fd)
+        return nbytes
 
     def claim(self, transfer_id, block_ids, prompt_hash_, peer: str = "unknown") -> Lease:
         """A decode instance asks to read lent blocks: only those of a live lease, named by its
