@@ -8,6 +8,7 @@ import streamlit as st
 
 from app_pages.common import html_text, plain
 from app_pages.state import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, build_engine
+from app_pages.widgets import localized_choice
 from engine.disagg_pair import DisaggPair
 from visualize.handover import (block_tables_html, handover_table_html, legend_html, moved_blocks, order_steps_html, pool_html,
                                 request_numbers, short_id, story)
@@ -22,8 +23,8 @@ def page() -> None:
     lang = st.session_state["lang"]
     st.title(t("page_handover", lang))
     st.caption(t("ho_intro", lang))
-    order = st.radio(t("ho_order", lang), ("pull", "push"), key="ho_order", horizontal=True, help=t("ho_order_help", lang),
-                     format_func=lambda o: t(f"ho_order_{o}", lang))
+    order = localized_choice(st.radio, t("ho_order", lang), ("pull", "push"), "ho_order", lang, lambda o: t(f"ho_order_{o}", lang),
+                             horizontal=True, help=t("ho_order_help", lang))
     st.markdown(f"**{t('ho_order_title', lang)}**")
     st.markdown(order_steps_html(order, lang), unsafe_allow_html=True)
     c = st.columns([4, 1, 1])
@@ -98,7 +99,7 @@ def view(state, lang: str, order: str = "pull") -> None:
     st.markdown(legend_html(lang, order), unsafe_allow_html=True)
     st.markdown(f"**{t('ho_transfers', lang)}**")
     st.markdown(handover_table_html(state, lang), unsafe_allow_html=True)
-    st.caption(t("ho_transfers_caption", lang))
+    st.caption(t("ho_transfers_caption_push" if order == "push" else "ho_transfers_caption", lang))
     if state.texts:
         st.markdown(f"**{t('ho_replies', lang)}**")
         for rid, text in sorted(state.texts.items()):

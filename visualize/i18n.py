@@ -1985,6 +1985,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "ho_room": ("Bootstrap room", "引导房间"),
     "ho_poll": ("State (KVPoll)", "状态（KVPoll）"),
     "ho_write_ms": ("Write (ms)", "写入（毫秒）"),
+    "ho_transfers_caption_push": ("Each prefill block written and the reserved decode block it went to; the bytes are every "
+                                  "layer's K and V of those blocks. Write: the prefill engine copies the blocks into the "
+                                  "shared-memory segment the decode instance created for its reservation, right after the "
+                                  "forward pass that completed the prompt. The bytes land in the decode blocks at the decode "
+                                  "instance's next step. State: SGLang's KVPoll, as the decode instance sees it.",
+                                  "每个被写入的预填充块及其去往的预留解码块；字节数是这些块在每一层的 K 和 V。写入：在算完提示词的那次"
+                                  "前向计算之后，预填充引擎立即把块复制到解码实例为这次预留创建的共享内存段。这些字节在解码实例的下一步"
+                                  "写入它的块。状态：SGLang 的 `KVPoll`，即解码实例看到的状态。"),
     "ho_story_reserved": ("Request {rid}: the decode instance reserved {n} blocks for its KV and told the prefill instance "
                           "where (room {room}): WaitingForInput.",
                           "请求 {rid}：解码实例为它的 KV 预留了 {n} 个块，并告诉了预填充实例写到哪里（房间 {room}）：`WaitingForInput`。"),
