@@ -520,3 +520,14 @@ def test_a_push_order_burst_through_the_proxy_some_streams_cancelled_leaves_ever
 
         wait_until(all_free, timeout=10, what="every block free on both instances")
         assert httpx.get(f"{decode}/kv_transfer/status").json()["num_loaded"] >= 4, "the completed ones were pushed, not recomputed"
+
+
+def test_a_sliding_window_model_is_refused_in_one_line_naming_what_is_handed_over(tmp_path, default_model_dir):
+    from conftest import make_tiny_model
+
+    gemma = make_tiny_model(tmp_path / "tiny-gemma", "gemma3_text", default_model_dir)
+    with pytest.raises(ValueError) as refused:  # either order: the connector moves one block table per request
+        LLMEngine(EngineConfig(model=str(gemma), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False,
+                               kv_transfer_config={"kv_role": "kv_producer", "kv_handover": "push"}))
+    why = str(refused.value)
+    assert "\n" not in why and "sliding-window layers" in why and "one block table per request" in why and "full attention only" in why
