@@ -522,12 +522,9 @@ def test_a_push_order_burst_through_the_proxy_some_streams_cancelled_leaves_ever
         assert httpx.get(f"{decode}/kv_transfer/status").json()["num_loaded"] >= 4, "the completed ones were pushed, not recomputed"
 
 
-def test_a_sliding_window_model_is_refused_in_one_line_naming_what_is_handed_over(tmp_path, default_model_dir):
-    from conftest import make_tiny_model
-
-    gemma = make_tiny_model(tmp_path / "tiny-gemma", "gemma3_text", default_model_dir)
+def test_a_sliding_window_model_is_refused_in_one_line_naming_what_is_handed_over(tiny_gemma_dir):
     with pytest.raises(ValueError) as refused:  # either order: the connector moves one block table per request
-        LLMEngine(EngineConfig(model=str(gemma), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False,
+        LLMEngine(EngineConfig(model=str(tiny_gemma_dir), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False,
                                kv_transfer_config={"kv_role": "kv_producer", "kv_handover": "push"}))
     why = str(refused.value)
     assert "\n" not in why and "sliding-window layers" in why and "one block table per request" in why and "full attention only" in why
