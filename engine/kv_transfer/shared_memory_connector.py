@@ -1,6 +1,8 @@
 """A KV connector over shared memory, in vLLM's pull order (NixlConnector's, with POSIX shared memory
 for RDMA and the prefill instance's HTTP server as its side channel; no dependency beyond the
-standard library and torch).
+standard library and torch) or, with ``kv_handover="push"``, in SGLang's push order (the decode
+instance reserves blocks and the prefill instance writes into them: ``engine/kv_transfer/bootstrap.py``
+and ``docs/disaggregation.md``).
 
 The handover of one request, prefill instance P (``kv_producer``) to decode instance D (``kv_consumer``):
 
