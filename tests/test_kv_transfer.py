@@ -454,25 +454,33 @@ def test_a_reservation_that_came_first_for_another_prompt_is_dropped_and_rooms_p
 
 def test_in_the_push_order_a_prefill_that_never_writes_and_a_forged_room_leave_the_decode_engine_recomputing_saying_why(tiny_llama_dir, caplog):
     base = tiny_config(tiny_llama_dir)
-    victim, forger, greedy = list(range(5, 23)), list(range(30, 48)), SamplingParams(max_tokens=3, temperature=0)
+    victim, forger, other = list(range(5, 23)), list(range(30, 48)), list(range(50, 68))
+    greedy = SamplingParams(max_tokens=3, temperature=0)
     reference = LLMEngine(EngineConfig(**base))
-    want = {tuple(p): run(reference, p, greedy).token_ids for p in (victim, forger)}
-    push = {"kv_handover": "push", "kv_lease_duration": 1}
+    want = dict(zip(("victim", "forger", "other"), run_all(reference, [victim, forger, other], greedy)))
+    push = {"kv_handover": "push", "kv_lease_duration": 2}
     with serving(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_producer", **push})) as (url, app):
         decode = LLMEngine(EngineConfig(**base, kv_transfer_config={"kv_role": "kv_consumer", **push}))
         try:
-            lonely = run(decode, victim, greedy, push_params(1, url))  # no prefill request ever comes for room 1
-            assert lonely.token_ids == want[tuple(victim)] and lonely.kv_transfer_params["kv_poll"] == "Failed"
-            assert "did not write the KV within 1 s" in lonely.kv_transfer_params["kv_load_error"]
             call = prefill_call(url, victim, {"do_remote_decode": True, "bootstrap_room": 2})
             wait_until(lambda: httpx.get(f"{url}/kv_transfer/status").json()["num_bootstrapping"] == 1, what="the victim's prefill request")
+            # Rooms 1 and 3 never get a prefill request: their reservations wait in their polls meanwhile.
+            rids = {name: decode.add_request(prompt, greedy, kv_transfer_params=push_params(room, url))
+                    for name, prompt, room in (("lonely", other, 1), ("lonely too", other, 3), ("forger", forger, 2), ("victim", victim, 2))}
             with caplog.at_level(logging.WARNING, "engine.kv_transfer"):
-                forged = run(decode, forger, greedy, push_params(2, url))  # the victim's room, the forger's prompt
-            assert forged.token_ids == want[tuple(forger)] and "403" in forged.kv_transfer_params["kv_load_error"]
-            assert "refused a KV reservation" in caplog.text
-            rightful = run(decode, victim, greedy, push_params(2, url))
+                started = time.monotonic()
+                while decode.has_unfinished_requests():
+                    decode.step()
+                    assert time.monotonic() - started < 30, "the requests did not finish"
+            out = {name: decode.take_output(rid) for name, rid in rids.items()}
             call.join(30)
-            assert rightful.kv_transfer_params["kv_load"] == "loaded" and rightful.token_ids == want[tuple(victim)]
+            for name in ("lonely", "lonely too"):
+                assert out[name].token_ids == want["other"] and out[name].kv_transfer_params["kv_poll"] == "Failed"
+                assert "did not write the KV within 2 s" in out[name].kv_transfer_params["kv_load_error"]
+            assert out["forger"].token_ids == want["forger"] and "403" in out["forger"].kv_transfer_params["kv_load_error"]
+            assert "refused a KV reservation" in caplog.text
+            assert out["victim"].kv_transfer_params["kv_load"] == "loaded" and out["victim"].token_ids == want["victim"], \
+                "the rightful reservation is served, however many others wait for their prefill"
             status = httpx.get(f"{url}/kv_transfer/status").json()
             assert status["num_refused_reservations"] == 1 and status["num_free_blocks"] == status["num_blocks"]
             assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks

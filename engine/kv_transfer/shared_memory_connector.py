@@ -64,6 +64,7 @@ DEFAULT_TIMEOUT_S = 10.0
 SEGMENT_PREFIX = "pal-kv-"  # /dev/shm/pal-kv-<random>: one segment per read, unlinked at release
 PUSH_SEGMENT_PREFIX = "pal-kv-push-"  # /dev/shm/pal-kv-push-<24 hex>: one per push reservation, the decode instance's
 MAX_BOOTSTRAP_ROOM = 2**63  # SGLang's rooms are random 63-bit integers
+MAX_PUSH_LOADS = 1024  # a decode instance's push loads in flight at once, each a thread waiting in its poll
 
 
 class SharedMemoryConnectorScheduler(KVConnectorScheduler):
@@ -287,7 +288,11 @@ class SharedMemoryConnectorWorker(KVConnectorWorker):
         self._sends: list[KVSendSpec] = []
         self.pushed: list[Pushed] = []  # producer, push: the writes made, for whoever watches (engine/disagg_pair.py drains it)
         self.timeout_s = float(config.kv_connector_extra_config.get("timeout_s", DEFAULT_TIMEOUT_S))
-        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-load") if config.is_kv_consumer else None
+        # A push load waits in its poll until its prompt is prefilled: a load must not wait for a thread
+        # while others hold them (its reservation would never reach the prefill instance). Threads are
+        # started as loads need them; at most one per reserved request.
+        workers = MAX_PUSH_LOADS if config.kv_handover == "push" else 2
+        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kv-load") if config.is_kv_consumer else None
         self._loads: dict[int, tuple[KVLoadSpec, Future]] = {}
         self._landed = threading.Event()
         self._segments: dict[str, shared_memory.SharedMemory] = {}  # producer: transfer id -> the segment it was read into
