@@ -411,11 +411,12 @@ class LLMEngine:
         self.scheduler.update_from_kv_xfer_finished(finished)
 
     def _kv_transfers(self, loading: list[int]) -> dict[int, str]:
-        """``StepReport.kv_transfers``: the requests in a handover during the step: lent after it, or
-        loading in it (``loading``: those waiting for their KV when it was scheduled, a load that
+        """``StepReport.kv_transfers``: the requests in a handover during the step: lent after it,
+        waiting for their decode instance's reservation (push), or loading in it (``loading``: those waiting for their KV when it was scheduled, a load that
         landed within the step included)."""
         s = self.scheduler
-        return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
+        return {**{rid: "lent" for rid in s.lent}, **{rid: "bootstrapping" for rid in s.bootstrapping},
+                **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
 
     def serve_kv_read(self, lease) -> dict:
         """A decode instance reads the blocks of a claimed lease (a prefill instance; call on the

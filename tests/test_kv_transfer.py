@@ -374,8 +374,10 @@ def test_in_the_push_order_the_decode_engine_reserves_the_prefill_engine_writes_
         out, decode, prefill = handover("push", base, prompt, greedy)
     assert out.token_ids == want and out.kv_transfer_params["kv_load"] == "loaded" and out.kv_transfer_params["kv_poll"] == "Success"
     assert decode.kv.num_free_blocks == decode.kv.num_usable_blocks and prefill["num_free_blocks"] == prefill["num_blocks"] and prefill["kv_poll"]["Success"] == 1
-    states = [r.getMessage().rsplit(" ", 1)[1] for r in caplog.records if "KV push room 7" in r.getMessage()]
-    assert states == ["WaitingForInput", "Transferring", "Success"], states
+    logged = [r.getMessage() for r in caplog.records if "KV push room 7 " in r.getMessage()]
+    decode_side = [m.rsplit(" ", 1)[1] for m in logged if m.startswith("request ")]
+    prefill_side = [m.split()[4].rstrip(":") for m in logged if m.startswith("KV push room")]
+    assert decode_side == ["WaitingForInput", "Transferring", "Success"] == prefill_side, logged
 
 
 @pytest.mark.parametrize("order", ["pull", "push"])

@@ -158,14 +158,18 @@ class BootstrapTable:
             elif room is not None and room.prompt_hash is not None and room.prompt_hash != reservation.prompt_hash:
                 why = "the decode request's prompt is not this room's prefill request's"
             else:
+                why = None
                 if room is None:
-                    room = self._rooms[reservation.bootstrap_room] = PushTransfer(reservation.bootstrap_room, deadline=self.clock() + self.timeout_s)
+                    room = self._rooms[number] = PushTransfer(number)
                 room.reservation, room.state = reservation, KVPoll.WaitingForInput
                 room.deadline = self.clock() + self.timeout_s
                 self.changed.set()
-                return room.state
-            self.num_refused += 1
-        logger.warning("refused a KV reservation from %s for room %s: %s", peer, reservation.bootstrap_room, why)
+            if why is not None:
+                self.num_refused += 1
+        if why is None:
+            logger.info("KV push room %d WaitingForInput: %d decode blocks reserved", number, len(reservation.block_ids))
+            return KVPoll.WaitingForInput
+        logger.warning("refused a KV reservation from %s for room %s: %s", peer, number, why)
         raise TransferRefused(why)
 
     def has_request(self, bootstrap_room: int) -> bool:
@@ -205,7 +209,8 @@ class BootstrapTable:
             if room is None or room.state is not KVPoll.WaitingForInput:
                 return False
             room.state = KVPoll.Transferring
-            return True
+        logger.info("KV push room %d Transferring", room.bootstrap_room)
+        return True
 
     def end(self, request_id: int, state: KVPoll, why: str = "", detail: dict | None = None) -> None:
         """The prefill request's room ends in ``state`` (Success or Failed): the decode instance's poll
@@ -220,6 +225,8 @@ class BootstrapTable:
         if room.state in (KVPoll.Success, KVPoll.Failed):
             return
         room.state, room.why = state, why
+        if state is KVPoll.Success:
+            logger.info("KV push room %d Success", room.bootstrap_room)
         self.num_ended[state.value] += 1
         del self._rooms[room.bootstrap_room]
         if room.request_id is not None:
