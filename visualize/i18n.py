@@ -1879,12 +1879,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # --- Prefill/decode handover (app_pages/handover.py, engine/disagg_pair.py): two engines, one request's KV blocks moving
     "page_handover": ("Prefill/decode handover", "预填充/解码交接"),
     "ho_intro": ("Two engines in this app, the shared-memory KV connector between them: the prefill instance computes a "
-                 "prompt and lends its KV cache blocks under a lease; the decode instance allocates its own blocks, reads "
-                 "the lent ones into them through the prefill instance's side channel, releases the lease and generates. "
-                 "Send a prompt, then step both engines.",
-                 "本应用里有两个引擎，之间是共享内存 KV 连接器：预填充实例计算提示词，在租约下借出它的 KV 缓存块；"
-                 "解码实例分配自己的块，经由预填充实例的旁路通道把借出的块读进来，释放租约，然后生成。"
-                 "先发送一个提示词，再让两个引擎单步执行。"),
+                 "prompt's KV cache blocks and the decode instance takes them into its own blocks and generates, in the "
+                 "order chosen below (pull, vLLM's, or push, SGLang's). Send a prompt, then step both engines.",
+                 "本应用里有两个引擎，之间是共享内存 KV 连接器：预填充实例计算提示词的 KV 缓存块，解码实例把它们收进自己的块，"
+                 "然后生成，顺序在下面选择（拉取，vLLM 的顺序；或推送，SGLang 的顺序）。先发送一个提示词，再让两个引擎单步执行。"),
     "ho_prompt": ("Prompt", "提示词"),
     "ho_max_tokens": ("Max new tokens", "最多新 token 数"),
     "ho_lease_s": ("Lease duration (s)", "租约时长（秒）"),

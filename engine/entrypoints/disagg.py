@@ -16,7 +16,9 @@ With ``--kv-handover push`` (SGLang's order) the proxy makes both calls at once,
 ``bootstrap_room``: the decode instance reserves the prompt's blocks and tells the prefill instance
 where (its side channel's ``/kv_transfer/bootstrap``); the prefill instance, which waited for that,
 prefills and writes the KV into them; the decode instance then generates
-(``engine/kv_transfer/bootstrap.py``).
+(``engine/kv_transfer/bootstrap.py``). A prefill instance that is down refuses the reservation at
+once and the decode instance computes the prompt itself (its answer's ``kv_transfer_params`` say
+so; there is no ``x-disagg`` header, the proxy not having waited for the prefill call).
 
 A client's own ``kv_transfer_params`` are dropped: only the proxy makes them. A prefill instance that
 is down or fails (5xx, a transport error) is bypassed: the decode instance computes the prompt itself,
