@@ -463,6 +463,7 @@ class SpeculativeConfig:
 
 
 KV_CONNECTORS = ("SharedMemoryConnector", "NixlConnector")  # engine/kv_transfer/: the transports behind the connector interface
+KV_HANDOVERS = ("pull", "push")  # vLLM's order (the decode instance reads) and SGLang's (the prefill instance writes)
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")  # vLLM's: prefill instance, decode instance, either
 KV_LOAD_FAILURE_POLICIES = ("recompute",)  # vLLM's kv_load_failure_policy (its "fail" is not offered here)
 DEFAULT_KV_LEASE_DURATION_S = 30.0  # how long a prefill instance holds a finished request's blocks for its decode instance
@@ -484,7 +485,13 @@ class KVTransferConfig:
         kv_ip, kv_port: where a producer's side channel answers (its HTTP server): what it writes
             into ``remote_host`` / ``remote_port``; None = the server's own address.
         kv_lease_duration: seconds a producer holds a finished request's blocks for its consumer
-            (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` lease); a lease not read by then is freed.
+            (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT`` lease); a lease not read by then is freed. In the
+            push order: seconds a prefill request waits for its decode instance's reservation, and a
+            reservation for its KV.
+        kv_handover: the order of a handover, one of :data:`KV_HANDOVERS`: "pull" (vLLM's: the prefill
+            instance holds its blocks, the decode instance reads them) or "push" (SGLang's: the decode
+            instance reserves blocks first, the prefill instance writes into them). Both instances
+            must use the same; a request of the other order is refused.
         kv_load_failure_policy: what a consumer does when a load fails: "recompute" (prefill the
             prompt itself, log it, and say so in the request's ``kv_transfer_params``).
         kv_connector_extra_config: the transport's own settings: ``timeout_s`` (a load's HTTP timeout,
@@ -503,6 +510,7 @@ class KVTransferConfig:
     kv_lease_duration: float = DEFAULT_KV_LEASE_DURATION_S
     kv_load_failure_policy: str = "recompute"
     kv_connector_extra_config: dict = field(default_factory=dict)
+    kv_handover: str = "pull"
 
     @classmethod
     def from_dict(cls, settings: Mapping) -> KVTransferConfig:
@@ -518,6 +526,7 @@ class KVTransferConfig:
         _choice("kv_transfer_config.kv_role", self.kv_role, KV_ROLES)
         _choice("kv_transfer_config.kv_buffer_device", self.kv_buffer_device, ("cpu",))
         _choice("kv_transfer_config.kv_load_failure_policy", self.kv_load_failure_policy, KV_LOAD_FAILURE_POLICIES)
+        _choice("kv_transfer_config.kv_handover", self.kv_handover, KV_HANDOVERS)
         lease = self.kv_lease_duration
         if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= 3600:
             raise ValueError(f"kv_transfer_config.kv_lease_duration must be seconds in (0, 3600], got {lease!r}")

@@ -7,9 +7,13 @@ connector between them (``kv_producer`` and ``kv_consumer``, ``engine/kv_transfe
 instance's real side channel (``engine/entrypoints/kv_transfer.py``'s routes, served by uvicorn on a
 loopback port). Every call the side channel makes into the prefill engine waits in a queue until
 :meth:`DisaggPair.step` runs it on the caller's thread, between the engines' steps, as a server's
-engine thread does. The pair plays the proxy's part too (vLLM's ``toy_proxy_server.py``): each prompt
-goes to the prefill instance with ``max_tokens=1`` and ``do_remote_decode``, and, once it finished,
-to the decode instance with the ``kv_transfer_params`` it answered.
+engine thread does. The pair plays the proxy's part too. In the pull order (vLLM's ``toy_proxy_server.py``)
+each prompt goes to the prefill instance with ``max_tokens=1`` and ``do_remote_decode``, and, once it
+finished, to the decode instance with the ``kv_transfer_params`` it answered. In the push order
+(SGLang's, ``kv_handover="push"`` on both engines) it goes to both at once with one bootstrap room; each
+step runs the prefill engine (which prefills the prompts whose room is bootstrapped and writes their KV
+into the decode instance's reserved blocks), then the decode engine (which reserves blocks for new
+prompts and bootstraps their rooms, and takes in the KV written for it).
 
 :meth:`DisaggPair.state` returns plain data: each instance's pool (who holds each block, and why)
 and every handover (which prefill block went to which decode block, the bytes, the milliseconds,
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -32,6 +37,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from engine.entrypoints.kv_transfer import add_kv_transfer_routes
+from engine.kv_transfer.bootstrap import KVPoll
+from engine.kv_transfer.shared_memory_connector import MAX_BOOTSTRAP_ROOM
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
@@ -45,7 +52,8 @@ class Handover:
 
     Attributes:
         prefill_request_id, decode_request_id: the request on each instance (None before it reached it).
-        transfer_id: the lease's unguessable name (``secrets.token_urlsafe``, 32 characters).
+        transfer_id: the lease's unguessable name (``secrets.token_urlsafe``, 32 characters); in the push
+            order the decode instance's reservation's ("" before it reserved).
         prefill_blocks: the prefill instance's blocks holding the prompt, logical order.
         decode_blocks: the decode instance's blocks, logical order (empty before it allocated them).
         first_block: the first logical block read (those before it hit the decode instance's prefix cache).
@@ -57,8 +65,12 @@ class Handover:
         copy_ms: the prefill engine's copy of the blocks into a shared-memory segment, ms.
         read_ms: from that copy's start to the decode instance's release (the copy, the segment's
             copy out on the decode side, the release), ms.
-        lent_at_step, read_at_step, ended_at_step: the pair's step that lent it, read it, and ended
-            its load (loaded or recomputed) (None: not yet).
+        lent_at_step, read_at_step, ended_at_step: the pair's step that lent it, read it (push: wrote
+            it), and ended its load (loaded or recomputed) (None: not yet).
+        bootstrap_room: the push order's room id (None: the pull order).
+        poll: push: the transfer's state as the decode instance sees it, SGLang's ``KVPoll`` name
+            ("Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed").
+        reserved_at_step: push: the pair's step in which the decode instance reserved its blocks.
     """
 
     prefill_request_id: int
@@ -75,6 +87,9 @@ class Handover:
     lent_at_step: int | None = None
     read_at_step: int | None = None
     ended_at_step: int | None = None
+    bootstrap_room: int | None = None
+    poll: str | None = None
+    reserved_at_step: int | None = None
 
     @property
     def moves(self) -> list[tuple[int, int]]:
@@ -93,8 +108,9 @@ class PoolState:
         role: "prefill" or "decode".
         num_blocks: physical blocks in the pool (the null block 0 included when the pool keeps one).
         holders: block id -> ``(request id, why)``; why is "running" (in the batch), "lent" (a finished
-            prefill's blocks under a lease), "loading" (allocated, its KV being read in) or "loaded"
-            (read in, its last prompt token not yet computed). A free block is absent.
+            prefill's blocks under a lease), "loading" (allocated, its KV being read in), "reserved"
+            (push: allocated, waiting for the prefill instance to write its KV) or "loaded" (its KV in,
+            its last prompt token not yet computed). A free block is absent.
         block_tables: request id -> ``(its blocks in logical order, why)``.
     """
 
@@ -134,10 +150,10 @@ class DisaggPair:
 
     Args:
         prefill, decode: engines built with ``kv_transfer_config`` ``{"kv_role": "kv_producer"}`` and
-            ``{"kv_role": "kv_consumer"}`` (the same model, block size and cache dtype).
+            ``{"kv_role": "kv_consumer"}`` (the same model, block size and cache dtype, and ``kv_handover``).
 
     Raises:
-        ValueError: an engine without the role it needs.
+        ValueError: an engine without the role it needs, or the two in different orders.
     """
 
     def __init__(self, prefill: LLMEngine, decode: LLMEngine):
@@ -145,6 +161,9 @@ class DisaggPair:
             raise ValueError("the prefill engine needs kv_transfer_config with kv_role kv_producer")
         if decode.kv_connector is None or not decode.config.kv_transfer_config.is_kv_consumer:
             raise ValueError("the decode engine needs kv_transfer_config with kv_role kv_consumer")
+        self.order = prefill.config.kv_transfer_config.kv_handover
+        if decode.config.kv_transfer_config.kv_handover != self.order:
+            raise ValueError("the prefill and decode engines need the same kv_handover (pull or push)")
         self.prefill, self.decode = prefill, decode
         self.step_index = 0
         self.handovers: list[Handover] = []
@@ -175,9 +194,23 @@ class DisaggPair:
         Raises:
             ValueError: the prefill engine refused the request.
         """
+        if self.order == "push":
+            return self._add_push(prompt, max_tokens, temperature)
         rid = self.prefill.add_request(prompt, SamplingParams(max_tokens=1, temperature=temperature),
                                        kv_transfer_params={"do_remote_decode": True})
         self._queued.append((rid, list(self.prefill.get_output(rid).prompt_token_ids), max_tokens, temperature))
+        return rid
+
+    def _add_push(self, prompt: str | list[int], max_tokens: int, temperature: float) -> int:
+        """The push order's router: the prompt to both instances at once, one new bootstrap room."""
+        room = secrets.randbelow(MAX_BOOTSTRAP_ROOM)
+        rid = self.prefill.add_request(prompt, SamplingParams(max_tokens=1, temperature=temperature),
+                                       kv_transfer_params={"do_remote_decode": True, "bootstrap_room": room})
+        prompt_ids = list(self.prefill.get_output(rid).prompt_token_ids)
+        host, port = self.prefill.kv_connector.side_channel
+        drid = self.decode.add_request(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=temperature), kv_transfer_params={
+            "do_remote_prefill": True, "bootstrap_room": room, "remote_host": host, "remote_port": port})
+        self.handovers.append(Handover(rid, "", [], drid, lease="", bootstrap_room=room, poll=KVPoll.Bootstrapping.value))
         return rid
 
     def has_unfinished(self) -> bool:
@@ -186,7 +219,10 @@ class DisaggPair:
 
     def step(self) -> PairState:
         """One step of each engine that has work, the proxy's second call for every prefill that
-        finished, and the side channel's reads and releases of the loads the decode step began."""
+        finished, and the side channel's reads and releases of the loads the decode step began (push:
+        see the module's docstring)."""
+        if self.order == "push":
+            return self._step_push()
         self._serve(block=False)
         self.prefill.free_lent_blocks()
         self._send_to_decode()  # the prefills lent last step: a step shows their blocks lent before they move
@@ -198,6 +234,17 @@ class DisaggPair:
         self._note_loads()
         self._serve(block=True)
         self._note_leases()
+        self.step_index += 1
+        return self.state()
+
+    def _step_push(self) -> PairState:
+        if self.prefill.has_unfinished_requests():
+            self.prefill.step()
+        self._note_pushes()
+        if self.decode.has_unfinished_requests():
+            self.decode.step()
+        self._note_reservations()
+        self._note_loads()
         self.step_index += 1
         return self.state()
 
@@ -233,6 +280,37 @@ class DisaggPair:
             handover.decode_request_id = self.decode.add_request(prompt_ids, params, kv_transfer_params=kv_transfer_params)
         self._to_send = []
 
+    # ---- the push order ------------------------------------------------------------------------
+
+    def _note_pushes(self) -> None:
+        """The writes the prefill step made; each waits (at most :data:`SERVE_TIMEOUT_S`) until the
+        decode instance's poll has its answer, so that its next step takes the KV in."""
+        worker = self.prefill.kv_connector_worker
+        by_room = {h.bootstrap_room: h for h in self.handovers}
+        pushed, worker.pushed = worker.pushed, []
+        for p in pushed:
+            h = by_room.get(p.bootstrap_room)
+            if h is None:
+                continue
+            h.prefill_blocks, h.num_bytes, h.copy_ms, h.read_at_step = list(p.block_ids), p.num_bytes, p.write_ms, self.step_index
+            self.decode.kv_connector_worker.wait_for_load(h.decode_request_id, SERVE_TIMEOUT_S)
+
+    def _note_reservations(self) -> None:
+        """Reservations the decode step made: their blocks and id; each waits (at most
+        :data:`SERVE_TIMEOUT_S`) until the prefill instance has its room bootstrapped (or refused)."""
+        waiting = self.decode.scheduler.waiting_for_remote_kvs
+        for h in self.handovers:
+            spec = self.decode.kv_connector.pending_load(h.decode_request_id)
+            if h.reserved_at_step is None and spec is not None and h.decode_request_id in waiting:
+                h.transfer_id, h.decode_blocks, h.first_block = spec.transfer_id, list(spec.local_block_ids), spec.first_block
+                h.reserved_at_step, h.load = self.step_index, "loading"
+                deadline, worker = time.monotonic() + SERVE_TIMEOUT_S, self.decode.kv_connector_worker
+                while (worker.poll_states.get(h.decode_request_id) is KVPoll.Bootstrapping and worker.load_in_flight(h.decode_request_id)
+                       and time.monotonic() < deadline):
+                    time.sleep(0.005)  # the prefill instance answers the bootstrap (or refuses it)
+            if h.poll not in (KVPoll.Success.value, KVPoll.Failed.value):
+                h.poll = self.decode.kv_connector_worker.poll_states.get(h.decode_request_id, KVPoll(h.poll)).value
+
     # ---- the decode instance's loads and the prefill instance's side channel -------------------
 
     def _note_loads(self) -> None:
@@ -246,6 +324,8 @@ class DisaggPair:
                 params = self.decode.get_output(h.decode_request_id).kv_transfer_params or {}
                 if params.get("kv_load") in ("loaded", "recomputed"):
                     h.load, h.ended_at_step = params["kv_load"], self.step_index
+                    if h.bootstrap_room is not None:
+                        h.poll = (KVPoll.Success if params["kv_load"] == "loaded" else KVPoll.Failed).value
 
     def _serve(self, block: bool) -> None:
         """Run the side channel's calls into the prefill engine. ``block``: until every load begun
@@ -301,20 +381,23 @@ class DisaggPair:
 
     def state(self) -> PairState:
         """Both pools and every handover now (see :class:`PairState`)."""
-        live = self.prefill.kv_connector.leases.live_ids()
+        leases = self.prefill.kv_connector.leases
+        live = leases.live_ids() if leases is not None else set()
         lent = {h.prefill_request_id: (h.prefill_blocks, "lent") for h in self.handovers if h.transfer_id in live}
         prefill = _pool("prefill", self.prefill, lent)
         texts = {h.decode_request_id: self.decode.get_output(h.decode_request_id).text for h in self.handovers
                  if h.decode_request_id is not None}
-        return PairState(self.step_index - 1, prefill, _pool("decode", self.decode, {}), list(self.handovers), texts)
+        decode = _pool("decode", self.decode, {}, "reserved" if self.order == "push" else "loading")
+        return PairState(self.step_index - 1, prefill, decode, list(self.handovers), texts)
 
 
-def _pool(role: str, engine: LLMEngine, extra: dict[int, tuple[list[int], str]]) -> PoolState:
-    """An engine's pool: its running requests' blocks, those loading or loaded (a decode instance)
-    and ``extra`` (request id -> (blocks, why): a prefill instance's lent blocks)."""
+def _pool(role: str, engine: LLMEngine, extra: dict[int, tuple[list[int], str]], loading: str = "loading") -> PoolState:
+    """An engine's pool: its running requests' blocks, those waiting for their KV (as ``loading``: the
+    pull order's "loading", the push order's "reserved") or loaded (a decode instance) and ``extra``
+    (request id -> (blocks, why): a prefill instance's lent blocks)."""
     s, kv = engine.scheduler, engine.kv
     tables: dict[int, tuple[list[int], str]] = {}
-    for why, groups in (("running", s.running), ("loading", list(s.waiting_for_remote_kvs.values())), ("loaded", list(s.remote_kv_ready))):
+    for why, groups in (("running", s.running), (loading, list(s.waiting_for_remote_kvs.values())), ("loaded", list(s.remote_kv_ready))):
         for snap in kv.snapshot(list(groups)):
             tables.setdefault(snap.request_id, (snap.block_table, why))
     tables.update(extra)

@@ -277,6 +277,15 @@ class LLMEngine:
             raise ValueError(f"kv_transfer_params.do_remote_prefill: this engine is a {config.kv_role}, it reads no blocks")
         if isinstance(sampling_params, BeamSearchParams) or (sampling_params is not None and sampling_params.n != 1):
             raise ValueError("kv_transfer_params: only one-sequence requests (n=1, no beam search) are handed over")
+        room = kv_transfer_params.get("bootstrap_room")
+        if (room is not None) != (config.kv_handover == "push"):
+            raise ValueError(f"kv_transfer_params: this engine hands KV over in the {config.kv_handover} order (kv_handover): "
+                             + ("a bootstrap_room belongs to the push order" if room is not None else "the push order needs a bootstrap_room"))
+        if room is not None and kv_transfer_params.get("do_remote_decode"):
+            if isinstance(room, bool) or not isinstance(room, int) or not 0 <= room < 2**63:
+                raise ValueError("kv_transfer_params.bootstrap_room must be an integer in [0, 2**63)")
+            if self.kv_connector.bootstrap.has_request(room):
+                raise ValueError(f"kv_transfer_params.bootstrap_room {room} already has a prefill request")
 
     def _prompt_text(self, prompt: Prompt, ids: list[int]) -> str:
         """The prompt as text: a text prompt as given, chat messages' last content, or the decoded ids."""
@@ -352,6 +361,8 @@ class LLMEngine:
         if self.kv_connector_worker is not None:
             self.kv_connector_worker.start_load_kv(batch.kv_connector_metadata)
         logits = self._execute(batch)
+        if self.kv_connector_worker is not None:
+            self.kv_connector_worker.wait_for_save()  # push: the prompts this pass completed go to their decode instance
         timer.lap("forward")
         # After the pass (speculation picks its drafts in it), before the outputs advance any sequence.
         drafts = {seq_id: len(proposal.draft_token_ids) for seq_id, (proposal, _) in self._spec_rows.items()}
@@ -381,9 +392,12 @@ class LLMEngine:
         if config is None:
             return None, None
         if self.kv_cache_config is not None:
-            raise ValueError("kv_transfer_config: a model with sliding-window layers (several KV cache groups) is not handed over")
+            raise ValueError("kv_transfer_config: a model with sliding-window layers (several KV cache groups, each with its own "
+                             "block table) is not handed over: the connector moves one block table per request; use a model with "
+                             "full attention only (the default model)")
         scheduler_side = SharedMemoryConnectorScheduler(config, self.config.block_size)  # every transport's
-        return scheduler_side, make_worker(config, self.runner.kv_caches, scheduler_side.leases)
+        attention = [layer.self_attn for layer in self.runner.model.model.layers]
+        return scheduler_side, make_worker(config, self.runner.kv_caches, scheduler_side.leases, scheduler_side.bootstrap, attention)
 
     def _finish_kv_loads(self, batch: SchedulerOutput) -> None:
         """The loads that ended go back to the scheduler; an engine with nothing to run but loads in
@@ -392,14 +406,17 @@ class LLMEngine:
         if finished.is_empty and batch.is_empty and self.scheduler.waiting_for_remote_kvs:
             self.kv_connector_worker.wait_for_any(0.02)
             finished = self.kv_connector_worker.get_finished()
+        elif batch.is_empty and self.scheduler.bootstrapping and not self.scheduler.waiting:
+            self.kv_connector.bootstrap.changed.wait(0.02)  # push: nothing to run until a decode instance reserves
         self.scheduler.update_from_kv_xfer_finished(finished)
 
     def _kv_transfers(self, loading: list[int]) -> dict[int, str]:
-        """``StepReport.kv_transfers``: the requests in a handover during the step: lent after it, or
-        loading in it (``loading``: those waiting for their KV when it was scheduled, a load that
+        """``StepReport.kv_transfers``: the requests in a handover during the step: lent after it,
+        waiting for their decode instance's reservation (push), or loading in it (``loading``: those waiting for their KV when it was scheduled, a load that
         landed within the step included)."""
         s = self.scheduler
-        return {**{rid: "lent" for rid in s.lent}, **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
+        return {**{rid: "lent" for rid in s.lent}, **{rid: "bootstrapping" for rid in s.bootstrapping},
+                **{rid: "loading" for rid in [*loading, *s.waiting_for_remote_kvs]}}
 
     def serve_kv_read(self, lease, transport: str = "shm") -> dict:
         """A decode instance reads the blocks of a claimed lease (a prefill instance; call on the
@@ -438,7 +455,19 @@ class LLMEngine:
                 "num_refused_reads": leases.num_refused if leases is not None else 0,
                 "num_expired_leases": leases.num_expired if leases is not None else 0,
                 "num_waiting_for_remote_kvs": len(s.waiting_for_remote_kvs), "num_loaded": c.num_loaded, "num_recomputed": c.num_recomputed,
-                "num_loaded_blocks": self.kv_connector_worker.num_loaded_blocks, "num_loaded_bytes": self.kv_connector_worker.num_loaded_bytes}
+                "num_loaded_blocks": self.kv_connector_worker.num_loaded_blocks, "num_loaded_bytes": self.kv_connector_worker.num_loaded_bytes,
+                "kv_handover": self.config.kv_transfer_config.kv_handover, "kv_poll": self.kv_poll_states(),
+                "num_bootstrapping": len(s.bootstrapping),
+                "num_refused_reservations": c.bootstrap.num_refused if c.bootstrap is not None else 0}
+
+    def kv_poll_states(self) -> dict[str, int]:
+        """Push order: live transfers by SGLang's ``KVPoll`` state (a prefill instance's rooms, a decode
+        instance's reservations), and how many ended in Success and Failed."""
+        w, table = self.kv_connector_worker, self.kv_connector.bootstrap
+        if table is not None:
+            return {**table.counts(), **table.num_ended}
+        states = list(w.poll_states.values())
+        return {**{state: states.count(state) for state in ("Bootstrapping", "WaitingForInput", "Transferring")}, **w.num_poll_ended}
 
     def shutdown_kv_connector(self) -> None:
         if self.kv_connector_worker is not None:

@@ -345,7 +345,9 @@ class StepReport:
             blocks offloaded to the CPU tier, loaded back and dropped, and each tier's cached blocks.
         kv_transfers: with a KV connector (``engine/kv_transfer/``): request id -> "loading" (a decode
             instance's request waiting for its prompt's KV during the step, ``WAITING_FOR_REMOTE_KVS``)
-            or "lent" (a prefill instance's finished request whose blocks are held after the step).
+            or "lent" (a prefill instance's finished request whose blocks are held after the step), or
+            "bootstrapping" (push order: a prefill instance's request waiting for its decode instance's
+            reservation, holding no block).
         wall_start_ms: with a KV connector, when the step started on the wall clock (Unix time, ms):
             two instances' steps side by side (``engine.timeline.disagg_chrome_trace``); else None.
         radix_tree: with ``prefix_cache="radix"``, the tree after the step and the blocks it evicted

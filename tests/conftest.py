@@ -81,3 +81,9 @@ def make_tiny_model(directory: Path, model_type: str, tokenizer_dir: Path, seed:
 def tiny_llama_dir(tmp_path_factory, default_model_dir) -> Path:
     """A 2-layer Llama (hidden 64, 4 query heads, 2 KV heads) with random weights, as a local HF directory."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A 2-layer Gemma 3 (a sliding-window layer of window 8, then a full one) with random weights, as a local HF directory."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-gemma"), "gemma3_text", default_model_dir)

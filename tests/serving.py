@@ -19,6 +19,14 @@ def serving(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = 
     """Serve ``engine`` (or an engine built from the config on the server's engine thread) on a free 127.0.0.1 port; yields (base URL, app). On exit the step streams
     end (as a stop signal ends them) and the server stops within ``grace_s`` seconds of grace."""
     app = create_app(engine, settings)
+    with serving_app(app, grace_s, before_stop=app.state.hub.close) as url:
+        yield url, app
+
+
+@contextmanager
+def serving_app(app, grace_s: float = 10, before_stop=None):
+    """Serve any ASGI ``app`` on a free 127.0.0.1 port; yields its base URL. On exit ``before_stop()``
+    runs, then the server stops within ``grace_s`` seconds of grace."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(server_config(app, log_level="warning", timeout_graceful_shutdown=grace_s))
@@ -29,9 +37,10 @@ def serving(engine: LLMEngine | EngineConfig, settings: ServerSettings | None = 
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
-        app.state.hub.close()
+        if before_stop is not None:
+            before_stop()
         server.should_exit = True
         thread.join(60)
         assert not thread.is_alive(), "the server did not stop"

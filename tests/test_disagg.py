@@ -20,7 +20,8 @@ import httpx
 import openai
 import pytest
 
-from engine.entrypoints.disagg import instance_argv
+from engine.config import KVTransferConfig
+from engine.entrypoints.disagg import instance_argv, instance_kv_transfer_config
 from lessons import labs
 from serving import wait_until, wait_until_healthy
 
@@ -204,3 +205,8 @@ def test_each_instance_gets_the_engine_flags_given_to_serve_disagg():
     args = parser.parse_args(["my-model", "--block-size", "32", "--no-enable-prefix-caching", "--reserve-null-block", "--port", "9"])
     assert instance_argv(args, parser) == ["--block-size", "32", "--no-enable-prefix-caching",
                                            "--reserve-null-block", "--model", "my-model"]
+    assert args.kv_handover == "pull", "vLLM's order unless asked"
+    push = parser.parse_args(["--kv-handover", "push", "--kv-lease-duration", "5"])
+    configs = [KVTransferConfig.from_dict(instance_kv_transfer_config(role, push.kv_lease_duration, push.kv_handover))
+               for role in ("kv_producer", "kv_consumer")]
+    assert [(c.kv_role, c.kv_handover, c.kv_lease_duration) for c in configs] == [("kv_producer", "push", 5), ("kv_consumer", "push", 5)]

@@ -14,9 +14,9 @@ BLOCK = 4
 PROMPT = list(range(5, 23))  # 18 tokens: 5 blocks of 4
 
 
-def pair(tiny_llama_dir, lease_s: float = 30) -> DisaggPair:
+def pair(tiny_llama_dir, lease_s: float = 30, order: str = "pull") -> DisaggPair:
     engines = [LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False,
-                                      kv_transfer_config={"kv_role": role, "kv_lease_duration": lease_s}))
+                                      kv_transfer_config={"kv_role": role, "kv_lease_duration": lease_s, "kv_handover": order}))
                for role in ("kv_producer", "kv_consumer")]
     return DisaggPair(*engines)
 
@@ -84,5 +84,34 @@ def test_a_prompt_the_decode_instance_has_cached_reads_only_the_blocks_it_lacks(
             "4 full blocks hit the decode instance's prefix cache; only the last, partial one is read"
         assert again.decode_blocks[:4] == first.decode_blocks[:4] and again.lease == "released"
         assert handover_rows(state, "en")[1]["Hits on decode"] == 4
+    finally:
+        p.close()
+
+
+def test_in_the_push_order_the_decode_instance_reserves_first_the_prefill_instance_holds_nothing_while_it_waits_then_writes(tiny_llama_dir):
+    want = LLMEngine(EngineConfig(model=str(tiny_llama_dir), num_gpu_blocks=32, block_size=BLOCK, cpu_kernels=False))
+    rid = want.add_request(PROMPT, SamplingParams(max_tokens=4, temperature=0))
+    while want.has_unfinished_requests():
+        want.step()
+    p = pair(tiny_llama_dir, order="push")
+    try:
+        p.add_request(PROMPT, 4)
+        reserved = p.step()
+        (h,) = reserved.handovers
+        assert h.poll == "WaitingForInput" and not reserved.prefill.holders, "the prefill request waits for the reservation, holding no block"
+        assert reserved.decode.block_tables == {h.decode_request_id: (h.decode_blocks, "reserved")} and len(h.decode_blocks) == 5
+        assert story(reserved, "en")[0].startswith("Request 0: the decode instance reserved 5 blocks")
+        written = p.step()
+        assert h.moves == list(zip(h.prefill_blocks, h.decode_blocks)) and h.poll == "Success" and h.load == "loaded"
+        assert not written.prefill.holders and written.decode.block_tables[h.decode_request_id] == (h.decode_blocks, "loaded")
+        wrote, landed = story(written, "en")
+        assert wrote.startswith("Request 0: the prefill instance computed its prompt and wrote 5 blocks") and "Success" in wrote
+        assert landed.startswith("Request 0: its KV is in the decode instance's blocks")
+        row = handover_rows(written, "zh")[0]
+        assert row["状态（KVPoll）"] == "Success" and row["块数"] == 5 and "租约" not in row
+        while p.has_unfinished():
+            state = p.step()
+        assert state.texts[h.decode_request_id] == want.get_output(rid).text, "the pushed prompt decodes as a colocated engine"
+        assert not state.prefill.holders and not state.decode.holders
     finally:
         p.close()

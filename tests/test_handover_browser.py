@@ -1,6 +1,7 @@
 """The prefill/decode handover page in a real browser, the default model, one session, both languages:
 a prompt's blocks lent in the prefill instance's pool, then read into the decode instance's pool, with
-the handover's row (blocks moved, bytes, ms, the lease released), in English and in 中文. Helpers
+the handover's row (blocks moved, bytes, ms, the lease released), in English and in 中文; then the push
+order's steps, its reservation on the decode instance and its write. Helpers
 from tests/test_app_browser.py; screenshots go to artifacts/screenshots/."""
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def transfer_row(page) -> dict[str, str]:
     cells = table.locator('[data-testid="ho-row"] td').all_inner_texts()
     assert len(cells) == len(heads), (heads, cells)
     return dict(zip(heads, cells))
+
+
+def order_steps(page) -> list[str]:
+    """The chosen order's steps, as listed."""
+    return page.locator('[data-testid="ho-order-step"]').and_(fresh(page)).all_inner_texts()
 
 
 def click(page, name: str) -> None:
@@ -99,6 +105,35 @@ def test_a_prompts_blocks_move_from_the_prefill_pool_to_the_decode_pool_in_both_
             assert page.get_by_text("预填充实例（kv_producer）").count() == 1 and page.get_by_text("Prefill instance").count() == 0
             no_exception_box(page)
             page.screenshot(path=str(SHOTS / "handover_zh.png"), full_page=True)
+
+            # The push order (SGLang's): the steps in the order they happen, then the decode instance reserving first.
+            page.get_by_text("推送：预填充实例写入（SGLang）", exact=True).click()
+            step_title(page, "第一步之前", timeout_s=300)  # both engines rebuilt for the push order
+            steps = order_steps(page)
+            assert len(steps) == 4 and "同时发送到两个实例" in steps[0] and "解码实例为提示词预留块" in steps[1] \
+                and "预填充实例计算提示词，把它的 KV 写进预留的解码块" in steps[2], steps
+            page.get_by_role("button", name="发送", exact=True).wait_for(timeout=300_000)
+            click(page, "发送")
+            page.get_by_text("请求 0 已同时发送到两个实例", exact=False).wait_for(timeout=30_000)
+            click(page, "单步")
+            step_title(page, "第 0 步")
+            assert transfer_row(page)["状态（KVPoll）"] == "WaitingForInput"
+            reserved = sorted(b for b, (_, state) in pool(page, "decode").items() if state == "reserved")
+            assert reserved and all(state == "free" for _, state in pool(page, "prefill").values()), \
+                "the decode instance holds the reservation; the prefill instance holds nothing while it waits"
+            assert re.search(r"解码实例为它的 KV 预留了 \d+ 个块", page.locator('[data-testid="ho-story"]').and_(fresh(page)).inner_text())
+            page.locator('[data-testid="stSidebar"]').get_by_text("English").click()
+            step_title(page, "Step 0")
+            assert [s.split(" ")[:3] for s in order_steps(page)] == [["The", "prompt", "goes"], ["The", "decode", "instance"],
+                                                                       ["The", "prefill", "instance"], ["The", "decode", "instance"]]
+            click(page, "Step")
+            step_title(page, "Step 1")
+            row = transfer_row(page)
+            moves = [tuple(map(int, m.split("→"))) for m in row["Blocks moved (prefill → decode)"].split()]
+            assert row["State (KVPoll)"] == "Success" and [d for _, d in moves] == reserved, (row, reserved)
+            assert "wrote" in page.locator('[data-testid="ho-story"]').and_(fresh(page)).first.inner_text()
+            no_exception_box(page)
+            page.screenshot(path=str(SHOTS / "handover_push_en.png"), full_page=True)
             browser.close()
     finally:
         server.kill()

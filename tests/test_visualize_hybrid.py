@@ -17,16 +17,13 @@ from visualize.kv_groups import (NULL_COLOR, blocks_held, group_color, pool_by_g
                                  window_savings_spec)
 from visualize.pool import block_tables_figure, event_log_rows, num_blocks_of, pool_blocks, pool_frame, pool_map_spec
 
-from conftest import make_tiny_model
-
 BLOCK_SIZE = 4
 
 
 @pytest.fixture(scope="module")
-def hybrid_reports(tmp_path_factory, default_model_dir):
+def hybrid_reports(tiny_gemma_dir):
     """A 30-token prompt decoding 6 tokens past the 8-token window: every step's report."""
-    directory = make_tiny_model(tmp_path_factory.mktemp("tiny-gemma"), "gemma3_text", default_model_dir)
-    engine = LLMEngine(EngineConfig(model=str(directory), block_size=BLOCK_SIZE, num_gpu_blocks=40, enable_prefix_caching=False))
+    engine = LLMEngine(EngineConfig(model=str(tiny_gemma_dir), block_size=BLOCK_SIZE, num_gpu_blocks=40, enable_prefix_caching=False))
     engine.add_request(list(range(10, 40)), SamplingParams(max_tokens=6, ignore_eos=True))
     return [engine.step() for _ in range(5)]
 

@@ -41,28 +41,30 @@ def pool_rows(pool: PoolState, numbers: dict[int, int] | None = None) -> list[di
 
 
 def handover_rows(state: PairState, lang: str = "en") -> list[dict]:
-    """One row per handover, newest last, in the reader's language: request, lease (its id shortened),
-    lease state, blocks moved ("prefill → decode"), blocks the decode instance found in its own prefix
-    cache (not read), bytes, ms, and the decode instance's load state."""
+    """One row per handover, newest last, in the reader's language: request, lease (its id shortened)
+    and lease state (pull), or bootstrap room and SGLang's ``KVPoll`` state (push), blocks moved
+    ("prefill → decode"), blocks the decode instance found in its own prefix cache (not read), bytes,
+    ms, and the decode instance's load state."""
     rows = []
     for h in state.handovers:
+        push = h.bootstrap_room is not None
         rows.append({
             t("request", lang): h.prefill_request_id,
-            t("ho_lease", lang): short_id(h.transfer_id),
-            t("ho_lease_state", lang): t(f"ho_lease_{h.lease}", lang),
+            **({t("ho_room", lang): short_id(str(h.bootstrap_room)), t("ho_poll", lang): h.poll} if push else
+               {t("ho_lease", lang): short_id(h.transfer_id), t("ho_lease_state", lang): t(f"ho_lease_{h.lease}", lang)}),
             t("ho_moves", lang): " ".join(f"{p}→{d}" for p, d in h.moves) or "–",
             t("ho_num_blocks", lang): len(h.moves),
             t("ho_decode_hits", lang): h.first_block if h.decode_blocks else "–",
             t("ho_bytes", lang): _bytes(h.num_bytes) if h.num_bytes else "–",
-            t("ho_copy_ms", lang): f"{h.copy_ms:.1f}" if h.copy_ms is not None else "–",
-            t("ho_read_ms", lang): f"{h.read_ms:.1f}" if h.read_ms is not None else "–",
+            t("ho_write_ms" if push else "ho_copy_ms", lang): f"{h.copy_ms:.1f}" if h.copy_ms is not None else "–",
+            **({} if push else {t("ho_read_ms", lang): f"{h.read_ms:.1f}" if h.read_ms is not None else "–"}),
             t("ho_load", lang): t(f"ho_load_{h.load}", lang),
         })
     return rows
 
 
 def short_id(transfer_id: str) -> str:
-    """A lease's id as shown: its first 6 characters (the whole 192-bit id is what reads the blocks)."""
+    """A lease's id (or a room's) as shown: its first 6 characters (the whole 192-bit id is what reads the blocks)."""
     return transfer_id[:6] + "…"
 
 
@@ -76,7 +78,7 @@ def _bytes(n: int) -> str:
 def pool_html(pool: PoolState, lang: str, numbers: dict[int, int] | None = None, moved: set[int] = frozenset(),
               columns: int = 16) -> str:
     """The pool as a grid of cells, ``columns`` blocks a row, each with its block id and a tooltip:
-    a request's colour (striped: lent; dashed border: its KV being read in), a black border on the
+    a request's colour (striped: lent; dashed border: its KV being read in, or reserved for it), a black border on the
     blocks ``moved`` this step. Each cell is ``data-testid="ho-block"`` with ``data-block``,
     ``data-request`` and ``data-state``."""
     cells = []
@@ -84,7 +86,8 @@ def pool_html(pool: PoolState, lang: str, numbers: dict[int, int] | None = None,
         rid, state = row["request"], row["state"]
         color = FREE_COLOR if rid is None else request_color(rid)
         background = LENT_PATTERN.format(c=color) if state == "lent" else color
-        border = f"3px solid {TOUCHED_COLOR}" if row["block"] in moved else LOADING_BORDER if state == "loading" else f"1px solid {EDGE_COLOR}"
+        border = (f"3px solid {TOUCHED_COLOR}" if row["block"] in moved else LOADING_BORDER if state in ("loading", "reserved")
+                  else f"1px solid {EDGE_COLOR}")
         who = t("free", lang) if rid is None else f'{t("request", lang)} {rid} · {t(f"ho_state_{state}", lang)}'
         tip = html.escape(f'{t("block", lang)} {row["block"]}{t("sep_colon", lang)}{who}')
         cells.append(f'<span data-testid="ho-block" data-block="{row["block"]}" data-request="{"" if rid is None else rid}" '
@@ -117,14 +120,14 @@ def block_tables_html(pool: PoolState, lang: str, numbers: dict[int, int] | None
     return f'<div data-testid="ho-tables" data-role="{pool.role}">{"".join(rows)}</div>'
 
 
-def legend_html(lang: str) -> str:
+def legend_html(lang: str, order: str = "pull") -> str:
     def box(style: str) -> str:
         return f'<span style="display:inline-block;width:18px;height:12px;vertical-align:middle;{style}"></span>'
 
     c = request_color(0)
-    items = [(box(f"background:{c};border:1px solid {EDGE_COLOR}"), t("ho_state_running", lang)),
-             (box(f"background:{LENT_PATTERN.format(c=c)};border:1px solid {EDGE_COLOR}"), t("ho_state_lent", lang)),
-             (box(f"background:{c};border:{LOADING_BORDER}"), t("ho_state_loading", lang)),
+    waiting = [] if order == "push" else [(box(f"background:{LENT_PATTERN.format(c=c)};border:1px solid {EDGE_COLOR}"), t("ho_state_lent", lang))]
+    items = [(box(f"background:{c};border:1px solid {EDGE_COLOR}"), t("ho_state_running", lang)), *waiting,
+             (box(f"background:{c};border:{LOADING_BORDER}"), t("ho_state_reserved" if order == "push" else "ho_state_loading", lang)),
              (box(f"background:{FREE_COLOR};border:3px solid {TOUCHED_COLOR}"), t("ho_legend_moved", lang))]
     return ('<div data-testid="ho-legend" style="font-size:0.8rem;color:#555">'
             + " &nbsp; ".join(f"{mark} {html.escape(text)}" for mark, text in items) + "</div>")
@@ -142,11 +145,29 @@ def handover_table_html(state: PairState, lang: str) -> str:
     return f'<table data-testid="ho-transfers" style="font-size:0.85rem;width:100%"><tr>{head}</tr>{body}</table>'
 
 
+ORDER_STEPS = {"pull": ("ho_pull_1", "ho_pull_2", "ho_pull_3", "ho_pull_4"),
+               "push": ("ho_push_1", "ho_push_2", "ho_push_3", "ho_push_4")}
+
+
+def order_steps(order: str, lang: str) -> list[str]:
+    """How one request is handed over in ``order`` ("pull" or "push"), its steps in the order they happen."""
+    return [t(key, lang) for key in ORDER_STEPS[order]]
+
+
+def order_steps_html(order: str, lang: str) -> str:
+    """:func:`order_steps` as an ordered list (``data-testid="ho-order-step"`` per step)."""
+    items = "".join(f'<li data-testid="ho-order-step">{html.escape(text)}</li>' for text in order_steps(order, lang))
+    return f'<ol data-testid="ho-order" data-order="{order}" style="font-size:0.9rem">{items}</ol>'
+
+
 def story(state: PairState, lang: str) -> list[str]:
     """What the step just taken did to each handover, one sentence each (plain text)."""
     lines = []
     for h in state.handovers:
         n = h.prefill_request_id
+        if h.bootstrap_room is not None:
+            lines += _push_story(h, state.step, lang)
+            continue
         if h.lent_at_step == state.step:
             lines.append(t("ho_story_lent", lang, rid=n, n=len(h.prefill_blocks), lease=short_id(h.transfer_id)))
         if h.read_at_step == state.step:
@@ -154,4 +175,16 @@ def story(state: PairState, lang: str) -> list[str]:
                            ms=f"{h.read_ms:.1f}" if h.read_ms is not None else "–"))
         if h.ended_at_step == state.step:
             lines.append(t(f"ho_story_{h.load}", lang, rid=n))
+    return lines
+
+
+def _push_story(h, step: int, lang: str) -> list[str]:
+    n, lines = h.prefill_request_id, []
+    if h.reserved_at_step == step:
+        lines.append(t("ho_story_reserved", lang, rid=n, n=len(h.decode_blocks) - h.first_block, room=short_id(str(h.bootstrap_room))))
+    if h.read_at_step == step:
+        lines.append(t("ho_story_written", lang, rid=n, n=len(h.moves), size=_bytes(h.num_bytes),
+                       ms=f"{h.copy_ms:.1f}" if h.copy_ms is not None else "–"))
+    if h.ended_at_step == step:
+        lines.append(t(f"ho_story_{h.load}", lang, rid=n) if h.load == "loaded" else t("ho_story_push_failed", lang, rid=n))
     return lines

@@ -1967,12 +1967,10 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     # --- Prefill/decode handover (app_pages/handover.py, engine/disagg_pair.py): two engines, one request's KV blocks moving
     "page_handover": ("Prefill/decode handover", "预填充/解码交接"),
     "ho_intro": ("Two engines in this app, the shared-memory KV connector between them: the prefill instance computes a "
-                 "prompt and lends its KV cache blocks under a lease; the decode instance allocates its own blocks, reads "
-                 "the lent ones into them through the prefill instance's side channel, releases the lease and generates. "
-                 "Send a prompt, then step both engines.",
-                 "本应用里有两个引擎，之间是共享内存 KV 连接器：预填充实例计算提示词，在租约下借出它的 KV 缓存块；"
-                 "解码实例分配自己的块，经由预填充实例的旁路通道把借出的块读进来，释放租约，然后生成。"
-                 "先发送一个提示词，再让两个引擎单步执行。"),
+                 "prompt's KV cache blocks and the decode instance takes them into its own blocks and generates, in the "
+                 "order chosen below (pull, vLLM's, or push, SGLang's). Send a prompt, then step both engines.",
+                 "本应用里有两个引擎，之间是共享内存 KV 连接器：预填充实例计算提示词的 KV 缓存块，解码实例把它们收进自己的块，"
+                 "然后生成，顺序在下面选择（拉取，vLLM 的顺序；或推送，SGLang 的顺序）。先发送一个提示词，再让两个引擎单步执行。"),
     "ho_prompt": ("Prompt", "提示词"),
     "ho_max_tokens": ("Max new tokens", "最多新 token 数"),
     "ho_lease_s": ("Lease duration (s)", "租约时长（秒）"),
@@ -2038,6 +2036,59 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                             "answer): the decode instance prefills the prompt itself (recompute).",
                             "请求 {rid}：它的 KV 无法读取（租约已结束，或预填充实例没有应答）：解码实例自己预填充这个提示词（重计算）。"),
     "ho_replies": ("The decode instance's replies", "解码实例的回答"),
+    "ho_order": ("Handover order", "交接顺序"),
+    "ho_order_help": ("pull (vLLM's order): the prefill instance holds its blocks under a lease until the decode instance "
+                      "reads them. push (SGLang's order): the decode instance reserves blocks first and the prefill instance "
+                      "writes the KV into them (`kv_handover`).",
+                      "拉取（`pull`，vLLM 的顺序）：预填充实例在租约下持有它的块，直到解码实例把它们读走。推送（`push`，SGLang 的顺序）："
+                      "解码实例先预留块，预填充实例把 KV 写进这些块（`kv_handover`）。"),
+    "ho_order_pull": ("pull: the decode instance reads (vLLM)", "拉取：解码实例读取（vLLM）"),
+    "ho_order_push": ("push: the prefill instance writes (SGLang)", "推送：预填充实例写入（SGLang）"),
+    "ho_order_title": ("One request, in the order it happens", "一个请求，按发生的顺序"),
+    "ho_pull_1": ("The prompt goes to the prefill instance (max_tokens 1, do_remote_decode).",
+                  "提示词发送到预填充实例（max_tokens 1，do_remote_decode）。"),
+    "ho_pull_2": ("The prefill instance computes it and lends its blocks under a lease: it holds them until they are read.",
+                  "预填充实例计算它，并在租约下借出它的块：在这些块被读走之前一直持有它们。"),
+    "ho_pull_3": ("The prompt goes to the decode instance with the lease; it allocates its own blocks, reads the lent ones "
+                  "into them and releases the lease.",
+                  "提示词带着租约发送到解码实例；解码实例分配自己的块，把借出的块读进来，然后释放租约。"),
+    "ho_pull_4": ("The decode instance computes the last prompt token and generates.",
+                  "解码实例计算提示词的最后一个 token，然后生成。"),
+    "ho_push_1": ("The prompt goes to both instances at once, with one bootstrap room.",
+                  "提示词同时发送到两个实例，带着同一个 `bootstrap_room`。"),
+    "ho_push_2": ("The decode instance reserves blocks for the prompt and tells the prefill instance where "
+                  "(Bootstrapping → WaitingForInput); the prefill request waited, holding no block.",
+                  "解码实例为提示词预留块，并告诉预填充实例写到哪里（`Bootstrapping` → `WaitingForInput`）；"
+                  "预填充请求一直在等待，不占用任何块。"),
+    "ho_push_3": ("The prefill instance computes the prompt and writes its KV into the reserved decode blocks "
+                  "(Transferring → Success); its own blocks are free at once.",
+                  "预填充实例计算提示词，把它的 KV 写进预留的解码块（`Transferring` → `Success`）；它自己的块随即空闲。"),
+    "ho_push_4": ("The decode instance takes the KV in, computes the last prompt token and generates.",
+                  "解码实例收下这些 KV，计算提示词的最后一个 token，然后生成。"),
+    "ho_sent_push": ("Request {rid} sent to both instances (bootstrap room {room}).",
+                     "请求 {rid} 已同时发送到两个实例（`bootstrap_room` {room}）。"),
+    "ho_state_reserved": ("reserved, waiting for the prefill instance's KV", "已预留，等待预填充实例写入 KV"),
+    "ho_room": ("Bootstrap room", "引导房间"),
+    "ho_poll": ("State (KVPoll)", "状态（KVPoll）"),
+    "ho_write_ms": ("Write (ms)", "写入（毫秒）"),
+    "ho_transfers_caption_push": ("Each prefill block written and the reserved decode block it went to; the bytes are every "
+                                  "layer's K and V of those blocks. Write: the prefill engine copies the blocks into the "
+                                  "shared-memory segment the decode instance created for its reservation, right after the "
+                                  "forward pass that completed the prompt. The bytes land in the decode blocks at the decode "
+                                  "instance's next step. State: SGLang's KVPoll, as the decode instance sees it.",
+                                  "每个被写入的预填充块及其去往的预留解码块；字节数是这些块在每一层的 K 和 V。写入：在算完提示词的那次"
+                                  "前向计算之后，预填充引擎立即把块复制到解码实例为这次预留创建的共享内存段。这些字节在解码实例的下一步"
+                                  "写入它的块。状态：SGLang 的 `KVPoll`，即解码实例看到的状态。"),
+    "ho_story_reserved": ("Request {rid}: the decode instance reserved {n} blocks for its KV and told the prefill instance "
+                          "where (room {room}): WaitingForInput.",
+                          "请求 {rid}：解码实例为它的 KV 预留了 {n} 个块，并告诉了预填充实例写到哪里（房间 {room}）：`WaitingForInput`。"),
+    "ho_story_written": ("Request {rid}: the prefill instance computed its prompt and wrote {n} blocks ({size}) into the "
+                         "decode instance's reserved blocks in {ms} ms: Success. Its own blocks are free.",
+                         "请求 {rid}：预填充实例算完了它的提示词，在 {ms} 毫秒内把 {n} 个块（{size}）写进解码实例预留的块：`Success`。"
+                         "它自己的块已空闲。"),
+    "ho_story_push_failed": ("Request {rid}: no KV was written in time (no prefill request for its room, or it failed): "
+                             "Failed. The decode instance prefills the prompt itself (recompute).",
+                             "请求 {rid}：没有及时写入 KV（它的房间没有预填充请求，或预填充失败）：`Failed`。解码实例自己预填充这个提示词（重计算）。"),
 
 }
 

@@ -44,6 +44,8 @@ the KV into them; once read, it is admitted before the waiting queue with one pr
 compute (the last one, whose logits choose its first token). A load that fails is recomputed: the
 request goes back to the head of the queue and prefills its prompt itself. On the prefill side a
 finished request's blocks may outlive it, lent under a lease until its decode instance has read them.
+In the push order (SGLang's) a prefill request first waits in ``bootstrapping``, outside the queue and
+holding no block, until its decode instance has reserved blocks for its KV.
 
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
@@ -142,20 +144,26 @@ class Scheduler:
         self.waiting_for_remote_kvs: dict[int, SequenceGroup] = {}  # request id -> request whose KV is being read in
         self.remote_kv_ready: deque[SequenceGroup] = deque()  # read in: admitted first, its last prompt token to compute
         self.lent: dict[int, SequenceGroup] = {}  # finished requests whose blocks are lent to a decode instance
+        self.bootstrapping: dict[int, SequenceGroup] = {}  # push order: prefill requests waiting for their decode instance's reservation
 
     def add(self, group: SequenceGroup) -> None:
         self._set_status(group, SequenceStatus.WAITING)
+        if self.connector is not None and self.connector.request_bootstrapping(group):
+            self.bootstrapping[group.request_id] = group  # outside the queue: it holds no block while it waits
+            return
         self.waiting.append(group)
         if self.scheduling_policy == "lpm":
             self.waiting_since[group.request_id] = self.num_steps
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped or self.waiting_for_remote_kvs or self.remote_kv_ready)
+        return bool(self.waiting or self.running or self.swapped or self.waiting_for_remote_kvs or self.remote_kv_ready or self.bootstrapping)
 
     def schedule(self) -> SchedulerOutput:
         """Pick the next step's batch, allocating KV room for every token it will compute."""
         if self.connector is not None:
             self.free_lent_blocks()
+            for request_id in self.connector.take_bootstrapped() if self.bootstrapping else ():
+                self.waiting.append(self.bootstrapping.pop(request_id))  # reserved on the decode side: it may prefill now
         out = self._schedule_step()
         self._mark_passed_over(out)
         out.kv_offload_out, out.kv_offload_in = self.kv.take_offload_copies()  # the CPU tier's copies (prefix caching)
@@ -315,6 +323,9 @@ class Scheduler:
         elif group in self.swapped:
             self.swapped.remove(group)
             self.kv.free_swapped(group)
+        elif self.bootstrapping.pop(group.request_id, None) is not None:
+            group.finish_reason = reason
+            self.connector.request_finished(group, [])  # its room fails: the decode instance recomputes
         elif self.waiting_for_remote_kvs.pop(group.request_id, None) is not None:
             self._release(group)
             self.connector.request_aborted_while_loading(group.request_id)

@@ -12,6 +12,14 @@ as ``serve`` does. Each completion is two calls, as vLLM's proxy makes them:
    (``engine/kv_transfer/shared_memory_connector.py``), computes the last prompt token, and generates;
    its answer (a stream or not) goes back to the client as it comes.
 
+With ``--kv-handover push`` (SGLang's order) the proxy makes both calls at once, with one random
+``bootstrap_room``: the decode instance reserves the prompt's blocks and tells the prefill instance
+where (its side channel's ``/kv_transfer/bootstrap``); the prefill instance, which waited for that,
+prefills and writes the KV into them; the decode instance then generates
+(``engine/kv_transfer/bootstrap.py``). A prefill instance that is down refuses the reservation at
+once and the decode instance computes the prompt itself (its answer's ``kv_transfer_params`` say
+so; there is no ``x-disagg`` header, the proxy not having waited for the prefill call).
+
 A client's own ``kv_transfer_params`` are dropped: only the proxy makes them. A prefill instance that
 is down or fails (5xx, a transport error) is bypassed: the decode instance computes the prompt itself,
 and the answer carries the header ``x-disagg: prefill-unavailable``. Requests with ``n > 1`` go to the
@@ -21,10 +29,12 @@ decode instance alone (a handover is one sequence's). Stopping the command stops
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import ctypes
 import json
 import logging
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,10 +49,11 @@ from starlette.requests import Request
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from engine.config import KV_CONNECTORS
+from engine.config import KV_CONNECTORS, KV_HANDOVERS
 from engine.entrypoints.openai.api_server import LOOPBACK_HOST_HEADERS, LOOPBACK_HOSTS, bind_warning, server_config
 from engine.entrypoints.openai.cli_args import add_engine_args
 from engine.entrypoints.openai.protocol import APIError, read_json_body
+from engine.kv_transfer.shared_memory_connector import MAX_BOOTSTRAP_ROOM
 
 logger = logging.getLogger("engine.serve")
 
@@ -60,12 +71,15 @@ def register_cli(sub) -> None:
     g.add_argument("--port", type=int, default=8000, help="the proxy's port, where clients connect (default: 8000)")
     g.add_argument("--prefill-port", type=int, default=0, help="the prefill instance's port on 127.0.0.1 (default: 0, a free one)")
     g.add_argument("--decode-port", type=int, default=0, help="the decode instance's port on 127.0.0.1 (default: 0, a free one)")
-    g.add_argument("--handover", choices=("pull",), default="pull",
-                   help="pull: the prefill instance holds its blocks under a lease and the decode instance reads them (vLLM's order)")
+    g.add_argument("--kv-handover", "--handover", dest="kv_handover", choices=KV_HANDOVERS, default="pull",
+                   help="pull (default, vLLM's order): the prefill instance holds its blocks under a lease and the decode instance "
+                        "reads them; push (SGLang's): the decode instance reserves blocks first and the prefill instance writes into them")
     g.add_argument("--kv-connector", choices=KV_CONNECTORS, default="SharedMemoryConnector",
-                   help="both instances' transport: SharedMemoryConnector (default) or NixlConnector (NIXL READ; pip install -e '.[disagg]')")
+                   help="both instances' transport: SharedMemoryConnector (default) or NixlConnector (NIXL READ; pip install -e '.[disagg]'; "
+                        "the push order writes through shared memory)")
     g.add_argument("--kv-lease-duration", type=float, default=30.0,
-                   help="seconds the prefill instance holds a request's blocks for the decode instance (default: 30)")
+                   help="seconds the prefill instance holds a request's blocks for the decode instance (pull), or a prefill request "
+                        "and a reservation wait for each other (push) (default: 30)")
     g.add_argument("--startup-timeout", type=float, default=300.0, help="seconds both instances get to start")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds the proxy waits for an instance's answer")
     p.set_defaults(func=lambda args: serve_disagg(args, p))
@@ -93,12 +107,14 @@ def instance_argv(parser_args: argparse.Namespace, parser: argparse.ArgumentPars
 
 
 def create_proxy_app(prefill_url: str, decode_url: str, host: str = "127.0.0.1", timeout_s: float = 600.0,
-                     max_request_body_bytes: int = 1 << 20) -> FastAPI:
-    """The proxy: ``POST /v1/completions`` and ``/v1/chat/completions`` as two calls (module docstring);
+                     max_request_body_bytes: int = 1 << 20, kv_handover: str = "pull") -> FastAPI:
+    """The proxy: ``POST /v1/completions`` and ``/v1/chat/completions`` as two calls (module docstring),
+    one after the other (``kv_handover="pull"``) or both at once with one bootstrap room ("push");
     ``GET /v1/models`` and ``/health`` from the decode instance; ``GET /kv_transfer/status`` both
     instances' pools and connector counters, side by side; ``GET /kv_transfer/trace`` both instances'
     steps as one Perfetto trace (open it at ui.perfetto.dev)."""
     client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0))
+    prefill_calls: set[asyncio.Task] = set()  # push: the prefill calls still running beside their decode call
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -179,7 +195,9 @@ def create_proxy_app(prefill_url: str, decode_url: str, host: str = "127.0.0.1",
         body.pop("kv_transfer_params", None)  # a client's are never passed on: only the proxy makes them
         headers = _forwarded(raw)
         params, fallback = None, False
-        if body.get("n") in (None, 1):
+        if body.get("n") in (None, 1) and kv_handover == "push":
+            params = _start_push(client, prefill_url, path, body, headers, prefill_calls)
+        elif body.get("n") in (None, 1):
             answer, fallback = await _prefill(client, f"{prefill_url}{path}", body, headers)
             if answer is not None and answer.status_code != 200:
                 return Response(answer.content, answer.status_code, media_type="application/json")  # the client's mistake
@@ -203,9 +221,23 @@ def create_proxy_app(prefill_url: str, decode_url: str, host: str = "127.0.0.1",
     return app
 
 
-async def _prefill(client: httpx.AsyncClient, url: str, body: dict, headers: dict) -> tuple[httpx.Response | None, bool]:
+def _start_push(client: httpx.AsyncClient, prefill_url: str, path: str, body: dict, headers: dict, calls: set) -> dict:
+    """Push: the prefill call starts now, in the background, with a new bootstrap room (SGLang's mini
+    load balancer's random room id); returns the decode call's ``kv_transfer_params`` for the same
+    room. The prefill instance waits for the decode instance's reservation, then writes the KV; a
+    prefill that fails ends its room, and the decode instance computes the prompt itself."""
+    room = secrets.randbelow(MAX_BOOTSTRAP_ROOM)
+    task = asyncio.create_task(_prefill(client, f"{prefill_url}{path}", body, headers, {"bootstrap_room": room}))
+    calls.add(task)
+    task.add_done_callback(calls.discard)
+    url = httpx.URL(prefill_url)
+    return {"do_remote_prefill": True, "bootstrap_room": room, "remote_host": url.host, "remote_port": url.port}
+
+
+async def _prefill(client: httpx.AsyncClient, url: str, body: dict, headers: dict,
+                   push: dict | None = None) -> tuple[httpx.Response | None, bool]:
     """The prefill call: (its answer, False), or (None, True) when the prefill instance is down or failed."""
-    prefill_body = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True}}
+    prefill_body = {**body, "stream": False, "kv_transfer_params": {"do_remote_decode": True, **(push or {})}}
     prefill_body.pop("stream_options", None)
     prefill_body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = 1
     try:
@@ -247,11 +279,16 @@ def _die_with_parent() -> None:
         pass
 
 
-def start_instance(role: str, port: int, engine_argv: list[str], lease_s: float,
+def instance_kv_transfer_config(role: str, lease_s: float, kv_handover: str = "pull", kv_connector: str = "SharedMemoryConnector") -> dict:
+    """The ``--kv-transfer-config`` of the instance in ``role`` ("kv_producer" or "kv_consumer")."""
+    return {"kv_connector": kv_connector, "kv_role": role, "engine_id": "prefill" if role == "kv_producer" else "decode",
+            "kv_lease_duration": lease_s, "kv_handover": kv_handover}
+
+
+def start_instance(role: str, port: int, engine_argv: list[str], lease_s: float, kv_handover: str = "pull",
                    kv_connector: str = "SharedMemoryConnector") -> subprocess.Popen:
     """One ``python -m engine serve`` instance in ``role`` ("kv_producer" or "kv_consumer") on 127.0.0.1:port."""
-    config = {"kv_connector": kv_connector, "kv_role": role, "engine_id": "prefill" if role == "kv_producer" else "decode",
-              "kv_lease_duration": lease_s}
+    config = instance_kv_transfer_config(role, lease_s, kv_handover, kv_connector)
     argv = [sys.executable, "-m", "engine", "serve", *engine_argv, "--host", "127.0.0.1", "--port", str(port),
             "--kv-transfer-config", json.dumps(config), "--uvicorn-log-level", "warning"]
     return subprocess.Popen(argv, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -313,14 +350,16 @@ def serve_disagg(args, parser: argparse.ArgumentParser) -> None:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     processes = {
-        "prefill": (start_instance("kv_producer", ports["prefill"], engine_argv, args.kv_lease_duration, args.kv_connector), urls["prefill"]),
-        "decode": (start_instance("kv_consumer", ports["decode"], engine_argv, args.kv_lease_duration, args.kv_connector), urls["decode"]),
+        "prefill": (start_instance("kv_producer", ports["prefill"], engine_argv, args.kv_lease_duration, args.kv_handover,
+                                   args.kv_connector), urls["prefill"]),
+        "decode": (start_instance("kv_consumer", ports["decode"], engine_argv, args.kv_lease_duration, args.kv_handover,
+                                  args.kv_connector), urls["decode"]),
     }
     try:
         wait_healthy(processes, args.startup_timeout)
-        app = create_proxy_app(urls["prefill"], urls["decode"], args.host, args.request_timeout)
+        app = create_proxy_app(urls["prefill"], urls["decode"], args.host, args.request_timeout, kv_handover=args.kv_handover)
         print(f"serving prefill/decode disaggregated on http://{args.host}:{args.port} (prefill instance {urls['prefill']}, "
-              f"decode instance {urls['decode']}, {args.handover} handover)", file=sys.stderr, flush=True)
+              f"decode instance {urls['decode']}, {args.kv_handover} handover)", file=sys.stderr, flush=True)
         # uvicorn re-raises the stop signal once it has stopped: with this handler that ends run() with
         # an exception, so the instances are stopped below instead of outliving this process.
         signal.signal(signal.SIGTERM, _exit_on_signal)

@@ -7,7 +7,10 @@ lease, copied into a shared-memory segment (with ``"transport": "nixl"``, on an 
 connector is NIXL's: where they are, for the reader's NIXL READ); 403 when the lease table refuses
 (an unknown or ended transfer id, other blocks, another prompt, a second read; logged). ``POST /kv_transfer/release``
 ``{"transfer_id", "prompt_hash"}``: the reader is done; the segment is unlinked and the blocks freed at once.
-``GET /kv_transfer/status``: the pool and the connector's counters (either role). Every call into the
+``GET /kv_transfer/status``: the pool and the connector's counters (either role). In the push order
+(``kv_handover="push"``) a prefill instance answers ``POST /kv_transfer/bootstrap`` (a decode
+instance's reservation for a room: ``engine/kv_transfer/bootstrap.py``) and ``POST /kv_transfer/poll``
+(waits until the room's KV is written: ``{"state": "Success", "kv_scales"}`` or ``{"state": "Failed", "why"}``). Every call into the
 engine runs on its thread, between steps; a task frees expired leases every second while idle.
 
 The routes need no API key: a read is only as good as its transfer id, 192 random bits that only the
@@ -25,6 +28,7 @@ from starlette.responses import JSONResponse
 
 from engine.entrypoints.async_llm import AsyncLLM
 from engine.entrypoints.openai.protocol import APIError, read_json_body
+from engine.kv_transfer.bootstrap import Reservation
 from engine.kv_transfer.lease import TransferRefused
 
 LEASE_SWEEP_S = 1.0  # how often an idle prefill instance frees expired leases
@@ -40,6 +44,9 @@ def add_kv_transfer_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> 
         return JSONResponse(await llm.run_on_engine(engine.kv_transfer_status))
 
     if not producer:
+        return
+    if engine.config.kv_transfer_config.kv_handover == "push":
+        _add_push_routes(app, llm, max_body_bytes)
         return
 
     @app.post("/kv_transfer/read")
@@ -63,6 +70,41 @@ def add_kv_transfer_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> 
             raise APIError(400, "the body must be an object")
         released = await llm.run_on_engine(engine.release_kv_transfer, body.get("transfer_id"), body.get("prompt_hash"))
         return JSONResponse({"released": released})
+
+
+def _add_push_routes(app: FastAPI, llm: AsyncLLM, max_body_bytes: int) -> None:
+    """The push order's side channel (SGLang's bootstrap server): a decode instance's reservation,
+    then its poll until the KV is written."""
+    table = llm.engine.kv_connector.bootstrap
+
+    @app.post("/kv_transfer/bootstrap")
+    async def bootstrap(raw: Request) -> JSONResponse:
+        body = await read_json_body(raw, max_body_bytes)
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be an object")
+        try:
+            reservation = Reservation(str(body.get("transfer_id")), body.get("bootstrap_room"), str(body.get("prompt_hash")),
+                                      tuple(body.get("block_ids") or ()), body.get("shm_name"), tuple(body.get("shape") or ()),
+                                      str(body.get("dtype")))
+            state = table.bootstrap(reservation, raw.client.host if raw.client else "unknown")
+        except (TransferRefused, TypeError) as error:
+            raise APIError(403, f"KV reservation refused: {error}") from None
+        return JSONResponse({"state": state.value})
+
+    @app.post("/kv_transfer/poll")
+    async def poll(raw: Request) -> JSONResponse:
+        body = await read_json_body(raw, max_body_bytes)
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be an object")
+        try:
+            done = table.wait(body.get("bootstrap_room"), body.get("transfer_id"))
+        except TransferRefused as error:
+            raise APIError(403, f"KV poll refused: {error}") from None
+        try:  # the room fails on its own at its deadline (the sweeper); this bound only guards a lost one
+            return JSONResponse(await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(done)), table.timeout_s + 2 * LEASE_SWEEP_S))
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            table.give_up(body.get("bootstrap_room"), body.get("transfer_id"), "the decode instance stopped waiting")
+            raise
 
 
 @contextlib.asynccontextmanager

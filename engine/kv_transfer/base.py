@@ -47,6 +47,9 @@ class KVLoadSpec:
         first_block: the first logical block to load.
         prompt_hash: the consumer's prompt's fingerprint (``lease.prompt_hash``): the producer serves
             only a reader whose prompt is the one its blocks hold.
+        bootstrap_room: the push order's room id (SGLang's ``bootstrap_room``): the consumer reserved
+            ``local_block_ids`` and the producer writes into them; None = the pull order (the consumer reads).
+            In the push order ``transfer_id`` is the consumer's own name for its reservation.
     """
 
     request_id: int
@@ -57,6 +60,21 @@ class KVLoadSpec:
     local_block_ids: tuple[int, ...]
     first_block: int = 0
     prompt_hash: str = ""
+    bootstrap_room: int | None = None
+
+
+@dataclass(frozen=True)
+class KVSendSpec:
+    """One request's push, as the producer's scheduler hands it to its workers: after the step's
+    forward pass its prompt's KV is complete and goes into the consumer's reservation.
+
+    Attributes:
+        request_id: the producer's id of the request.
+        block_ids: its blocks holding the prompt, logical order.
+    """
+
+    request_id: int
+    block_ids: tuple[int, ...]
 
 
 @dataclass
@@ -67,14 +85,16 @@ class KVConnectorMetadata:
         reqs_to_recv: loads to start.
         reqs_to_discard: request ids aborted while loading: what arrives for them is thrown away
             (their blocks are free, maybe someone else's already).
+        reqs_to_send: pushes to make after the step's forward pass (the push order's producer).
     """
 
     reqs_to_recv: list[KVLoadSpec] = field(default_factory=list)
     reqs_to_discard: list[int] = field(default_factory=list)
+    reqs_to_send: list[KVSendSpec] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return not self.reqs_to_recv and not self.reqs_to_discard
+        return not self.reqs_to_recv and not self.reqs_to_discard and not self.reqs_to_send
 
 
 @dataclass
@@ -133,6 +153,15 @@ class KVConnectorScheduler(ABC):
         """Request ids whose delayed-free blocks may be freed now (read, or lease expired)."""
         return []
 
+    def request_bootstrapping(self, request: SequenceGroup) -> bool:
+        """A new request: whether it waits outside the queue until another engine reserved room for
+        its KV (the push order's producer, SGLang's bootstrap queue)."""
+        return False
+
+    def take_bootstrapped(self) -> list[int]:
+        """Request ids that were waiting for a reservation and may now be scheduled (reserved, or given up)."""
+        return []
+
 
 class KVConnectorWorker(ABC):
     """The worker's side of a connector: bytes only, as the scheduler side's metadata says."""
@@ -150,7 +179,8 @@ class KVConnectorWorker(ABC):
         producer keeps them in its pool, under a lease)."""
 
     def wait_for_save(self) -> None:
-        """Block until every save of the step is out."""
+        """After the step's forward pass: block until every save of the step is out (a pushing
+        producer writes the pushes its metadata named here)."""
 
     @abstractmethod
     def get_finished(self) -> KVConnectorOutput:

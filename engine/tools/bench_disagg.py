@@ -30,6 +30,7 @@ import time
 
 import httpx
 
+from engine.config import KV_HANDOVERS
 from engine.entrypoints.disagg import free_port
 
 
@@ -99,7 +100,7 @@ async def run_burst(url: str, num_streams: int, num_cancelled: int, output_len: 
         while True:
             status = (await client.get("/kv_transfer/status")).json()
             if all(side["num_free_blocks"] == side["num_blocks"] and side["num_lent_requests"] == 0
-                   and side["num_waiting_for_remote_kvs"] == 0 for side in status.values()):
+                   and side["num_waiting_for_remote_kvs"] == 0 and side["num_bootstrapping"] == 0 for side in status.values()):
                 break
             await asyncio.sleep(0.1)
     return {"completed": sum(isinstance(r, int) and r > 0 for r in results),
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="--against: vLLM's transport (default: NixlConnector where NIXL starts in vLLM's venv, else ExampleConnector)")
     p.add_argument("--lab-kv-connector", choices=["SharedMemoryConnector", "NixlConnector"], default="SharedMemoryConnector",
                    help="--against: the lab's transport (serve-disagg --kv-connector; NixlConnector needs .[disagg])")
+    p.add_argument("--kv-handover", choices=KV_HANDOVERS, default="pull", help="serve-disagg's order: pull (vLLM's) or push (SGLang's)")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
     if args.against:
@@ -163,10 +165,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run_cli(args)
         return
+    disagg = ["serve-disagg", "--kv-handover", args.kv_handover]
     if args.burst:
-        print(json.dumps(serve_and_measure(["serve-disagg"], args), indent=2))
+        print(json.dumps(serve_and_measure(disagg, args), indent=2))
         return
-    results = {"colocated": serve_and_measure(["serve"], args), "1P1D": serve_and_measure(["serve-disagg"], args)}
+    results = {"colocated": serve_and_measure(["serve"], args), "1P1D": serve_and_measure(disagg, args)}
     if args.json:
         print(json.dumps(results, indent=2))
         return

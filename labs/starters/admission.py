@@ -62,6 +62,8 @@ the KV into them; once read, it is admitted before the waiting queue with one pr
 compute (the last one, whose logits choose its first token). A load that fails is recomputed: the
 request goes back to the head of the queue and prefills its prompt itself. On the prefill side a
 finished request's blocks may outlive it, lent under a lease until its decode instance has read them.
+In the push order (SGLang's) a prefill request first waits in ``bootstrapping``, outside the queue and
+holding no block, until its decode instance has reserved blocks for its KV.
 
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
@@ -157,6 +159,7 @@ class Scheduler:
         self.waiting_for_remote_kvs: dict[int, SequenceGroup] = {}  # request id -> request whose KV is being read in
         self.remote_kv_ready: deque[SequenceGroup] = deque()  # read in: admitted first, its last prompt token to compute
         self.lent: dict[int, SequenceGroup] = {}  # finished requests whose blocks are lent to a decode instance
+        self.bootstrapping: dict[int, SequenceGroup] = {}  # push order: prefill requests waiting for their decode instance's reservation
 
     def _can_admit(self, group: SequenceGroup, num_tokens: int, chunk: int | None, budget: int, out: SchedulerOutput,
                    computed_blocks: list[int]) -> bool:

@@ -63,6 +63,8 @@ the KV into them; once read, it is admitted before the waiting queue with one pr
 compute (the last one, whose logits choose its first token). A load that fails is recomputed: the
 request goes back to the head of the queue and prefills its prompt itself. On the prefill side a
 finished request's blocks may outlive it, lent under a lease until its decode instance has read them.
+In the push order (SGLang's) a prefill request first waits in ``bootstrapping``, outside the queue and
+holding no block, until its decode instance has reserved blocks for its KV.
 
 The scheduler knows nothing of models or tensors: the engine runs it on a real model and the
 simulator runs the very same code on lengths alone (its lock-step fast path, for one-sequence
