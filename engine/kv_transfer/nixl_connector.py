@@ -56,14 +56,15 @@ class NixlConnectorWorker(SharedMemoryConnectorWorker):
 
     kv_connector = "NixlConnector"
 
-    def __init__(self, config: KVTransferConfig, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], leases: LeaseTable | None):
+    def __init__(self, config: KVTransferConfig, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], leases: LeaseTable | None,
+                 bootstrap=None, attention: list | None = None):
         from nixl._api import nixl_agent, nixl_agent_config
 
         if not all(t.is_contiguous() and t.device.type == "cpu" for pair in kv_caches for t in pair):
             raise RuntimeError("NIXL reads whole blocks of a contiguous CPU pool")
         self.agent_name = f"{config.engine_id or 'engine'}-{secrets.token_hex(6)}"
         self.agent = nixl_agent(self.agent_name, nixl_agent_config(backends=NIXL_BACKENDS))
-        super().__init__(config, kv_caches, leases)
+        super().__init__(config, kv_caches, leases, bootstrap, attention)
         self._pool = self.agent.register_memory([t for pair in kv_caches for t in pair])
         self._remote_agents: dict[bytes, str] = {}  # an agent's metadata -> its name, once added
         self._agents_lock = threading.Lock()
@@ -90,13 +91,14 @@ class NixlConnectorWorker(SharedMemoryConnectorWorker):
             raise TransferRefused("the lease ended before its blocks could be read")
         return {"nixl_agent_metadata": base64.b64encode(self.agent.get_agent_metadata()).decode(),
                 "kv_addrs": [[k.data_ptr(), v.data_ptr()] for k, v in self.kv_caches], "block_bytes": self.block_bytes,
-                "block_ids": list(lease.block_ids), "dtype": str(self.kv_caches[0][0].dtype).removeprefix("torch.")}
+                "block_ids": list(lease.block_ids), "dtype": str(self.kv_caches[0][0].dtype).removeprefix("torch."),
+                "kv_scales": self.kv_scales()}
 
     # ---- consumer ------------------------------------------------------------------------------
 
-    def _fetch(self, spec: KVLoadSpec) -> torch.Tensor:
+    def _fetch(self, spec: KVLoadSpec) -> tuple[torch.Tensor, list | None]:
         """Ask for the lent blocks' addresses and READ them (or take the segment a prefill instance
-        without NIXL answers)."""
+        without NIXL answers); with the lender's fp8 scales."""
         reply = _post(spec.remote_host, spec.remote_port, "/kv_transfer/read", {
             "transfer_id": spec.transfer_id, "block_ids": list(spec.remote_block_ids), "prompt_hash": spec.prompt_hash,
             "transport": "nixl"}, self.timeout_s)
@@ -105,7 +107,7 @@ class NixlConnectorWorker(SharedMemoryConnectorWorker):
         if reply["block_bytes"] != self.block_bytes or reply["dtype"] != str(self.kv_caches[0][0].dtype).removeprefix("torch.") \
                 or len(reply["kv_addrs"]) != len(self.kv_caches) or reply["block_ids"] != list(spec.remote_block_ids):
             raise ValueError("the prefill instance's blocks are not this pool's shape")
-        return self._nixl_read(reply, (len(self.kv_caches), 2, len(spec.remote_block_ids), *self.block_shape))
+        return self._nixl_read(reply, (len(self.kv_caches), 2, len(spec.remote_block_ids), *self.block_shape)), reply.get("kv_scales")
 
     def _nixl_read(self, reply: dict, shape: tuple[int, ...]) -> torch.Tensor:
         """Every layer's K and V of the lent blocks, READ into a new buffer registered for it."""
@@ -147,13 +149,13 @@ class NixlConnectorWorker(SharedMemoryConnectorWorker):
 
 
 def make_worker(config: KVTransferConfig, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                leases: LeaseTable | None) -> SharedMemoryConnectorWorker:
+                leases: LeaseTable | None, bootstrap=None, attention: list | None = None) -> SharedMemoryConnectorWorker:
     """The worker side ``config.kv_connector`` names: NIXL where it starts, else (one warning line)
     the shared-memory transport, which every instance can read from."""
     if config.kv_connector == "NixlConnector":
         try:
-            return NixlConnectorWorker(config, kv_caches, leases)
+            return NixlConnectorWorker(config, kv_caches, leases, bootstrap, attention)
         except Exception as error:  # noqa: BLE001 - not installed, or NIXL's own errors while starting: all fall back
             logger.warning("kv_connector NixlConnector: NIXL cannot start here (%s: %s; pip install -e '.[disagg]'): "
                            "the shared-memory transport carries the KV", type(error).__name__, error)
-    return SharedMemoryConnectorWorker(config, kv_caches, leases)
+    return SharedMemoryConnectorWorker(config, kv_caches, leases, bootstrap, attention)

@@ -21,7 +21,9 @@ The module engine/kv_transfer/shared_memory_connector.py, for context:
 
 A KV connector over shared memory, in vLLM's pull order (NixlConnector's, with POSIX shared memory
 for RDMA and the prefill instance's HTTP server as its side channel; no dependency beyond the
-standard library and torch).
+standard library and torch) or, with ``kv_handover="push"``, in SGLang's push order (the decode
+instance reserves blocks and the prefill instance writes into them: ``engine/kv_transfer/bootstrap.py``
+and ``docs/disaggregation.md``).
 
 The handover of one request, prefill instance P (``kv_producer``) to decode instance D (``kv_consumer``):
 
@@ -57,17 +59,21 @@ import mmap
 import os
 import secrets
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
 from multiprocessing import shared_memory
 import numpy
 import torch
 from engine.config import KVTransferConfig
 from engine.core.sequence import SequenceGroup
 from engine.kv_transfer.base import (KVConnectorMetadata, KVConnectorOutput, KVConnectorScheduler, KVConnectorWorker,
-                                     KVLoadSpec)
-from engine.kv_transfer.lease import Lease, LeaseTable, TransferRefused, prompt_hash
+                                     KVLoadSpec, KVSendSpec)
+from engine.kv_transfer.bootstrap import BootstrapTable, KVPoll, Reservation
+from engine.kv_transfer.lease import TRANSFER_ID_BYTES, Lease, LeaseTable, TransferRefused, prompt_hash
 
 LAB = "kv_connector"  # the lab whose parts this file holds
 
@@ -86,7 +92,11 @@ class SharedMemoryConnectorScheduler:
         self.config = config
         self.block_size = block_size
         self.engine_id = config.engine_id or f"engine-{secrets.token_hex(4)}"
-        self.leases = LeaseTable(config.kv_lease_duration, *([clock] if clock else [])) if config.is_kv_producer else None
+        push = config.kv_handover == "push"
+        self.leases = LeaseTable(config.kv_lease_duration, *([clock] if clock else [])) if config.is_kv_producer and not push else None
+        self.bootstrap = BootstrapTable(config.kv_lease_duration, *([clock] if clock else [])) if config.is_kv_producer and push else None
+        self._pushing: dict[int, SequenceGroup] = {}  # producer, push: request id -> request whose room is live
+        self._bootstrapping: set[int] = set()  # producer, push: those still waiting for their reservation
         extra = config.kv_connector_extra_config
         self.allowed_remote_hosts = tuple(extra.get("allowed_remote_hosts", LOOPBACK_HOSTS))
         self.side_channel: tuple[str, int | None] = (config.kv_ip or "127.0.0.1", config.kv_port)
@@ -128,7 +138,13 @@ class SharedMemoryConnectorScheduler:
         :func:`prompt_hash` (its first ``num_prompt_tokens`` token ids), which the prefill instance
         checks. The request's ``kv_transfer_params`` become ``{"kv_load": "loading",
         "remote_engine_id": <the one it was given>}``: the transfer id is not kept where a client
-        would see it."""
+        would see it.
+
+        In the push order (``kv_handover="push"``) the blocks are this request's reservation instead
+        (:meth:`_reserve`, given code)."""
+        if self.config.kv_handover == "push":
+            self._reserve(request, block_ids, num_external_tokens)
+            return
         # TODO(kv_connector): write this part (see the docstring and labs/README.md)
         raise NotImplementedError("lab kv_connector: SharedMemoryConnectorScheduler.update_state_after_alloc")
 
@@ -150,6 +166,10 @@ class SharedMemoryConnectorScheduler:
         self.side_channel, "transfer_id": the lease's}``: what the decode instance needs to read
         them. Every other request lends nothing: ``(False, None)``."""
         params = request.kv_transfer_params
+        if self.bootstrap is not None and request.request_id in self._pushing:
+            return self._push_finished(request)
+        if self.config.kv_handover == "push":
+            return False, None  # a decode request that never reserved: its prefill instance's room fails on its own
         if params and params.get("do_remote_prefill") and self.config.is_kv_consumer and self._check_params(request) is None:
             request.kv_transfer_params = None
             self._to_recv.append(KVLoadSpec(request.request_id, params["transfer_id"], params["remote_host"], params["remote_port"],
