@@ -2141,6 +2141,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "最长前缀匹配": ("最长前缀优先",),
     "仅为前者的": (r"(?<![至多])少 ?\{?[\w.:]*\}? ?倍",),  # a decrease cannot be said in 倍: "少 4 倍" is 1/4 or 3 times less?
     "已完成的请求": ("已结束的请求",),
+    "共置": (r"不分离的(?:引擎|副本|实例)", r"\| 不分离 \|"),  # colocated prefill and decode, DistServe's word
 }
 # English words a Chinese text may keep: the field's loan words, names, units and the lab's own words. Beside
 # these, a word with a digit, an underscore or a capital inside (SmolLM2, max_model_len, vLLM, ShareGPT), an
