@@ -50,6 +50,7 @@ OLD_VARIANTS = [
     "它们每个 token 的等待时间有上限",  # time per token
     "GPU 的屋脊线模型",
     "预填充（decode）",  # a gloss that does not match its term
+    "把同一个提示词交给单个不分离的引擎",  # colocated is 共置
 ]
 
 

@@ -1324,44 +1324,44 @@ CATALOGUE: dict[str, tuple[str, str]] = {
         "that step's decodes; disaggregated (xPyD), x prefill instances hand each prompt's KV cache over a link to y decode "
         "instances. Each instance is one replica of the model above on its GPUs, simulated with the engine's own scheduler; "
         "requests of the prompt and output lengths above arrive as a Poisson process.",
-        "DistServe 的衡量方式：有效吞吐量是至少有目标比例的请求同时满足首 token 延迟 SLO 和每输出 token 时间 SLO 的最高请求速率。"
+        "有效吞吐量是 DistServe 的衡量指标：在同时满足首 token 延迟 SLO 和每输出 token 时间 SLO 的请求不低于目标比例的前提下，所能承受的最高请求速率。"
         "共置时，每个实例既做预填充又做解码，一步里的长预填充会拖慢这一步的解码；分离时（xPyD），x 个预填充实例把每个提示词的 "
-        "KV 缓存经链路交给 y 个解码实例。每个实例是上面的模型在它的 GPU 上的一个副本，用引擎自己的调度器模拟；请求的提示词长度"
+        "KV 缓存经链路交给 y 个解码实例。每个实例都是上面所选模型在其 GPU 上的一个副本，用引擎自己的调度器模拟；请求的提示词长度"
         "和输出长度同上，按泊松过程到达。",
     ),
     "goodput_deployment": ("Disaggregated deployment (xPyD)", "分离部署（xPyD）"),
     "goodput_deployment_help": ("x prefill instances and y decode instances; it is compared with x + y colocated instances, "
-                                "as many GPUs.", "x 个预填充实例和 y 个解码实例；与 x + y 个共置实例（同样多的 GPU）比较。"),
+                                "as many GPUs.", "x 个预填充实例和 y 个解码实例；与 x + y 个共置实例（GPU 数量相同）对比。"),
     "goodput_link": ("KV transfer link", "KV 传输链路"),
     "goodput_link_nvlink": ("NVLink 4 ({gbs:g} GB/s)", "NVLink 4（{gbs:g} GB/s）"),
     "goodput_link_rdma-400g": ("RDMA 400 Gb/s ({gbs:g} GB/s)", "RDMA 400 Gb/s（{gbs:g} GB/s）"),
     "goodput_link_rdma-100g": ("RDMA 100 Gb/s ({gbs:g} GB/s)", "RDMA 100 Gb/s（{gbs:g} GB/s）"),
     "goodput_link_pcie-5": ("PCIe 5.0 x16 ({gbs:g} GB/s)", "PCIe 5.0 x16（{gbs:g} GB/s）"),
     "goodput_link_pcie-4": ("PCIe 4.0 x16 ({gbs:g} GB/s)", "PCIe 4.0 x16（{gbs:g} GB/s）"),
-    "goodput_ttft_scale": ("TTFT SLO (× one request's TTFT alone)", "首 token 延迟 SLO（单个请求独自运行时的倍数）"),
-    "goodput_tpot_scale": ("TPOT SLO (× one request's TPOT alone)", "每输出 token 时间 SLO（单个请求独自运行时的倍数）"),
-    "goodput_target": ("Target share of requests (%)", "目标请求比例（%）"),
+    "goodput_ttft_scale": ("TTFT SLO (× one request's TTFT alone)", "首 token 延迟 SLO（单个请求独自运行时首 token 延迟的倍数）"),
+    "goodput_tpot_scale": ("TPOT SLO (× one request's TPOT alone)", "每输出 token 时间 SLO（单个请求独自运行时每输出 token 时间的倍数）"),
+    "goodput_target": ("Target share of requests (%)", "达标请求的目标比例（%）"),
     "goodput_of": ("Goodput, {label} ({gpus} GPUs)", "有效吞吐量，{label}（{gpus} 块 GPU）"),
     "goodput_value": ("{rate:,.3g} req/s", "每秒 {rate:,.3g} 个请求"),
     "goodput_per_gpu": ("{rate:,.3g} req/s per GPU", "每块 GPU 每秒 {rate:,.3g} 个请求"),
     "goodput_below_sweep": ("below the sweep", "低于扫描范围"),
     "goodput_transfer": ("KV transfer per request", "每个请求的 KV 传输"),
     "goodput_transfer_formula": ("{kv:,} B per token × {prompt:,} prompt tokens ÷ {gbs:g} GB/s = {ms:.2f} ms, added to the "
-                                 "disaggregated TTFT", "每 token {kv:,} B × 提示词 {prompt:,} 个 token ÷ {gbs:g} GB/s = "
+                                 "disaggregated TTFT", "每个 token {kv:,} B × 提示词 {prompt:,} 个 token ÷ {gbs:g} GB/s = "
                                  "{ms:.2f} ms，计入分离部署的首 token 延迟"),
     "goodput_slos": ("SLOs: TTFT ≤ {ttft_scale:g} × {ttft_alone:.1f} ms = {ttft:.1f} ms; TPOT ≤ {tpot_scale:g} × {tpot_alone:.2f} ms "
                      "= {tpot:.2f} ms; at least {target:.0%} of the requests within both.",
                      "SLO：首 token 延迟 ≤ {ttft_scale:g} × {ttft_alone:.1f} ms = {ttft:.1f} ms；每输出 token 时间 ≤ "
                      "{tpot_scale:g} × {tpot_alone:.2f} ms = {tpot:.2f} ms；至少 {target:.0%} 的请求同时满足两者。"),
     "goodput_needs_two_tokens": ("A one-token output has no time per output token: choose an output of 2 tokens or more.",
-                                 "只有一个 token 的输出没有每输出 token 时间：请选择至少 2 个 token 的输出。"),
+                                 "输出只有一个 token 时没有每输出 token 时间：请把输出长度设为至少 2 个 token。"),
     "goodput_transfer_caption": ("KV transfer per request: {formula}", "每个请求的 KV 传输：{formula}"),
     "goodput_chart_title": ("SLO attainment against request rate", "SLO 达成率随请求速率的变化"),
-    "goodput_rate_axis": ("request rate (requests/s, all instances)", "请求速率（每秒请求数，全部实例）"),
+    "goodput_rate_axis": ("request rate (requests/s, all instances)", "请求速率（每秒请求数，所有实例合计）"),
     "goodput_share_axis": ("share of requests within the SLOs", "满足 SLO 的请求比例"),
     "goodput_deployment_axis": ("deployment", "部署"),
     "goodput_slo_axis": ("SLO", "SLO"),
-    "goodput_slo_both": ("both", "两者"),
+    "goodput_slo_both": ("both", "两项都满足"),
     "goodput_slo_ttft": ("TTFT only", "仅首 token 延迟"),
     "goodput_slo_tpot": ("TPOT only", "仅每输出 token 时间"),
     "goodput_target_label": ("target {target:.0%}", "目标 {target:.0%}"),
@@ -1369,14 +1369,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "goodput_label_colocated": ("{n} colocated instances", "{n} 个共置实例"),
     "goodput_source": (
         "Simulated in {ms:.0f} ms: {n} requests per rate, each deployment. The same sweep as a table: `{command}`",
-        "模拟用时 {ms:.0f} ms：每个部署在每个速率下 {n} 个请求。同样的扫描以表格输出：`{command}`",
+        "模拟用时 {ms:.0f} ms：每种部署在每个速率下模拟 {n} 个请求。用这条命令可以把同样的扫描输出成表格：`{command}`",
     ),
     "goodput_not_modelled": (
         "Not modelled: the transfer's wait for free blocks on the decode instance, several transfers sharing one link, a "
         "transfer overlapping the prefill's layers, load-aware dispatch (requests go round-robin), and the search for each "
         "phase's own parallelism that DistServe makes: every instance here is the same replica.",
-        "没有建模的部分：传输等待解码实例上的空闲块、多个传输共用一条链路、传输与预填充的各层重叠、按负载分发（请求轮流分配），"
-        "以及 DistServe 为每个阶段分别搜索的并行方式：这里每个实例都是同一个副本。",
+        "没有建模的部分：传输等待解码实例上的空闲块、多个传输共用一条链路、传输与预填充逐层重叠、按负载分发（这里请求轮流分配），"
+        "以及 DistServe 为每个阶段分别搜索的并行策略：这里每个实例都是同样的副本。",
     ),
     # --- end of what-ifs
     # --- kernel lab
@@ -1599,12 +1599,12 @@ CATALOGUE: dict[str, tuple[str, str]] = {
     "l14_fail_none": ("FAIL: predicted_lent_blocks, predicted_bytes or predicted_link_ms is still None",
                       "FAIL：predicted_lent_blocks、predicted_bytes 或 predicted_link_ms 仍是 None"),
     "l14_fail_blocks": ("FAIL: you predict {value} lent blocks, but the prefill instance lent another number",
-                        "FAIL：你预测借出 {value} 个块，但预填充实例借出的块数不是这个"),
+                        "FAIL：你预测借出 {value} 个块，但预填充实例借出的块数不同"),
     "l14_fail_bytes": ("FAIL: the blocks are right, but the decode instance did not read {value:,} bytes "
                        "(a block moves whole: every layer's K and V for all of its slots)",
-                       "FAIL：块数对了，但解码实例读取的不是 {value:,} 字节（块是整块搬运的：每一层的 K 和 V，覆盖块里的全部槽位）"),
+                       "FAIL：块数对了，但解码实例读取的不是 {value:,} 字节（块按整块搬运：块中全部槽位在每一层的 K 和 V）"),
     "l14_fail_ms": ("FAIL: blocks and bytes are right, but {value} ms is not what those bytes take over the link",
-                    "FAIL：块数和字节数都对了，但 {value} 毫秒不是这些字节经过这条链路所需的时间"),
+                    "FAIL：块数和字节数都对了，但这些字节经过这条链路所需的时间不是 {value} 毫秒"),
     "l14_pass": ("PASS: {blocks} blocks lent, {bytes:,} bytes read, {ms:.4f} ms over the link",
                  "PASS：借出 {blocks} 个块，读取 {bytes:,} 字节，经过链路需要 {ms:.4f} 毫秒"),
     "l13_fail_none": ("FAIL: predicted_cached_tokens or predicted_loaded_tokens is still None",
@@ -1869,11 +1869,11 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "交接：预填充块 {prefill} -> 解码块 {decode}，租约{lease}，读取 {bytes:,} 字节"),
     "lp14_tokens": ("greedy tokens, {how}: {tokens}", "贪心解码的 token，{how}：{tokens}"),
     "lp14_through_handover": ("through the handover", "经过交接"),
-    "lp14_colocated": ("one colocated engine", "单个不分离的引擎"),
+    "lp14_colocated": ("one colocated engine", "单个共置的引擎"),
     "lp14_kv_bytes": ("KV bytes per token: 2 (K and V) x {layers} layers x {heads} KV heads x {dim} (head_dim) x {elem} bytes = {total:,}",
                       "每个 token 的 KV 字节数：2（K 和 V）x {layers} 层 x {heads} 个 KV 头 x 每头 {dim} 维 x {elem} 字节 = {total:,}"),
     "lp14_moved": ("{blocks} blocks x {block_size} slots x {per_token:,} bytes = {bytes:,} bytes: what the decode instance read",
-                   "{blocks} 个块 x {block_size} 个槽位 x {per_token:,} 字节 = {bytes:,} 字节：解码实例读取的量"),
+                   "{blocks} 个块 x 每块 {block_size} 个槽位 x 每个 token {per_token:,} 字节 = {bytes:,} 字节：解码实例读取的字节数"),
     "lp8_event_blocks": ("  {kind:<9} (request, block): {blocks}", "  {kind:<4}（请求, 块）：{blocks}"),
     "lp8_free_queue": ("  free queue: {queue}", "  空闲队列：{queue}"),
     "lp8_cached_blocks": ("cached blocks: {blocks}", "已缓存的块：{blocks}"),
@@ -2192,6 +2192,7 @@ FORBIDDEN_VARIANTS: dict[str, tuple[str, ...]] = {
     "最长前缀匹配": ("最长前缀优先",),
     "仅为前者的": (r"(?<![至多])少 ?\{?[\w.:]*\}? ?倍",),  # a decrease cannot be said in 倍: "少 4 倍" is 1/4 or 3 times less?
     "已完成的请求": ("已结束的请求",),
+    "共置": (r"不分离的(?:引擎|副本|实例)", r"\| 不分离 \|"),  # colocated prefill and decode, DistServe's word
 }
 # English words a Chinese text may keep: the field's loan words, names, units and the lab's own words. Beside
 # these, a word with a digit, an underscore or a capital inside (SmolLM2, max_model_len, vLLM, ShareGPT), an

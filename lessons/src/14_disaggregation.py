@@ -31,11 +31,11 @@
 # %% [markdown] lang="zh"
 # # 第 14 课　预填充与解码分离到两个引擎
 #
-# **目标**：把一个请求拆到两个引擎上：预填充实例计算提示词的 KV 缓存，解码实例负责生成；在真实引擎上看 KV 块从一个显存池移到另一个显存池；然后算出一次交接要搬运多少数据，并权衡什么时候拆分才划算。
+# **目标**：把一个请求拆到两个引擎上：预填充实例计算提示词的 KV 缓存，解码实例负责生成；在真实引擎上观察 KV 块从一个显存池移到另一个显存池；然后算出一次交接要搬运多少数据，并权衡什么时候拆分才划算。
 #
-# 到目前为止，每个引擎都把新提示词的预填充和运行中请求的解码放在同一步里（第 6 课）。一次很长的预填充会让这一步里的每个解码都等着它：正在输出的流会卡顿，每当有长提示词到达，它们的 token 间延迟（ITL）就突然变大。**DistServe**（Zhong 等，OSDI 2024）把这叫作*预填充与解码的相互干扰*，并指出合在一起的第二个代价：两个阶段共用同一套并行方案和同一个批大小，哪一个都没法按自己的延迟目标（预填充看首 token 延迟，解码看每输出 token 时间）单独调优。它把两个阶段放到不同的 GPU 上，各自按目标配置，衡量的是*有效吞吐量*：每秒有多少请求同时满足这两个目标。**Splitwise**（Patel 等，ISCA 2024）从硬件出发：预填充是计算受限的，解码是访存受限的（第 1 课），所以两个阶段可以跑在不同类型的机器上。两者付出的代价相同：每个提示词的 KV 缓存都必须从预填充引擎搬到解码引擎。
+# 到目前为止，每个引擎都把新提示词的预填充和运行中请求的解码放在同一步里（第 6 课）。一次很长的预填充会让这一步里的每个解码都等着它：正在输出的流会卡顿，每当有长提示词到达，它们的 token 间延迟（ITL）就突然变大。**DistServe**（Zhong 等，OSDI 2024）把这叫作*预填充与解码的相互干扰*，并指出两个阶段共置（放在同一个引擎上）的第二个代价：两个阶段共用同一套并行方案和同一个批大小，哪一个都没法按自己的延迟目标单独调优：预填充看首 token 延迟（TTFT），解码看每输出 token 时间（TPOT）。它把两个阶段放到不同的 GPU 上，各自按自己的目标配置，衡量的是*有效吞吐量*（goodput）：每秒有多少请求同时满足这两个目标。**Splitwise**（Patel 等，ISCA 2024）从硬件出发：预填充是计算受限的，解码是访存受限的（第 1 课），所以两个阶段可以跑在不同类型的机器上。两者付出的代价相同：每个提示词的 KV 缓存都必须从预填充引擎搬到解码引擎。
 #
-# 引擎中的位置：`engine/kv_transfer/`（vLLM v1 的 KV 连接器：调度器侧只做决定，工作进程侧只搬字节）、`python -m engine serve-disagg`（两个进程，前面是一个兼容 OpenAI 接口的代理）和 `engine/disagg_pair.py`（同样的两个引擎放在一个进程里，手动单步执行，本课就用它）。完整的说明见 [docs/disaggregation.md](../../docs/disaggregation.md)。
+# 引擎中的位置：`engine/kv_transfer/`（vLLM v1 的 KV 连接器：调度器侧只做决策，工作进程侧只搬字节）、`python -m engine serve-disagg`（两个进程，前面放一个兼容 OpenAI 接口的代理）和 `engine/disagg_pair.py`（同样的两个引擎放在一个进程里，手动单步执行，本课就用它）。完整的说明见 [docs/disaggregation.md](../../docs/disaggregation.md)。
 
 # %%
 # Make `engine` importable when this notebook is opened from lessons/<lang>/ without `pip install -e .`
@@ -98,11 +98,11 @@ def show_pool(pool):
 # the prefill finished. The decode instance has a request of its own running; the pools are shown at every step.
 
 # %% [markdown] lang="zh"
-# ## 1. 交接的顺序（vLLM）：拉取
+# ## 1. 按 vLLM 的顺序交接：拉取
 # vLLM 的预填充/解码分离服务（它的 `NixlConnector`，以及这里的共享内存连接器）通过一个代理，为每个请求发出两次调用：
 #
-# 1. 提示词先发给**预填充实例**，带上 `max_tokens=1` 和 `kv_transfer_params={"do_remote_decode": true}`。它预填充这个提示词，然后请求结束。连接器的调度器侧（`request_finished`）不释放这个请求的块（`delay_free`），而是在一个**租约**下把它们借出：租约有一个无法猜到的 `transfer_id`，有效期为 `kv_lease_duration` 秒；它的回答说明这些块在哪里：`remote_block_ids`，以及旁路通道的主机和端口。
-# 2. 同一个请求带着这些参数发给**解码实例**。接纳时，它的调度器问连接器有多少个提示词 token 来自别处（`get_num_new_matched_tokens`：除最后一个之外的全部），然后在自己的显存池里为请求**分配**块，并告诉连接器这些块在哪里（`update_state_after_alloc`）。请求在 `WAITING_FOR_REMOTE_KVS` 状态中等待，不在这一步的批里：其他请求照常解码。
+# 1. 提示词先发给**预填充实例**，带上 `max_tokens=1` 和 `kv_transfer_params={"do_remote_decode": true}`。它对提示词做完预填充，请求随即结束。连接器的调度器侧（`request_finished`）不释放这个请求的块（`delay_free`），而是在**租约**下把它们借出：租约就是一个无法猜测的 `transfer_id`，有效期 `kv_lease_duration` 秒；预填充实例的回复写明这些块在哪里：`remote_block_ids`，以及旁路通道的主机和端口。
+# 2. 同一个请求带着这些参数发给**解码实例**。接纳时，它的调度器问连接器有多少个提示词 token 的 KV 可以从别处获得（`get_num_new_matched_tokens`：除最后一个之外的全部），然后在自己的显存池里为请求**分配**块，并告诉连接器这些块在哪里（`update_state_after_alloc`）。请求在 `WAITING_FOR_REMOTE_KVS` 状态中等待，不在这一步的批里：其他请求照常解码。
 # 3. 工作进程侧**读取**借出的块（这里是预填充实例填好的一段共享内存；vLLM 用 RDMA），复制到分配好的块里，再**通知**预填充实例（`/kv_transfer/release`），预填充实例随即释放它的块。之后这个请求只计算最后一个提示词 token，由它的 logits 选出第一个输出 token，然后照常解码。
 #
 # `DisaggPair` 扮演代理，并单步执行两个引擎：`add_request` 发出第一次调用，预填充结束后发出第二次。解码实例上还有一个自己的请求在运行；每一步都显示两个显存池。
@@ -133,9 +133,9 @@ print(t("lp14_handover", LANG, prefill=handover.prefill_blocks, decode=handover.
 # handover must be those of one colocated engine given the same prompt.
 
 # %% [markdown] lang="zh"
-# 按顺序读这几步。第 0 步，预填充实例算完了提示词，在租约下借出它的块；解码实例在运行自己的请求。第 1 步，解码实例接纳了交接过来的请求：它的块分配在自己那个请求的块旁边，读取开始；租约被读取并释放，所以预填充实例的显存池又空了。第 2 步，字节已经写进块里，请求计算它的最后一个提示词 token；从第 3 步起，它和另一个请求一起解码。解码实例自己的请求从来没有等过这个提示词的预填充。
+# 按顺序读这几步。第 0 步，预填充实例算完了提示词，在租约下借出它的块；解码实例在运行自己的请求。第 1 步，解码实例接纳了交接过来的请求：这个请求的块就分配在解码实例自己那个请求的块旁边，读取随即开始；借出的块读完后租约即被释放，所以预填充实例的显存池又全部空闲了。第 2 步，这些字节已经写进解码块，请求计算它的最后一个提示词 token；从第 3 步起，它和另一个请求一起解码。解码实例自己的请求从来没有等过这个提示词的预填充。
 #
-# 交接过来的 KV 和单个引擎自己算出的一样吗？贪心解码可以回答：经过交接得到的 token，必须和把同一个提示词交给单个不分离的引擎得到的 token 完全相同。
+# 交接过来的 KV 和单个引擎自己算出的一样吗？贪心解码可以回答：经过交接得到的 token，必须和把同一个提示词交给一个共置的引擎得到的 token 完全相同。
 
 # %%
 while pair.has_unfinished():
@@ -153,17 +153,18 @@ assert through_handover == colocated.get_output(rid).outputs[0].token_ids
 # ## 2. SGLang's order: push
 # SGLang's PD disaggregation (`python/sglang/srt/disaggregation/`) turns the order around. The **decode** side moves
 # first: it reserves the KV slots for the request *before* the prefill runs and tells the prefill side where they
-# are; the **prefill** side then writes into them, layer by layer as it computes, so the transfer overlaps the
-# prefill. Both sides follow the request through the same states (`KVPoll`): `Bootstrapping` (the two sides find
-# each other through a bootstrap server), `WaitingForInput` (each waits for the other: the prefill side for the
-# indices of the slots the decode side reserved, the decode side for the KV), `Transferring`, then `Success` or `Failed`.
+# are; the **prefill** side then writes into them as it computes, each chunk of a chunked prefill as soon as its
+# forward pass ends, so the transfer of one chunk overlaps the computation of the next. Both sides follow the
+# request through the same states (`KVPoll`): `Bootstrapping` (the two sides find each other through a bootstrap
+# server), `WaitingForInput` (each waits for the other: the prefill side for the indices of the slots the decode
+# side reserved, the decode side for the KV), `Transferring`, then `Success` or `Failed`.
 #
 # | | pull (vLLM, this engine) | push (SGLang) |
 # |---|---|---|
 # | who moves first | prefill finishes and holds its blocks | decode reserves slots first |
 # | who moves the bytes | decode reads | prefill writes into decode's slots |
 # | what waits | prefill's blocks, under a lease | decode's reserved slots |
-# | overlap | none: the whole prompt moves after the prefill | the transfer overlaps the prefill's layers |
+# | overlap | none: the whole prompt moves after the prefill | a chunk's transfer overlaps the next chunk's prefill |
 #
 # Pull never holds decode memory for a prompt still being computed, and a lease nobody reads simply expires; push
 # hides the transfer behind the prefill, at the price of decode slots held while the prefill runs. The engine
@@ -171,16 +172,16 @@ assert through_handover == colocated.get_output(rid).outputs[0].token_ids
 
 # %% [markdown] lang="zh"
 # ## 2. SGLang 的顺序：推送
-# SGLang 的预填充/解码分离（`python/sglang/srt/disaggregation/`）把顺序反了过来。先动的是**解码**一侧：它在预填充开始*之前*就为请求预留好 KV 槽位，并告诉预填充一侧这些槽位在哪里；然后**预填充**一侧一边逐层计算，一边把结果写进这些槽位，于是传输与预填充重叠进行。两侧用同一组状态（`KVPoll`）跟踪请求：`Bootstrapping`（两侧通过引导服务器找到彼此）、`WaitingForInput`（互相等待：预填充一侧等解码一侧发来预留槽位的索引，解码一侧等 KV 数据）、`Transferring`（传输中），最后是 `Success`（成功）或 `Failed`（失败）。
+# SGLang 的预填充/解码分离（`python/sglang/srt/disaggregation/`）把顺序反了过来。先动的是**解码**一侧：它在预填充开始*之前*就为请求预留好 KV 槽位，并告诉预填充一侧这些槽位在哪里；然后**预填充**一侧边计算边写进这些槽位：分块预填充的每个分块一算完就开始传输，于是一个分块的传输与下一个分块的计算重叠进行。两侧用同一组状态（`KVPoll`）跟踪请求：`Bootstrapping`（两侧通过引导服务器找到彼此）、`WaitingForInput`（互相等待：预填充一侧等解码一侧发来预留槽位的索引，解码一侧等 KV 数据）、`Transferring`（传输中），最后是 `Success`（成功）或 `Failed`（失败）。
 #
 # | | 拉取（vLLM，本引擎） | 推送（SGLang） |
 # |---|---|---|
-# | 谁先动 | 预填充结束，保留它的块 | 解码先预留槽位 |
+# | 谁先动 | 预填充先算完，保留它的块 | 解码先预留槽位 |
 # | 谁搬字节 | 解码读取 | 预填充写进解码的槽位 |
-# | 等待期间占着什么 | 预填充的块，在租约下 | 解码预留的槽位 |
-# | 重叠 | 没有：预填充结束后整个提示词再搬运 | 传输与预填充的逐层计算重叠 |
+# | 等待期间占着什么 | 预填充一侧在租约下保留的块 | 解码一侧预留的槽位 |
+# | 重叠 | 没有：预填充结束后才搬运整个提示词的 KV | 一个分块的传输与下一个分块的预填充重叠 |
 #
-# 拉取从不为还在计算的提示词占用解码一侧的显存，没人读取的租约到期就自动结束；推送把传输藏在预填充后面，代价是预填充期间一直占着解码一侧的槽位。本引擎只实现了拉取。
+# 拉取从不为还在计算的提示词占用解码一侧的显存，没人读取的租约到期就自动结束；推送用预填充的计算掩盖传输时间，代价是预填充期间一直占着解码一侧的槽位。本引擎只实现了拉取。
 
 # %% [markdown] lang="en"
 # ## 3. What a handover moves
@@ -189,7 +190,7 @@ assert through_handover == colocated.get_output(rid).outputs[0].token_ids
 
 # %% [markdown] lang="zh"
 # ## 3. 一次交接搬运了什么
-# 第 2 课算过一个 token 的 KV 字节数：`2（K 和 V）× 层数 × KV 头数 × 每头维数 × 元素字节数`。交接按整块搬运：每个借出的块，每一层的 K 和 V 都要搬，不管提示词只填了最后一块的多少。
+# 第 2 课算过一个 token 的 KV 字节数：`2（K 和 V）× 层数 × KV 头数 × 每头维数 × 元素字节数`。交接按整块搬运：每个借出的块，每一层的 K 和 V 都要搬，不管提示词把最后一块填了多少。
 
 # %%
 config = weights.config
@@ -218,7 +219,7 @@ assert handover.num_bytes == len(handover.prefill_blocks) * 4 * kv_bytes_per_tok
 #
 # - `predicted_lent_blocks`：预填充实例在租约下借出多少个块；
 # - `predicted_bytes`：解码实例读取多少字节；
-# - `predicted_link_ms`：这些字节经过一条 25 GB/s 的链路（`LINK_BYTES_PER_S`，相当于 NIXL 在机器之间使用的 200 Gb/s RDMA 网卡）需要多少毫秒，不计延迟。
+# - `predicted_link_ms`：这些字节经过一条 25 GB/s 的链路（`LINK_BYTES_PER_S`，相当于 NIXL 在机器之间使用的 200 Gb/s RDMA 网卡）需要多少毫秒，不计链路延迟。
 #
 # 检查会把这个提示词交接一次，再和引擎自己的交接记录对比。
 
@@ -286,21 +287,21 @@ print(check())
 #   but llm-d asks for RDMA (InfiniBand, RoCE, EFA) in production.
 
 # %% [markdown] lang="zh"
-# 短提示词的传输量很小，但它随提示词增长：这个模型的 4,096 个 token 是 4,096 × 46,080 字节，约 189 MB，经过同一条链路约需 7.5 毫秒；而一个 80 层、8 个 KV 头、每头 128 维、16 位精度的模型（Llama-3-70B 的形状）每个 token 有 2 × 80 × 8 × 128 × 2 = 327,680 字节，同样的提示词就是 1.3 GB。交接是否划算，要看它省下了什么：一次不再让解码停下来等待的预填充。
+# 短提示词的传输量很小，但它随提示词增长：这个模型的 4,096 个 token 就有 4,096 × 46,080 字节，约 189 MB，经过同一条链路约需 7.5 毫秒；而一个 80 层、8 个 KV 头、每头 128 维、16 位精度的模型（Llama-3-70B 的形状）每个 token 有 2 × 80 × 8 × 128 × 2 = 327,680 字节，同样的提示词就是 1.3 GB。交接是否划算，要看它换来了什么：预填充不再让解码停下来等待。
 #
 # ## 5. 本实验测到了什么
-# `python -m engine.tools.bench_disagg` 让若干个贪心解码的流持续输出，同时每 2 秒到达一个 512 token 的提示词；分别在不分离的 `serve` 和 `serve-disagg`（一个预填充实例加一个解码实例，即 1P1D）上各跑一次。在本实验的机器上（2 个共享的虚拟 CPU，支持 AVX-512 和 AMX 的英特尔至强处理器，默认模型，float32，其他任务使平均负载保持在 16；见 [docs/disaggregation.md](../../docs/disaggregation.md) 中的实测部分）：
+# `python -m engine.tools.bench_disagg` 让若干个贪心解码的流持续输出，同时每 2 秒到达一个 512 token 的提示词；分别在共置的 `serve` 和 `serve-disagg`（一个预填充实例加一个解码实例，即 1P1D）上各跑一次。在本实验的机器上（2 个共享的虚拟 CPU，支持 AVX-512 和 AMX 的英特尔至强处理器，默认模型以 float32 运行，其他任务使平均负载保持在 16；见 [docs/disaggregation.md](../../docs/disaggregation.md) 中的实测部分）：
 #
 # | 配置 | ITL p50 | ITL p99 | 长提示词首 token 延迟 p50 | 完成的长提示词数 |
 # |---|---:|---:|---:|---:|
-# | 不分离 | 1,985 毫秒 | 14,870 毫秒 | 13,598 毫秒 | 12 |
+# | 共置 | 1,985 毫秒 | 14,870 毫秒 | 13,598 毫秒 | 12 |
 # | 1P1D | 5,823 毫秒 | 8,991 毫秒 | 49,983 毫秒 | 5 |
 #
-# 拆分的效果正如 DistServe 所说：不分离时，一个流最长的停顿就是一次长提示词的完整预填充（p99 是它 p50 的 7.5 倍）；拆分之后，流的解码步不再等待同一批里的预填充，p99 下降了 40%。但两个实例共用同样的两个 CPU 核：预填充实例的计算仍然拖慢解码步，只不过方式从同批等待变成了争用 CPU，所以典型停顿（p50）和长提示词的首 token 延迟都变差了，同样时间里完成的长提示词也更少。预填充/解码分离把干扰移出了批，但不会凭空变出硬件。
+# 拆分的效果正如 DistServe 所说：共置时，一个流最长的停顿就是一次长提示词的完整预填充（p99 是它 p50 的 7.5 倍）；拆分之后，流的解码步不再等待同一批里的预填充，p99 下降了 40%。但两个实例共用同样的两个 CPU 核：预填充实例的计算仍然拖慢解码步，只不过方式从同批等待变成了争用 CPU，所以典型停顿（p50）和长提示词的首 token 延迟都变差了，同样时间里完成的长提示词也更少。预填充/解码分离把干扰移出了批，但不会凭空变出硬件。
 #
 # ## 6. 什么时候不该拆分
-# - **GPU 数量相同时。**两块 GPU 组成 1P1D，每个阶段各用一块；同样两块 GPU 组成两个不分离的副本，每个副本处理一半请求的两个阶段。提示词短的时候，预填充 GPU 常常空闲，解码 GPU 却要承载所有运行中的请求，两个副本能服务更多请求：vLLM 的文档明确说，预填充/解码分离不提高吞吐量，它控制的是 token 间延迟的尾部。
-# - **输入短、模型小时。**`llm-d` 建议把预填充/解码分离用于长上下文负载（大约每个输出 token 对应 10 个输入 token）和中到大型的模型：在那里，一次预填充让解码停顿的时间长到值得一次 KV 传输，而传输的开销相对于它所取代的预填充很小。
+# - **GPU 数量相同时。**两块 GPU 组成 1P1D，每个阶段各用一块；同样两块 GPU 组成两个共置的副本，每个副本处理一半请求的两个阶段。提示词短的时候，预填充 GPU 常常空闲，解码 GPU 却要承载所有运行中的请求，两个副本能服务更多请求：vLLM 的文档明确说，预填充/解码分离不提高吞吐量，它控制的是尾部的 token 间延迟。
+# - **输入短、模型小时。**`llm-d` 建议把预填充/解码分离用于中到大型模型上的长上下文负载（输入 token 约为输出 token 的 10 倍）：在这种场景下，一次预填充让解码停顿的时间长到值得付出一次 KV 传输，而传输的开销与它所替代的预填充相比很小。
 # - **分块预填充已经限制住了停顿。**第 6 课的分块预填充把长提示词切成分块，和解码共享每一步的 token 预算（Sarathi-Serve），在单个引擎上就能压住 token 间延迟的尖峰。
 # - **没有高速链路时。**上面算出的 KV 字节数，每个请求都要过一次网络：NIXL 可以走 TCP，但 `llm-d` 在生产环境中要求使用 RDMA（InfiniBand、RoCE、EFA）。
 
@@ -323,6 +324,6 @@ pair.close()  # the prefill instance's side channel stops; every shared-memory s
 # %% [markdown] lang="zh"
 # ## 自测题
 # 供讨论或考试使用；答案都可以从本课推出。
-# - **热身。**为什么解码实例要自己计算最后一个提示词 token，而不是把全部提示词 token 都读过来？
+# - **热身。**为什么解码实例要自己计算最后一个提示词 token，而不是把全部提示词 token 的 KV 都读过来？
 # - **核心。**一个租约在解码实例读取之前就到期了。预填充实例的块会怎样？解码实例上的那个请求又会怎样？
-# - **设计。**你有两块 GPU，负载是提示词短、回答长的聊天。你会用 1P1D 还是两个不分离的副本？什么情况会让你改变主意？
+# - **设计。**你有两块 GPU，负载是提示词短、回答长的聊天。你会用 1P1D 还是两个共置的副本？什么情况会让你改变主意？
