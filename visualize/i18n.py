@@ -2044,31 +2044,31 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                       "解码实例先预留块，预填充实例把 KV 写进这些块（`kv_handover`）。"),
     "ho_order_pull": ("pull: the decode instance reads (vLLM)", "拉取：解码实例读取（vLLM）"),
     "ho_order_push": ("push: the prefill instance writes (SGLang)", "推送：预填充实例写入（SGLang）"),
-    "ho_order_title": ("One request, in the order it happens", "一个请求，按发生的顺序"),
+    "ho_order_title": ("One request, in the order it happens", "一个请求依次经历的步骤"),
     "ho_pull_1": ("The prompt goes to the prefill instance (max_tokens 1, do_remote_decode).",
                   "提示词发送到预填充实例（max_tokens 1，do_remote_decode）。"),
     "ho_pull_2": ("The prefill instance computes it and lends its blocks under a lease: it holds them until they are read.",
-                  "预填充实例计算它，并在租约下借出它的块：在这些块被读走之前一直持有它们。"),
+                  "预填充实例算完提示词，在租约下借出它的块：这些块被读走之前一直由它持有。"),
     "ho_pull_3": ("The prompt goes to the decode instance with the lease; it allocates its own blocks, reads the lent ones "
                   "into them and releases the lease.",
                   "提示词带着租约发送到解码实例；解码实例分配自己的块，把借出的块读进来，然后释放租约。"),
     "ho_pull_4": ("The decode instance computes the last prompt token and generates.",
-                  "解码实例计算提示词的最后一个 token，然后生成。"),
+                  "解码实例计算提示词的最后一个 token，然后开始生成。"),
     "ho_push_1": ("The prompt goes to both instances at once, with one bootstrap room.",
                   "提示词同时发送到两个实例，带着同一个 `bootstrap_room`。"),
     "ho_push_2": ("The decode instance reserves blocks for the prompt and tells the prefill instance where "
                   "(Bootstrapping → WaitingForInput); the prefill request waited, holding no block.",
                   "解码实例为提示词预留块，并告诉预填充实例写到哪里（`Bootstrapping` → `WaitingForInput`）；"
-                  "预填充请求一直在等待，不占用任何块。"),
+                  "预填充一侧的请求此前一直在等待，不占用任何块。"),
     "ho_push_3": ("The prefill instance computes the prompt and writes its KV into the reserved decode blocks "
                   "(Transferring → Success); its own blocks are free at once.",
-                  "预填充实例计算提示词，把它的 KV 写进预留的解码块（`Transferring` → `Success`）；它自己的块随即空闲。"),
+                  "预填充实例计算提示词，把它的 KV 写进预留的解码块（`Transferring` → `Success`）；预填充实例自己的块随即释放。"),
     "ho_push_4": ("The decode instance takes the KV in, computes the last prompt token and generates.",
-                  "解码实例收下这些 KV，计算提示词的最后一个 token，然后生成。"),
+                  "解码实例接收这些 KV，计算提示词的最后一个 token，然后开始生成。"),
     "ho_sent_push": ("Request {rid} sent to both instances (bootstrap room {room}).",
                      "请求 {rid} 已同时发送到两个实例（`bootstrap_room` {room}）。"),
     "ho_state_reserved": ("reserved, waiting for the prefill instance's KV", "已预留，等待预填充实例写入 KV"),
-    "ho_room": ("Bootstrap room", "引导房间"),
+    "ho_room": ("Bootstrap room", "引导房间号"),
     "ho_poll": ("State (KVPoll)", "状态（KVPoll）"),
     "ho_write_ms": ("Write (ms)", "写入（毫秒）"),
     "ho_transfers_caption_push": ("Each prefill block written and the reserved decode block it went to; the bytes are every "
@@ -2081,14 +2081,14 @@ CATALOGUE: dict[str, tuple[str, str]] = {
                                   "写入它的块。状态：SGLang 的 `KVPoll`，即解码实例看到的状态。"),
     "ho_story_reserved": ("Request {rid}: the decode instance reserved {n} blocks for its KV and told the prefill instance "
                           "where (room {room}): WaitingForInput.",
-                          "请求 {rid}：解码实例为它的 KV 预留了 {n} 个块，并告诉了预填充实例写到哪里（房间 {room}）：`WaitingForInput`。"),
+                          "请求 {rid}：解码实例为它的 KV 预留了 {n} 个块，并告诉了预填充实例写到哪里（引导房间号 {room}）：`WaitingForInput`。"),
     "ho_story_written": ("Request {rid}: the prefill instance computed its prompt and wrote {n} blocks ({size}) into the "
                          "decode instance's reserved blocks in {ms} ms: Success. Its own blocks are free.",
                          "请求 {rid}：预填充实例算完了它的提示词，在 {ms} 毫秒内把 {n} 个块（{size}）写进解码实例预留的块：`Success`。"
-                         "它自己的块已空闲。"),
+                         "预填充实例自己的块已释放。"),
     "ho_story_push_failed": ("Request {rid}: no KV was written in time (no prefill request for its room, or it failed): "
                              "Failed. The decode instance prefills the prompt itself (recompute).",
-                             "请求 {rid}：没有及时写入 KV（它的房间没有预填充请求，或预填充失败）：`Failed`。解码实例自己预填充这个提示词（重计算）。"),
+                             "请求 {rid}：没有及时写入 KV（没有预填充请求使用它的引导房间号，或预填充失败）：`Failed`。解码实例自己预填充这个提示词（重计算）。"),
 
 }
 
