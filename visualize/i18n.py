@@ -2282,7 +2282,8 @@ def untranslated(text: str) -> list[str]:
             part = part.strip(" .,:;·()–-*")
             if len(part) < 4 or not re.search("[A-Za-z]{3}", part) or part in zh:
                 continue
-            # whole words only: not inside an identifier or a path (paged_attention, 04_paged_attention.ipynb)
-            if re.search(rf"(?<![A-Za-z_/.]){re.escape(part)}(?![A-Za-z_/.])", text):
+            # whole words only: not inside an identifier, a path or an HTML attribute's name (paged_attention,
+            # 04_paged_attention.ipynb, data-request)
+            if re.search(rf"(?<![A-Za-z_/.-]){re.escape(part)}(?![A-Za-z_/.-])", text):
                 found.append(part)
     return sorted(set(found))
