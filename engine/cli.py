@@ -410,10 +410,12 @@ def _bench_cpu(args) -> None:
 
 def _add_simulator(sub) -> None:
     from engine.sim.simulator import register_cli as add_simulate
+    from engine.sim.whatif import add_goodput_args
     from engine.sim.whatif import register_cli as add_whatif
 
     add_simulate(sub)
     add_whatif(sub)
+    add_goodput_args(sub.choices["simulate"])  # simulate --goodput: prefill/decode disaggregation's goodput (engine/sim/disagg.py)
     # The paper's figures are one command, python -m visualize reproduce-paper (tables, JSON and charts); here a pointer.
     sub.add_parser("reproduce-paper", help="moved: python -m visualize reproduce-paper (the paper's figures)")
 

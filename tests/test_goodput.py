@@ -10,7 +10,8 @@ import pytest
 
 from engine.sim.cost_model import get_setup
 from engine.sim.disagg import LINKS, SLO, Deployment, attainment, goodput, poisson_requests, serve, sweep, transfer_s
-from engine.sim.simulator import SimulationConfig, main, simulate
+from engine.cli import main
+from engine.sim.simulator import SimulationConfig, simulate
 from engine.sim.workloads import Request
 
 SETUP = get_setup("h100-llama-3-8b")  # Llama-3-8B on one H100 at peak figures

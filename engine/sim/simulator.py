@@ -785,11 +785,6 @@ def _swap_slots(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    if args.goodput:
-        from engine.sim.disagg import run_goodput
-
-        run_goodput(args)
-        return
     result = simulate(
         workload=args.workload, num_requests=args.num_requests, request_rate=args.request_rate, trace=args.trace,
         kv_slots=_kv_slots(args), block_size=args.block_size, watermark=args.watermark, allocator=args.allocator,
@@ -886,9 +881,6 @@ help="prefills = vLLM v0's default scheduler (0.2 on): waiting prompts first wit
     p.add_argument("--chrome-trace", default=None, metavar="OUT.json",
                    help="write the per-request timeline as a Chrome / Perfetto trace (one track per request, one slice per "
                         "step, simulated time); steps one by one, for small runs")
-    from engine.sim.disagg import add_goodput_args
-
-    add_goodput_args(p)
     p.set_defaults(func=_cmd_simulate)
 
 

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 
 from engine.config import KV_CACHE_DTYPES, kv_bytes_per_slot, kv_cache_element_bytes
 from engine.sim.cost_model import CostModel, Hardware, ModelSpec, StepShape
-from engine.sim.disagg import DEFAULT_LINK, LINKS, SLO, Deployment, default_rates, sweep, transfer_s, unloaded
+from engine.sim.disagg import DEFAULT_LINK, DEFAULT_TARGET, LINKS, SLO, Deployment, default_rates, format_sweep, sweep, transfer_s, unloaded
 from engine.sim.simulator import SimulationConfig, simulate
 from engine.sim.workloads import Request
 
@@ -586,3 +586,63 @@ def goodput_of(cfg: WhatIfConfig, disagg: str, slo: SLO, link: str = DEFAULT_LIN
                            + (f" --tensor-parallel-size {cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else "")))
     result["wall_s"] = time.perf_counter() - started  # the sweep, its rates and the unloaded run
     return result
+
+
+# --- Command line: python -m engine simulate --goodput ... (DistServe's goodput; engine/sim/disagg.py) ----------
+
+DEFAULT_TTFT_SCALE = 10.0  # with no --ttft-slo-ms: 10x one request's TTFT alone
+DEFAULT_TPOT_SCALE = 1.5  # with no --tpot-slo-ms: 1.5x one request's TPOT alone
+
+
+def add_goodput_args(p) -> None:
+    """``simulate --goodput`` on the ``simulate`` parser ``p`` (its flags, and ``run_goodput`` in place of a
+    simulation when the flag is given; ``engine/cli.py`` adds them above the simulator's layer). The flags (``--num-requests``, ``--max-model-len``, ``--block-size``, ``--max-num-seqs``,
+    ``--seed``, ``--kv-cache-dtype``, ``--enable-chunked-prefill`` and ``--json`` are simulate's own)."""
+    g = p.add_argument_group("goodput of prefill/decode disaggregation (DistServe; engine/sim/disagg.py)")
+    g.add_argument("--goodput", action="store_true",
+                   help="sweep request rates and print SLO attainment and goodput of xPyD against as many colocated GPUs")
+    g.add_argument("--model", choices=sorted(MODELS), default="llama-3-8b", help="with --goodput: the model (default: llama-3-8b)")
+    g.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="with --goodput: each replica's GPU (default: h100)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1, help="with --goodput: GPUs per replica (default: 1)")
+    g.add_argument("--disagg", nargs="+", default=["1P1D"], metavar="xPyD",
+                   help="x prefill and y decode instances, each against x + y colocated replicas (default: 1P1D)")
+    g.add_argument("--link", choices=tuple(LINKS), default=DEFAULT_LINK,
+                   help=f"the link each GPU's KV crosses: {', '.join(f'{k} {v / 1e9:g} GB/s' for k, v in LINKS.items())} "
+                        f"(default: {DEFAULT_LINK})")
+    g.add_argument("--ttft-slo-ms", type=float, default=None,
+                   help=f"TTFT SLO, ms (default: {DEFAULT_TTFT_SCALE:g}x one request's TTFT alone)")
+    g.add_argument("--tpot-slo-ms", type=float, default=None,
+                   help=f"TPOT SLO, ms (default: {DEFAULT_TPOT_SCALE:g}x one request's TPOT alone)")
+    g.add_argument("--target", type=float, default=DEFAULT_TARGET, help="share of requests that must meet both SLOs (default: 0.9)")
+    g.add_argument("--rates", default=None,
+                   help="request rates, requests/s, comma-separated (default: --rate-points of them up to 1.5x the colocated capacity)")
+    g.add_argument("--rate-points", type=int, default=20, help="how many rates the default sweep takes (default: 20)")
+    g.add_argument("--prompt-len", type=int, default=512, help="with --goodput: every request's prompt tokens (default: 512)")
+    g.add_argument("--output-len", type=int, default=256, help="with --goodput: every request's output tokens (default: 256)")
+    simulate_cmd = p.get_default("func")
+    p.set_defaults(func=lambda args: run_goodput(args) if args.goodput else simulate_cmd(args))
+
+
+def run_goodput(args) -> None:
+    """``simulate --goodput``: one sweep per ``--disagg`` deployment, printed as a table (or JSON)."""
+    import json
+
+    cfg = WhatIfConfig(args.model, args.gpu, "float32" if args.dtype_bytes == 4 else "bfloat16", args.max_model_len, 1,
+                       args.prompt_len, args.output_len, args.block_size, max_num_seqs=args.max_num_seqs,
+                       kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size)
+    alone = unloaded(instance_of(cfg), args.prompt_len, args.output_len)
+    slo = SLO(args.ttft_slo_ms / 1e3 if args.ttft_slo_ms else DEFAULT_TTFT_SCALE * alone["ttft_s"],
+              args.tpot_slo_ms / 1e3 if args.tpot_slo_ms else DEFAULT_TPOT_SCALE * alone["tpot_s"], args.target)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else None
+    results = [goodput_of(cfg, d, slo, args.link, rates, args.num_requests, args.enable_chunked_prefill, args.seed, args.rate_points)
+               for d in args.disagg]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for result in results:
+        print(f"{cfg.model} on {cfg.gpu}" + (f" x{cfg.tensor_parallel_size}" if cfg.tensor_parallel_size > 1 else "")
+              + f", prompt {cfg.prompt_len} / output {cfg.output_len} tokens, {args.num_requests} requests per rate; "
+              f"alone: TTFT {1e3 * result['unloaded']['ttft_s']:.1f} ms, TPOT {1e3 * result['unloaded']['tpot_s']:.2f} ms; "
+              f"KV {result['kv_bytes_per_token']:,} B/token over {result['link']}")
+        print(format_sweep(result))
+        print()
