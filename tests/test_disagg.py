@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from engine.config import KVTransferConfig
-from engine.entrypoints.disagg import instance_argv, instance_kv_transfer_config
+from engine.entrypoints.disagg import instance_argv, instance_kv_transfer_config, split_cores
 from lessons import labs
 from serving import wait_until, wait_until_healthy
 
@@ -210,3 +210,8 @@ def test_each_instance_gets_the_engine_flags_given_to_serve_disagg():
     configs = [KVTransferConfig.from_dict(instance_kv_transfer_config(role, push.kv_lease_duration, push.kv_handover))
                for role in ("kv_producer", "kv_consumer")]
     assert [(c.kv_role, c.kv_handover, c.kv_lease_duration) for c in configs] == [("kv_producer", "push", 5), ("kv_consumer", "push", 5)]
+    split = parser.parse_args(["--split-cores", "--block-size", "32"])
+    assert split.split_cores and instance_argv(split, parser) == ["--block-size", "32"], "a proxy's flag, not the engine's"
+    prefill_cores, decode_cores = split_cores()  # each instance its own half of the cores, as two GPUs
+    cores = sorted(os.sched_getaffinity(0))
+    assert prefill_cores + decode_cores == cores if len(cores) > 1 else prefill_cores == decode_cores == cores

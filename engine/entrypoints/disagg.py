@@ -34,6 +34,7 @@ import contextlib
 import ctypes
 import json
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -77,6 +78,9 @@ def register_cli(sub) -> None:
     g.add_argument("--kv-connector", choices=KV_CONNECTORS, default="SharedMemoryConnector",
                    help="both instances' transport: SharedMemoryConnector (default) or NixlConnector (NIXL READ; pip install -e '.[disagg]'; "
                         "the push order writes through shared memory)")
+    g.add_argument("--split-cores", action="store_true",
+                   help="give each instance its own half of this process's CPU cores (its OpenMP threads too), as two GPUs "
+                        "would be: a prefill never takes a core from the decode instance's steps (Linux)")
     g.add_argument("--kv-lease-duration", type=float, default=30.0,
                    help="seconds the prefill instance holds a request's blocks for the decode instance (pull), or a prefill request "
                         "and a reservation wait for each other (push) (default: 30)")
@@ -286,12 +290,34 @@ def instance_kv_transfer_config(role: str, lease_s: float, kv_handover: str = "p
 
 
 def start_instance(role: str, port: int, engine_argv: list[str], lease_s: float, kv_handover: str = "pull",
-                   kv_connector: str = "SharedMemoryConnector") -> subprocess.Popen:
-    """One ``python -m engine serve`` instance in ``role`` ("kv_producer" or "kv_consumer") on 127.0.0.1:port."""
+                   kv_connector: str = "SharedMemoryConnector", cores: list[int] | None = None) -> subprocess.Popen:
+    """One ``python -m engine serve`` instance in ``role`` ("kv_producer" or "kv_consumer") on 127.0.0.1:port;
+    with ``cores``, bound to those CPU cores with as many OpenMP threads (:func:`split_cores`)."""
     config = instance_kv_transfer_config(role, lease_s, kv_handover, kv_connector)
     argv = [sys.executable, "-m", "engine", "serve", *engine_argv, "--host", "127.0.0.1", "--port", str(port),
             "--kv-transfer-config", json.dumps(config), "--uvicorn-log-level", "warning"]
-    return subprocess.Popen(argv, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    env = {**os.environ, "OMP_NUM_THREADS": str(len(cores))} if cores else None
+
+    def before_exec() -> None:
+        _die_with_parent()
+        if cores:
+            os.sched_setaffinity(0, cores)
+
+    return subprocess.Popen(argv, env=env, preexec_fn=before_exec if sys.platform == "linux" else None)
+
+
+def split_cores() -> tuple[list[int], list[int]]:
+    """This process's CPU cores in two halves, (prefill's, decode's): each instance a device of its own, as
+    two GPUs are (on one core, both get it).
+
+    Raises:
+        ValueError: not on Linux (no ``os.sched_getaffinity``).
+    """
+    if not hasattr(os, "sched_getaffinity"):
+        raise ValueError("--split-cores binds each instance to its own cores, which needs Linux (os.sched_setaffinity)")
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    return cores[:half], cores[half:] or cores[:half]
 
 
 def wait_healthy(processes: dict[str, tuple[subprocess.Popen, str]], timeout_s: float) -> None:
@@ -349,11 +375,12 @@ def serve_disagg(args, parser: argparse.ArgumentParser) -> None:
     warning = bind_warning(args.host, False)
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    prefill_cores, decode_cores = split_cores() if args.split_cores else (None, None)
     processes = {
         "prefill": (start_instance("kv_producer", ports["prefill"], engine_argv, args.kv_lease_duration, args.kv_handover,
-                                   args.kv_connector), urls["prefill"]),
+                                   args.kv_connector, prefill_cores), urls["prefill"]),
         "decode": (start_instance("kv_consumer", ports["decode"], engine_argv, args.kv_lease_duration, args.kv_handover,
-                                  args.kv_connector), urls["decode"]),
+                                  args.kv_connector, decode_cores), urls["decode"]),
     }
     try:
         wait_healthy(processes, args.startup_timeout)

@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lab-kv-connector", choices=["SharedMemoryConnector", "NixlConnector"], default="SharedMemoryConnector",
                    help="--against: the lab's transport (serve-disagg --kv-connector; NixlConnector needs .[disagg])")
     p.add_argument("--kv-handover", choices=KV_HANDOVERS, default="pull", help="serve-disagg's order: pull (vLLM's) or push (SGLang's)")
+    p.add_argument("--split-cores", action="store_true",
+                   help="serve-disagg --split-cores: each instance on its own half of the cores (the colocated engine gets all)")
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
     if args.against:
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
 
         run_cli(args)
         return
-    disagg = ["serve-disagg", "--kv-handover", args.kv_handover]
+    disagg = ["serve-disagg", "--kv-handover", args.kv_handover, *(["--split-cores"] if args.split_cores else [])]
     if args.burst:
         print(json.dumps(serve_and_measure(disagg, args), indent=2))
         return

@@ -256,22 +256,23 @@ print(check())
 # handover pays depends on what it saves: a prefill that no longer stalls the decodes.
 #
 # ## 5. What the lab measured
-# `python -m engine.tools.bench_disagg` streams greedy decodes while a 512-token prompt arrives every 2 s, once on a
-# colocated `serve` and once on `serve-disagg` (one prefill and one decode instance, 1P1D). On the lab's machine (2
-# shared vCPUs, Intel Xeon with AVX-512 and AMX, the default model in float32, other work holding the load average
-# at 16; [docs/disaggregation.md](../../docs/disaggregation.md), "What is measured"):
+# `python -m engine.tools.bench_disagg` streams four greedy decodes of 128 tokens while a 1,024-token prompt arrives
+# every second, once on a colocated `serve` and once on `serve-disagg` (one prefill and one decode instance, 1P1D);
+# `--split-cores` gives each instance its own core, as two GPUs would be. On the lab's machine (2 vCPUs, Intel Xeon
+# with AVX-512 and AMX, quiet, the default model in float32; [docs/disaggregation.md](../../docs/disaggregation.md)):
 #
 # | setup | ITL p50 | ITL p99 | long prompts' TTFT p50 | long prompts served |
 # |---|---:|---:|---:|---:|
-# | colocated | 1,985 ms | 14,870 ms | 13,598 ms | 12 |
-# | 1P1D | 5,823 ms | 8,991 ms | 49,983 ms | 5 |
+# | colocated, both cores | 26 ms | 1,182 ms | 1,216 ms | 4 |
+# | 1P1D, both instances on both cores | 30 ms | 1,135 ms | 3,873 ms | 3 |
+# | 1P1D, a core each (`--split-cores`) | 49 ms | 108 ms | 2,707 ms | 3 |
 #
-# The split does what DistServe says: colocated, a stream's worst gap is a long prompt's whole prefill (p99 7.5
-# times its p50); split, the streams' decode steps no longer wait for a prefill in their own batch, and p99 falls by
-# 40%. But both instances share the same two cores: the prefill instance's work still slows the decode steps, now
-# by contention instead of batching, so the typical gap (p50) and the long prompts' TTFT are worse, and fewer long
-# prompts were served in the same time. Disaggregation moves interference off the batch; it does not create
-# hardware.
+# Colocated, a stream's worst gap is a long prompt's whole prefill: the p99 is 43 times the p50. Splitting the
+# engines while they share the same cores changes nothing: the prefill instance's work takes the cores from the
+# decode steps just as the prefill in the batch did. With a core each, the decode instance never waits for a prefill
+# and its p99 falls tenfold, as DistServe says; the price is the other column: one core's bandwidth for the decodes
+# (p50 1.8 times higher) and one core for the prefills (the long prompts wait longer for their first token).
+# Disaggregation moves interference off the decode device; it does not create hardware.
 #
 # ## 6. When not to split
 # - **At equal GPU count.** Two GPUs as 1P1D give each phase one GPU; the same two GPUs as two colocated replicas
@@ -290,14 +291,15 @@ print(check())
 # 短提示词的传输量很小，但它随提示词增长：这个模型的 4,096 个 token 就有 4,096 × 46,080 字节，约 189 MB，经过同一条链路约需 7.5 毫秒；而一个 80 层、8 个 KV 头、每头 128 维、16 位精度的模型（Llama-3-70B 的形状）每个 token 有 2 × 80 × 8 × 128 × 2 = 327,680 字节，同样的提示词就是 1.3 GB。交接是否划算，要看它换来了什么：预填充不再让解码停下来等待。
 #
 # ## 5. 本实验测到了什么
-# `python -m engine.tools.bench_disagg` 让若干个贪心解码的流持续输出，同时每 2 秒到达一个 512 token 的提示词；分别在共置的 `serve` 和 `serve-disagg`（一个预填充实例加一个解码实例，即 1P1D）上各跑一次。在本实验的机器上（2 个共享的虚拟 CPU，支持 AVX-512 和 AMX 的英特尔至强处理器，默认模型以 float32 运行，其他任务使平均负载保持在 16；见 [docs/disaggregation.md](../../docs/disaggregation.md) 中的实测部分）：
+# `python -m engine.tools.bench_disagg` 让四个贪心解码的流各输出 128 个 token，同时每秒到达一个 1,024 token 的提示词；分别在共置的 `serve` 和 `serve-disagg`（一个预填充实例加一个解码实例，即 1P1D）上各跑一次；`--split-cores` 让两个实例各用一个 CPU 核，就像两块 GPU 那样。在本实验的机器上（2 个虚拟 CPU，支持 AVX-512 和 AMX 的英特尔至强处理器，机器空闲，默认模型以 float32 运行；见 [docs/disaggregation.md](../../docs/disaggregation.md)）：
 #
 # | 配置 | ITL p50 | ITL p99 | 长提示词首 token 延迟 p50 | 完成的长提示词数 |
 # |---|---:|---:|---:|---:|
-# | 共置 | 1,985 毫秒 | 14,870 毫秒 | 13,598 毫秒 | 12 |
-# | 1P1D | 5,823 毫秒 | 8,991 毫秒 | 49,983 毫秒 | 5 |
+# | 共置，两个核 | 26 毫秒 | 1,182 毫秒 | 1,216 毫秒 | 4 |
+# | 1P1D，两个实例共用两个核 | 30 毫秒 | 1,135 毫秒 | 3,873 毫秒 | 3 |
+# | 1P1D，每个实例一个核（`--split-cores`） | 49 毫秒 | 108 毫秒 | 2,707 毫秒 | 3 |
 #
-# 拆分的效果正如 DistServe 所说：共置时，一个流最长的停顿就是一次长提示词的完整预填充（p99 是它 p50 的 7.5 倍）；拆分之后，流的解码步不再等待同一批里的预填充，p99 下降了 40%。但两个实例共用同样的两个 CPU 核：预填充实例的计算仍然拖慢解码步，只不过方式从同批等待变成了争用 CPU，所以典型停顿（p50）和长提示词的首 token 延迟都变差了，同样时间里完成的长提示词也更少。预填充/解码分离把干扰移出了批，但不会凭空变出硬件。
+# 共置时，一个流最长的停顿就是一次长提示词的完整预填充：p99 是 p50 的 43 倍。如果两个实例仍然共用同样的核，拆分什么也没改变：预填充实例的计算照样把核从解码步那里抢走，和同批里的预填充一样。每个实例各有一个核时，解码实例再也不用等预填充，p99 降到原来的十分之一，正如 DistServe 所说；代价在另外几列：解码只有一个核的内存带宽（p50 高了 1.8 倍），预填充也只有一个核（长提示词要等更久才拿到首 token）。预填充/解码分离把干扰从解码设备上移走，但不会凭空变出硬件。
 #
 # ## 6. 什么时候不该拆分
 # - **GPU 数量相同时。**两块 GPU 组成 1P1D，每个阶段各用一块；同样两块 GPU 组成两个共置的副本，每个副本处理一半请求的两个阶段。提示词短的时候，预填充 GPU 常常空闲，解码 GPU 却要承载所有运行中的请求，两个副本能服务更多请求：vLLM 的文档明确说，预填充/解码分离不提高吞吐量，它控制的是尾部的 token 间延迟。
