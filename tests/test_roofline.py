@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine
-from engine.tools.roofline import MachinePeaks, decode_report, decode_step_cost, format_report, measure_machine, model_cost, roofline_ms
+from engine.tools.roofline import (MachinePeaks, decode_report, decode_step_cost, format_prefill, format_report, measure_machine, model_cost,
+                                   prefill_report, prefill_step_flops, roofline_ms)
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,25 @@ def test_model_cost_counts_every_weight_once(tiny_model):
     nbytes, flops = decode_step_cost(cost, [10, 30])
     assert nbytes == cost.weight_bytes + 40 * cost.kv_bytes_per_context_token
     assert flops == 2 * 2 * cost.weight_macs_per_token + 40 * cost.attention_flops_per_context_token
+
+
+def test_a_prefill_runs_every_token_through_the_layers_the_lm_head_once_per_prompt_and_attends_causally(tiny_model):
+    cost = model_cost(tiny_model)
+    vocab = tiny_model.config.vocab_size
+    assert cost.lm_head_macs == vocab * 64
+    layers = cost.weight_macs_per_token - cost.lm_head_macs
+    # A 3-token prompt from scratch attends to 1 + 2 + 3 keys; a 2-token chunk after 4 cached tokens to 5 + 6.
+    flops = prefill_step_flops(cost, [(3, 3), (2, 6)])
+    assert flops == 2 * 5 * layers + 2 * 2 * cost.lm_head_macs + (6 + 11) * cost.attention_flops_per_context_token
+    peaks = MachinePeaks(bandwidth_gb_s=10.0, matmul_gflop_s=100.0, threads=1, onednn_gflop_s=200.0)
+    report = prefill_report(tiny_model, [(2.0, [(3, 3), (2, 6)]), (1.0, [(3, 3), (2, 6)])], peaks)
+    best = report["best"]
+    assert best is report["steps"][1] and best["tokens"] == 5 and best["requests"] == 2
+    assert best["gflop_s"] == pytest.approx(flops / 1e6)  # FLOPs in 1 ms
+    assert best["share"] == pytest.approx(flops / 1e6 / 100.0) and best["tight_share"] == pytest.approx(flops / 1e6 / 200.0)
+    line = format_prefill(report, vars(peaks))
+    assert line.startswith("prefill step of 2 prompts (5 tokens,") and f"{100 * best['share']:.0f}% of the torch.mm peak (100 GFLOP/s)" in line
+    assert prefill_report(tiny_model, [], peaks)["best"] is None and format_prefill({"best": None}, vars(peaks)) == ""
 
 
 def test_roofline_is_the_larger_of_the_two_times(tiny_model):

@@ -88,7 +88,8 @@ def run_bench(
     engine run and last, the best of each figure kept: :func:`engine.tools.roofline.decode_report`, plus ``run``,
     its index, ``mean_share_by_run`` and ``mean_tight_share_by_run``, every run's mean shares: best against
     best, as STREAM and the matmul peak keep their best runs, with all runs shown, and ``peak_samples``,
-    every measurement of the machine as a :class:`~engine.tools.roofline.MachinePeaks` dict), fp32_agreement (not float32 only: the engine's tokens
+    every measurement of the machine as a :class:`~engine.tools.roofline.MachinePeaks` dict), prefill (every
+    engine run's prefill steps against the matmul peak: :func:`engine.tools.roofline.prefill_report`), fp32_agreement (not float32 only: the engine's tokens
     against a float32 engine's, :func:`engine.tools.precision.fp32_agreement`).
 
     ``prefix_caching``: automatic prefix caching on the engine and on vLLM alike (transformers has
@@ -136,14 +137,18 @@ def run_bench(
     hits_before = _prefix_cache_hits(engine)
     decode_ms: dict[int, list[float]] = {}  # decode batch size -> each such step's wall time
     run_steps: list[list[tuple[float, list[int]]]] = []  # per engine run: each decode step's (ms, context lengths)
+    run_prefills: list[list[tuple[float, list[tuple[int, int]]]]] = []  # per engine run: each prefill step's (ms, (tokens, context))
 
     def record(report) -> None:
+        if report.phase == "prefill":
+            run_prefills[-1].append((report.timings_ms["total"], [(s.num_tokens, s.context_len) for s in report.scheduled]))
         if report.phase == "decode":
             decode_ms.setdefault(len(report.scheduled), []).append(report.timings_ms["total"])
             run_steps[-1].append((report.timings_ms["total"], [s.context_len for s in report.scheduled]))
 
     for _ in range(repeats):
         run_steps.append([])
+        run_prefills.append([])
         settle()
         t0 = time.perf_counter()
         outputs = llm.generate(prompt_ids, params, on_step=record)
@@ -192,6 +197,7 @@ def run_bench(
     result["roofline"] = reports[fastest] | {"run": fastest, "mean_share_by_run": [r["mean_share"] for r in reports],
                                              "mean_tight_share_by_run": [r["mean_tight_share"] for r in reports],
                                              "peak_samples": [dataclasses.asdict(s) for s in samples]}
+    result["prefill"] = roofline.prefill_report(engine.runner.model, [step for run in run_prefills for step in run], peaks)
     return result
 
 
@@ -299,6 +305,8 @@ def format_result(r: dict) -> str:
         tight = r["roofline"].get("mean_tight_share_by_run", [None])
         tighter = "; of the tighter roofline: " + ", ".join(f"{100 * x:.0f}%" for x in tight) if None not in tight else ""
         lines.append(f"  (the steps above: engine run {r['roofline']['run'] + 1} of {len(shares)}, the fastest; mean share in each run: {each}{tighter})")
+    if r.get("prefill"):
+        lines.append(roofline.format_prefill(r["prefill"], r["roofline"]["peaks"]))
     samples = r["roofline"].get("peak_samples", [])
     if len(samples) > 1:
         copy, mm = [s["bandwidth_gb_s"] for s in samples], [s["matmul_gflop_s"] for s in samples]

@@ -147,12 +147,15 @@ class ModelCost:
         weight_macs_per_token: multiply-adds per token through the weights (the projections and the LM head).
         kv_bytes_per_context_token: K and V bytes read per context token, all layers.
         attention_flops_per_context_token: q.k and p.v FLOPs per context token, all layers, all heads.
+        lm_head_macs: the LM head's share of ``weight_macs_per_token`` (a prefill computes it for each
+            prompt's last token only).
     """
 
     weight_bytes: int
     weight_macs_per_token: int
     kv_bytes_per_context_token: int
     attention_flops_per_context_token: int
+    lm_head_macs: int = 0
 
 
 def model_cost(model: nn.Module) -> ModelCost:
@@ -164,9 +167,10 @@ def model_cost(model: nn.Module) -> ModelCost:
     if model.tie_word_embeddings:  # the LM head is the embedding table, read whole by every step
         weight_bytes += embed.numel() * embed.element_size()
         macs += embed.numel()
+    head = embed if model.tie_word_embeddings else model.lm_head.weight
     heads = model.config.num_attention_heads
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * embed.element_size()
-    return ModelCost(weight_bytes, macs, kv, 4 * model.num_layers * heads * model.head_dim)
+    return ModelCost(weight_bytes, macs, kv, 4 * model.num_layers * heads * model.head_dim, head.numel())
 
 
 def decode_step_cost(cost: ModelCost, context_lens: list[int]) -> tuple[int, int]:
@@ -174,6 +178,55 @@ def decode_step_cost(cost: ModelCost, context_lens: list[int]) -> tuple[int, int
     context = sum(context_lens)
     flops = 2 * len(context_lens) * cost.weight_macs_per_token + context * cost.attention_flops_per_context_token
     return cost.weight_bytes + context * cost.kv_bytes_per_context_token, flops
+
+
+def prefill_step_flops(cost: ModelCost, prompts: list[tuple[int, int]]) -> int:
+    """FLOPs of one prefill step: ``prompts`` holds each request's (tokens computed this step, context
+    length after it). Every token goes through the layers' projections; the LM head runs once per request
+    (its last token's logits); each new token at position p attends to the p + 1 tokens up to it (causal).
+    """
+    tokens = sum(n for n, _ in prompts)
+    pairs = sum(n * (context - n) + n * (n + 1) // 2 for n, context in prompts)  # (query, key) pairs attended
+    layer_macs = cost.weight_macs_per_token - cost.lm_head_macs
+    return 2 * tokens * layer_macs + 2 * len(prompts) * cost.lm_head_macs + pairs * cost.attention_flops_per_context_token
+
+
+def prefill_report(model: nn.Module, steps: list[tuple[float, list[tuple[int, int]]]], peaks: MachinePeaks) -> dict:
+    """Each prefill step's measured time against the time its arithmetic takes at the matmul peak.
+
+    A prefill is compute-bound (every weight is read once for hundreds of tokens), so its bound is
+    FLOPs / peak; ``share = (FLOPs / peak) / measured``: the step's rate as a share of the peak, the
+    figure GEMM libraries are judged by (BLIS, oneDNN). Against one large ``torch.mm`` (``share``) and
+    the faster of it and oneDNN's (``tight_share``).
+
+    Args:
+        model: the engine's :class:`engine.model_executor.model.CausalLM`.
+        steps: (measured ms, each request's (tokens computed, context length after the step)) per
+            prefill step.
+        peaks: from :func:`measure_machine`, in the model's dtype.
+
+    Returns:
+        ``{"steps": [{"requests", "tokens", "ms", "gflop", "gflop_s", "share", "tight_share"}],
+        "best": the row of the highest share (None: no steps)}``; gflop in 1e9 FLOPs, gflop_s in 1e9/s.
+    """
+    cost = model_cost(model)
+    rows = []
+    for ms, prompts in steps:
+        flops = prefill_step_flops(cost, prompts)
+        rate = flops / (ms * 1e6)
+        rows.append({"requests": len(prompts), "tokens": sum(n for n, _ in prompts), "ms": ms, "gflop": flops / 1e9, "gflop_s": rate,
+                     "share": rate / matmul_gflop_s(peaks, False), "tight_share": rate / matmul_gflop_s(peaks, True)})
+    return {"steps": rows, "best": max(rows, key=lambda r: r["share"]) if rows else None}
+
+
+def format_prefill(report: dict, peaks: dict) -> str:
+    """One line: the fastest prefill step's rate against the matmul peaks ("" when there was none)."""
+    best = report.get("best")
+    if not best:
+        return ""
+    onednn = f", {100 * best['tight_share']:.0f}% of the faster of it and oneDNN's" if peaks.get("onednn_gflop_s") else ""
+    return (f"prefill step of {best['requests']} prompts ({best['tokens']} tokens, {best['gflop']:.1f} GFLOP): {best['ms']:.0f} ms, "
+            f"{best['gflop_s']:.0f} GFLOP/s: {100 * best['share']:.0f}% of the torch.mm peak ({peaks['matmul_gflop_s']:.0f} GFLOP/s){onednn}")
 
 
 def roofline_ms(nbytes: int, flops: int, peaks: MachinePeaks, tight: bool = False) -> float:
