@@ -23,6 +23,7 @@ already have given them back; the few positions of the edge block before the win
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -432,12 +433,10 @@ def prefill_varlen_reference(
     num_seqs, longest = len(lens), max(lens)
     compute = torch.float64 if query.dtype == torch.float64 else torch.float32
     if all(n == longest for n in lens):
-        valid = None
+        keep = None
         pad = lambda x: x.reshape(num_seqs, longest, x.shape[1], head_dim)  # noqa: E731
-    else:  # padded rows repeat their prompt's last token: any finite values would do, no real row reads them
-        rows = torch.tensor([min(a + min(j, max(n - 1, 0)), num_tokens - 1) for a, n in zip(starts, lens) for j in range(longest)],
-                            device=query.device)
-        valid = torch.tensor([j < n for n in lens for j in range(longest)], device=query.device)
+    else:
+        rows, keep = _padding(tuple(starts), str(query.device))
         pad = lambda x: x.index_select(0, rows).view(num_seqs, longest, x.shape[1], head_dim)  # noqa: E731
     q, k, v = (pad(x).transpose(1, 2).to(compute) for x in (query, key, value))  # [S, heads, longest, D]
     if sliding_window and longest > sliding_window:
@@ -447,7 +446,20 @@ def prefill_varlen_reference(
     else:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=num_kv_heads != num_heads)
     out = out.transpose(1, 2).reshape(num_seqs * longest, num_heads, head_dim)
-    return (out if valid is None else out[valid]).to(query.dtype)
+    return (out if keep is None else out.index_select(0, keep)).to(query.dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _padding(starts: tuple[int, ...], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """For prompts at ``starts`` (cumulative lengths), stacked right-padded to the longest: ``rows``, the
+    token each padded row takes (a padded row repeats its prompt's last token: any finite values would do,
+    no real row reads them), and ``keep``, the padded rows that are real tokens, in order. Computed once
+    per step, not once per layer (every layer of a step passes the same prompts; read-only)."""
+    lens = [b - a for a, b in zip(starts, starts[1:])]
+    longest, last = max(lens), starts[-1] - 1
+    rows = [min(a + min(j, max(n - 1, 0)), last) for a, n in zip(starts, lens) for j in range(longest)]
+    keep = [s * longest + j for s, n in enumerate(lens) for j in range(n)]
+    return torch.tensor(rows, device=device), torch.tensor(keep, device=device)
 
 
 plug_lab_parts(globals())  # labs: a student's part in place of the engine's (engine/core/lab_impl.py)
