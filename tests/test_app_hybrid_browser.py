@@ -50,10 +50,7 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
             groups = page.locator('[data-testid="kv-group"]')
             groups.nth(5).wait_for(timeout=60_000)
             no_exception_box(page)
-            heads = [groups.nth(i).locator("b").inner_text() for i in range(groups.count())]
-            in_use = [int(groups.nth(i).get_attribute("data-in-use")) for i in range(groups.count())]
-            nulls = [groups.nth(i).locator('[data-testid="kv-group-cell"]', has_text="∅").count() for i in range(groups.count())]
-            cells = [groups.nth(i).locator('[data-testid="kv-group-cell"]').count() for i in range(groups.count())]
+            heads, in_use, nulls, cells = _block_tables_once_drawn(page)
             assert len(heads) == 6 and all("sliding window 512" in h for h in heads[:5]) and "full attention" in heads[5], heads
             assert all(re.search(r"layers \d+, \d+, \d+", h) for h in heads), heads
             assert in_use[5] == cells[5] and nulls[5] == 0, "the full-attention group keeps every block"
@@ -106,6 +103,24 @@ def test_the_gemma_preset_shows_each_groups_block_table(gemma_loaded):
     finally:
         server.kill()
         server.wait(timeout=30)
+
+
+def _block_tables_once_drawn(page, timeout_s: float = 30.0) -> tuple[list[str], list[int], list[int], list[int]]:
+    """Each KV cache group's heading, blocks in use (``data-in-use``), ∅ cells and cells, read in one
+    pass over the page; read again until the tables agree with their own counts (a group's cells are its
+    blocks in use and its null entries) or ``timeout_s`` passes. Streamlit redraws the groups one by one
+    after a step: separate reads can mix the step before with the step after."""
+    read = """() => [...document.querySelectorAll('[data-testid="kv-group"]')].map(g => {
+        const cells = [...g.querySelectorAll('[data-testid="kv-group-cell"]')];
+        return [g.querySelector("b").innerText, Number(g.getAttribute("data-in-use")),
+                cells.filter(c => c.innerText.includes("∅")).length, cells.length];
+    })"""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = page.evaluate(read)
+        if all(used + null == n for _, used, null, n in rows) or time.monotonic() > deadline:
+            return tuple(list(column) for column in zip(*rows)) if rows else ([], [], [], [])
+        page.wait_for_timeout(250)
 
 
 def _luminance(css_rgb: str) -> float:
