@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import random
 import sys
@@ -680,7 +681,8 @@ class _Run:
     def result(self, wall_seconds: float) -> SimulationResult:
         steps = max(self.step, 1)
         slot_steps = steps * self.kv.num_slots
-        rows = np.array(self.rows, dtype=np.int64).reshape(-1, 4 + len(CATEGORIES))
+        width = 4 + len(CATEGORIES)
+        rows = np.fromiter(itertools.chain.from_iterable(self.rows), dtype=np.int64, count=len(self.rows) * width).reshape(-1, width)
         num_steps, running = rows[:, 1], rows[:, 2]
         totals = {c: int(rows[:, 4 + i].sum()) for i, c in enumerate(CATEGORIES)}  # exact integer sums
         stats = getattr(self.sched, "prefix_cache_stats", None)
@@ -742,7 +744,11 @@ def simulate(config: SimulationConfig | None = None, **kwargs) -> SimulationResu
     run = _Run(cfg, requests)
     with _cyclic_gc_paused():
         run.run()
-    return run.result(time.perf_counter() - start)
+        result = run.result(time.perf_counter() - start)
+        # The run's rows and requests go by reference counting now: once the collector is back, its
+        # first pass would walk every object made while it was paused.
+        del run, requests
+    return result
 
 
 @contextmanager
