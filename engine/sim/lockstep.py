@@ -67,7 +67,9 @@ class PagedLockstepPool:
         self.num_free_blocks = kv.num_blocks
         self.due: list[dict[Sequence, None]] = [{} for _ in range(self.block_size)]  # ordered sets
         self.due_residue: dict[Sequence, int] = {}
-        self.due_counts = [0] * self.block_size  # len(due[r]), kept for the per-step arithmetic
+        # len(due[r]) at r and at r + block_size, for the per-step arithmetic: the residues of any
+        # block_size consecutive steps are then one slice, due_counts[clock % block_size:][:block_size].
+        self.due_counts = [0] * (2 * self.block_size)
 
     def can_admit(self, seq: Sequence) -> bool:
         """Room now to prefill ``seq``'s ``num_tokens`` tokens (``KVCacheManager.can_allocate``)."""
@@ -84,6 +86,7 @@ class PagedLockstepPool:
         self.due[residue][seq] = None
         self.due_residue[seq] = residue
         self.due_counts[residue] += 1
+        self.due_counts[residue + self.block_size] += 1
 
     def release(self, seq: Sequence, num_tokens: int) -> None:
         """``KVCacheManager.free`` for a running ``seq`` that now has ``num_tokens`` tokens, all but the newest cached."""
@@ -91,6 +94,7 @@ class PagedLockstepPool:
         residue = self.due_residue.pop(seq)
         del self.due[residue][seq]
         self.due_counts[residue] -= 1
+        self.due_counts[residue + self.block_size] -= 1
 
     def needing_block(self, clock: int) -> list[Sequence]:
         """Running requests that need new memory to decode in step ``clock + 1``, in admission order."""
@@ -108,15 +112,16 @@ class PagedLockstepPool:
         request gets the memory it needs without a preemption."""
         # Every block_size steps each of the R running requests takes one block, so the free blocks
         # last free // R whole rounds; within the next round, walk the residues in step order.
-        counts, running = self.due_counts, len(self.due_residue)
+        running = len(self.due_residue)
         if running == 0:
             return limit
+        bs = self.block_size
         rounds, left = divmod(self.num_free_blocks, running)
-        steps = rounds * self.block_size
+        steps = rounds * bs
         if steps >= limit:
             return limit
-        for i in range(self.block_size):  # stops early: left < running = sum(counts)
-            needed = counts[(clock + i) % self.block_size]
+        start = clock % bs
+        for needed in self.due_counts[start:start + bs]:  # stops early: left < running = their sum
             if needed > left:
                 break
             left -= needed
@@ -147,11 +152,17 @@ class PagedLockstepPool:
         # The requests of the residue of step clock + 1 + i (i from 0) take one block each in that
         # step and every block_size steps after it: `times` blocks, the first held after k - i of
         # the k steps, each next one block_size steps fewer.
-        bs, counts = self.block_size, self.due_counts
+        bs, start = self.block_size, clock % self.block_size
         held_block_steps = k * (self.kv.num_blocks - self.num_free_blocks)
         taken = 0
-        for i in range(min(k, bs)):
-            count = counts[(clock + i) % bs]
+        if k <= bs:  # (most stretches) each takes its one block, held for the rest of the stretch
+            steps_held = k
+            for count in self.due_counts[start:start + k]:
+                taken += count
+                held_block_steps += count * steps_held
+                steps_held -= 1
+            return taken, held_block_steps
+        for i, count in enumerate(self.due_counts[start:start + bs]):
             if count:
                 times = (k - 1 - i) // bs + 1
                 taken += count * times

@@ -636,8 +636,9 @@ class _Run:
         running = len(self.queues.running)
         if not running:
             raise RuntimeError("the scheduler ran nothing although requests wait (pool too small?)")
-        if out.preempted:
-            self._count_preemptions(out)
+        if out.preempted:  # by recompute: no swap in lock-step mode
+            self.preemptions += len(out.preempted)
+            self.tokens_recomputed += sum(seq.num_tokens for seq in out.preempted)
         sums = sched.lockstep_usage(self._next_waiting())
         if out.prefill_seqs:
             shape = self.clock.lockstep_shape(out, sums, running, sched.last_step_decoded(out))
