@@ -412,9 +412,11 @@ class LockstepScheduler:
             if waiting and self.remember_refusal:
                 self.refused_head = waiting[0]
         heap = self.finish_heap
-        while self.admission_number.get(heap[0][2]) != heap[0][1]:
+        finish_clock, number, seq = heap[0]
+        while self.admission_number.get(seq) != number:
             heapq.heappop(heap)  # a preempted request's stale entry
-        k = self.pool.free_steps(self.clock, min(limit, heap[0][0] - self.clock))
+            finish_clock, number, seq = heap[0]
+        k = self.pool.free_steps(self.clock, min(limit, finish_clock - self.clock))
         self.head_refused = k == 0 and self.skip_refused_admission
         return k
 

@@ -487,8 +487,7 @@ class _Run:
         self.step = 0
         self.preemptions = self.completed = self.rejected = 0
         self.swap_outs = self.swap_ins = self.blocks_swapped_out = self.blocks_swapped_in = self.tokens_recomputed = 0
-        self.rows: list[tuple] = []
-        self.row_end_times: list[int] = []  # the clock (ps) at the end of each row's steps
+        self.rows: list[tuple] = []  # step, num_steps, running, waiting, the clock (ps) at the row's end, then CATEGORIES
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
         self.step_reports: list[StepReport] = []
         self.arrived: dict[int, float] = {}  # record_steps: requests queued since the last step, at their arrival (ms)
@@ -675,17 +674,17 @@ class _Run:
     def _record(self, k: int, sums: dict[str, int], running: int) -> None:
         """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
         (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
-        self.rows.append((self.step, k, running, len(self.queues.waiting), *sums.values()))
-        self.row_end_times.append(self.clock.now)
+        self.rows.append((self.step, k, running, len(self.queues.waiting), self.clock.now, *sums.values()))
         self.step += k
 
     def result(self, wall_seconds: float) -> SimulationResult:
         steps = max(self.step, 1)
         slot_steps = steps * self.kv.num_slots
-        width = 4 + len(CATEGORIES)
+        width = 5 + len(CATEGORIES)
         rows = np.fromiter(itertools.chain.from_iterable(self.rows), dtype=np.int64, count=len(self.rows) * width).reshape(-1, width)
         num_steps, running = rows[:, 1], rows[:, 2]
-        totals = {c: int(rows[:, 4 + i].sum()) for i, c in enumerate(CATEGORIES)}  # exact integer sums
+        memory = {c: rows[:, 5 + i] for i, c in enumerate(CATEGORIES)}
+        totals = {c: int(column.sum()) for c, column in memory.items()}  # exact integer sums
         stats = getattr(self.sched, "prefix_cache_stats", None)
         offload = getattr(self.kv, "offload", None)
         return SimulationResult(
@@ -714,8 +713,8 @@ class _Run:
             series_num_steps=num_steps,
             series_running=running,
             series_waiting=rows[:, 3],
-            series_end_s=np.array(self.row_end_times, dtype=np.float64) / 1e12,
-            series_memory={c: rows[:, 4 + i] / np.maximum(num_steps, 1) for i, c in enumerate(CATEGORIES)},
+            series_end_s=rows[:, 4].astype(np.float64) / 1e12,
+            series_memory={c: column / np.maximum(num_steps, 1) for c, column in memory.items()},
             step_reports=self.step_reports,
         )
 
