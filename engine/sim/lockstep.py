@@ -64,6 +64,7 @@ class PagedLockstepPool:
         assert kv.prefix_cache is None, "lock-step mode has no prefix caching"
         self.kv = kv
         self.block_size = kv.block_size
+        self.num_slots = kv.num_slots  # read every round: kept here, not through the allocator's property
         self.num_free_blocks = kv.num_blocks
         self.due: list[dict[Sequence, None]] = [{} for _ in range(self.block_size)]  # ordered sets
         self.due_residue: dict[Sequence, int] = {}
@@ -176,7 +177,7 @@ class PagedLockstepPool:
             "reserved": 0,
             "internal_fragmentation": allocated - token_states,
             "external_fragmentation": 0,
-            "free": k * self.kv.num_slots - allocated,
+            "free": k * self.num_slots - allocated,
         }
 
 
