@@ -324,6 +324,9 @@ class LockstepScheduler:
         self.skip_refused_admission = (not self.static and all(is_engines_own(part) for part in (
             Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
         self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
+        # The pool lists the requests needing a block in admission order, the engine's own running order
+        # without chunked prefill; a _running_order in its place is asked.
+        self.order_needing = not is_engines_own(Scheduler._running_order)
         self._out = SchedulerOutput()
         # A queue head found not fitting stays so while only decode steps run (free memory only shrinks): it is
         # not asked again until a step, an admission or a release, when the block count is the engine's own.
@@ -459,7 +462,7 @@ class LockstepScheduler:
         block this step, in the scheduler's running order."""
         sched = self.scheduler
         needing = self.pool.needing_block(self.clock)
-        if len(needing) > 1:
+        if len(needing) > 1 and self.order_needing:
             needing = sched._running_order(needing, self.admission_number)
         for seq in needing:
             if seq not in self.admission_number:
