@@ -122,12 +122,12 @@ class PagedLockstepPool:
         if steps >= limit:
             return limit
         start = clock % bs
-        for needed in self.due_counts[start:start + bs]:  # stops early: left < running = their sum
+        for needed in self.due_counts[start:start + min(bs, limit - steps)]:  # stops early: left < running = their sum
             if needed > left:
                 break
             left -= needed
             steps += 1
-        return min(limit, steps)
+        return steps
 
     def usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
         """The memory categories now (slots), given the running requests' ``token_states``."""

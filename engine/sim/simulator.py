@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import random
 import sys
@@ -487,7 +486,9 @@ class _Run:
         self.step = 0
         self.preemptions = self.completed = self.rejected = 0
         self.swap_outs = self.swap_ins = self.blocks_swapped_out = self.blocks_swapped_in = self.tokens_recomputed = 0
-        self.rows: list[tuple] = []  # step, num_steps, running, waiting, the clock (ps) at the row's end, then CATEGORIES
+        # The series rows one after the other, each: step, num_steps, running, waiting, the clock (ps) at its end, then
+        # CATEGORIES (~360,000 rows on 100,000 requests: one flat list, no tuple per row).
+        self.rows: list[int] = []
         self.bar = tqdm(total=len(requests), disable=not cfg.progress, unit="req", mininterval=0.5)
         self.step_reports: list[StepReport] = []
         self.arrived: dict[int, float] = {}  # record_steps: requests queued since the last step, at their arrival (ms)
@@ -674,14 +675,15 @@ class _Run:
     def _record(self, k: int, sums: dict[str, int], running: int) -> None:
         """One series row: k steps with ``running`` requests, ``sums`` slot-steps per category
         (in CATEGORIES order). Totals are summed from the rows at the end (see result)."""
-        self.rows.append((self.step, k, running, len(self.queues.waiting), self.clock.now, *sums.values()))
+        self.rows.extend((self.step, k, running, len(self.queues.waiting), self.clock.now))
+        self.rows.extend(sums.values())
         self.step += k
 
     def result(self, wall_seconds: float) -> SimulationResult:
         steps = max(self.step, 1)
         slot_steps = steps * self.kv.num_slots
         width = 5 + len(CATEGORIES)
-        rows = np.fromiter(itertools.chain.from_iterable(self.rows), dtype=np.int64, count=len(self.rows) * width).reshape(-1, width)
+        rows = np.fromiter(self.rows, dtype=np.int64, count=len(self.rows)).reshape(-1, width)
         num_steps, running = rows[:, 1], rows[:, 2]
         memory = {c: rows[:, 5 + i] for i, c in enumerate(CATEGORIES)}
         totals = {c: int(column.sum()) for c, column in memory.items()}  # exact integer sums
