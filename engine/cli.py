@@ -12,8 +12,6 @@ from pathlib import Path
 
 from engine.config import GEMMA_MODEL, KV_CACHE_DTYPES, add_prefix_cache_args, prefix_cache_kwargs
 
-from tqdm.auto import tqdm
-
 EPILOG = """\
 The rest of the lab:
   streamlit run app.py                 the app: the KV pool step by step, the paper's figures, the classroom
@@ -187,6 +185,8 @@ def _lab_watchdog():
 
 
 def _generate(args) -> None:
+    from tqdm.auto import tqdm  # here, not at the top: tqdm.auto imports asyncio, which other commands do without
+
     from engine.llm_engine import LLMEngine
     from engine.config import EngineConfig
     from engine.sampling_params import SamplingParams

@@ -419,3 +419,21 @@ def test_a_students_admission_rule_is_asked_in_every_lock_step_step(monkeypatch)
     students = simulate(workload="sharegpt", num_requests=150, **SMALL)
     assert key(students) == key(own) and students.mean_latency_s == own.mean_latency_s
     assert len(calls) > students.completed + students.preemptions, "asked for every admission and every refusal"
+
+
+def test_a_running_order_in_the_engines_place_is_asked_in_lock_step_mode(monkeypatch):
+    """The lock-step pool lists the requests that need a block in admission order, the engine's own running
+    order, so it skips the sort; a ``_running_order`` in its place orders them, and the same order gives the
+    same run."""
+    calls = []
+    engines_running_order = Scheduler._running_order
+
+    def running_order(self, groups=None, admission_rank=None):
+        calls.append(len(groups or ()))
+        return engines_running_order(self, groups, admission_rank)
+
+    own = simulate(workload="sharegpt", num_requests=150, **SMALL)
+    monkeypatch.setattr(Scheduler, "_running_order", running_order)
+    replaced = simulate(workload="sharegpt", num_requests=150, **SMALL)
+    assert key(replaced) == key(own) and replaced.mean_latency_s == own.mean_latency_s
+    assert replaced.preemptions and sum(n > 1 for n in calls) > 0, "asked for the steps in which several requests need a block"

@@ -92,12 +92,18 @@ class SimClock:
         """The same shape in lock-step mode, from the step's memory categories: the decodes'
         contexts are the token states after the step less the prefilled prompts. ``decoded``
         False: a prefill-only step (vLLM v0's scheduler), its prompts' blocks alone."""
-        prompts = [s.num_tokens for s in out.prefill_seqs]
-        prefill_tokens = sum(prompts)
+        prefill_tokens = prefill_pairs = prompt_blocks = 0
+        bs = self.block_size
+        for seq in out.prefill_seqs:  # one pass, no generators: ~67,000 such steps in a 100,000-request run
+            n = seq.num_tokens
+            prefill_tokens += n
+            prefill_pairs += n * (n + 1) // 2
+            if bs:
+                prompt_blocks += -(-n // bs)
+        num_prefills = len(out.prefill_seqs)
         if not decoded:
-            blocks = sum(-(-n // self.block_size) for n in prompts) if self.block_size else 0
-            return StepShape(len(prompts), prefill_tokens, sum(n * (n + 1) // 2 for n in prompts), 0, 0, blocks)
-        return StepShape(len(prompts), prefill_tokens, sum(n * (n + 1) // 2 for n in prompts), running - len(prompts),
+            return StepShape(num_prefills, prefill_tokens, prefill_pairs, 0, 0, prompt_blocks)
+        return StepShape(num_prefills, prefill_tokens, prefill_pairs, running - num_prefills,
                          sums["token_states"] - prefill_tokens, self._blocks(sums))
 
     def run_step(self, shape: StepShape, prefilled: list[Sequence]) -> None:

@@ -384,8 +384,9 @@ class PicosecondCost:
         """Picoseconds of k decode-only steps of ``num_decodes`` sequences, given their contexts and
         KV blocks summed over the k steps. Equals the sum of :meth:`step` over them: with no prefill,
         both sides of the attention roofline are proportional to the context."""
-        per_step = self.step_ps + num_decodes * self.seq_ps + self._combine(num_decodes * self.token_ps, self.weights_ps)
-        return k * per_step + self._context_ps * context_sum + self.block_ps * block_sum
+        linear = num_decodes * self.token_ps  # combined with the weights' read as in _combine, without a call per stretch
+        linear = max(linear, self.weights_ps) if self.roofline else linear + self.weights_ps
+        return k * (self.step_ps + num_decodes * self.seq_ps + linear) + self._context_ps * context_sum + self.block_ps * block_sum
 
     @functools.cached_property
     def _context_ps(self) -> int:

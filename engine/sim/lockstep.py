@@ -64,10 +64,13 @@ class PagedLockstepPool:
         assert kv.prefix_cache is None, "lock-step mode has no prefix caching"
         self.kv = kv
         self.block_size = kv.block_size
+        self.num_slots = kv.num_slots  # read every round: kept here, not through the allocator's property
         self.num_free_blocks = kv.num_blocks
         self.due: list[dict[Sequence, None]] = [{} for _ in range(self.block_size)]  # ordered sets
         self.due_residue: dict[Sequence, int] = {}
-        self.due_counts = [0] * self.block_size  # len(due[r]), kept for the per-step arithmetic
+        # len(due[r]) at r and at r + block_size, for the per-step arithmetic: the residues of any
+        # block_size consecutive steps are then one slice, due_counts[clock % block_size:][:block_size].
+        self.due_counts = [0] * (2 * self.block_size)
 
     def can_admit(self, seq: Sequence) -> bool:
         """Room now to prefill ``seq``'s ``num_tokens`` tokens (``KVCacheManager.can_allocate``)."""
@@ -84,6 +87,7 @@ class PagedLockstepPool:
         self.due[residue][seq] = None
         self.due_residue[seq] = residue
         self.due_counts[residue] += 1
+        self.due_counts[residue + self.block_size] += 1
 
     def release(self, seq: Sequence, num_tokens: int) -> None:
         """``KVCacheManager.free`` for a running ``seq`` that now has ``num_tokens`` tokens, all but the newest cached."""
@@ -91,6 +95,7 @@ class PagedLockstepPool:
         residue = self.due_residue.pop(seq)
         del self.due[residue][seq]
         self.due_counts[residue] -= 1
+        self.due_counts[residue + self.block_size] -= 1
 
     def needing_block(self, clock: int) -> list[Sequence]:
         """Running requests that need new memory to decode in step ``clock + 1``, in admission order."""
@@ -108,20 +113,21 @@ class PagedLockstepPool:
         request gets the memory it needs without a preemption."""
         # Every block_size steps each of the R running requests takes one block, so the free blocks
         # last free // R whole rounds; within the next round, walk the residues in step order.
-        counts, running = self.due_counts, len(self.due_residue)
+        running = len(self.due_residue)
         if running == 0:
             return limit
+        bs = self.block_size
         rounds, left = divmod(self.num_free_blocks, running)
-        steps = rounds * self.block_size
+        steps = rounds * bs
         if steps >= limit:
             return limit
-        for i in range(self.block_size):  # stops early: left < running = sum(counts)
-            needed = counts[(clock + i) % self.block_size]
+        start = clock % bs
+        for needed in self.due_counts[start:start + min(bs, limit - steps)]:  # stops early: left < running = their sum
             if needed > left:
                 break
             left -= needed
             steps += 1
-        return min(limit, steps)
+        return steps
 
     def usage(self, token_states: int, next_waiting: Sequence | None) -> dict[str, int]:
         """The memory categories now (slots), given the running requests' ``token_states``."""
@@ -147,11 +153,17 @@ class PagedLockstepPool:
         # The requests of the residue of step clock + 1 + i (i from 0) take one block each in that
         # step and every block_size steps after it: `times` blocks, the first held after k - i of
         # the k steps, each next one block_size steps fewer.
-        bs, counts = self.block_size, self.due_counts
+        bs, start = self.block_size, clock % self.block_size
         held_block_steps = k * (self.kv.num_blocks - self.num_free_blocks)
         taken = 0
-        for i in range(min(k, bs)):
-            count = counts[(clock + i) % bs]
+        if k <= bs:  # (most stretches) each takes its one block, held for the rest of the stretch
+            steps_held = k
+            for count in self.due_counts[start:start + k]:
+                taken += count
+                held_block_steps += count * steps_held
+                steps_held -= 1
+            return taken, held_block_steps
+        for i, count in enumerate(self.due_counts[start:start + bs]):
             if count:
                 times = (k - 1 - i) // bs + 1
                 taken += count * times
@@ -165,7 +177,7 @@ class PagedLockstepPool:
             "reserved": 0,
             "internal_fragmentation": allocated - token_states,
             "external_fragmentation": 0,
-            "free": k * self.kv.num_slots - allocated,
+            "free": k * self.num_slots - allocated,
         }
 
 
@@ -312,6 +324,9 @@ class LockstepScheduler:
         self.skip_refused_admission = (not self.static and all(is_engines_own(part) for part in (
             Scheduler._schedule_prefills, Scheduler._can_admit, Scheduler._prefill_chunk, Scheduler.order_waiting)))
         self.head_refused = False  # set by steps_until_event for the step it hands to lockstep_step
+        # The pool lists the requests needing a block in admission order, the engine's own running order
+        # without chunked prefill; a _running_order in its place is asked.
+        self.order_needing = not is_engines_own(Scheduler._running_order)
         self._out = SchedulerOutput()
         # A queue head found not fitting stays so while only decode steps run (free memory only shrinks): it is
         # not asked again until a step, an admission or a release, when the block count is the engine's own.
@@ -401,9 +416,11 @@ class LockstepScheduler:
             if waiting and self.remember_refusal:
                 self.refused_head = waiting[0]
         heap = self.finish_heap
-        while self.admission_number.get(heap[0][2]) != heap[0][1]:
+        finish_clock, number, seq = heap[0]
+        while self.admission_number.get(seq) != number:
             heapq.heappop(heap)  # a preempted request's stale entry
-        k = self.pool.free_steps(self.clock, min(limit, heap[0][0] - self.clock))
+            finish_clock, number, seq = heap[0]
+        k = self.pool.free_steps(self.clock, min(limit, finish_clock - self.clock))
         self.head_refused = k == 0 and self.skip_refused_admission
         return k
 
@@ -445,7 +462,7 @@ class LockstepScheduler:
         block this step, in the scheduler's running order."""
         sched = self.scheduler
         needing = self.pool.needing_block(self.clock)
-        if len(needing) > 1:
+        if len(needing) > 1 and self.order_needing:
             needing = sched._running_order(needing, self.admission_number)
         for seq in needing:
             if seq not in self.admission_number:

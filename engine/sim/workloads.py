@@ -120,7 +120,7 @@ def make_workload(
     prompt = _calibrated_lengths(rng.standard_normal(num_requests), spec.sigma_prompt, spec.mean_prompt, max_model_len - 1)
     output = _calibrated_lengths(rng.standard_normal(num_requests), spec.sigma_output, spec.mean_output, max_model_len - prompt)
     arrivals = poisson_arrivals(rng, num_requests, request_rate) if request_rate is not None else np.zeros(num_requests)
-    return [Request(float(a), int(p), int(o)) for a, p, o in zip(arrivals, prompt, output)]
+    return [Request(a, p, o) for a, p, o in zip(arrivals.tolist(), prompt.tolist(), output.tolist())]
 
 
 def head_of_line_workload(long_prompt: int = 1500, num_short: int = 8, short_prompt: int = 50, output_len: int = 32,
@@ -210,14 +210,20 @@ def _calibrated_lengths(z: np.ndarray, sigma: float, target_mean: float, cap) ->
     """round(exp(mu + sigma * z)) clipped to [1, cap], with mu found by bisection so that the
     clipped sample's mean is the target (capping the tail would otherwise lower the mean)."""
 
-    def lengths(mu: float) -> np.ndarray:
-        return np.clip(np.rint(np.exp(mu + sigma * z)), 1, cap).astype(np.int64)
+    scaled = sigma * z
+    buffer = np.empty_like(scaled)
+
+    def lengths(mu: float) -> np.ndarray:  # float64 whole numbers, in one buffer reused by the 50 bisection steps
+        np.add(scaled, mu, out=buffer)
+        np.exp(buffer, out=buffer)
+        np.rint(buffer, out=buffer)
+        return np.clip(buffer, 1, cap, out=buffer)
 
     lo, hi = math.log(target_mean) - 4 * sigma * sigma - 2, math.log(target_mean) + 2
     for _ in range(50):
-        mid = (lo + hi) / 2
+        mid = (lo + hi) / 2  # the mean of lengths below 2**53 is exact in float64: the same whatever their dtype
         lo, hi = (mid, hi) if lengths(mid).mean() < target_mean else (lo, mid)
-    return lengths(hi)
+    return lengths(hi).astype(np.int64)
 
 
 def load_trace(path: str | Path) -> list[Request]:
