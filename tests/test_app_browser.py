@@ -665,8 +665,11 @@ def swap_lane(page, sync_api, port, server) -> None:
     for k in range(40):  # the preset's pool fills at about step 12: requests are swapped out
         step.click()
         step_title(page, f"Step {k}", 300)
-        try:  # the CPU lane's caption is drawn a moment after the step's title
-            copied_out.wait_for(timeout=2000)
+        # The CPU lane's caption is drawn a moment after the step's title: once the rerun has drawn
+        # everything (no element of the previous run left, marked data-stale), it is there or not at all.
+        page.wait_for_function("() => !document.querySelector('[data-stale=\"true\"]')", timeout=300_000)
+        try:
+            copied_out.wait_for(timeout=300)
             break
         except sync_api.TimeoutError:
             pass
