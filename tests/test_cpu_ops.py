@@ -557,7 +557,8 @@ def test_a_forced_isa_caps_torch_and_vllm_beside_it_as_on_a_laptop(monkeypatch):
 @pytest.fixture(scope="module")
 def avx2_build(tmp_path_factory, tiny_llama_dir):
     """The kernels built for AVX2 (x86-64-v3) in a fresh cache, in a process of their own (one library per
-    process), where this CPU runs AVX2 or more: the one extra build of this test run. The cache first holds
+    process), where this CPU runs AVX2 or more: the one extra build of this test run (none where this process's own
+    build is the AVX2 one: a copy of it is loaded, as a cache copied between two AVX2 machines). The cache first holds
     this process's own build, copied twice as a cache copied between machines would be: under its own
     directory, and renamed into the AVX2 build's directory. Returns (stdout, stderr, AVX2 library path)."""
     if cpu_ops.cpu_isa() == "generic":
@@ -566,11 +567,13 @@ def avx2_build(tmp_path_factory, tiny_llama_dir):
     root = tmp_path_factory.mktemp("avx2_cache")
     avx2_dir = cpu_ops.build_directory(root, cpu_ops.build_flags("avx2"))
     built = _loaded_library()
+    ignore = shutil.ignore_patterns("*.lock", "lock")
     if built is not None and cpu_ops.matmul_simd() != "avx2":
-        ignore = shutil.ignore_patterns("*.lock", "lock")
         shutil.copytree(built.parent, root / built.parent.name, ignore=ignore)
         shutil.copytree(built.parent, avx2_dir, ignore=ignore)
         (avx2_dir / built.name).rename(avx2_dir / f"pagedattention_lab_cpu_{avx2_dir.name}.so")
+    elif built is not None:  # this CPU's own build is the AVX2 one (a laptop, CI): its copy is loaded, not built again
+        shutil.copytree(built.parent, avx2_dir, ignore=ignore)
     script = AVX2_CHECKS.replace("ROOT", repr(str(root))).replace("MODEL", repr(str(tiny_llama_dir)))
     env = dict(os.environ, **{cpu_ops.ISA_ENV_VAR: "avx2"})
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900, env=env)
