@@ -40,6 +40,7 @@ already have given them back; the few positions of the edge block before the win
 """
 
 from __future__ import annotations
+import functools
 from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
