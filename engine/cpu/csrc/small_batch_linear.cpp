@@ -19,7 +19,8 @@
 //   weight loaded is used for 16 multiply-adds, and no horizontal sums are needed at the end (each
 //   lane of acc[m] is one output y[m, 16 p + lane]: the accumulators are simply stored). Batches of
 //   more than 16 rows are cut into balanced groups (40 rows: 14 + 13 + 13) that read the same panel,
-//   which stays in L1/L2 cache between them;
+//   which stays in L1/L2 cache between them; while they do, the next panel is fetched into L2 (Ahead,
+//   below), so that the memory keeps streaming through the later groups' passes too;
 // - x is read in place: for each k, one value of each row (16 rows: 16 cache lines, each used for 16 k's);
 // - panels are shared out among threads in contiguous ranges, so each thread streams its part of the
 //   packed weight from start to end, and the line kPrefetch k's ahead is prefetched (into L1) while
@@ -57,6 +58,7 @@
 
 #include "ops.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -85,23 +87,45 @@ constexpr int64_t kPrefetch = 32; // prefetch the panel's line this many k's (ca
 constexpr int64_t kPrefetchL2 = 128;  // and, from kPrefetchL2Rows rows on, this many lines ahead into L2
 constexpr int kPrefetchL2Rows = kMaxRows < 6 ? kMaxRows : 6;
 
+// The next panel, fetched into L2 while this one is multiplied by more than one row group. Only the
+// first group's pass over a panel reads it from memory; the later passes read it from L1/L2, and without
+// this the memory would sit idle through them: a step's matmuls would take the sum of their memory time
+// and their arithmetic time, not the larger. So pass g of G fetches the g-th of G consecutive stretches
+// of the next panel, one line every G k's: the whole panel once over the G passes, in order, at an even
+// pace. next is null with one group (its pass streams its own panel, see kPrefetchL2).
+// All of SmolLM2-135M's matmuls in a decode step (`python -m engine bench-cpu`, medians of 7, builds
+// alternated, 2-core Xeon): avx2 (6-row groups) 8 rows 27.7 -> 23.7 ms, 12 rows 28.9 -> 26.7, 16 rows
+// 33.5 -> 29.6, 32 rows 52.5 -> 45.9; avx512 (16-row groups) 32 rows 43.3 -> 41.0, 64 rows 77.2 -> 70.9.
+// Fetching every G-th line of the whole next panel instead (line k in pass k % G) was slower than not
+// fetching ahead at all at 8-12 rows (8 rows 27.5 -> 28.6 ms), though it fetches as many lines.
+struct Ahead {
+  const char* next = nullptr;  // the first line of this pass's stretch
+  int64_t line_bytes = 0, lines = 0, passes = 1;
+  bool fetched = false;  // this panel was fetched so, while the one before it was multiplied
+};
+
 // y[m, 0:cols] = sum over k of x[m, k] * panel[k, 0:cols], for the MR rows of x at `x` (ldx apart).
 // With few rows, even and odd k go to two sets of accumulators (added at the end), as long as both fit:
 // one chain of dependent multiply-adds per output would wait on each one's latency (4 cycles).
 template <int MR>
-void tile_f32(const float* x, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols) {
+void tile_f32(const float* x, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols, const Ahead& ahead) {
   using simd::vfloat;
   constexpr int S = 2 * MR * kVecs <= kAccumulators ? 2 : 1;  // accumulator sets
   vfloat acc[S][MR][kVecs];
   for (int s = 0; s < S; ++s)
     for (int m = 0; m < MR; ++m)
       for (int v = 0; v < kVecs; ++v) acc[s][m][v] = simd::zero();
+  int64_t due = ahead.next != nullptr && ahead.lines > 0 ? 0 : -1, line = 0;  // when to fetch the stretch's next line (-1: never)
   int64_t k = 0;
   for (; k + S <= K; k += S) {
 #pragma GCC unroll 2
     for (int s = 0; s < S; ++s) {
       __builtin_prefetch(panel + (k + s + kPrefetch) * kLanes, 0, 3);  // a prefetch never faults, even past the end
-      if constexpr (MR >= kPrefetchL2Rows) __builtin_prefetch(panel + (k + s + kPrefetchL2) * kLanes, 0, 2);
+      if (MR >= kPrefetchL2Rows && !ahead.fetched) __builtin_prefetch(panel + (k + s + kPrefetchL2) * kLanes, 0, 2);
+      if (k + s == due) {  // the stretch's next line, every passes-th k
+        __builtin_prefetch(ahead.next + line++ * ahead.line_bytes, 0, 2);
+        due = line < ahead.lines ? due + ahead.passes : -1;
+      }
       vfloat w[kVecs];
       for (int v = 0; v < kVecs; ++v) w[v] = simd::load(panel + (k + s) * kLanes + v * simd::kWidth);
 #pragma GCC unroll 16
@@ -132,17 +156,22 @@ void tile_f32(const float* x, int64_t ldx, const float* panel, int64_t K, float*
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 // The same in bf16: x2[m, kp] holds x[m, 2 kp] and x[m, 2 kp + 1] (one 32-bit pair); panel [Kp, 32] bf16.
 template <int MR>
-void tile_bf16(const int32_t* x2, int64_t ldx, const c10::BFloat16* panel, int64_t Kp, c10::BFloat16* y, int64_t ldy, int64_t cols) {
+void tile_bf16(const int32_t* x2, int64_t ldx, const c10::BFloat16* panel, int64_t Kp, c10::BFloat16* y, int64_t ldy, int64_t cols, const Ahead& ahead) {
   constexpr int S = MR <= 8 ? 2 : 1;  // accumulator sets, as in tile_f32
   __m512 acc[S][MR];
   for (int s = 0; s < S; ++s)
     for (int m = 0; m < MR; ++m) acc[s][m] = _mm512_setzero_ps();
+  int64_t due = ahead.next != nullptr && ahead.lines > 0 ? 0 : -1, line = 0;
   int64_t k = 0;
   for (; k + S <= Kp; k += S) {
 #pragma GCC unroll 2
     for (int s = 0; s < S; ++s) {
       __builtin_prefetch(panel + (k + s + kPrefetch) * 2 * kLanes, 0, 3);
-      if constexpr (MR >= kPrefetchL2Rows) __builtin_prefetch(panel + (k + s + kPrefetchL2) * 2 * kLanes, 0, 2);
+      if (MR >= kPrefetchL2Rows && !ahead.fetched) __builtin_prefetch(panel + (k + s + kPrefetchL2) * 2 * kLanes, 0, 2);
+      if (k + s == due) {  // the stretch's next line, every passes-th k
+        __builtin_prefetch(ahead.next + line++ * ahead.line_bytes, 0, 2);
+        due = line < ahead.lines ? due + ahead.passes : -1;
+      }
       const __m512bh w = (__m512bh)_mm512_loadu_si512(panel + (k + s) * 2 * kLanes);
 #pragma GCC unroll 16
       for (int m = 0; m < MR; ++m) acc[s][m] = _mm512_dpbf16_ps(acc[s][m], (__m512bh)_mm512_set1_epi32(x2[m * ldx + k + s]), w);
@@ -162,7 +191,7 @@ void tile_bf16(const int32_t* x2, int64_t ldx, const c10::BFloat16* panel, int64
 #endif
 
 template <typename X, typename W, typename Y>
-using TileFn = void (*)(const X*, int64_t, const W*, int64_t, Y*, int64_t, int64_t);
+using TileFn = void (*)(const X*, int64_t, const W*, int64_t, Y*, int64_t, int64_t, const Ahead&);
 
 // One function per row count (the accumulators are registers only when MR is a constant).
 #if defined(__AVX512F__)
@@ -200,10 +229,21 @@ void multiply(const X* x, int64_t M, const std::vector<Part<W, Y>>& parts, int64
       const Part<W, Y>& part = parts[i];
       const int64_t p = q - first, N = part.N;
       const int64_t cols = N - p * kLanes < kLanes ? N - p * kLanes : kLanes;
+      const W* next = nullptr;  // the panel this thread multiplies next (in this weight or the next one), while groups > 1
+      if (groups > 1 && q + 1 < p1) next = p + 1 < part.panels ? part.packed + (p + 1) * panel_elems : parts[i + 1].packed;
+      const int64_t stretch = (K + groups - 1) / groups;  // lines (k's) of the next panel per pass
+      Ahead ahead;
+      ahead.line_bytes = panel_elems / K * static_cast<int64_t>(sizeof(W));
+      ahead.passes = groups;
+      ahead.fetched = groups > 1 && q > p0;
       int64_t m = 0;
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t rows = base + (g < extra ? 1 : 0);
-        tiles[rows - 1](x + m * K, K, part.packed + p * panel_elems, K, part.y + m * N + p * kLanes, N, cols);
+        if (next != nullptr) {
+          ahead.next = reinterpret_cast<const char*>(next) + g * stretch * ahead.line_bytes;
+          ahead.lines = std::max<int64_t>(0, std::min(stretch, K - g * stretch));
+        }
+        tiles[rows - 1](x + m * K, K, part.packed + p * panel_elems, K, part.y + m * N + p * kLanes, N, cols, ahead);
         m += rows;
       }
     }
