@@ -307,6 +307,54 @@ def test_silu_and_mul_matches_torch(kernel, rows, width, scale, seed):
     torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=1e-30)
 
 
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(1, 90), min_size=1, max_size=5), heads=st.sampled_from([(9, 3), (4, 4), (8, 2), (2, 1)]),
+       head_dim=st.sampled_from([16, 32, 64, 128]), scale=st.sampled_from([0.05, 0.125, 1.0]), seed=st.integers(0, 2**31 - 1))
+def test_prefill_attention_is_the_padded_reference_without_the_padding(kernel, lens, heads, head_dim, scale, seed):
+    # Prompts of any lengths packed back to back (blocks of keys cut anywhere in them, the last one part
+    # masked), grouped-query heads, head_dim at compile-time and run-time widths: what the torch path,
+    # which pads the prompts and runs torch's flash attention, computes, within float32 rounding.
+    from engine.model_executor.attention import prefill_varlen_reference
+    generator = torch.Generator().manual_seed(seed)
+    num_heads, num_kv_heads = heads
+    tokens = sum(lens)
+    q = torch.randn(tokens, num_heads, head_dim, generator=generator) * 2
+    k, v = torch.randn(2, tokens, num_kv_heads, head_dim, generator=generator)
+    starts = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    with torch.inference_mode():
+        ours = cpu_ops.prefill_attention(q, k, v, starts, scale)
+        theirs = prefill_varlen_reference(q, k, v, starts, scale)
+    assert ours.shape == q.shape and ours.dtype == torch.float32
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=2e-5)
+    first = cpu_ops.prefill_attention(q[: lens[0]], k[: lens[0]], v[: lens[0]], starts[:2], scale)
+    assert torch.equal(ours[: lens[0]], first)  # a prompt's rows do not depend on the prompts beside it
+
+
+def test_prefill_attention_refuses_what_it_cannot_run_and_the_engine_takes_the_torch_path_there(kernel):
+    q, k = torch.randn(6, 4, 64), torch.randn(6, 2, 64)
+    starts = torch.tensor([0, 2, 6])
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="float32 only"):
+            cpu_ops.prefill_attention(q.bfloat16(), k.bfloat16(), k.bfloat16(), starts, 0.125)
+        with pytest.raises(RuntimeError, match="must be a multiple of"):
+            cpu_ops.prefill_attention(q[:, :3], k, k, starts, 0.125)
+        with pytest.raises(RuntimeError, match="query_start_loc must run from 0 to num_tokens"):
+            cpu_ops.prefill_attention(q, k, k, torch.tensor([0, 2, 5]), 0.125)
+        with pytest.raises(RuntimeError, match="scale must be > 0"):
+            cpu_ops.prefill_attention(q, k, k, starts, 0.0)
+        assert cpu_ops.prefill_attention_runs(q, k)
+        # A sliding window, bf16 or a head_dim of 40 go through the torch reference, with the same answer.
+        assert not cpu_ops.prefill_attention_runs(q, k, sliding_window=4)
+        assert not cpu_ops.prefill_attention_runs(q.bfloat16(), k.bfloat16())
+        assert not cpu_ops.prefill_attention_runs(torch.randn(6, 4, 40), torch.randn(6, 2, 40))
+        from engine.model_executor.attention import prefill_varlen_reference
+        from engine.model_executor.model_runner import prefill_varlen_cpu
+        q40, k40 = torch.randn(6, 4, 40), torch.randn(6, 2, 40)
+        assert torch.equal(prefill_varlen_cpu(q40, k40, k40, starts, 0.2), prefill_varlen_reference(q40, k40, k40, starts, 0.2))
+        windowed = prefill_varlen_cpu(q, k, k, starts, 0.125, sliding_window=2)
+        assert torch.equal(windowed, prefill_varlen_reference(q, k, k, starts, 0.125, sliding_window=2))
+
+
 def test_silu_and_mul_at_the_ends_of_the_range_and_in_bf16(kernel):
     gate = torch.tensor([-1000.0, -100.0, -87.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 87.0, 100.0, 1000.0])
     up = torch.full_like(gate, 3.0)

@@ -23,6 +23,10 @@ Five operations of every decode step, written for what a decode step is on a CPU
   heads of a GQA group together. The torch reference in engine/model_executor/attention.py gathers each context into
   a padded copy first; it stays the oracle and the fallback.
 
+- :func:`prefill_attention`, causal attention of prompts over their own K and V, packed without padding
+  (``csrc/prefill_attention.cpp``; FlashAttention's loop, the query heads of a GQA group sharing each key
+  and value read): what a prefill with nothing cached before it runs in every layer.
+
 In a step of decode tokens only, :func:`decode_layer` (``csrc/decode_layer.cpp``) runs a whole decoder
 layer as one call of these five, in the order engine/model_executor/model.py calls them (the same results, bit for
 bit), so that Python and torch's dispatcher are crossed once per layer instead of ~15 times; and
@@ -85,7 +89,7 @@ SOURCES = [Path(__file__).parent / "csrc" / name for name in ("unity_kernels.cpp
 # Included by the sources: part of the fingerprint, not compiled alone.
 HEADERS = [Path(__file__).parent / "csrc" / name
            for name in ("small_batch_linear.cpp", "fused_ops.cpp", "paged_attention.cpp", "activation.cpp", "decode_layer.cpp",
-                        "sampling.cpp", "vec_exp.h", "simd.h", "ops.h")]
+                        "sampling.cpp", "prefill_attention.cpp", "vec_exp.h", "simd.h", "ops.h")]
 CFLAGS = ["-O3", "-fopenmp"]  # and the ISA's own, :func:`build_flags`
 ISAS = ("avx512", "avx2", "generic")  # best first
 # What each ISA asks of the CPU (/proc/cpuinfo's flag names): x86-64-v4's and x86-64-v3's levels.
@@ -453,6 +457,42 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """
     _check_inputs(gate, up)
     return torch.ops.pagedattention_lab.silu_and_mul(gate, up)
+
+
+def prefill_attention_runs(query: torch.Tensor, key: torch.Tensor, sliding_window: int | None = None) -> bool:
+    """Whether :func:`prefill_attention` takes these operands: the kernels loaded, float32 on CPU, a head_dim
+    that is a multiple of 16 (a whole number of vectors on every ISA), num_heads a multiple of num_kv_heads,
+    no sliding window, no gradient recorded. Anything else goes through the torch reference."""
+    return (bool(_state.get("ok")) and not sliding_window and not torch.is_grad_enabled() and query.dim() == 3 and key.dim() == 3
+            and query.dtype == torch.float32 and key.dtype == torch.float32 and query.device.type == "cpu"
+            and query.shape[2] % 16 == 0 and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0)
+
+
+def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, query_start_loc: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of prompts over their own K and V, packed without padding (``csrc/prefill_attention.cpp``;
+    FlashAttention's loop, as ``flash_attn_varlen_func`` takes its operands): what
+    :func:`engine.model_executor.attention.prefill_varlen_reference` computes, without padding the prompts to
+    the longest and with the query heads of a GQA group sharing each key and value read.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` float32, the prompts one after another.
+        key, value: ``[num_tokens, num_kv_heads, head_dim]`` float32, the same tokens' K and V.
+        query_start_loc: ``[num_seqs + 1]`` int32 or int64, cumulative prompt lengths (vLLM's name).
+        scale: the softmax scale, > 0.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` float32; token t of a prompt attends to its prompt's tokens up to
+        t. Within float32 rounding of the reference (the same sums in another order).
+
+    Raises:
+        RuntimeError: not loaded, another dtype or device, a head_dim that is not a multiple of the vector
+            width, num_heads not a multiple of num_kv_heads, a query_start_loc that does not run from 0 to
+            num_tokens, or an input needing gradients (the message says which).
+    """
+    _check_inputs(query, key, value)
+    if not scale > 0:
+        raise RuntimeError(f"prefill_attention: scale must be > 0, got {scale}")
+    return torch.ops.pagedattention_lab.prefill_attention(query, key, value, query_start_loc, float(scale))
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

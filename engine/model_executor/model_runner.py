@@ -29,10 +29,22 @@ TORCH_BACKEND = AttentionBackend(
     "torch", write_kv_cache, paged_prefill_reference, paged_attention_reference, plan_step, copy_blocks_reference,
     prefill_varlen=prefill_varlen_reference,
 )
-# The torch backend with decode attention read in place by the engine's C++ kernel (engine/cpu/ops.py).
+
+
+def prefill_varlen_cpu(query, key, value, query_start_loc, scale, sliding_window=None):
+    """:func:`prefill_varlen_reference`'s attention through the engine's C++ kernel
+    (:func:`engine.cpu.ops.prefill_attention`: the prompts unpadded) where it takes the operands, else the
+    reference itself (bfloat16, a sliding window, a head_dim that is not a multiple of 16)."""
+    if cpu_ops.prefill_attention_runs(query, key, sliding_window):
+        return cpu_ops.prefill_attention(query, key, value, query_start_loc, scale)
+    return prefill_varlen_reference(query, key, value, query_start_loc, scale, sliding_window)
+
+
+# The torch backend with decode attention read in place, and prompts' own attention, by the engine's C++
+# kernels (engine/cpu/ops.py).
 CPU_KERNEL_BACKEND = AttentionBackend(
     "torch", write_kv_cache, paged_prefill_reference, cpu_ops.paged_attention_decode, plan_writes, copy_blocks_reference,
-    cpu_decode_layer=True, prefill_varlen=prefill_varlen_reference,
+    cpu_decode_layer=True, prefill_varlen=prefill_varlen_cpu,
 )
 
 
