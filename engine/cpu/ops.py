@@ -23,14 +23,14 @@ Five operations of every decode step, written for what a decode step is on a CPU
   heads of a GQA group together. The torch reference in engine/model_executor/attention.py gathers each context into
   a padded copy first; it stays the oracle and the fallback.
 
-- :func:`prefill_attention`, causal attention of prompts over their own K and V, packed without padding
-  (``csrc/prefill_attention.cpp``; FlashAttention's loop, the query heads of a GQA group sharing each key
-  and value read): what a prefill with nothing cached before it runs in every layer.
-
 In a step of decode tokens only, :func:`decode_layer` (``csrc/decode_layer.cpp``) runs a whole decoder
 layer as one call of these five, in the order engine/model_executor/model.py calls them (the same results, bit for
 bit), so that Python and torch's dispatcher are crossed once per layer instead of ~15 times; and
 :func:`decode_layers` runs all the layers and the final norm as one call.
+
+A prefill runs :func:`prefill_attention`: causal attention of prompts over their own K and V, packed
+without padding (``csrc/prefill_attention.cpp``; FlashAttention's loop, the query heads of a GQA group
+sharing each key and value read), in every layer of a step whose prompts have nothing cached before them.
 
 Figures (2-core Xeon, SmolLM2-135M; ``python -m engine bench-cpu`` measures them on any machine): see
 the README. ``python -m engine bench`` shows what they do to a whole workload.
