@@ -131,35 +131,50 @@ inline simd::vfloat exp_vec(simd::vfloat x) {
 #endif
 }
 
-// The online softmax of one row's block of scores s (already scaled), of which the first `visible` count:
-// s becomes p = exp(s - m') (0 past visible), m becomes m', and the return value is e^(m - m'), what the
-// row's earlier sums are rescaled by; *sum gets the sum of p.
-inline float softmax_block(float* s, int visible, float& m, float& sum) {
+// The online softmax of NR rows' blocks of scores (already scaled; row i at s + i kBK, of which the first
+// visible[i] count), NR rows at once so that their reductions and exponentials, each a chain of dependent
+// instructions, overlap. Row i: s becomes p = exp(s - m') (0 past visible), m[i] becomes m', alpha[i] gets
+// e^(m - m'), what the row's earlier sums are rescaled by, and lsum[i kWidth ...] = lsum alpha + p summed
+// a vector at a time (its lanes are added once, at the end of the row's keys).
+template <int NR>
+inline void softmax_rows(float* s, const int* visible, float* m, float* lsum, float* alpha) {
   using simd::vfloat;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  vfloat x[kVecsK];
-  for (int v = 0; v < kVecsK; ++v) {
-    const int lanes = std::clamp(visible - v * simd::kWidth, 0, simd::kWidth);
-    x[v] = simd::load(s + v * simd::kWidth);
-    if (lanes < simd::kWidth) x[v] = simd::first_lanes(x[v], lanes, kNegInf);
+  vfloat x[NR][kVecsK];
+  float m_new[NR];
+  for (int i = 0; i < NR; ++i) {
+    vfloat mx = simd::set1(kNegInf);
+    for (int v = 0; v < kVecsK; ++v) {
+      const int lanes = std::clamp(visible[i] - v * simd::kWidth, 0, simd::kWidth);
+      x[i][v] = simd::load(s + i * kBK + v * simd::kWidth);
+      if (lanes < simd::kWidth) x[i][v] = simd::first_lanes(x[i][v], lanes, kNegInf);
+      mx = simd::vmax(mx, x[i][v]);
+    }
+    m_new[i] = std::max(m[i], simd::reduce_max(mx));
   }
-  vfloat mx = x[0];
-  for (int v = 1; v < kVecsK; ++v) mx = simd::vmax(mx, x[v]);
-  const float m_new = std::max(m, simd::reduce_max(mx));
-  const vfloat shift = simd::set1(m_new);
-  vfloat total = simd::zero();
-  for (int v = 0; v < kVecsK; ++v) {
-    const int lanes = std::clamp(visible - v * simd::kWidth, 0, simd::kWidth);
-    vfloat e = exp_vec(x[v] - shift);
-    if (lanes < simd::kWidth) e = simd::first_lanes(e, lanes, 0.0f);  // exp is clamped at e^-100, not 0
-    simd::store(s + v * simd::kWidth, e);
-    total = total + e;
+  for (int i = 0; i < NR; ++i) {
+    const vfloat shift = simd::set1(m_new[i]);
+    vfloat total = simd::zero();
+    for (int v = 0; v < kVecsK; ++v) {
+      const int lanes = std::clamp(visible[i] - v * simd::kWidth, 0, simd::kWidth);
+      vfloat e = exp_vec(x[i][v] - shift);
+      if (lanes < simd::kWidth) e = simd::first_lanes(e, lanes, 0.0f);  // exp is clamped at e^-86, not 0
+      simd::store(s + i * kBK + v * simd::kWidth, e);
+      total = total + e;
+    }
+    const float a = m[i] == m_new[i] ? 1.0f : m[i] == kNegInf ? 0.0f : vec_exp::exp1(m[i] - m_new[i]);
+    float* l = lsum + i * simd::kWidth;
+    simd::store(l, simd::fmadd(simd::load(l), simd::set1(a), total));
+    alpha[i] = a;
+    m[i] = m_new[i];
   }
-  sum = simd::reduce_add(total);
-  const float alpha = m == m_new ? 1.0f : m == kNegInf ? 0.0f : std::exp(m - m_new);
-  m = m_new;
-  return alpha;
 }
+
+#if defined(__AVX512F__)
+constexpr int kSoftmaxRows = 4;  // 4 x 2 score vectors, the exponential's constants and temporaries: 32 registers
+#else
+constexpr int kSoftmaxRows = 2;  // AVX2's (and SSE's) 16
+#endif
 
 struct Task {
   int64_t start, len;  // the prompt: its first token, its length
@@ -172,16 +187,17 @@ struct Task {
 void run_task(const Task& t, const float* query, const float* value, float* out, int64_t H, int64_t Hkv, int64_t D, float scale,
               std::vector<float>& buf) {
   const int64_t G = H / Hkv, R = t.nq * G;
-  buf.resize(static_cast<size_t>(D * R + R * kBK + R * D + 3 * R));
-  float *qs = buf.data(), *s = qs + D * R, *o = s + R * kBK, *m = o + R * D, *l = m + R, *alpha = l + R;
+  buf.resize(static_cast<size_t>(D * R + R * kBK + R * D + R * simd::kWidth + 2 * R));
+  float *qs = buf.data(), *s = qs + D * R, *o = s + R * kBK, *l = o + R * D, *m = l + R * simd::kWidth, *alpha = m + R;
   for (int64_t i = 0; i < t.nq; ++i) {  // the task's queries, scaled: a token's G heads are adjacent in query
     const float* q = query + ((t.start + t.q0 + i) * H + t.kv_head * G) * D;
     for (int64_t e = 0; e < G * D; ++e) qs[i * G * D + e] = q[e] * scale;
   }
   std::fill(o, o + R * D, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + R, 0.0f);
+  std::fill(l, l + R * simd::kWidth, 0.0f);
   const float* v_rows[kBK];
+  int visible[kSoftmaxRows];
   const int64_t keys = t.q0 + t.nq;  // the last query token sees keys 0 .. keys - 1 of its prompt
   for (int64_t j0 = 0; j0 < keys; j0 += kBK) {
     const int nk = static_cast<int>(std::min<int64_t>(kBK, keys - j0));
@@ -194,18 +210,21 @@ void run_task(const Task& t, const float* query, const float* value, float* out,
     else
       scores<0>(qs, R, kt, D, s);
     int64_t r = 0;
+    for (; r + kSoftmaxRows <= R; r += kSoftmaxRows) {
+      for (int i = 0; i < kSoftmaxRows; ++i)  // causal: row r + i is query token q0 + (r + i) / G
+        visible[i] = static_cast<int>(std::clamp<int64_t>(t.q0 + (r + i) / G - j0 + 1, 0, nk));
+      softmax_rows<kSoftmaxRows>(s + r * kBK, visible, m + r, l + r * simd::kWidth, alpha + r);
+    }
     for (; r < R; ++r) {
-      const int visible = static_cast<int>(std::clamp<int64_t>(t.q0 + r / G - j0 + 1, 0, nk));  // causal
-      float sum = 0.0f;
-      alpha[r] = softmax_block(s + r * kBK, visible, m[r], sum);
-      l[r] = l[r] * alpha[r] + sum;
+      visible[0] = static_cast<int>(std::clamp<int64_t>(t.q0 + r / G - j0 + 1, 0, nk));
+      softmax_rows<1>(s + r * kBK, visible, m + r, l + r * simd::kWidth, alpha + r);
     }
     for (r = 0; r + kMRV <= R; r += kMRV) pv_rows<kMRV>(s + r * kBK, alpha + r, o + r * D, D, v_rows, nk);
     for (; r < R; ++r) pv_rows<1>(s + r * kBK, alpha + r, o + r * D, D, v_rows, nk);
   }
   for (int64_t r = 0; r < R; ++r) {
     float* dst = out + ((t.start + t.q0 + r / G) * H + t.kv_head * G + r % G) * D;
-    const float inv = 1.0f / l[r];
+    const float inv = 1.0f / simd::reduce_add(simd::load(l + r * simd::kWidth));
     for (int64_t d = 0; d < D; ++d) dst[d] = o[r * D + d] * inv;
   }
 }
