@@ -91,13 +91,17 @@ void scores(const float* q, int64_t R, const float* kt, int64_t D, float* s) {
 
 // O[r, c0:c0 + DV W] = alpha[r] O[r, ...] + sum over j < nk of P[r, j] * V[j, c0:...], for the MR rows at o
 // (ldo = head_dim): the online softmax's rescaling of the rows, folded into the load of their accumulators.
-template <int MR, int DV>
-void pv_tile(const float* p, const float* alpha, float* o, int64_t ldo, const float* const* v_rows, int nk, int64_t c0) {
+// kFirst: the rows' first block of keys, with nothing before it to rescale (the accumulators start at 0).
+// kLast: their last block: the rows, divided by their softmax sums (times inv[m]), go to the output rows
+// dst[m] rather than back to o.
+template <int MR, int DV, bool kFirst, bool kLast>
+void pv_tile(const float* p, const float* alpha, float* o, int64_t ldo, float* const* dst, const float* inv, const float* const* v_rows,
+             int nk, int64_t c0) {
   using simd::vfloat;
   vfloat acc[MR][DV];
   for (int m = 0; m < MR; ++m) {
     const vfloat a = simd::set1(alpha[m]);
-    for (int c = 0; c < DV; ++c) acc[m][c] = simd::load(o + m * ldo + c0 + c * simd::kWidth) * a;
+    for (int c = 0; c < DV; ++c) acc[m][c] = kFirst ? simd::zero() : simd::load(o + m * ldo + c0 + c * simd::kWidth) * a;
   }
   for (int j = 0; j < nk; ++j) {
     vfloat v[DV];
@@ -108,16 +112,31 @@ void pv_tile(const float* p, const float* alpha, float* o, int64_t ldo, const fl
       for (int c = 0; c < DV; ++c) acc[m][c] = simd::fmadd(pm, v[c], acc[m][c]);
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int c = 0; c < DV; ++c) simd::store(o + m * ldo + c0 + c * simd::kWidth, acc[m][c]);
+  for (int m = 0; m < MR; ++m) {
+    const vfloat w = simd::set1(inv[m]);
+    for (int c = 0; c < DV; ++c) {
+      if constexpr (kLast)
+        simd::store(dst[m] + c0 + c * simd::kWidth, acc[m][c] * w);
+      else
+        simd::store(o + m * ldo + c0 + c * simd::kWidth, acc[m][c]);
+    }
+  }
 }
 
-template <int MR>
-void pv_rows(const float* p, const float* alpha, float* o, int64_t D, const float* const* v_rows, int nk) {
+// p V for all R rows of a task, a tile of MR rows x kVecsV vectors at a time.
+template <bool kFirst, bool kLast>
+void pv_all(int64_t R, const float* p, const float* alpha, float* o, int64_t D, float* const* dst, const float* inv, const float* const* v_rows,
+            int nk) {
   const int64_t vecs = D / simd::kWidth;
-  int64_t c = 0;
-  for (; c + kVecsV <= vecs; c += kVecsV) pv_tile<MR, kVecsV>(p, alpha, o, D, v_rows, nk, c * simd::kWidth);
-  for (; c < vecs; ++c) pv_tile<MR, 1>(p, alpha, o, D, v_rows, nk, c * simd::kWidth);
+  int64_t r = 0;
+  for (; r + kMRV <= R; r += kMRV) {
+    int64_t c = 0;
+    for (; c + kVecsV <= vecs; c += kVecsV)
+      pv_tile<kMRV, kVecsV, kFirst, kLast>(p + r * kBK, alpha + r, o + r * D, D, dst + r, inv + r, v_rows, nk, c * simd::kWidth);
+    for (; c < vecs; ++c) pv_tile<kMRV, 1, kFirst, kLast>(p + r * kBK, alpha + r, o + r * D, D, dst + r, inv + r, v_rows, nk, c * simd::kWidth);
+  }
+  for (; r < R; ++r)
+    for (int64_t c = 0; c < vecs; ++c) pv_tile<1, 1, kFirst, kLast>(p + r * kBK, alpha + r, o + r * D, D, dst + r, inv + r, v_rows, nk, c * simd::kWidth);
 }
 
 inline simd::vfloat exp_vec(simd::vfloat x) {
@@ -185,15 +204,16 @@ struct Task {
 
 // One task: rows r = i * G + g (query token q0 + i, query head kv_head * G + g).
 void run_task(const Task& t, const float* query, const float* value, float* out, int64_t H, int64_t Hkv, int64_t D, float scale,
-              std::vector<float>& buf) {
+              std::vector<float>& buf, std::vector<float*>& dst) {
   const int64_t G = H / Hkv, R = t.nq * G;
-  buf.resize(static_cast<size_t>(D * R + R * kBK + R * D + R * simd::kWidth + 2 * R));
-  float *qs = buf.data(), *s = qs + D * R, *o = s + R * kBK, *l = o + R * D, *m = l + R * simd::kWidth, *alpha = m + R;
-  for (int64_t i = 0; i < t.nq; ++i) {  // the task's queries, scaled: a token's G heads are adjacent in query
+  buf.resize(static_cast<size_t>(D * R + R * kBK + R * D + R * simd::kWidth + 3 * R));
+  float *qs = buf.data(), *s = qs + D * R, *o = s + R * kBK, *l = o + R * D, *m = l + R * simd::kWidth, *alpha = m + R, *inv = alpha + R;
+  dst.resize(static_cast<size_t>(R));
+  for (int64_t i = 0; i < t.nq; ++i) {  // the task's queries, scaled: a token's G heads are adjacent in query and out
     const float* q = query + ((t.start + t.q0 + i) * H + t.kv_head * G) * D;
     for (int64_t e = 0; e < G * D; ++e) qs[i * G * D + e] = q[e] * scale;
+    for (int64_t g = 0; g < G; ++g) dst[i * G + g] = out + ((t.start + t.q0 + i) * H + t.kv_head * G + g) * D;
   }
-  std::fill(o, o + R * D, 0.0f);
   std::fill(m, m + R, -std::numeric_limits<float>::infinity());
   std::fill(l, l + R * simd::kWidth, 0.0f);
   const float* v_rows[kBK];
@@ -219,13 +239,17 @@ void run_task(const Task& t, const float* query, const float* value, float* out,
       visible[0] = static_cast<int>(std::clamp<int64_t>(t.q0 + r / G - j0 + 1, 0, nk));
       softmax_rows<1>(s + r * kBK, visible, m + r, l + r * simd::kWidth, alpha + r);
     }
-    for (r = 0; r + kMRV <= R; r += kMRV) pv_rows<kMRV>(s + r * kBK, alpha + r, o + r * D, D, v_rows, nk);
-    for (; r < R; ++r) pv_rows<1>(s + r * kBK, alpha + r, o + r * D, D, v_rows, nk);
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    float* dst = out + ((t.start + t.q0 + r / G) * H + t.kv_head * G + r % G) * D;
-    const float inv = 1.0f / simd::reduce_add(simd::load(l + r * simd::kWidth));
-    for (int64_t d = 0; d < D; ++d) dst[d] = o[r * D + d] * inv;
+    const bool first = j0 == 0, last = j0 + kBK >= keys;
+    if (last)
+      for (r = 0; r < R; ++r) inv[r] = 1.0f / simd::reduce_add(simd::load(l + r * simd::kWidth));
+    if (first && last)
+      pv_all<true, true>(R, s, alpha, o, D, dst.data(), inv, v_rows, nk);
+    else if (first)
+      pv_all<true, false>(R, s, alpha, o, D, dst.data(), inv, v_rows, nk);
+    else if (last)
+      pv_all<false, true>(R, s, alpha, o, D, dst.data(), inv, v_rows, nk);
+    else
+      pv_all<false, false>(R, s, alpha, o, D, dst.data(), inv, v_rows, nk);
   }
 }
 
@@ -262,11 +286,12 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& key, con
   }
   const at::Tensor k = key.contiguous();
   const float* kp = k.data_ptr<float>();
-  std::vector<float> kt(static_cast<size_t>(first_block[S] * Hkv * D * kBK));
+  const at::Tensor kt_buf = at::empty({first_block[S] * Hkv * D * kBK}, key.options());  // every element is written below
+  float* kt = kt_buf.data_ptr<float>();
   at::parallel_for(0, S * Hkv, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t s = i / Hkv, h = i % Hkv, len = starts[s + 1] - starts[s];
-      float* dst = kt.data() + (first_block[s] * Hkv + h * (first_block[s + 1] - first_block[s])) * D * kBK;
+      float* dst = kt + (first_block[s] * Hkv + h * (first_block[s + 1] - first_block[s])) * D * kBK;
       for (int64_t j = 0; j < (first_block[s + 1] - first_block[s]) * kBK; ++j) {
         const float* src = kp + ((starts[s] + std::min(j, len - 1)) * Hkv + h) * D;
         float* col = dst + (j / kBK) * D * kBK + j % kBK;
@@ -279,7 +304,7 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& key, con
     const int64_t len = starts[s + 1] - starts[s], blocks = first_block[s + 1] - first_block[s];
     for (int64_t q0 = 0; q0 < len; q0 += kBQ)
       for (int64_t h = 0; h < Hkv; ++h)
-        tasks.push_back({starts[s], len, q0, std::min<int64_t>(kBQ, len - q0), h, kt.data() + (first_block[s] * Hkv + h * blocks) * D * kBK});
+        tasks.push_back({starts[s], len, q0, std::min<int64_t>(kBQ, len - q0), h, kt + (first_block[s] * Hkv + h * blocks) * D * kBK});
   }
   // Longest first (a task's keys: q0 + nq), so that the last tasks taken are short ones.
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.q0 + a.nq > b.q0 + b.nq; });
@@ -291,8 +316,9 @@ at::Tensor prefill_attention(const at::Tensor& query, const at::Tensor& key, con
   const int64_t n = static_cast<int64_t>(tasks.size());
   at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t w0, int64_t w1) {
     std::vector<float> buf;
+    std::vector<float*> dst;
     for (int64_t w = w0; w < w1; ++w)  // one worker per index; each takes tasks until none is left
-      for (int64_t i = next++; i < n; i = next++) run_task(tasks[i], qp, vp, op, H, Hkv, D, static_cast<float>(scale), buf);
+      for (int64_t i = next++; i < n; i = next++) run_task(tasks[i], qp, vp, op, H, Hkv, D, static_cast<float>(scale), buf, dst);
   });
   return out;
 }
