@@ -20,11 +20,14 @@
 // What it saves against torch's flash attention on the prompts padded to the longest (engine/model_executor/
 // attention.py's prefill_varlen_reference, the torch path): the padded rows' work and the copies into and out
 // of the padded layout. Tasks are taken longest first from a shared counter, so that the two threads end
-// together although a task's work grows with its place in the prompt. One layer of SmolLM2-135M (9 query
-// heads, 3 KV heads, head_dim 64; avx512, 2 cores; throwaway harness against the torch path): 16 prompts of
-// 8-128 tokens 6.22 -> 1.65 ms, 8 of 8-512 tokens 23.0 -> 5.2 ms, 1 x 1,024 7.10 -> 5.24 ms; 16 x 128 and
-// 16 x 35-39 even (3.21 against 3.14 ms, 0.75 against 0.75). 64 keys a block was slower below 1,024 tokens
-// (more of each diagonal block computed and masked).
+// together although a task's work grows with its place in the prompt. A task's first block of keys starts
+// its accumulators at 0 (nothing to rescale) and its last writes the normalised rows straight to the
+// output; the masked lanes' exp stays a normal float (csrc/vec_exp.h's clamp: a denormal result costs Intel
+// cores a microcode assist per vector). One layer of SmolLM2-135M (9 query heads, 3 KV heads, head_dim 64;
+// avx512, 2 cores; throwaway harness, the torch path and this kernel in one process, two sittings):
+// 16 prompts of 8-128 tokens 3.91 -> 1.00-1.04 ms, 8 of 8-512 tokens 26.2-26.7 -> 4.4 ms, 16 x 128
+// 3.48-3.74 -> 2.17-2.40 ms, 1 x 1,024 7.73-8.42 -> 5.24-5.55 ms, 1 x 128 0.21-0.23 -> 0.13-0.14 ms.
+// 64 keys a block was no faster (more of each diagonal block computed and masked).
 //
 // Inference only, fp32 only, head_dim a multiple of the vector width (any other shape: the torch path).
 // Built with the other CPU kernels by engine/cpu/ops.py, against csrc/simd.h's vector (16, 8 or 4 floats).
