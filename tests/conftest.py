@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import paged_kernels  # noqa: F401  first: without a GPU it sets TRITON_INTERPRET=1, which Triton reads once, on its import
 import pytest
 import torch
 import transformers

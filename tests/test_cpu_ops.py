@@ -368,6 +368,45 @@ def test_silu_and_mul_at_the_ends_of_the_range_and_in_bf16(kernel):
     assert (ours.float() - expected.float()).abs().max() <= expected.float().abs().max() * 2**-7  # one bf16 step at most
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 37, 300])
+def test_in_place_norm_and_activation_write_the_same_values_into_their_inputs(kernel, dtype, rows):
+    # What a prefill's layers call (engine/model_executor/model.py): the in-place forms must give the fresh-output
+    # forms' values bit for bit, in the tensors they were given, and leave the other inputs alone.
+    generator = torch.Generator().manual_seed(rows)
+    x, residual = torch.randn(2, rows, 576, generator=generator).to(dtype)
+    weight = torch.randn(576, generator=generator).to(dtype)
+    normed, summed = cpu_ops.add_rms_norm(x, residual, weight, 1e-5)
+    x_in, residual_in, weight_before = x.clone(), residual.clone(), weight.clone()
+    out_x, out_residual = cpu_ops.add_rms_norm_(x_in, residual_in, weight, 1e-5)
+    assert out_x is x_in and out_residual is residual_in
+    assert torch.equal(x_in, normed) and torch.equal(residual_in, summed) and torch.equal(weight, weight_before)
+    gate, up = torch.randn(2, rows, 1536, generator=generator).to(dtype) * torch.tensor([3.0, 1.0]).to(dtype).view(2, 1, 1)
+    expected = cpu_ops.silu_and_mul(gate, up)
+    gate_in, up_before = gate.clone(), up.clone()
+    assert cpu_ops.silu_and_mul_(gate_in, up) is gate_in
+    assert torch.equal(gate_in, expected) and torch.equal(up, up_before)
+
+
+def test_in_place_forms_refuse_what_they_cannot_write_and_the_model_takes_the_fresh_form_there(kernel):
+    x = torch.randn(4, 16)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        cpu_ops.add_rms_norm_(torch.randn(16, 4).t(), x.clone(), torch.ones(16), 1e-6)
+    with pytest.raises(RuntimeError, match="two tensors"):
+        cpu_ops.add_rms_norm_(x, x, torch.ones(16), 1e-6)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        cpu_ops.silu_and_mul_(torch.randn(16, 4).t(), torch.randn(4, 16))
+    with pytest.raises(RuntimeError, match="two tensors"):
+        cpu_ops.silu_and_mul_(x, x)
+    norm = RMSNorm(16, eps=1e-6)
+    norm.cpu_kernel = True
+    strided = torch.randn(16, 4).t()  # a view: the norm takes add_rms_norm, and the view is left as it was
+    before = strided.clone()
+    with torch.no_grad():
+        normed, summed = norm(strided, x)
+    assert torch.equal(strided, before) and torch.equal(summed, strided + x)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [

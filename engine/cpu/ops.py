@@ -419,6 +419,31 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return torch.ops.pagedattention_lab.add_rms_norm(x, residual, weight, eps)
 
 
+def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`add_rms_norm` in place, as vLLM's ``fused_add_rms_norm`` is: ``residual`` becomes
+    ``x + residual`` and ``x`` becomes ``weight * rms_normalize(x + residual)``, the same values
+    :func:`add_rms_norm` returns, bit for bit.
+
+    A prefill's hidden states are megabytes (2,048 tokens x 576 floats: 4.7 MB) that have left the
+    caches by the time the norm runs; written into the two tensors it has just read, the results cost
+    no fresh memory to be fetched and written back.
+
+    Args:
+        x, residual: as for :func:`add_rms_norm`, contiguous, two distinct tensors; both are overwritten.
+        weight, eps: as for :func:`add_rms_norm`.
+
+    Returns:
+        ``(x, residual)``, the same tensor objects: (normed, new residual).
+
+    Raises:
+        RuntimeError: as :func:`add_rms_norm`; also when x or residual is not contiguous, or they are
+            one tensor.
+    """
+    _check_inputs(x, residual, weight)
+    torch.ops.pagedattention_lab.add_rms_norm_(x, residual, weight, eps)
+    return x, residual
+
+
 def rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE on q and k in one call (vLLM's ``rotary_embedding``, GPT-NeoX layout: element i pairs with i + head_dim/2).
 
@@ -457,6 +482,24 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """
     _check_inputs(gate, up)
     return torch.ops.pagedattention_lab.silu_and_mul(gate, up)
+
+
+def silu_and_mul_(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """:func:`silu_and_mul` written over ``gate`` (the same values, bit for bit): for a prefill's MLP,
+    whose gate projection is megabytes not read again, so that the result costs no fresh memory.
+
+    Args:
+        gate: as for :func:`silu_and_mul`, contiguous; overwritten with ``silu(gate) * up``.
+        up: as for :func:`silu_and_mul`, another tensor.
+
+    Returns:
+        ``gate`` itself.
+
+    Raises:
+        RuntimeError: as :func:`silu_and_mul`; also when gate is not contiguous or is up itself.
+    """
+    _check_inputs(gate, up)
+    return torch.ops.pagedattention_lab.silu_and_mul_(gate, up)
 
 
 def prefill_attention_runs(query: torch.Tensor, key: torch.Tensor, sliding_window: int | None = None) -> bool:

@@ -162,7 +162,10 @@ class RMSNorm(nn.Module):
     ``norm(x)`` returns the normalised ``x``. ``norm(x, residual)`` first adds the sub-layer output ``x``
     to the residual stream and returns ``(norm(x + residual), x + residual)`` (vLLM's layout: the
     residual connection of one sub-layer and the norm in front of the next are one step, and one
-    C++ call when ``cpu_kernel`` is set, see :func:`engine.cpu.ops.add_rms_norm`).
+    C++ call when ``cpu_kernel`` is set, see :func:`engine.cpu.ops.add_rms_norm`). With ``cpu_kernel``,
+    no gradients and contiguous inputs, the two results are written over ``x`` and ``residual`` and
+    those tensors returned (:func:`engine.cpu.ops.add_rms_norm_`, vLLM's ``fused_add_rms_norm``, which
+    works in place): a prefill's hidden states are megabytes, and fresh outputs cost memory traffic.
     """
 
     cpu_kernel: bool = False
@@ -177,6 +180,8 @@ class RMSNorm(nn.Module):
         if residual is None:
             return self._norm(x)
         if self.cpu_kernel and x.dim() == 2 and not torch.is_grad_enabled():
+            if x.is_contiguous() and residual.is_contiguous():  # both are this layer's own: written in place, as vLLM does
+                return cpu_ops.add_rms_norm_(x, residual, self.weight, self.eps)
             return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         residual = x + residual
         return self._norm(residual), residual
@@ -347,15 +352,18 @@ class MLP(nn.Module):
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.gelu:
             return self.down_proj(F.gelu(gate, approximate="tanh") * up)
-        if self.cpu_kernel and not torch.is_grad_enabled():
-            return self.down_proj(cpu_ops.silu_and_mul(gate, up))
+        if self.cpu_kernel and not torch.is_grad_enabled():  # the gate projection, not read again, takes the result
+            return self.down_proj(cpu_ops.silu_and_mul_(gate, up) if gate.is_contiguous() else cpu_ops.silu_and_mul(gate, up))
         return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
     """One transformer block. Takes and returns ``(hidden, residual)`` (vLLM's layout): the block's input is
     ``hidden + residual`` (``residual`` None: ``hidden`` alone, in the first layer), and so is its output.
-    Each residual add happens inside the RMSNorm that follows it, see :class:`RMSNorm`.
+    Each residual add happens inside the RMSNorm that follows it, see :class:`RMSNorm`. With the CPU
+    kernels, and no gradients, that RMSNorm writes its results over its two inputs, as vLLM's
+    ``fused_add_rms_norm`` does: a call overwrites the ``hidden`` and ``residual`` it is given (pass copies
+    to keep them).
 
     Gemma's layers norm each sub-layer's output too before it joins the residual stream
     (``post_attention_layernorm``, ``post_feedforward_layernorm``); its MLP's input norm is

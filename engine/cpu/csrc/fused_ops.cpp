@@ -4,6 +4,7 @@
 //       new_residual = x + residual;  normed = weight * (new_residual * rsqrt(mean(new_residual^2) + eps))
 //       vLLM's fused_add_rms_norm: the residual connection of one sub-layer and the RMSNorm in front of
 //       the next are one pass over the hidden states instead of seven operator calls.
+//   add_rms_norm_(x, residual, weight, eps): the same in place (residual <- new_residual, x <- normed)
 //   rotary_embedding(q, k, cos, sin) -> (q_rotated, k_rotated)
 //       out = x * cos + rotate_half(x) * sin for every head of q and k (GPT-NeoX / Llama layout:
 //       element i pairs with element i + head_dim / 2), vLLM's rotary_embedding: one call for q and k
@@ -57,9 +58,9 @@ float sum_of_squares(const float* __restrict__ v, int64_t n) {
 
 // One row of add_rms_norm. In bf16, each step rounds where the torch code of engine/model.py rounds
 // (the sum to bf16, the normalised value to bf16, then weight x it to bf16); the mean of squares is in fp32.
+// s may be b and out may be a (add_rms_norm_, in place): each element is read before its own index is written.
 template <typename T>
-void add_rms_norm_row(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ w, int64_t hidden, float eps,
-                      T* __restrict__ s, T* __restrict__ out, float* __restrict__ buffer) {
+void add_rms_norm_row(const T* a, const T* b, const T* w, int64_t hidden, float eps, T* s, T* out, float* buffer) {
   for (int64_t i = 0; i < hidden; ++i) s[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
   const float* sf = reinterpret_cast<const float*>(s);
   if constexpr (!std::is_same_v<T, float>) {
@@ -85,18 +86,16 @@ void check_dtypes(const char* op, std::initializer_list<const at::Tensor*> tenso
 // The entry points, declared in ops.h (decode_layer.cpp calls them without the dispatcher).
 namespace pagedattention_lab {
 
-std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && residual.sizes() == x.sizes(), "add_rms_norm: x and residual must both be [num_tokens, hidden], got ",
-              x.sizes(), " and ", residual.sizes());
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), "add_rms_norm: weight must be [hidden] = [", x.size(1), "], got ", weight.sizes());
-  check_dtypes("add_rms_norm", {&x, &residual, &weight});
-  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
-  const int64_t rows = xc.size(0), hidden = xc.size(1);
-  at::Tensor sum = at::empty_like(xc), normed = at::empty_like(xc);
+namespace {
+
+// sum = x + residual, normed = weight * rms_normalize(sum), row by row; the outputs may be x and residual themselves.
+void add_rms_norm_into(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps, at::Tensor& sum,
+                       at::Tensor& normed) {
+  const int64_t rows = x.size(0), hidden = x.size(1);
   const float epsf = static_cast<float>(eps);
   auto run = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const T *xp = xc.data_ptr<T>(), *rp = rc.data_ptr<T>(), *wp = wc.data_ptr<T>();
+    const T *xp = x.data_ptr<T>(), *rp = residual.data_ptr<T>(), *wp = weight.data_ptr<T>();
     T *sp = sum.data_ptr<T>(), *np = normed.data_ptr<T>();
     at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {  // decode-sized batches stay on one thread
       std::vector<float> buffer(std::is_same_v<T, float> ? 0 : hidden);
@@ -104,11 +103,37 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
         add_rms_norm_row<T>(xp + r * hidden, rp + r * hidden, wp, hidden, epsf, sp + r * hidden, np + r * hidden, buffer.data());
     });
   };
-  if (xc.scalar_type() == at::kFloat)
+  if (x.scalar_type() == at::kFloat)
     run(static_cast<float*>(nullptr));
   else
     run(static_cast<c10::BFloat16*>(nullptr));
+}
+
+void check_add_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && residual.sizes() == x.sizes(), op, ": x and residual must both be [num_tokens, hidden], got ", x.sizes(), " and ",
+              residual.sizes());
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1), op, ": weight must be [hidden] = [", x.size(1), "], got ", weight.sizes());
+  check_dtypes(op, {&x, &residual, &weight});
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_add_rms_norm("add_rms_norm", x, residual, weight);
+  const at::Tensor xc = x.contiguous(), rc = residual.contiguous(), wc = weight.contiguous();
+  at::Tensor sum = at::empty_like(xc), normed = at::empty_like(xc);
+  add_rms_norm_into(xc, rc, wc, eps, sum, normed);
   return {normed, sum};
+}
+
+// In place, as vLLM's fused_add_rms_norm: residual becomes x + residual and x its normalised form. A prefill's
+// hidden states are megabytes that have left the caches: writing into the two tensors just read spares the
+// memory traffic of two fresh outputs.
+void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps) {
+  check_add_rms_norm("add_rms_norm_", x, residual, weight);
+  TORCH_CHECK(x.is_contiguous() && residual.is_contiguous(), "add_rms_norm_: x and residual must be contiguous (they are written in place)");
+  TORCH_CHECK(x.data_ptr() != residual.data_ptr(), "add_rms_norm_: x and residual must be two tensors");
+  add_rms_norm_into(x, residual, weight.contiguous(), eps, residual, x);
 }
 
 // out[h, :] = x[h, :] * cos + rotate_half(x[h, :]) * sin for the heads of one token. In bf16 every
@@ -166,10 +191,12 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const a
 
 TORCH_LIBRARY_FRAGMENT(pagedattention_lab, m) {
   m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
   m.def("rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pagedattention_lab, CPU, m) {
   m.impl("add_rms_norm", &pagedattention_lab::add_rms_norm);
+  m.impl("add_rms_norm_", &pagedattention_lab::add_rms_norm_);
   m.impl("rotary_embedding", &pagedattention_lab::rotary_embedding);
 }

@@ -20,10 +20,12 @@ std::string small_batch_linear_simd();
 
 // fused_ops.cpp: (weight * rms_normalize(x + residual), x + residual); RoPE on q and k.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps);
+void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin);
 
 // activation.cpp: silu(gate) * up.
 at::Tensor silu_and_mul(const at::Tensor& gate, const at::Tensor& up);
+at::Tensor& silu_and_mul_(at::Tensor& gate, const at::Tensor& up);
 
 // paged_attention.cpp: decode attention through the block tables -> [num_seqs, num_heads, head_dim];
 // sliding_window 0: full attention, W: the last W positions only; fp8 caches read as fp8 * k_scale and fp8 * v_scale.
