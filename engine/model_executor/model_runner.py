@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from engine import config
-from engine.cpu import allocator, huge_pages, ops as cpu_ops
+from engine.cpu import huge_pages, ops as cpu_ops
 from engine.model_executor import kv_quant
 from engine.model_executor.attention_capture import AttentionRecorder
 from engine.model_executor.attention import (copy_blocks_reference, swap_blocks, paged_attention_reference, paged_prefill_reference, plan_step, plan_writes,
@@ -100,8 +100,6 @@ class ModelRunner:
             layer.self_attn.k_scale, layer.self_attn.v_scale = 1.0, 1.0
             layer.self_attn.calculate_kv_scales = calculate_kv_scales and kv_quant.is_fp8(self.cache_dtype)
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
-        if self.device.type == "cpu":  # a step's freed tensors kept for the next, not unmapped and faulted in again
-            allocator.keep_freed_memory()  # (engine/cpu/allocator.py)
         try:
             if self.device.type == "cpu":  # one mapping in 2 MiB pages where Linux gives them (engine/cpu/huge_pages.py),
                 # its memory given now: not in the decode step that first writes a block of each page
