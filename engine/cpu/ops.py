@@ -15,9 +15,11 @@ Five operations of every decode step, written for what a decode step is on a CPU
 - :func:`add_rms_norm` (vLLM's ``fused_add_rms_norm``) and :func:`rotary_embedding` (vLLM's
   ``rotary_embedding``), in ``csrc/fused_ops.cpp``: the residual add with the RMSNorm after it, and
   RoPE on q and k, each one call instead of seven. In a decode step these work on a few rows, so
-  their time is the cost of calling operators, not arithmetic.
+  their time is the cost of calling operators, not arithmetic. :func:`add_rms_norm_` is the same
+  written over its inputs, as vLLM's is: what a prefill's layers call, whose hidden states are megabytes.
 - :func:`silu_and_mul` (vLLM's ``silu_and_mul``), in ``csrc/activation.cpp``: SwiGLU's
-  ``silu(gate) * up`` in one pass and one call instead of two, with an exp computed 16 values at a time.
+  ``silu(gate) * up`` in one pass and one call instead of two, with an exp computed 16 values at a time;
+  :func:`silu_and_mul_` writes it over the gate projection (a prefill's MLP).
 - :func:`paged_attention_decode`, decode attention reading K and V in place through the block table
   (``csrc/paged_attention.cpp``): one task per (sequence, KV head), online softmax in fp32, the query
   heads of a GQA group together. The torch reference in engine/model_executor/attention.py gathers each context into
