@@ -116,12 +116,11 @@ void pv_tile(const float* p, const float* alpha, float* o, int64_t ldo, float* c
     }
   }
   for (int m = 0; m < MR; ++m) {
-    const vfloat w = simd::set1(inv[m]);
-    for (int c = 0; c < DV; ++c) {
-      if constexpr (kLast)
-        simd::store(dst[m] + c0 + c * simd::kWidth, acc[m][c] * w);
-      else
-        simd::store(o + m * ldo + c0 + c * simd::kWidth, acc[m][c]);
+    if constexpr (kLast) {
+      const vfloat w = simd::set1(inv[m]);
+      for (int c = 0; c < DV; ++c) simd::store(dst[m] + c0 + c * simd::kWidth, acc[m][c] * w);
+    } else {
+      for (int c = 0; c < DV; ++c) simd::store(o + m * ldo + c0 + c * simd::kWidth, acc[m][c]);
     }
   }
 }
